@@ -1,0 +1,116 @@
+"""Atomic publishing on shared filesystems (NFS, Lustre, GPFS): no locks, no shared appends.
+
+A file is written as ``X.tmp.<host>.<pid>``, flushed, fsynced and renamed to ``X``; a folder is
+filled under a temporary name, its files fsynced, then renamed. Readers never open names that
+contain ``.tmp``. A pointer file is replaced the same way, only after what it points to is
+complete, so a reader that follows the pointer always finds a whole object.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from pathlib import Path
+from typing import Any
+
+TMP_MARK = ".tmp"
+
+
+def tmp_name(path: Path) -> Path:
+    """A temporary sibling of ``path``, unique per host and process (no two writers collide)."""
+    return path.with_name(f"{path.name}{TMP_MARK}.{socket.gethostname()}.{os.getpid()}")
+
+
+def is_tmp(path: Path | str) -> bool:
+    """True for names written by :func:`tmp_name` (readers skip them)."""
+    return TMP_MARK in Path(path).name
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new entry in ``path`` durable (a no-op where dirs cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass  # some filesystems refuse fsync on directories; the rename is still atomic
+    finally:
+        os.close(fd)
+
+
+def write_bytes(path: Path | str, data: bytes) -> None:
+    """Write ``data`` to ``path`` atomically: readers see the old file or the new, never a mix."""
+    path = Path(path)
+    tmp = tmp_name(path)
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def write_text(path: Path | str, text: str) -> None:
+    """Atomic text write (UTF-8)."""
+    write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path: Path | str, obj: Any) -> None:
+    """Atomic JSON write, pretty-printed and newline-terminated."""
+    write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def fsync_tree(path: Path) -> None:
+    """fsync every file under ``path`` and every folder in it (before publishing the folder)."""
+    for root, _dirs, files in os.walk(path):
+        for name in files:
+            with open(os.path.join(root, name), "rb") as f:
+                os.fsync(f.fileno())
+        fsync_dir(Path(root))
+
+
+def publish_dir(tmp_dir: Path | str, final_dir: Path | str) -> None:
+    """Publish a filled temporary folder as ``final_dir`` in one rename.
+
+    ``final_dir`` must not exist: published folders are immutable, so an existing one means two
+    writers chose one name, which is a bug in the caller.
+    """
+    tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
+    fsync_tree(tmp_dir)
+    if final_dir.exists():
+        raise FileExistsError(f"{final_dir} already exists; published folders never change")
+    os.rename(tmp_dir, final_dir)
+    fsync_dir(final_dir.parent)
+
+
+def read_pointer(path: Path | str) -> int | None:
+    """Read an integer pointer file (e.g. ``latest_state_dict_iteration.txt``); None if absent.
+
+    A pointer that exists but does not hold an integer is a damaged run directory: raise.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text().strip()
+    except FileNotFoundError:
+        return None
+    try:
+        return int(text)
+    except ValueError as e:
+        from rft.errors import CheckpointError
+
+        raise CheckpointError(
+            f"{path} should hold one integer (a step), found {text[:40]!r}; "
+            "fix or delete the file (it is rewritten at the next save)"
+        ) from e
+
+
+def write_pointer(path: Path | str, value: int) -> None:
+    """Replace an integer pointer file atomically (call only after its target is complete)."""
+    write_text(path, f"{int(value)}\n")

@@ -1,0 +1,26 @@
+"""Exceptions a user can cause. Each message says what was wrong and what to do.
+
+Internal invariants use ``assert``; everything that bad input, a bad config or a broken file
+on disk can trigger raises one of these, so command-line tools can print the message alone
+(no traceback) and exit non-zero.
+"""
+
+
+class RftError(Exception):
+    """Base class: an error whose message is meant for the user."""
+
+
+class ConfigError(RftError):
+    """A config key, value or type is wrong (the message names the full key path)."""
+
+
+class NotSupportedError(ConfigError):
+    """A recognised Trinity-RFT option that rft does not implement yet."""
+
+
+class DataError(RftError):
+    """A dataset, taskset or buffer file is missing, malformed or incompatible."""
+
+
+class CheckpointError(RftError):
+    """A checkpoint or weights folder is missing, incomplete or inconsistent."""
