@@ -41,8 +41,12 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_bytes(path: Path | str, data: bytes) -> None:
-    """Write ``data`` to ``path`` atomically: readers see the old file or the new, never a mix."""
+def write_bytes(path: Path | str, data: bytes, overwrite: bool = True) -> None:
+    """Write ``data`` to ``path`` atomically: readers see the old file or the new, never a mix.
+
+    ``overwrite=False`` raises FileExistsError instead of replacing an existing ``path`` (for
+    immutable files with a single writer, such as sealed buffer segments).
+    """
     path = Path(path)
     tmp = tmp_name(path)
     try:
@@ -50,6 +54,8 @@ def write_bytes(path: Path | str, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
+        if not overwrite and path.exists():
+            raise FileExistsError(f"{path} already exists and is never rewritten")
         os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
@@ -114,3 +120,46 @@ def read_pointer(path: Path | str) -> int | None:
 def write_pointer(path: Path | str, value: int) -> None:
     """Replace an integer pointer file atomically (call only after its target is complete)."""
     write_text(path, f"{int(value)}\n")
+
+
+def tmp_owner(path: Path | str) -> tuple[str, int] | None:
+    """(host, pid) of the process that made a :func:`tmp_name` name; None if it is not one."""
+    name = Path(path).name
+    _, mark, owner = name.partition(f"{TMP_MARK}.")
+    host, dot, pid = owner.rpartition(".")
+    if not mark or not dot or not host or not pid.isdigit():
+        return None
+    return host, int(pid)
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process with this id exists on this host (signal 0 probes without sending)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by another user
+    return True
+
+
+def remove_stale_tmp(folder: Path | str) -> list[Path]:
+    """Delete temporaries in ``folder`` left by dead processes of this host; return them.
+
+    Temporaries of other hosts are left alone: this host cannot tell whether their writer still
+    runs. A restarted writer calls this before writing, so a crash leaves no lasting debris.
+    """
+    import shutil
+
+    host = socket.gethostname()
+    removed = []
+    for entry in sorted(Path(folder).iterdir()):
+        owner = tmp_owner(entry)
+        if owner is None or owner[0] != host or owner[1] == os.getpid() or pid_alive(owner[1]):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        removed.append(entry)
+    return removed
