@@ -21,9 +21,10 @@ import array
 import base64
 import json
 import sys
+import time
 import uuid
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
 
 from rft.errors import DataError
 
@@ -185,6 +186,32 @@ class ReaderStats:
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
+
+
+ReadOnce = Callable[[Optional[int]], Tuple[List[Experience], bool, bool]]
+
+
+def poll_read(
+    read_once: ReadOnce, max_experiences: int | None, timeout_s: float, poll_s: float
+) -> list[Experience]:
+    """Collect whole groups from ``read_once`` until the budget is full or ``timeout_s`` passes.
+
+    ``read_once(budget)`` returns (records, full, progressed): full when the next group would
+    not fit the budget, progressed when it consumed anything (even groups it dropped as stale).
+    With no budget, one pass returns everything available now.
+    """
+    deadline = time.monotonic() + timeout_s
+    out: list[Experience] = []
+    while True:
+        budget = None if max_experiences is None else max_experiences - len(out)
+        records, full, progressed = read_once(budget)
+        out.extend(records)
+        if full or max_experiences is None or len(out) >= max_experiences:
+            return out
+        if not progressed:
+            if time.monotonic() >= deadline:
+                return out
+            time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))
 
 
 @dataclass
