@@ -1,0 +1,159 @@
+"""Reading and writing config files: YAML -> OmegaConf (env interpolation, overrides) -> typed.
+
+``load(path, overrides)`` reads the file with OmegaConf so ``${oc.env:VAR,default}`` works,
+merges ``key=value`` overrides, resolves interpolations, builds the typed :class:`Config`
+(recording which keys the user set), then applies :mod:`rft.config_rules`. Each ``stages``
+entry is a partial config merged onto the base and checked the same way. ``dump`` writes the
+resolved config back as YAML that loads to an equal config.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from rft import config_rules
+from rft.config import Config, StageConfig
+from rft.errors import ConfigError
+from rft.typed_dict import from_dict, nearest, to_dict
+
+_STAGE_KEYS = {"stage_name", "mode"}
+
+
+def load(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Read ``path``, apply ``key=value`` overrides, and return the checked config."""
+    return build(read_raw(path, overrides), str(path))
+
+
+def read_raw(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
+    """The config file as a plain dict, overrides merged and interpolations resolved."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"config file not found: {path} (pass an existing YAML file to --config)")
+    try:
+        base = OmegaConf.load(path)
+    except (OmegaConfBaseException, yaml.YAMLError) as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    if not isinstance(base, type(OmegaConf.create({}))):
+        raise ConfigError(f"{path}: the top level must be a mapping of keys, not a list")
+    merged = OmegaConf.merge(base, _parse_overrides(overrides)) if overrides else base
+    try:
+        data = OmegaConf.to_container(merged, resolve=True)
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"{path}: {_interpolation_message(e)}") from e
+    return data or {}
+
+
+def _parse_overrides(overrides: list[str] | tuple[str, ...]) -> Any:
+    for item in overrides:
+        if "=" not in item or item.startswith("="):
+            raise ConfigError(f"override {item!r} must look like key.path=value, "
+                              "e.g. buffer.batch_size=4")
+    try:
+        return OmegaConf.from_dotlist(list(overrides))
+    except OmegaConfBaseException as e:
+        raise ConfigError(f"cannot parse overrides {list(overrides)}: {e}") from e
+
+
+def _interpolation_message(e: OmegaConfBaseException) -> str:
+    key = getattr(e, "full_key", None)
+    where = f"key '{key}': " if key else ""
+    text = str(e).splitlines()[0]
+    if "oc.env" in text or "Environment variable" in text:
+        return (f"{where}{text}. Set the environment variable, or give a default: "
+                "${oc.env:VAR,default}")
+    return f"{where}{text}"
+
+
+def build(data: dict[str, Any], source: str = "config") -> Config:
+    """Typed config from a resolved mapping: schema check, stages, then the rules."""
+    data = copy.deepcopy(data)
+    stages = _split_stages(data.pop("stages", None) or [])
+    seen: set[str] = set()
+    cfg = from_dict(Config, data, "", seen)
+    cfg.stages = stages
+    config_rules.apply(cfg, seen)
+    for index, stage in enumerate(stages):
+        stage_config(cfg, index, base=data)  # each stage must be valid on its own
+    return cfg
+
+
+def _split_stages(raw: Any) -> list[StageConfig]:
+    if not isinstance(raw, list):
+        raise ConfigError("stages: expected a list of stages, each with a stage_name")
+    stages = []
+    for i, entry in enumerate(raw):
+        entry = entry or {}
+        if not isinstance(entry, dict):
+            raise ConfigError(f"stages[{i}]: expected a mapping with stage_name, got {entry!r}")
+        head = {k: entry[k] for k in _STAGE_KEYS if k in entry}
+        rest = {k: v for k, v in entry.items() if k not in _STAGE_KEYS}
+        if "stages" in rest:
+            raise ConfigError(f"stages[{i}]: stages cannot be nested")
+        stage = from_dict(StageConfig, head, f"stages[{i}]")
+        stage.overrides = rest
+        stages.append(stage)
+    return stages
+
+
+def stage_config(cfg: Config, index: int, base: dict[str, Any] | None = None) -> Config:
+    """The full config of stage ``index``: its keys merged onto the base config.
+
+    A stage that changes ``algorithm.algorithm_type`` does not inherit the base's loss and
+    advantage choices: they come from the stage itself or from its algorithm's preset.
+    """
+    stage = cfg.stages[index]
+    base = copy.deepcopy(base if base is not None else _base_dict(cfg))
+    _drop_inherited_algorithm(base, stage.overrides)
+    merged = OmegaConf.to_container(OmegaConf.merge(base, stage.overrides))
+    if stage.mode:
+        merged["mode"] = stage.mode
+    label = f"stages[{index}] ({stage.stage_name or 'unnamed'})"
+    try:
+        seen: set[str] = set()
+        sub = from_dict(Config, merged, "", seen)
+        config_rules.apply(sub, seen)
+    except ConfigError as e:
+        raise type(e)(f"{label}: {e}") from e
+    return sub
+
+
+def _drop_inherited_algorithm(base: dict[str, Any], overrides: dict[str, Any]) -> None:
+    new_type = (overrides.get("algorithm") or {}).get("algorithm_type")
+    base_algo = base.get("algorithm") or {}
+    if new_type is None or new_type == base_algo.get("algorithm_type", "grpo"):
+        return
+    for key in config_rules.PRESET_KEYS:
+        base_algo.pop(key, None)
+        base_algo.pop(f"{key}_args", None)
+
+
+def _base_dict(cfg: Config) -> dict[str, Any]:
+    data = to_dict(cfg)
+    data.pop("stages")
+    return data
+
+
+def dump(cfg: Config) -> str:
+    """YAML of the resolved config; stages are written back in Trinity's flat form."""
+    data = to_dict(cfg)
+    data["stages"] = [_stage_to_dict(s) for s in cfg.stages]
+    return yaml.safe_dump(data, sort_keys=False, default_flow_style=False)
+
+
+def _stage_to_dict(stage: StageConfig) -> dict[str, Any]:
+    out: dict[str, Any] = {"stage_name": stage.stage_name}
+    if stage.mode:
+        out["mode"] = stage.mode
+    out.update(stage.overrides)
+    return out
+
+
+def suggest_section(key: str) -> str | None:
+    """Nearest top-level section for a misplaced key (used in error hints)."""
+    return nearest(key, [f for f in Config.__dataclass_fields__ if f != "stages"])
