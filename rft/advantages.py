@@ -1,0 +1,218 @@
+"""Advantage estimators (pure torch): rewards of a batch of responses -> token-level advantages.
+
+Data in:
+- ``rewards``: ``[B]`` one scalar reward per response, or ``[B, L]`` token-level rewards (for
+  example after ``rft.losses.kl_penalty``); group estimators use the masked sum per row;
+- ``group_ids``: ``[B]`` tensor or sequence of hashable ids; the responses sampled for one task
+  (``repeat_times`` of them) share an id;
+- ``mask``: ``[B, L]``, 1 on response tokens.
+
+Data out: ``(advantages [B, L] float32, metrics)``; every estimator here but
+``reinforceplusplus`` gives one value per response, broadcast over its tokens; both are zero
+off the mask. ``ADVANTAGE_FNS`` maps Trinity-RFT's names to the functions; keyword arguments
+are ``algorithm.advantage_fn_args`` (validated in ``rft.algorithms``).
+
+Conventions, shared by every group estimator: the group standard deviation is the unbiased one
+(``torch.std``, as Trinity and veRL), and a group of one response gets advantage 0 (it has no
+baseline to be compared with; Trinity and veRL instead pass its raw reward through).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Hashable, Sequence, Union
+
+import torch
+
+GroupIds = Union[torch.Tensor, Sequence[Hashable]]
+Metrics = dict[str, float]
+AdvantageOut = tuple[torch.Tensor, Metrics]
+
+
+def group_index(group_ids: GroupIds, device: torch.device | str = "cpu") -> tuple[torch.Tensor, int]:
+    """Number the distinct ids in order of first appearance: ``[B]`` long tensor, group count."""
+    keys = group_ids.tolist() if isinstance(group_ids, torch.Tensor) else list(group_ids)
+    numbering: dict[Hashable, int] = {}
+    index = [numbering.setdefault(key, len(numbering)) for key in keys]
+    return torch.tensor(index, dtype=torch.long, device=device), len(numbering)
+
+
+def _scores(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """One float32 score per response ``[B]``: the reward itself, or its masked token sum."""
+    rewards = rewards.float()
+    if rewards.dim() == 1:
+        return rewards  # [B]
+    return (rewards * mask.float()).sum(dim=-1)  # [B]
+
+
+def _broadcast(per_response: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return per_response.unsqueeze(-1) * mask.float()  # [B, L]
+
+
+def _group_stats(
+    scores: torch.Tensor, index: torch.Tensor, n_groups: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-group size, mean and unbiased std (0 for a single member), each ``[G]``."""
+    count = torch.zeros(n_groups, device=scores.device).index_add_(0, index, torch.ones_like(scores))
+    mean = torch.zeros(n_groups, device=scores.device).index_add_(0, index, scores) / count  # [G]
+    sq_dev = (scores - mean[index]).square()  # [B]
+    sum_sq = torch.zeros(n_groups, device=scores.device).index_add_(0, index, sq_dev)  # [G]
+    std = torch.sqrt(sum_sq / (count - 1).clamp(min=1))  # [G]
+    return count, mean, std
+
+
+def _batch_metrics(scores: torch.Tensor, advantages: torch.Tensor) -> Metrics:
+    return {
+        "reward_mean": scores.mean().item(),
+        "reward_std": scores.std().item() if scores.numel() > 1 else 0.0,
+        "advantage_mean": advantages.mean().item(),
+    }
+
+
+def grpo_advantages(
+    rewards: torch.Tensor,
+    group_ids: GroupIds,
+    mask: torch.Tensor,
+    *,
+    epsilon: float = 1e-6,
+    std_threshold: float | None = None,
+    std_normalize: bool = True,
+) -> AdvantageOut:
+    """GRPO: A_i = (r_i - mean_g) / (std_g + epsilon) within each group g.
+
+    ``std_normalize=False`` gives A_i = r_i - mean_g (Dr.GRPO). A group whose reward std is
+    <= ``std_threshold`` (all equal, typically) gets 0, as does a group of one.
+    """
+    scores = _scores(rewards, mask)  # [B]
+    index, n_groups = group_index(group_ids, scores.device)
+    count, mean, std = _group_stats(scores, index, n_groups)  # [G] each
+    adv = scores - mean[index]  # [B]
+    if std_normalize:
+        adv = adv / (std[index] + epsilon)
+    keep = count > 1  # [G]
+    if std_threshold is not None:
+        keep = keep & (std > std_threshold)
+    adv = torch.where(keep[index], adv, torch.zeros_like(adv))  # [B]
+    metrics = _batch_metrics(scores, adv)
+    metrics["group_std_mean"] = std.mean().item()
+    metrics["zero_advantage_group_frac"] = 1.0 - keep.float().mean().item()
+    return _broadcast(adv, mask), metrics
+
+
+def rloo_advantages(rewards: torch.Tensor, group_ids: GroupIds, mask: torch.Tensor) -> AdvantageOut:
+    """RLOO: A_i = r_i - mean of the other members of its group = n/(n-1) (r_i - mean_g)."""
+    scores = _scores(rewards, mask)  # [B]
+    index, n_groups = group_index(group_ids, scores.device)
+    count, mean, _ = _group_stats(scores, index, n_groups)  # [G]
+    n = count[index]  # [B]
+    adv = torch.where(n > 1, n / (n - 1).clamp(min=1) * (scores - mean[index]), torch.zeros_like(scores))
+    return _broadcast(adv, mask), _batch_metrics(scores, adv)
+
+
+def reinforce_advantages(
+    rewards: torch.Tensor,
+    group_ids: GroupIds,
+    mask: torch.Tensor,
+    *,
+    whiten: bool = False,
+    epsilon: float = 1e-6,
+) -> AdvantageOut:
+    """Plain REINFORCE: A_i = r_i (groups ignored); ``whiten`` standardises over the batch,
+    A_i = (r_i - mean) / (std + epsilon)."""
+    scores = _scores(rewards, mask)  # [B]
+    adv = scores
+    if whiten and scores.numel() > 1:
+        adv = (scores - scores.mean()) / (scores.std() + epsilon)
+    return _broadcast(adv, mask), _batch_metrics(scores, adv)
+
+
+def _token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[B, L]`` rewards: as given if 2-D, else each scalar on its row's last response token."""
+    if rewards.dim() == 2:
+        return rewards.float() * mask.float()
+    positions = torch.arange(mask.shape[-1], device=mask.device)  # [L]
+    last = (positions * (mask > 0)).amax(dim=-1)  # [B]
+    token_rewards = torch.zeros(mask.shape, device=rewards.device)  # [B, L]
+    has_tokens = (mask > 0).any(dim=-1)  # [B]
+    token_rewards[has_tokens, last[has_tokens]] = rewards.float()[has_tokens]
+    return token_rewards
+
+
+def discounted_returns(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+    """G_t = sum over later response tokens k >= t of gamma^(#response tokens from t to k) r_k.
+
+    Tokens off the mask (padding, or tool/env tokens in a multi-turn response) neither earn nor
+    discount: the running return passes them unchanged. ``[B, L]`` -> ``[B, L]``, 0 off the mask.
+    """
+    mask_f = mask.float()  # [B, L]
+    returns = torch.zeros_like(token_rewards)  # [B, L]
+    running = torch.zeros_like(token_rewards[:, 0])  # [B]
+    for t in reversed(range(token_rewards.shape[-1])):
+        on = mask_f[:, t]  # [B]
+        running = on * (token_rewards[:, t] + gamma * running) + (1.0 - on) * running
+        returns[:, t] = running
+    return returns * mask_f
+
+
+def reinforceplusplus_advantages(
+    rewards: torch.Tensor,
+    group_ids: GroupIds,
+    mask: torch.Tensor,
+    *,
+    gamma: float = 1.0,
+) -> AdvantageOut:
+    """REINFORCE++: discounted token returns, whitened over every response token of the batch:
+    A = (G - mean(G)) / sqrt(var(G) + 1e-8) (unbiased variance over masked tokens).
+
+    KL in the reward: pass ``[B, L]`` token rewards from ``rft.losses.kl_penalty`` (a ``[B]``
+    reward is put on each response's last token).
+    """
+    mask_f = mask.float()  # [B, L]
+    returns = discounted_returns(_token_rewards(rewards, mask), mask, gamma)  # [B, L]
+    n_tokens = mask_f.sum()
+    mean = returns.sum() / n_tokens.clamp(min=1)
+    var = ((returns - mean).square() * mask_f).sum() / (n_tokens - 1).clamp(min=1)
+    adv = (returns - mean) * torch.rsqrt(var + 1e-8) * mask_f  # [B, L]
+    scores = _scores(rewards, mask)  # [B]
+    metrics = _batch_metrics(scores, adv.sum() / n_tokens.clamp(min=1))
+    metrics["return_mean"] = mean.item()
+    return adv, metrics
+
+
+def opmd_advantages(
+    rewards: torch.Tensor,
+    group_ids: GroupIds,
+    mask: torch.Tensor,
+    *,
+    opmd_baseline: str = "mean",
+    tau: float = 1.0,
+) -> AdvantageOut:
+    """OPMD (Trinity): A_i = r_i - b_g, with b_g the group mean (``opmd_baseline: mean``) or
+    its soft maximum b_g = tau * log(mean_j exp(r_j / tau)) (``logavgexp``; tends to the mean
+    as tau grows and to the max as tau -> 0)."""
+    scores = _scores(rewards, mask)  # [B]
+    index, n_groups = group_index(group_ids, scores.device)
+    count, mean, _ = _group_stats(scores, index, n_groups)  # [G]
+    baseline = mean if opmd_baseline == "mean" else _group_logavgexp(scores, index, n_groups, count, tau)
+    adv = torch.where(count[index] > 1, scores - baseline[index], torch.zeros_like(scores))  # [B]
+    return _broadcast(adv, mask), _batch_metrics(scores, adv)
+
+
+def _group_logavgexp(
+    scores: torch.Tensor, index: torch.Tensor, n_groups: int, count: torch.Tensor, tau: float
+) -> torch.Tensor:
+    """tau * log(mean exp(r / tau)) per group ``[G]``, shifted by the group max for stability."""
+    scaled = scores / tau  # [B]
+    group_max = torch.full((n_groups,), -math.inf, device=scores.device)
+    group_max = group_max.scatter_reduce(0, index, scaled, reduce="amax")  # [G]
+    sum_exp = torch.zeros(n_groups, device=scores.device).index_add_(0, index, torch.exp(scaled - group_max[index]))
+    return tau * (group_max + torch.log(sum_exp / count))  # [G]
+
+
+ADVANTAGE_FNS: dict[str, Callable[..., AdvantageOut]] = {
+    "grpo": grpo_advantages,
+    "rloo": rloo_advantages,
+    "reinforce": reinforce_advantages,
+    "reinforceplusplus": reinforceplusplus_advantages,
+    "opmd": opmd_advantages,
+}

@@ -1,0 +1,178 @@
+"""Algorithm choices by name: the registries and the checks on their arguments.
+
+The math lives in ``rft.advantages`` (advantage estimators) and ``rft.losses`` (policy, KL and
+entropy losses, aggregation, log-prob and entropy helpers); this module re-exports the
+registries and turns a config's ``(name, args)`` pair into a ready function, raising
+``ConfigError`` for an unknown name, an unknown argument or a bad value:
+
+    algorithm.advantage_fn      + advantage_fn_args      -> get_advantage_fn
+    algorithm.policy_loss_fn    + policy_loss_fn_args    -> get_policy_loss_fn
+    algorithm.kl_loss_fn        + kl_loss_fn_args        -> get_kl_loss_fn
+    algorithm.kl_penalty_fn     + kl_penalty_fn_args     -> get_kl_penalty_fn
+    algorithm.entropy_loss_fn   + entropy_loss_fn_args   -> get_entropy_loss_fn
+
+The returned functions take tensors only (see each getter); the config module can call the
+getters at load time just to validate. Only torch and the stdlib are imported.
+"""
+
+from __future__ import annotations
+
+import difflib
+import functools
+import inspect
+from typing import Any, Callable, Mapping
+
+from rft.advantages import ADVANTAGE_FNS, GroupIds, group_index
+from rft.errors import ConfigError
+from rft.losses import (
+    ENTROPY_LOSS_FNS,
+    KL_FNS,
+    LOSS_AGG_MODES,
+    POLICY_LOSS_FNS,
+    aggregate,
+    chord_mu,
+    kl,
+    kl_loss,
+    kl_penalty,
+    token_entropy,
+    token_logprobs,
+)
+
+__all__ = [
+    "ADVANTAGE_FNS", "POLICY_LOSS_FNS", "KL_FNS", "ENTROPY_LOSS_FNS", "LOSS_AGG_MODES",
+    "GroupIds", "group_index", "aggregate", "chord_mu", "kl", "kl_loss", "kl_penalty",
+    "token_entropy", "token_logprobs", "valid_args", "get_advantage_fn", "get_policy_loss_fn",
+    "get_kl_loss_fn", "get_kl_penalty_fn", "get_entropy_loss_fn", "check_loss_agg_mode",
+]
+
+# Supplied by the trainer on each call, never by the config.
+_CONTEXT_PARAMS = frozenset({"step", "expert_mask"})
+
+
+def _is_number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _is_count(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+# Argument name -> (check, what a valid value is). Unlisted arguments accept any value.
+_VALUE_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "loss_agg_mode": (lambda v: v in LOSS_AGG_MODES, f"one of {sorted(LOSS_AGG_MODES)}"),
+    "epsilon": (lambda v: _is_number(v) and v > 0, "a number > 0"),
+    "std_threshold": (lambda v: v is None or (_is_number(v) and v >= 0), "null or a number >= 0"),
+    "std_normalize": (lambda v: isinstance(v, bool), "true or false"),
+    "whiten": (lambda v: isinstance(v, bool), "true or false"),
+    "gamma": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "opmd_baseline": (lambda v: v in ("mean", "logavgexp"), "'mean' or 'logavgexp'"),
+    "tau": (lambda v: _is_number(v) and v > 0, "a number > 0"),
+    "clip_range": (lambda v: v is None or (_is_number(v) and v >= 0), "a number >= 0"),
+    "clip_range_low": (lambda v: v is None or (_is_number(v) and v >= 0), "null or a number >= 0"),
+    "clip_range_high": (lambda v: v is None or (_is_number(v) and v >= 0), "null or a number >= 0"),
+    "clip_ratio_c": (lambda v: v is None or (_is_number(v) and v > 1), "null (no dual clip) or a number > 1"),
+    "mu_warmup_steps": (_is_count, "an integer >= 0"),
+    "mu_decay_steps": (_is_count, "an integer >= 0"),
+    "mu_peak": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "mu_valley": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "enable_phi_function": (lambda v: isinstance(v, bool), "true or false"),
+    "kl_coef": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
+    "entropy_coef": (_is_number, "a number"),
+}
+
+
+def _check_name(kind: str, name: str, names: Mapping[str, Any]) -> None:
+    if name in names:
+        return
+    close = difflib.get_close_matches(str(name), list(names), n=1)
+    hint = f" Did you mean {close[0]!r}?" if close else ""
+    raise ConfigError(f"algorithm.{kind}: unknown name {name!r}; valid names: {sorted(names)}.{hint}")
+
+
+def _config_params(fn: Callable[..., Any]) -> list[str]:
+    """Keyword-only parameters of ``fn`` that a config may set."""
+    params = inspect.signature(fn).parameters.values()
+    return [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.name not in _CONTEXT_PARAMS]
+
+
+def _check_args(kind: str, name: str, fn: Callable[..., Any], args: Mapping[str, Any] | None) -> dict[str, Any]:
+    args = dict(args or {})
+    allowed = _config_params(fn)
+    for key, value in args.items():
+        if key not in allowed:
+            close = difflib.get_close_matches(key, allowed, n=1)
+            hint = f" Did you mean {close[0]!r}?" if close else ""
+            raise ConfigError(
+                f"algorithm.{kind}_args.{key}: not an argument of {kind} {name!r}; "
+                f"valid arguments: {allowed}.{hint}"
+            )
+        check = _VALUE_CHECKS.get(key)
+        if check is not None and not check[0](value):
+            raise ConfigError(f"algorithm.{kind}_args.{key}: got {value!r}, expected {check[1]}.")
+    return args
+
+
+def valid_args(kind: str, name: str) -> list[str]:
+    """The argument names a config may give to ``kind`` (e.g. ``policy_loss_fn``) ``name``."""
+    getter = _GETTERS.get(kind)
+    if getter is None:
+        raise ConfigError(f"unknown algorithm function kind {kind!r}; valid kinds: {sorted(_GETTERS)}")
+    names, fn_of = getter
+    _check_name(kind, name, names)
+    return _config_params(fn_of(name))
+
+
+def get_advantage_fn(name: str, args: Mapping[str, Any] | None = None) -> Callable[..., Any]:
+    """``fn(rewards [B] or [B, L], group_ids [B], mask [B, L]) -> (advantages [B, L], metrics)``."""
+    _check_name("advantage_fn", name, ADVANTAGE_FNS)
+    fn = ADVANTAGE_FNS[name]
+    return functools.partial(fn, **_check_args("advantage_fn", name, fn, args))
+
+
+def get_policy_loss_fn(name: str, args: Mapping[str, Any] | None = None) -> Callable[..., Any]:
+    """``fn(logprob, old_logprob, advantages, mask, *, step=0, expert_mask=None) -> (loss,
+    metrics)``, all ``[B, L]`` but ``expert_mask`` ``[B]``; ``loss_agg_mode`` comes from args."""
+    _check_name("policy_loss_fn", name, POLICY_LOSS_FNS)
+    fn = POLICY_LOSS_FNS[name]
+    return functools.partial(fn, **_check_args("policy_loss_fn", name, fn, args))
+
+
+def get_kl_loss_fn(name: str, args: Mapping[str, Any] | None = None) -> Callable[..., Any]:
+    """``fn(logprob, ref_logprob, mask) -> (kl_coef * agg(kl), metrics)``; args ``kl_coef``,
+    ``loss_agg_mode``."""
+    _check_name("kl_loss_fn", name, KL_FNS)
+    return functools.partial(kl_loss, name, **_check_args("kl_loss_fn", name, kl_loss, args))
+
+
+def get_kl_penalty_fn(name: str, args: Mapping[str, Any] | None = None) -> Callable[..., Any]:
+    """``fn(token_rewards, logprob, ref_logprob, mask) -> (token_rewards - kl_coef * kl,
+    metrics)``; arg ``kl_coef``."""
+    _check_name("kl_penalty_fn", name, KL_FNS)
+    return functools.partial(kl_penalty, name, **_check_args("kl_penalty_fn", name, kl_penalty, args))
+
+
+def get_entropy_loss_fn(name: str, args: Mapping[str, Any] | None = None) -> Callable[..., Any]:
+    """``fn(entropy [B, L], mask [B, L]) -> (term added to the loss, metrics)``; ``default``
+    takes ``entropy_coef`` and gives ``-entropy_coef * agg(entropy)``."""
+    _check_name("entropy_loss_fn", name, ENTROPY_LOSS_FNS)
+    fn = ENTROPY_LOSS_FNS[name]
+    return functools.partial(fn, **_check_args("entropy_loss_fn", name, fn, args))
+
+
+def check_loss_agg_mode(mode: str, key: str = "algorithm.loss_agg_mode") -> str:
+    """Return ``mode`` if it is a ``LOSS_AGG_MODES`` key, else raise ConfigError naming ``key``."""
+    if mode not in LOSS_AGG_MODES:
+        close = difflib.get_close_matches(str(mode), list(LOSS_AGG_MODES), n=1)
+        hint = f" Did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"{key}: unknown mode {mode!r}; valid modes: {sorted(LOSS_AGG_MODES)}.{hint}")
+    return mode
+
+
+# kind -> (registry of names, name -> the function whose keyword-only parameters are the args)
+_GETTERS: dict[str, tuple[Mapping[str, Any], Callable[[str], Callable[..., Any]]]] = {
+    "advantage_fn": (ADVANTAGE_FNS, ADVANTAGE_FNS.__getitem__),
+    "policy_loss_fn": (POLICY_LOSS_FNS, POLICY_LOSS_FNS.__getitem__),
+    "kl_loss_fn": (KL_FNS, lambda _name: kl_loss),
+    "kl_penalty_fn": (KL_FNS, lambda _name: kl_penalty),
+    "entropy_loss_fn": (ENTROPY_LOSS_FNS, ENTROPY_LOSS_FNS.__getitem__),
+}

@@ -1,0 +1,456 @@
+"""Policy, KL and entropy losses, loss aggregation and log-prob/entropy helpers (pure torch).
+
+Data in: per-token tensors of one micro-batch, all ``[B, L]`` over response tokens
+(``logprob`` from the model being trained, ``old_logprob`` from the behaviour policy or a
+recompute, ``ref_logprob`` from the reference model, ``advantages``, ``mask`` with 1 on
+response tokens the loss counts). Data out: a scalar loss (a 0-dim tensor that carries the
+graph) and a metrics dict of Python floats.
+
+Registries (plain dicts, name -> function); ``rft.algorithms`` validates names and arguments:
+
+- ``POLICY_LOSS_FNS``: ``ppo``, ``gspo``, ``sft``, ``mix_chord``, ``opmd``. Every one has the
+  signature ``fn(logprob, old_logprob, advantages, mask, *, loss_agg_mode, step, expert_mask,
+  **args) -> (loss, metrics)``; ``step`` (global training step) and ``expert_mask`` (``[B]``
+  bool, rows that are expert/SFT data) are context from the trainer, used by ``mix_chord``
+  only; ``**args`` are ``algorithm.policy_loss_fn_args``.
+- ``KL_FNS``: ``none``, ``k1``, ``k2``, ``k3``, ``low_var_kl``, ``abs``: ``fn(logprob,
+  ref_logprob) -> [B, L]`` per-token estimates of KL(pi || pi_ref); ``kl_loss`` and
+  ``kl_penalty`` scale them by ``kl_coef``.
+- ``ENTROPY_LOSS_FNS``: ``default`` (``-entropy_coef * agg(entropy)``), ``none``.
+- ``LOSS_AGG_MODES``: ``token-mean``, ``seq-mean-token-mean``, ``seq-mean-token-sum``,
+  ``seq-mean-token-sum-norm``.
+
+Names and meanings follow Trinity-RFT / veRL (``clip_range*``, ``clip_ratio_c``,
+``loss_agg_mode``, ``kl_coef``, ``entropy_coef``, CHORD's ``mu_*``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+
+Metrics = dict[str, float]
+LossOut = tuple[torch.Tensor, Metrics]
+
+# exp() of a log-ratio beyond this overflows float16/bfloat16 ratios into inf; veRL clamps too.
+_MAX_LOG_RATIO = 20.0
+
+
+# ----------------------------------------------------------------------------- aggregation
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Mean of ``values`` over positions where ``mask`` is 1 (0 when the mask is empty)."""
+    return (values * mask).sum() / mask.sum().clamp(min=1)
+
+
+def _token_mean(loss_mat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return _masked_mean(loss_mat, mask)
+
+
+def _seq_sums(loss_mat: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-sequence token sums and the mask of sequences with at least one counted token."""
+    sums = (loss_mat * mask).sum(dim=-1)  # [B]
+    has_tokens = (mask.sum(dim=-1) > 0).to(loss_mat.dtype)  # [B]
+    return sums, has_tokens
+
+
+def _seq_mean_token_mean(loss_mat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    sums, has_tokens = _seq_sums(loss_mat, mask)
+    per_seq = sums / mask.sum(dim=-1).clamp(min=1)  # [B]
+    return _masked_mean(per_seq, has_tokens)
+
+
+def _seq_mean_token_sum(loss_mat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    sums, has_tokens = _seq_sums(loss_mat, mask)
+    return _masked_mean(sums, has_tokens)
+
+
+def _seq_mean_token_sum_norm(loss_mat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    # Dr.GRPO: divide by a constant (the padded response length), not by each length.
+    sums, has_tokens = _seq_sums(loss_mat, mask)
+    return _masked_mean(sums, has_tokens) / mask.shape[-1]
+
+
+LOSS_AGG_MODES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "token-mean": _token_mean,
+    "seq-mean-token-mean": _seq_mean_token_mean,
+    "seq-mean-token-sum": _seq_mean_token_sum,
+    "seq-mean-token-sum-norm": _seq_mean_token_sum_norm,
+}
+
+
+def aggregate(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mean") -> torch.Tensor:
+    """Reduce a per-token loss ``[B, L]`` to a scalar with ``mode`` (a ``LOSS_AGG_MODES`` key).
+
+    token-mean: sum over all counted tokens / their count; seq-mean-token-mean: mean over
+    sequences of each sequence's token mean; seq-mean-token-sum: mean over sequences of token
+    sums; seq-mean-token-sum-norm: that, divided by ``L``. Sequences with no counted token are
+    left out of the sequence means; an all-zero mask gives 0.
+    """
+    assert mode in LOSS_AGG_MODES, f"unknown loss_agg_mode {mode!r} (validated in rft.algorithms)"
+    mask = mask.to(loss_mat.dtype)  # [B, L]
+    return LOSS_AGG_MODES[mode](loss_mat, mask)
+
+
+# ----------------------------------------------------------------------------- policy losses
+
+def _ratio_and_kl(
+    logprob: torch.Tensor, old_logprob: torch.Tensor, mask: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Importance ratio ``pi/pi_old`` ``[B, L]`` and the masked-mean k1 estimate of KL(old||new)."""
+    log_ratio = (logprob - old_logprob).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)  # [B, L]
+    ratio = torch.exp(log_ratio)  # [B, L]; exactly 1 where logprob == old_logprob
+    ppo_kl = _masked_mean(-log_ratio.detach(), mask.to(log_ratio.dtype))
+    return ratio, ppo_kl
+
+
+def _clipped_surrogate(
+    ratio: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    low: float,
+    high: float,
+    clip_ratio_c: float | None,
+) -> tuple[torch.Tensor, Metrics]:
+    """Per-token PPO loss ``[B, L]`` with asymmetric clipping and optional dual clip.
+
+    loss = max(-A * r, -A * clip(r, 1 - low, 1 + high)); for A < 0 the loss is further capped
+    at -A * clip_ratio_c (dual clip: bounds the push-down of tokens whose ratio exploded).
+    """
+    mask_f = mask.to(ratio.dtype)
+    unclipped = -advantages * ratio  # [B, L]
+    clipped = -advantages * ratio.clamp(1.0 - low, 1.0 + high)  # [B, L]
+    loss = torch.maximum(unclipped, clipped)  # [B, L]
+    metrics = {"pg_clipfrac": _masked_mean((clipped > unclipped).to(ratio.dtype), mask_f).item()}
+    lower_frac = 0.0
+    if clip_ratio_c is not None:
+        cap = -advantages * clip_ratio_c  # [B, L]
+        negative = advantages < 0  # [B, L]
+        lower_frac = _masked_mean(((loss > cap) & negative).to(ratio.dtype), mask_f).item()
+        loss = torch.where(negative, torch.minimum(loss, cap), loss)  # [B, L]
+    metrics["pg_clipfrac_lower"] = lower_frac
+    return loss, metrics
+
+
+def _clip_bounds(
+    clip_range: float | None,
+    clip_range_low: float | None,
+    clip_range_high: float | None,
+    default: tuple[float, float],
+) -> tuple[float, float]:
+    """(low, high): each side's own arg if given, else ``clip_range`` if given, else ``default``."""
+    low = clip_range_low if clip_range_low is not None else clip_range
+    high = clip_range_high if clip_range_high is not None else clip_range
+    return (default[0] if low is None else low), (default[1] if high is None else high)
+
+
+def ppo_loss(
+    logprob: torch.Tensor,
+    old_logprob: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    step: int = 0,
+    expert_mask: torch.Tensor | None = None,
+    clip_range: float | None = 0.2,
+    clip_range_low: float | None = None,
+    clip_range_high: float | None = None,
+    clip_ratio_c: float | None = 3.0,
+) -> LossOut:
+    """PPO clipped surrogate: ratio r = exp(logprob - old_logprob) per token, clipped to
+    [1 - clip_range_low, 1 + clip_range_high] (each defaults to ``clip_range``), dual clip at
+    ``clip_ratio_c`` (> 1, or None to disable) for negative advantages."""
+    ratio, ppo_kl = _ratio_and_kl(logprob, old_logprob, mask)  # [B, L]
+    low, high = _clip_bounds(clip_range, clip_range_low, clip_range_high, (0.2, 0.2))
+    loss_mat, metrics = _clipped_surrogate(ratio, advantages, mask, low, high, clip_ratio_c)
+    loss = aggregate(loss_mat, mask, loss_agg_mode)
+    metrics.update(pg_loss=loss.item(), ppo_kl=ppo_kl.item())
+    return loss, metrics
+
+
+def gspo_loss(
+    logprob: torch.Tensor,
+    old_logprob: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    loss_agg_mode: str = "seq-mean-token-mean",
+    step: int = 0,
+    expert_mask: torch.Tensor | None = None,
+    clip_range: float | None = None,
+    clip_range_low: float | None = None,
+    clip_range_high: float | None = None,
+) -> LossOut:
+    """GSPO: the ratio is per sequence, s = exp(mean over its tokens of log(pi/pi_old)),
+    clipped to [1 - low, 1 + high], by default [1 - 3e-4, 1 + 4e-4] (a sequence ratio moves far
+    less than a token ratio); ``clip_range`` sets both sides, ``clip_range_low/high`` one each. Written in the token form s_t = sg(s) * pi_t / sg(pi_t), whose value is s on
+    every token and whose gradient equals the sequence-level one when advantages are constant
+    along a sequence. No dual clip."""
+    mask_f = mask.to(logprob.dtype)
+    log_ratio = logprob - old_logprob  # [B, L]
+    seq_log_ratio = (log_ratio * mask_f).sum(-1) / mask_f.sum(-1).clamp(min=1)  # [B]
+    seq_log_ratio = seq_log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    token_log_ratio = logprob - logprob.detach() + seq_log_ratio.detach().unsqueeze(-1)  # [B, L]
+    ratio = torch.exp(token_log_ratio)  # [B, L]
+    low, high = _clip_bounds(clip_range, clip_range_low, clip_range_high, (3e-4, 4e-4))
+    loss_mat, metrics = _clipped_surrogate(ratio, advantages, mask, low, high, None)
+    loss = aggregate(loss_mat, mask, loss_agg_mode)
+    ppo_kl = _masked_mean(-log_ratio.detach(), mask_f)
+    metrics.update(pg_loss=loss.item(), ppo_kl=ppo_kl.item())
+    return loss, metrics
+
+
+def sft_loss(
+    logprob: torch.Tensor,
+    old_logprob: torch.Tensor | None,
+    advantages: torch.Tensor | None,
+    mask: torch.Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    step: int = 0,
+    expert_mask: torch.Tensor | None = None,
+) -> LossOut:
+    """Negative log-likelihood of the masked tokens (``old_logprob``/``advantages`` unused)."""
+    loss = aggregate(-logprob, mask, loss_agg_mode)
+    return loss, {"sft_loss": loss.item()}
+
+
+def _phi_sft_loss(logprob: torch.Tensor, mask: torch.Tensor, loss_agg_mode: str) -> LossOut:
+    """CHORD-phi: NLL weighted per token by phi = p (1 - p), p = exp(logprob) (no gradient
+    through phi), which down-weights tokens the model already finds certain or hopeless."""
+    prob = torch.exp(logprob.detach())  # [B, L]
+    loss = aggregate(-logprob * prob * (1.0 - prob), mask, loss_agg_mode)
+    return loss, {"sft_loss": loss.item()}
+
+
+def chord_mu(step: int, mu_warmup_steps: int, mu_decay_steps: int, mu_peak: float, mu_valley: float) -> float:
+    """CHORD's SFT weight at ``step``: linear from 0 to ``mu_peak`` over ``mu_warmup_steps``,
+    cosine from ``mu_peak`` down to ``mu_valley`` over the next ``mu_decay_steps``, then
+    ``mu_valley``. With no warm-up and no decay it is ``mu_valley`` from step 0."""
+    if step < mu_warmup_steps:
+        return mu_peak * step / mu_warmup_steps
+    into_decay = step - mu_warmup_steps
+    if into_decay >= mu_decay_steps:
+        return mu_valley
+    cosine = 0.5 * (1.0 + math.cos(math.pi * into_decay / mu_decay_steps))
+    return mu_valley + (mu_peak - mu_valley) * cosine
+
+
+def mix_chord_loss(
+    logprob: torch.Tensor,
+    old_logprob: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    step: int = 0,
+    expert_mask: torch.Tensor | None = None,
+    mu_warmup_steps: int = 0,
+    mu_decay_steps: int = 0,
+    mu_peak: float = 0.1,
+    mu_valley: float = 0.1,
+    enable_phi_function: bool = True,
+    clip_range: float | None = 0.2,
+    clip_range_low: float | None = None,
+    clip_range_high: float | None = None,
+    clip_ratio_c: float | None = 3.0,
+) -> LossOut:
+    """CHORD: loss = (1 - mu) * PPO(rollout rows) + mu * SFT(expert rows), mu = ``chord_mu``.
+
+    ``expert_mask`` ``[B]`` marks expert rows (``source: "expert"``); each part is aggregated
+    over its own rows, and a part with no rows in this micro-batch contributes 0. The SFT part
+    is phi-weighted when ``enable_phi_function`` (CHORD-phi), plain NLL otherwise.
+    """
+    if expert_mask is None:
+        expert_mask = torch.zeros(logprob.shape[0], dtype=torch.bool, device=logprob.device)
+    expert = expert_mask.to(device=logprob.device, dtype=torch.bool)  # [B]
+    mu = chord_mu(step, mu_warmup_steps, mu_decay_steps, mu_peak, mu_valley)
+    zero = logprob.sum() * 0.0  # keeps the graph when a part is empty
+    metrics: Metrics = {"mu": mu}
+    ppo_part, sft_part = zero, zero
+    if (~expert).any():
+        ppo_part, ppo_metrics = ppo_loss(
+            logprob[~expert], old_logprob[~expert], advantages[~expert], mask[~expert],
+            loss_agg_mode=loss_agg_mode, clip_range=clip_range, clip_range_low=clip_range_low,
+            clip_range_high=clip_range_high, clip_ratio_c=clip_ratio_c,
+        )
+        metrics.update({f"usual/{k}": v for k, v in ppo_metrics.items()})
+    if expert.any():
+        sft_fn = _phi_sft_loss if enable_phi_function else _plain_sft
+        sft_part, sft_metrics = sft_fn(logprob[expert], mask[expert], loss_agg_mode)
+        metrics.update({f"expert/{k}": v for k, v in sft_metrics.items()})
+    loss = (1.0 - mu) * ppo_part + mu * sft_part
+    metrics["pg_loss"] = loss.item()
+    return loss, metrics
+
+
+def _plain_sft(logprob: torch.Tensor, mask: torch.Tensor, loss_agg_mode: str) -> LossOut:
+    return sft_loss(logprob, None, None, mask, loss_agg_mode=loss_agg_mode)
+
+
+def opmd_loss(
+    logprob: torch.Tensor,
+    old_logprob: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    step: int = 0,
+    expert_mask: torch.Tensor | None = None,
+    tau: float = 1.0,
+) -> LossOut:
+    """OPMD (Trinity): agg(-A * logprob) / (1 + tau); the 1/(1 + tau) factor is the
+    mirror-descent regularisation strength towards the current policy. No ratio, no clip."""
+    loss = aggregate(-advantages * logprob, mask, loss_agg_mode) / (1.0 + tau)
+    return loss, {"pg_loss": loss.item(), "opmd_loss": loss.item()}
+
+
+POLICY_LOSS_FNS: dict[str, Callable[..., LossOut]] = {
+    "ppo": ppo_loss,
+    "gspo": gspo_loss,
+    "sft": sft_loss,
+    "mix_chord": mix_chord_loss,
+    "opmd": opmd_loss,
+}
+
+
+# ----------------------------------------------------------------------------- KL
+
+def _kl_none(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
+    return torch.zeros_like(logprob)
+
+
+def _kl_k1(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
+    return logprob - ref_logprob  # log(pi/pi_ref): unbiased, high variance, can be negative
+
+
+def _kl_abs(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
+    return (logprob - ref_logprob).abs()
+
+
+def _kl_k2(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
+    return 0.5 * (logprob - ref_logprob).square()
+
+
+def _kl_k3(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
+    # Schulman's k3: r - 1 - log r with r = pi_ref/pi; unbiased, always >= 0.
+    log_r = ref_logprob - logprob
+    return torch.exp(log_r) - 1.0 - log_r
+
+
+def _kl_low_var(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
+    # k3 clamped so a single token with a huge ratio cannot dominate the batch.
+    log_r = (ref_logprob - logprob).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    return (torch.exp(log_r) - 1.0 - log_r).clamp(-10.0, 10.0)
+
+
+KL_FNS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "none": _kl_none,
+    "k1": _kl_k1,
+    "k2": _kl_k2,
+    "k3": _kl_k3,
+    "low_var_kl": _kl_low_var,
+    "abs": _kl_abs,
+}
+
+
+def kl(name: str, logprob: torch.Tensor, ref_logprob: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Per-token KL estimate ``[B, L]`` named ``name`` (a ``KL_FNS`` key), zero off the mask."""
+    return KL_FNS[name](logprob, ref_logprob) * mask.to(logprob.dtype)
+
+
+def kl_loss(
+    name: str,
+    logprob: torch.Tensor,
+    ref_logprob: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    kl_coef: float = 0.001,
+) -> LossOut:
+    """KL regulariser added to the policy loss: ``kl_coef * agg(kl)`` (0 for ``none``)."""
+    kl_mean = aggregate(kl(name, logprob, ref_logprob, mask), mask, loss_agg_mode)
+    return kl_coef * kl_mean, {"kl_loss": kl_mean.item(), "kl_coef": kl_coef}
+
+
+def kl_penalty(
+    name: str,
+    token_rewards: torch.Tensor,
+    logprob: torch.Tensor,
+    ref_logprob: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    kl_coef: float = 0.001,
+) -> tuple[torch.Tensor, Metrics]:
+    """KL in the reward: ``token_rewards - kl_coef * kl`` ``[B, L]`` (use before advantages)."""
+    with torch.no_grad():
+        per_token = kl(name, logprob, ref_logprob, mask)  # [B, L]
+        penalised = token_rewards - kl_coef * per_token  # [B, L]
+        kl_mean = _masked_mean(per_token, mask.to(per_token.dtype))
+    return penalised, {"kl_penalty": kl_mean.item(), "kl_coef": kl_coef}
+
+
+# ----------------------------------------------------------------------------- entropy
+
+def _entropy_default(
+    entropy: torch.Tensor, mask: torch.Tensor, *, loss_agg_mode: str = "token-mean", entropy_coef: float = 0.0
+) -> LossOut:
+    mean_entropy = aggregate(entropy, mask, loss_agg_mode)
+    return -entropy_coef * mean_entropy, {"entropy": mean_entropy.item()}
+
+
+def _entropy_none(
+    entropy: torch.Tensor, mask: torch.Tensor, *, loss_agg_mode: str = "token-mean", entropy_coef: float = 0.0
+) -> LossOut:
+    # Accepts (and ignores) the coefficient, as ``kl_coef`` is ignored by KL ``none``.
+    return entropy.sum() * 0.0, {}
+
+
+ENTROPY_LOSS_FNS: dict[str, Callable[..., LossOut]] = {
+    "default": _entropy_default,  # term added to the loss: -entropy_coef * agg(entropy)
+    "none": _entropy_none,
+}
+
+
+# ----------------------------------------------------------------------------- logits helpers
+
+def _rows_per_chunk(vocab: int, max_chunk_elems: int) -> int:
+    return max(1, max_chunk_elems // max(vocab, 1))
+
+
+def token_logprobs(
+    logits: torch.Tensor, labels: torch.Tensor, *, max_chunk_elems: int = 1 << 26
+) -> torch.Tensor:
+    """log softmax(logits)[label] per position: ``[B, L, V]``, ``[B, L]`` -> ``[B, L]`` float32.
+
+    Computed as ``logit[label] - logsumexp(logits)`` in float32, ``max_chunk_elems`` logits at
+    a time, so the forward never holds a full float32 copy of ``[B, L, V]`` (with gradients,
+    each chunk's float32 copy is kept for the backward: wrap the call in activation
+    checkpointing to avoid that). Labels must be valid ids; mask padding afterwards.
+    """
+    flat_logits = logits.reshape(-1, logits.shape[-1])  # [B*L, V]
+    flat_labels = labels.reshape(-1)  # [B*L]
+    step = _rows_per_chunk(flat_logits.shape[-1], max_chunk_elems)
+    parts = [flat_logits.new_zeros(0, dtype=torch.float32)]  # an empty batch gives an empty result
+    for start in range(0, flat_logits.shape[0], step):
+        chunk = flat_logits[start:start + step].float()  # [c, V]
+        picked = chunk.gather(-1, flat_labels[start:start + step].unsqueeze(-1)).squeeze(-1)  # [c]
+        parts.append(picked - torch.logsumexp(chunk, dim=-1))  # [c]
+    return torch.cat(parts).reshape(labels.shape)  # [B, L]
+
+
+def token_entropy(logits: torch.Tensor, *, max_chunk_elems: int = 1 << 26) -> torch.Tensor:
+    """Entropy of softmax(logits) per position: ``[B, L, V]`` -> ``[B, L]`` float32, chunked
+    like ``token_logprobs``. H = logsumexp(z) - sum softmax(z) * z."""
+    flat_logits = logits.reshape(-1, logits.shape[-1])  # [B*L, V]
+    step = _rows_per_chunk(flat_logits.shape[-1], max_chunk_elems)
+    parts = [flat_logits.new_zeros(0, dtype=torch.float32)]
+    for start in range(0, flat_logits.shape[0], step):
+        chunk = flat_logits[start:start + step].float()  # [c, V]
+        log_z = torch.logsumexp(chunk, dim=-1)  # [c]
+        probs = torch.softmax(chunk, dim=-1)  # [c, V]
+        parts.append(log_z - (probs * chunk).sum(-1))  # [c]
+    return torch.cat(parts).reshape(logits.shape[:-1])  # [B, L]

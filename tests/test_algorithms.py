@@ -1,0 +1,377 @@
+"""Advantages, policy/KL/entropy losses and aggregation against hand-computed values.
+
+Every expected number is worked out in the comment beside it; tolerances are 1e-5 unless the
+test is about exactness.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+
+import pytest
+import torch
+
+from rft import algorithms as alg
+from rft.advantages import discounted_returns
+from rft.errors import ConfigError
+from rft.losses import _ratio_and_kl
+
+T = torch.tensor
+
+
+def close(actual, expected, tol: float = 1e-5) -> None:
+    torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float32),
+                               torch.as_tensor(expected, dtype=torch.float32), rtol=0, atol=tol)
+
+
+# ----------------------------------------------------------------------------- advantages
+
+def test_grpo_one_group_unbiased_std_broadcast_and_masked():
+    # mean 0.5; unbiased std = sqrt(4 * 0.25 / 3) = sqrt(1/3) = 0.5773503
+    # advantage = +-0.5 / (0.5773503 + 1e-6) = +-0.8660239
+    mask = T([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0]])
+    adv, metrics = alg.get_advantage_fn("grpo")(T([1.0, 0.0, 0.0, 1.0]), ["q", "q", "q", "q"], mask)
+    a = 0.8660239
+    close(adv, [[a, a, 0], [-a, 0, 0], [-a, -a, -a], [a, a, 0]])
+    close(metrics["reward_mean"], 0.5)
+    close(metrics["group_std_mean"], 0.5773503)
+
+
+def test_grpo_several_groups_singleton_and_constant_groups_get_zero():
+    # group 0: [2, 4] mean 3, std sqrt(2) -> -+1/1.4142146 = -+0.7071065
+    # group 1: [5] alone -> 0; group 2: [1, 1] std 0 -> (1-1)/eps = 0
+    rewards = T([2.0, 4.0, 5.0, 1.0, 1.0])
+    adv, metrics = alg.get_advantage_fn("grpo")(rewards, T([0, 0, 1, 2, 2]), torch.ones(5, 1))
+    close(adv[:, 0], [-0.7071065, 0.7071065, 0.0, 0.0, 0.0])
+    close(metrics["zero_advantage_group_frac"], 1.0 - 2 / 3)  # groups 0 and 2 kept by default
+
+
+def test_grpo_std_threshold_and_mean_only():
+    # group a: [0, 1] std 0.7071 > 0.5 -> kept: -+0.5/0.7071078 = -+0.7071058
+    # group b: [0, 0.4] std 0.2828 <= 0.5 -> zero
+    rewards, groups = T([0.0, 1.0, 0.0, 0.4]), ["a", "a", "b", "b"]
+    adv, _ = alg.get_advantage_fn("grpo", {"std_threshold": 0.5})(rewards, groups, torch.ones(4, 1))
+    close(adv[:, 0], [-0.7071058, 0.7071058, 0.0, 0.0])
+    # Dr.GRPO-like: r - mean only -> [-0.5, 0.5, -0.2, 0.2]
+    adv, _ = alg.get_advantage_fn("grpo", {"std_normalize": False})(rewards, groups, torch.ones(4, 1))
+    close(adv[:, 0], [-0.5, 0.5, -0.2, 0.2])
+
+
+def test_grpo_token_level_rewards_are_summed_over_the_mask():
+    # row sums: 0 + 0 + 1 = 1 and 0 (the 7 is off the mask) -> +-0.5/0.7071078
+    token_rewards = T([[0.0, 0.0, 1.0], [0.0, 0.0, 7.0]])
+    mask = T([[1, 1, 1], [1, 1, 0]])
+    adv, _ = alg.get_advantage_fn("grpo")(token_rewards, [0, 0], mask)
+    close(adv, [[0.7071058] * 3, [-0.7071058, -0.7071058, 0.0]])
+
+
+def test_rloo_leave_one_out():
+    # [1, 0, 0, 1]: r=1 -> 1 - (0+0+1)/3 = 2/3; r=0 -> 0 - (1+0+1)/3 = -2/3
+    # [2, 6]: -4, +4;  [3] alone -> 0
+    rewards = T([1.0, 0.0, 0.0, 1.0, 2.0, 6.0, 3.0])
+    adv, _ = alg.get_advantage_fn("rloo")(rewards, [0, 0, 0, 0, 1, 1, 2], torch.ones(7, 1))
+    close(adv[:, 0], [2 / 3, -2 / 3, -2 / 3, 2 / 3, -4.0, 4.0, 0.0])
+
+
+def test_reinforce_plain_and_whitened():
+    rewards, mask = T([1.0, 0.0, 3.0]), T([[1, 1], [1, 0], [1, 1]])
+    adv, _ = alg.get_advantage_fn("reinforce")(rewards, [0, 1, 2], mask)
+    close(adv, [[1, 1], [0, 0], [3, 3]])
+    # mean 4/3; unbiased var = (1/9 + 16/9 + 25/9) / 2 = 7/3; std 1.5275252
+    # (1 - 4/3)/std = -0.2182178, (0 - 4/3)/std = -0.8728716, (3 - 4/3)/std = 1.0910895
+    adv, _ = alg.get_advantage_fn("reinforce", {"whiten": True})(rewards, [0, 1, 2], mask)
+    close(adv[:, 0], [-0.2182178, -0.8728716, 1.0910895])
+
+
+def test_reinforceplusplus_returns_and_global_whitening():
+    # rewards on the last response token: row0 [0, 0, 1], row1 [0, 0] (+ pad)
+    # gamma 1 returns: row0 [1, 1, 1], row1 [0, 0]; over 5 tokens mean 0.6,
+    # unbiased var = (3 * 0.16 + 2 * 0.36) / 4 = 0.3 -> 0.4/sqrt(0.3) = 0.7302967, -0.6/sqrt(0.3) = -1.0954451
+    mask = T([[1, 1, 1], [1, 1, 0]])
+    adv, _ = alg.get_advantage_fn("reinforceplusplus")(T([1.0, 0.0]), [0, 1], mask)
+    close(adv, [[0.7302967] * 3, [-1.0954451, -1.0954451, 0.0]], tol=1e-5)
+
+
+def test_discounted_returns_skip_off_mask_tokens():
+    # gamma 0.5, row [0, 0, 1]: t2 = 1, t1 = 0.5, t0 = 0.25
+    close(discounted_returns(T([[0.0, 0.0, 1.0]]), T([[1, 1, 1]]), 0.5), [[0.25, 0.5, 1.0]])
+    # off-mask middle token neither earns (its 5 is ignored) nor discounts: t2 = 2, t0 = 0.5 * 2 = 1
+    close(discounted_returns(T([[0.0, 5.0, 2.0]]), T([[1, 0, 1]]), 0.5), [[1.0, 0.0, 2.0]])
+
+
+def test_opmd_mean_and_logavgexp_baselines():
+    adv, _ = alg.get_advantage_fn("opmd")(T([1.0, 0.0, 0.0, 1.0]), [0] * 4, torch.ones(4, 1))
+    close(adv[:, 0], [0.5, -0.5, -0.5, 0.5])
+    # tau 1, rewards [0, 1]: b = log((e^0 + e^1)/2) = log(1.8591409) = 0.6201145
+    fn = alg.get_advantage_fn("opmd", {"opmd_baseline": "logavgexp", "tau": 1.0})
+    adv, _ = fn(T([0.0, 1.0, 4.0]), [0, 0, 1], torch.ones(3, 1))
+    close(adv[:, 0], [-0.6201145, 0.3798855, 0.0])  # the singleton group gets 0
+    # tau 0.1: b = 0.1 * log((e^0 + e^10)/2) = 1 + 0.1 * log((1 + e^-10)/2) = 0.9306876 (near the max)
+    fn = alg.get_advantage_fn("opmd", {"opmd_baseline": "logavgexp", "tau": 0.1})
+    adv, _ = fn(T([0.0, 1.0]), [0, 0], torch.ones(2, 1))
+    close(adv[:, 0], [-0.9306876, 0.0693124])
+
+
+# ----------------------------------------------------------------------------- aggregation
+
+def test_agg_modes_on_ragged_mask():
+    loss_mat = T([[1.0, 2.0, 3.0], [4.0, 9.0, 9.0], [7.0, 7.0, 7.0]])
+    mask = T([[1, 1, 1], [1, 0, 0], [0, 0, 0]])  # the 9s and the empty third row do not count
+    close(alg.aggregate(loss_mat, mask, "token-mean"), 2.5)  # (1+2+3+4)/4
+    close(alg.aggregate(loss_mat, mask, "seq-mean-token-mean"), 3.0)  # mean(6/3, 4/1)
+    close(alg.aggregate(loss_mat, mask, "seq-mean-token-sum"), 5.0)  # mean(6, 4)
+    close(alg.aggregate(loss_mat, mask, "seq-mean-token-sum-norm"), 5.0 / 3)  # mean(6, 4) / L=3
+    close(alg.aggregate(loss_mat, torch.zeros(3, 3), "token-mean"), 0.0)
+
+
+# ----------------------------------------------------------------------------- policy losses
+
+def _logs(ratios):
+    return torch.log(T(ratios, dtype=torch.float32))
+
+
+def test_ppo_clips_both_sides():
+    # clip 0.2. r=1.5,A=+1: max(-1.5, -1.2) = -1.2 (clipped); r=0.5,A=+1: max(-0.5, -0.8) = -0.5
+    # r=0.5,A=-1: max(0.5, 0.8) = 0.8 (clipped); r=1.5,A=-1: max(1.5, 1.2) = 1.5
+    # token-mean = (-1.2 - 0.5 + 0.8 + 1.5)/4 = 0.15, clipfrac 2/4
+    logprob = _logs([[1.5, 0.5, 0.5, 1.5]]).requires_grad_()
+    adv, mask = T([[1.0, 1.0, -1.0, -1.0]]), torch.ones(1, 4)
+    loss, m = alg.get_policy_loss_fn("ppo")(logprob, torch.zeros(1, 4), adv, mask)
+    close(loss, 0.15)
+    close(m["pg_clipfrac"], 0.5)
+    close(m["pg_clipfrac_lower"], 0.0)
+    loss.backward()
+    # clipped tokens get no gradient; others d(-A r)/dlogprob / 4 = -A r / 4
+    close(logprob.grad, [[0.0, -0.125, 0.0, 0.375]])
+
+
+def test_ppo_asymmetric_clip():
+    # low 0.1, high 0.3: r=1.5,A=+1 -> -1.3; r=0.5,A=-1 -> 0.9; mean = -0.2
+    fn = alg.get_policy_loss_fn("ppo", {"clip_range_low": 0.1, "clip_range_high": 0.3})
+    loss, _ = fn(_logs([[1.5, 0.5]]), torch.zeros(1, 2), T([[1.0, -1.0]]), torch.ones(1, 2))
+    close(loss, -0.2)
+
+
+def test_ppo_dual_clip():
+    # r=5, A=-1: max(5, 1.2) = 5, capped at -A * 3 = 3; r=5, A=+1: max(-5, -1.2) = -1.2
+    logprob, adv = _logs([[5.0, 5.0]]), T([[-1.0, 1.0]])
+    loss, m = alg.get_policy_loss_fn("ppo")(logprob, torch.zeros(1, 2), adv, torch.ones(1, 2))
+    close(loss, 0.9)  # (3 - 1.2) / 2
+    close(m["pg_clipfrac_lower"], 0.5)
+    loss, _ = alg.get_policy_loss_fn("ppo", {"clip_ratio_c": None})(logprob, torch.zeros(1, 2), adv, torch.ones(1, 2))
+    close(loss, 1.9)  # (5 - 1.2) / 2 without dual clip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_ratio_is_exactly_one_when_old_logprob_is_recomputed(dtype):
+    logprob = (torch.randn(3, 7) - 2).to(dtype)
+    ratio, ppo_kl = _ratio_and_kl(logprob, logprob.clone(), torch.ones(3, 7))
+    assert torch.equal(ratio, torch.ones_like(ratio))
+    assert ppo_kl.item() == 0.0
+    adv, mask = torch.randn(3, 7), (torch.rand(3, 7) > 0.3).float()
+    loss, m = alg.get_policy_loss_fn("ppo")(logprob.float(), logprob.float().clone(), adv, mask)
+    assert m["pg_clipfrac"] == 0.0 and m["ppo_kl"] == 0.0
+    close(loss, -(adv * mask).sum() / mask.sum(), tol=1e-6)
+
+
+def test_gspo_sequence_ratio_and_clip():
+    # row0 log-ratios [0.2, 0.4, (9 masked)] -> s = exp(0.3) = 1.3498588, A=+1
+    # row1 log-ratios [-0.1]*3 -> s = exp(-0.1) = 0.9048374, A=-1
+    old = torch.zeros(2, 3)
+    logprob = T([[0.2, 0.4, 9.0], [-0.1, -0.1, -0.1]]).requires_grad_()
+    adv, mask = T([[1.0] * 3, [-1.0] * 3]), T([[1, 1, 0], [1, 1, 1]])
+    # no clipping (range 1): per-token loss = -A s; seq-mean-token-mean = (-1.3498588 + 0.9048374)/2
+    loss, _ = alg.get_policy_loss_fn("gspo", {"clip_range": 1.0})(logprob, old, adv, mask)
+    close(loss, (-1.3498588 + 0.9048374) / 2)
+    loss.backward()
+    # gradient equals that of the sequence objective: d(-A s)/dlp_t = -A s / n_tokens, / 2 sequences
+    close(logprob.grad, [[-1.3498588 / 4, -1.3498588 / 4, 0.0], [0.9048374 / 6] * 3])
+    # clip 0.05: s0 -> 1.05 (max(-1.3499, -1.05) = -1.05); s1 -> max(0.9048, 0.95) = 0.95
+    loss, m = alg.get_policy_loss_fn("gspo", {"clip_range": 0.05})(logprob, old, adv, mask)
+    close(loss, (-1.05 + 0.95) / 2)
+    close(m["pg_clipfrac"], 1.0)
+
+
+def test_sft_loss_is_masked_nll():
+    logprob, mask = T([[-1.0, -2.0], [-3.0, -50.0]]), T([[1, 1], [1, 0]])
+    loss, m = alg.get_policy_loss_fn("sft")(logprob, None, None, mask)
+    close(loss, 2.0)  # (1 + 2 + 3)/3
+    loss, _ = alg.get_policy_loss_fn("sft", {"loss_agg_mode": "seq-mean-token-mean"})(logprob, None, None, mask)
+    close(loss, 2.25)  # mean(1.5, 3)
+
+
+@pytest.mark.parametrize(
+    "step, expected",
+    [(0, 0.0), (5, 0.25), (10, 0.5), (20, 0.3), (30, 0.1), (100, 0.1)],
+    # warm-up 10 to peak 0.5: step 5 -> 0.25; cosine over 20 steps to 0.1:
+    # step 20 is halfway: 0.1 + 0.4 * 0.5 * (1 + cos(pi/2)) = 0.3; from step 30 on: 0.1
+)
+def test_chord_mu_schedule(step, expected):
+    close(alg.chord_mu(step, 10, 20, 0.5, 0.1), expected)
+
+
+def test_chord_mu_constant_by_default():
+    assert alg.chord_mu(0, 0, 0, 0.1, 0.1) == 0.1
+
+
+def test_mix_chord_mixes_ppo_on_rollouts_and_sft_on_expert_rows():
+    # row0: rollout, ratio 1, A=2 -> ppo = -2; row1: expert, p = 0.5 on both tokens
+    # phi = 0.5 * 0.5 = 0.25 -> sft = ln2 * 0.25 = 0.1732868; plain sft = ln2 = 0.6931472
+    # mu = 0.1 (defaults): loss = 0.9 * -2 + 0.1 * sft
+    logprob = T([[0.0, 0.0], [math.log(0.5), math.log(0.5)]]).requires_grad_()
+    old, adv, mask = T([[0.0, 0.0], [0.0, 0.0]]), T([[2.0, 2.0], [0.0, 0.0]]), torch.ones(2, 2)
+    expert = T([False, True])
+    loss, m = alg.get_policy_loss_fn("mix_chord")(logprob, old, adv, mask, step=0, expert_mask=expert)
+    close(loss, -1.8 + 0.01732868)
+    close(m["mu"], 0.1)
+    loss.backward()
+    # phi carries no gradient: d(0.1 * -lp * 0.25 / 2)/dlp = -0.0125; ppo rows: 0.9 * -A r / 2 = -0.9
+    close(logprob.grad, [[-0.9, -0.9], [-0.0125, -0.0125]])
+    fn = alg.get_policy_loss_fn("mix_chord", {"enable_phi_function": False})
+    loss, _ = fn(logprob, old, adv, mask, step=0, expert_mask=expert)
+    close(loss, -1.8 + 0.06931472)
+    # expert rows only: loss = mu * sft; step 5 of a 10-step warm-up to 0.4 -> mu 0.2
+    fn = alg.get_policy_loss_fn("mix_chord", {"mu_warmup_steps": 10, "mu_peak": 0.4, "enable_phi_function": False})
+    loss, _ = fn(logprob[1:], old[1:], adv[1:], mask[1:], step=5, expert_mask=T([True]))
+    close(loss, 0.2 * 0.6931472)
+
+
+def test_opmd_policy_loss():
+    # -A * lp = [1, 2 | -0.5] -> token-mean 2.5/3 = 0.8333333, / (1 + tau=1) = 0.4166667
+    logprob, adv, mask = T([[-1.0, -2.0], [-0.5, -9.0]]), T([[1.0, 1.0], [-1.0, -1.0]]), T([[1, 1], [1, 0]])
+    loss, _ = alg.get_policy_loss_fn("opmd")(logprob, logprob, adv, mask)
+    close(loss, 0.4166667)
+
+
+# ----------------------------------------------------------------------------- KL and entropy
+
+def test_kl_variants_on_known_values():
+    # pi = 0.5, pi_ref = 0.25: d = log pi - log pi_ref = ln 2 = 0.6931472
+    lp, ref, mask = T([[math.log(0.5), -1.0]]), T([[math.log(0.25), 0.0]]), T([[1, 0]])
+    expected = {
+        "none": 0.0,
+        "k1": 0.6931472,
+        "abs": 0.6931472,
+        "k2": 0.2402265,  # 0.5 * ln2^2
+        "k3": 0.1931472,  # r = pi_ref/pi = 0.5: r - 1 - log r = 0.5 - 1 + ln2
+        "low_var_kl": 0.1931472,
+    }
+    for name, value in expected.items():
+        close(alg.kl(name, lp, ref, mask), [[value, 0.0]])
+    # k1 is negative where pi < pi_ref, abs is not: d = -ln2
+    close(alg.kl("k1", ref, lp, mask)[0, 0], -0.6931472)
+    close(alg.kl("abs", ref, lp, mask)[0, 0], 0.6931472)
+
+
+def test_low_var_kl_is_clamped_k3_is_not():
+    lp, ref, mask = T([[-30.0]]), T([[0.0]]), T([[1]])
+    close(alg.kl("low_var_kl", lp, ref, mask), [[10.0]])
+    assert alg.kl("k3", lp, ref, mask).item() > 1e12  # e^30 - 31
+
+
+def test_kl_loss_and_penalty_scale_by_kl_coef():
+    lp, ref, mask = T([[math.log(0.5), math.log(0.5)]]), T([[math.log(0.25), math.log(0.5)]]), T([[1, 1]])
+    loss, m = alg.get_kl_loss_fn("k1", {"kl_coef": 0.1})(lp, ref, mask)
+    close(loss, 0.1 * 0.6931472 / 2)  # token-mean of [ln2, 0], times 0.1
+    rewards, m = alg.get_kl_penalty_fn("k1", {"kl_coef": 0.1})(T([[0.0, 1.0]]), lp, ref, mask)
+    close(rewards, [[-0.06931472, 1.0]])
+
+
+def test_entropy_of_uniform_is_log_vocab_and_known_distribution():
+    close(alg.token_entropy(torch.zeros(2, 3, 7)), torch.full((2, 3), math.log(7)))
+    # p = [0.5, 0.25, 0.25]: H = 0.5 ln2 + 2 * 0.25 ln4 = 1.0397208
+    logits = torch.log(T([[[0.5, 0.25, 0.25]]])) + 3.0  # a shift must not matter
+    close(alg.token_entropy(logits), [[1.0397208]])
+
+
+def test_entropy_loss_default_and_none():
+    entropy, mask = T([[1.0, 2.0], [3.0, 8.0]]), T([[1, 1], [1, 0]])
+    loss, m = alg.get_entropy_loss_fn("default", {"entropy_coef": 0.01})(entropy, mask)
+    close(loss, -0.02)  # -0.01 * mean(1, 2, 3)
+    close(m["entropy"], 2.0)
+    loss, _ = alg.get_entropy_loss_fn("none")(entropy, mask)
+    close(loss, 0.0)
+
+
+def test_chunked_token_logprobs_and_entropy_match_naive():
+    torch.manual_seed(0)
+    logits = (torch.randn(2, 5, 11) * 4).requires_grad_()
+    labels = torch.randint(0, 11, (2, 5))
+    chunked = alg.token_logprobs(logits, labels, max_chunk_elems=33)  # 3 rows per chunk, 10 rows
+    naive = torch.log_softmax(logits, -1).gather(-1, labels.unsqueeze(-1)).squeeze(-1)
+    close(chunked, naive, tol=1e-5)
+    (grad_chunked,) = torch.autograd.grad(chunked.sum(), logits)
+    (grad_naive,) = torch.autograd.grad(naive.sum(), logits)
+    close(grad_chunked, grad_naive, tol=1e-5)
+    probs = torch.softmax(logits, -1)
+    close(alg.token_entropy(logits, max_chunk_elems=33), -(probs * torch.log(probs)).sum(-1), tol=1e-5)
+    bf16 = alg.token_logprobs(logits.detach().bfloat16(), labels)
+    assert bf16.dtype == torch.float32
+    close(bf16, naive.detach(), tol=0.15)  # bf16 logits carry ~3 significant digits
+    assert alg.token_logprobs(torch.zeros(0, 4, 3), torch.zeros(0, 4, dtype=torch.long)).shape == (0, 4)
+
+
+# ----------------------------------------------------------------------------- names and args
+
+def test_unknown_arg_names_the_arg_and_the_valid_ones():
+    with pytest.raises(ConfigError) as e:
+        alg.get_policy_loss_fn("ppo", {"clip_ratio": 0.2})
+    msg = str(e.value)
+    assert "clip_ratio" in msg and "clip_range_low" in msg and "policy_loss_fn_args" in msg
+    with pytest.raises(ConfigError, match="std_threshold"):
+        alg.get_advantage_fn("grpo", {"std_treshold": 0.1})
+
+
+def test_unknown_name_and_bad_values():
+    with pytest.raises(ConfigError, match="Did you mean 'grpo'"):
+        alg.get_advantage_fn("gpro")
+    with pytest.raises(ConfigError, match="clip_ratio_c"):
+        alg.get_policy_loss_fn("ppo", {"clip_ratio_c": 0.5})
+    with pytest.raises(ConfigError, match="loss_agg_mode"):
+        alg.get_policy_loss_fn("ppo", {"loss_agg_mode": "token_mean"})
+    with pytest.raises(ConfigError, match="opmd_baseline"):
+        alg.get_advantage_fn("opmd", {"opmd_baseline": "max"})
+    with pytest.raises(ConfigError, match="step"):
+        alg.get_policy_loss_fn("mix_chord", {"step": 3})  # trainer context, not config
+    with pytest.raises(ConfigError, match="seq-mean-token-mean"):
+        alg.check_loss_agg_mode("seq-mean-token-men")
+
+
+def test_valid_args_lists_config_arguments():
+    assert alg.valid_args("advantage_fn", "grpo") == ["epsilon", "std_threshold", "std_normalize"]
+    assert alg.valid_args("kl_loss_fn", "k3") == ["loss_agg_mode", "kl_coef"]
+    assert "mu_peak" in alg.valid_args("policy_loss_fn", "mix_chord")
+
+
+def test_call_time_loss_agg_mode_overrides_the_bound_one():
+    fn = alg.get_policy_loss_fn("sft", {"loss_agg_mode": "seq-mean-token-mean"})
+    logprob, mask = T([[-1.0, -2.0], [-3.0, 0.0]]), T([[1, 1], [1, 0]])
+    close(fn(logprob, None, None, mask, loss_agg_mode="token-mean")[0], 2.0)
+
+
+_REGISTRIES = {
+    "ADVANTAGE_FN_NAMES": alg.ADVANTAGE_FNS,
+    "POLICY_LOSS_FN_NAMES": alg.POLICY_LOSS_FNS,
+    "KL_FN_NAMES": alg.KL_FNS,
+    "ENTROPY_LOSS_FN_NAMES": alg.ENTROPY_LOSS_FNS,
+    "LOSS_AGG_MODES": alg.LOSS_AGG_MODES,
+}
+# Names the config knows but refuses with NotSupportedError (GAE "ppo" advantages need a critic).
+_REFUSED_BY_CONFIG = {"ADVANTAGE_FN_NAMES": {"ppo"}}
+# Implemented here; the config may not offer them (yet).
+_OPTIONAL_IN_CONFIG = {"LOSS_AGG_MODES": {"seq-mean-token-sum-norm"}}
+
+
+@pytest.mark.parametrize("const", sorted(_REGISTRIES))
+def test_config_name_lists_match_registries(const):
+    try:
+        config = importlib.import_module("rft.config")
+    except ImportError:
+        pytest.skip("rft.config not written yet")
+    if not hasattr(config, const):
+        pytest.skip(f"rft.config defines no {const}")
+    in_config = set(getattr(config, const)) - _REFUSED_BY_CONFIG.get(const, set())
+    here = set(_REGISTRIES[const])
+    assert in_config <= here, f"rft.config.{const} accepts names with no implementation"
+    assert here - in_config <= _OPTIONAL_IN_CONFIG.get(const, set()), f"rft.config.{const} lacks names"
