@@ -235,11 +235,8 @@ class SegmentReader:
         Waits up to ``timeout_s`` for the budget to fill. ``current_version`` enables the
         staleness filter (groups older than ``max_staleness_versions`` are dropped or counted).
         """
-        scanned = [False]
-
-        def once(budget: int | None) -> tuple[list[Experience], bool, bool]:
-            scanned[0] = False  # each poll may rescan the buffer once
-            return self._read_once(budget, current_version, scanned)
+        def once(budget: int | None, first: bool) -> tuple[list[Experience], bool, bool]:
+            return self._read_once(budget, current_version, first, scanned=[False])
 
         return poll_read(once, max_experiences, timeout_s, poll_s)
 
@@ -294,7 +291,7 @@ class SegmentReader:
         return removed
 
     def _read_once(
-        self, budget: int | None, current_version: int | None, scanned: list[bool]
+        self, budget: int | None, current_version: int | None, first: bool, scanned: list[bool]
     ) -> tuple[list[Experience], bool, bool]:
         out: list[Experience] = []
         progressed = False
@@ -306,10 +303,10 @@ class SegmentReader:
             while segment.groups:
                 group, end = segment.groups[0]
                 if budget is not None and len(out) + len(group) > budget:
-                    if not out:
+                    if first and not out:
                         check_group_fits(group, budget)
                     self.stats.experiences_read += len(out)
-                    return out, True, True
+                    return out, True, progressed
                 segment.groups.pop(0)
                 progressed = True
                 self._pos[segment.writer] = (segment.seq, end)

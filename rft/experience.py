@@ -188,7 +188,7 @@ class ReaderStats:
         return asdict(self)
 
 
-ReadOnce = Callable[[Optional[int]], Tuple[List[Experience], bool, bool]]
+ReadOnce = Callable[[Optional[int], bool], Tuple[List[Experience], bool, bool]]
 
 
 def poll_read(
@@ -196,15 +196,17 @@ def poll_read(
 ) -> list[Experience]:
     """Collect whole groups from ``read_once`` until the budget is full or ``timeout_s`` passes.
 
-    ``read_once(budget)`` returns (records, full, progressed): full when the next group would
-    not fit the budget, progressed when it consumed anything (even groups it dropped as stale).
-    With no budget, one pass returns everything available now.
+    ``read_once(budget, first)`` returns (records, full, progressed): full when the next group
+    would not fit the budget, progressed when it consumed anything (even groups it dropped as
+    stale). ``first`` is true while nothing has been collected: then a group larger than the
+    budget is an error (see check_group_fits). With no budget, one pass returns everything
+    available now.
     """
     deadline = time.monotonic() + timeout_s
     out: list[Experience] = []
     while True:
         budget = None if max_experiences is None else max_experiences - len(out)
-        records, full, progressed = read_once(budget)
+        records, full, progressed = read_once(budget, not out)
         out.extend(records)
         if full or max_experiences is None or len(out) >= max_experiences:
             return out

@@ -229,7 +229,7 @@ class SqlBufferReader:
         poll_s: float = 0.5,
     ) -> list[Experience]:
         """Up to ``max_experiences`` records in whole groups (see SegmentReader.read)."""
-        return poll_read(lambda budget: self._read_once(budget, current_version),
+        return poll_read(lambda budget, first: self._read_once(budget, current_version, first),
                          max_experiences, timeout_s, poll_s)
 
     def release(self, cursor: dict[str, Any]) -> int:
@@ -243,7 +243,7 @@ class SqlBufferReader:
     def close(self) -> None:
         self._conn.close()
 
-    def _read_once(self, budget: int | None, current_version: int | None
+    def _read_once(self, budget: int | None, current_version: int | None, first: bool
                    ) -> tuple[list[Experience], bool, bool]:
         limit = -1 if budget is None else budget + 1  # one extra row shows whether a group is cut
         rows = self._conn.execute(
@@ -255,7 +255,7 @@ class SqlBufferReader:
         next_rowid = rows[-1][0] if rows else self._rowid  # also past corrupt rows at the end
         if full and groups:
             cut, first_id, _ = groups.pop()  # its rows may continue beyond the extra row
-            if not groups:
+            if first and not groups:
                 check_group_fits(cut, budget or 0)
             next_rowid = first_id - 1
         out: list[Experience] = []
