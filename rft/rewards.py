@@ -1,0 +1,314 @@
+"""Reward functions: a response and a ground truth (strings) -> named reward parts (floats).
+
+A reward function is ``fn(response: str, truth: str, **args) -> dict[str, float]``; the reward
+of an experience is the sum of its parts, and the parts are stored with it for metrics.
+Built-ins (``REWARD_FNS``, Trinity-RFT's names):
+
+- ``math_reward``: ``accuracy`` 1.0 if the last ``<answer>...</answer>`` equals the truth, else
+  0.0; ``format_score`` +0.1 for one ``<think>...</think>`` followed by one
+  ``<answer>...</answer>`` and nothing else, else -0.1;
+- ``math_boxed_reward``: ``accuracy`` from the last ``\\boxed{...}``; ``format_score`` +0.1 if
+  there is a complete box, else -0.1;
+- ``accuracy_reward``: ``accuracy`` only, from the last ``<answer>``, else the last box, else
+  the whole response;
+- ``format_reward``: ``format_score`` only (the think/answer structure).
+
+``get_reward_fn`` resolves a built-in name or a user's ``package.module:function``.
+
+Equality of answers: a fast exact path first (numbers after stripping ``$``, thousands commas,
+units and ``%``; integers, decimals and fractions compared as exact rationals), then
+``math_verify`` (parse + verify) for anything else. math_verify's timeouts use
+``signal.alarm``, which works only in the main thread: there it runs with timeouts, elsewhere
+without (it cannot hang on the fast path's numbers, but a pathological expression could be
+slow). Any math_verify error or timeout counts as a wrong answer, never an exception.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import logging
+import re
+import threading
+from fractions import Fraction
+from typing import Any, Callable, Mapping
+
+from rft.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+RewardParts = dict[str, float]
+RewardFn = Callable[..., RewardParts]
+
+FORMAT_SCORE = 0.1
+MATH_VERIFY_TIMEOUT_S = 5
+
+_ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_THINK_ANSWER_RE = re.compile(r"\s*<think>(.*?)</think>\s*<answer>(.*?)</answer>\s*", re.DOTALL)
+
+
+# ----------------------------------------------------------------------------- extraction
+
+def last_answer_tag(text: str) -> str | None:
+    """Content of the last complete ``<answer>...</answer>``, stripped; None if there is none."""
+    found = _ANSWER_RE.findall(text)
+    return found[-1].strip() if found else None
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last complete ``\\boxed{...}`` (nested braces matched), or None."""
+    start = text.rfind("\\boxed")
+    while start != -1:
+        content = _braced_content(text, start + len("\\boxed"))
+        if content is not None:
+            return content.strip()
+        start = text.rfind("\\boxed", 0, start)  # unclosed: try an earlier box
+    return None
+
+
+def _braced_content(text: str, pos: int) -> str | None:
+    """The text inside the ``{...}`` group opening at ``pos`` (after spaces), or None."""
+    while pos < len(text) and text[pos] == " ":
+        pos += 1
+    if pos >= len(text) or text[pos] != "{":
+        return None
+    depth = 0
+    for i in range(pos, len(text)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[pos + 1:i]
+    return None
+
+
+def gsm8k_answer(text: str) -> str:
+    """GSM8K ground truth: the number after the last ``####``, normalised (``1,234`` ->
+    ``1234``, ``$5`` -> ``5``); text without ``####`` is returned stripped."""
+    if "####" not in text:
+        return text.strip()
+    final = text.rsplit("####", 1)[1].strip()
+    return _strip_decorations(final) if to_number(final) is not None else final
+
+
+def extract_ground_truth(text: str) -> str:
+    """A reference answer from a dataset cell: the GSM8K ``####`` number, else the last
+    ``\\boxed{}`` of a worked solution, else the stripped text."""
+    if "####" in text:
+        return gsm8k_answer(text)
+    return last_boxed(text) or text.strip()
+
+
+# ----------------------------------------------------------------------------- comparison
+
+# A unit is a word after a space ("12 dollars"), so "2x" is not read as 2.
+_UNIT_TAIL = re.compile(r"(?:\s*\\?%|\s+[A-Za-z][A-Za-z .]*)$")
+_THOUSANDS = re.compile(r"^-?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
+_DECIMAL = re.compile(r"^-?(?:\d+\.?\d*|\.\d+)$")
+_FRACTION = re.compile(r"^(-?\d+)\s*/\s*(-?\d+)$")
+_LATEX_FRAC = re.compile(r"^(-?)\\[dt]?frac\{(-?\d+)\}\{(-?\d+)\}$")
+
+
+def _strip_decorations(text: str) -> str:
+    s = text.strip().replace("\u2212", "-").replace("\\!", "").replace("\\,", "")
+    s = re.sub(r"\\text\{[^{}]*\}", "", s)  # \text{ dollars}
+    s = s.replace("\\$", "").replace("$", "").strip()
+    s = _UNIT_TAIL.sub("", s).strip().rstrip(".").strip()
+    if _THOUSANDS.match(s):
+        s = s.replace(",", "")
+    return s
+
+
+def to_number(text: str) -> Fraction | None:
+    """Exact value of a plain number (``-1,234.50``, ``$5``, ``12 dollars``, ``50%``, ``3/4``,
+    ``\\frac{1}{2}``), or None when ``text`` is anything else."""
+    s = _strip_decorations(text)
+    if _DECIMAL.match(s):
+        return Fraction(s)
+    match = _FRACTION.match(s)
+    if match and int(match.group(2)) != 0:
+        return Fraction(int(match.group(1)), int(match.group(2)))
+    match = _LATEX_FRAC.match(s)
+    if match and int(match.group(3)) != 0:
+        value = Fraction(int(match.group(2)), int(match.group(3)))
+        return -value if match.group(1) else value
+    return None
+
+
+def answers_match(predicted: str, truth: str) -> bool:
+    """True if the predicted answer equals the truth: exact numbers first, then math_verify."""
+    if not predicted.strip() or not truth.strip():
+        return False
+    pred_num, truth_num = to_number(predicted), to_number(truth)
+    if pred_num is not None and truth_num is not None:
+        if pred_num == truth_num:
+            return True
+        if pred_num.denominator == 1 and truth_num.denominator == 1:
+            return False  # two different integers: no need to ask sympy
+    return _math_verify_equal(predicted, truth)
+
+
+def _mv_parse(text: str, timeout_s: int | None) -> list[Any]:
+    from math_verify import parse  # imported here: it pulls in sympy (about 1 s)
+
+    latex_first = "\\" in text
+    attempts = [f"${text}$", text] if latex_first else [text, f"${text}$"]
+    for attempt in attempts:
+        parsed = parse(attempt, parsing_timeout=timeout_s)
+        if parsed:
+            return parsed
+    return []
+
+
+def _math_verify_equal(predicted: str, truth: str) -> bool:
+    from math_verify import verify
+    from math_verify.errors import TimeoutException
+
+    # signal.alarm-based timeouts raise ValueError outside the main thread.
+    timeout_s = MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+    try:
+        gold, pred = _mv_parse(truth, timeout_s), _mv_parse(predicted, timeout_s)
+        return bool(gold and pred and verify(gold, pred, timeout_seconds=timeout_s))
+    except (Exception, TimeoutException):  # TimeoutException is a BaseException
+        log.debug("math_verify failed on %r vs %r; counted as wrong", predicted, truth, exc_info=True)
+        return False
+
+
+# ----------------------------------------------------------------------------- reward functions
+
+def has_think_answer_format(text: str) -> bool:
+    """One ``<think>...</think>`` then one ``<answer>...</answer>``, only whitespace around."""
+    match = _THINK_ANSWER_RE.fullmatch(text)
+    if match is None:
+        return False
+    think, answer = match.groups()
+    return not any(tag in part for part in (think, answer) for tag in ("<think>", "</think>", "<answer>", "</answer>"))
+
+
+def _format_part(ok: bool) -> float:
+    return FORMAT_SCORE if ok else -FORMAT_SCORE
+
+
+def math_reward(response: str, truth: str) -> RewardParts:
+    """R1-style math: accuracy of the last ``<answer>``, plus the think/answer format score."""
+    answer = last_answer_tag(response)
+    accuracy = 1.0 if answer is not None and answers_match(answer, truth) else 0.0
+    return {"accuracy": accuracy, "format_score": _format_part(has_think_answer_format(response))}
+
+
+def math_boxed_reward(response: str, truth: str) -> RewardParts:
+    """Accuracy of the last ``\\boxed{}``, plus +0.1 for having a box (-0.1 without)."""
+    answer = last_boxed(response)
+    accuracy = 1.0 if answer is not None and answers_match(answer, truth) else 0.0
+    return {"accuracy": accuracy, "format_score": _format_part(answer is not None)}
+
+
+def accuracy_reward(response: str, truth: str) -> RewardParts:
+    """Accuracy only: the last ``<answer>``, else the last box, else the whole response."""
+    answer = last_answer_tag(response)
+    if answer is None:
+        answer = last_boxed(response)
+    if answer is None:
+        answer = response
+    return {"accuracy": 1.0 if answers_match(answer, truth) else 0.0}
+
+
+def format_reward(response: str, truth: str) -> RewardParts:
+    """Format only: +0.1 for the think/answer structure, -0.1 otherwise."""
+    return {"format_score": _format_part(has_think_answer_format(response))}
+
+
+REWARD_FNS: dict[str, RewardFn] = {
+    "math_reward": math_reward,
+    "math_boxed_reward": math_boxed_reward,
+    "accuracy_reward": accuracy_reward,
+    "format_reward": format_reward,
+}
+
+
+def total_reward(parts: Mapping[str, float]) -> float:
+    """The scalar reward: the sum of the parts."""
+    return float(sum(parts.values()))
+
+
+# ----------------------------------------------------------------------------- resolution
+
+def _import_user_fn(spec: str) -> Callable[..., Any]:
+    """``pkg.module:function`` (or ``pkg.module.function``) -> the callable."""
+    if ":" in spec:
+        module_name, _, attr = spec.partition(":")
+    else:
+        module_name, _, attr = spec.rpartition(".")
+    if not module_name or not attr:
+        raise ConfigError(
+            f"reward function {spec!r}: not a built-in ({sorted(REWARD_FNS)}) and not a "
+            f"'package.module:function' path."
+        )
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ConfigError(
+            f"reward function {spec!r}: could not import module {module_name!r} ({e}). "
+            f"Make it importable (installed, or its folder on PYTHONPATH) or use a built-in: "
+            f"{sorted(REWARD_FNS)}."
+        ) from e
+    fn = getattr(module, attr, None)
+    if fn is None or not callable(fn):
+        raise ConfigError(
+            f"reward function {spec!r}: module {module_name!r} ({getattr(module, '__file__', '?')}) "
+            f"has no callable {attr!r}."
+        )
+    return fn
+
+
+def _as_parts(spec: str, fn: Callable[..., Any]) -> RewardFn:
+    """Wrap a user function so a float result becomes ``{"reward": value}`` and a bad one raises."""
+
+    @functools.wraps(fn)
+    def wrapper(response: str, truth: str, **kwargs: Any) -> RewardParts:
+        result = fn(response, truth, **kwargs)
+        if isinstance(result, (int, float)) and not isinstance(result, bool):
+            return {"reward": float(result)}
+        if isinstance(result, Mapping) and all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in result.values()
+        ):
+            return {str(k): float(v) for k, v in result.items()}
+        raise ConfigError(
+            f"reward function {spec!r} returned {type(result).__name__}; it must return a float "
+            f"or a dict of part name -> float."
+        )
+
+    return wrapper
+
+
+def get_reward_fn(name_or_path: str, args: Mapping[str, Any] | None = None) -> RewardFn:
+    """Resolve a built-in name or ``package.module:function``; bind ``args`` (the config's
+    ``reward_fn_args``) as keyword arguments. Returns ``fn(response, truth) -> parts``."""
+    args = dict(args or {})
+    if name_or_path in REWARD_FNS:
+        if args:
+            raise ConfigError(
+                f"reward_fn_args: the built-in reward {name_or_path!r} takes no arguments; got "
+                f"{sorted(args)}. Remove them."
+            )
+        return REWARD_FNS[name_or_path]
+    user_fn = _import_user_fn(name_or_path)
+    _check_user_args(name_or_path, user_fn, args)
+    return functools.partial(_as_parts(name_or_path, user_fn), **args)
+
+
+def _check_user_args(spec: str, fn: Callable[..., Any], args: Mapping[str, Any]) -> None:
+    """Fail at load time if ``fn(response, truth, **args)`` cannot be called."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # no signature to check (a builtin or C function)
+    try:
+        signature.bind("response", "truth", **args)
+    except TypeError as e:
+        raise ConfigError(
+            f"reward function {spec!r} cannot be called as fn(response, truth"
+            f"{''.join(', ' + k + '=...' for k in args)}): {e}. Fix its signature or reward_fn_args."
+        ) from e
