@@ -126,8 +126,9 @@ def reinforce_advantages(
     return _broadcast(adv, mask), _batch_metrics(scores, adv)
 
 
-def _token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """``[B, L]`` rewards: as given if 2-D, else each scalar on its row's last response token."""
+def token_level_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """``[B, L]`` token rewards: as given if 2-D (masked), else each row's scalar reward on its
+    last response token (the input ``rft.losses.kl_penalty`` expects)."""
     if rewards.dim() == 2:
         return rewards.float() * mask.float()
     positions = torch.arange(mask.shape[-1], device=mask.device)  # [L]
@@ -168,7 +169,7 @@ def reinforceplusplus_advantages(
     reward is put on each response's last token).
     """
     mask_f = mask.float()  # [B, L]
-    returns = discounted_returns(_token_rewards(rewards, mask), mask, gamma)  # [B, L]
+    returns = discounted_returns(token_level_rewards(rewards, mask), mask, gamma)  # [B, L]
     n_tokens = mask_f.sum()
     mean = returns.sum() / n_tokens.clamp(min=1)
     var = ((returns - mean).square() * mask_f).sum() / (n_tokens - 1).clamp(min=1)

@@ -22,7 +22,7 @@ import functools
 import inspect
 from typing import Any, Callable, Mapping
 
-from rft.advantages import ADVANTAGE_FNS, GroupIds, group_index
+from rft.advantages import ADVANTAGE_FNS, GroupIds, group_index, token_level_rewards
 from rft.errors import ConfigError
 from rft.losses import (
     ENTROPY_LOSS_FNS,
@@ -40,7 +40,7 @@ from rft.losses import (
 
 __all__ = [
     "ADVANTAGE_FNS", "POLICY_LOSS_FNS", "KL_FNS", "ENTROPY_LOSS_FNS", "LOSS_AGG_MODES",
-    "GroupIds", "group_index", "aggregate", "chord_mu", "kl", "kl_loss", "kl_penalty",
+    "GroupIds", "group_index", "token_level_rewards", "aggregate", "chord_mu", "kl", "kl_loss", "kl_penalty",
     "token_entropy", "token_logprobs", "valid_args", "get_advantage_fn", "get_policy_loss_fn",
     "get_kl_loss_fn", "get_kl_penalty_fn", "get_entropy_loss_fn", "check_loss_agg_mode",
 ]
@@ -67,7 +67,7 @@ _VALUE_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "gamma": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
     "opmd_baseline": (lambda v: v in ("mean", "logavgexp"), "'mean' or 'logavgexp'"),
     "tau": (lambda v: _is_number(v) and v > 0, "a number > 0"),
-    "clip_range": (lambda v: v is None or (_is_number(v) and v >= 0), "a number >= 0"),
+    "clip_range": (lambda v: v is None or (_is_number(v) and v >= 0), "null or a number >= 0"),
     "clip_range_low": (lambda v: v is None or (_is_number(v) and v >= 0), "null or a number >= 0"),
     "clip_range_high": (lambda v: v is None or (_is_number(v) and v >= 0), "null or a number >= 0"),
     "clip_ratio_c": (lambda v: v is None or (_is_number(v) and v > 1), "null (no dual clip) or a number > 1"),

@@ -444,7 +444,7 @@ def token_logprobs(
 
 def token_entropy(logits: torch.Tensor, *, max_chunk_elems: int = 1 << 26) -> torch.Tensor:
     """Entropy of softmax(logits) per position: ``[B, L, V]`` -> ``[B, L]`` float32, chunked
-    like ``token_logprobs``. H = logsumexp(z) - sum softmax(z) * z."""
+    like ``token_logprobs``. H = logsumexp(z) - sum softmax(z) * z (logits must be finite)."""
     flat_logits = logits.reshape(-1, logits.shape[-1])  # [B*L, V]
     step = _rows_per_chunk(flat_logits.shape[-1], max_chunk_elems)
     parts = [flat_logits.new_zeros(0, dtype=torch.float32)]

@@ -375,3 +375,15 @@ def test_config_name_lists_match_registries(const):
     here = set(_REGISTRIES[const])
     assert in_config <= here, f"rft.config.{const} accepts names with no implementation"
     assert here - in_config <= _OPTIONAL_IN_CONFIG.get(const, set()), f"rft.config.{const} lacks names"
+
+
+def test_token_level_rewards_then_kl_penalty_feed_reinforceplusplus():
+    # reward 1 on the last response token (index 1 of row 0); k1 penalty 0.1 * [ln2, 0] on row 0
+    mask = T([[1, 1, 0], [1, 1, 1]])
+    token_rewards = alg.token_level_rewards(T([1.0, 0.0]), mask)
+    close(token_rewards, [[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    ref = T([[math.log(0.5), 0.0, 0.0], [0.0, 0.0, 0.0]])  # k1 = log pi - log pi_ref = 0 - ln(0.5) = ln2
+    penalised, _ = alg.get_kl_penalty_fn("k1", {"kl_coef": 0.1})(token_rewards, torch.zeros(2, 3), ref, mask)
+    close(penalised, [[-0.06931472, 1.0, 0.0], [0.0, 0.0, 0.0]])
+    adv, _ = alg.get_advantage_fn("reinforceplusplus")(penalised, [0, 1], mask)
+    assert adv[0, 2] == 0.0 and adv.shape == (2, 3)
