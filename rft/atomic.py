@@ -143,8 +143,9 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def remove_stale_tmp(folder: Path | str) -> list[Path]:
-    """Delete temporaries in ``folder`` left by dead processes of this host; return them.
+def remove_stale_tmp(folder: Path | str, prefix: str = "") -> list[Path]:
+    """Delete temporaries in ``folder`` (names starting with ``prefix``) left by dead processes
+    of this host; return them.
 
     Temporaries of other hosts are left alone: this host cannot tell whether their writer still
     runs. A restarted writer calls this before writing, so a crash leaves no lasting debris.
@@ -155,7 +156,7 @@ def remove_stale_tmp(folder: Path | str) -> list[Path]:
     removed = []
     for entry in sorted(Path(folder).iterdir()):
         owner = tmp_owner(entry)
-        if owner is None or owner[0] != host or owner[1] == os.getpid() or pid_alive(owner[1]):
+        if not entry.name.startswith(prefix) or owner is None or owner[0] != host or owner[1] == os.getpid() or pid_alive(owner[1]):
             continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)

@@ -12,6 +12,7 @@ The reader checkpoints (cursor + consumed ids) in one atomic file, like the trai
 from __future__ import annotations
 
 import json
+import logging
 import random
 import sys
 import time
@@ -86,6 +87,7 @@ def run_sql_writer(db_path: str, name: str, num_batches: int) -> None:
 
 
 if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format=f"%(asctime)s {sys.argv[1]} %(message)s")
     role, args = sys.argv[1], sys.argv[2:]
     if role == "writer":
         run_writer(args[0], args[1], int(args[2]))

@@ -9,6 +9,7 @@ import logging
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -105,6 +106,20 @@ def test_writer_keeps_groups_contiguous_and_refuses_rewrites(tmp_path):
     got = SegmentReader(tmp_path).read(4)
     assert ids(got) == [f"a-0-{k}" for k in range(4)] and {r.writer for r in got} == {"w"}
     assert SegmentWriter(tmp_path, "w").next_seq == 6  # a restarted writer numbers on
+
+
+def test_restarted_writer_clears_dead_temporaries_and_readers_ignore_them(tmp_path):
+    SegmentWriter(tmp_path, "w").write(make_batch("a", 1))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    torn = tmp_path / "w" / f"seg-000001.jsonl.tmp.{socket.gethostname()}.{dead.pid}"
+    torn.write_text('{"format": 1}\n{"task_id": "half')
+    foreign = tmp_path / "w" / "seg-000001.jsonl.tmp.other-host.1"
+    foreign.write_text("")
+    assert ids(SegmentReader(tmp_path).read()) == ids(make_batch("a", 1))
+    writer = SegmentWriter(tmp_path, "w")
+    assert not torn.exists() and foreign.exists()  # another host's writer may still be alive
+    assert writer.next_seq == 1
 
 
 def test_round_robin_and_new_writers_at_next_scan(tmp_path):
