@@ -1,0 +1,323 @@
+"""Weight sync through checkpoint folders, and explorer heartbeats, on the shared filesystem.
+
+Weights leave the trainer through a :class:`WeightsPublisher`: ``publish(version, write_fn)``
+lets ``write_fn(tmp_dir)`` fill ``weights/v<version:06d>.tmp.<host>.<pid>/`` (e.g. HF
+``save_pretrained``), adds a completion marker listing every file and its size, fsyncs,
+renames the folder to ``weights/v<version:06d>/``, and only then replaces the pointer file
+``latest_state_dict_iteration.txt``. It keeps the newest ``keep_versions`` folders and any
+folder a live explorer's heartbeat names as loaded or being loaded.
+
+Weights enter an explorer through a :class:`WeightsWatcher`: ``poll()`` reads the pointer (one
+small file) and returns the folder only when it is complete; ``begin_load`` announces the load
+in the heartbeat before the folder is read, so the publisher will not delete it.
+
+Explorers report through a :class:`Heartbeat`: ``explorers/<name>.json``, rewritten atomically
+(host, SLURM job id, pid, loaded/loading version, tasks and steps done, time), by ``beat()`` or
+a background thread; :func:`read_heartbeats` lists them as live or dead by age.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from rft import atomic
+from rft.errors import CheckpointError
+
+log = logging.getLogger(__name__)
+
+POINTER_FILE = "latest_state_dict_iteration.txt"
+WEIGHTS_DIR = "weights"
+EXPLORERS_DIR = "explorers"
+COMPLETE_MARKER = "rft_complete.json"  # written last in a version folder: the file list
+_VERSION_RE = re.compile(r"^v(\d{6,})$")
+
+
+def weights_dir(run_dir: Path | str, version: int) -> Path:
+    return Path(run_dir) / WEIGHTS_DIR / f"v{version:06d}"
+
+
+def is_complete(folder: Path) -> bool:
+    """True when ``folder`` has its completion marker and every file it lists, at full size."""
+    try:
+        marker = json.loads((folder / COMPLETE_MARKER).read_text())
+        return all((folder / name).stat().st_size == size for name, size in marker["files"].items())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
+
+
+def list_versions(run_dir: Path | str) -> list[int]:
+    """Versions with a published folder (complete or not), ascending; temporaries excluded."""
+    root = Path(run_dir) / WEIGHTS_DIR
+    try:
+        names = os.listdir(root)
+    except FileNotFoundError:
+        return []
+    return sorted(int(m.group(1)) for m in map(_VERSION_RE.match, names) if m)
+
+
+def latest_weights(run_dir: Path | str) -> tuple[int, Path] | None:
+    """(version, folder) the pointer names, if that folder is complete; else None."""
+    version = atomic.read_pointer(Path(run_dir) / POINTER_FILE)
+    if version is None:
+        return None
+    folder = weights_dir(run_dir, version)
+    return (version, folder) if is_complete(folder) else None
+
+
+def copy_files(files: Iterable[Path | str], dest: Path | str) -> None:
+    """Copy extra files (tokenizer, generation config...) into a folder being published."""
+    for src in map(Path, files):
+        if not src.is_file():
+            raise CheckpointError(f"{src} does not exist or is not a file; cannot publish it")
+        shutil.copy2(src, Path(dest) / src.name)
+
+
+def _write_marker(folder: Path, version: int) -> None:
+    files = {
+        str(p.relative_to(folder)): p.stat().st_size
+        for p in sorted(folder.rglob("*")) if p.is_file() and p.name != COMPLETE_MARKER
+    }
+    if not files:
+        raise CheckpointError(f"publishing weights version {version}: the folder is empty "
+                              "(write_fn wrote nothing)")
+    marker = {"version": version, "files": files, "time": time.time(), "host": socket.gethostname()}
+    (folder / COMPLETE_MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True))
+
+
+def _remove_version(folder: Path) -> None:
+    """Rename a folder to a temporary name first (watchers stop seeing it at once), then delete."""
+    doomed = atomic.tmp_name(folder.with_name(folder.name + ".old"))
+    try:
+        os.rename(folder, doomed)
+    except FileNotFoundError:
+        return
+    shutil.rmtree(doomed, ignore_errors=True)
+
+
+class WeightsPublisher:
+    """The trainer's side: publish version folders, move the pointer, prune old versions."""
+
+    def __init__(self, run_dir: Path | str, keep_versions: int = 2, heartbeat_live_s: float = 60.0):
+        if keep_versions < 1:
+            raise CheckpointError(f"keep_versions must be >= 1, got {keep_versions}")
+        self.run_dir = Path(run_dir)
+        self.root = self.run_dir / WEIGHTS_DIR
+        self.keep_versions = keep_versions
+        self.heartbeat_live_s = heartbeat_live_s
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.clean_stale_tmp()
+
+    def clean_stale_tmp(self) -> list[Path]:
+        """Remove temporaries (folders, pointer files) left by dead publishers of this host."""
+        removed = atomic.remove_stale_tmp(self.root)
+        removed += atomic.remove_stale_tmp(self.run_dir, prefix=POINTER_FILE)
+        for path in removed:
+            log.info("removed %s (left by a dead publisher)", path)
+        return removed
+
+    def publish(
+        self,
+        version: int,
+        write_fn: Callable[[Path], None],
+        extra_files: Iterable[Path | str] = (),
+    ) -> Path:
+        """Publish weights ``version``: ``write_fn(tmp_dir)`` fills the folder; return its path.
+
+        Republishing an existing version (a trainer resumed from an earlier checkpoint) replaces
+        it: watchers see it missing for a moment, never half written.
+        """
+        final = weights_dir(self.run_dir, version)
+        tmp = atomic.tmp_name(final)
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        try:
+            write_fn(tmp)
+            copy_files(extra_files, tmp)
+            _write_marker(tmp, version)
+            if final.exists():
+                log.warning("replacing published weights %s (resumed from an earlier step)", final)
+                _remove_version(final)
+            atomic.publish_dir(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        atomic.write_pointer(self.run_dir / POINTER_FILE, version)
+        self.prune()
+        return final
+
+    def protected_versions(self) -> set[int]:
+        """Versions that live explorers have loaded or are loading (from their heartbeats)."""
+        protected = set()
+        for status in read_heartbeats(self.run_dir, self.heartbeat_live_s):
+            if status.live:
+                for key in ("loaded_version", "loading_version"):
+                    if isinstance(status.fields.get(key), int):
+                        protected.add(status.fields[key])
+        return protected
+
+    def prune(self) -> list[int]:
+        """Delete versions beyond the newest ``keep_versions`` (up to the pointer), sparing the
+        pointer's target and every version a live heartbeat names; return those deleted."""
+        pointer = atomic.read_pointer(self.run_dir / POINTER_FILE)
+        versions = list_versions(self.run_dir)
+        candidates = [v for v in versions if pointer is None or v <= pointer]
+        keep = set(candidates[-self.keep_versions:]) | self.protected_versions()
+        if pointer is not None:
+            keep.add(pointer)
+        deleted = [v for v in versions if v not in keep]  # includes orphans beyond the pointer
+        for version in deleted:
+            _remove_version(weights_dir(self.run_dir, version))
+        if deleted:
+            log.info("pruned weights versions %s (kept %s)", deleted, sorted(keep & set(versions)))
+        return deleted
+
+
+class WeightsWatcher:
+    """The explorer's side: is there a complete version other than the one loaded?"""
+
+    def __init__(self, run_dir: Path | str, loaded_version: int | None = None,
+                 heartbeat: "Heartbeat | None" = None):
+        self.run_dir = Path(run_dir)
+        self.loaded_version = loaded_version
+        self.heartbeat = heartbeat
+
+    def poll(self) -> tuple[int, Path] | None:
+        """(version, folder) if the pointer names a complete version other than the loaded one.
+
+        Normally that version is newer; it is older only after the trainer resumed from an
+        earlier checkpoint and republished, and then the explorer should follow it too.
+        """
+        latest = latest_weights(self.run_dir)
+        if latest is None or latest[0] == self.loaded_version:
+            return None
+        return latest
+
+    def begin_load(self, version: int) -> Path | None:
+        """Announce the load in the heartbeat, then re-check the folder; None if it is gone.
+
+        After the announcement the publisher keeps the folder, so a non-None result stays
+        readable until :meth:`finish_load`.
+        """
+        if self.heartbeat is not None:
+            self.heartbeat.beat(loading_version=version)
+        folder = weights_dir(self.run_dir, version)
+        if is_complete(folder):
+            return folder
+        if self.heartbeat is not None:
+            self.heartbeat.beat(loading_version=None)
+        return None
+
+    def finish_load(self, version: int) -> None:
+        """Record that ``version`` is now the explorer's weights."""
+        self.loaded_version = version
+        if self.heartbeat is not None:
+            self.heartbeat.beat(loaded_version=version, loading_version=None)
+
+
+class Heartbeat:
+    """``explorers/<name>.json``, rewritten atomically by ``beat()`` and an optional thread."""
+
+    def __init__(self, run_dir: Path | str, name: str, interval_s: float = 5.0):
+        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", name) or atomic.is_tmp(name):
+            raise CheckpointError(f"heartbeat name {name!r} must be letters, digits, '_.-', "
+                                  "e.g. 'explorer-0'")
+        self.path = Path(run_dir) / EXPLORERS_DIR / f"{name}.json"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        now = time.time()
+        self.fields: dict[str, Any] = {
+            "name": name, "host": socket.gethostname(), "pid": os.getpid(),
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+            "slurm_procid": os.environ.get("SLURM_PROCID"),
+            "loaded_version": None, "loading_version": None, "tasks_done": 0, "steps_done": 0,
+            "started_time": now, "time": now, "exited": False,
+        }
+
+    def beat(self, **fields: Any) -> None:
+        """Merge ``fields`` into the heartbeat and rewrite it with the current time."""
+        with self._lock:
+            self.fields.update(fields)
+            self.fields["time"] = time.time()
+            atomic.write_json(self.path, self.fields)
+
+    def start(self) -> "Heartbeat":
+        """Beat now and then every ``interval_s`` from a daemon thread until :meth:`stop`."""
+        self.beat()
+        self._stop.clear()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{self.path.stem}",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the thread and mark the explorer as exited (dead at once for readers)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.beat(exited=True, loading_version=None)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.beat()
+            except OSError as e:  # a hiccup of the shared filesystem must not kill the explorer
+                log.warning("heartbeat %s not written: %s", self.path, e)
+
+    def __enter__(self) -> "Heartbeat":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@dataclass
+class ExplorerStatus:
+    """One heartbeat as read back: its fields, its age and whether it counts as live."""
+
+    name: str
+    age_s: float
+    live: bool
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+def read_heartbeats(run_dir: Path | str, live_threshold_s: float = 30.0,
+                    now: float | None = None) -> list[ExplorerStatus]:
+    """Every explorer heartbeat, sorted by name; live = not exited and beat within the threshold.
+
+    Ages compare the writer's clock with this host's: cluster nodes keep NTP time.
+    """
+    folder = Path(run_dir) / EXPLORERS_DIR
+    now = time.time() if now is None else now
+    statuses = []
+    for path in sorted(folder.glob("*.json")):
+        if atomic.is_tmp(path) or path.name.startswith("."):
+            continue
+        try:
+            fields = json.loads(path.read_text())
+            age_s = now - float(fields["time"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.warning("unreadable heartbeat %s (%s): counted as dead", path, e)
+            statuses.append(ExplorerStatus(path.stem, float("inf"), False))
+            continue
+        live = not fields.get("exited", False) and age_s <= live_threshold_s
+        statuses.append(ExplorerStatus(path.stem, age_s, live, fields))
+    return statuses
+
+
+def live_explorers(run_dir: Path | str, live_threshold_s: float = 30.0) -> list[str]:
+    """Names of explorers whose heartbeat is fresh."""
+    return [s.name for s in read_heartbeats(run_dir, live_threshold_s) if s.live]
