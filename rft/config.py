@@ -26,14 +26,15 @@ ADVANTAGE_FN_NAMES = ("grpo", "rloo", "reinforce", "reinforceplusplus", "opmd", 
 POLICY_LOSS_FN_NAMES = ("ppo", "gspo", "sft", "mix_chord", "opmd")
 KL_FN_NAMES = ("none", "k1", "k2", "k3", "low_var_kl", "abs")
 ENTROPY_LOSS_FN_NAMES = ("default", "none")
-LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 SAMPLE_STRATEGIES = ("default", "mix")
 
 AdvantageFn = Literal["grpo", "rloo", "reinforce", "reinforceplusplus", "opmd", "ppo"]
 PolicyLossFn = Literal["ppo", "gspo", "sft", "mix_chord", "opmd"]
 KlFn = Literal["none", "k1", "k2", "k3", "low_var_kl", "abs"]
 EntropyLossFn = Literal["default", "none"]
-LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"]
+LossAggMode = Literal["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                      "seq-mean-token-sum-norm"]
 SampleStrategy = Literal["default", "mix"]
 
 

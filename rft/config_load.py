@@ -41,23 +41,29 @@ def read_raw(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> d
         raise ConfigError(f"{path}: not valid YAML: {e}") from e
     if not isinstance(base, type(OmegaConf.create({}))):
         raise ConfigError(f"{path}: the top level must be a mapping of keys, not a list")
-    merged = OmegaConf.merge(base, _parse_overrides(overrides)) if overrides else base
+    _apply_overrides(base, overrides)
     try:
-        data = OmegaConf.to_container(merged, resolve=True)
+        data = OmegaConf.to_container(base, resolve=True)
     except OmegaConfBaseException as e:
         raise ConfigError(f"{path}: {_interpolation_message(e)}") from e
     return data or {}
 
 
-def _parse_overrides(overrides: list[str] | tuple[str, ...]) -> Any:
+def _apply_overrides(cfg: Any, overrides: list[str] | tuple[str, ...]) -> None:
+    """Apply ``key.path=value`` items; list items are addressed by index (``tasksets.0.split``)."""
     for item in overrides:
-        if "=" not in item or item.startswith("="):
+        key, sep, text = item.partition("=")
+        if not sep or not key:
             raise ConfigError(f"override {item!r} must look like key.path=value, "
                               "e.g. buffer.batch_size=4")
-    try:
-        return OmegaConf.from_dotlist(list(overrides))
-    except OmegaConfBaseException as e:
-        raise ConfigError(f"cannot parse overrides {list(overrides)}: {e}") from e
+        try:
+            value = yaml.safe_load(text) if text else ""
+        except yaml.YAMLError as e:
+            raise ConfigError(f"override {item!r}: cannot parse the value ({e})") from e
+        try:
+            OmegaConf.update(cfg, key, value, merge=True)
+        except (OmegaConfBaseException, TypeError, IndexError, ValueError) as e:
+            raise ConfigError(f"override {item!r} does not fit the config: {e}") from e
 
 
 def _interpolation_message(e: OmegaConfBaseException) -> str:
@@ -110,6 +116,7 @@ def stage_config(cfg: Config, index: int, base: dict[str, Any] | None = None) ->
     stage = cfg.stages[index]
     base = copy.deepcopy(base if base is not None else _base_dict(cfg))
     _drop_inherited_algorithm(base, stage.overrides)
+    _drop_inherited_storage(base, stage.overrides)
     merged = OmegaConf.to_container(OmegaConf.merge(base, stage.overrides))
     if stage.mode:
         merged["mode"] = stage.mode
@@ -121,6 +128,14 @@ def stage_config(cfg: Config, index: int, base: dict[str, Any] | None = None) ->
     except ConfigError as e:
         raise type(e)(f"{label}: {e}") from e
     return sub
+
+
+def _drop_inherited_storage(base: dict[str, Any], overrides: dict[str, Any]) -> None:
+    """A stage giving the experience buffer a new path without a storage_type re-infers it."""
+    stage_buf = ((overrides.get("buffer") or {}).get("trainer_input") or {}).get("experience_buffer")
+    if stage_buf and "path" in stage_buf and "storage_type" not in stage_buf:
+        base_buf = ((base.get("buffer") or {}).get("trainer_input") or {}).get("experience_buffer")
+        (base_buf or {}).pop("storage_type", None)
 
 
 def _drop_inherited_algorithm(base: dict[str, Any], overrides: dict[str, Any]) -> None:

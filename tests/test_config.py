@@ -1,0 +1,270 @@
+"""Config loading: every shipped config, each kind of bad input, overrides, derived values,
+presets, stages, veRL-style keys, and the YAML round trip."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rft.config import Config, config_from_dict, config_to_yaml, load_config
+from rft.config_load import stage_config
+from rft.errors import ConfigError, NotSupportedError
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
+TRINITY = REPO / "tests" / "fixtures" / "trinity"
+
+
+def write(tmp_path: Path, text: str, name: str = "c.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def minimal(**sections) -> dict:
+    """A small valid config as a dict; keyword sections replace the defaults."""
+    data = {
+        "model": {"model_path": "/models/m"},
+        "algorithm": {"algorithm_type": "grpo", "repeat_times": 4},
+        "buffer": {"batch_size": 2, "explorer_input": {"taskset": {"path": "/data/t"}}},
+        "cluster": {"node_num": 1, "gpu_per_node": 2},
+    }
+    data.update(sections)
+    return data
+
+
+def load_dict(tmp_path: Path, data: dict, *overrides: str) -> Config:
+    return load_config(write(tmp_path, yaml.safe_dump(data)), list(overrides))
+
+
+def test_shipped_configs_exist():
+    names = {p.relative_to(REPO / "configs").as_posix() for p in CONFIGS}
+    for seed in ("grpo_gsm8k.yaml", "async/explorer.yaml", "async/trainer.yaml",
+                 "async/explorer_new.yaml", "sft_warmup.yaml", "verl_ppo.yaml", "verl_grpo.yaml",
+                 "chord.yaml"):
+        assert seed in names
+        assert f"cpu/{seed}" in names, f"{seed} has no tiny CPU twin"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.relative_to(REPO).as_posix())
+def test_every_shipped_config_loads_and_round_trips(path: Path, tmp_path: Path):
+    cfg = load_config(path)
+    again = load_config(write(tmp_path, config_to_yaml(cfg)))
+    assert again == cfg
+    for index in range(len(cfg.stages)):
+        stage_config(cfg, index)
+
+
+def test_quick_start_values_and_derived_batch():
+    cfg = load_config(REPO / "configs" / "grpo_gsm8k.yaml")
+    assert cfg.algorithm.repeat_times == 8
+    assert cfg.buffer.train_batch_size == 128 * 8  # derived: batch_size x repeat_times
+    assert cfg.algorithm.optimizer.lr == pytest.approx(1e-5)  # "1e-5" is a string in YAML 1.1
+    assert cfg.buffer.explorer_input.taskset.format.prompt_key == "question"
+    assert cfg.buffer.explorer_input.eval_tasksets[0].split == "test"
+    assert cfg.model.max_prompt_tokens == 2048 - 1024  # derived from max_model_len
+    assert cfg.run_dir == (Path("checkpoints") / "grpo_gsm8k" / "qwen2.5-1.5b-instruct").absolute()
+
+
+def test_user_set_train_batch_size_is_kept():
+    cfg = load_config(REPO / "configs" / "async" / "trainer.yaml")
+    assert cfg.buffer.train_batch_size == 512
+
+
+def test_train_batch_size_must_hold_whole_groups(tmp_path):
+    data = minimal()
+    data["buffer"]["train_batch_size"] = 6  # repeat_times 4
+    with pytest.raises(ConfigError, match="not a multiple of algorithm.repeat_times=4"):
+        load_dict(tmp_path, data)
+
+
+def test_unknown_key_at_depth_three_names_path_and_nearest(tmp_path):
+    data = minimal()
+    data["buffer"]["explorer_input"]["taskset"]["fromat"] = {"prompt_key": "q"}
+    with pytest.raises(ConfigError) as e:
+        load_dict(tmp_path, data)
+    msg = str(e.value)
+    assert "buffer.explorer_input.taskset.fromat" in msg
+    assert "Did you mean 'buffer.explorer_input.taskset.format'" in msg
+
+
+def test_unknown_key_inside_list_item(tmp_path):
+    data = minimal()
+    data["buffer"]["explorer_input"]["eval_tasksets"] = [{"path": "/d", "splitt": "test"}]
+    with pytest.raises(ConfigError, match=r"eval_tasksets\[0\]\.splitt'.*'.*split'"):
+        load_dict(tmp_path, data)
+
+
+@pytest.mark.parametrize("section,key,value,expected", [
+    ("buffer", "batch_size", "eight", "buffer.batch_size: expected an integer, got 'eight'"),
+    ("buffer", "batch_size", 0, "buffer.batch_size: 0 is out of range; it must be >= 1"),
+    ("model", "temperature", "hot", "model.temperature: expected a number"),
+    ("explorer", "eval_on_startup", "yes please", "explorer.eval_on_startup: expected true or false"),
+    ("trainer", "zero_stage", 4, "trainer.zero_stage: 4 is out of range; it must be <= 3"),
+])
+def test_wrong_types_and_ranges(tmp_path, section, key, value, expected):
+    data = minimal()
+    data.setdefault(section, {})[key] = value
+    with pytest.raises(ConfigError) as e:
+        load_dict(tmp_path, data)
+    assert expected in str(e.value)
+
+
+def test_bad_enum_value_suggests(tmp_path):
+    data = minimal()
+    data["algorithm"]["algorithm_type"] = "grpoo"
+    with pytest.raises(ConfigError, match="algorithm.algorithm_type: 'grpoo' is not a valid choice. "
+                                          "Did you mean 'grpo'"):
+        load_dict(tmp_path, data)
+
+
+def test_missing_config_file(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_env_var_without_default_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("RFT_TEST_UNSET_VAR", raising=False)
+    text = yaml.safe_dump(minimal()).replace("/models/m", "${oc.env:RFT_TEST_UNSET_VAR}")
+    with pytest.raises(ConfigError) as e:
+        load_config(write(tmp_path, text))
+    assert "RFT_TEST_UNSET_VAR" in str(e.value)
+    assert "model.model_path" in str(e.value)
+
+
+def test_env_var_and_default(tmp_path, monkeypatch):
+    text = yaml.safe_dump(minimal()).replace("/models/m", "${oc.env:RFT_TEST_MODEL,/default/m}")
+    path = write(tmp_path, text)
+    monkeypatch.delenv("RFT_TEST_MODEL", raising=False)
+    assert load_config(path).model.model_path == "/default/m"
+    monkeypatch.setenv("RFT_TEST_MODEL", "/from/env")
+    assert load_config(path).model.model_path == "/from/env"
+
+
+def test_overrides(tmp_path):
+    cfg = load_dict(tmp_path, minimal(), "buffer.batch_size=3", "algorithm.optimizer.lr=2e-6",
+                    "explorer.name=second", "trainer.zero_stage=3")
+    assert cfg.buffer.batch_size == 3
+    assert cfg.buffer.train_batch_size == 12  # re-derived from the overridden batch size
+    assert cfg.algorithm.optimizer.lr == pytest.approx(2e-6)
+    assert cfg.explorer.name == "second"
+    assert cfg.trainer.zero_stage == 3
+
+
+def test_override_with_unknown_key_and_bad_syntax(tmp_path):
+    path = write(tmp_path, yaml.safe_dump(minimal()))
+    with pytest.raises(ConfigError, match="Did you mean 'buffer.batch_size'"):
+        load_config(path, ["buffer.batchsize=3"])
+    with pytest.raises(ConfigError, match="must look like key.path=value"):
+        load_config(path, ["buffer.batch_size"])
+
+
+def test_resolved_config_round_trips_through_yaml(tmp_path):
+    cfg = load_config(REPO / "configs" / "cpu" / "verl_grpo.yaml")
+    text = config_to_yaml(cfg)
+    assert "${" not in text
+    assert load_config(write(tmp_path, text)) == cfg
+
+
+def test_presets_fill_only_unset_functions(tmp_path):
+    cfg = load_dict(tmp_path, minimal())
+    assert (cfg.algorithm.advantage_fn, cfg.algorithm.policy_loss_fn) == ("grpo", "ppo")
+    assert cfg.algorithm.loss_agg_mode == "token-mean"
+    data = minimal()
+    data["algorithm"].update(kl_loss_fn="low_var_kl", policy_loss_fn="gspo")
+    cfg = load_dict(tmp_path, data)
+    assert (cfg.algorithm.kl_loss_fn, cfg.algorithm.policy_loss_fn) == ("low_var_kl", "gspo")
+
+
+@pytest.mark.parametrize("path,key", [
+    (TRINITY / "gsm8k.yaml", "synchronizer.sync_method: 'nccl' is not supported yet"),
+    (TRINITY / "ppo_example.yaml", "model.critic_model_path"),
+])
+def test_trinity_originals_name_what_is_not_supported(path, key):
+    with pytest.raises(NotSupportedError) as e:
+        load_config(path)
+    assert key in str(e.value)
+    assert "not supported yet" in str(e.value)
+
+
+@pytest.mark.parametrize("section,value,needle", [
+    ({"monitor": {"monitor_type": "wandb"}}, None, "monitor.monitor_type: 'wandb'"),
+    ({"synchronizer": {"sync_style": "dynamic_by_explorer"}}, None, "synchronizer.sync_style"),
+    ({"trainer": {"ulysses_sequence_parallel_size": 2}}, None, "ulysses_sequence_parallel_size"),
+    ({"explorer": {"auxiliary_models": [{"model_path": "/rm"}]}}, None, "explorer.auxiliary_models"),
+])
+def test_not_supported_options(tmp_path, section, value, needle):
+    with pytest.raises(NotSupportedError, match="not supported yet") as e:
+        load_dict(tmp_path, minimal(**section))
+    assert needle in str(e.value)
+
+
+def test_sql_transport_refused_on_several_nodes(tmp_path):
+    data = minimal(cluster={"node_num": 2, "gpu_per_node": 4})
+    data["buffer"]["trainer_input"] = {"experience_buffer": {"storage_type": "sql",
+                                                             "path": "sqlite:///x.db"}}
+    with pytest.raises(ConfigError, match="Use storage_type: queue"):
+        load_dict(tmp_path, data)
+    data["cluster"]["node_num"] = 1
+    assert load_dict(tmp_path, data).buffer.trainer_input.experience_buffer.storage_type == "sql"
+
+
+def test_gpu_split_leaves_gpus_for_the_trainer(tmp_path):
+    data = minimal(explorer={"rollout_model": {"engine_num": 2}})
+    with pytest.raises(ConfigError, match="leaving none of cluster.node_num x gpu_per_node = 2"):
+        load_dict(tmp_path, data)
+
+
+def test_verl_trainer_config_maps_and_conflicts(tmp_path):
+    verl = {"trainer_config": {"actor_rollout_ref": {
+        "actor": {"ppo_micro_batch_size_per_gpu": 4, "fsdp_config": {"param_offload": True}}}}}
+    cfg = load_dict(tmp_path, minimal(trainer=dict(verl)))
+    assert cfg.trainer.micro_batch_size_per_gpu == 4
+    assert cfg.trainer.param_offload is True
+    with pytest.raises(ConfigError, match="contradicts trainer.param_offload=False"):
+        load_dict(tmp_path, minimal(trainer={**verl, "param_offload": False}))
+
+
+def test_length_limits_are_derived_and_checked(tmp_path):
+    cfg = load_dict(tmp_path, minimal(model={"model_path": "/m", "max_prompt_tokens": 100,
+                                             "max_response_tokens": 28}))
+    assert cfg.model.max_model_len == 128
+    assert cfg.explorer.rollout_model.max_model_len == 128
+    with pytest.raises(ConfigError, match="exceeds model.max_model_len=100"):
+        load_dict(tmp_path, minimal(model={"model_path": "/m", "max_prompt_tokens": 90,
+                                           "max_response_tokens": 20, "max_model_len": 100}))
+
+
+def test_stages_merge_onto_the_base_and_switch_algorithm():
+    cfg = load_config(REPO / "configs" / "sft_warmup.yaml")
+    assert [s.stage_name for s in cfg.stages] == ["sft_warmup", "rft"]
+    sft = stage_config(cfg, 0)
+    assert sft.mode == "train"
+    assert sft.algorithm.algorithm_type == "sft"
+    assert sft.algorithm.policy_loss_fn == "sft"  # the preset's, not the base's "ppo"
+    assert sft.algorithm.advantage_fn is None
+    assert sft.buffer.total_steps == 10
+    assert sft.buffer.trainer_input.experience_buffer.storage_type == "file"  # inferred from path
+    assert sft.model.model_path == cfg.model.model_path  # inherited
+    rft = stage_config(cfg, 1)
+    assert rft.algorithm.algorithm_type == "grpo" and rft.mode == "both"
+
+
+def test_bad_stage_is_reported_with_its_index(tmp_path):
+    data = minimal(stages=[{"stage_name": "warm", "buffer": {"batch_size": -1}}])
+    with pytest.raises(ConfigError, match=r"stages\[0\] \(warm\): buffer.batch_size: -1"):
+        load_dict(tmp_path, data)
+
+
+def test_runner_num_is_an_alias(tmp_path):
+    cfg = load_dict(tmp_path, minimal(explorer={"runner_num": 4}))
+    assert cfg.explorer.runner_per_model == 4
+    with pytest.raises(ConfigError, match="contradicts explorer.runner_per_model"):
+        load_dict(tmp_path, minimal(explorer={"runner_num": 4, "runner_per_model": 8}))
+
+
+def test_config_from_dict_requires_a_model():
+    with pytest.raises(ConfigError, match="model.model_path is empty"):
+        config_from_dict({"buffer": {"explorer_input": {"taskset": {"path": "/d"}}}})
