@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# The whole test suite, every tier (unit, integration with real engines on CPU, slurm), after
+# the set-up it needs. Extra arguments go to pytest, e.g. `bash env/test.sh -m "not slurm"`.
+set -euo pipefail
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
+bash env/setup.sh
+export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$repo/.cache/torch_extensions}"
+exec "${RFT_VENV:-$repo/.venv}/bin/python" -m pytest "$@"
