@@ -1,0 +1,471 @@
+"""Readers for training checkpoints: DeepSpeed ZeRO 1/2/3 and FSDP (Trinity-RFT / veRL).
+
+Each reader opens a checkpoint folder and returns a :class:`CheckpointContents`: the full-size
+tensors the model had, in module order, each with a ``load`` callback that assembles it from
+the rank shards only when called, plus the tied-weight aliases. Nothing is hard-coded about
+architectures or parameter names; everything comes from the checkpoint's own metadata.
+
+DeepSpeed (own reader, streaming; DeepSpeed itself is not imported):
+  - ``mp_rank_00_model_states.pt`` (ZeRO-1/2) or ``zero_pp_rank_{r}_mp_rank_00_model_states.pt``
+    (ZeRO-3) give parameter names and shapes (``param_shapes``), ``shared_params`` (tied
+    weights), buffers, frozen parameters and ``dp_world_size``;
+  - ``[bf16_]zero_pp_rank_{r}_mp_rank_00_optim_states.pt`` hold each rank's slice of the fp32
+    master weights: ZeRO-1/2 partition each parameter group's flat vector into equal
+    contiguous slices (rank order, padded at the end), ZeRO-3 splits every parameter into
+    ``ceil(numel / world_size)``-element pieces laid end to end in each rank's flat groups.
+  The shard files are read with :mod:`rft.torchfile`, so only the fp32 bytes of the parameter
+  being assembled are in memory; Adam moments are never read.
+
+FSDP: ``model_world_size_{W}_rank_{R}.pt``, one ``torch.save``\\d sharded state dict per rank
+(DTensor or ShardedTensor values), loaded memory-mapped and assembled tensor by tensor.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import re
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from rft.errors import CheckpointError, NotSupportedError
+from rft.torchfile import LazyTensor, TorchArchive, open_torch_file
+
+log = logging.getLogger(__name__)
+
+_OPTIM_RE = re.compile(r"^(?:\w+_)?zero_pp_rank_(\d+)_mp_rank_(\d+)_optim_states\.pt$")
+_Z3_MODEL_RE = re.compile(r"^zero_pp_rank_(\d+)_mp_rank_(\d+)_model_states\.pt$")
+_FSDP_RE = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
+_WRAPPER_PREFIXES = ("_orig_mod.", "_fsdp_wrapped_module.", "_checkpoint_wrapped_module.")
+
+
+@dataclass
+class SourceTensor:
+    """One full tensor of the model, assembled from the shards by ``load()`` on demand."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    load: Callable[[], torch.Tensor]
+
+
+@dataclass
+class CheckpointContents:
+    """What a reader found: unique tensors in module order and tied aliases (alias -> source)."""
+
+    kind: str  # e.g. "deepspeed-zero3", "fsdp"
+    world_size: int
+    tensors: list[SourceTensor]
+    aliases: dict[str, str] = field(default_factory=dict)
+    stack: ExitStack = field(default_factory=ExitStack)  # open shard files; closed by close()
+
+    def close(self) -> None:
+        self.stack.close()
+
+
+# ----------------------------------------------------------------------------- detection
+
+
+def detect_format(folder: Path) -> tuple[str, Path]:
+    """Return ("deepspeed" | "fsdp", folder holding the shard files) or raise CheckpointError."""
+    if any(_FSDP_RE.match(p.name) for p in folder.glob("model_world_size_*_rank_*.pt")):
+        return "fsdp", folder
+    latest = folder / "latest"
+    if latest.is_file():
+        tag = latest.read_text().strip()
+        if not (folder / tag).is_dir():
+            raise CheckpointError(f"{latest} names tag {tag!r} but {folder / tag} does not exist; "
+                                  "the checkpoint is incomplete or was moved")
+        return "deepspeed", folder / tag
+    if list(folder.glob("*model_states.pt")):
+        return "deepspeed", folder
+    tagged = sorted(p.parent for p in folder.glob("*/*model_states.pt"))
+    if len(set(tagged)) == 1:
+        return "deepspeed", tagged[0]
+    if tagged:
+        raise CheckpointError(f"{folder} holds several DeepSpeed tags ({', '.join(p.name for p in tagged)}) "
+                              "and no 'latest' file; pass the tag folder you want")
+    raise CheckpointError(
+        f"{folder} is not a checkpoint: expected DeepSpeed files (latest, *_model_states.pt, "
+        "*_optim_states.pt) or FSDP files (model_world_size_W_rank_R.pt)"
+    )
+
+
+def open_checkpoint(folder: Path) -> CheckpointContents:
+    """Open the checkpoint in ``folder`` (DeepSpeed or FSDP, detected from its files)."""
+    kind, shard_dir = detect_format(folder)
+    return read_fsdp(shard_dir) if kind == "fsdp" else read_deepspeed(shard_dir)
+
+
+# ----------------------------------------------------------------------------- DeepSpeed
+
+
+class FlatView:
+    """Several 1-D LazyTensors read as one concatenated vector (rank partitions, flat groups)."""
+
+    def __init__(self, pieces: list[LazyTensor]) -> None:
+        self.pieces = pieces
+        self.starts = [0]
+        for p in pieces:
+            self.starts.append(self.starts[-1] + p.numel())
+
+    def numel(self) -> int:
+        return self.starts[-1]
+
+    def read(self, start: int, count: int) -> torch.Tensor:
+        if start + count > self.numel():
+            raise CheckpointError(
+                f"a parameter needs elements up to {start + count} of a flat fp32 vector that has "
+                f"{self.numel()} ({self.pieces[0].storage.archive.path.parent}); the shards do not "
+                "match the model states (mixed checkpoints, or a different world size)"
+            )
+        parts = []
+        for piece, lo, hi in zip(self.pieces, self.starts, self.starts[1:]):
+            a, b = max(start, lo), min(start + count, hi)
+            if a < b:
+                parts.append(piece.read(a - lo, b - a))
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _open(stack: ExitStack, path: Path) -> Any:
+    archive, tree = open_torch_file(path)
+    stack.callback(archive.close)
+    return tree
+
+
+def _need(tree: Any, key: str, path: Path) -> Any:
+    if not isinstance(tree, dict) or key not in tree:
+        raise CheckpointError(f"{path} lacks '{key}': not a DeepSpeed ZeRO checkpoint file (or a damaged one)")
+    return tree[key]
+
+
+def _rank_files(folder: Path, pattern: re.Pattern, what: str) -> dict[int, Path]:
+    files: dict[int, Path] = {}
+    for p in folder.iterdir():
+        m = pattern.match(p.name)
+        if m:
+            if int(m.group(2)) != 0:
+                raise NotSupportedError(f"{p}: tensor/pipeline-parallel DeepSpeed checkpoints (mp_rank > 0) "
+                                        "are not supported; convert with DeepSpeed's universal checkpoint tools")
+            files[int(m.group(1))] = p
+    return files
+
+
+def _check_ranks(files: dict[int, Path], world_size: int, folder: Path, example: str) -> list[Path]:
+    missing = [r for r in range(world_size) if r not in files]
+    if missing:
+        names = ", ".join(example.format(r) for r in missing)
+        raise CheckpointError(f"{folder}: missing rank shard(s) {names} (world size {world_size}); "
+                              "the save did not finish on every rank: use another step")
+    extra = sorted(r for r in files if r >= world_size)
+    if extra:
+        raise CheckpointError(
+            f"{folder}: world-size mismatch: the checkpoint says {world_size} ranks but there are "
+            f"shards for rank(s) {extra} ({files[extra[0]].name}); an older save with more ranks "
+            "was overwritten in place: remove the extra files or use another step"
+        )
+    return [files[r] for r in range(world_size)]
+
+
+def _numel(shape: Any) -> int:
+    return math.prod(int(s) for s in shape)
+
+
+def _shape(shape: Any) -> tuple[int, ...]:
+    return tuple(int(s) for s in shape)
+
+
+def _lazy(tensor: LazyTensor) -> Callable[[], torch.Tensor]:
+    return tensor.load
+
+
+def read_deepspeed(folder: Path) -> CheckpointContents:
+    """Open a DeepSpeed checkpoint tag folder (ZeRO stage 0-3)."""
+    z3_models = _rank_files(folder, _Z3_MODEL_RE, "model states")
+    optim_files = _rank_files(folder, _OPTIM_RE, "optimizer states")
+    contents = CheckpointContents(kind="deepspeed", world_size=1, tensors=[])
+    try:
+        if z3_models:
+            _read_zero3(folder, z3_models, optim_files, contents)
+        else:
+            _read_zero12(folder, optim_files, contents)
+    except BaseException:
+        contents.close()
+        raise
+    return contents
+
+
+def _optim_name(optim_files: dict[int, Path], rank: int) -> str:
+    sample = next(iter(optim_files.values()), None)
+    prefix = sample.name.split("zero_pp_rank_")[0] if sample else ""
+    return f"{prefix}zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
+
+
+def _open_optim(stack: ExitStack, folder: Path, optim_files: dict[int, Path], world_size: int) -> list[dict]:
+    paths = _check_ranks(optim_files, world_size, folder, _optim_name(optim_files, 0).replace("_0_", "_{}_", 1))
+    states = []
+    for path in paths:
+        osd = _need(_open(stack, path), "optimizer_state_dict", path)
+        count = _need(osd, "partition_count", path)
+        count = max(count) if isinstance(count, (list, tuple)) else int(count)
+        if count != world_size:
+            raise CheckpointError(f"{path}: world-size mismatch: partition_count {count} but the model states "
+                                  f"say {world_size} ranks; the files come from different saves")
+        states.append(osd)
+    return states
+
+
+def _module_order(names: list[str], module_keys: list[str]) -> list[str]:
+    pos = {k: i for i, k in enumerate(module_keys)}
+    return sorted(names, key=lambda n: pos.get(n, len(pos)))
+
+
+def _buffers(model_states: dict, path: Path) -> list[SourceTensor]:
+    module = model_states.get("module") or {}
+    out = []
+    for name in model_states.get("buffer_names") or []:
+        t = module.get(name)
+        if isinstance(t, LazyTensor):
+            out.append(SourceTensor(name, t.shape, t.dtype, _lazy(t)))
+    return out
+
+
+def _read_zero12(folder: Path, optim_files: dict[int, Path], contents: CheckpointContents) -> None:
+    path = folder / "mp_rank_00_model_states.pt"
+    if not path.is_file():
+        raise CheckpointError(f"{folder}: missing {path.name}; not a complete DeepSpeed checkpoint")
+    ms = _open(contents.stack, path)
+    param_shapes = _need(ms, "param_shapes", path)
+    world_size = int(ms.get("dp_world_size") or len(optim_files) or 1)
+    contents.world_size = world_size
+    contents.aliases = dict(ms.get("shared_params") or {})
+    tensors = {t.name: t for t in _buffers(ms, path)}
+    frozen = ms.get("frozen_param_fragments") or {}
+    for name, shape in (ms.get("frozen_param_shapes") or {}).items():
+        tensors[name] = SourceTensor(name, _shape(shape), frozen[name].dtype, _lazy(frozen[name]))
+    if optim_files:
+        states = _open_optim(contents.stack, folder, optim_files, world_size)
+        stage = int(states[0].get("zero_stage", 1))
+        contents.kind = f"deepspeed-zero{stage}"
+        for t in _zero12_params(states, param_shapes, world_size, folder):
+            tensors[t.name] = t
+    else:
+        contents.kind = "deepspeed-module"
+        log.warning("%s has no optimizer shards: using the module weights in %s (16-bit if trained so)",
+                    folder, path.name)
+        module = _need(ms, "module", path)
+        for group in param_shapes:
+            for name, shape in group.items():
+                t = module.get(name)
+                if not isinstance(t, LazyTensor) or _numel(t.shape) != _numel(shape):
+                    raise CheckpointError(f"{path}: no optimizer shards and no full weight for {name}; "
+                                          "the optimizer files are missing: copy them back or use another step")
+                tensors[name] = SourceTensor(name, _shape(shape), t.dtype, _lazy(t))
+    contents.tensors = [tensors[n] for n in _module_order(list(tensors), list((ms.get("module") or {}).keys()))]
+
+
+def _zero12_params(states: list[dict], param_shapes: list[dict], world_size: int,
+                   folder: Path) -> list[SourceTensor]:
+    groups = [_need(s, "single_partition_of_fp32_groups", folder) for s in states]
+    if len(groups[0]) != len(param_shapes):
+        raise CheckpointError(f"{folder}: {len(groups[0])} fp32 groups but {len(param_shapes)} parameter groups "
+                              "in the model states; the files come from different saves")
+    paddings = states[0].get("param_alignment_paddings")
+    out = []
+    for g, shapes in enumerate(param_shapes):
+        flat = FlatView([groups[r][g] for r in range(world_size)])
+        offset = 0
+        for i, (name, shape) in enumerate(shapes.items()):
+            n = _numel(shape)
+            out.append(SourceTensor(name, _shape(shape), torch.float32, _flat_loader(flat, offset, shape)))
+            offset += n + (paddings[g][i] if paddings else 0)
+        _check_consumed(offset, flat.numel(), world_size, folder, g)
+    return out
+
+
+def _check_consumed(used: int, avail: int, world_size: int, folder: Path, group: int) -> None:
+    # ZeRO-1/2 pad each group so it splits evenly; what is left over is padding (< 2 * ranks per param
+    # group alignment) never parameters, so round both to that alignment before comparing.
+    align = 2 * world_size
+    if math.ceil(used / align) != math.ceil(avail / align):
+        raise CheckpointError(f"{folder}: parameter group {group} uses {used} fp32 elements but the shards "
+                              f"hold {avail}; the model states and optimizer shards do not belong together")
+
+
+def _flat_loader(flat: FlatView, offset: int, shape: Any) -> Callable[[], torch.Tensor]:
+    return lambda: flat.read(offset, _numel(shape)).view(_shape(shape))
+
+
+def _read_zero3(folder: Path, model_files: dict[int, Path], optim_files: dict[int, Path],
+                contents: CheckpointContents) -> None:
+    ms0 = _open(contents.stack, model_files[min(model_files)])
+    world_size = int(ms0.get("dp_world_size") or len(model_files))
+    paths = _check_ranks(model_files, world_size, folder, "zero_pp_rank_{}_mp_rank_00_model_states.pt")
+    model_states = [ms0 if p == model_files[min(model_files)] else _open(contents.stack, p) for p in paths]
+    contents.world_size = world_size
+    contents.kind = "deepspeed-zero3"
+    contents.aliases = dict(ms0.get("shared_params") or {})
+    if not optim_files:
+        raise CheckpointError(f"{folder}: a ZeRO-3 checkpoint without optimizer shards (*_optim_states.pt) "
+                              "has no weights to convert; copy the shards back or use another step")
+    states = _open_optim(contents.stack, folder, optim_files, world_size)
+    flats = [FlatView(list(_need(s, "fp32_flat_groups", folder))) for s in states]
+    tensors = {t.name: t for t in _buffers(ms0, paths[0])}
+    for name, shape in (ms0.get("frozen_param_shapes") or {}).items():
+        frags = [FlatView([m["frozen_param_fragments"][name]]) for m in model_states]
+        tensors[name] = SourceTensor(name, _shape(shape), frags[0].pieces[0].dtype,
+                                     _z3_loader(frags, 0, shape, world_size))
+    offset = 0
+    for group in _need(ms0, "param_shapes", paths[0]):
+        for name, shape in group.items():
+            tensors[name] = SourceTensor(name, _shape(shape), torch.float32,
+                                         _z3_loader(flats, offset, shape, world_size))
+            offset += math.ceil(_numel(shape) / world_size)
+    if offset != flats[0].numel():
+        raise CheckpointError(f"{folder}: parameters need {offset} fp32 elements per rank but the shards hold "
+                              f"{flats[0].numel()}; the model states and optimizer shards do not belong together")
+    contents.tensors = [tensors[n] for n in _module_order(list(tensors), list((ms0.get("module") or {}).keys()))]
+
+
+def _z3_loader(flats: list[FlatView], offset: int, shape: Any, world_size: int) -> Callable[[], torch.Tensor]:
+    n = _numel(shape)
+    part = math.ceil(n / world_size)
+
+    def load() -> torch.Tensor:
+        pieces = [f.read(offset, part) for f in flats]  # world_size x [part]
+        return torch.cat(pieces)[:n].view(_shape(shape))
+
+    return load
+
+
+# ----------------------------------------------------------------------------- FSDP
+
+
+def read_fsdp(folder: Path) -> CheckpointContents:
+    """Open ``model_world_size_W_rank_R.pt`` files (Trinity-RFT / veRL FSDP1 or FSDP2 checkpoints)."""
+    found: dict[int, dict[int, Path]] = {}
+    for p in folder.glob("model_world_size_*_rank_*.pt"):
+        m = _FSDP_RE.match(p.name)
+        if m:
+            found.setdefault(int(m.group(1)), {})[int(m.group(2))] = p
+    if len(found) > 1:
+        raise CheckpointError(f"{folder}: world-size mismatch: shard files for world sizes {sorted(found)} are "
+                              "mixed; remove the files of the older save")
+    world_size, files = next(iter(found.items()))
+    paths = _check_ranks(files, world_size, folder, f"model_world_size_{world_size}_rank_{{}}.pt")
+    shards = [_load_fsdp_file(p) for p in paths]
+    contents = CheckpointContents(kind="fsdp", world_size=world_size, tensors=[])
+    seen: dict[tuple, str] = {}
+    for key, value in shards[0].items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        name = _strip_wrappers(key)
+        ident = _storage_identity(value)
+        if ident in seen:
+            contents.aliases[name] = seen[ident]
+            continue
+        seen[ident] = name
+        values = [s.get(key) for s in shards]
+        if any(v is None for v in values):
+            raise CheckpointError(f"{paths[values.index(None)]} lacks {key}, which rank 0 has; mixed saves?")
+        contents.tensors.append(SourceTensor(name, tuple(value.shape), _local(value).dtype,
+                                             _fsdp_loader(values, paths, key)))
+    return contents
+
+
+def _load_fsdp_file(path: Path) -> dict:
+    try:
+        sd = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
+    except Exception as e:  # torch raises RuntimeError/EOFError/pickle errors for damaged files
+        raise CheckpointError(f"{path} cannot be read ({type(e).__name__}: {e}); truncated or corrupt") from e
+    if not isinstance(sd, dict):
+        raise CheckpointError(f"{path} holds a {type(sd).__name__}, not a state dict")
+    return sd
+
+
+def _strip_wrappers(name: str) -> str:
+    for prefix in _WRAPPER_PREFIXES:
+        name = name.replace(prefix, "")
+    return name
+
+
+def _local(value: torch.Tensor) -> torch.Tensor:
+    if hasattr(value, "_local_tensor"):
+        return value._local_tensor
+    if hasattr(value, "local_shards"):
+        shards = value.local_shards()
+        return shards[0].tensor if shards else torch.empty(0)
+    return value
+
+
+def _storage_identity(value: torch.Tensor) -> tuple:
+    t = _local(value)
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(value.shape))
+
+
+def _fsdp_loader(values: list[torch.Tensor], paths: list[Path], key: str) -> Callable[[], torch.Tensor]:
+    def load() -> torch.Tensor:
+        first = values[0]
+        if hasattr(first, "placements"):
+            return _assemble_dtensor(values, paths, key)
+        if hasattr(first, "local_shards"):
+            return _assemble_sharded_tensor(values, paths, key)
+        return first.detach().clone()  # a replicated plain tensor
+
+    return load
+
+
+def _dtensor_box(shape: list[int], mesh: torch.Tensor, placements: Any, rank: int) -> tuple[list, list, bool]:
+    """(offsets, sizes, is_primary) of ``rank``'s local piece, following DTensor's chunk rule."""
+    coord = [int(c) for c in (mesh == rank).nonzero()[0]]
+    offsets, sizes, primary = [0] * len(shape), list(shape), True
+    for dim, placement in enumerate(placements):
+        n, idx = mesh.shape[dim], coord[dim]
+        if hasattr(placement, "dim") and type(placement).__name__.endswith("Shard"):
+            d = placement.dim
+            chunk = math.ceil(sizes[d] / n)
+            start = min(idx * chunk, sizes[d])
+            offsets[d] += start
+            sizes[d] = max(0, min(chunk, sizes[d] - start))
+        elif type(placement).__name__ == "Replicate":
+            primary = primary and idx == 0
+        else:
+            raise NotSupportedError(f"DTensor placement {placement} is not supported; save with Shard/Replicate")
+    return offsets, sizes, primary
+
+
+def _assemble_dtensor(values: list[torch.Tensor], paths: list[Path], key: str) -> torch.Tensor:
+    first = values[0]
+    out = torch.empty(tuple(first.shape), dtype=first._local_tensor.dtype)
+    mesh = first.device_mesh.mesh
+    filled = 0
+    for rank, (v, path) in enumerate(zip(values, paths)):
+        offsets, sizes, primary = _dtensor_box(list(first.shape), mesh, first.placements, rank)
+        local = v._local_tensor
+        if list(local.shape) != sizes:
+            raise CheckpointError(f"{path}: {key} has local shape {list(local.shape)} but rank {rank} of this "
+                                  f"mesh should hold {sizes}; the files come from different saves")
+        if primary and local.numel():
+            out[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))] = local
+            filled += local.numel()
+    if filled != out.numel():
+        raise CheckpointError(f"{paths[0].parent}: the shards of {key} cover {filled} of {out.numel()} elements")
+    return out
+
+
+def _assemble_sharded_tensor(values: list[torch.Tensor], paths: list[Path], key: str) -> torch.Tensor:
+    first = values[0]
+    out = torch.empty(tuple(first.size()), dtype=_local(first).dtype)
+    filled = 0
+    for v in values:
+        for shard in v.local_shards():
+            md = shard.metadata
+            out[tuple(slice(o, o + s) for o, s in zip(md.shard_offsets, md.shard_sizes))] = shard.tensor
+            filled += shard.tensor.numel()
+    if filled != out.numel():
+        raise CheckpointError(f"{paths[0].parent}: the shards of {key} cover {filled} of {out.numel()} elements")
+    return out

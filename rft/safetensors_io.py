@@ -1,0 +1,173 @@
+"""Streaming safetensors writer and completeness checks for Hugging Face weight folders.
+
+The safetensors format is an 8-byte little-endian header length, a JSON header naming every
+tensor's dtype, shape and byte range, then the raw bytes. Because a checkpoint reader knows all
+names and shapes before reading any data, :func:`write_safetensors` writes the header first and
+then each tensor as it is produced, so memory holds one tensor at a time, never a whole shard.
+
+Data enters as a list of :class:`TensorSpec` plus a callback that produces each tensor; it
+leaves as ``model.safetensors`` or ``model-0000k-of-0000n.safetensors`` files and
+``model.safetensors.index.json``. :func:`weights_complete` tells whether a folder's weight
+files are all present and whole (it reads headers only).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import math
+import os
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable
+
+import torch
+
+from rft.errors import CheckpointError
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+
+_DTYPE_NAMES = {
+    torch.float64: "F64",
+    torch.float32: "F32",
+    torch.float16: "F16",
+    torch.bfloat16: "BF16",
+    torch.int64: "I64",
+    torch.int32: "I32",
+    torch.int16: "I16",
+    torch.int8: "I8",
+    torch.uint8: "U8",
+    torch.bool: "BOOL",
+}
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What one output tensor will be: its name, shape and dtype (known before reading data)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * torch.empty((), dtype=self.dtype).element_size()
+
+
+def parse_size(text: str) -> int:
+    """Bytes from ``"5GB"``, ``"500MB"``, ``"2GiB"`` or a plain integer."""
+    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+    s = text.strip().upper()
+    digits = s.rstrip("KMGTIB")
+    try:
+        return int(float(digits) * units[s[len(digits):]])
+    except (ValueError, KeyError) as e:
+        raise ValueError(f"cannot read size {text!r}; write e.g. 5GB, 500MB or 2GiB") from e
+
+
+def plan_shards(specs: list[TensorSpec], max_shard_bytes: int) -> list[list[TensorSpec]]:
+    """Split ``specs`` in order into shards of at most ``max_shard_bytes`` (a bigger tensor alone)."""
+    shards: list[list[TensorSpec]] = [[]]
+    size = 0
+    for spec in specs:
+        if shards[-1] and size + spec.nbytes > max_shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(spec)
+        size += spec.nbytes
+    return shards
+
+
+def shard_file_names(n_shards: int) -> list[str]:
+    """Hugging Face's names: one ``model.safetensors``, or ``model-00001-of-0000n.safetensors``."""
+    if n_shards == 1:
+        return [SINGLE_FILE]
+    return [f"model-{i:05d}-of-{n_shards:05d}.safetensors" for i in range(1, n_shards + 1)]
+
+
+def _header(specs: Iterable[TensorSpec], metadata: dict[str, str]) -> bytes:
+    entries: dict[str, object] = {"__metadata__": metadata}
+    offset = 0
+    for spec in specs:
+        if spec.dtype not in _DTYPE_NAMES:
+            raise CheckpointError(f"tensor {spec.name} has dtype {spec.dtype}, which safetensors cannot hold")
+        entries[spec.name] = {"dtype": _DTYPE_NAMES[spec.dtype], "shape": list(spec.shape),
+                              "data_offsets": [offset, offset + spec.nbytes]}
+        offset += spec.nbytes
+    raw = json.dumps(entries, separators=(",", ":")).encode("utf-8")
+    raw += b" " * (-len(raw) % 8)  # data starts 8-byte aligned
+    return struct.pack("<Q", len(raw)) + raw
+
+
+def _write_tensor(f, tensor: torch.Tensor) -> None:
+    tensor = tensor.contiguous()
+    nbytes = tensor.numel() * tensor.element_size()
+    if nbytes:
+        f.write(memoryview((ctypes.c_char * nbytes).from_address(tensor.data_ptr())))
+
+
+def write_safetensors(path: Path, specs: list[TensorSpec], produce: Callable[[TensorSpec], torch.Tensor],
+                      metadata: dict[str, str] | None = None) -> None:
+    """Write one safetensors file, producing each tensor only when its turn comes; fsynced."""
+    with open(path, "wb") as f:
+        f.write(_header(specs, metadata or {"format": "pt"}))
+        for spec in specs:
+            tensor = produce(spec)
+            if tuple(tensor.shape) != spec.shape or tensor.dtype != spec.dtype:
+                raise CheckpointError(
+                    f"{spec.name}: produced {tuple(tensor.shape)} {tensor.dtype}, expected "
+                    f"{spec.shape} {spec.dtype}; the checkpoint's metadata and data disagree"
+                )
+            _write_tensor(f, tensor)
+            del tensor
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def write_index(folder: Path, shards: list[list[TensorSpec]], names: list[str]) -> None:
+    """Write ``model.safetensors.index.json`` mapping every tensor to its shard file."""
+    weight_map = {spec.name: name for shard, name in zip(shards, names) for spec in shard}
+    total = sum(spec.nbytes for shard in shards for spec in shard)
+    text = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2, sort_keys=True)
+    (folder / INDEX_FILE).write_text(text + "\n")
+
+
+def read_header(path: Path) -> dict:
+    """The JSON header of a safetensors file; raises CheckpointError if it is not one."""
+    try:
+        with open(path, "rb") as f:
+            (length,) = struct.unpack("<Q", f.read(8))
+            if length > 100 * 2**20:
+                raise ValueError("header length is implausible")
+            return json.loads(f.read(length))
+    except (OSError, ValueError, struct.error) as e:
+        raise CheckpointError(f"{path} is not a readable safetensors file ({e})") from e
+
+
+def file_complete(path: Path) -> bool:
+    """True if ``path`` is a safetensors file whose size covers every tensor its header lists."""
+    if not path.is_file():
+        return False
+    try:
+        header = read_header(path)
+    except CheckpointError:
+        return False
+    with open(path, "rb") as f:
+        (length,) = struct.unpack("<Q", f.read(8))
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+    return path.stat().st_size >= 8 + length + max(ends, default=0)
+
+
+def weights_complete(folder: Path) -> bool:
+    """True if ``folder`` holds whole safetensors weights: a single file, or an index and all shards."""
+    index = folder / INDEX_FILE
+    if index.is_file():
+        try:
+            files = set(json.loads(index.read_text())["weight_map"].values())
+        except (OSError, ValueError, KeyError):
+            return False
+        return bool(files) and all(file_complete(folder / name) for name in files)
+    return file_complete(folder / SINGLE_FILE)
