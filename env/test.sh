@@ -5,6 +5,12 @@ set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 bash env/setup.sh
+# The slurm tier needs Debian's slurm-wlm (a real local cluster); installing it needs root.
+if [ "$(id -u)" = 0 ]; then
+  bash env/local-slurm.sh install
+elif ! command -v slurmctld >/dev/null; then
+  echo "[rft test] slurm-wlm missing and not root: the slurm tier will be skipped" >&2
+fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$repo/.cache/torch_extensions}"
 exec "${RFT_VENV:-$repo/.venv}/bin/python" -m pytest "$@"

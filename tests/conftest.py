@@ -56,3 +56,42 @@ def tiny_model_dir(smollm2_tokenizer_dir: Path) -> Path:
     from rft.models import make_tiny_model
 
     return make_tiny_model(MODEL_CACHE / "tiny-llama-h64-l2-tied", tokenizer_dir=smollm2_tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """A real local SLURM cluster (env/local-slurm.sh): yields the environment for its clients."""
+    import shutil
+    import subprocess
+
+    if shutil.which("slurmctld") is None:
+        pytest.skip("slurm-wlm is not installed (env/local-slurm.sh install, as root)")
+    state = tmp_path_factory.mktemp("slurm")
+    script = REPO / "env" / "local-slurm.sh"
+    port_env = {**os.environ, "RFT_SLURM_PORT": str(_free_port_block(4))}
+    subprocess.run(["bash", str(script), "start", str(state)], check=True, timeout=120, env=port_env)
+    env = {**os.environ, "SLURM_CONF": str(state / "slurm.conf")}
+    try:
+        yield env
+    finally:
+        subprocess.run(["bash", str(script), "stop", str(state)], timeout=60)
+
+
+def _free_port_block(count: int) -> int:
+    """A base port with ``count`` consecutive free ports (slurmctld + one per slurmd)."""
+    import socket
+
+    for base in range(17800, 18800, 10):
+        try:
+            socks = []
+            for port in range(base, base + count):
+                sock = socket.socket()
+                sock.bind(("127.0.0.1", port))
+                socks.append(sock)
+            return base
+        except OSError:
+            continue
+        finally:
+            for sock in socks:
+                sock.close()
+    raise RuntimeError("no free port block for the local SLURM cluster")
