@@ -189,6 +189,9 @@ class SegmentWriter:
         self.next_seq = seq + 1
         return path
 
+    def close(self) -> None:
+        """Nothing to flush (every write is sealed before it returns); for symmetry with SQL."""
+
 
 @dataclass
 class _Segment:
@@ -210,8 +213,7 @@ class SegmentReader:
         drop_stale: bool = True,
     ):
         self.buffer_dir = Path(buffer_dir)
-        if self.buffer_dir.exists() and not self.buffer_dir.is_dir():
-            raise DataError(f"{self.buffer_dir} is not a folder; the buffer needs a folder there")
+        _listdir(self.buffer_dir)  # fail now, naming the path, if it is not a readable folder
         self.stats = ReaderStats()
         self._staleness = StalenessFilter(max_staleness_versions, drop_stale)
         self._pos: dict[str, tuple[int, int]] = _parse_cursor(cursor)
