@@ -18,6 +18,7 @@ import logging
 import os
 import socket
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -56,8 +57,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_distributed() -> DistInfo:
-    """Join the process group (torchrun/srun variables, or a group of one)."""
+def init_distributed(timeout_s: float = 1800.0) -> DistInfo:
+    """Join the process group (torchrun/srun variables, or a group of one).
+
+    ``timeout_s`` bounds every collective: the other ranks wait in one while rank 0 waits for
+    experiences, so it must exceed ``synchronizer.sync_timeout``.
+    """
     if "RANK" not in os.environ and "SLURM_PROCID" in os.environ and "MASTER_ADDR" in os.environ:
         os.environ.update(RANK=os.environ["SLURM_PROCID"], WORLD_SIZE=os.environ["SLURM_NTASKS"],
                           LOCAL_RANK=os.environ.get("SLURM_LOCALID", "0"))
@@ -69,7 +74,7 @@ def init_distributed() -> DistInfo:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if accel.device_name() == "cuda":
         accel.set_device(local_rank)
-    deepspeed.init_distributed(dist_backend=backend)
+    deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=timeout_s))
     device = torch.device(accel.device_name(local_rank))
     return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, device, backend)
 

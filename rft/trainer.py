@@ -45,6 +45,9 @@ class StopFlag:
         for sig in (signal.SIGUSR1, signal.SIGTERM):
             signal.signal(sig, self._handle)
 
+    def requested(self) -> bool:
+        return self.signum is not None
+
     def _handle(self, signum: int, _frame: Any) -> None:
         self.signum = signum
         log.warning("received %s: finishing the current step, then checkpoint and exit",
@@ -154,7 +157,7 @@ def run(cfg: Config) -> int:
     from rft.sync import WeightsPublisher
     from rft.trainer_input import open_source
 
-    info = dse.init_distributed()
+    info = dse.init_distributed(max(1800.0, cfg.synchronizer.sync_timeout + 600.0))
     rank = info.rank
     run_dir = cfg.run_dir
     if rank == 0:
@@ -177,11 +180,11 @@ def run(cfg: Config) -> int:
     pad_id = actor.module.config.pad_token_id or actor.module.config.eos_token_id or 0
     if isinstance(pad_id, list):
         pad_id = pad_id[0]
-    exit_code = 0
     while steps is None or progress.step < steps:
         step = progress.step + 1
         t0 = time.perf_counter()
-        batch = dse.broadcast_object(source.next_batch(step, progress.weights_version) if rank == 0 else None)
+        batch = dse.broadcast_object(source.next_batch(step, progress.weights_version, stop.requested)
+                                     if rank == 0 else None)
         if batch is None:
             break
         t_read = time.perf_counter() - t0
@@ -205,9 +208,9 @@ def run(cfg: Config) -> int:
         if cfg.trainer.save_interval and step % cfg.trainer.save_interval == 0:
             save_full_checkpoint(cfg, run_dir, actor, source, progress, rank, info.world_size,
                                  final=step == steps)
-        if dse.all_reduce_max(int(stop.signum is not None)):
-            exit_code = EXIT_REQUEUE
+        if dse.all_reduce_max(int(stop.requested())):
             break
+    exit_code = EXIT_REQUEUE if dse.all_reduce_max(int(stop.requested())) else 0
     if progress.last_saved != progress.step and progress.step > 0:
         save_full_checkpoint(cfg, run_dir, actor, source, progress, rank, info.world_size, final=True)
     monitor.close()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from rft.buffer import open_archive, open_buffer_reader, unsealed_writers
 from rft.config import Config
@@ -28,6 +28,7 @@ from rft.experience import Experience
 
 log = logging.getLogger("rft.trainer")
 POLL_S = 0.5
+WAIT_SLICE_S = 5.0  # a waiting read checks for a stop request this often
 
 
 def explorer_writers(cfg: Config) -> list[str]:
@@ -48,28 +49,43 @@ class BufferSource:
             num_nodes=cfg.cluster.node_num)
         self.archive = open_archive(run_dir, buf.storage_type, buf.path or "", buf.name)
 
-    def next_batch(self, step: int, current_version: int) -> list[Experience] | None:
-        if self.synchronous:
-            batch = self._read_step(step, current_version)
-        else:
-            batch = self.reader.read(self.cfg.buffer.train_batch_size, current_version=current_version,
-                                     timeout_s=self.cfg.synchronizer.sync_timeout, poll_s=POLL_S)
-            if not batch:
-                log.warning("no experiences arrived in synchronizer.sync_timeout=%ds: stopping",
-                            self.cfg.synchronizer.sync_timeout)
-                return None
+    def next_batch(self, step: int, current_version: int,
+                   stop: Callable[[], bool] = lambda: False) -> list[Experience] | None:
+        """The step's batch; None when a stop was requested while waiting, or (``mode: train``)
+        when nothing arrived within ``synchronizer.sync_timeout``."""
+        batch = self._read_step(step, current_version, stop) if self.synchronous else \
+            self._read_available(current_version, stop)
+        if batch is None:
+            return None
         batch = [e for e in batch if not e.eval]
         if self.archive is not None:
             self.archive.record(batch, step)
         return batch
 
-    def _read_step(self, step: int, current_version: int) -> list[Experience]:
+    def _read_available(self, current_version: int, stop: Callable[[], bool]) -> list[Experience] | None:
+        want = self.cfg.buffer.train_batch_size
+        deadline = time.monotonic() + self.cfg.synchronizer.sync_timeout
+        out: list[Experience] = []
+        while len(out) < want and not stop():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            out += self.reader.read(want - len(out), current_version=current_version,
+                                    timeout_s=min(left, WAIT_SLICE_S), poll_s=POLL_S)
+        if not out and not stop():
+            log.warning("no experiences arrived in synchronizer.sync_timeout=%ds: stopping",
+                        self.cfg.synchronizer.sync_timeout)
+        return out or None
+
+    def _read_step(self, step: int, current_version: int, stop: Callable[[], bool]) -> list[Experience] | None:
         if not hasattr(self.reader, "read_step"):
             raise NotSupportedError("mode 'both' reads the buffer step by step, which needs "
                                     "buffer.trainer_input.experience_buffer.storage_type: queue")
         writers = explorer_writers(self.cfg)
         deadline = time.monotonic() + self.cfg.synchronizer.sync_timeout
         while unsealed_writers(self.reader.buffer_dir, writers, step):
+            if stop():
+                return None
             if time.monotonic() > deadline:
                 missing = unsealed_writers(self.reader.buffer_dir, writers, step)
                 raise DataError(
@@ -104,7 +120,8 @@ class FileSource:
         self.source = SftSource(cfg.buffer.trainer_input.experience_buffer, tokenizer,
                                 cfg.model.max_model_len, cursor)
 
-    def next_batch(self, step: int, current_version: int) -> list[Experience] | None:
+    def next_batch(self, step: int, current_version: int,
+                   stop: Callable[[], bool] = lambda: False) -> list[Experience] | None:
         return self.source.next_batch(self.batch_size)
 
     def cursor(self) -> dict[str, Any]:

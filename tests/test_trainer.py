@@ -1,0 +1,355 @@
+"""Trainer tests. Unmarked: pure batching, loss normalisation, lr schedule, checkpoint pointer
+logic. ``integration``: real DeepSpeed on CPU (2 gloo ranks under torchrun, tiny Llama):
+ZeRO-2 and ZeRO-3 runs on hand-made experiences, a SIGUSR1 stop + resume compared with an
+uninterrupted run, published weights against the DeepSpeed checkpoint, and a single-process
+SFT run. The DeepSpeed runs are shared between assertions (module-scoped fixtures)."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from rft.batching import (
+    batch_totals,
+    collate,
+    micro_loss_scale,
+    plan_micro_batches,
+    rows_from_experiences,
+    split_for_ranks,
+)
+from rft.experience import Experience
+from rft.losses import aggregate
+from rft.lr_schedule import lr_multiplier, warmup_steps
+
+REPO = Path(__file__).resolve().parent.parent
+PY = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv").is_dir() else sys.executable
+EXIT_REQUEUE = 143
+
+
+def make_batch(step: int, groups: int = 4, repeat: int = 2) -> list[Experience]:
+    """A fixed batch (same tokens every step): group g has prompt 5+g tokens, responses 3+k+g
+    tokens with reward k (k = 0..repeat-1), rollout logprobs -1."""
+    rng = random.Random(0)
+    out = []
+    for g in range(groups):
+        prompt = [rng.randrange(10, 1000) for _ in range(5 + g)]
+        for k in range(repeat):
+            resp = [rng.randrange(10, 1000) for _ in range(3 + k + g)]
+            out.append(Experience(task_id=f"t{g}", group_id=f"s{step}-g{g}", prompt_ids=prompt,
+                                  response_ids=resp, logprobs=[-1.0] * len(resp), reward=float(k)))
+    return out
+
+
+# ----------------------------------------------------------------------------- pure batching
+
+def test_split_for_ranks_keeps_groups_and_balances_tokens():
+    groups = ["a", "a", "b", "b", "c", "c", "d", "d"]
+    lengths = [10, 12, 3, 3, 7, 7, 5, 6]
+    shares = split_for_ranks(groups, lengths, 2)
+    assert sorted(shares[0] + shares[1]) == list(range(8))
+    for share in shares:
+        assert {groups[i] for i in share}.isdisjoint({groups[i] for i in set(range(8)) - set(share)})
+    loads = [sum(lengths[i] for i in s) for s in shares]
+    assert loads == [28, 25]  # a(22)->0, c(14)->1, d(11)->1, b(6)->0
+    assert shares == split_for_ranks(groups, lengths, 2)  # deterministic
+    assert split_for_ranks(["a"], [4], 3) == [[0], [], []]
+
+
+def test_plan_micro_batches_token_budget_and_fixed():
+    lengths = [10, 4, 8, 3, 9]
+    micros = plan_micro_batches(range(5), lengths, use_dynamic_bsz=True, max_token_len=20, micro_batch_size=1)
+    assert sorted(i for m in micros for i in m) == list(range(5))
+    for m in micros:
+        assert len(m) * max(lengths[i] for i in m) <= 20 or len(m) == 1
+    assert micros == [[0, 4], [2, 1], [3]]
+    assert plan_micro_batches([0, 1, 2], lengths, use_dynamic_bsz=False, max_token_len=1,
+                              micro_batch_size=2) == [[0, 1], [2]]
+
+
+def test_collate_aligns_response_tokens_and_pads_inside_micro_batch():
+    exps = make_batch(1)
+    rows = rows_from_experiences(exps)
+    adv = torch.arange(rows.response_mask.numel(), dtype=torch.float32).reshape(rows.response_mask.shape)
+    micro = collate(rows, [0, 5], adv, torch.zeros_like(adv), pad_id=7)
+    assert micro.input_ids.shape == (2, max(len(rows.input_ids[0]), len(rows.input_ids[5])))
+    for j, i in enumerate([0, 5]):
+        n = len(exps[i].response_ids)
+        assert micro.response_ids[j, :n].tolist() == exps[i].response_ids
+        assert micro.response_mask[j].sum() == n
+        # the logits at logit_positions predict the response: position p-1+k holds token p-1+k
+        p = len(exps[i].prompt_ids)
+        assert micro.logit_positions[j, 0] == p - 1
+        assert micro.input_ids[j, micro.logit_positions[j, :n] + 1].tolist() == exps[i].response_ids
+    assert micro.advantages[1, 0] == adv[5, 0]
+    assert micro.input_ids[0, len(rows.input_ids[0]):].eq(7).all()
+
+
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
+                                  "seq-mean-token-sum-norm"])
+def test_micro_loss_scale_reproduces_whole_batch_loss(mode):
+    """Sum over ranks and micro-batches of scale * micro_loss / world == the batch's loss."""
+    gen = torch.Generator().manual_seed(0)
+    lens = [3, 7, 1, 5, 4, 6]
+    width = max(lens)
+    mask = torch.zeros(6, width)
+    for i, n in enumerate(lens):
+        mask[i, :n] = 1
+    loss_mat = torch.randn(6, width, generator=gen)
+    totals = batch_totals(mask)
+    world = 2
+    micros = [[0, 1], [2], [3, 4, 5]]  # rank 0: first two, rank 1: the last
+    total = 0.0
+    for rows in micros:
+        w = max(lens[i] for i in rows)
+        m, lm = mask[rows, :w], loss_mat[rows, :w]
+        total += micro_loss_scale(m, totals, mode, world) * aggregate(lm, m, mode).item()
+    assert total / world == pytest.approx(aggregate(loss_mat, mask, mode).item(), abs=1e-6)
+
+
+def test_lr_schedule_warmup_constant_and_cosine():
+    assert warmup_steps(-1, 0.25, 8) == 2 and warmup_steps(3, 0.5, 8) == 3
+    f = lr_multiplier("constant", 2, None, 0.0)
+    assert [f(s) for s in range(4)] == [0.5, 1.0, 1.0, 1.0]
+    g = lr_multiplier("cosine", 0, 10, 0.1)
+    assert g(0) == pytest.approx(1.0) and g(10) == pytest.approx(0.1)
+    assert g(5) == pytest.approx(0.1 + 0.9 * 0.5)
+
+
+def test_checkpoint_pointer_written_last_and_pruning(tmp_path):
+    from rft import trainer_state as ts
+
+    for step in (1, 2, 3):
+        tmp = ts.staging_dir(tmp_path, step)
+        (tmp / "actor" / "x").write_text("shard")
+        assert ts.newest_complete(tmp_path) == (step - 1 if step > 1 else None)
+        ts.finish_checkpoint(tmp_path, tmp, step, {"buffer_cursor": {}, "world_size": 1}, keep=2)
+    assert ts.newest_complete(tmp_path) == 3
+    assert ts.list_checkpoints(tmp_path) == [2, 3]
+    assert ts.read_meta(tmp_path, 3)["step"] == 3
+    assert json.loads((tmp_path / "trainer_meta.json").read_text())["step"] == 3
+
+
+# ----------------------------------------------------------------------------- DeepSpeed runs
+
+STEPS = 4
+
+
+def write_config(run_root: Path, name: str, model_dir: Path, **sections) -> Path:
+    import yaml
+
+    cfg = {
+        "project": "t", "name": name, "mode": "both", "checkpoint_root_dir": str(run_root),
+        "algorithm": {"algorithm_type": "grpo", "repeat_times": 2, "kl_loss_fn": "none",
+                      "optimizer": {"lr": 1e-3}},
+        "model": {"model_path": str(model_dir)},
+        "buffer": {"batch_size": 4, "total_steps": STEPS,
+                   "explorer_input": {"taskset": {"path": "unused-by-the-trainer"}}},
+        "trainer": {"zero_stage": 2, "precision": "fp32", "save_interval": 0,
+                    "use_dynamic_bsz": True, "max_token_len_per_gpu": 40},
+        "synchronizer": {"sync_interval": 2, "sync_timeout": 120},
+        "monitor": {"monitor_type": "console"},
+    }
+    for section, values in sections.items():
+        cfg[section] = {**cfg.get(section, {}), **values} if isinstance(values, dict) else values
+    path = run_root / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def write_segments(run_dir: Path, steps) -> None:
+    from rft.buffer import SegmentWriter
+
+    writer = SegmentWriter(run_dir / "buffer", "explorer-0")
+    for step in steps:
+        writer.write(make_batch(step), seq=step)
+
+
+def trainer_env() -> dict[str, str]:
+    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
+               TORCH_EXTENSIONS_DIR=str(REPO / ".cache" / "torch_extensions"))
+    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def torchrun_cmd(config: Path, *overrides: str) -> list[str]:
+    return [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            "-m", "rft.trainer", "--config", str(config), *overrides]
+
+
+def run_ok(cmd: list[str], log: Path, timeout: int = 240) -> None:
+    with log.open("w") as out:
+        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=trainer_env(),
+                              cwd=REPO, timeout=timeout)
+    assert proc.returncode == 0, log.read_text()[-4000:]
+
+
+def children(pid: int) -> list[int]:
+    kids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            kids.append(int(stat.parent.name))
+    return kids
+
+
+def metrics(run_dir: Path) -> dict[int, dict]:
+    from rft.monitor import read_metrics
+
+    return {row["step"]: row for row in read_metrics(run_dir, "trainer")}
+
+
+def run_interrupted(config: Path, run_dir: Path, log: Path) -> None:
+    """Steps 1-2 on the buffer, SIGUSR1 to the ranks while they wait for step 3, then resume."""
+    write_segments(run_dir, [1, 2])
+    with log.open("w") as out:
+        proc = subprocess.Popen(torchrun_cmd(config), stdout=out, stderr=subprocess.STDOUT,
+                                env=trainer_env(), cwd=REPO)
+        deadline = time.time() + 180
+        while 2 not in metrics(run_dir) and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.5)
+        assert 2 in metrics(run_dir), log.read_text()[-4000:]
+        for pid in children(proc.pid):
+            os.kill(pid, signal.SIGUSR1)
+        proc.wait(timeout=120)
+    assert f"exit code {EXIT_REQUEUE}" in log.read_text(), log.read_text()[-4000:]
+    write_segments(run_dir, [3, 4])
+    run_ok(torchrun_cmd(config), log.with_suffix(".resume.log"))
+
+
+@pytest.fixture(scope="module", params=[2, 3], ids=["zero2", "zero3"])
+def ds_runs(request, tmp_path_factory, tiny_model_dir):
+    """An uninterrupted run and a stopped-and-resumed one, same config (fp32)."""
+    stage = request.param
+    root = tmp_path_factory.mktemp(f"zero{stage}")
+    extra = {"trainer": {"zero_stage": stage, "precision": "fp32", "save_interval": 0,
+                         "use_dynamic_bsz": True, "max_token_len_per_gpu": 40}}
+    if stage == 3:  # exercise the reference model (partitioned like the actor) and a KL loss
+        extra["algorithm"] = {"algorithm_type": "grpo", "repeat_times": 2, "kl_loss_fn": "k2",
+                              "kl_loss_fn_args": {"kl_coef": 0.01}, "optimizer": {"lr": 1e-3}}
+    full = write_config(root, "full", tiny_model_dir, **extra)
+    stopped = write_config(root, "stopped", tiny_model_dir, **extra)
+    full_dir, stopped_dir = root / "t" / "full", root / "t" / "stopped"
+    write_segments(full_dir, range(1, STEPS + 1))
+    run_ok(torchrun_cmd(full), root / "full.log")
+    run_interrupted(stopped, stopped_dir, root / "stopped.log")
+    return {"stage": stage, "full": full_dir, "stopped": stopped_dir, "model": tiny_model_dir}
+
+
+def hand_pg_loss(exps: list[Experience]) -> float:
+    """Token-mean PPO loss at ratio 1: -sum(A_i * len_i) / sum(len_i), GRPO advantages."""
+    adv = {}
+    for g in {e.group_id for e in exps}:
+        members = [e for e in exps if e.group_id == g]
+        rewards = torch.tensor([e.reward for e in members])
+        mean, std = rewards.mean(), rewards.std()
+        for e in members:
+            adv[e.experience_id] = float((e.reward - mean) / (std + 1e-6))
+    lens = {e.experience_id: len(e.response_ids) for e in exps}
+    return -sum(adv[k] * lens[k] for k in adv) / sum(lens.values())
+
+
+@pytest.mark.integration
+def test_first_step_matches_hand_computed_values(ds_runs):
+    row = metrics(ds_runs["full"])[1]
+    assert row["pg_loss"] == pytest.approx(hand_pg_loss(make_batch(1)), abs=1e-5)
+    assert row["ppo_kl"] == pytest.approx(0.0, abs=1e-7)  # recomputed old logprobs: ratio 1
+    assert row["pg_clipfrac"] == 0.0
+    assert row["advantages_mean"] == pytest.approx(0.0, abs=1e-6)
+    assert row["advantages_std"] == pytest.approx(0.5 / math.sqrt(0.5) * math.sqrt(8 / 7), abs=1e-4)
+    if ds_runs["stage"] == 3:
+        assert row["kl_loss"] == pytest.approx(0.0, abs=1e-7)  # actor == reference at step 1
+        assert metrics(ds_runs["full"])[STEPS]["kl_loss"] > 0
+
+
+def _objective(model_dir: Path) -> float:
+    """Advantage-weighted token log-likelihood of the fixed batch (what GRPO increases)."""
+    from transformers import AutoModelForCausalLM
+
+    from rft.batching import collate
+    from rft.losses import token_logprobs
+
+    exps = make_batch(1)
+    rows = rows_from_experiences(exps)
+    adv = torch.tensor([e.reward - 0.5 for e in exps]).unsqueeze(-1) * rows.response_mask
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    micro = collate(rows, list(range(len(exps))), adv, adv)
+    with torch.no_grad():
+        logits = model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits
+    index = micro.logit_positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
+    lp = token_logprobs(logits.gather(1, index), micro.response_ids)
+    return float((lp * micro.advantages).sum() / micro.response_mask.sum())
+
+
+@pytest.mark.integration
+def test_training_raises_the_objective_and_publishes_loadable_weights(ds_runs):
+    from rft.sync import latest_weights
+
+    version, folder = latest_weights(ds_runs["full"])
+    assert version == STEPS
+    assert sorted(p.name for p in (ds_runs["full"] / "weights").iterdir()) == ["v000002", "v000004"]
+    assert _objective(folder) > _objective(ds_runs["model"]) + 1e-3
+
+
+@pytest.mark.integration
+def test_published_weights_equal_the_engines(ds_runs):
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    from safetensors.torch import load_file
+
+    actor = ds_runs["full"] / f"global_step_{STEPS}" / "actor"
+    engine = get_fp32_state_dict_from_zero_checkpoint(str(actor))
+    published = load_file(str(ds_runs["full"] / "weights" / f"v{STEPS:06d}" / "model.safetensors"))
+    hf = load_file(str(actor / "huggingface" / "model.safetensors"))
+    assert set(published) <= set(engine) and len(published) >= len(engine) - 1  # tied lm_head
+    for name, tensor in published.items():
+        assert torch.equal(tensor, engine[name].to(tensor.dtype)), name
+        assert torch.equal(tensor, hf[name]), name
+
+
+@pytest.mark.integration
+def test_stop_and_resume_gives_the_uninterrupted_losses(ds_runs):
+    full, stopped = metrics(ds_runs["full"]), metrics(ds_runs["stopped"])
+    assert sorted(stopped) == list(range(1, STEPS + 1))
+    for step in range(1, STEPS + 1):
+        for key in ("pg_loss", "grad_norm", "logprob_mean", "entropy", "lr"):
+            assert stopped[step][key] == pytest.approx(full[step][key], abs=1e-5), (step, key)
+    meta = json.loads((ds_runs["stopped"] / "trainer_meta.json").read_text())
+    assert meta["step"] == STEPS and meta["weights_version"] == STEPS
+    assert meta["buffer_cursor"]["segments"]["explorer-0"]["seq"] == STEPS + 1
+    assert (ds_runs["stopped"] / "global_step_2" / "trainer_meta.json").is_file()  # the signal's
+    segments = sorted(p.name for p in (ds_runs["stopped"] / "buffer" / "explorer-0").iterdir())
+    assert segments == [f"seg-{STEPS:06d}.jsonl"]  # consumed ones released after checkpoints
+
+
+@pytest.mark.integration
+def test_sft_single_process_lowers_the_loss(tmp_path, tiny_model_dir):
+    data = tmp_path / "sft.jsonl"
+    rows = [{"question": f"What is {a} + {a}?", "answer": f"{a} + {a} = {2 * a}"} for a in range(4)]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    config = write_config(
+        tmp_path, "sft", tiny_model_dir, mode="train",
+        algorithm={"algorithm_type": "sft", "optimizer": {"lr": 3e-3}},
+        buffer={"batch_size": 4, "train_batch_size": 4, "total_steps": 4, "trainer_input": {
+            "experience_buffer": {"name": "sft", "path": str(data), "storage_type": "file",
+                                  "format": {"prompt_key": "question", "response_key": "answer"}}}},
+        trainer={"zero_stage": 2, "precision": "bf16", "save_interval": 2, "use_dynamic_bsz": False,
+                 "micro_batch_size_per_gpu": 2, "gradient_checkpointing": True},
+    )
+    run_ok([PY, "-m", "rft.trainer", "--config", str(config)], tmp_path / "sft.log")
+    run_dir = tmp_path / "t" / "sft"
+    rows = metrics(run_dir)
+    assert rows[4]["sft_loss"] < rows[1]["sft_loss"] - 0.05
+    assert json.loads((run_dir / "trainer_meta.json").read_text())["buffer_cursor"] == {"row": 16}
+    assert (run_dir / "global_step_4" / "actor" / "huggingface" / "model.safetensors").is_file()
