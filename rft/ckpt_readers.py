@@ -253,6 +253,7 @@ def _read_zero12(folder: Path, optim_files: dict[int, Path], contents: Checkpoin
         contents.kind = f"deepspeed-zero{stage}"
         for t in _zero12_params(states, param_shapes, world_size, folder):
             tensors[t.name] = t
+        _add_unlisted_module_params(ms, tensors, contents.aliases, path)
     else:
         contents.kind = "deepspeed-module"
         log.warning("%s has no optimizer shards: using the module weights in %s (16-bit if trained so)",
@@ -266,6 +267,23 @@ def _read_zero12(folder: Path, optim_files: dict[int, Path], contents: Checkpoin
                                           "the optimizer files are missing: copy them back or use another step")
                 tensors[name] = SourceTensor(name, _shape(shape), t.dtype, _lazy(t))
     contents.tensors = [tensors[n] for n in _module_order(list(tensors), list((ms.get("module") or {}).keys()))]
+
+
+def _add_unlisted_module_params(ms: dict, tensors: dict[str, SourceTensor], aliases: dict[str, str],
+                                path: Path) -> None:
+    """Take parameters the optimizer does not hold from the full module weights (ZeRO-1/2 only).
+
+    DeepSpeed's bf16 optimizer records frozen parameters nowhere but in ``module``, so without
+    this they would be missing from the output (DeepSpeed's zero_to_fp32 drops them).
+    """
+    extra = [k for k, v in (ms.get("module") or {}).items()
+             if isinstance(v, LazyTensor) and k not in tensors and k not in aliases]
+    for name in extra:
+        t = ms["module"][name]
+        tensors[name] = SourceTensor(name, t.shape, t.dtype, _lazy(t))
+    if extra:
+        log.info("%s: %d parameter(s) outside the optimizer (frozen) taken from the module weights, e.g. %s",
+                 path, len(extra), extra[0])
 
 
 def _zero12_params(states: list[dict], param_shapes: list[dict], world_size: int,
@@ -378,6 +396,9 @@ def read_fsdp(folder: Path) -> CheckpointContents:
 
 
 def _load_fsdp_file(path: Path) -> dict:
+    # DTensor values unpickle their DeviceMesh without process groups (fine for reading); torch
+    # warns about that once per mesh, which is noise here.
+    logging.getLogger("torch.distributed.device_mesh").setLevel(logging.ERROR)
     try:
         sd = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
     except Exception as e:  # torch raises RuntimeError/EOFError/pickle errors for damaged files

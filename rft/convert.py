@@ -273,12 +273,12 @@ def convert_job(job: Job, opts: Options) -> Outcome:
         write_configs(tmp, config, dtype)
         _publish(tmp, job.out_dir)
     except RftError as e:
-        shutil.rmtree(tmp, ignore_errors=True)
         return Outcome(job.label, "failed", str(e), time.monotonic() - start)
     except Exception as e:  # an unexpected bug must not stop the other steps
-        shutil.rmtree(tmp, ignore_errors=True)
         log.exception("%s: unexpected error", job.label)
         return Outcome(job.label, "failed", f"{type(e).__name__}: {e}", time.monotonic() - start)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone after a publish; debris after a failure
     note = f"{contents.kind}, {contents.world_size} rank(s), {DTYPE_JSON[dtype]} -> {job.out_dir}"
     return Outcome(job.label, "converted", note, time.monotonic() - start, nbytes)
 
