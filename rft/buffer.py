@@ -25,6 +25,7 @@ import json
 import logging
 import os
 import re
+from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -199,7 +200,7 @@ class _Segment:
 
     writer: str
     seq: int
-    groups: list[tuple[list[Experience], int]]
+    groups: deque[tuple[list[Experience], int]]
 
 
 class SegmentReader:
@@ -220,6 +221,7 @@ class SegmentReader:
         self._pending: dict[str, list[int]] = {}
         self._current: _Segment | None = None
         self._last_writer = ""
+        self._may_scan = True
 
     def cursor(self) -> dict[str, Any]:
         """JSON-serialisable position: per writer, the segment to read next and lines consumed."""
@@ -238,7 +240,8 @@ class SegmentReader:
         staleness filter (groups older than ``max_staleness_versions`` are dropped or counted).
         """
         def once(budget: int | None, first: bool) -> tuple[list[Experience], bool, bool]:
-            return self._read_once(budget, current_version, first, scanned=[False])
+            self._may_scan = True  # each pass may list the buffer once, not once per segment
+            return self._read_once(budget, current_version, first)
 
         return poll_read(once, max_experiences, timeout_s, poll_s)
 
@@ -293,12 +296,12 @@ class SegmentReader:
         return removed
 
     def _read_once(
-        self, budget: int | None, current_version: int | None, first: bool, scanned: list[bool]
+        self, budget: int | None, current_version: int | None, first: bool
     ) -> tuple[list[Experience], bool, bool]:
         out: list[Experience] = []
         progressed = False
         while True:
-            segment = self._current or self._open_next(scanned)
+            segment = self._current or self._open_next()
             if segment is None:
                 break
             self._current = segment
@@ -309,7 +312,7 @@ class SegmentReader:
                         check_group_fits(group, budget)
                     self.stats.experiences_read += len(out)
                     return out, True, progressed
-                segment.groups.pop(0)
+                segment.groups.popleft()
                 progressed = True
                 self._pos[segment.writer] = (segment.seq, end)
                 if self._staleness.keep(group, current_version, self.stats):
@@ -321,13 +324,13 @@ class SegmentReader:
         self.stats.experiences_read += len(out)
         return out, False, progressed
 
-    def _open_next(self, scanned: list[bool]) -> _Segment | None:
-        """Load the next segment, taking writers round-robin; rescan at most once per call."""
+    def _open_next(self) -> _Segment | None:
+        """Load the next segment, taking writers round-robin; rescan at most once per pass."""
         if not any(self._pending.values()):
-            if scanned[0]:
+            if not self._may_scan:
                 return None
             self._scan()
-            scanned[0] = True
+            self._may_scan = False
         writers = sorted(w for w, seqs in self._pending.items() if seqs)
         if not writers:
             return None
@@ -358,7 +361,7 @@ class SegmentReader:
                 groups[-1] = (groups[-1][0], line + 1)
             else:
                 groups.append(([rec], line + 1))
-        return _Segment(writer, seq, groups)
+        return _Segment(writer, seq, deque(groups))
 
 
 def read_segment(path: Path, offset: int, stats: ReaderStats) -> list[tuple[Experience, int]]:
