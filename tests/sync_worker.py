@@ -30,5 +30,6 @@ def write_weights(folder: Path, size_mb: int) -> None:
 if __name__ == "__main__":
     run_dir, first, count, size_mb = sys.argv[1], *map(int, sys.argv[2:5])
     publisher = WeightsPublisher(run_dir, keep_versions=2)
+    print("started", flush=True)  # the test's kill timer starts here, not at interpreter start
     for version in range(first, first + count):
         publisher.publish(version, lambda folder: write_weights(folder, size_mb))

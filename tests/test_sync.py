@@ -73,11 +73,12 @@ def test_watcher_never_returns_an_incomplete_folder(tmp_path):
 
 def test_publisher_killed_mid_write_never_exposes_an_incomplete_folder(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
-    rng, watcher, seen = random.Random(0), WeightsWatcher(tmp_path), set()
+    rng, watcher, seen, interrupted = random.Random(0), WeightsWatcher(tmp_path), set(), 0
     for round_ in range(8):
         cmd = [sys.executable, WORKER, str(tmp_path), str(3 * round_ + 1), "3", str(SIZE_MB)]
-        proc = subprocess.Popen(cmd, env=env)
-        deadline = time.monotonic() + rng.uniform(0.1, 0.5)
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline() == "started\n"
+        deadline = time.monotonic() + rng.uniform(0.02, 0.4)
         while time.monotonic() < deadline:
             found = watcher.poll()
             if found:
@@ -86,12 +87,14 @@ def test_publisher_killed_mid_write_never_exposes_an_incomplete_folder(tmp_path)
                 seen.add(version)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+        proc.stdout.close()
         pointer = atomic.read_pointer(tmp_path / POINTER_FILE)
         assert pointer is None or is_complete(weights_dir(tmp_path, pointer))
         found = watcher.poll() or latest_weights(tmp_path)
         assert found is None or is_complete(found[1])
-    leftovers = [p for p in (tmp_path / "weights").iterdir() if atomic.is_tmp(p)]
-    assert leftovers, "no kill landed inside a write; the test did not test anything"
+        weights = tmp_path / "weights"
+        interrupted += any(atomic.is_tmp(p) for p in weights.iterdir()) if weights.exists() else 0
+    assert interrupted, "no kill landed inside a write; the test did not test anything"
     assert seen, "the watcher never saw a published version"
     WeightsPublisher(tmp_path).clean_stale_tmp()  # a restarted trainer on this host
     assert not [p for p in tmp_path.rglob("*") if atomic.is_tmp(p)]
