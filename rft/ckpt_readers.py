@@ -116,19 +116,21 @@ class FlatView:
     def numel(self) -> int:
         return self.starts[-1]
 
-    def read(self, start: int, count: int) -> torch.Tensor:
+    def read(self, start: int, count: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Elements ``[start, start+count)`` of the concatenation, read into ``out`` if given."""
         if start + count > self.numel():
             raise CheckpointError(
                 f"a parameter needs elements up to {start + count} of a flat fp32 vector that has "
                 f"{self.numel()} ({self.pieces[0].storage.archive.path.parent}); the shards do not "
                 "match the model states (mixed checkpoints, or a different world size)"
             )
-        parts = []
+        if out is None:
+            out = torch.empty(count, dtype=self.pieces[0].dtype)
         for piece, lo, hi in zip(self.pieces, self.starts, self.starts[1:]):
             a, b = max(start, lo), min(start + count, hi)
             if a < b:
-                parts.append(piece.read(a - lo, b - a))
-        return parts[0] if len(parts) == 1 else torch.cat(parts)
+                piece.read(a - lo, b - a, out[a - start:b - start])
+        return out
 
 
 def _open(stack: ExitStack, path: Path) -> Any:
@@ -354,8 +356,10 @@ def _z3_loader(flats: list[FlatView], offset: int, shape: Any, world_size: int) 
     part = math.ceil(n / world_size)
 
     def load() -> torch.Tensor:
-        pieces = [f.read(offset, part) for f in flats]  # world_size x [part]
-        return torch.cat(pieces)[:n].view(_shape(shape))
+        out = torch.empty(part * world_size, dtype=flats[0].pieces[0].dtype)  # [world_size * part]
+        for rank, flat in enumerate(flats):
+            flat.read(offset, part, out[rank * part:(rank + 1) * part])
+        return out[:n].view(_shape(shape))
 
     return load
 

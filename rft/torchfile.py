@@ -114,8 +114,9 @@ class LazyTensor:
             acc *= size
         return all(s == e or n == 1 for s, e, n in zip(self.stride, reversed(expected), self.shape))
 
-    def read(self, start: int, count: int) -> torch.Tensor:
-        """Elements ``[start, start+count)`` of the flattened (contiguous) tensor, as a 1-D tensor."""
+    def read(self, start: int, count: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """Elements ``[start, start+count)`` of the flattened (contiguous) tensor, as a 1-D tensor
+        (read straight into ``out``, a contiguous 1-D tensor of ``count`` elements, if given)."""
         assert self.is_contiguous(), "flat reads need a contiguous tensor"
         if start < 0 or start + count > self.numel():
             raise CheckpointError(
@@ -123,7 +124,7 @@ class LazyTensor:
                 f"tensor with {self.numel()}; the checkpoint's metadata and shards disagree "
                 "(mixed or overwritten checkpoint?)"
             )
-        return self.storage.archive.read_elements(self.storage, self.offset + start, count)
+        return self.storage.archive.read_elements(self.storage, self.offset + start, count, out)
 
     def load(self) -> torch.Tensor:
         """The whole tensor with its shape (copies strided tensors into a contiguous one)."""
@@ -181,9 +182,12 @@ class TorchArchive:
         name_len, extra_len = fields[9], fields[10]
         return info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
 
-    def read_elements(self, storage: LazyStorage, start: int, count: int) -> torch.Tensor:
+    def read_elements(self, storage: LazyStorage, start: int, count: int,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
         """``count`` elements of ``storage`` from element ``start``, read straight into a tensor."""
-        out = torch.empty(count, dtype=storage.dtype)
+        if out is None:
+            out = torch.empty(count, dtype=storage.dtype)
+        assert out.is_contiguous() and out.numel() == count and out.dtype == storage.dtype
         nbytes = count * out.element_size()
         pos = storage.byte_offset + start * out.element_size()
         if pos + nbytes > self._size:
