@@ -11,6 +11,7 @@ set -euo pipefail
 cmd="${1:-}"
 dir="${2:-}"
 port_base="${RFT_SLURM_PORT:-17800}"
+gpus="${RFT_SLURM_GPUS_PER_NODE:-4}"
 nodes=(n1 n2 n3)
 
 die() { echo "local-slurm: $*" >&2; exit 2; }
@@ -60,10 +61,19 @@ SlurmctldPidFile=$dir/slurmctld.pid
 SlurmdPidFile=$dir/slurmd-%n.pid
 SlurmctldLogFile=$dir/log/slurmctld.log
 SlurmdLogFile=$dir/log/slurmd-%n.log
+GresTypes=gpu
 EOF
+  # "GPUs" without devices: the nodes look like a GPU cluster's, so job scripts that ask for
+  # GPUs run unchanged; the workers find no CUDA device and use their CPU paths.
+  echo "AutoDetect=off" > "$dir/gres.conf"
+  for n in "${nodes[@]}"; do
+    mkdir -p "$dir/dev-$n"
+    for g in $(seq 0 $((gpus - 1))); do : > "$dir/dev-$n/gpu$g"; done
+    echo "NodeName=$n Name=gpu File=$dir/dev-$n/gpu[0-$((gpus - 1))]" >> "$dir/gres.conf"
+  done
   local i=1
   for n in "${nodes[@]}"; do
-    echo "NodeName=$n NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((port_base + i)) CPUs=$cpus RealMemory=$mem State=UNKNOWN" >> "$dir/slurm.conf"
+    echo "NodeName=$n NodeHostname=localhost NodeAddr=127.0.0.1 Port=$((port_base + i)) CPUs=$cpus RealMemory=$mem Gres=gpu:$gpus State=UNKNOWN" >> "$dir/slurm.conf"
     i=$((i + 1))
   done
   echo "PartitionName=debug Nodes=$(IFS=,; echo "${nodes[*]}") Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4" >> "$dir/slurm.conf"
