@@ -84,10 +84,18 @@ class Options:
 # ----------------------------------------------------------------------------- finding steps
 
 
-def _step_job(step_dir: Path, ckpt_dir: Path | None = None) -> Job:
-    actor = step_dir / "actor" if (step_dir / "actor").is_dir() else step_dir
+def _step_job(step_dir: Path, given: Path | None = None) -> Job:
+    """The job of one step folder; ``given`` is a path inside it (a role folder or a tag folder)."""
+    rel = given.relative_to(step_dir).parts if given else ()
+    if rel and rel[-1] == HF_DIR:
+        rel = rel[:-1]
+    if rel:
+        role = step_dir / rel[0]
+    else:
+        role = step_dir / "actor" if (step_dir / "actor").is_dir() else step_dir
     step = int(STEP_RE.match(step_dir.name).group(1))
-    return Job(step_dir.name, step, ckpt_dir or actor, actor / HF_DIR)
+    ckpt_dir = step_dir.joinpath(*rel) if len(rel) > 1 else role
+    return Job(step_dir.name, step, ckpt_dir, role / HF_DIR)
 
 
 def find_jobs(path: Path, steps: set[int] | None = None) -> list[Job]:
@@ -108,8 +116,7 @@ def find_jobs(path: Path, steps: set[int] | None = None) -> list[Job]:
 def _jobs_for(path: Path) -> list[Job]:
     for parent in [path, *path.parents]:
         if STEP_RE.match(parent.name):
-            inner = path if path != parent and path.name not in ("actor", HF_DIR) and not is_tmp(path) else None
-            return [_step_job(parent, inner)]
+            return [_step_job(parent, path)]
     found = sorted(_walk_steps(path), key=lambda p: (str(p.parent), int(STEP_RE.match(p.name).group(1))))
     if found:
         return [_step_job(p) for p in found]
@@ -176,8 +183,9 @@ def resolve_dtype(choice: str, config: dict) -> torch.dtype:
 
 def write_configs(dest: Path, config: dict, dtype: torch.dtype) -> None:
     """Record the output dtype in config.json; add a generation_config.json if none came along."""
-    key = "dtype" if "dtype" in config and "torch_dtype" not in config else "torch_dtype"
-    config[key] = DTYPE_JSON[dtype]
+    keys = [k for k in ("dtype", "torch_dtype") if k in config] or ["torch_dtype"]  # new and old spelling
+    for key in keys:
+        config[key] = DTYPE_JSON[dtype]
     (dest / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     if not (dest / "generation_config.json").is_file():
         gen = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if config.get(k) is not None}

@@ -95,6 +95,12 @@ def test_find_jobs_layouts(tmp_path: Path) -> None:
     assert job.out_dir == (run / "global_step_10" / "actor" / "huggingface").resolve()
     (job,) = find_jobs(run / "global_step_2" / "actor")
     assert job.ckpt_dir.name == "actor"
+    (run / "global_step_2" / "actor" / "huggingface").mkdir()
+    (job,) = find_jobs(run / "global_step_2" / "actor" / "huggingface")
+    assert job.ckpt_dir.name == "actor" and job.out_dir.parent.name == "actor"
+    (run / "global_step_2" / "critic").mkdir()
+    (job,) = find_jobs(run / "global_step_2" / "critic")
+    assert job.ckpt_dir.name == "critic" and job.out_dir.parent.name == "critic"
     with pytest.raises(CheckpointError, match="global_step_7"):
         find_jobs(run, {7})
     with pytest.raises(CheckpointError, match="not a checkpoint"):
