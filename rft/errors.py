@@ -24,3 +24,7 @@ class DataError(RftError):
 
 class CheckpointError(RftError):
     """A checkpoint or weights folder is missing, incomplete or inconsistent."""
+
+
+class SyncTimeoutError(RftError):
+    """Waited longer than synchronizer.sync_timeout for weights or experiences."""
