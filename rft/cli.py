@@ -1,7 +1,8 @@
 """Command-line entry of ``bin/rft-run``: parse arguments, load the config, act.
 
 ``rft-run --config FILE [--dry-run] [key=value ...]``. With ``--dry-run`` it validates the
-config and everything it points at, prints the resolved config and the plan, and exits. Errors
+config and everything it points at, prints the resolved config and the plan, and exits;
+without, it checks the same, then runs the config on this machine (:mod:`rft.local`). Errors
 a user can cause print as one ``error: ...`` line (exit 2), without a traceback.
 """
 
@@ -46,9 +47,10 @@ def main(argv: list[str] | None = None) -> int:
             sys.stdout.write(dry_run(cfg, args.config))
             print("dry run: config and inputs are valid; nothing was started")
             return 0
-        print("error: running is not implemented yet (the explorer and trainer land with the "
-              "orchestration issue); use --dry-run", file=sys.stderr)
-        return 2
+        from rft.local import run
+
+        preflight(cfg)  # fail here, before any process starts
+        return run(cfg)
     except RftError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,0 +1,115 @@
+"""``rft-status RUN_DIR``: where a run stands, read from its files only (no SLURM query needed).
+
+Reads the trainer's ``metrics.jsonl`` (step, throughput), the weights pointer, the explorers'
+heartbeats (live or dead by age), the buffer backlog (sealed segments not yet consumed, from
+the newest checkpoint's cursor), and the newest full checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from rft import atomic
+from rft.buffer import list_segments, list_writers
+from rft.errors import RftError
+from rft.monitor import read_metrics
+from rft.sync import read_heartbeats
+
+WEIGHTS_POINTER = "latest_state_dict_iteration.txt"
+CHECKPOINT_POINTER = "latest_checkpointed_iteration.txt"
+
+
+@dataclass
+class RunStatus:
+    """Facts about a run directory."""
+
+    run_dir: Path
+    trainer_step: int | None  # newest step with trainer metrics
+    tokens_per_s: float | None  # trainer throughput at that step
+    weights_version: int | None  # the sync pointer
+    checkpoint_step: int | None  # newest complete full checkpoint
+    explorers: list  # rft.sync.ExplorerStatus
+    backlog_segments: int  # sealed segments after the checkpoint's cursor
+    explorer_steps: dict[str, int]  # newest explored step per explorer monitor
+
+
+def _cursor(run_dir: Path, step: int | None) -> dict:
+    if step is None:
+        return {}
+    meta = run_dir / f"global_step_{step}" / "trainer_meta.json"
+    if not meta.is_file():
+        meta = run_dir / "trainer_meta.json"
+    try:
+        return json.loads(meta.read_text()).get("buffer_cursor") or {}
+    except (OSError, ValueError):
+        return {}
+
+
+def backlog(run_dir: Path, cursor: dict) -> int:
+    """Sealed segments the trainer has not consumed as of ``cursor``."""
+    buffer_dir = run_dir / "buffer"
+    if not buffer_dir.is_dir():
+        return 0
+    positions = cursor.get("segments", {})
+    total = 0
+    for writer in list_writers(buffer_dir):
+        next_seq = positions.get(writer, {}).get("seq", -1)
+        total += sum(1 for seq in list_segments(buffer_dir / writer) if seq >= next_seq)
+    return total
+
+
+def collect(run_dir: Path, live_threshold_s: float = 120.0) -> RunStatus:
+    if not run_dir.is_dir():
+        raise RftError(f"{run_dir} is not a run directory (expected "
+                       "<checkpoint_root_dir>/<project>/<name>)")
+    rows = read_metrics(run_dir, "trainer")
+    last = rows[-1] if rows else {}
+    checkpoint = atomic.read_pointer(run_dir / CHECKPOINT_POINTER)
+    monitors = run_dir / "monitor"
+    explorer_steps = {}
+    for folder in sorted(monitors.glob("explorer_*")) if monitors.is_dir() else []:
+        explored = read_metrics(run_dir, folder.name)
+        if explored:
+            explorer_steps[folder.name] = explored[-1].get("step")
+    return RunStatus(run_dir, last.get("step"), last.get("tokens_per_s"),
+                     atomic.read_pointer(run_dir / WEIGHTS_POINTER), checkpoint,
+                     read_heartbeats(run_dir, live_threshold_s),
+                     backlog(run_dir, _cursor(run_dir, checkpoint)), explorer_steps)
+
+
+def format_status(st: RunStatus) -> str:
+    tps = f", {st.tokens_per_s:.0f} tokens/s" if st.tokens_per_s else ""
+    lines = [f"run directory   {st.run_dir}",
+             f"trainer step    {st.trainer_step if st.trainer_step is not None else '-'}{tps}",
+             f"weights version {st.weights_version if st.weights_version is not None else '-'}",
+             f"checkpoint      {st.checkpoint_step if st.checkpoint_step is not None else '-'}",
+             f"buffer backlog  {st.backlog_segments} sealed segment(s) not yet consumed"]
+    for name, step in st.explorer_steps.items():
+        lines.append(f"{name:<15} explored step {step}")
+    for ex in st.explorers:
+        state = "live" if ex.live else ("exited" if ex.fields.get("exited") else "DEAD")
+        f = ex.fields
+        lines.append(f"explorer {ex.name:<14} {state:<6} heartbeat {ex.age_s:.0f}s ago, "
+                     f"host {f.get('host', '?')}, job {f.get('slurm_job_id') or '-'}, "
+                     f"version {f.get('loaded_version', '-')}, steps {f.get('steps_done', '-')}")
+    if not st.explorers:
+        lines.append("explorers       none have written a heartbeat")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rft-status", description=__doc__.split("\n")[0])
+    parser.add_argument("run_dir", help="<checkpoint_root_dir>/<project>/<name>")
+    parser.add_argument("--dead-after-s", type=float, default=120.0,
+                        help="a heartbeat older than this marks an explorer dead")
+    args = parser.parse_args(argv)
+    try:
+        print(format_status(collect(Path(args.run_dir), args.dead_after_s)))
+    except RftError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
