@@ -298,7 +298,8 @@ class SlurmConfig:
     partition: Optional[str] = None  # --partition
     account: Optional[str] = None  # --account
     qos: Optional[str] = None  # --qos
-    time: str = "24:00:00"  # --time, [D-]HH:MM:SS or minutes
+    time: str = field("24:00:00", text_only="quote it, e.g. time: '12:00:00' (YAML reads an "
+                      "unquoted 12:00:00 as the number 43200)")  # --time, [D-]HH:MM:SS
     constraint: Optional[str] = None  # --constraint, e.g. a100
     signal_delay_s: int = field(300, ge=0)  # --signal=USR1@N: checkpoint N s before the limit
     requeue: bool = True  # requeue after preemption or the warning signal

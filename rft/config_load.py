@@ -60,6 +60,8 @@ def _apply_overrides(cfg: Any, overrides: list[str] | tuple[str, ...]) -> None:
             value = yaml.safe_load(text) if text else ""
         except yaml.YAMLError as e:
             raise ConfigError(f"override {item!r}: cannot parse the value ({e})") from e
+        if ":" in text and isinstance(value, int):
+            value = text  # 12:00:00 is a time of day, not YAML 1.1's base-60 integer
         try:
             OmegaConf.update(cfg, key, value, merge=True)
         except (OmegaConfBaseException, TypeError, IndexError, ValueError) as e:

@@ -21,9 +21,11 @@ _MISSING = dataclasses.MISSING
 
 
 def field(default: Any = _MISSING, *, factory: Any = _MISSING, ge: float | None = None,
-          gt: float | None = None, le: float | None = None) -> Any:
-    """A dataclass field with optional numeric bounds checked at load time."""
-    meta = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le)) if v is not None}
+          gt: float | None = None, le: float | None = None, text_only: str | None = None) -> Any:
+    """A dataclass field with optional numeric bounds checked at load time; ``text_only`` (a
+    hint) refuses numbers in a string field instead of converting them."""
+    meta = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("text_only", text_only))
+            if v is not None}
     if factory is not _MISSING:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -56,6 +58,9 @@ def from_dict(cls: type, data: Any, path: str = "", seen: set[str] | None = None
             raise ConfigError(_unknown_key_message(key_path, str(key), fields))
         if seen is not None:
             seen.add(key_path)
+        hint = fields[key].metadata.get("text_only")
+        if hint and value is not None and not isinstance(value, str):
+            raise ConfigError(f"{key_path}: expected text, got {_show(value)}; {hint}")
         kwargs[key] = convert(hints[key], value, key_path, seen)
         _check_bounds(fields[key], kwargs[key], key_path)
     return cls(**kwargs)
@@ -69,7 +74,7 @@ def _unknown_key_message(key_path: str, key: str, fields: dict) -> str:
 
 
 def _check_bounds(f: dataclasses.Field, value: Any, key_path: str) -> None:
-    if not f.metadata or not isinstance(value, (int, float)) or isinstance(value, bool):
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
         return
     checks = (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
               ("le", lambda v, b: v <= b, "<="))

@@ -268,3 +268,11 @@ def test_runner_num_is_an_alias(tmp_path):
 def test_config_from_dict_requires_a_model():
     with pytest.raises(ConfigError, match="model.model_path is empty"):
         config_from_dict({"buffer": {"explorer_input": {"taskset": {"path": "/d"}}}})
+
+
+def test_unquoted_time_limit_is_refused_and_override_kept_as_text(tmp_path):
+    text = yaml.safe_dump(minimal()) + "slurm:\n  time: 12:00:00\n"
+    with pytest.raises(ConfigError, match="slurm.time: expected text, got 43200"):
+        load_config(write(tmp_path, text))
+    cfg = load_dict(tmp_path, minimal(), "slurm.time=12:00:00")
+    assert cfg.slurm.time == "12:00:00"

@@ -1,0 +1,107 @@
+"""Job rendering and the launch-side logic that needs no cluster: golden sbatch script, node
+group sizing, SLURM environment translation, rft-status on a hand-made run directory."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rft import slurm
+from rft.config import load_config
+from rft.errors import ConfigError
+from rft.rundir import prepare
+from rft.status import collect, format_status
+from rft.worker import first_host, torch_env_from_slurm
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def test_dry_run_matches_golden_script():
+    proc = subprocess.run([sys.executable, str(REPO / "bin" / "rft-launch"), "--config",
+                           "configs/grpo_gsm8k.yaml", "--dry-run", "--partition", "gpu",
+                           "--time", "12:00:00"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    text = proc.stdout.replace(f"{REPO}/.venv/bin/python", "$PYTHON").replace(sys.executable, "$PYTHON")
+    text = text.replace(str(REPO), "$REPO")
+    assert text == (REPO / "tests" / "golden" / "grpo_gsm8k.sbatch").read_text()
+
+
+@pytest.mark.parametrize("overrides,expected", [
+    ([], [("explorer", 1, 1, 1), ("trainer", 1, 1, 1)]),  # 2 GPUs: 1 engine + 1 rank
+    (["cluster.node_num=2", "cluster.gpu_per_node=8", "explorer.rollout_model.engine_num=4",
+      "explorer.rollout_model.tensor_parallel_size=2"], [("explorer", 1, 4, 2), ("trainer", 1, 8, 1)]),
+    (["cluster.node_num=3", "cluster.gpu_per_node=4", "explorer.rollout_model.engine_num=2"],
+     [("explorer", 1, 2, 1), ("trainer", 3, 10, 1)]),
+])
+def test_group_sizes(overrides, expected):
+    cfg = load_config(REPO / "configs" / "grpo_gsm8k.yaml", overrides)
+    got = [(g.role, g.nodes, g.ntasks, g.gpus_per_task) for g in slurm.groups(cfg)]
+    assert got == expected
+
+
+def test_async_jobs_have_one_component():
+    cfg = load_config(REPO / "configs" / "async" / "trainer.yaml")
+    text = slurm.render(cfg, Path("/c.yaml"), [], python="py", workdir=Path("/w"))
+    assert "hetjob" not in text and "--het-group" not in text
+    assert "#SBATCH --nodes=1 --ntasks=4 --gpus-per-task=1  # trainer" in text
+    assert "srun py -m rft.worker trainer --config /c.yaml &" in text
+
+
+def test_sbatch_errors_are_explained():
+    assert "slurm.partition" in slurm.explain_sbatch_error("sbatch: error: invalid partition specified: nope")
+    assert "slurm.account" in slurm.explain_sbatch_error("error: Invalid account or account/partition combination")
+
+
+def test_time_limit_in_minutes():
+    assert slurm._minutes("24:00:00") == 1440
+    assert slurm._minutes("1-02:30:00") == 1590
+    assert slurm._minutes("90") == 90
+    assert slurm._minutes("00:10:30") == 11
+
+
+def test_torch_env_from_srun_variables():
+    env = {"SLURM_PROCID": "3", "SLURM_NTASKS": "4", "SLURM_LOCALID": "1",
+           "SLURM_STEP_NODELIST": "localhost", "SLURM_JOB_ID": "1234"}
+    assert torch_env_from_slurm(env) == {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
+                                         "MASTER_ADDR": "localhost", "MASTER_PORT": "21234"}
+    assert torch_env_from_slurm({**env, "RANK": "0"}) == {}  # torchrun already set them
+    assert first_host("gpu[07-09],cpu1") in ("gpu07", "gpu7")
+
+
+def test_relaunch_with_a_different_model_is_refused(tmp_path):
+    base = ["model.model_path=/models/a", f"checkpoint_root_dir={tmp_path}"]
+    prepare(load_config(REPO / "configs" / "grpo_gsm8k.yaml", base), "trainer")
+    again = load_config(REPO / "configs" / "grpo_gsm8k.yaml", base)
+    prepare(again, "explorer")  # same run: fine
+    other = load_config(REPO / "configs" / "grpo_gsm8k.yaml",
+                        ["model.model_path=/models/b", f"checkpoint_root_dir={tmp_path}"])
+    with pytest.raises(ConfigError, match="was started with a different config.*model.model_path"):
+        prepare(other, "trainer")
+
+
+def test_status_of_a_run_directory(tmp_path):
+    run = tmp_path / "run"
+    (run / "explorers").mkdir(parents=True)
+    (run / "monitor" / "trainer").mkdir(parents=True)
+    (run / "monitor" / "trainer" / "metrics.jsonl").write_text(
+        json.dumps({"step": 7, "tokens_per_s": 1234.5}) + "\n")
+    (run / "latest_state_dict_iteration.txt").write_text("6\n")
+    now = time.time()
+    for name, age in (("explorer-0", 1), ("explorer_new-0", 1000)):
+        (run / "explorers" / f"{name}.json").write_text(json.dumps(
+            {"name": name, "time": now - age, "host": "gpu01", "loaded_version": 6, "steps_done": 9}))
+    for seq in (1, 2, 3):
+        (run / "buffer" / "explorer-0").mkdir(parents=True, exist_ok=True)
+        (run / "buffer" / "explorer-0" / f"seg-{seq:06d}.jsonl").write_text("")
+    text = format_status(collect(run, live_threshold_s=120))
+    assert "trainer step    7, 1234 tokens/s" in text or "trainer step    7, 1235 tokens/s" in text
+    assert "weights version 6" in text
+    assert "buffer backlog  3 sealed segment(s)" in text
+    assert "explorer-0" in text and "live" in text
+    assert "explorer_new-0" in text and "DEAD" in text
