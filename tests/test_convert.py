@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from rft import convert
+from rft.ckpt_readers import detect_format
 from rft.convert import find_jobs, main
 from rft.errors import CheckpointError
 from rft.safetensors_io import TensorSpec, parse_size, plan_shards, weights_complete, write_safetensors
@@ -280,3 +281,28 @@ def test_fsdp_checkpoint_converts(fsdp_run: Path, tmp_path: Path) -> None:
     shard = run / "global_step_5" / "actor" / "model_world_size_2_rank_1.pt"
     shard.rename(shard.with_name("model_world_size_2_rank_3.pt"))
     assert main(["--checkpoint-dir", str(run), "--force"]) == 1
+
+
+@pytest.mark.integration
+def test_without_optimizer_shards(run_copy: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture) -> None:
+    """ZeRO-1/2 fall back to the module weights (full size); ZeRO-3 has none and says so."""
+    for f in (run_copy / "global_step_2" / "actor").glob("*optim_states.pt"):
+        f.unlink()
+    for f in (run_copy / "global_step_1" / "actor" / "global_step2").glob("*optim_states.pt"):
+        f.unlink()
+    code = main(["--checkpoint-dir", str(run_copy), "--steps", "1,2", "--dtype", "fp32",
+                 "--base-model-dir", str(tiny_model_dir)])
+    out = capsys.readouterr().out
+    assert code == 1 and "without optimizer shards" in out and "deepspeed-module" in out
+    assert _logits_diff(run_copy / "global_step_2") < 1e-5  # fp32 training: module == master weights
+
+
+@pytest.mark.integration
+def test_several_tags_without_latest_asks_for_one(run_copy: Path) -> None:
+    actor = run_copy / "global_step_1" / "actor"
+    shutil.copytree(actor / "global_step2", actor / "global_step9")
+    (actor / "latest").unlink()
+    with pytest.raises(CheckpointError, match="several DeepSpeed tags"):
+        detect_format(actor)
+    assert main(["--checkpoint-dir", str(actor / "global_step9"), "--dtype", "fp32"]) == 0
+    assert _logits_diff(run_copy / "global_step_1") < 1e-5
