@@ -256,10 +256,15 @@ def forward_logprobs(module: Any, micro: MicroBatch, *, with_entropy: bool,
     Only the logits at response positions are turned into float32 log-softmax; the entropy is
     computed without a graph unless ``entropy_grad`` (an entropy term in the loss).
     """
+    counted = micro.logit_positions[micro.response_mask > 0]
+    first = int(counted.min()) if counted.numel() else 0
+    last = int(counted.max()) if counted.numel() else 0
+    # The LM head runs only on the window that holds responses (prompt logits are never used).
+    keep = torch.arange(first, last + 1, device=micro.input_ids.device)  # [K]
     logits = module(input_ids=micro.input_ids, attention_mask=micro.attention_mask,
-                    use_cache=False).logits  # [B, T, V]
-    index = micro.logit_positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1])  # [B, R, V]
-    resp_logits = logits.gather(1, index)  # [B, R, V]
+                    use_cache=False, logits_to_keep=keep).logits  # [B, K, V]
+    rel = (micro.logit_positions - first).clamp(0, last - first)  # [B, R]
+    resp_logits = logits[torch.arange(rel.shape[0], device=rel.device).unsqueeze(-1), rel]  # [B, R, V]
     logprobs = token_logprobs(resp_logits, micro.response_ids)  # [B, R]
     entropy = None
     if with_entropy:
