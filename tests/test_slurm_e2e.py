@@ -1,0 +1,181 @@
+"""Runs through a real local SLURM cluster (env/local-slurm.sh): the heterogeneous job script,
+asynchronous explorer + trainer jobs with an explorer added mid-run, requeue with resume,
+rft-launch through submitit, and an explorer killed mid-run. Tiny model, CPU engines."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rft.monitor import read_metrics
+from rft.slurm import job_state
+from rft.status import collect
+
+pytestmark = pytest.mark.slurm
+
+REPO = Path(__file__).resolve().parent.parent
+CPU = REPO / "configs" / "cpu"
+DATA = REPO / "data" / "arithmetic"
+JOB_TIMEOUT_S = 900
+
+
+def run_overrides(model: Path, root: Path, *extra: str) -> list[str]:
+    return [f"model.model_path={model}", f"checkpoint_root_dir={root}",
+            f"buffer.explorer_input.taskset.path={DATA}", "model.max_response_tokens=8",
+            "explorer.eval_interval=0", "trainer.zero_stage=2", "trainer.precision=fp32", *extra]
+
+
+def submit(env: dict, script: Path, config: Path, overrides: list[str], *sbatch_args: str,
+           **extra_env: str) -> str:
+    job_env = dict(env, RFT_HOME=str(REPO), RFT_PYTHON=sys.executable, RFT_CONFIG=str(config),
+                   RFT_OVERRIDES=" ".join(overrides), OMP_NUM_THREADS="1",
+                   RFT_LOCAL_TRAINER_RANKS="1", **extra_env)
+    out = subprocess.run(["sbatch", "--parsable", f"--output={extra_env.get('OUT', '%x-%j.out')}",
+                          *sbatch_args, str(script)], env=job_env, cwd=REPO, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.strip().split(";")[0]
+
+
+def wait_job(env: dict, job: str, timeout_s: float = JOB_TIMEOUT_S) -> str:
+    deadline = time.time() + timeout_s
+    state = None
+    while time.time() < deadline:
+        state = job_state(job, env)
+        if state in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY"):
+            return state
+        time.sleep(2)
+    subprocess.run(["scancel", job], env=env)
+    raise AssertionError(f"job {job} still {state} after {timeout_s} s")
+
+
+def wait_until(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if predicate():
+            return
+        time.sleep(1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def trainer_steps(run_dir: Path) -> list[int]:
+    return [row["step"] for row in read_metrics(run_dir, "trainer")]
+
+
+def archived_per_step(run_dir: Path, db: str = "arithmetic.db") -> dict[int, int]:
+    """Experiences the trainer archived, counted by the step that consumed them (the archive
+    keeps one row per experience id, the step of its newest consumption)."""
+    with sqlite3.connect(run_dir / db) as conn:
+        rows = conn.execute('select step, count(*) from "arithmetic_buffer" group by step')
+        return dict(rows.fetchall())
+
+
+def show_logs(out: Path, run_dir: Path) -> str:
+    logs = [out] + sorted((run_dir / "log").glob("*")) if run_dir.exists() else [out]
+    return "\n".join(f"== {p}\n{p.read_text(errors='replace')[-3000:]}" for p in logs if p.is_file())
+
+
+def test_heterogeneous_job_script_end_to_end(slurm_cluster, tiny_model_dir, tmp_path):
+    out = tmp_path / "job.out"
+    overrides = run_overrides(tiny_model_dir, tmp_path, "buffer.total_steps=3", "trainer.save_interval=2")
+    job = submit(slurm_cluster, REPO / "jobs" / "grpo_gsm8k.sbatch", CPU / "grpo_gsm8k.yaml",
+                 overrides, OUT=str(out))
+    run_dir = tmp_path / "grpo_gsm8k_cpu" / "smollm2-135m"
+    state = wait_job(slurm_cluster, job)
+    assert state == "COMPLETED", show_logs(out, run_dir)
+    assert trainer_steps(run_dir) == [1, 2, 3]
+    assert (run_dir / "latest_state_dict_iteration.txt").read_text().strip() == "3"
+    assert (run_dir / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
+    assert (run_dir / "global_step_2" / "actor").is_dir()
+    versions = {row["weights_version"] for row in read_metrics(run_dir, "explorer_explorer")}
+    assert max(versions) >= 2 and len(versions) >= 2  # the explorer reloaded published weights
+    assert archived_per_step(run_dir) == {1: 4, 2: 4, 3: 4}  # 2 tasks x 2 samples per step
+
+
+def test_requeue_resumes_without_consuming_twice(slurm_cluster, tiny_model_dir, tmp_path):
+    out = tmp_path / "job.out"
+    overrides = run_overrides(tiny_model_dir, tmp_path, "buffer.total_steps=6", "trainer.save_interval=1")
+    job = submit(slurm_cluster, REPO / "jobs" / "grpo_gsm8k.sbatch", CPU / "grpo_gsm8k.yaml",
+                 overrides, OUT=str(out))
+    run_dir = tmp_path / "grpo_gsm8k_cpu" / "smollm2-135m"
+    wait_until(lambda: len(trainer_steps(run_dir)) >= 2, JOB_TIMEOUT_S, "two trainer steps")
+    subprocess.run(["scontrol", "requeue", job], env=slurm_cluster, check=True, timeout=30)
+    state = wait_job(slurm_cluster, job)
+    assert state == "COMPLETED", show_logs(out, run_dir)
+    steps = trainer_steps(run_dir)
+    assert steps[-1] == 6 and set(steps) == set(range(1, 7)), steps
+    # Each step consumed its own 4 experiences: one consumed twice would have moved to a later
+    # step (same id, one row) and left a step short.
+    assert archived_per_step(run_dir) == {s: 4 for s in range(1, 7)}
+
+
+def test_async_jobs_with_an_explorer_added_and_one_killed(slurm_cluster, tiny_model_dir, tmp_path):
+    common = run_overrides(tiny_model_dir, tmp_path, "cluster.gpu_per_node=1")
+    trainer_out, explorer_out, new_out = (tmp_path / f"{n}.out" for n in ("t", "e", "n"))
+    trainer = submit(slurm_cluster, REPO / "jobs" / "async_trainer.sbatch",
+                     CPU / "async" / "trainer.yaml", [*common, "buffer.total_steps=6",
+                                                      "trainer.max_staleness_versions=100"],
+                     "--ntasks=1", OUT=str(trainer_out))
+    explorer = submit(slurm_cluster, REPO / "jobs" / "async_explorer.sbatch",
+                      CPU / "async" / "explorer.yaml", [*common, "buffer.total_steps=100"],
+                      "--ntasks=1", OUT=str(explorer_out))
+    run_dir = tmp_path / "async_gsm8k_cpu" / "smollm2-135m"
+    wait_until(lambda: len(trainer_steps(run_dir)) >= 1, JOB_TIMEOUT_S, "a first trainer step")
+    added = submit(slurm_cluster, REPO / "jobs" / "add_explorer.sbatch",
+                   CPU / "async" / "explorer_new.yaml",
+                   [*common, "buffer.explorer_input.taskset.split=test", "buffer.total_steps=100"],
+                   "--ntasks=1", OUT=str(new_out), RFT_EXPLORER_NAME="explorer_new")
+    new_buffer = run_dir / "buffer" / "explorer_new-0"
+    wait_until(lambda: new_buffer.is_dir() and any(new_buffer.iterdir()), JOB_TIMEOUT_S,
+               "the added explorer's first segment")
+    first = json.loads((run_dir / "explorers" / "explorer-0.json").read_text())
+    os.kill(int(first["pid"]), signal.SIGKILL)  # same host: the first explorer dies hard
+    state = wait_job(slurm_cluster, trainer)
+    assert state == "COMPLETED", show_logs(trainer_out, run_dir)
+    assert trainer_steps(run_dir)[-1] == 6
+    status = {e.name: e for e in collect(run_dir, live_threshold_s=30).explorers}
+    assert status["explorer_new-0"].live
+    wait_until(lambda: not collect(run_dir, live_threshold_s=30).explorers[0].live, 60,
+               "the killed explorer to show as dead")
+    consumed = json.loads((run_dir / "trainer_meta.json").read_text())["buffer_cursor"]["segments"]
+    assert "explorer_new-0" in consumed  # its segments were consumed by the trainer
+    for job in (explorer, added):
+        subprocess.run(["scancel", job], env=slurm_cluster, timeout=30)
+
+
+def test_rft_launch_submits_through_submitit(slurm_cluster, tiny_model_dir, tmp_path):
+    overrides = run_overrides(tiny_model_dir, tmp_path, "buffer.total_steps=2")
+    proc = subprocess.run([sys.executable, str(REPO / "bin" / "rft-launch"), "--config",
+                           str(CPU / "grpo_gsm8k.yaml"), *overrides], cwd=REPO,
+                          env=dict(slurm_cluster, OMP_NUM_THREADS="1"), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.split("submitted job ")[1].split()[0]
+    assert "ssh -N -L 6006:localhost:6006" in proc.stdout
+    run_dir = tmp_path / "grpo_gsm8k_cpu" / "smollm2-135m"
+    state = wait_job(slurm_cluster, job)
+    assert state == "COMPLETED", show_logs(run_dir / "log" / "submitit", run_dir)
+    assert trainer_steps(run_dir) == [1, 2]
+
+
+def test_launch_errors_are_clear(slurm_cluster, tiny_model_dir, tmp_path):
+    overrides = run_overrides(tiny_model_dir, tmp_path)
+    proc = subprocess.run([sys.executable, str(REPO / "bin" / "rft-launch"), "--config",
+                           str(CPU / "grpo_gsm8k.yaml"), "--sbatch", "--partition", "nope",
+                           *overrides], cwd=REPO, env=slurm_cluster, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2
+    assert "sbatch refused the job" in proc.stderr and "slurm.partition" in proc.stderr
+    no_slurm = dict(slurm_cluster, PATH="/usr/local/bin:/bin")
+    proc = subprocess.run([sys.executable, str(REPO / "bin" / "rft-launch"), "--config",
+                           str(CPU / "grpo_gsm8k.yaml"), "--sbatch", *overrides], cwd=REPO,
+                          env=no_slurm, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "sbatch is not on PATH" in proc.stderr
