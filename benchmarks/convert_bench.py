@@ -58,11 +58,12 @@ convert_zero_checkpoint_to_fp32_state_dict(sys.argv[1], sys.argv[2], safe_serial
 
 
 def measure(cmd: list[str], env: dict[str, str]) -> dict:
-    """Run ``cmd`` in a fresh wrapper process; return wall seconds, peak RSS (MiB) and exit code."""
+    """Run ``cmd`` in a fresh wrapper process; return wall and CPU seconds, peak RSS (MiB), exit code."""
     wrapper = ("import json, resource, subprocess, sys, time; t = time.monotonic(); "
                "rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode; "
-               "print(json.dumps({'wall_s': time.monotonic() - t, 'rc': rc, "
-               "'peak_mib': resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024}))")
+               "ru = resource.getrusage(resource.RUSAGE_CHILDREN); "
+               "print(json.dumps({'wall_s': time.monotonic() - t, 'rc': rc, 'cpu_s': ru.ru_utime + ru.ru_stime, "
+               "'peak_mib': ru.ru_maxrss / 1024}))")
     out = subprocess.run([PY, "-c", wrapper, *cmd], env=env, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -115,20 +116,22 @@ def bench_stage(model_dir: Path, stage: int, reps: int, env: dict[str, str]) -> 
     for name, rs in runs.items():
         rows.append({"stage": stage, "tool": name, "rc": max(r["rc"] for r in rs),
                      "wall_s": statistics.median(r["wall_s"] for r in rs),
+                     "cpu_s": statistics.median(r["cpu_s"] for r in rs),
                      "peak_mib": statistics.median(r["peak_mib"] for r in rs), "same": ok})
     return rows
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"\n{'ZeRO':>4}  {'tool':<22} {'wall s':>7} {'peak RSS MiB':>13} {'time vs rft':>12} "
-          f"{'mem vs rft':>11}  note")
+    print(f"\n{'ZeRO':>4}  {'tool':<22} {'wall s':>7} {'CPU s':>6} {'peak RSS MiB':>13} {'wall vs rft':>12} "
+          f"{'CPU vs rft':>11} {'mem vs rft':>11}  note")
     for stage in sorted({r["stage"] for r in rows}):
         group = [r for r in rows if r["stage"] == stage]
         rft = next(r for r in group if r["tool"] == "rft-convert")
         for r in group:
             note = "FAILED (exit %d)" % r["rc"] if r["rc"] else ("outputs identical" if r["same"] else "OUTPUTS DIFFER")
-            print(f"{stage:>4}  {r['tool']:<22} {r['wall_s']:>7.2f} {r['peak_mib']:>13.0f} "
-                  f"{r['wall_s'] / rft['wall_s']:>11.2f}x {r['peak_mib'] / rft['peak_mib']:>10.2f}x  {note}")
+            print(f"{stage:>4}  {r['tool']:<22} {r['wall_s']:>7.2f} {r['cpu_s']:>6.2f} {r['peak_mib']:>13.0f} "
+                  f"{r['wall_s'] / rft['wall_s']:>11.2f}x {r['cpu_s'] / rft['cpu_s']:>10.2f}x "
+                  f"{r['peak_mib'] / rft['peak_mib']:>10.2f}x  {note}")
 
 
 def main() -> None:

@@ -74,6 +74,10 @@ def test_smollm2_folder_is_a_working_chat_model(smollm2_dir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from rft.models import materialize_smollm2
+
+    start = time.monotonic()
+    assert materialize_smollm2(smollm2_dir) == smollm2_dir and time.monotonic() - start < 2  # idempotent
     config = json.loads((smollm2_dir / "config.json").read_text())
     assert config["rope_theta"] == 100000 and config["tie_word_embeddings"] is True
     assert (smollm2_dir / "generation_config.json").is_file()
