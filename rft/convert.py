@@ -35,9 +35,12 @@ from rft.atomic import is_tmp, publish_dir, remove_stale_tmp, tmp_name
 from rft.ckpt_readers import CheckpointContents, SourceTensor, detect_format, open_checkpoint
 from rft.errors import CheckpointError, RftError
 from rft.safetensors_io import (
+    INDEX_FILE,
+    SINGLE_FILE,
     TensorSpec,
     parse_size,
     plan_shards,
+    read_header,
     shard_file_names,
     weights_complete,
     write_index,
@@ -209,6 +212,36 @@ def output_tensors(contents: CheckpointContents, config: dict) -> tuple[list[Sou
     return contents.tensors, copies
 
 
+def reference_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor names and shapes of the safetensors weights in ``folder`` (headers only; {} if none)."""
+    index = folder / INDEX_FILE
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = [SINGLE_FILE] if (folder / SINGLE_FILE).is_file() else []
+    shapes = {}
+    for name in files:
+        header = read_header(folder / name)
+        shapes.update({k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"})
+    return shapes
+
+
+def check_against_reference(contents: CheckpointContents, base: Path | None) -> None:
+    """Refuse a --base-model-dir whose weights have other names or shapes than the checkpoint."""
+    ref = reference_shapes(base) if base else {}
+    if not ref:
+        return
+    ours = {t.name: t.shape for t in contents.tensors}
+    wrong = [f"{n} {ours[n]} vs {ref[n]}" for n in ours if n in ref and tuple(ref[n]) != ours[n]]
+    unknown = [n for n in ours if n not in ref]
+    if wrong or len(unknown) == len(ours):
+        example = wrong[0] if wrong else f"{unknown[0]} is not in {base}"
+        raise CheckpointError(f"the checkpoint does not match --base-model-dir {base} (e.g. {example}); "
+                              "pass the model folder the run started from")
+    if unknown:
+        log.warning("%d tensor(s) of the checkpoint are not in %s, e.g. %s", len(unknown), base, unknown[0])
+
+
 def _out_dtype(src: torch.dtype, dtype: torch.dtype) -> torch.dtype:
     return dtype if src.is_floating_point else src
 
@@ -275,6 +308,8 @@ def convert_job(job: Job, opts: Options) -> Outcome:
         dtype = resolve_dtype(opts.dtype, config)
         contents = open_checkpoint(job.ckpt_dir)
         try:
+            if not (job.out_dir / "config.json").is_file():  # the config comes from the base model
+                check_against_reference(contents, opts.base_model_dir)
             nbytes = write_weights(contents, config, dtype, tmp, opts.max_shard_bytes, job.label)
         finally:
             contents.close()

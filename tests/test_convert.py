@@ -218,9 +218,12 @@ def test_sharded_output_loads_identically(run_copy: Path) -> None:
 
 
 @pytest.mark.integration
-def test_plain_deepspeed_checkpoint_needs_base_model(run_copy: Path, capsys: pytest.CaptureFixture) -> None:
+def test_plain_deepspeed_checkpoint_needs_the_right_base_model(run_copy: Path, untied_model_dir: Path,
+                                                              capsys: pytest.CaptureFixture) -> None:
     assert main(["--checkpoint-dir", str(run_copy / "global_step_2")]) == 1
     assert "--base-model-dir" in capsys.readouterr().out
+    assert main(["--checkpoint-dir", str(run_copy / "global_step_2"), "--base-model-dir", str(untied_model_dir)]) == 1
+    assert "does not match --base-model-dir" in capsys.readouterr().out
 
 
 @pytest.mark.integration
