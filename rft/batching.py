@@ -11,10 +11,15 @@ Steps, each a function here (torch and the stdlib only, no distributed calls):
    :class:`Rows` table ``[N, R]`` (R = longest response of the batch);
 2. :func:`split_for_ranks` - whole groups to ranks, balancing token counts (deterministic);
 3. :func:`plan_micro_batches` - a rank's rows into micro-batches by a token budget (padded
-   size B * T <= budget) or a fixed row count;
+   size B * T <= budget) or a fixed row count; with expert rows in the batch (CHORD), rollout
+   and expert rows never share a micro-batch (:func:`split_by_source`);
 4. :func:`collate` - one micro-batch as padded tensors (padding only inside it);
 5. :func:`micro_loss_scale` - the factor that turns a micro-batch's aggregated loss into its
-   share of the batch loss (DeepSpeed divides summed gradients by the world size).
+   share of the batch loss (DeepSpeed divides summed gradients by the world size). Each source
+   (rollout, expert) has its own totals (:func:`source_totals`): ``mix_chord`` aggregates its
+   PPO part over rollout rows and its SFT part over expert rows, so with single-source
+   micro-batches the scaled sum is exactly ``mix_chord`` of the whole batch;
+6. :class:`MetricSums` - per-step metrics from the micro-batches' metrics.
 
 A rank with fewer micro-batches than the others runs zero-weight ones (:func:`padding_micro`),
 so every rank issues the same collectives.
@@ -22,7 +27,7 @@ so every rank issues the same collectives.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -221,3 +226,77 @@ def micro_loss_scale(mask: torch.Tensor, totals: BatchTotals, mode: str, world_s
         if mode == "seq-mean-token-sum-norm":
             share *= mask.shape[-1] / max(totals.response_width, 1)
     return share * world_size
+
+
+def split_by_source(rows: Sequence[int], expert: torch.Tensor) -> list[list[int]]:
+    """A rank's rows as [rollout rows, expert rows] (each in order, empty parts left out)."""
+    parts = [[i for i in rows if not bool(expert[i])], [i for i in rows if bool(expert[i])]]
+    return [part for part in parts if part]
+
+
+def source_totals(mask: torch.Tensor, expert: torch.Tensor) -> dict[bool, BatchTotals]:
+    """Totals per source (key: is expert) of a ``[N, R]`` mask; an absent source counts 0.
+
+    ``response_width`` stays the whole batch's R, as when the loss sees the whole batch.
+    """
+    out = {}
+    for is_expert in (False, True):
+        part = mask[expert == is_expert]  # [n, R]
+        out[is_expert] = BatchTotals(int(part.sum().item()), int((part.sum(-1) > 0).sum().item()),
+                                     mask.shape[-1])
+    return out
+
+
+def source_fractions(totals: dict[bool, BatchTotals], mode: str) -> dict[bool, float]:
+    """Each source's share of the batch in ``mode``'s unit (tokens for token-mean, else rows)."""
+    sizes = {k: float(t.tokens if mode == "token-mean" else t.sequences) for k, t in totals.items()}
+    whole = sum(sizes.values())
+    return {k: (v / whole if whole else 0.0) for k, v in sizes.items()}
+
+
+def micro_source(micro: MicroBatch) -> bool:
+    """True for an expert micro-batch (micro-batches hold one source; padding counts as rollout)."""
+    expert = micro.expert
+    assert bool(expert.all()) or not bool(expert.any()), "a micro-batch mixes rollout and expert rows"
+    return bool(expert.any())
+
+
+LOSS_KEYS = frozenset({"pg_loss"})  # summed with loss shares: each source's part of the batch loss
+
+
+@dataclass
+class MetricSums:
+    """A step's metrics accumulated over micro-batches, then summed over ranks (:meth:`merge`).
+
+    A micro-batch adds its metrics with ``loss_share``, its share of its source's loss (over all
+    ranks and epochs these sum to 1 per source, less under seq-mean-token-sum-norm), and its
+    source's ``fraction`` of the batch. ``LOSS_KEYS`` are summed with loss shares, so ``pg_loss``
+    is the loss of the whole batch (``mix_chord`` micro-batches report their part: (1 - mu) PPO
+    or mu SFT). Every other key is the mean weighted by loss share x fraction over the
+    micro-batches that report it: a key both sources report (``mu``, ``entropy``) is a
+    whole-batch value, ``usual/*`` one over the rollout rows, ``expert/*`` one over the expert
+    rows. With token-mean and the seq-mean modes these are the whole batch's values exactly;
+    under seq-mean-token-sum-norm a loss part such as ``usual/pg_loss`` is the weighted mean of
+    the micro-batches' values (each normalised by its own padded width). Zero-weight (padding)
+    micro-batches are skipped.
+    """
+
+    sums: dict[str, float] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+
+    def add(self, metrics: dict[str, float], loss_share: float, fraction: float) -> None:
+        if loss_share == 0:
+            return
+        for key, value in metrics.items():
+            weight = loss_share if key in LOSS_KEYS else loss_share * fraction
+            self.sums[key] = self.sums.get(key, 0.0) + value * weight
+            self.weights[key] = self.weights.get(key, 0.0) + weight
+
+    def merge(self, other: "MetricSums") -> None:
+        for key, value in other.sums.items():
+            self.sums[key] = self.sums.get(key, 0.0) + value
+            self.weights[key] = self.weights.get(key, 0.0) + other.weights[key]
+
+    def result(self) -> dict[str, float]:
+        return {key: total if key in LOSS_KEYS else total / self.weights[key]
+                for key, total in self.sums.items()}

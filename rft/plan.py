@@ -34,6 +34,10 @@ class DatasetInfo:
 def preflight(cfg: Config) -> list[DatasetInfo]:
     """Check the model folder and every dataset the config names; return dataset facts."""
     check_model_dir(cfg.model.model_path)
+    if cfg.algorithm.sample_strategy == "mix":
+        from rft.mix_input import mix_counts
+
+        mix_counts(cfg)  # rollout + expert counts per step must fit the explorer's batch
     infos = [_check_taskset(label, ts, cfg) for label, ts in _labelled_tasksets(cfg)]
     infos += [_check_file_buffer(label, buf) for label, buf in _file_buffers(cfg)]
     return infos

@@ -6,10 +6,14 @@ the model updated ``trainer.ppo_epochs`` times (one optimizer step per pass over
 a metrics dict averaged over the whole batch (meaningful on rank 0).
 
 Order of work: tabulate rows -> split whole groups over ranks -> micro-batches (same count on
-every rank, padded with zero-weight ones) -> reference log-probs (if a KL term is on) -> old
-log-probs (rollout's, or one forward pass before the first update: ``recompute``) ->
-advantages over the whole batch (KL-in-reward first, gathered from all ranks) -> per epoch,
-per micro-batch: forward, loss x its batch share, backward; then one optimizer step.
+every rank, padded with zero-weight ones; rollout and expert rows apart) -> reference log-probs
+(if a KL term is on) -> old log-probs (rollout's, or one forward pass before the first update:
+``recompute``) -> advantages over the batch's rollout rows (KL-in-reward first, gathered from
+all ranks; expert rows get 0) -> per epoch, per micro-batch: forward, loss x its share of its
+source's loss, backward; then one optimizer step.
+
+CHORD (``sample_strategy: mix``): expert rows (``source: "expert"``) reach the loss as
+``expert_mask``, with the step number for ``mix_chord``'s mu schedule.
 """
 
 from __future__ import annotations
@@ -30,14 +34,19 @@ from rft.algorithms import (
     token_level_rewards,
 )
 from rft.batching import (
+    BatchTotals,
+    MetricSums,
     MicroBatch,
     Rows,
-    batch_totals,
     collate,
     micro_loss_scale,
+    micro_source,
     padding_micro,
     plan_micro_batches,
     rows_from_experiences,
+    source_fractions,
+    source_totals,
+    split_by_source,
     split_for_ranks,
 )
 from rft.config import Config
@@ -102,6 +111,7 @@ class Plan:
     rows: Rows
     micro_rows: list[list[int]]  # row indices per micro-batch; [] = zero-weight padding
     num_tokens: int  # prompt + response tokens of the whole batch (all ranks)
+    totals: dict[bool, BatchTotals]  # per source (is expert): the loss denominators
 
 
 def plan_step(exps: Sequence[Experience], cfg: Config, info: dse.DistInfo) -> Plan:
@@ -113,11 +123,13 @@ def plan_step(exps: Sequence[Experience], cfg: Config, info: dse.DistInfo) -> Pl
         raise DataError(f"a sequence of {max(too_long)} tokens exceeds trainer.max_token_len_per_gpu="
                         f"{budget}; raise it to at least model.max_model_len")
     mine = split_for_ranks(rows.group_ids, lengths, info.world_size)[info.rank]
-    micro_rows = plan_micro_batches(mine, lengths, use_dynamic_bsz=cfg.trainer.use_dynamic_bsz,
-                                    max_token_len=budget, micro_batch_size=cfg.trainer.micro_batch_size_per_gpu)
+    micro_rows = [micro for part in split_by_source(mine, rows.expert)
+                  for micro in plan_micro_batches(part, lengths, use_dynamic_bsz=cfg.trainer.use_dynamic_bsz,
+                                                  max_token_len=budget,
+                                                  micro_batch_size=cfg.trainer.micro_batch_size_per_gpu)]
     count = dse.all_reduce_max(len(micro_rows))
     micro_rows += [[] for _ in range(count - len(micro_rows))]
-    return Plan(rows, micro_rows, sum(lengths))
+    return Plan(rows, micro_rows, sum(lengths), source_totals(rows.response_mask, rows.expert))
 
 
 def _micro(plan: Plan, index: int, adv: torch.Tensor, old: torch.Tensor, pad_id: int,
@@ -143,9 +155,12 @@ def _local_logprobs(fn: Callable[[MicroBatch], torch.Tensor], plan: Plan, pad_id
 
 def _advantages(plan: Plan, fns: LossFns, ref: torch.Tensor | None, old: torch.Tensor,
                 info: dse.DistInfo) -> tuple[torch.Tensor, dict[str, float]]:
+    """Advantages ``[N, R]`` of the rollout rows; expert rows (CHORD) get 0."""
     rows, mask = plan.rows, plan.rows.response_mask
-    if fns.advantage is None:
-        return torch.zeros_like(mask), {}
+    adv = torch.zeros_like(mask)  # [N, R]
+    rollout = [i for i in range(len(rows)) if not bool(rows.expert[i])]
+    if fns.advantage is None or not rollout:
+        return adv, {}
     metrics: dict[str, float] = {}
     rewards: torch.Tensor = rows.rewards  # [N]
     if fns.kl_penalty is not None:
@@ -156,7 +171,9 @@ def _advantages(plan: Plan, fns: LossFns, ref: torch.Tensor | None, old: torch.T
         rewards = torch.zeros_like(mask)  # [N, R]
         for part_rows, part in dse.all_gather_objects((mine, local)):
             rewards[part_rows] = part
-    adv, adv_metrics = fns.advantage(rewards, rows.group_ids, mask)  # [N, R]
+    part, adv_metrics = fns.advantage(rewards[rollout], [rows.group_ids[i] for i in rollout],
+                                      mask[rollout])  # [n, R]
+    adv[rollout] = part
     return adv, {**metrics, **adv_metrics}
 
 
@@ -182,13 +199,12 @@ def _micro_loss(actor: dse.Actor, micro: MicroBatch, fns: LossFns, step: int) ->
     return loss, metrics
 
 
-def _reduce_metrics(weighted: dict[str, float]) -> dict[str, float]:
-    """Sum the weighted metric sums of all ranks (weights are shares of the whole batch)."""
-    total: dict[str, float] = {}
-    for part in dse.all_gather_objects(weighted):
-        for k, v in part.items():
-            total[k] = total.get(k, 0.0) + v
-    return total
+def _reduce_metrics(sums: MetricSums) -> dict[str, float]:
+    """Combine the metric sums of all ranks into the step's metrics."""
+    total = MetricSums()
+    for part in dse.all_gather_objects(sums):
+        total.merge(part)
+    return total.result()
 
 
 def train_step(actor: dse.Actor, ref: dse.Reference | None, exps: Sequence[Experience], cfg: Config,
@@ -206,13 +222,13 @@ def train_step(actor: dse.Actor, ref: dse.Reference | None, exps: Sequence[Exper
                               plan, pad_id, info.device)
     else:
         old = plan.rows.rollout_logprobs
-        if not fns.sft and not bool(plan.rows.has_logprobs.all()):
+        if not fns.sft and not bool((plan.rows.has_logprobs | plan.rows.expert).all()):
             raise DataError("algorithm.old_logprobs is 'rollout' but some experiences carry no "
                             "logprobs; use old_logprobs: recompute")
     adv, metrics = _advantages(plan, fns, ref_lp, old, info)
     t_prep = time.perf_counter() - t0
-    totals = batch_totals(mask)
-    weighted: dict[str, float] = {}
+    fractions = source_fractions(plan.totals, fns.agg_mode)
+    sums = MetricSums()
     grad_norms = []
     t_fb = t_opt = 0.0
     for _epoch in range(cfg.trainer.ppo_epochs):
@@ -222,21 +238,25 @@ def train_step(actor: dse.Actor, ref: dse.Reference | None, exps: Sequence[Exper
             if ref_lp is not None:
                 micro.ref_logprobs = ref_lp[micro.rows, :micro.response_mask.shape[1]].to(info.device) if micro.rows \
                     else torch.zeros_like(micro.response_mask)
-            scale = micro_loss_scale(micro.response_mask, totals, fns.agg_mode, info.world_size)
+            source = micro_source(micro)
+            scale = micro_loss_scale(micro.response_mask, plan.totals[source], fns.agg_mode, info.world_size)
             loss, micro_metrics = _micro_loss(actor, micro, fns, step)
             dse.backward(actor, loss * scale)
             share = scale / info.world_size / cfg.trainer.ppo_epochs
-            for k, v in micro_metrics.items():
-                weighted[k] = weighted.get(k, 0.0) + v * share
+            sums.add(micro_metrics, share, fractions[source])
         t2 = time.perf_counter()
         grad_norms.append(dse.optimizer_step(actor))
         t_fb += t2 - t1
         t_opt += time.perf_counter() - t2
-    metrics.update(_reduce_metrics(weighted))
-    adv_rows = adv.sum(-1) / mask.sum(-1).clamp(min=1)  # [N] per-response advantage
+    metrics.update(_reduce_metrics(sums))
+    rollout = ~plan.rows.expert  # [N]
+    adv_rows = (adv.sum(-1) / mask.sum(-1).clamp(min=1))[rollout]  # [n] per-response advantage
+    if bool(plan.rows.expert.any()) and not fns.sft:
+        metrics["batch_expert_samples"] = int(plan.rows.expert.sum())
     metrics.update(
         grad_norm=grad_norms[-1], lr=dse.current_lr(actor),
-        advantages_mean=float(adv_rows.mean()), advantages_std=float(adv_rows.std()) if len(adv_rows) > 1 else 0.0,
+        advantages_mean=float(adv_rows.mean()) if len(adv_rows) else 0.0,
+        advantages_std=float(adv_rows.std()) if len(adv_rows) > 1 else 0.0,
         response_length_mean=float(mask.sum(-1).mean()), response_length_max=float(mask.sum(-1).max()),
         batch_experiences=len(exps), batch_tokens=plan.num_tokens, micro_batches=len(plan.micro_rows),
         time_prepare_s=t_prep, time_forward_backward_s=t_fb, time_optimizer_s=t_opt,

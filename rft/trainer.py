@@ -4,7 +4,8 @@ Run as ``python -m rft.trainer --config FILE [key=value ...]``, alone or under
 ``torchrun --nproc_per_node=N`` / ``srun`` (one process per GPU; CPU + gloo without GPUs).
 
 Data in: experiences from the run directory's buffer (``mode: both`` / ``train``) or an SFT
-dataset (``storage_type: file``), read on rank 0 and broadcast. Data out, in the run
+dataset (``storage_type: file``), or both mixed (``sample_strategy: mix``, CHORD: see
+:mod:`rft.mix_input`), read on rank 0 and broadcast. Data out, in the run
 directory: ``weights/v<step>/`` every ``synchronizer.sync_interval`` steps (HF folders that
 vLLM reloads), ``global_step_N/`` full checkpoints every ``trainer.save_interval`` steps and
 at the end (:mod:`rft.trainer_state`), metrics in ``monitor/trainer/``.
@@ -81,8 +82,13 @@ def total_steps(cfg: Config, source: Any) -> int | None:
 
 
 def check_mode(cfg: Config) -> None:
+    """Config checks every rank makes before any collective (a rank-0-only error would hang)."""
     if cfg.mode not in ("both", "train"):
         raise ConfigError(f"mode {cfg.mode!r} has no trainer; the trainer runs in mode 'both' or 'train'")
+    if cfg.algorithm.sample_strategy == "mix":
+        from rft.mix_input import mix_counts
+
+        mix_counts(cfg)
 
 
 def resume_point(cfg: Config, run_dir: Path, world_size: int) -> tuple[int | None, dict[str, Any]]:
@@ -140,9 +146,10 @@ def save_full_checkpoint(cfg: Config, run_dir: Path, actor: Any, source: Any, pr
 
 
 def staleness_metrics(batch: list[Any], version: int) -> dict[str, float]:
-    if not batch:
+    """Weight versions between the rollouts and the trainer (expert samples have none)."""
+    ages = [version - e.model_version for e in batch if e.source != "expert"]
+    if not ages:
         return {}
-    ages = [version - e.model_version for e in batch]
     return {"staleness_mean": sum(ages) / len(ages), "staleness_max": float(max(ages))}
 
 

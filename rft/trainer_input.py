@@ -11,7 +11,9 @@ the step's list of :class:`~rft.experience.Experience` (None when the input is e
 - ``mode: train``: up to ``buffer.train_batch_size`` experiences in whole groups, whatever is
   available within ``sync_timeout``; groups older than ``trainer.max_staleness_versions``
   weight versions are dropped (and counted);
-- ``storage_type: file``: :class:`~rft.sft_data.SftSource`.
+- ``storage_type: file``: :class:`~rft.sft_data.SftSource`;
+- ``algorithm.sample_strategy: mix`` (CHORD): :class:`~rft.mix_input.MixSource`, the rollouts
+  above plus expert samples from ``buffer.trainer_input.auxiliary_buffers``.
 """
 
 from __future__ import annotations
@@ -19,12 +21,15 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from rft.buffer import open_archive, open_buffer_reader, unsealed_writers
 from rft.config import Config
 from rft.errors import DataError, NotSupportedError
 from rft.experience import Experience
+
+if TYPE_CHECKING:
+    from rft.mix_input import MixSource
 
 log = logging.getLogger("rft.trainer")
 POLL_S = 0.5
@@ -39,9 +44,12 @@ def explorer_writers(cfg: Config) -> list[str]:
 class BufferSource:
     """Rollout experiences from the buffer, optionally archived to SQLite as consumed."""
 
-    def __init__(self, cfg: Config, run_dir: Path, cursor: dict[str, Any] | None):
+    def __init__(self, cfg: Config, run_dir: Path, cursor: dict[str, Any] | None,
+                 rollouts_per_step: int | None = None):
         buf = cfg.buffer.trainer_input.experience_buffer
         self.cfg, self.run_dir = cfg, run_dir
+        # mode train reads this many (whole groups); mix mode leaves room for expert samples
+        self.rollouts_per_step = rollouts_per_step or cfg.buffer.train_batch_size
         self.synchronous = cfg.mode == "both"
         self.reader = open_buffer_reader(
             run_dir, buf.storage_type, buf.path or "", buf.name, cursor=cursor,
@@ -63,7 +71,7 @@ class BufferSource:
         return batch
 
     def _read_available(self, current_version: int, stop: Callable[[], bool]) -> list[Experience] | None:
-        want = self.cfg.buffer.train_batch_size
+        want = self.rollouts_per_step
         deadline = time.monotonic() + self.cfg.synchronizer.sync_timeout
         out: list[Experience] = []
         while len(out) < want and not stop():
@@ -137,13 +145,13 @@ class FileSource:
         return -(-len(self.source) // self.batch_size)
 
 
-def open_source(cfg: Config, run_dir: Path, cursor: dict[str, Any] | None) -> BufferSource | FileSource:
-    """The trainer's input for ``cfg``; CHORD mixing is refused (not implemented yet)."""
+def open_source(cfg: Config, run_dir: Path,
+                cursor: dict[str, Any] | None) -> BufferSource | FileSource | MixSource:
+    """The trainer's input for ``cfg``: a BufferSource, FileSource or MixSource."""
     if cfg.algorithm.sample_strategy == "mix":
-        raise NotSupportedError(
-            "algorithm.sample_strategy: 'mix' (CHORD: rollouts mixed with expert data from "
-            "buffer.trainer_input.auxiliary_buffers) is not implemented in the trainer yet; run an "
-            "SFT stage (algorithm_type: sft) followed by a GRPO stage instead")
+        from rft.mix_input import MixSource
+
+        return MixSource(cfg, run_dir, cursor)
     if cfg.buffer.trainer_input.experience_buffer.storage_type == "file":
         return FileSource(cfg, cursor)
     return BufferSource(cfg, run_dir, cursor)
