@@ -151,7 +151,8 @@ def _derive_totals(cfg: Config) -> None:
     buf, algo = cfg.buffer, cfg.algorithm
     if buf.train_batch_size is None:
         buf.train_batch_size = buf.batch_size * algo.repeat_times
-    elif algo.algorithm_type != "sft" and buf.train_batch_size % algo.repeat_times:
+    elif (algo.algorithm_type != "sft" and algo.sample_strategy != "mix"  # mix: rft.mix_input
+          and buf.train_batch_size % algo.repeat_times):
         raise ConfigError(
             f"buffer.train_batch_size={buf.train_batch_size} is not a multiple of "
             f"algorithm.repeat_times={algo.repeat_times}: a group of samples is never split "
