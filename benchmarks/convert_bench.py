@@ -69,14 +69,14 @@ def measure(cmd: list[str], env: dict[str, str]) -> dict:
 
 
 def build_checkpoint(model_dir: Path, stage: int, env: dict[str, str]) -> Path:
-    step = CACHE / f"smollm2-zero{stage}" / "global_step_1"
+    step = CACHE / f"smollm2-zero{stage}-lr1e-5" / "global_step_1"
     if (step / "reference_logits.pt").is_file():
         return step
     shutil.rmtree(step, ignore_errors=True)
     print(f"training SmolLM2-135M one step with ZeRO-{stage} on 2 ranks ...", flush=True)
     subprocess.run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
                     str(REPO / "tests" / "helpers" / "make_ds_checkpoint.py"), "--model-dir", str(model_dir),
-                    "--step-dir", str(step), "--stage", str(stage), "--bf16", "--train-steps", "1",
+                    "--step-dir", str(step), "--stage", str(stage), "--bf16", "--train-steps", "1", "--lr", "1e-5",
                     "--hf-files"], env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     return step
 

@@ -35,15 +35,16 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--hf-files", action="store_true", help="write config+tokenizer to actor/huggingface/")
     p.add_argument("--freeze", default=None, help="freeze parameters whose name contains this")
     p.add_argument("--seq-len", type=int, default=16)
+    p.add_argument("--lr", type=float, default=1e-2, help="large by default so that weights visibly move")
     return p.parse_args()
 
 
-def ds_config(stage: int, bf16: bool, world_size: int) -> dict:
+def ds_config(stage: int, bf16: bool, world_size: int, lr: float) -> dict:
     return {
         "train_micro_batch_size_per_gpu": 2,
         "gradient_accumulation_steps": 1,
         "train_batch_size": 2 * world_size,
-        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2, "torch_adam": True}},
+        "optimizer": {"type": "AdamW", "params": {"lr": lr, "torch_adam": True}},
         "zero_optimization": {"stage": stage},
         "bf16": {"enabled": bf16},
         "steps_per_print": 10**9,
@@ -63,7 +64,7 @@ def main() -> None:
                 p.requires_grad_(False)
     params = [p for p in model.parameters() if p.requires_grad]
     engine, *_ = deepspeed.initialize(model=model, model_parameters=params,
-                                      config=ds_config(args.stage, args.bf16, world))
+                                      config=ds_config(args.stage, args.bf16, world, args.lr))
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(100 + rank)
     for _ in range(args.train_steps):
