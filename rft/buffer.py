@@ -325,12 +325,14 @@ class SegmentReader:
         return out, False, progressed
 
     def _open_next(self) -> _Segment | None:
-        """Load the next segment, taking writers round-robin; rescan at most once per pass."""
-        if not any(self._pending.values()):
-            if not self._may_scan:
-                return None
+        """Load the next segment, taking writers round-robin. The folder is listed at the start
+        of each pass, so a writer that joins (an added explorer) is read from the next pass on
+        even while others have a long backlog; within a pass, once more when all is consumed."""
+        if self._may_scan:
             self._scan()
             self._may_scan = False
+        if not any(self._pending.values()):
+            return None
         writers = sorted(w for w, seqs in self._pending.items() if seqs)
         if not writers:
             return None

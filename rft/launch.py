@@ -13,6 +13,7 @@ import argparse
 import logging
 import socket
 import sys
+import time
 from pathlib import Path
 
 import yaml
@@ -32,6 +33,8 @@ def _parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser.add_argument("--dry-run", action="store_true", help="print the sbatch script only")
     parser.add_argument("--sbatch", action="store_true",
                         help="submit the rendered script with sbatch instead of through submitit")
+    parser.add_argument("--wait", action="store_true",
+                        help="wait for the job to end; on failure show the tail of its log")
     for flag in SLURM_FLAGS:
         parser.add_argument(f"--{flag}", help=f"overrides slurm.{flag}")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
@@ -86,8 +89,31 @@ def _run(prog: str, argv: list[str] | None, mode_of, extra_of, description: str)
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"submitted job {job_id} ({mode})\nrun directory: {cfg.run_dir}\n"
-          f"logs: {cfg.run_dir / 'log'}\nstatus: bin/rft-status {cfg.run_dir}\n{tunnel_hint(cfg)}")
-    return 0
+          f"logs: {cfg.run_dir / 'log'}\nstatus: bin/rft-status {cfg.run_dir}\n{tunnel_hint(cfg)}",
+          flush=True)
+    return wait_for(job_id, cfg, args.sbatch) if args.wait else 0
+
+
+def job_log(cfg: Config, job_id: str, sbatch: bool) -> Path:
+    log_dir = cfg.run_dir / "log"
+    return log_dir / f"slurm-{job_id}.out" if sbatch else log_dir / "submitit" / f"{job_id}_0_log.out"
+
+
+def wait_for(job_id: str, cfg: Config, sbatch: bool, poll_s: float = 5.0) -> int:
+    """Block until the job ends; 0 if it completed, else 1 with the tail of its log."""
+    ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+             "PREEMPTED", "BOOT_FAIL", "DEADLINE")
+    state = slurm.job_state(job_id)
+    while state is not None and state.split()[0] not in ended:
+        time.sleep(poll_s)
+        state = slurm.job_state(job_id)
+    if state == "COMPLETED":
+        print(f"job {job_id} completed")
+        return 0
+    log = job_log(cfg, job_id, sbatch)
+    print(f"error: job {job_id} ended {state or 'and is no longer known to SLURM'}; the last "
+          f"lines of {log}:\n{slurm.tail_log(log)}", file=sys.stderr)
+    return 1
 
 
 def _launch_mode(cfg: Config) -> str:

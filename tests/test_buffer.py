@@ -131,8 +131,19 @@ def test_round_robin_and_new_writers_at_next_scan(tmp_path):
     assert [r.group_id for r in reader.read(8)][::4] == ["a0-0", "b0-0"]
     SegmentWriter(tmp_path, "c").write(make_batch("c0", 1))  # an elastic explorer joins
     order = [r.group_id for r in reader.read()][::4]
-    assert order == ["a1-0", "b1-0", "c0-0"]  # scanned segments first, then the next scan
+    assert order == ["a1-0", "b1-0", "c0-0"]  # a1 was open; the pass lists c, round-robin
     assert reader.cursor()["segments"]["c"] == {"seq": 1, "offset": 0}
+
+
+def test_a_joining_writer_is_not_starved_by_a_backlog(tmp_path):
+    a = SegmentWriter(tmp_path, "a")
+    for seq in range(20):  # a fast explorer with a long backlog
+        a.write(make_batch(f"a{seq}", 1))
+    reader = SegmentReader(tmp_path)
+    assert [r.group_id for r in reader.read(GROUP)][::GROUP] == ["a0-0"]
+    SegmentWriter(tmp_path, "b").write(make_batch("b0", 1))
+    taken = [r.group_id for r in reader.read(GROUP)] + [r.group_id for r in reader.read(GROUP)]
+    assert "b0-0" in taken[::GROUP]
 
 
 def test_sealed_for_step_and_read_step(tmp_path):

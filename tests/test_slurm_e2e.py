@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -125,13 +126,13 @@ def test_async_jobs_with_an_explorer_added_and_one_killed(slurm_cluster, vllm_mo
                                                       "trainer.max_staleness_versions=100"],
                      "--ntasks=1", OUT=str(trainer_out))
     explorer = submit(slurm_cluster, REPO / "jobs" / "async_explorer.sbatch",
-                      CPU / "async" / "explorer.yaml", [*common, "buffer.total_steps=100"],
+                      CPU / "async" / "explorer.yaml", [*common, "buffer.total_steps=100000"],
                       "--ntasks=1", OUT=str(explorer_out))
     run_dir = tmp_path / "async_gsm8k_cpu" / "smollm2-135m"
     wait_until(lambda: len(trainer_steps(run_dir)) >= 1, JOB_TIMEOUT_S, "a first trainer step")
     added = submit(slurm_cluster, REPO / "jobs" / "add_explorer.sbatch",
                    CPU / "async" / "explorer_new.yaml",
-                   [*common, "buffer.explorer_input.taskset.split=test", "buffer.total_steps=100"],
+                   [*common, "buffer.explorer_input.taskset.split=test", "buffer.total_steps=100000"],
                    "--ntasks=1", OUT=str(new_out), RFT_EXPLORER_NAME="explorer_new")
     new_buffer = run_dir / "buffer" / "explorer_new-0"
     wait_until(lambda: new_buffer.is_dir() and any(new_buffer.iterdir()), JOB_TIMEOUT_S,
@@ -174,8 +175,23 @@ def test_launch_errors_are_clear(slurm_cluster, vllm_model_dir, tmp_path):
                           text=True, timeout=120)
     assert proc.returncode == 2
     assert "sbatch refused the job" in proc.stderr and "slurm.partition" in proc.stderr
-    no_slurm = dict(slurm_cluster, PATH="/usr/local/bin:/bin")
+    (tmp_path / "empty").mkdir()
+    no_slurm = dict(slurm_cluster, PATH=str(tmp_path / "empty"))  # /bin is /usr/bin on Debian
     proc = subprocess.run([sys.executable, str(REPO / "bin" / "rft-launch"), "--config",
                            str(CPU / "grpo_gsm8k.yaml"), "--sbatch", *overrides], cwd=REPO,
                           env=no_slurm, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "sbatch is not on PATH" in proc.stderr
+
+
+def test_failed_job_shows_its_log(slurm_cluster, vllm_model_dir, tmp_path):
+    broken = tmp_path / "broken-model"
+    shutil.copytree(vllm_model_dir, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # passes the folder check, fails to load
+    proc = subprocess.run([sys.executable, str(REPO / "bin" / "rft-launch"), "--config",
+                           str(CPU / "grpo_gsm8k.yaml"), "--sbatch", "--wait",
+                           *run_overrides(broken, tmp_path)], cwd=REPO,
+                          env=dict(slurm_cluster, OMP_NUM_THREADS="1"), capture_output=True,
+                          text=True, timeout=JOB_TIMEOUT_S)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "ended FAILED" in proc.stderr and "the last lines of" in proc.stderr

