@@ -37,6 +37,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from rft import atomic
 from rft import tasksets as T
 from rft.buffer import open_buffer_writer
 from rft.config import Config, load_config
@@ -333,8 +334,9 @@ def install_exit_handlers(heartbeat: Heartbeat) -> None:
     """SIGTERM/SIGUSR1: mark the heartbeat exited and leave at once (unsealed batch lost)."""
     def _exit(signum: int, _frame: Any) -> None:
         log.warning("signal %d: exiting now (sealed segments are kept)", signum)
-        try:
-            heartbeat.beat(exited=True, loading_version=None)
+        try:  # not heartbeat.beat(): the interrupted code may hold its lock
+            atomic.write_json(heartbeat.path, {**heartbeat.fields, "exited": True,
+                                               "loading_version": None, "time": time.time()})
         finally:
             os._exit(128 + signum)
 
