@@ -119,35 +119,39 @@ def test_requeue_resumes_without_consuming_twice(slurm_cluster, vllm_model_dir, 
 
 
 def test_async_jobs_with_an_explorer_added_and_one_killed(slurm_cluster, vllm_model_dir, tmp_path):
+    """Trainer and explorer as separate jobs; the explorer is SIGKILLed after its first segment,
+    so the trainer can only finish on the segments of an explorer added while it runs."""
     common = run_overrides(vllm_model_dir, tmp_path, "cluster.gpu_per_node=1")
     trainer_out, explorer_out, new_out = (tmp_path / f"{n}.out" for n in ("t", "e", "n"))
+    steps = 10
     trainer = submit(slurm_cluster, REPO / "jobs" / "async_trainer.sbatch",
-                     CPU / "async" / "trainer.yaml", [*common, "buffer.total_steps=6",
-                                                      "trainer.max_staleness_versions=100"],
-                     "--ntasks=1", OUT=str(trainer_out))
+                     CPU / "async" / "trainer.yaml",
+                     [*common, f"buffer.total_steps={steps}", "trainer.max_staleness_versions=100",
+                      "synchronizer.sync_timeout=600"], "--ntasks=1", OUT=str(trainer_out))
     explorer = submit(slurm_cluster, REPO / "jobs" / "async_explorer.sbatch",
                       CPU / "async" / "explorer.yaml", [*common, "buffer.total_steps=100000"],
                       "--ntasks=1", OUT=str(explorer_out))
     run_dir = tmp_path / "async_gsm8k_cpu" / "smollm2-135m"
-    wait_until(lambda: len(trainer_steps(run_dir)) >= 1, JOB_TIMEOUT_S, "a first trainer step")
+    first = run_dir / "buffer" / "explorer-0"
+    wait_until(lambda: first.is_dir() and any(first.glob("seg-*.jsonl")), JOB_TIMEOUT_S,
+               "the first explorer's first segment")
+    beat = json.loads((run_dir / "explorers" / "explorer-0.json").read_text())
+    os.kill(int(beat["pid"]), signal.SIGKILL)  # same host: the first explorer dies hard
+    killed_segments = len(list(first.glob("seg-*.jsonl")))
+    assert killed_segments < steps, "the first explorer must not supply the whole run"
     added = submit(slurm_cluster, REPO / "jobs" / "add_explorer.sbatch",
                    CPU / "async" / "explorer_new.yaml",
                    [*common, "buffer.explorer_input.taskset.split=test", "buffer.total_steps=100000"],
                    "--ntasks=1", OUT=str(new_out), RFT_EXPLORER_NAME="explorer_new")
-    new_buffer = run_dir / "buffer" / "explorer_new-0"
-    wait_until(lambda: new_buffer.is_dir() and any(new_buffer.iterdir()), JOB_TIMEOUT_S,
-               "the added explorer's first segment")
-    first = json.loads((run_dir / "explorers" / "explorer-0.json").read_text())
-    os.kill(int(first["pid"]), signal.SIGKILL)  # same host: the first explorer dies hard
     state = wait_job(slurm_cluster, trainer)
     assert state == "COMPLETED", show_logs(trainer_out, run_dir)
-    assert trainer_steps(run_dir)[-1] == 6
+    assert trainer_steps(run_dir)[-1] == steps
+    consumed = json.loads((run_dir / "trainer_meta.json").read_text())["buffer_cursor"]["segments"]
+    assert consumed["explorer_new-0"]["seq"] > 0  # the added explorer's segments were consumed
     status = {e.name: e for e in collect(run_dir, live_threshold_s=30).explorers}
     assert status["explorer_new-0"].live
-    wait_until(lambda: not collect(run_dir, live_threshold_s=30).explorers[0].live, 60,
-               "the killed explorer to show as dead")
-    consumed = json.loads((run_dir / "trainer_meta.json").read_text())["buffer_cursor"]["segments"]
-    assert "explorer_new-0" in consumed  # its segments were consumed by the trainer
+    wait_until(lambda: not {e.name: e for e in collect(run_dir, 30).explorers}["explorer-0"].live,
+               90, "the killed explorer to show as dead")
     for job in (explorer, added):
         subprocess.run(["scancel", job], env=slurm_cluster, timeout=30)
 
