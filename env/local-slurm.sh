@@ -104,6 +104,14 @@ start() {
 
 stop() {
   need_dir
+  if [ -f "$dir/slurmctld.pid" ] && kill -0 "$(cat "$dir/slurmctld.pid")" 2>/dev/null; then
+    # Cancel jobs first: job steps outlive a killed slurmd.
+    SLURM_CONF="$dir/slurm.conf" scancel --quiet --user="$(id -un)" 2>/dev/null || true
+    for _ in $(seq 1 30); do
+      [ -z "$(SLURM_CONF="$dir/slurm.conf" squeue -h -t R,CG 2>/dev/null)" ] && break
+      sleep 0.5
+    done
+  fi
   for pidfile in "$dir"/slurmd-*.pid "$dir"/slurmctld.pid; do
     [ -f "$pidfile" ] || continue
     pid="$(cat "$pidfile")"
