@@ -136,7 +136,9 @@ class ProgressPrinter:
         rows = read_metrics(self.run_dir, self.role)
         if len(rows) == self.seen:
             return
-        explored = {r.get("step"): r for r in read_metrics(self.run_dir, self.explorer_role)}
+        explored: dict = {}
+        for r in read_metrics(self.run_dir, self.explorer_role):  # a step's row, then its eval
+            explored[r.get("step")] = {**explored.get(r.get("step"), {}), **r}
         for row in rows[self.seen:]:
             merged = {**explored.get(row.get("step"), {}), **row}
             shown = {k: merged[k] for k in PROGRESS_KEYS if k in merged}
