@@ -340,6 +340,14 @@ class Config:
         """Absolute run directory (relative roots are relative to the working directory)."""
         return (Path(self.checkpoint_root_dir).expanduser() / self.project / self.name).absolute()
 
+    def labelled_tasksets(self) -> list[tuple[str, TasksetConfig]]:
+        """Every taskset (training, then eval) with its key path, for messages."""
+        inputs = self.buffer.explorer_input
+        out = [("buffer.explorer_input.taskset", inputs.taskset)] if inputs.taskset else []
+        out += [(f"buffer.explorer_input.tasksets[{i}]", ts) for i, ts in enumerate(inputs.tasksets)]
+        return out + [(f"buffer.explorer_input.eval_tasksets[{i}]", ts)
+                      for i, ts in enumerate(inputs.eval_tasksets)]
+
     def training_tasksets(self) -> list[TasksetConfig]:
         """The training tasksets, whether written as ``taskset`` or ``tasksets``."""
         inputs = self.buffer.explorer_input

@@ -207,20 +207,10 @@ def _check_inputs(cfg: Config) -> None:
     if cfg.mode == "bench" and not inputs.eval_tasksets:
         raise ConfigError("mode 'bench' evaluates checkpoints on buffer.explorer_input."
                           "eval_tasksets, which is empty")
-    for label, ts in _all_tasksets(cfg):
+    for label, ts in cfg.labelled_tasksets():
         if not ts.path:
             raise ConfigError(f"{label}.path is empty: set it to a dataset folder or file")
     _check_experience_buffer(cfg)
-
-
-def _all_tasksets(cfg: Config):
-    inputs = cfg.buffer.explorer_input
-    if inputs.taskset is not None:
-        yield "buffer.explorer_input.taskset", inputs.taskset
-    for i, ts in enumerate(inputs.tasksets):
-        yield f"buffer.explorer_input.tasksets[{i}]", ts
-    for i, ts in enumerate(inputs.eval_tasksets):
-        yield f"buffer.explorer_input.eval_tasksets[{i}]", ts
 
 
 def _check_experience_buffer(cfg: Config) -> None:

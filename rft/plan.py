@@ -38,19 +38,9 @@ def preflight(cfg: Config) -> list[DatasetInfo]:
         from rft.mix_input import mix_counts
 
         mix_counts(cfg)  # rollout + expert counts per step must fit the explorer's batch
-    infos = [_check_taskset(label, ts, cfg) for label, ts in _labelled_tasksets(cfg)]
+    infos = [_check_taskset(label, ts, cfg) for label, ts in cfg.labelled_tasksets()]
     infos += [_check_file_buffer(label, buf) for label, buf in _file_buffers(cfg)]
     return infos
-
-
-def _labelled_tasksets(cfg: Config):
-    inputs = cfg.buffer.explorer_input
-    if inputs.taskset is not None:
-        yield "buffer.explorer_input.taskset", inputs.taskset
-    for i, ts in enumerate(inputs.tasksets):
-        yield f"buffer.explorer_input.tasksets[{i}]", ts
-    for i, ts in enumerate(inputs.eval_tasksets):
-        yield f"buffer.explorer_input.eval_tasksets[{i}]", ts
 
 
 def _file_buffers(cfg: Config):
