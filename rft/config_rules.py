@@ -46,6 +46,7 @@ def apply(cfg: Config, seen: set[str]) -> None:
     _derive_runner_num(cfg, seen)
     _infer_file_storage(cfg, seen)
     _check_inputs(cfg)
+    _check_trainer(cfg)
     _check_resources(cfg)
 
 
@@ -240,6 +241,21 @@ def _check_experience_buffer(cfg: Config) -> None:
     if cfg.algorithm.sample_strategy == "mix" and not cfg.buffer.trainer_input.auxiliary_buffers:
         raise ConfigError("algorithm.sample_strategy 'mix' mixes in expert data: set "
                           "buffer.trainer_input.auxiliary_buffers.<name> (storage_type: file, path)")
+
+
+def _check_trainer(cfg: Config) -> None:
+    t = cfg.trainer
+    if t.param_offload and t.zero_stage != 3:
+        raise ConfigError(f"trainer.param_offload needs trainer.zero_stage=3 (got {t.zero_stage}): "
+                          "ZeRO-1/2 keep whole parameters on each GPU; use optimizer_offload there")
+    if cfg.model.logprobs or any(ts.rollout_args.logprobs for _, ts in cfg.labelled_tasksets()):
+        raise NotSupportedError("model.logprobs / rollout_args.logprobs > 0: extra top-k log-probs "
+                                "are not supported yet; rft keeps the sampled token's log-prob "
+                                "(always on). Remove the key or set it to 0")
+    for label, ts in cfg.labelled_tasksets():
+        if ts.workflow_args:
+            raise NotSupportedError(f"{label}.workflow_args is not supported yet: the built-in "
+                                    "workflows take no arguments (reward_fn_args reach the reward)")
 
 
 def _check_resources(cfg: Config) -> None:

@@ -129,6 +129,8 @@ def ds_config(cfg: Config, world_size: int, on_cpu: bool, *, train: bool = True,
     zero: dict[str, Any] = {"stage": t.zero_stage}
     if t.zero_stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = True
+    if on_cpu and (offload_params or (train and t.optimizer_offload)):
+        log.info("offload settings have no effect on CPU: everything already is in CPU memory")
     if offload_params and not on_cpu:
         if t.zero_stage != 3:
             raise ConfigError(f"trainer.param_offload needs trainer.zero_stage=3 (got "
@@ -235,7 +237,9 @@ def build_reference(cfg: Config, info: DistInfo) -> Reference:
     """The frozen initial policy for KL terms (partitioned like the actor under ZeRO-3)."""
     on_cpu = info.device.type == "cpu"
     dtype = torch.bfloat16 if cfg.trainer.precision == "bf16" else torch.float32
-    config = ds_config(cfg, info.world_size, on_cpu, train=False, offload_params=cfg.trainer.ref_offload)
+    # ZeRO-3 offloads the reference model's partitions; ZeRO 0-2 move it per use (below).
+    config = ds_config(cfg, info.world_size, on_cpu, train=False,
+                       offload_params=cfg.trainer.ref_offload and cfg.trainer.zero_stage == 3)
     model, keep_alive = _load_model(cfg.model.model_path, dtype, config)
     model.eval().requires_grad_(False)
     if cfg.trainer.zero_stage == 3:

@@ -220,11 +220,11 @@ def test_gpu_split_leaves_gpus_for_the_trainer(tmp_path):
 def test_verl_trainer_config_maps_and_conflicts(tmp_path):
     verl = {"trainer_config": {"actor_rollout_ref": {
         "actor": {"ppo_micro_batch_size_per_gpu": 4, "fsdp_config": {"param_offload": True}}}}}
-    cfg = load_dict(tmp_path, minimal(trainer=dict(verl)))
+    cfg = load_dict(tmp_path, minimal(trainer=dict(verl, zero_stage=3)))
     assert cfg.trainer.micro_batch_size_per_gpu == 4
     assert cfg.trainer.param_offload is True
     with pytest.raises(ConfigError, match="contradicts trainer.param_offload=False"):
-        load_dict(tmp_path, minimal(trainer={**verl, "param_offload": False}))
+        load_dict(tmp_path, minimal(trainer={**verl, "zero_stage": 3, "param_offload": False}))
 
 
 def test_length_limits_are_derived_and_checked(tmp_path):
@@ -276,3 +276,15 @@ def test_unquoted_time_limit_is_refused_and_override_kept_as_text(tmp_path):
         load_config(write(tmp_path, text))
     cfg = load_dict(tmp_path, minimal(), "slurm.time=12:00:00")
     assert cfg.slurm.time == "12:00:00"
+
+
+def test_trainer_and_sampling_options_that_cannot_work(tmp_path):
+    with pytest.raises(ConfigError, match="param_offload needs trainer.zero_stage=3"):
+        load_dict(tmp_path, minimal(trainer={"param_offload": True}))
+    assert load_dict(tmp_path, minimal(trainer={"param_offload": True, "zero_stage": 3}))
+    with pytest.raises(NotSupportedError, match="top-k log-probs"):
+        load_dict(tmp_path, minimal(model={"model_path": "/m", "logprobs": 5}))
+    data = minimal()
+    data["buffer"]["explorer_input"]["taskset"]["workflow_args"] = {"x": 1}
+    with pytest.raises(NotSupportedError, match="taskset.workflow_args is not supported yet"):
+        load_dict(tmp_path, data)
