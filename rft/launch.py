@@ -152,10 +152,15 @@ def add_explorer_main(argv: list[str] | None = None) -> int:
     parser_extra.add_argument("--nodes", type=int)
     known, rest = parser_extra.parse_known_args(argv if argv is not None else sys.argv[1:])
 
-    def extra(_args: argparse.Namespace) -> list[str]:
+    def extra(args: argparse.Namespace) -> list[str]:
         items = [f"explorer.name={known.name}"]
         if known.nodes:
-            items.append(f"cluster.node_num={known.nodes}")
+            if known.nodes < 1:
+                raise ConfigError(f"--nodes must be at least 1, got {known.nodes}")
+            base = load_config(args.config, list(args.overrides))
+            per_node = max(1, base.cluster.gpu_per_node // base.explorer.rollout_model.tensor_parallel_size)
+            items += [f"cluster.node_num={known.nodes}",  # fill the nodes with engines
+                      f"explorer.rollout_model.engine_num={known.nodes * per_node}"]
         return items
 
     return _run("rft-add-explorer", rest, _explorer_mode, extra,

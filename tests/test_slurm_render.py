@@ -105,3 +105,16 @@ def test_status_of_a_run_directory(tmp_path):
     assert "buffer backlog  3 sealed segment(s)" in text
     assert "explorer-0" in text and "live" in text
     assert "explorer_new-0" in text and "DEAD" in text
+
+
+def test_add_explorer_fills_its_nodes_and_refuses_synchronous_runs():
+    launch = [sys.executable, str(REPO / "bin" / "rft-add-explorer")]
+    proc = subprocess.run([*launch, "--config", "configs/async/explorer_new.yaml", "--name", "extra",
+                           "--nodes", "2", "--dry-run"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "#SBATCH --nodes=2 --ntasks=16 --gpus-per-task=1  # explorer" in proc.stdout
+    assert "explorer.name=extra" in proc.stdout and "hetjob" not in proc.stdout
+    proc = subprocess.run([*launch, "--config", "configs/grpo_gsm8k.yaml", "--name", "x",
+                           "--dry-run"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "joins asynchronous runs only" in proc.stderr
