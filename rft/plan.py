@@ -8,6 +8,7 @@ text: roles, processes, devices, steps and the run directory. Nothing is written
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from rft import data
 from rft.config import Config, ExperienceBufferConfig, FormatConfig, TasksetConfig
+from rft.errors import ConfigError
 from rft.models import check_model_dir
 
 WORKFLOWS_NEEDING_ANSWERS = ("math_workflow", "math_boxed_workflow")
@@ -34,6 +36,7 @@ class DatasetInfo:
 def preflight(cfg: Config) -> list[DatasetInfo]:
     """Check the model folder and every dataset the config names; return dataset facts."""
     check_model_dir(cfg.model.model_path)
+    _check_context_length(cfg)
     if cfg.algorithm.sample_strategy == "mix":
         from rft.mix_input import mix_counts
 
@@ -41,6 +44,17 @@ def preflight(cfg: Config) -> list[DatasetInfo]:
     infos = [_check_taskset(label, ts, cfg) for label, ts in cfg.labelled_tasksets()]
     infos += [_check_file_buffer(label, buf) for label, buf in _file_buffers(cfg)]
     return infos
+
+
+def _check_context_length(cfg: Config) -> None:
+    """The configured context must fit the model's position embeddings (vLLM refuses it later)."""
+    model_config = json.loads((Path(cfg.model.model_path) / "config.json").read_text())
+    limit = model_config.get("max_position_embeddings")
+    for key, value in (("model.max_model_len", cfg.model.max_model_len),
+                       ("explorer.rollout_model.max_model_len", cfg.explorer.rollout_model.max_model_len)):
+        if limit and value and value > limit:
+            raise ConfigError(f"{key}={value} exceeds the model's max_position_embeddings={limit} "
+                              f"({cfg.model.model_path}/config.json); lower it to at most {limit}")
 
 
 def _file_buffers(cfg: Config):

@@ -41,7 +41,7 @@ def finished_run(vllm_model_dir, tmp_path_factory):
     root = tmp_path_factory.mktemp("local")
     proc = rft_run("--config", "configs/grpo_gsm8k.yaml",
                    *overrides(vllm_model_dir, root, "algorithm.repeat_times=2", "buffer.batch_size=2",
-                              "buffer.total_steps=2", "cluster.gpu_per_node=2",
+                              "buffer.total_steps=2", "cluster.gpu_per_node=2", "model.max_model_len=512",
                               "buffer.explorer_input.taskset.subset_name=main",
                               "buffer.explorer_input.eval_tasksets.0.subset_name=main",
                               "trainer.save_interval=1", "trainer.save_hf_checkpoint=always"))
@@ -65,7 +65,7 @@ def test_bench_mode_tables_every_checkpoint(finished_run):
     assert proc.returncode == 0
     first = run_dir / "global_step_1" / "actor" / "huggingface"
     bench = rft_run("--config", "configs/grpo_gsm8k.yaml",
-                    *overrides(first, run_dir.parent.parent, "mode=bench",
+                    *overrides(first, run_dir.parent.parent, "mode=bench", "model.max_model_len=512",
                                "buffer.explorer_input.eval_tasksets.0.subset_name=main"))
     assert bench.returncode == 0, bench.stdout + bench.stderr
     labels = [line.split()[0] for line in bench.stdout.splitlines() if "gsm8k-eval" in line]

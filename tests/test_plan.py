@@ -13,7 +13,7 @@ import pytest
 from rft import data
 from rft.cli import dry_run, main
 from rft.config import load_config
-from rft.errors import DataError
+from rft.errors import ConfigError, DataError
 
 REPO = Path(__file__).resolve().parent.parent
 CPU_CONFIG = REPO / "configs" / "cpu" / "grpo_gsm8k.yaml"
@@ -116,3 +116,10 @@ def test_empty_and_damaged_files(tmp_path):
     broken.write_bytes(b"PAR1 not really")
     with pytest.raises(DataError, match="cannot read the parquet schema"):
         data.read_columns(data.resolve(broken))
+
+
+def test_context_longer_than_the_model_is_refused(tiny_model_dir):
+    cfg = load_config(CPU_CONFIG, overrides(tiny_model_dir, "model.max_model_len=4096"))
+    with pytest.raises(ConfigError, match="model.max_model_len=4096 exceeds the model's "
+                                          "max_position_embeddings=1024"):
+        dry_run(cfg, "x")
