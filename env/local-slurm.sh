@@ -19,7 +19,7 @@ need_dir() { [ -n "$dir" ] || die "usage: $0 $cmd DIR"; mkdir -p "$dir"; dir="$(
 
 install() {
   if command -v slurmctld >/dev/null && command -v slurmd >/dev/null && command -v sbatch >/dev/null; then
-    echo "local-slurm: slurm-wlm already installed ($(sbatch --version))"; return
+    echo "local-slurm: slurm-wlm already installed ($(dpkg-query -W -f='${Version}' slurm-client 2>/dev/null))"; return
   fi
   [ "$(id -u)" = 0 ] || die "installing slurm-wlm needs root: sudo apt-get install slurmctld slurmd slurm-client"
   echo "local-slurm: installing slurmctld slurmd slurm-client (Debian slurm-wlm)"
