@@ -119,15 +119,11 @@ def test_requeue_resumes_without_consuming_twice(slurm_cluster, vllm_model_dir, 
 
 
 def test_async_jobs_with_an_explorer_added_and_one_killed(slurm_cluster, vllm_model_dir, tmp_path):
-    """Trainer and explorer as separate jobs; the explorer is SIGKILLed after its first segment,
-    so the trainer can only finish on the segments of an explorer added while it runs."""
+    """Explorer and trainer as separate jobs. The first explorer is SIGKILLed after its first
+    segment; the trainer asks for more steps than it left behind, so it can only finish on the
+    segments of an explorer added while it runs."""
     common = run_overrides(vllm_model_dir, tmp_path, "cluster.gpu_per_node=1")
     trainer_out, explorer_out, new_out = (tmp_path / f"{n}.out" for n in ("t", "e", "n"))
-    steps = 10
-    trainer = submit(slurm_cluster, REPO / "jobs" / "async_trainer.sbatch",
-                     CPU / "async" / "trainer.yaml",
-                     [*common, f"buffer.total_steps={steps}", "trainer.max_staleness_versions=100",
-                      "synchronizer.sync_timeout=600"], "--ntasks=1", OUT=str(trainer_out))
     explorer = submit(slurm_cluster, REPO / "jobs" / "async_explorer.sbatch",
                       CPU / "async" / "explorer.yaml", [*common, "buffer.total_steps=100000"],
                       "--ntasks=1", OUT=str(explorer_out))
@@ -137,8 +133,13 @@ def test_async_jobs_with_an_explorer_added_and_one_killed(slurm_cluster, vllm_mo
                "the first explorer's first segment")
     beat = json.loads((run_dir / "explorers" / "explorer-0.json").read_text())
     os.kill(int(beat["pid"]), signal.SIGKILL)  # same host: the first explorer dies hard
-    killed_segments = len(list(first.glob("seg-*.jsonl")))
-    assert killed_segments < steps, "the first explorer must not supply the whole run"
+    time.sleep(1)
+    steps = len(list(first.glob("seg-*.jsonl"))) + 4  # one segment (4 experiences) per step
+    trainer = submit(slurm_cluster, REPO / "jobs" / "async_trainer.sbatch",
+                     CPU / "async" / "trainer.yaml",
+                     [*common, f"buffer.total_steps={steps}", "trainer.max_staleness_versions=100",
+                      "synchronizer.sync_timeout=600"], "--ntasks=1", OUT=str(trainer_out))
+    wait_until(lambda: len(trainer_steps(run_dir)) >= 1, JOB_TIMEOUT_S, "a first trainer step")
     added = submit(slurm_cluster, REPO / "jobs" / "add_explorer.sbatch",
                    CPU / "async" / "explorer_new.yaml",
                    [*common, "buffer.explorer_input.taskset.split=test", "buffer.total_steps=100000"],
