@@ -54,9 +54,14 @@ def write_bytes(path: Path | str, data: bytes, overwrite: bool = True) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        if not overwrite and path.exists():
-            raise FileExistsError(f"{path} already exists and is never rewritten")
-        os.replace(tmp, path)
+        if overwrite:
+            os.replace(tmp, path)
+        else:  # link() fails if path exists: no check-then-replace window between two writers
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                raise FileExistsError(f"{path} already exists and is never rewritten") from None
+            tmp.unlink()
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -40,9 +40,9 @@ def prepare(cfg: Config, role: str) -> Path:
     text = config_to_yaml(cfg)
     record = run_dir / CONFIG_FILE
     try:
-        atomic.write_text(record, text) if not record.exists() else None
+        atomic.write_bytes(record, text.encode(), overwrite=False)
     except FileExistsError:
-        pass  # another worker of this launch recorded it first
+        pass  # recorded by an earlier launch, or by another worker of this one
     check_matches(yaml.safe_load(record.read_text()), yaml.safe_load(text), record)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     atomic.write_text(run_dir / "log" / f"config-{role}-{stamp}.yaml", text)

@@ -181,7 +181,7 @@ def submitit_executor(cfg: Config, mode: str, folder: Path):
         params["gpus_per_task"] = first.gpus_per_task
     for key in ("partition", "account", "qos", "constraint"):
         if getattr(s, key):
-            params[key if key != "qos" else "qos"] = getattr(s, key)
+            params[key] = getattr(s, key)
     setup = []
     for group in rest:
         setup += ["#SBATCH hetjob", _resource_line(group, cfg).split("  #")[0]]

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -97,16 +98,12 @@ def het_task(role_by_group: list[str], args: list[str]) -> int:
     """Entry of every task of one ``srun --het-group=0,1`` step (submitit's hetjob launch).
 
     SLURM numbers the tasks of such a step globally; ``SLURM_NTASKS_HET_GROUP_<g>`` tells which
-    group, hence which role, a task belongs to and its rank inside the group.
+    group, hence which role, a task belongs to and its rank inside the group. The role runs as
+    a child process (the roles leave through ``os._exit``), with SIGUSR1/SIGTERM forwarded to
+    it; when the trainer stopped for a signal after checkpointing (exit 143), rank 0 requeues.
     """
-    env = os.environ
-    procid, first = int(env["SLURM_PROCID"]), 0
-    for group, role in enumerate(role_by_group):
-        count = int(env.get(f"SLURM_NTASKS_HET_GROUP_{group}", env.get("SLURM_NTASKS", "1")))
-        if procid < first + count:
-            break
-        first += count
-    rank = procid - first
+    env = dict(os.environ)
+    role, rank, count, group = _het_placement(role_by_group, env)
     if role == "trainer":
         nodes = env.get(f"SLURM_JOB_NODELIST_HET_GROUP_{group}", env.get("SLURM_JOB_NODELIST", ""))
         env.update(RANK=str(rank), WORLD_SIZE=str(count), LOCAL_RANK=env.get("SLURM_LOCALID", "0"),
@@ -114,10 +111,28 @@ def het_task(role_by_group: list[str], args: list[str]) -> int:
                    MASTER_PORT=str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000))
     else:
         env.update(RFT_EXPLORER_RANK=str(rank), RFT_EXPLORER_COUNT=str(count))
-    code = main([role, *args])
+    child = subprocess.Popen([sys.executable, "-m", "rft.worker", role, *args], env=env)
+    for sig in (signal.SIGUSR1, signal.SIGTERM):
+        signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
+    code = child.wait()
+    stopped = code in (EXIT_REQUEUE, 128 + signal.SIGUSR1, 128 + signal.SIGTERM)
     if code == EXIT_REQUEUE and role == "trainer" and rank == 0:
         subprocess.run(["scontrol", "requeue", env.get("SLURM_JOB_ID", "")], timeout=60)
+    if code and not stopped:
+        raise RuntimeError(f"{role} rank {rank} failed with exit code {code}")
     return code
+
+
+def _het_placement(role_by_group: list[str], env: dict[str, str]) -> tuple[str, int, int, int]:
+    """(role, rank in its group, group size, group index) of this task."""
+    procid, first = int(env["SLURM_PROCID"]), 0
+    for group, role in enumerate(role_by_group):
+        count = int(env.get(f"SLURM_NTASKS_HET_GROUP_{group}", env.get("SLURM_NTASKS", "1")))
+        if procid < first + count:
+            return role, procid - first, count, group
+        first += count
+    raise RuntimeError(f"SLURM_PROCID={procid} is outside the {first} tasks of groups "
+                       f"{role_by_group}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -172,6 +172,30 @@ def test_rft_launch_submits_through_submitit(slurm_cluster, vllm_model_dir, tmp_
     assert trainer_steps(run_dir) == [1, 2]
 
 
+def test_submitit_job_checkpoints_and_requeues_on_usr1(slurm_cluster, vllm_model_dir, tmp_path):
+    """SLURM's warning signal reaches the trainer inside submitit's task: it checkpoints, exits
+    143, the task requeues the job, and the requeued job resumes and finishes."""
+    overrides = run_overrides(vllm_model_dir, tmp_path, "buffer.total_steps=5",
+                              "trainer.save_interval=1")
+    proc = subprocess.run([sys.executable, str(REPO / "bin" / "rft-launch"), "--config",
+                           str(CPU / "grpo_gsm8k.yaml"), *overrides], cwd=REPO,
+                          env=dict(slurm_cluster, OMP_NUM_THREADS="1"), capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    job = proc.stdout.split("submitted job ")[1].split()[0]
+    run_dir = tmp_path / "grpo_gsm8k_cpu" / "smollm2-135m"
+    wait_until(lambda: len(trainer_steps(run_dir)) >= 1, JOB_TIMEOUT_S, "a first trainer step")
+    subprocess.run(["scancel", "--signal=USR1", job], env=slurm_cluster, check=True, timeout=30)
+    logs = run_dir / "log" / "submitit"
+    wait_until(lambda: any("(exit code 143)" in p.read_text(errors="replace")
+                           for p in logs.glob("*.out")), JOB_TIMEOUT_S, "the trainer's signal exit")
+    state = wait_job(slurm_cluster, job)
+    assert state == "COMPLETED", show_logs(run_dir / "log" / "submitit", run_dir)
+    steps = trainer_steps(run_dir)
+    assert steps[-1] == 5 and set(steps) == set(range(1, 6)), steps
+    assert any("resumed from global_step_" in p.read_text(errors="replace") for p in logs.glob("*.out"))
+
+
 def test_launch_errors_are_clear(slurm_cluster, vllm_model_dir, tmp_path):
     overrides = run_overrides(vllm_model_dir, tmp_path)
     proc = subprocess.run([sys.executable, str(REPO / "bin" / "rft-launch"), "--config",
