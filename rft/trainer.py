@@ -29,10 +29,8 @@ from typing import Any
 
 from rft import trainer_state as ts
 from rft.config import Config, load_config
-from rft.errors import ConfigError, RftError
+from rft.errors import EXIT_REQUEUE, EXIT_USER_ERROR, ConfigError, RftError
 
-EXIT_REQUEUE = 143  # stopped by SIGUSR1/SIGTERM after a full checkpoint: requeue and resume
-EXIT_USER_ERROR = 2
 log = logging.getLogger("rft.trainer")
 
 

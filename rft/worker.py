@@ -23,8 +23,9 @@ import socket
 import subprocess
 import sys
 
+from rft.errors import EXIT_REQUEUE
+
 ROLES = ("explorer", "trainer")
-EXIT_REQUEUE = 143  # the trainer's exit after a signal-triggered checkpoint
 
 
 def first_host(nodelist: str) -> str:

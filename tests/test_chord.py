@@ -31,6 +31,7 @@ from rft.errors import ConfigError
 from rft.experience import Experience
 from rft.losses import chord_mu
 from rft.mix_input import MixSource, expert_samples_per_step, mix_counts, split_cursor
+from tests.helpers.synthetic import rollout_groups
 
 REPO = Path(__file__).resolve().parent.parent
 CPU_CHORD = REPO / "configs" / "cpu" / "chord.yaml"
@@ -43,15 +44,7 @@ def chord_cfg(*overrides: str):
 
 def rollouts(step: int, groups: int = 2, repeat: int = 2) -> list[Experience]:
     """``groups`` groups of ``repeat`` rollouts (rewards 0..repeat-1, logprobs -1)."""
-    rng = random.Random(step)
-    out = []
-    for g in range(groups):
-        prompt = [rng.randrange(10, 1000) for _ in range(4 + g)]
-        for k in range(repeat):
-            resp = [rng.randrange(10, 1000) for _ in range(3 + k + g)]
-            out.append(Experience(task_id=f"t{g}", group_id=f"s{step}-g{g}", prompt_ids=prompt,
-                                  response_ids=resp, logprobs=[-1.0] * len(resp), reward=float(k)))
-    return out
+    return rollout_groups(step, groups, repeat, seed=step, prompt_tokens=4)
 
 
 def write_expert_data(path: Path) -> Path:

@@ -39,17 +39,17 @@ def overrides(model: Path, root: Path, *extra: str) -> list[str]:
 def finished_run(vllm_model_dir, tmp_path_factory):
     """The GPU quick-start config, shrunk by overrides, run to the end on this CPU machine."""
     root = tmp_path_factory.mktemp("local")
-    proc = rft_run("--config", "configs/grpo_gsm8k.yaml",
-                   *overrides(vllm_model_dir, root, "algorithm.repeat_times=2", "buffer.batch_size=2",
-                              "buffer.total_steps=2", "cluster.gpu_per_node=2", "model.max_model_len=512",
-                              "buffer.explorer_input.taskset.subset_name=main",
-                              "buffer.explorer_input.eval_tasksets.0.subset_name=main",
-                              "trainer.save_interval=1", "trainer.save_hf_checkpoint=always"))
-    return proc, root / "grpo_gsm8k" / "qwen2.5-1.5b-instruct"
+    args = ["--config", "configs/grpo_gsm8k.yaml",
+            *overrides(vllm_model_dir, root, "algorithm.repeat_times=2", "buffer.batch_size=2",
+                       "buffer.total_steps=2", "cluster.gpu_per_node=2", "model.max_model_len=512",
+                       "buffer.explorer_input.taskset.subset_name=main",
+                       "buffer.explorer_input.eval_tasksets.0.subset_name=main",
+                       "trainer.save_interval=1", "trainer.save_hf_checkpoint=always")]
+    return rft_run(*args), root / "grpo_gsm8k" / "qwen2.5-1.5b-instruct", args
 
 
 def test_gpu_config_runs_on_cpu_with_progress(finished_run):
-    proc, run_dir = finished_run
+    proc, run_dir, _ = finished_run
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "no GPU on this machine" in proc.stdout
     lines = [line for line in proc.stdout.splitlines() if line.startswith("[rft] trainer step")]
@@ -60,8 +60,17 @@ def test_gpu_config_runs_on_cpu_with_progress(finished_run):
     assert (run_dir / "log" / "trainer.log").is_file() and (run_dir / "log" / "explorer-0.log").is_file()
 
 
+def test_rerunning_a_finished_run_does_nothing(finished_run):
+    proc, run_dir, args = finished_run
+    assert proc.returncode == 0
+    again = rft_run(*args, timeout=120)
+    assert again.returncode == 0
+    assert "already finished step 2 of 2: nothing to do" in again.stdout
+    assert [r["step"] for r in read_metrics(run_dir, "trainer")] == [1, 2]
+
+
 def test_bench_mode_tables_every_checkpoint(finished_run):
-    proc, run_dir = finished_run
+    proc, run_dir, _ = finished_run
     assert proc.returncode == 0
     first = run_dir / "global_step_1" / "actor" / "huggingface"
     bench = rft_run("--config", "configs/grpo_gsm8k.yaml",

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 import signal
 import subprocess
 import sys
@@ -27,27 +26,20 @@ from rft.batching import (
     rows_from_experiences,
     split_for_ranks,
 )
+from rft.errors import EXIT_REQUEUE
 from rft.experience import Experience
 from rft.losses import aggregate
 from rft.lr_schedule import lr_multiplier, warmup_steps
+from tests.helpers.synthetic import rollout_groups
 
 REPO = Path(__file__).resolve().parent.parent
 PY = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv").is_dir() else sys.executable
-EXIT_REQUEUE = 143
 
 
 def make_batch(step: int, groups: int = 4, repeat: int = 2) -> list[Experience]:
     """A fixed batch (same tokens every step): group g has prompt 5+g tokens, responses 3+k+g
     tokens with reward k (k = 0..repeat-1), rollout logprobs -1."""
-    rng = random.Random(0)
-    out = []
-    for g in range(groups):
-        prompt = [rng.randrange(10, 1000) for _ in range(5 + g)]
-        for k in range(repeat):
-            resp = [rng.randrange(10, 1000) for _ in range(3 + k + g)]
-            out.append(Experience(task_id=f"t{g}", group_id=f"s{step}-g{g}", prompt_ids=prompt,
-                                  response_ids=resp, logprobs=[-1.0] * len(resp), reward=float(k)))
-    return out
+    return rollout_groups(step, groups, repeat, seed=0, prompt_tokens=5)
 
 
 # ----------------------------------------------------------------------------- pure batching
