@@ -26,9 +26,9 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 
-from rft.config import config_from_dict  # noqa: E402
-from rft.experience import Experience, split_groups  # noqa: E402
-from rft.explorer import run_explorer  # noqa: E402
+from rft.config.load import config_from_dict  # noqa: E402
+from rft.buffer.experience import Experience, split_groups  # noqa: E402
+from rft.explorer.loop import run_explorer  # noqa: E402
 from rft.models import materialize_smollm2  # noqa: E402
 
 
@@ -61,7 +61,7 @@ def bare_generate(engine, prompts: list[list[int]], sampling) -> tuple[int, floa
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from rft.vllm_engine import _params
+    from rft.explorer.engine import _params
 
     params = _params(SamplingParams, sampling, n=sampling.n)
     start = time.monotonic()
@@ -87,8 +87,8 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="rft-explorer-bench-"))
     try:
         cfg = make_cfg(root, model, args)
-        from rft.tasksets import sampling_args
-        from rft.vllm_engine import Engine
+        from rft.explorer.tasksets import sampling_args
+        from rft.explorer.engine import Engine
 
         engine = Engine(cfg)
         sampling = sampling_args(cfg, cfg.training_tasksets()[0])
@@ -112,8 +112,8 @@ def print_table(args, loop_tokens, loop_s, gen_s, bare_tokens, bare_s) -> None:
     loop_rate, bare_rate = loop_tokens / loop_s, bare_tokens / bare_s
     print(f"\nSmolLM2-135M-Instruct {args.dtype}, {args.rounds} rounds x {args.steps} steps of {args.batch} tasks x {args.repeat} "
           f"samples x <= {args.tokens} tokens, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
-    print(f"| path | generated tokens | seconds | tokens/s |")
-    print(f"|---|---:|---:|---:|")
+    print("| path | generated tokens | seconds | tokens/s |")
+    print("|---|---:|---:|---:|")
     print(f"| bare LLM.generate | {bare_tokens:.0f} | {bare_s:.1f} | {bare_rate:.0f} |")
     print(f"| explorer loop (whole step) | {loop_tokens:.0f} | {loop_s:.1f} | {loop_rate:.0f} |")
     print(f"| explorer loop (generate only) | {loop_tokens:.0f} | {gen_s:.1f} | "

@@ -25,7 +25,7 @@ os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_exten
 
 import torch  # noqa: E402
 
-from rft.experience import Experience  # noqa: E402
+from rft.buffer.experience import Experience  # noqa: E402
 
 
 def make_batch(groups: int, repeat: int, prompt_len: int, response_len: int, vocab: int) -> list[Experience]:
@@ -41,7 +41,7 @@ def make_batch(groups: int, repeat: int, prompt_len: int, response_len: int, voc
 
 
 def bench_config(args: argparse.Namespace):
-    from rft.config import config_from_dict
+    from rft.config.load import config_from_dict
 
     return config_from_dict({
         "mode": "train", "checkpoint_root_dir": "/tmp/rft-bench",
@@ -56,12 +56,13 @@ def bench_config(args: argparse.Namespace):
 
 
 def time_rft(cfg, batch, steps: int) -> tuple[float, int]:
-    from rft import ds_engine as dse
-    from rft.policy_update import build_loss_fns, train_step
+    from rft.trainer import engine as dse
+    from rft.algo.registry import build_loss_fns
+    from rft.trainer.step import train_step
 
     info = dse.init_distributed()
     actor = dse.build_actor(cfg, info, steps + 1)
-    fns = build_loss_fns(cfg)
+    fns = build_loss_fns(cfg.algorithm)
     train_step(actor, None, batch, cfg, fns, info, 0, 0)  # warm-up
     t0 = time.perf_counter()
     for step in range(steps):
@@ -73,10 +74,10 @@ def time_plain(cfg, batch, steps: int) -> float:
     """The baseline: same micro-batches, recompute pass, PPO loss, AdamW, no DeepSpeed."""
     from transformers import AutoModelForCausalLM
 
-    from rft.batching import batch_totals, collate, micro_loss_scale, plan_micro_batches, rows_from_experiences
-    from rft import ds_engine as dse
-    from rft.losses import ppo_loss
-    from rft.advantages import grpo_advantages
+    from rft.trainer.batching import batch_totals, collate, micro_loss_scale, plan_micro_batches, rows_from_experiences
+    from rft.trainer import engine as dse
+    from rft.algo.losses import ppo_loss
+    from rft.algo.advantages import grpo_advantages
 
     dtype = torch.bfloat16 if cfg.trainer.precision == "bf16" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(cfg.model.model_path, dtype=dtype)
@@ -146,7 +147,7 @@ def main() -> None:
     for name, seconds in rows:
         per_step = seconds / args.steps
         print(f"| {name:44} | {per_step:7.2f} | {tokens / per_step:9.0f} | {plain_s / seconds:8.2f} |")
-    from rft import ds_engine as dse
+    from rft.trainer import engine as dse
 
     sys.stdout.flush()
     dse.teardown(0)

@@ -1,20 +1,37 @@
-"""Local datasets as users have them: find the files of a split, read their columns.
+"""Local datasets as users have them: find a split's files, check and load its rows, count steps.
 
 Input: a ``path`` (a file, a folder downloaded from the hub, or a ``save_to_disk`` folder), an
-optional ``subset_name`` and a ``split``. Output: a :class:`DatasetSource` (format + files) that
-``datasets`` can load, and the column names, read cheaply (parquet schema, first JSON line) so
-a config can be checked on the login node. Nothing is downloaded: compute nodes usually have no
-internet, so a hub id such as ``openai/gsm8k`` gets an error that says how to fetch it first.
+optional ``subset_name`` and a ``split``. Output: a :class:`DatasetSource` (format + files), the
+column names, read cheaply (parquet schema, first JSON line) so a config can be checked on the
+login node, and the rows (:func:`load_split`, the one loader: in memory, with a private
+temporary ``datasets`` cache, so tasks on many nodes never share or lock a cache on the shared
+filesystem). Nothing is downloaded: compute nodes usually have no internet, so a hub id such as
+``openai/gsm8k`` gets an error that says how to fetch it first.
+
+One owner for three rules that the explorer, the trainer and preflight all apply:
+
+- the columns a dataset must have (:func:`task_columns`, :func:`expert_columns`);
+- a row as chat messages (:func:`chat_messages`);
+- how many steps a run takes (:func:`planned_steps`, :func:`run_steps`): the task stream lets a
+  step's batch span epochs, so ``ceil(rows x total_epochs / batch_size)``.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from rft.errors import DataError
-from rft.typed_dict import nearest
+from rft.errors import DataError, nearest
+
+if TYPE_CHECKING:
+    from rft.config.schema import Config
+
+Messages = list[dict[str, str]]
 
 EXTENSIONS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".arrow": "arrow",
               ".csv": "csv"}
@@ -171,7 +188,7 @@ def check_columns(columns: list[str], required: dict[str, str], where: str) -> N
 
 
 def count_rows(source: DatasetSource) -> int | None:
-    """Row count when it is cheap (parquet metadata, JSON lines); None otherwise."""
+    """Row count when it is cheap (parquet metadata, JSON lines); None otherwise (see num_rows)."""
     if source.format == "parquet":
         import pyarrow.parquet as pq
 
@@ -183,3 +200,159 @@ def count_rows(source: DatasetSource) -> int | None:
                 total += sum(1 for line in stream if line.strip())
         return total
     return None
+
+
+def num_rows(source: DatasetSource, label: str = "dataset") -> int:
+    """Row count: cheap when :func:`count_rows` knows it, else by loading the split."""
+    rows = count_rows(source)
+    return rows if rows is not None else len(_load(source, label))
+
+
+def _load(source: DatasetSource, label: str) -> Any:
+    import datasets
+
+    cache = tempfile.mkdtemp(prefix="rft-datasets-")
+    try:
+        if source.format == "saved":
+            return datasets.load_from_disk(str(source.files[0]), keep_in_memory=True)
+        return datasets.load_dataset(source.format, data_files=[str(f) for f in source.files],
+                                     split="train", cache_dir=cache, keep_in_memory=True)
+    except Exception as e:  # datasets raises many types for unreadable files
+        raise DataError(f"{label}: cannot load {source.files[0]} ({e})") from e
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def load_split(path: str, split: str, subset_name: str | None, label: str,
+               required: Mapping[str, str]) -> Any:
+    """The split as an in-memory ``datasets.Dataset``, its ``required`` columns checked (config
+    key -> column) and at least one row; DataError naming ``label`` otherwise."""
+    source = resolve(path, split, subset_name)
+    ds = _load(source, label)
+    check_columns(list(ds.column_names), dict(required), label)
+    if len(ds) == 0:
+        raise DataError(f"{label}: split {split!r} of {path} has no rows")
+    return ds
+
+
+# ----------------------------------------------------------------------------- columns, messages
+
+
+def _fmt(fmt: Any, key: str) -> Any:
+    """A format field from a FormatConfig-like object, a mapping, or None."""
+    if fmt is None:
+        return None
+    if isinstance(fmt, Mapping):
+        return fmt.get(key)
+    return getattr(fmt, key, None)
+
+
+def task_columns(fmt: Any, label: str = "") -> dict[str, str]:
+    """Columns a taskset must have (config key -> column): the prompt, or the messages, and the
+    reference answer, which every reward compares with."""
+    prefix = f"{label}.format" if label else "format"
+    prompt = "messages_key" if _fmt(fmt, "messages_key") else "prompt_key"
+    return {f"{prefix}.{prompt}": _fmt(fmt, prompt) or "prompt",
+            f"{prefix}.response_key": _fmt(fmt, "response_key") or "response"}
+
+
+def expert_columns(fmt: Any, label: str = "") -> dict[str, str]:
+    """Columns an SFT/expert dataset must have: messages ending with the reply, or prompt and
+    response."""
+    prefix = f"{label}.format" if label else "format"
+    if _fmt(fmt, "messages_key"):
+        return {f"{prefix}.messages_key": _fmt(fmt, "messages_key")}
+    return {f"{prefix}.prompt_key": _fmt(fmt, "prompt_key") or "prompt",
+            f"{prefix}.response_key": _fmt(fmt, "response_key") or "response"}
+
+
+def column(row: Mapping[str, Any], key: str) -> Any:
+    """``row[key]``, or DataError naming the row's columns and the format keys to fix."""
+    if key not in row:
+        raise DataError(
+            f"task row has no column {key!r}; its columns are {sorted(row)}. Set the taskset's "
+            f"format (prompt_key / response_key / messages_key) to the right column."
+        )
+    return row[key]
+
+
+def _row_messages(row: Mapping[str, Any], key: str) -> Messages:
+    value = column(row, key)
+    ok = isinstance(value, list) and all(
+        isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in value
+    )
+    if not ok or not value:
+        raise DataError(
+            f"task column {key!r} must be a non-empty list of {{'role': str, 'content': str}} "
+            f"messages; got {str(value)[:200]!r}."
+        )
+    return [{"role": m["role"], "content": m["content"]} for m in value]
+
+
+def chat_messages(row: Mapping[str, Any], fmt: Any, default_system_prompt: str | None = None,
+                  *, with_reply: bool = False) -> Messages:
+    """``row`` as chat messages.
+
+    Without ``with_reply`` (generation): the prompt, a trailing assistant reply in
+    ``messages_key`` dropped, then ``reply_prefix`` as an assistant message the model continues.
+    With ``with_reply`` (SFT/expert data): the prompt and the reply (the last message, which
+    must be the assistant's). Either way ``format.system_prompt`` (else
+    ``default_system_prompt``) leads unless the messages already start with a system message.
+    """
+    messages_key = _fmt(fmt, "messages_key")
+    if messages_key:
+        messages = _row_messages(row, messages_key)
+        if with_reply and messages[-1]["role"] != "assistant":
+            raise DataError(f"column {messages_key!r} must end with an assistant reply to train on")
+        while not with_reply and messages and messages[-1]["role"] == "assistant":
+            messages.pop()
+        if not messages:
+            raise DataError(f"task column {messages_key!r} holds only assistant messages: there "
+                            "is no prompt.")
+    else:
+        messages = [{"role": "user", "content": str(column(row, _fmt(fmt, "prompt_key") or "prompt"))}]
+        if with_reply:
+            reply = column(row, _fmt(fmt, "response_key") or "response")
+            messages.append({"role": "assistant", "content": str(reply)})
+    system_prompt = _fmt(fmt, "system_prompt") or default_system_prompt
+    if system_prompt and messages[0]["role"] != "system":
+        messages = [{"role": "system", "content": system_prompt}] + messages
+    reply_prefix = _fmt(fmt, "reply_prefix")
+    if reply_prefix and not with_reply:
+        messages = messages + [{"role": "assistant", "content": reply_prefix}]
+    return messages
+
+
+# ----------------------------------------------------------------------------- steps
+
+
+def planned_steps(rows: Sequence[int], total_epochs: int, batch_size: int,
+                  total_steps: int | None = None) -> int:
+    """Steps of a run: ``total_steps`` when set, else ``ceil(sum(rows) x total_epochs /
+    batch_size)`` (a step's batch may span an epoch boundary; only the last step is short)."""
+    if total_steps is not None:
+        return total_steps
+    return math.ceil(sum(rows) * total_epochs / batch_size)
+
+
+def run_steps(cfg: "Config") -> int | None:
+    """How many steps ``cfg`` runs (explorer, trainer, plan and LR schedule all use this).
+
+    SFT (``storage_type: file``) counts the dataset's rows in ``train_batch_size`` batches;
+    otherwise the training tasksets' rows in ``batch_size`` batches. None when neither is
+    known: an asynchronous trainer with no tasksets in its config runs until input ends.
+    """
+    buf = cfg.buffer
+    if buf.total_steps is not None:
+        return buf.total_steps
+    experiences = buf.trainer_input.experience_buffer
+    if experiences.storage_type == "file" and experiences.path:
+        source = resolve(experiences.path, experiences.split, experiences.subset_name)
+        rows = [num_rows(source, "buffer.trainer_input.experience_buffer")]
+        return planned_steps(rows, buf.total_epochs, buf.train_batch_size or 1)
+    tasksets = cfg.training_tasksets()
+    if not tasksets:
+        return None
+    rows = [num_rows(resolve(ts.path, ts.split, ts.subset_name), ts.path) for ts in tasksets]
+    return planned_steps(rows, buf.total_epochs, buf.batch_size)

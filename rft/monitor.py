@@ -1,7 +1,7 @@
 """Metrics out: one ``key=value`` log line per step, TensorBoard, and a ``metrics.jsonl``.
 
 Each role (``trainer``, ``explorer_<name>``) owns a :class:`Monitor` writing under the run
-directory::
+directory (``rft.rundir.MONITOR_DIR``)::
 
     monitor/tensorboard/<role>/   TensorBoard event files (read through an SSH tunnel)
     monitor/<role>/metrics.jsonl  one JSON object per step: {"step", "time", <metrics>}
@@ -9,6 +9,9 @@ directory::
 Only rank 0 of a role writes; other ranks get a monitor that does nothing. The JSONL file is
 appended by its single writer and flushed per line, so a reader sees whole lines (a torn last
 line after a crash is skipped by :func:`read_metrics`).
+
+Metric names that one module writes and another reads (the progress line of ``rft-run``,
+``rft-status``, tests) are the constants below; writer and readers both import them.
 """
 
 from __future__ import annotations
@@ -20,15 +23,33 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rft.rundir import MONITOR_DIR
+
 log = logging.getLogger("rft.monitor")
+
+POLICY_LOSS = "pg_loss"  # trainer: the policy loss of the step
+REWARD_MEAN = "reward/mean"  # explorer: mean reward of the step's experiences
+ACCURACY = "accuracy"  # explorer: mean accuracy part (or reward) of the step's experiences
+TOKENS_PER_S = "tokens_per_s"  # trainer: batch tokens per second of training compute
+WEIGHTS_VERSION = "weights_version"  # both: weights version in use after the step
+STALENESS_MEAN = "staleness/mean"  # trainer: mean weights versions between rollout and update
+STALENESS_MAX = "staleness/max"  # trainer: largest such gap in the step
+STEP_TIME_S = "time/step_s"  # trainer: wall time of the step (read, update, publish)
+READ_TIME_S = "time/read_s"  # trainer: waiting for and reading the step's experiences
+PUBLISH_TIME_S = "time/publish_s"  # trainer: gathering and publishing weights
+# What rft-run prints per step (the trainer's row merged with the explorer's of that step).
+PROGRESS_KEYS = (POLICY_LOSS, REWARD_MEAN, ACCURACY, TOKENS_PER_S, WEIGHTS_VERSION,
+                 STALENESS_MEAN, STEP_TIME_S)
 
 
 def metrics_path(run_dir: Path | str, role: str) -> Path:
-    return Path(run_dir) / "monitor" / role / "metrics.jsonl"
+    return Path(run_dir) / MONITOR_DIR / role / "metrics.jsonl"
 
 
-def tensorboard_dir(run_dir: Path | str, role: str) -> Path:
-    return Path(run_dir) / "monitor" / "tensorboard" / role
+def tensorboard_dir(run_dir: Path | str, role: str | None = None) -> Path:
+    """A role's TensorBoard folder, or (no role) the folder to point ``tensorboard --logdir`` at."""
+    root = Path(run_dir) / MONITOR_DIR / "tensorboard"
+    return root / role if role else root
 
 
 class Monitor:

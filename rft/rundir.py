@@ -1,27 +1,52 @@
-"""The run directory on the shared filesystem: its layout and the config it was started with.
+"""The run directory on the shared filesystem: every name in it, and the config it was started with.
 
-``<checkpoint_root_dir>/<project>/<name>/`` holds everything of a run (see DESIGN.md). The first
-launch records the resolved config as ``config.yaml`` (atomic, no-clobber, so concurrent
-workers agree on one); every later launch, of any role, is compared against it on the keys
-that define the run, and a mismatch is refused before anything is written: two different
-experiments must not share one buffer and one set of checkpoints.
+``<checkpoint_root_dir>/<project>/<name>/`` holds everything of a run (see DESIGN.md)::
+
+    config.yaml                        resolved config of the first launch (CONFIG_FILE)
+    buffer/<writer>/seg-NNNNNN.jsonl   experiences (BUFFER_DIR; rft.buffer.segments)
+    weights/vNNNNNN/                   published weights (WEIGHTS_DIR; rft.sync)
+    latest_state_dict_iteration.txt    newest complete weights version (WEIGHTS_POINTER)
+    global_step_N/actor/[huggingface/] full checkpoints (step_dir; rft.trainer.state)
+    latest_checkpointed_iteration.txt  newest complete full checkpoint (CHECKPOINT_POINTER)
+    trainer_meta.json                  the newest checkpoint's metadata (TRAINER_META)
+    explorers/<writer>.json            explorer heartbeats (EXPLORERS_DIR)
+    explorer_meta.json                 task cursors (EXPLORER_META)
+    monitor/                           metrics.jsonl and TensorBoard (MONITOR_DIR; rft.monitor)
+    log/                               process logs, configs of each launch (LOG_DIR)
+    <stage_name>/                      one such directory per stage of a staged config
+
+Every module that reads or writes one of these names imports it from here. The first launch
+records the resolved config (atomic, no-clobber, so concurrent workers agree on one); every
+later launch, of any role, is compared against it on the keys that define the run, and a
+mismatch is refused before anything is written: two different experiments must not share
+one buffer and one set of checkpoints.
 """
 
 from __future__ import annotations
 
-import logging
+import re
 import time
 from pathlib import Path
 
 import yaml
 
 from rft import atomic
-from rft.config import Config, config_to_yaml
 from rft.errors import ConfigError
 
-log = logging.getLogger("rft.rundir")
-
 CONFIG_FILE = "config.yaml"
+BUFFER_DIR = "buffer"
+WEIGHTS_DIR = "weights"
+WEIGHTS_POINTER = "latest_state_dict_iteration.txt"
+CHECKPOINT_POINTER = "latest_checkpointed_iteration.txt"
+TRAINER_META = "trainer_meta.json"
+EXPLORERS_DIR = "explorers"
+EXPLORER_META = "explorer_meta.json"
+MONITOR_DIR = "monitor"
+LOG_DIR = "log"
+ACTOR_DIR = "actor"  # inside global_step_N: the policy's checkpoint
+HF_DIR = "huggingface"  # inside global_step_N/actor: the Hugging Face folder
+STEP_RE = re.compile(r"^global_step_(\d+)$")
+
 # Keys two launches into one run directory must agree on (roles may differ in everything else:
 # mode, explorer name and engines, cluster size, tasksets of an added explorer).
 RUN_KEYS = (
@@ -32,20 +57,60 @@ RUN_KEYS = (
 )
 
 
-def prepare(cfg: Config, role: str) -> Path:
+def writer_name(explorer_name: str, rank: int) -> str:
+    """Buffer writer and heartbeat name of explorer task ``rank``: ``<explorer.name>-<rank>``."""
+    return f"{explorer_name}-{rank}"
+
+
+def explorer_role(explorer_name: str, rank: int = 0) -> str:
+    """Monitor role of an explorer task: ``explorer_<name>`` for rank 0, else with the rank."""
+    return f"explorer_{explorer_name}" if rank == 0 else f"explorer_{writer_name(explorer_name, rank)}"
+
+
+def step_dir(run_dir: Path | str, step: int) -> Path:
+    """``global_step_<step>``: one full checkpoint."""
+    return Path(run_dir) / f"global_step_{step}"
+
+
+def step_of(folder: Path | str) -> int | None:
+    """The step of a ``global_step_N`` folder name, or None for any other name."""
+    match = STEP_RE.match(Path(folder).name)
+    return int(match.group(1)) if match else None
+
+
+def hf_dir(run_dir: Path | str, step: int) -> Path:
+    """The Hugging Face folder of checkpoint ``step``."""
+    return step_dir(run_dir, step) / ACTOR_DIR / HF_DIR
+
+
+def weights_dir(run_dir: Path | str, version: int) -> Path:
+    """``weights/v<version:06d>``: one published weights version."""
+    return Path(run_dir) / WEIGHTS_DIR / f"v{version:06d}"
+
+
+def newest_checkpoint(run_dir: Path | str) -> int | None:
+    """The step the checkpoint pointer names (None before the first full checkpoint)."""
+    return atomic.read_pointer(Path(run_dir) / CHECKPOINT_POINTER)
+
+
+def recorded_mode(run_dir: Path | str) -> str | None:
+    """The ``mode`` of the config the run directory was started with, if any."""
+    record = Path(run_dir) / CONFIG_FILE
+    return (yaml.safe_load(record.read_text()) or {}).get("mode") if record.is_file() else None
+
+
+def prepare(run_dir: Path, config_yaml: str, role: str) -> Path:
     """Create the run directory, record or check its config, and save this launch's config."""
-    run_dir = cfg.run_dir
-    for sub in ("log", "explorers", "buffer", "monitor"):
+    for sub in (LOG_DIR, EXPLORERS_DIR, BUFFER_DIR, MONITOR_DIR):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
-    text = config_to_yaml(cfg)
     record = run_dir / CONFIG_FILE
     try:
-        atomic.write_bytes(record, text.encode(), overwrite=False)
+        atomic.write_bytes(record, config_yaml.encode(), overwrite=False)
     except FileExistsError:
         pass  # recorded by an earlier launch, or by another worker of this one
-    check_matches(yaml.safe_load(record.read_text()), yaml.safe_load(text), record)
+    check_matches(yaml.safe_load(record.read_text()), yaml.safe_load(config_yaml), record)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    atomic.write_text(run_dir / "log" / f"config-{role}-{stamp}.yaml", text)
+    atomic.write_text(run_dir / LOG_DIR / f"config-{role}-{stamp}.yaml", config_yaml)
     return run_dir
 
 

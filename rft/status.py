@@ -9,18 +9,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 from rft import atomic
-from rft.buffer import list_segments, list_writers
+from rft.buffer.segments import list_segments, list_writers
+from rft.entry import run_command
 from rft.errors import RftError
-from rft.monitor import read_metrics
+from rft.rundir import (
+    BUFFER_DIR,
+    CHECKPOINT_POINTER,
+    MONITOR_DIR,
+    TRAINER_META,
+    WEIGHTS_POINTER,
+    step_dir,
+)
+from rft.monitor import TOKENS_PER_S, read_metrics
 from rft.sync import read_heartbeats
 
-WEIGHTS_POINTER = "latest_state_dict_iteration.txt"
-CHECKPOINT_POINTER = "latest_checkpointed_iteration.txt"
 
 
 @dataclass
@@ -40,9 +46,9 @@ class RunStatus:
 def _cursor(run_dir: Path, step: int | None) -> dict:
     if step is None:
         return {}
-    meta = run_dir / f"global_step_{step}" / "trainer_meta.json"
+    meta = step_dir(run_dir, step) / TRAINER_META
     if not meta.is_file():
-        meta = run_dir / "trainer_meta.json"
+        meta = run_dir / TRAINER_META
     try:
         return json.loads(meta.read_text()).get("buffer_cursor") or {}
     except (OSError, ValueError):
@@ -51,7 +57,7 @@ def _cursor(run_dir: Path, step: int | None) -> dict:
 
 def backlog(run_dir: Path, cursor: dict) -> int:
     """Sealed segments the trainer has not consumed as of ``cursor``."""
-    buffer_dir = run_dir / "buffer"
+    buffer_dir = run_dir / BUFFER_DIR
     if not buffer_dir.is_dir():
         return 0
     positions = cursor.get("segments", {})
@@ -69,13 +75,13 @@ def collect(run_dir: Path, live_threshold_s: float = 120.0) -> RunStatus:
     rows = read_metrics(run_dir, "trainer")
     last = rows[-1] if rows else {}
     checkpoint = atomic.read_pointer(run_dir / CHECKPOINT_POINTER)
-    monitors = run_dir / "monitor"
+    monitors = run_dir / MONITOR_DIR
     explorer_steps = {}
     for folder in sorted(monitors.glob("explorer_*")) if monitors.is_dir() else []:
         explored = read_metrics(run_dir, folder.name)
         if explored:
             explorer_steps[folder.name] = explored[-1].get("step")
-    return RunStatus(run_dir, last.get("step"), last.get("tokens_per_s"),
+    return RunStatus(run_dir, last.get("step"), last.get(TOKENS_PER_S),
                      atomic.read_pointer(run_dir / WEIGHTS_POINTER), checkpoint,
                      read_heartbeats(run_dir, live_threshold_s),
                      backlog(run_dir, _cursor(run_dir, checkpoint)), explorer_steps)
@@ -107,9 +113,4 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dead-after-s", type=float, default=120.0,
                         help="a heartbeat older than this marks an explorer dead")
     args = parser.parse_args(argv)
-    try:
-        print(format_status(collect(Path(args.run_dir), args.dead_after_s)))
-    except RftError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
+    return run_command(lambda: print(format_status(collect(Path(args.run_dir), args.dead_after_s))))

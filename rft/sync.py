@@ -11,6 +11,11 @@ Weights enter an explorer through a :class:`WeightsWatcher`: ``poll()`` reads th
 small file) and returns the folder only when it is complete; ``begin_load`` announces the load
 in the heartbeat before the folder is read, so the publisher will not delete it.
 
+When weights move is decided here too (the trainer and the explorer both import it):
+:func:`publishes_weights` says after which trainer steps a version is published, and
+:func:`required_version` which version an explorer needs before generating a step in
+``mode: both``.
+
 Explorers report through a :class:`Heartbeat`: ``explorers/<name>.json``, rewritten atomically
 (host, SLURM job id, pid, loaded/loading version, tasks and steps done, time), by ``beat()`` or
 a background thread; :func:`read_heartbeats` lists them as live or dead by age.
@@ -32,18 +37,25 @@ from typing import Any, Callable, Iterable
 
 from rft import atomic
 from rft.errors import CheckpointError
+from rft.rundir import EXPLORERS_DIR, WEIGHTS_DIR, WEIGHTS_POINTER, weights_dir
 
 log = logging.getLogger(__name__)
 
-POINTER_FILE = "latest_state_dict_iteration.txt"
-WEIGHTS_DIR = "weights"
-EXPLORERS_DIR = "explorers"
 COMPLETE_MARKER = "rft_complete.json"  # written last in a version folder: the file list
 _VERSION_RE = re.compile(r"^v(\d{6,})$")
 
 
-def weights_dir(run_dir: Path | str, version: int) -> Path:
-    return Path(run_dir) / WEIGHTS_DIR / f"v{version:06d}"
+def publishes_weights(step: int, sync_interval: int, last_step: int | None) -> bool:
+    """Whether the trainer publishes weights version ``step`` after finishing that step: every
+    ``sync_interval`` steps, and after the run's last step."""
+    return step % sync_interval == 0 or step == last_step
+
+
+def required_version(step: int, sync_offset: int, sync_interval: int) -> int:
+    """Weights version an explorer needs before generating ``step`` in mode both (0: the initial
+    model): the newest version the trainer publishes after its step ``step - 1 - sync_offset``."""
+    need = step - 1 - sync_offset
+    return max(0, need // sync_interval * sync_interval)
 
 
 def is_complete(folder: Path) -> bool:
@@ -67,7 +79,7 @@ def list_versions(run_dir: Path | str) -> list[int]:
 
 def latest_weights(run_dir: Path | str) -> tuple[int, Path] | None:
     """(version, folder) the pointer names, if that folder is complete; else None."""
-    version = atomic.read_pointer(Path(run_dir) / POINTER_FILE)
+    version = atomic.read_pointer(Path(run_dir) / WEIGHTS_POINTER)
     if version is None:
         return None
     folder = weights_dir(run_dir, version)
@@ -120,7 +132,7 @@ class WeightsPublisher:
     def clean_stale_tmp(self) -> list[Path]:
         """Remove temporaries (folders, pointer files) left by dead publishers of this host."""
         removed = atomic.remove_stale_tmp(self.root)
-        removed += atomic.remove_stale_tmp(self.run_dir, prefix=POINTER_FILE)
+        removed += atomic.remove_stale_tmp(self.run_dir, prefix=WEIGHTS_POINTER)
         for path in removed:
             log.info("removed %s (left by a dead publisher)", path)
         return removed
@@ -151,7 +163,7 @@ class WeightsPublisher:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        atomic.write_pointer(self.run_dir / POINTER_FILE, version)
+        atomic.write_pointer(self.run_dir / WEIGHTS_POINTER, version)
         self.prune()
         return final
 
@@ -168,7 +180,7 @@ class WeightsPublisher:
     def prune(self) -> list[int]:
         """Delete versions beyond the newest ``keep_versions`` (up to the pointer), sparing the
         pointer's target and every version a live heartbeat names; return those deleted."""
-        pointer = atomic.read_pointer(self.run_dir / POINTER_FILE)
+        pointer = atomic.read_pointer(self.run_dir / WEIGHTS_POINTER)
         versions = list_versions(self.run_dir)
         candidates = [v for v in versions if pointer is None or v <= pointer]
         keep = set(candidates[-self.keep_versions:]) | self.protected_versions()

@@ -12,10 +12,10 @@ import math
 import pytest
 import torch
 
-from rft import algorithms as alg
-from rft.advantages import discounted_returns
+from rft.algo import registry as alg
+from rft.algo.advantages import discounted_returns
 from rft.errors import ConfigError
-from rft.losses import _ratio_and_kl
+from rft.algo.losses import _ratio_and_kl
 
 T = torch.tensor
 

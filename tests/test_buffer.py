@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from rft.buffer import (
+from rft.buffer.segments import (
     SegmentReader,
     SegmentWriter,
     open_archive,
@@ -27,8 +27,8 @@ from rft.buffer import (
     unsealed_writers,
 )
 from rft.errors import ConfigError, DataError, NotSupportedError
-from rft.experience import Experience, decode_line, encode_line
-from rft.sqlite_store import check_sql_transport
+from rft.buffer.experience import Experience, decode_line, encode_line
+from rft.buffer.sqlite import check_sql_transport
 
 sys.path.insert(0, str(Path(__file__).parent))
 import buffer_worker  # noqa: E402

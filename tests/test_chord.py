@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rft.batching import (
+from rft.trainer.batching import (
     MetricSums,
     collate,
     micro_loss_scale,
@@ -25,12 +25,14 @@ from rft.batching import (
     split_by_source,
     split_for_ranks,
 )
-from rft.buffer import SegmentWriter
-from rft.config import load_config
+from rft.buffer.segments import SegmentWriter
+from rft.config.load import load_config
 from rft.errors import ConfigError
-from rft.experience import Experience
-from rft.losses import chord_mu
-from rft.mix_input import MixSource, expert_samples_per_step, mix_counts, split_cursor
+from rft.monitor import STALENESS_MEAN
+from rft.buffer.experience import Experience
+from rft.algo.losses import chord_mu
+from rft.config.mix import expert_samples_per_step, mix_counts
+from rft.trainer.mix import MixSource, split_cursor
 from tests.helpers.synthetic import rollout_groups
 
 REPO = Path(__file__).resolve().parent.parent
@@ -173,7 +175,7 @@ def mixed_batch() -> list[Experience]:
 @pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
                                   "seq-mean-token-sum-norm"])
 def test_single_source_micro_batches_add_up_to_mix_chord_of_the_whole_batch(mode):
-    from rft.algorithms import get_policy_loss_fn
+    from rft.algo.registry import get_policy_loss_fn
 
     fn = get_policy_loss_fn("mix_chord", {"mu_warmup_steps": 2, "mu_peak": 0.6, "loss_agg_mode": mode})
     rows = rows_from_experiences(mixed_batch())
@@ -219,9 +221,10 @@ def test_metric_sums_match_the_plain_weighted_mean_without_expert_rows():
 
 
 def test_expert_rows_get_zero_advantage_and_leave_rollout_advantages_alone():
-    from rft.policy_update import Plan, _advantages, build_loss_fns
+    from rft.algo.registry import build_loss_fns
+    from rft.trainer.step import Plan, _advantages
 
-    fns = build_loss_fns(chord_cfg())
+    fns = build_loss_fns(chord_cfg().algorithm)
 
     def advantages(batch: list[Experience]) -> torch.Tensor:
         rows = rows_from_experiences(batch)
@@ -284,7 +287,7 @@ def test_mix_run_follows_the_mu_schedule_with_expert_loss(chord_run):
         assert row["pg_loss"] == pytest.approx(want, abs=1e-5)
     assert [rows[s]["mu"] for s in (1, 2, 3)] == pytest.approx([0.3, 0.6, 0.325])
     assert rows[1]["advantages_mean"] == pytest.approx(0.0, abs=1e-6)  # GRPO over rollouts only
-    assert "staleness_mean" in rows[1]
+    assert STALENESS_MEAN in rows[1]
 
 
 @pytest.mark.integration

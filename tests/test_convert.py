@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from rft import convert
-from rft.ckpt_readers import detect_format
-from rft.convert import find_jobs, main
+from rft.convert import cli as convert
+from rft.convert.readers import detect_format
+from rft.convert.cli import find_jobs, main
 from rft.errors import CheckpointError
-from rft.safetensors_io import TensorSpec, parse_size, plan_shards, weights_complete, write_safetensors
-from rft.torchfile import open_torch_file
+from rft.convert.safetensors_io import TensorSpec, parse_size, plan_shards, weights_complete, write_safetensors
+from rft.convert.torchfile import open_torch_file
 
 REPO = Path(__file__).resolve().parent.parent
 HELPERS = REPO / "tests" / "helpers"

@@ -11,12 +11,12 @@ from typing import Any
 
 import pytest
 
-from rft import tasksets as T
-from rft.buffer import SegmentReader
-from rft.config import config_from_dict
+from rft.explorer import tasksets as T
+from rft.buffer.segments import SegmentReader
+from rft.config.load import config_from_dict
 from rft.errors import ConfigError, DataError, SyncTimeoutError
-from rft.experience import Experience, split_groups
-from rft.explorer import (
+from rft.buffer.experience import Experience, split_groups
+from rft.explorer.loop import (
     eval_taskset_metrics,
     placement,
     required_version,
@@ -227,7 +227,7 @@ def data_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def engine(vllm_model_dir, data_dir, tmp_path_factory):
-    from rft.vllm_engine import Engine
+    from rft.explorer.engine import Engine
 
     cfg = make_cfg(tmp_path_factory.mktemp("engine"), vllm_model_dir,
                    [taskset_dict(data_dir / "a.jsonl", "a")])
@@ -246,7 +246,7 @@ def read_segments(run_dir: Path) -> dict[str, dict[int, list[Experience]]]:
 
 @pytest.mark.integration
 def test_explorer_writes_groups_with_logprobs_and_resumes(engine, vllm_model_dir, data_dir, tmp_path):
-    from rft.explorer import run_explorer
+    from rft.explorer.loop import run_explorer
     from rft.monitor import read_metrics
     from rft.sync import read_heartbeats
 
@@ -294,7 +294,7 @@ def test_explorer_writes_groups_with_logprobs_and_resumes(engine, vllm_model_dir
 
 @pytest.mark.integration
 def test_prompt_truncation_and_skipping(engine, vllm_model_dir, data_dir, tmp_path):
-    from rft.explorer import run_explorer
+    from rft.explorer.loop import run_explorer
 
     ts = [taskset_dict(data_dir / "a.jsonl", "a")]
     cut = make_cfg(tmp_path / "cut", vllm_model_dir, ts, model={"max_prompt_tokens": 24})
@@ -329,8 +329,9 @@ def perturbed_copy(src: Path, seed: int):
 
 FRESH_ENGINE = """
 import json, sys
-from rft.config import config_from_dict
-from rft.vllm_engine import Engine, SamplingArgs
+from rft.config.load import config_from_dict
+from rft.explorer.engine import Engine
+from rft.explorer.tasksets import SamplingArgs
 req = json.loads(sys.stdin.read())
 cfg = config_from_dict({"model": {"model_path": req["model"], "max_model_len": 256},
                         "mode": "train", "cluster": {"gpu_per_node": 0}})
@@ -350,7 +351,7 @@ def fresh_engine_outputs(model: Path, prompts: list[list[int]]) -> list[list]:
 
 @pytest.mark.integration
 def test_reload_in_place_matches_a_fresh_engine(engine, vllm_model_dir, data_dir, tmp_path):
-    from rft.explorer import run_explorer
+    from rft.explorer.loop import run_explorer
     from rft.sync import WeightsPublisher, weights_dir
 
     greedy = taskset_dict(data_dir / "a.jsonl", "a", rollout_args={"temperature": 0.0},
@@ -373,7 +374,7 @@ def test_reload_in_place_matches_a_fresh_engine(engine, vllm_model_dir, data_dir
         assert exp.logprobs == pytest.approx(logprobs, abs=1e-4)
     # The old weights answer differently: the reload changed greedy outputs.
     engine.reload(vllm_model_dir)
-    from rft.vllm_engine import SamplingArgs
+    from rft.explorer.tasksets import SamplingArgs
 
     old = engine.generate(prompts, [SamplingArgs(temperature=0.0, max_tokens=6)] * len(prompts))
     assert [g[0].response_ids for g in old] != [e.response_ids for e in step2]

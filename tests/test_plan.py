@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from rft import data
-from rft.cli import dry_run, main
-from rft.config import load_config
+from rft.launch.cli import dry_run, run_main as main
+from rft.config.load import load_config
 from rft.errors import ConfigError, DataError
 
 REPO = Path(__file__).resolve().parent.parent

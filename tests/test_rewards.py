@@ -8,9 +8,9 @@ import textwrap
 
 import pytest
 
-from rft import rewards as R
+from rft.explorer import rewards as R
 from rft.errors import ConfigError, DataError
-from rft.workflows import MATH_SYSTEM_PROMPT, WORKFLOWS, get_workflow
+from rft.explorer.workflows import MATH_SYSTEM_PROMPT, WORKFLOWS, get_workflow
 
 
 def think_answer(answer: str) -> str:

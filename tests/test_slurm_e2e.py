@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from rft.monitor import read_metrics
-from rft.slurm import job_state
+from rft.launch.slurm import job_state
 from rft.status import collect
 
 pytestmark = pytest.mark.slurm

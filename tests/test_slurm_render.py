@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from rft import slurm
-from rft.config import load_config
+from rft.launch import slurm
+from rft.config.load import load_config
 from rft.errors import ConfigError
+from rft.config.load import config_to_yaml
 from rft.rundir import prepare
 from rft.status import collect, format_status
-from rft.worker import first_host, torch_env_from_slurm
+from rft.placement import first_host, torch_env_from_slurm
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -50,7 +51,7 @@ def test_async_jobs_have_one_component():
     text = slurm.render(cfg, Path("/c.yaml"), [], python="py", workdir=Path("/w"))
     assert "hetjob" not in text and "--het-group" not in text
     assert "#SBATCH --nodes=1 --ntasks=4 --gpus-per-task=1  # trainer" in text
-    assert "srun py -m rft.worker trainer --config /c.yaml &" in text
+    assert "srun py -m rft.launch.worker trainer --config /c.yaml &" in text
 
 
 def test_sbatch_errors_are_explained():
@@ -76,13 +77,14 @@ def test_torch_env_from_srun_variables():
 
 def test_relaunch_with_a_different_model_is_refused(tmp_path):
     base = ["model.model_path=/models/a", f"checkpoint_root_dir={tmp_path}"]
-    prepare(load_config(REPO / "configs" / "grpo_gsm8k.yaml", base), "trainer")
+    first = load_config(REPO / "configs" / "grpo_gsm8k.yaml", base)
+    prepare(first.run_dir, config_to_yaml(first), "trainer")
     again = load_config(REPO / "configs" / "grpo_gsm8k.yaml", base)
-    prepare(again, "explorer")  # same run: fine
+    prepare(again.run_dir, config_to_yaml(again), "explorer")  # same run: fine
     other = load_config(REPO / "configs" / "grpo_gsm8k.yaml",
                         ["model.model_path=/models/b", f"checkpoint_root_dir={tmp_path}"])
     with pytest.raises(ConfigError, match="was started with a different config.*model.model_path"):
-        prepare(other, "trainer")
+        prepare(other.run_dir, config_to_yaml(other), "trainer")
 
 
 def test_status_of_a_run_directory(tmp_path):

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from rft.batching import (
+from rft.trainer.batching import (
     batch_totals,
     collate,
     micro_loss_scale,
@@ -27,9 +27,9 @@ from rft.batching import (
     split_for_ranks,
 )
 from rft.errors import EXIT_REQUEUE
-from rft.experience import Experience
-from rft.losses import aggregate
-from rft.lr_schedule import lr_multiplier, warmup_steps
+from rft.buffer.experience import Experience
+from rft.algo.losses import aggregate
+from rft.trainer.lr_schedule import lr_multiplier, warmup_steps
 from tests.helpers.synthetic import rollout_groups
 
 REPO = Path(__file__).resolve().parent.parent
@@ -118,7 +118,7 @@ def test_lr_schedule_warmup_constant_and_cosine():
 
 
 def test_checkpoint_pointer_written_last_and_pruning(tmp_path):
-    from rft import trainer_state as ts
+    from rft.trainer import state as ts
 
     for step in (1, 2, 3):
         tmp = ts.staging_dir(tmp_path, step)
@@ -159,7 +159,7 @@ def write_config(run_root: Path, name: str, model_dir: Path, **sections) -> Path
 
 
 def write_segments(run_dir: Path, steps) -> None:
-    from rft.buffer import SegmentWriter
+    from rft.buffer.segments import SegmentWriter
 
     writer = SegmentWriter(run_dir / "buffer", "explorer-0")
     for step in steps:
@@ -270,8 +270,8 @@ def _objective(model_dir: Path) -> float:
     """Advantage-weighted token log-likelihood of the fixed batch (what GRPO increases)."""
     from transformers import AutoModelForCausalLM
 
-    from rft.batching import collate
-    from rft.losses import token_logprobs
+    from rft.trainer.batching import collate
+    from rft.algo.losses import token_logprobs
 
     exps = make_batch(1)
     rows = rows_from_experiences(exps)

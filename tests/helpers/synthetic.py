@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from rft.experience import Experience
+from rft.buffer.experience import Experience
 
 
 def rollout_groups(step: int, groups: int, repeat: int, *, seed: int,

@@ -1,0 +1,488 @@
+"""The experience buffer: sealed JSONL segments on the shared filesystem (no locks, no appends).
+
+Data enters through a :class:`SegmentWriter`, one per explorer task: each ``write(batch)``
+publishes ``buffer/<writer>/seg-<seq:06d>.jsonl`` atomically (temp name, fsync, rename), so a
+segment is either absent or complete and never changes. Its first line is a header
+(``{"format": 1, "writer", "seq", "num_records", ...}``); every other line is one experience
+(:func:`rft.experience.encode_line`), the records of a group always adjacent.
+
+Data leaves through a :class:`SegmentReader` (the trainer): it reads sealed segments in seq
+order per writer, taking writers round-robin, and returns whole groups only. Its cursor
+(``reader.cursor()``, a small JSON dict ``{"segments": {writer: {"seq", "offset"}}}``: the
+segment to read next and how many of its lines are consumed) is saved in the trainer's
+checkpoint; a reader opened with it consumes every experience exactly once. Consumed segments
+are deleted only by ``reader.release(cursor_saved_in_a_checkpoint)``.
+
+Trinity's ``storage_type`` spellings map here through :func:`open_buffer_writer` and
+:func:`open_buffer_reader`: ``queue`` (alias ``jsonl``) is this buffer, optionally archived to
+SQLite by the trainer (:func:`open_archive`); ``sql`` uses SQLite as the transport
+(:mod:`rft.sqlite_store`, one node only).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+from collections import deque
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+from rft import atomic
+from rft.rundir import BUFFER_DIR
+from rft.errors import ConfigError, DataError, NotSupportedError
+from rft.buffer.experience import (
+    Experience,
+    ReaderStats,
+    StalenessFilter,
+    check_group_fits,
+    contiguous_groups,
+    decode_line,
+    encode_line,
+    poll_read,
+)
+from rft.buffer.sqlite import (
+    SqlBufferReader,
+    SqlBufferWriter,
+    SqliteArchive,
+    check_sql_transport,
+    sqlite_url_path,
+)
+
+__all__ = [
+    "Experience",
+    "SegmentWriter",
+    "SegmentReader",
+    "SqliteArchive",
+    "sealed_for_step",
+    "unsealed_writers",
+    "open_buffer_writer",
+    "open_buffer_reader",
+    "open_archive",
+]
+
+log = logging.getLogger(__name__)
+
+SEGMENT_FORMAT = 1  # bump when a reader of the old format could misread the new one
+_SEGMENT_RE = re.compile(r"^seg-(\d{6,})\.jsonl$")
+_WRITER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def segment_name(seq: int) -> str:
+    return f"seg-{seq:06d}.jsonl"
+
+
+def check_writer_name(writer: str) -> str:
+    """Writer names become folder names: letters, digits, ``_.-``; no temporary marker."""
+    if not _WRITER_RE.match(writer) or atomic.is_tmp(writer):
+        raise ConfigError(
+            f"buffer writer name {writer!r} must be letters, digits, '_', '.', '-' (not starting "
+            f"with '.', not containing '{atomic.TMP_MARK}'), e.g. 'explorer-0'"
+        )
+    return writer
+
+
+def _listdir(folder: Path) -> list[str]:
+    """Names in ``folder``; DataError naming it when it is unreadable or not a folder."""
+    try:
+        return sorted(os.listdir(folder))
+    except FileNotFoundError:
+        return []
+    except NotADirectoryError as e:
+        raise DataError(f"{folder} is not a folder; the buffer needs a folder there") from e
+    except PermissionError as e:
+        raise DataError(f"cannot list {folder} (permission denied); fix its permissions") from e
+
+
+def _ignored(name: str) -> bool:
+    """Hidden files (e.g. NFS ``.nfsXXXX`` debris) and other writers' temporaries."""
+    return name.startswith(".") or atomic.is_tmp(name)
+
+
+def list_segments(writer_dir: Path) -> list[int]:
+    """Sealed segment seqs in one writer folder, ascending; DataError on foreign files."""
+    seqs = []
+    for name in _listdir(writer_dir):
+        match = _SEGMENT_RE.match(name)
+        if match:
+            seqs.append(int(match.group(1)))
+        elif not _ignored(name):
+            raise DataError(
+                f"{writer_dir / name} is not a buffer segment (seg-NNNNNN.jsonl); a writer "
+                "folder holds only segments: move the file out of the run directory"
+            )
+    return sorted(seqs)
+
+
+def list_writers(buffer_dir: Path) -> list[str]:
+    """Writer folders in the buffer, sorted; DataError on anything else found there."""
+    writers = []
+    for name in _listdir(buffer_dir):
+        if _ignored(name):
+            continue
+        if not (buffer_dir / name).is_dir() or not _WRITER_RE.match(name):
+            raise DataError(
+                f"{buffer_dir / name} is not a writer folder; {buffer_dir} holds one folder per "
+                "explorer task: move it out of the run directory"
+            )
+        writers.append(name)
+    return writers
+
+
+def unsealed_writers(buffer_dir: Path | str, writers: Iterable[str], step: int) -> list[str]:
+    """The writers whose segment for ``step`` (seq == step) is not sealed yet."""
+    buffer_dir = Path(buffer_dir)
+    return [w for w in writers if not (buffer_dir / w / segment_name(step)).exists()]
+
+
+def sealed_for_step(buffer_dir: Path | str, writers: Iterable[str], step: int) -> bool:
+    """True once every writer (explorer rank) has sealed its segment for ``step``."""
+    return not unsealed_writers(buffer_dir, writers, step)
+
+
+class SegmentWriter:
+    """Publishes batches of one explorer task as sealed segments in ``buffer/<writer>/``.
+
+    The folder has this single writer. A restarted writer removes its dead predecessor's
+    temporaries and continues the seq numbering after the newest sealed segment.
+    """
+
+    def __init__(self, buffer_dir: Path | str, writer: str):
+        self.writer = check_writer_name(writer)
+        self.folder = Path(buffer_dir) / writer
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+        except (FileExistsError, NotADirectoryError) as e:
+            raise DataError(f"{self.folder} exists but is not a folder; move it away") from e
+        except PermissionError as e:
+            raise DataError(f"cannot create {self.folder} (permission denied)") from e
+        for path in atomic.remove_stale_tmp(self.folder):
+            log.info("removed %s (temporary of a dead writer)", path)
+        sealed = list_segments(self.folder)
+        self.next_seq = sealed[-1] + 1 if sealed else 0
+
+    def write(self, experiences: Sequence[Experience], seq: int | None = None) -> Path:
+        """Seal ``experiences`` (whole groups) as one segment; return its path.
+
+        ``seq`` defaults to the next number; synchronous runs pass the step. An empty batch still
+        seals a segment, so the trainer can tell that this rank finished the step.
+        """
+        seq = self.next_seq if seq is None else seq
+        path = self.folder / segment_name(seq)
+        if seq < self.next_seq:
+            raise DataError(
+                f"{path}: seq {seq} is below the next free seq {self.next_seq}; sealed segments "
+                "never change and readers may be past it: write with a seq >= next_seq"
+            )
+        records = [e if e.writer == self.writer else replace(e, writer=self.writer)
+                   for e in contiguous_groups(experiences)]
+        for exp in records:
+            exp.validate()
+        header = {"format": SEGMENT_FORMAT, "writer": self.writer, "seq": seq,
+                  "num_records": len(records)}
+        lines = [json.dumps(header)] + [encode_line(e) for e in records]
+        try:
+            atomic.write_bytes(path, ("\n".join(lines) + "\n").encode("utf-8"), overwrite=False)
+        except FileExistsError as e:
+            raise DataError(f"{path} is already sealed; sealed segments never change") from e
+        self.next_seq = seq + 1
+        return path
+
+    def close(self) -> None:
+        """Nothing to flush (every write is sealed before it returns); for symmetry with SQL."""
+
+
+@dataclass
+class _Segment:
+    """A loaded segment: its remaining whole groups, each with the line offset after it."""
+
+    writer: str
+    seq: int
+    groups: deque[tuple[list[Experience], int]]
+
+
+class SegmentReader:
+    """Reads sealed segments (trainer side): whole groups, exactly once across restarts."""
+
+    def __init__(
+        self,
+        buffer_dir: Path | str,
+        cursor: dict[str, Any] | None = None,
+        max_staleness_versions: int | None = None,
+        drop_stale: bool = True,
+    ):
+        self.buffer_dir = Path(buffer_dir)
+        _listdir(self.buffer_dir)  # fail now, naming the path, if it is not a readable folder
+        self.stats = ReaderStats()
+        self._staleness = StalenessFilter(max_staleness_versions, drop_stale)
+        self._pos: dict[str, tuple[int, int]] = _parse_cursor(cursor)
+        self._pending: dict[str, list[int]] = {}
+        self._current: _Segment | None = None
+        self._last_writer = ""
+        self._may_scan = True
+
+    def cursor(self) -> dict[str, Any]:
+        """JSON-serialisable position: per writer, the segment to read next and lines consumed."""
+        return {"segments": {w: {"seq": s, "offset": o} for w, (s, o) in sorted(self._pos.items())}}
+
+    def read(
+        self,
+        max_experiences: int | None = None,
+        current_version: int | None = None,
+        timeout_s: float = 0.0,
+        poll_s: float = 0.5,
+    ) -> list[Experience]:
+        """Up to ``max_experiences`` records in whole groups (all available if None).
+
+        Waits up to ``timeout_s`` for the budget to fill. ``current_version`` enables the
+        staleness filter (groups older than ``max_staleness_versions`` are dropped or counted).
+        """
+        def once(budget: int | None, first: bool) -> tuple[list[Experience], bool, bool]:
+            self._may_scan = True  # each pass may list the buffer once, not once per segment
+            return self._read_once(budget, current_version, first)
+
+        return poll_read(once, max_experiences, timeout_s, poll_s)
+
+    def sealed_for_step(self, writers: Iterable[str], step: int) -> bool:
+        return sealed_for_step(self.buffer_dir, writers, step)
+
+    def read_step(self, step: int, writers: Sequence[str],
+                  current_version: int | None = None) -> list[Experience]:
+        """Every remaining record of each writer's segment ``step`` (synchronous mode).
+
+        Call once :meth:`sealed_for_step` is true. Writers already past ``step`` (a resumed
+        trainer) contribute nothing; unread segments before ``step`` are an error, because
+        skipping them would lose experiences.
+        """
+        out: list[Experience] = []
+        for writer in writers:
+            seq, offset = self._pos.get(writer, (0, 0))
+            if seq > step:
+                continue
+            earlier = [s for s in list_segments(self.buffer_dir / writer) if seq <= s < step]
+            if earlier:
+                raise DataError(
+                    f"{self.buffer_dir / writer} has unread segments {earlier} before step {step}; "
+                    "the buffer and the trainer's cursor disagree (was the run directory mixed?)"
+                )
+            segment = self._load(writer, step, offset if seq == step else 0)
+            for group, _end in segment.groups:
+                if self._staleness.keep(group, current_version, self.stats):
+                    out.extend(group)
+                    self.stats.groups_read += 1
+            self._pos[writer] = (step + 1, 0)
+            if self._current is not None and self._current.writer == writer:
+                self._current = None
+        self._pending = {}
+        self.stats.experiences_read += len(out)
+        return out
+
+    def release(self, cursor: dict[str, Any]) -> list[Path]:
+        """Delete segments consumed according to ``cursor`` (one saved in a checkpoint).
+
+        Each writer's newest segment is kept: a restarted writer numbers on from it.
+        """
+        removed = []
+        for writer, (seq, _offset) in _parse_cursor(cursor).items():
+            upto = min(seq, self._pos.get(writer, (0, 0))[0])
+            sealed = list_segments(self.buffer_dir / writer)
+            for s in sealed[:-1]:
+                if s < upto:
+                    path = self.buffer_dir / writer / segment_name(s)
+                    path.unlink(missing_ok=True)
+                    removed.append(path)
+        return removed
+
+    def _read_once(
+        self, budget: int | None, current_version: int | None, first: bool
+    ) -> tuple[list[Experience], bool, bool]:
+        out: list[Experience] = []
+        progressed = False
+        while True:
+            segment = self._current or self._open_next()
+            if segment is None:
+                break
+            self._current = segment
+            while segment.groups:
+                group, end = segment.groups[0]
+                if budget is not None and len(out) + len(group) > budget:
+                    if first and not out:
+                        check_group_fits(group, budget)
+                    self.stats.experiences_read += len(out)
+                    return out, True, progressed
+                segment.groups.popleft()
+                progressed = True
+                self._pos[segment.writer] = (segment.seq, end)
+                if self._staleness.keep(group, current_version, self.stats):
+                    out.extend(group)
+                    self.stats.groups_read += 1
+            self._pos[segment.writer] = (segment.seq + 1, 0)
+            self._current = None
+            progressed = True
+        self.stats.experiences_read += len(out)
+        return out, False, progressed
+
+    def _open_next(self) -> _Segment | None:
+        """Load the next segment, taking writers round-robin. The folder is listed at the start
+        of each pass, so a writer that joins (an added explorer) is read from the next pass on
+        even while others have a long backlog; within a pass, once more when all is consumed."""
+        if self._may_scan:
+            self._scan()
+            self._may_scan = False
+        if not any(self._pending.values()):
+            return None
+        writers = sorted(w for w, seqs in self._pending.items() if seqs)
+        if not writers:
+            return None
+        after = [w for w in writers if w > self._last_writer]
+        writer = (after or writers)[0]
+        seq = self._pending[writer].pop(0)
+        self._last_writer = writer
+        pos_seq, offset = self._pos.get(writer, (0, 0))
+        return self._load(writer, seq, offset if seq == pos_seq else 0)
+
+    def _scan(self) -> None:
+        """Find sealed segments at or after each writer's cursor (new writers included)."""
+        self._pending = {}
+        for writer in list_writers(self.buffer_dir):
+            first = self._pos.get(writer, (0, 0))[0]
+            seqs = [s for s in list_segments(self.buffer_dir / writer) if s >= first]
+            if seqs:
+                self._pending[writer] = seqs
+
+    def _load(self, writer: str, seq: int, offset: int) -> _Segment:
+        path = self.buffer_dir / writer / segment_name(seq)
+        records = read_segment(path, offset, self.stats)
+        self.stats.segments_read += 1
+        groups: list[tuple[list[Experience], int]] = []
+        for rec, line in records:  # consecutive records of one group_id form a group
+            if groups and groups[-1][0][0].group_id == rec.group_id:
+                groups[-1][0].append(rec)
+                groups[-1] = (groups[-1][0], line + 1)
+            else:
+                groups.append(([rec], line + 1))
+        return _Segment(writer, seq, deque(groups))
+
+
+def read_segment(path: Path, offset: int, stats: ReaderStats) -> list[tuple[Experience, int]]:
+    """Valid records of a sealed segment from record line ``offset`` on, each with its index.
+
+    Corrupt lines are counted in ``stats`` and logged with file and line number; a segment of a
+    newer format is a DataError (this rft cannot know what changed).
+    """
+    try:
+        lines = path.read_bytes().split(b"\n")
+    except PermissionError as e:
+        raise DataError(f"cannot read {path} (permission denied); fix its permissions") from e
+    except OSError as e:
+        raise DataError(f"cannot read {path}: {e}") from e
+    if lines and lines[-1] == b"":
+        lines.pop()
+    header, first = _parse_header(path, lines[0] if lines else b"")
+    body = lines[first:]
+    declared = header.get("num_records")
+    if isinstance(declared, int) and len(body) < declared:
+        log.warning("%s is truncated: %d of %d records present", path, len(body), declared)
+        stats.corrupt_records += declared - max(len(body), offset)
+    records = []
+    for index in range(offset, len(body)):
+        try:
+            records.append((decode_line(body[index]), index))
+        except DataError as e:
+            stats.corrupt_records += 1
+            log.warning("skipped corrupt record %s line %d: %s", path, index + first + 1, e)
+    return records
+
+
+def _parse_header(path: Path, line: bytes) -> tuple[dict[str, Any], int]:
+    """(header, index of the first record line); a missing header means format 1."""
+    try:
+        header = json.loads(line)
+    except ValueError:
+        return {}, 0  # a torn first line: counted as a corrupt record by the caller
+    if not isinstance(header, dict) or "format" not in header:
+        return {}, 0  # a hand-written segment without a header: its first line is a record
+    version = header["format"]
+    if not isinstance(version, int) or version > SEGMENT_FORMAT:
+        raise DataError(
+            f"{path} has segment format {version!r}, written by a newer rft (this one reads "
+            f"format {SEGMENT_FORMAT}); upgrade rft to read this buffer"
+        )
+    return header, 1
+
+
+def _parse_cursor(cursor: dict[str, Any] | None) -> dict[str, tuple[int, int]]:
+    if not cursor:
+        return {}
+    if "segments" not in cursor:
+        raise DataError(
+            f"buffer cursor {str(cursor)[:80]} is not a segment-buffer cursor (was the checkpoint "
+            "written with another buffer storage_type?); resume with the same storage_type"
+        )
+    try:
+        return {w: (int(p["seq"]), int(p["offset"])) for w, p in cursor["segments"].items()}
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise DataError(f"damaged buffer cursor {str(cursor)[:80]}: {e}") from e
+
+
+# --- Trinity's storage_type spellings -----------------------------------------------------
+
+QUEUE_TYPES = ("queue", "jsonl")
+
+
+def _check_storage(storage_type: str, path: str) -> None:
+    if storage_type not in QUEUE_TYPES + ("sql",):
+        raise NotSupportedError(
+            f"buffer.trainer_input.experience_buffer.storage_type: {storage_type!r} is not "
+            "supported; valid values are 'queue' (sealed JSONL segments, the default) and 'sql'"
+        )
+    if storage_type == "sql" and not path:
+        raise ConfigError(
+            "buffer.trainer_input.experience_buffer.path must be sqlite:///<file>.db with "
+            "storage_type: sql (or use storage_type: queue, which needs no path)"
+        )
+    if storage_type in QUEUE_TYPES and path and not path.startswith("sqlite:"):
+        raise ConfigError(
+            f"buffer.trainer_input.experience_buffer.path: {path!r}: with storage_type: queue the "
+            "path is empty or sqlite:///<file>.db (an archive of consumed experiences)"
+        )
+
+
+def open_buffer_writer(
+    run_dir: Path | str, writer: str, storage_type: str = "queue", path: str = "",
+    name: str = "experience_buffer", num_nodes: int | None = None,
+) -> SegmentWriter | SqlBufferWriter:
+    """The writer for one explorer task (``writer``, e.g. ``explorer-0``)."""
+    _check_storage(storage_type, path)
+    if storage_type == "sql":
+        check_sql_transport(num_nodes)
+        return SqlBufferWriter(sqlite_url_path(run_dir, path), check_writer_name(writer), name)
+    return SegmentWriter(Path(run_dir) / BUFFER_DIR, writer)
+
+
+def open_buffer_reader(
+    run_dir: Path | str, storage_type: str = "queue", path: str = "",
+    name: str = "experience_buffer", cursor: dict[str, Any] | None = None,
+    max_staleness_versions: int | None = None, drop_stale: bool = True,
+    num_nodes: int | None = None,
+) -> SegmentReader | SqlBufferReader:
+    """The trainer's reader, resumed from ``cursor`` (from its checkpoint) when given."""
+    _check_storage(storage_type, path)
+    if storage_type == "sql":
+        check_sql_transport(num_nodes)
+        return SqlBufferReader(sqlite_url_path(run_dir, path), name, cursor,
+                               max_staleness_versions, drop_stale)
+    return SegmentReader(Path(run_dir) / BUFFER_DIR, cursor, max_staleness_versions, drop_stale)
+
+
+def open_archive(
+    run_dir: Path | str, storage_type: str = "queue", path: str = "",
+    name: str = "experience_buffer",
+) -> SqliteArchive | None:
+    """The trainer's SQLite archive of consumed experiences (queue + sqlite:// path), or None."""
+    _check_storage(storage_type, path)
+    if storage_type == "sql" or not path:
+        return None
+    return SqliteArchive(sqlite_url_path(run_dir, path), name)

@@ -1,0 +1,133 @@
+"""CHORD mixing (``algorithm.sample_strategy: mix``): how many rollouts and expert samples a step takes.
+
+Pure checks on a :class:`~rft.config.schema.Config`, run by :mod:`rft.config.rules` when the
+config is loaded (so ``rft-run --dry-run`` and ``rft-launch`` catch them on the login node); the
+trainer's :mod:`rft.trainer.mix` reads the counts.
+
+How the counts reconcile (:func:`mix_counts`, checked before anything starts):
+
+- ``buffer.train_batch_size`` counts both kinds: ``expert = round(train_batch_size *
+  expert_data_ratio)`` (halves round up) expert samples, ``rollout = train_batch_size - expert``;
+- ``rollout`` must be whole groups (a multiple of ``algorithm.repeat_times``, at least one);
+- ``mode: both`` trains step ``s`` on exactly the explorer's segments of step ``s``, which hold
+  ``batch_size x repeat_times`` rollouts, so ``rollout`` must equal that (the error suggests a
+  ``train_batch_size`` and a ratio that fit); ``mode: train`` reads up to ``rollout`` rollouts
+  in whole groups, as many as arrive within ``synchronizer.sync_timeout``. Every step takes
+  the full ``expert`` count, however many rollouts came.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from rft.config.schema import Config, ExperienceBufferConfig
+from rft.errors import ConfigError, did_you_mean
+
+DEFAULT_EXPERT_DATA_RATIO = 0.5  # Trinity's default for sample_strategy: mix
+STRATEGY_ARGS = ("expert_data_ratio",)
+
+
+@dataclass(frozen=True)
+class MixCounts:
+    """Samples of each kind in one training step."""
+
+    rollout: int  # from the rollout buffer, whole groups
+    expert: int  # from the auxiliary (expert/SFT) dataset
+
+    @property
+    def total(self) -> int:
+        return self.rollout + self.expert
+
+
+def expert_samples_per_step(train_batch_size: int, ratio: float) -> int:
+    """``round(train_batch_size * ratio)`` with halves rounded up (6 x 0.25 -> 2)."""
+    return int(train_batch_size * ratio + 0.5)
+
+
+def expert_data_ratio(cfg: Config) -> float:
+    """``algorithm.sample_strategy_args.expert_data_ratio``, checked to lie in (0, 1)."""
+    args = cfg.algorithm.sample_strategy_args or {}
+    for key in args:
+        if key not in STRATEGY_ARGS:
+            raise ConfigError(f"algorithm.sample_strategy_args.{key}: not an argument of sample "
+                              f"strategy 'mix'; valid arguments: {list(STRATEGY_ARGS)}."
+                              f"{did_you_mean(key, STRATEGY_ARGS)}")
+    ratio = args.get("expert_data_ratio", DEFAULT_EXPERT_DATA_RATIO)
+    if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio < 1:
+        raise ConfigError(f"algorithm.sample_strategy_args.expert_data_ratio={ratio!r}: expected a "
+                          "number in (0, 1), the expert share of buffer.train_batch_size (for "
+                          "expert data only, use algorithm_type: sft)")
+    return float(ratio)
+
+
+def expert_buffer(cfg: Config) -> ExperienceBufferConfig:
+    """The one auxiliary buffer that holds the expert data."""
+    aux = cfg.buffer.trainer_input.auxiliary_buffers
+    if len(aux) != 1:
+        raise ConfigError(f"algorithm.sample_strategy 'mix' reads one expert dataset, but "
+                          f"buffer.trainer_input.auxiliary_buffers has {len(aux)}: {sorted(aux)}; "
+                          "keep exactly one (storage_type: file, path)")
+    return next(iter(aux.values()))
+
+
+def _fitting_batch_size(rollout: int, ratio: float, repeat_times: int) -> int | None:
+    """The smallest train_batch_size (a multiple of repeat_times, as the config rules ask) whose
+    rollout part is ``rollout`` at ``ratio``, if any."""
+    for size in range(rollout + repeat_times, 100 * rollout + 1, repeat_times):
+        if size - expert_samples_per_step(size, ratio) == rollout:
+            return size
+    return None
+
+
+def _mismatch(cfg: Config, counts: MixCounts, ratio: float, per_step: int) -> ConfigError:
+    buf, algo = cfg.buffer, cfg.algorithm
+    assert buf.train_batch_size is not None
+    hints = []
+    fit = _fitting_batch_size(per_step, ratio, algo.repeat_times)
+    if fit:
+        hints.append(f"buffer.train_batch_size={fit}")
+    if buf.train_batch_size > per_step:
+        fitting_ratio = float(f"{(buf.train_batch_size - per_step) / buf.train_batch_size:.6g}")
+        if buf.train_batch_size - expert_samples_per_step(buf.train_batch_size, fitting_ratio) == per_step:
+            hints.append(f"algorithm.sample_strategy_args.expert_data_ratio={fitting_ratio:g}")
+    todo = f"set {' or '.join(hints)}" if hints else "change buffer.train_batch_size or the ratio"
+    return ConfigError(
+        f"buffer.train_batch_size={buf.train_batch_size} with expert_data_ratio={ratio:g} gives "
+        f"{counts.expert} expert + {counts.rollout} rollouts per step, but in mode 'both' a step "
+        f"trains on the explorer's batch_size x repeat_times = {buf.batch_size} x "
+        f"{algo.repeat_times} = {per_step} rollouts (train_batch_size counts rollouts + expert "
+        f"samples); {todo}")
+
+
+def mix_counts(cfg: Config) -> MixCounts:
+    """Validate a ``sample_strategy: mix`` config and return the per-step counts.
+
+    Pure (no I/O): the trainer calls it on every rank at startup and preflight calls it before
+    anything is queued; raises ConfigError naming the keys to change.
+    """
+    algo, buf = cfg.algorithm, cfg.buffer
+    if algo.policy_loss_fn != "mix_chord":
+        raise ConfigError(f"algorithm.sample_strategy 'mix' adds expert samples, which only "
+                          f"policy_loss_fn 'mix_chord' trains on (got {algo.policy_loss_fn!r}); "
+                          "use algorithm_type: mix_chord")
+    if buf.trainer_input.experience_buffer.storage_type == "file":
+        raise ConfigError("algorithm.sample_strategy 'mix' mixes rollouts into each step: "
+                          "buffer.trainer_input.experience_buffer must be the rollout buffer "
+                          "(storage_type queue or sql), with the expert data in auxiliary_buffers")
+    expert_buffer(cfg)
+    ratio = expert_data_ratio(cfg)
+    assert buf.train_batch_size is not None  # filled by the config rules
+    expert = expert_samples_per_step(buf.train_batch_size, ratio)
+    counts = MixCounts(rollout=buf.train_batch_size - expert, expert=expert)
+    if expert < 1:
+        raise ConfigError(f"buffer.train_batch_size={buf.train_batch_size} x expert_data_ratio="
+                          f"{ratio:g} rounds to 0 expert samples per step; raise either")
+    if counts.rollout < algo.repeat_times or counts.rollout % algo.repeat_times:
+        raise ConfigError(f"buffer.train_batch_size={buf.train_batch_size} with expert_data_ratio="
+                          f"{ratio:g} leaves {counts.rollout} rollouts per step, not a positive "
+                          f"multiple of algorithm.repeat_times={algo.repeat_times} (groups are "
+                          "never split); adjust train_batch_size or the ratio")
+    per_step = buf.batch_size * algo.repeat_times
+    if cfg.mode == "both" and counts.rollout != per_step:
+        raise _mismatch(cfg, counts, ratio, per_step)
+    return counts

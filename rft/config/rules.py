@@ -1,0 +1,281 @@
+"""Rules applied after a config is parsed: presets, derived values, conflicts, unsupported keys.
+
+Input: a typed :class:`~rft.config.Config` and the set of key paths the user wrote. Output: the
+same object completed in place. A derived value is filled only where the user left the key
+unset; where the user's values contradict each other, a :class:`ConfigError` names both keys.
+Options rft recognises but does not implement raise :class:`NotSupportedError`.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from rft.config.schema import Config
+from rft.errors import ConfigError, NotSupportedError
+from rft.config.mix import mix_counts
+from rft.placement import gpu_split
+
+log = logging.getLogger("rft.config")
+
+# algorithm_type -> the function choices it implies. rft's "ppo" is PPO-clip without a critic.
+PRESETS: dict[str, dict[str, str]] = {
+    "grpo": dict(advantage_fn="grpo", policy_loss_fn="ppo", kl_loss_fn="k2", kl_penalty_fn="none"),
+    "ppo": dict(advantage_fn="reinforceplusplus", policy_loss_fn="ppo", kl_loss_fn="none",
+                kl_penalty_fn="none"),
+    "rloo": dict(advantage_fn="rloo", policy_loss_fn="ppo", kl_loss_fn="none", kl_penalty_fn="none"),
+    "reinforce": dict(advantage_fn="reinforce", policy_loss_fn="ppo", kl_loss_fn="none",
+                      kl_penalty_fn="none"),
+    "reinforceplusplus": dict(advantage_fn="reinforceplusplus", policy_loss_fn="ppo",
+                              kl_loss_fn="k2", kl_penalty_fn="none"),
+    "opmd": dict(advantage_fn="opmd", policy_loss_fn="opmd", kl_loss_fn="k2", kl_penalty_fn="none"),
+    "gspo": dict(advantage_fn="grpo", policy_loss_fn="gspo", kl_loss_fn="none", kl_penalty_fn="none"),
+    "sft": dict(policy_loss_fn="sft", kl_loss_fn="none", kl_penalty_fn="none"),
+    "mix_chord": dict(advantage_fn="grpo", policy_loss_fn="mix_chord", kl_loss_fn="none",
+                      kl_penalty_fn="none", sample_strategy="mix"),
+}
+_COMMON = dict(entropy_loss_fn="none", sample_strategy="default", loss_agg_mode="token-mean")
+PRESET_KEYS = ("advantage_fn", "policy_loss_fn", "kl_loss_fn", "kl_penalty_fn", "entropy_loss_fn",
+               "sample_strategy", "loss_agg_mode")
+
+
+def apply(cfg: Config, seen: set[str]) -> None:
+    """Complete and check ``cfg`` in place; ``seen`` holds the key paths the user set."""
+    check_not_supported(cfg)
+    _apply_preset(cfg)
+    _apply_verl_trainer_config(cfg, seen)
+    _derive_totals(cfg)
+    _derive_lengths(cfg)
+    _derive_runner_num(cfg, seen)
+    _infer_file_storage(cfg, seen)
+    _check_inputs(cfg)
+    _check_trainer(cfg)
+    _check_resources(cfg)
+    if cfg.algorithm.sample_strategy == "mix":
+        mix_counts(cfg)  # rollouts + expert samples per step must fit the explorer's batch
+
+
+def _unsupported(key: str, value: object, what_to_do: str) -> NotSupportedError:
+    return NotSupportedError(f"{key}: {value!r} is not supported yet. {what_to_do}")
+
+
+def check_not_supported(cfg: Config) -> None:
+    """Raise for Trinity options rft reads but does not implement (nothing is ignored)."""
+    sync = cfg.synchronizer
+    if sync.sync_method != "checkpoint":
+        raise _unsupported("synchronizer.sync_method", sync.sync_method,
+                           "Use 'checkpoint' (weights published as weights/vNNNNNN folders on the "
+                           "shared filesystem): synchronizer.sync_method=checkpoint")
+    if sync.sync_style != "fixed":
+        raise _unsupported("synchronizer.sync_style", sync.sync_style,
+                           "Use 'fixed' (sync every synchronizer.sync_interval steps).")
+    critic = ("model.critic_model_path", cfg.model.critic_model_path)
+    if critic[1] is not None or cfg.algorithm.advantage_fn == "ppo":
+        raise _unsupported(*(critic if critic[1] else ("algorithm.advantage_fn", "ppo")),
+                           "A critic (GAE advantages) is not implemented; use a critic-free "
+                           "advantage_fn: grpo, rloo, reinforce, reinforceplusplus or opmd.")
+    if cfg.trainer.trainer_config.critic is not None:
+        raise _unsupported("trainer.trainer_config.critic", "{...}",
+                           "Critic models are not implemented; remove the critic section.")
+    if cfg.trainer.trainer_config.trainer.critic_warmup:
+        raise _unsupported("trainer.trainer_config.trainer.critic_warmup",
+                           cfg.trainer.trainer_config.trainer.critic_warmup, "Set it to 0.")
+    if cfg.explorer.auxiliary_models:
+        raise _unsupported("explorer.auxiliary_models", f"[{len(cfg.explorer.auxiliary_models)} models]",
+                           "Reward models served by vLLM are not implemented; use a reward "
+                           "function (buffer.explorer_input.default_reward_fn_type).")
+    if cfg.monitor.monitor_type in ("wandb", "mlflow"):
+        raise _unsupported("monitor.monitor_type", cfg.monitor.monitor_type,
+                           "Compute nodes often have no internet; use 'tensorboard' (the default) "
+                           "and read it through an SSH tunnel (bin/rft-launch prints the command).")
+    if cfg.trainer.ulysses_sequence_parallel_size != 1:
+        raise _unsupported("trainer.ulysses_sequence_parallel_size",
+                           cfg.trainer.ulysses_sequence_parallel_size, "Set it to 1.")
+
+
+def _apply_preset(cfg: Config) -> None:
+    algo = cfg.algorithm
+    preset = {**_COMMON, **PRESETS[algo.algorithm_type]}
+    for key in PRESET_KEYS:
+        if getattr(algo, key) is None and key in preset:
+            setattr(algo, key, preset[key])
+    if algo.algorithm_type != "sft" and algo.advantage_fn is None:
+        raise ConfigError(f"algorithm.advantage_fn must be set for algorithm_type "
+                          f"'{algo.algorithm_type}'")
+    if algo.policy_loss_fn == "mix_chord" and algo.sample_strategy != "mix":
+        raise ConfigError("algorithm.policy_loss_fn 'mix_chord' needs expert data: set "
+                          "algorithm.sample_strategy=mix (and buffer.trainer_input.auxiliary_buffers)")
+    if algo.algorithm_type in ("grpo", "rloo", "opmd", "gspo") and algo.repeat_times < 2:
+        log.warning("algorithm.repeat_times=1 with %s: every group has one sample, so all "
+                    "advantages are 0 and nothing is learned", algo.algorithm_type)
+
+
+def _set_from_verl(cfg: Config, verl_key: str, value: object, ours: str, seen: set[str]) -> None:
+    """Copy a veRL-style setting onto rft's key; a different explicit value is a conflict."""
+    if value is None:
+        return
+    section, name = ours.split(".")
+    target = getattr(cfg, section)
+    current = getattr(target, name)
+    if ours in seen and current != value:
+        raise ConfigError(f"trainer.trainer_config.{verl_key}={value!r} contradicts "
+                          f"{ours}={current!r}; set only one of them")
+    setattr(target, name, value)
+
+
+def _apply_verl_trainer_config(cfg: Config, seen: set[str]) -> None:
+    arr = cfg.trainer.trainer_config.actor_rollout_ref
+    if cfg.trainer.trainer_type == "verl":
+        log.info("trainer.trainer_type 'verl': rft trains with DeepSpeed ZeRO; veRL-style "
+                 "trainer.trainer_config keys are mapped onto trainer.*")
+    pairs = [
+        ("actor_rollout_ref.model.enable_gradient_checkpointing",
+         arr.model.enable_gradient_checkpointing, "trainer.gradient_checkpointing"),
+        ("actor_rollout_ref.actor.fsdp_config.param_offload",
+         arr.actor.fsdp_config.param_offload, "trainer.param_offload"),
+        ("actor_rollout_ref.actor.fsdp_config.optimizer_offload",
+         arr.actor.fsdp_config.optimizer_offload, "trainer.optimizer_offload"),
+        ("actor_rollout_ref.ref.fsdp_config.param_offload",
+         arr.ref.fsdp_config.param_offload, "trainer.ref_offload"),
+        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+         arr.actor.ppo_micro_batch_size_per_gpu, "trainer.micro_batch_size_per_gpu"),
+        ("actor_rollout_ref.actor.ppo_epochs", arr.actor.ppo_epochs, "trainer.ppo_epochs"),
+    ]
+    for verl_key, value, ours in pairs:
+        _set_from_verl(cfg, verl_key, value, ours, seen)
+
+
+def _infer_file_storage(cfg: Config, seen: set[str]) -> None:
+    """Trinity's SFT stages give the experience buffer a dataset path and no storage_type."""
+    buf = cfg.buffer.trainer_input.experience_buffer
+    written = "buffer.trainer_input.experience_buffer.storage_type" in seen
+    if not written and buf.path and not buf.path.startswith("sqlite:///"):
+        buf.storage_type = "file"
+
+
+def _derive_totals(cfg: Config) -> None:
+    buf, algo = cfg.buffer, cfg.algorithm
+    if buf.train_batch_size is None:
+        buf.train_batch_size = buf.batch_size * algo.repeat_times
+    elif (algo.algorithm_type != "sft" and algo.sample_strategy != "mix"  # mix: rft.mix_input
+          and buf.train_batch_size % algo.repeat_times):
+        raise ConfigError(
+            f"buffer.train_batch_size={buf.train_batch_size} is not a multiple of "
+            f"algorithm.repeat_times={algo.repeat_times}: a group of samples is never split "
+            f"across gradient steps; use e.g. {buf.batch_size * algo.repeat_times}")
+    trainer_steps = cfg.trainer.total_steps
+    if trainer_steps is not None:
+        if buf.total_steps is not None and buf.total_steps != trainer_steps:
+            raise ConfigError(f"buffer.total_steps={buf.total_steps} contradicts "
+                              f"trainer.total_steps={trainer_steps}; set only one")
+        buf.total_steps = trainer_steps
+
+
+def _derive_lengths(cfg: Config) -> None:
+    model = cfg.model
+    prompt, response, total = model.max_prompt_tokens, model.max_response_tokens, model.max_model_len
+    if total is not None and response is not None and response >= total:
+        raise ConfigError(f"model.max_response_tokens={response} leaves no room for the prompt in "
+                          f"model.max_model_len={total}")
+    if total is not None and prompt is None and response is not None:
+        model.max_prompt_tokens = total - response
+    elif total is None and prompt is not None and response is not None:
+        model.max_model_len = prompt + response
+    elif None not in (prompt, response, total) and prompt + response > total:
+        raise ConfigError(f"model.max_prompt_tokens + model.max_response_tokens = "
+                          f"{prompt + response} exceeds model.max_model_len={total}")
+    rollout = cfg.explorer.rollout_model
+    if rollout.max_model_len is None:
+        rollout.max_model_len = model.max_model_len
+
+
+def _derive_runner_num(cfg: Config, seen: set[str]) -> None:
+    explorer = cfg.explorer
+    if explorer.runner_num is None:
+        return
+    if "explorer.runner_per_model" in seen and explorer.runner_per_model != explorer.runner_num:
+        raise ConfigError(f"explorer.runner_num={explorer.runner_num} contradicts "
+                          f"explorer.runner_per_model={explorer.runner_per_model}; set only one")
+    explorer.runner_per_model = explorer.runner_num
+
+
+def _check_inputs(cfg: Config) -> None:
+    inputs = cfg.buffer.explorer_input
+    if inputs.taskset is not None and inputs.tasksets:
+        raise ConfigError("set buffer.explorer_input.taskset or buffer.explorer_input.tasksets, "
+                          "not both")
+    if not cfg.model.model_path:
+        raise ConfigError("model.model_path is empty: set it to a local Hugging Face model folder")
+    needs_tasks = cfg.mode in ("both", "explore") and cfg.algorithm.algorithm_type != "sft"
+    if needs_tasks and not cfg.training_tasksets():
+        raise ConfigError(f"mode '{cfg.mode}' generates experiences but no taskset is configured: "
+                          "set buffer.explorer_input.taskset (path, split, format)")
+    if cfg.mode == "bench" and not inputs.eval_tasksets:
+        raise ConfigError("mode 'bench' evaluates checkpoints on buffer.explorer_input."
+                          "eval_tasksets, which is empty")
+    for label, ts in cfg.labelled_tasksets():
+        if not ts.path:
+            raise ConfigError(f"{label}.path is empty: set it to a dataset folder or file")
+    _check_experience_buffer(cfg)
+
+
+def _check_experience_buffer(cfg: Config) -> None:
+    buf = cfg.buffer.trainer_input.experience_buffer
+    key = "buffer.trainer_input.experience_buffer"
+    if buf.storage_type == "sql" and cfg.cluster.node_num > 1:
+        raise ConfigError(
+            f"{key}.storage_type 'sql' uses SQLite as the transport, whose locking is unreliable "
+            f"on network filesystems (NFS, Lustre), and cluster.node_num={cfg.cluster.node_num}. "
+            "Use storage_type: queue (sealed segments; add path: sqlite:///x.db to also archive "
+            "consumed experiences in SQLite)")
+    if buf.storage_type == "sql" and not (buf.path or "").startswith("sqlite:///"):
+        raise ConfigError(f"{key}.path must be sqlite:///<file>.db with storage_type 'sql'")
+    if buf.storage_type == "queue" and buf.path and not buf.path.startswith("sqlite:///"):
+        raise ConfigError(f"{key}.path={buf.path!r}: with storage_type 'queue' the path is "
+                          "optional and, when set, must be sqlite:///<file>.db (an archive)")
+    if buf.storage_type == "file":
+        if cfg.mode != "train":
+            raise ConfigError(f"{key}.storage_type 'file' (a fixed dataset of experiences) needs "
+                              f"mode 'train', not '{cfg.mode}'")
+        if not buf.path:
+            raise ConfigError(f"{key}.path is empty: set it to the SFT dataset folder or file")
+    for name, aux in cfg.buffer.trainer_input.auxiliary_buffers.items():
+        if aux.storage_type != "file" or not aux.path:
+            raise ConfigError(f"buffer.trainer_input.auxiliary_buffers.{name}: expert data must "
+                              "be storage_type: file with a path to a dataset")
+    if cfg.algorithm.sample_strategy == "mix" and not cfg.buffer.trainer_input.auxiliary_buffers:
+        raise ConfigError("algorithm.sample_strategy 'mix' mixes in expert data: set "
+                          "buffer.trainer_input.auxiliary_buffers.<name> (storage_type: file, path)")
+
+
+def _check_trainer(cfg: Config) -> None:
+    t = cfg.trainer
+    if t.param_offload and t.zero_stage != 3:
+        raise ConfigError(f"trainer.param_offload needs trainer.zero_stage=3 (got {t.zero_stage}): "
+                          "ZeRO-1/2 keep whole parameters on each GPU; use optimizer_offload there")
+    if cfg.model.logprobs or any(ts.rollout_args.logprobs for _, ts in cfg.labelled_tasksets()):
+        raise NotSupportedError("model.logprobs / rollout_args.logprobs > 0: extra top-k log-probs "
+                                "are not supported yet; rft keeps the sampled token's log-prob "
+                                "(always on). Remove the key or set it to 0")
+    for label, ts in cfg.labelled_tasksets():
+        if ts.workflow_args:
+            raise NotSupportedError(f"{label}.workflow_args is not supported yet: the built-in "
+                                    "workflows take no arguments (reward_fn_args reach the reward)")
+
+
+def _check_resources(cfg: Config) -> None:
+    rollout, cluster = cfg.explorer.rollout_model, cfg.cluster
+    split = gpu_split(cfg)
+    if cluster.gpu_per_node == 0:
+        return  # CPU-only cluster description: the local runner decides
+    if cfg.mode == "both" and split.trainer < 1:
+        raise ConfigError(
+            f"explorer.rollout_model uses engine_num x tensor_parallel_size = {split.explorer} "
+            f"GPUs, leaving none of cluster.node_num x gpu_per_node = {split.total} for the "
+            "trainer; lower engine_num or raise cluster.gpu_per_node/node_num")
+    if cfg.mode == "explore" and split.explorer > split.total:
+        raise ConfigError(f"explorer needs {split.explorer} GPUs but the cluster section has "
+                          f"{split.total}; lower explorer.rollout_model.engine_num")
+    if rollout.tensor_parallel_size > cluster.gpu_per_node:
+        raise ConfigError(f"explorer.rollout_model.tensor_parallel_size="
+                          f"{rollout.tensor_parallel_size} exceeds cluster.gpu_per_node="
+                          f"{cluster.gpu_per_node}: an engine must fit on one node")

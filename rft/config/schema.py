@@ -1,0 +1,358 @@
+"""The run configuration: Trinity-RFT's YAML keys as typed dataclasses.
+
+A YAML file (with ``${oc.env:VAR,default}`` interpolation, via OmegaConf) plus ``key=value``
+overrides becomes a :class:`Config`. Unknown keys, wrong types and out-of-range values raise
+:class:`~rft.errors.ConfigError` naming the full key path; recognised Trinity options that rft
+does not implement raise :class:`~rft.errors.NotSupportedError`. Derived values (the run
+directory, ``buffer.train_batch_size``, the algorithm preset's functions) are filled only where
+the user left them unset (see :mod:`rft.config.rules`); a conflict raises.
+
+Loading and dumping: :mod:`rft.config.load`; the rules: :mod:`rft.config.rules`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Optional
+
+from rft.algo.names import (
+    ADVANTAGE_FN_NAMES,
+    ALGORITHM_TYPES,
+    ENTROPY_LOSS_FN_NAMES,
+    KL_FN_NAMES,
+    LOSS_AGG_MODES,
+    POLICY_LOSS_FN_NAMES,
+    SAMPLE_STRATEGIES,
+)
+from rft.config.typed_dict import field
+
+Mode = Literal["both", "explore", "train", "bench"]
+AlgorithmType = Literal[ALGORITHM_TYPES]
+AdvantageFn = Literal[ADVANTAGE_FN_NAMES]
+PolicyLossFn = Literal[POLICY_LOSS_FN_NAMES]
+KlFn = Literal[KL_FN_NAMES]
+EntropyLossFn = Literal[ENTROPY_LOSS_FN_NAMES]
+LossAggMode = Literal[LOSS_AGG_MODES]
+SampleStrategy = Literal[SAMPLE_STRATEGIES]
+
+
+@dataclass
+class OptimizerConfig:
+    lr: float = field(1e-6, gt=0)  # peak learning rate (AdamW)
+    lr_warmup_steps: int = field(-1, ge=-1)  # warm-up steps; -1: use lr_warmup_steps_ratio
+    lr_warmup_steps_ratio: float = field(0.0, ge=0, le=1)  # warm-up as a fraction of total steps
+    min_lr_ratio: float = field(0.0, ge=0, le=1)  # cosine schedule floor, as a fraction of lr
+    warmup_style: Literal["constant", "cosine"] = "constant"  # schedule after warm-up
+    betas: list[float] = field(factory=lambda: [0.9, 0.999])  # AdamW betas
+    weight_decay: float = field(0.01, ge=0)  # AdamW decoupled weight decay
+    optimizer_type: Literal["adamw", "adam"] = "adamw"  # optimizer
+
+
+@dataclass
+class AlgorithmConfig:
+    algorithm_type: AlgorithmType = "grpo"  # preset: fills the *_fn keys left unset
+    repeat_times: int = field(1, ge=1)  # samples per task (the group size)
+    optimizer: OptimizerConfig = field(factory=OptimizerConfig)  # actor optimizer
+    advantage_fn: Optional[AdvantageFn] = None  # advantage estimator (preset if unset)
+    advantage_fn_args: dict = field(factory=dict)  # e.g. {epsilon: 1e-6, std_threshold: 0.0}
+    policy_loss_fn: Optional[PolicyLossFn] = None  # policy loss (preset if unset)
+    policy_loss_fn_args: dict = field(factory=dict)  # e.g. {clip_range: 0.2}
+    kl_loss_fn: Optional[KlFn] = None  # KL to the reference model, as a loss term
+    kl_loss_fn_args: dict = field(factory=dict)  # e.g. {kl_coef: 0.001}
+    kl_penalty_fn: Optional[KlFn] = None  # KL to the reference model, subtracted from rewards
+    kl_penalty_fn_args: dict = field(factory=dict)  # e.g. {kl_coef: 0.001}
+    entropy_loss_fn: Optional[EntropyLossFn] = None  # entropy bonus
+    entropy_loss_fn_args: dict = field(factory=dict)  # e.g. {entropy_coef: 0.0}
+    sample_strategy: Optional[SampleStrategy] = None  # "mix": rollouts + expert data (CHORD)
+    sample_strategy_args: dict = field(factory=dict)  # e.g. {expert_data_ratio: 0.25}
+    loss_agg_mode: Optional[LossAggMode] = None  # how token losses are averaged
+    old_logprobs: Literal["recompute", "rollout"] = "recompute"  # old policy log-probs source
+
+
+@dataclass
+class ModelConfig:
+    model_path: str = ""  # local Hugging Face model folder (config.json + tokenizer)
+    critic_model_path: Optional[str] = None  # critic (GAE); not supported yet
+    max_model_len: Optional[int] = field(None, ge=1)  # prompt + response tokens
+    max_prompt_tokens: Optional[int] = field(None, ge=1)  # longer prompts: truncated or skipped
+    max_response_tokens: Optional[int] = field(None, ge=1)  # generation limit per sample
+    min_response_tokens: int = field(1, ge=0)  # generation floor per sample
+    enable_prompt_truncation: bool = True  # true: cut long prompts; false: skip them (counted)
+    temperature: float = field(1.0, ge=0)  # sampling temperature (tasksets may override)
+    top_p: float = field(1.0, gt=0, le=1)  # nucleus sampling
+    top_k: int = field(-1, ge=-1)  # top-k sampling; -1 disables
+    logprobs: int = field(0, ge=0)  # extra top log-probs per token (the sampled one is always kept)
+    enable_thinking: Optional[bool] = None  # chat-template switch for thinking models (Qwen3)
+    custom_chat_template: Optional[str] = None  # Jinja chat template replacing the tokenizer's
+
+
+@dataclass
+class ClusterConfig:
+    node_num: int = field(1, ge=1)  # nodes for the whole run
+    gpu_per_node: int = field(8, ge=0)  # GPUs per node
+
+
+@dataclass
+class FormatConfig:
+    prompt_key: str = "prompt"  # dataset column holding the question
+    response_key: str = "response"  # dataset column holding the reference answer
+    messages_key: Optional[str] = None  # column holding chat messages (instead of prompt/response)
+    system_prompt: Optional[str] = None  # replaces the workflow's system prompt
+    reply_prefix: Optional[str] = None  # text the assistant reply starts with
+
+
+@dataclass
+class RolloutArgs:
+    temperature: Optional[float] = field(None, ge=0)  # overrides model.temperature
+    top_p: Optional[float] = field(None, gt=0, le=1)  # overrides model.top_p
+    top_k: Optional[int] = field(None, ge=-1)  # overrides model.top_k
+    logprobs: Optional[int] = field(None, ge=0)  # overrides model.logprobs
+    max_tokens: Optional[int] = field(None, ge=1)  # overrides model.max_response_tokens
+
+
+@dataclass
+class TaskSelectorConfig:
+    selector_type: Literal["sequential", "shuffle", "random"] = "sequential"  # task order
+    seed: int = 42  # seed for shuffle/random
+
+
+@dataclass
+class TasksetConfig:
+    name: str = ""  # label in logs and metrics
+    storage_type: Literal["file"] = "file"  # tasksets are datasets on disk
+    path: str = ""  # dataset folder or parquet/jsonl/json file
+    subset_name: Optional[str] = None  # hub-style config folder, e.g. "main" for GSM8K
+    split: str = "train"  # split to read
+    format: FormatConfig = field(factory=FormatConfig)  # columns and prompt text
+    rollout_args: RolloutArgs = field(factory=RolloutArgs)  # sampling overrides
+    repeat_times: Optional[int] = field(None, ge=1)  # samples per task; default algorithm's
+    task_selector: TaskSelectorConfig = field(factory=TaskSelectorConfig)  # task order
+    default_workflow_type: Optional[str] = None  # overrides explorer_input's
+    default_reward_fn_type: Optional[str] = None  # overrides explorer_input's
+    workflow_args: dict = field(factory=dict)  # extra arguments for the workflow
+    reward_fn_args: dict = field(factory=dict)  # extra arguments for the reward function
+
+
+@dataclass
+class ExplorerInputConfig:
+    taskset: Optional[TasksetConfig] = None  # one training taskset (or use tasksets)
+    tasksets: list[TasksetConfig] = field(factory=list)  # several training tasksets
+    eval_tasksets: list[TasksetConfig] = field(factory=list)  # evaluated every eval_interval
+    default_workflow_type: Optional[str] = None  # e.g. math_workflow
+    default_eval_workflow_type: Optional[str] = None  # workflow for eval tasksets
+    default_reward_fn_type: Optional[str] = None  # reward by name or "pkg.module:function"
+
+
+@dataclass
+class ExperienceBufferConfig:
+    name: str = "experience_buffer"  # label
+    storage_type: Literal["queue", "sql", "file"] = "queue"  # queue: sealed segments on disk
+    path: Optional[str] = None  # sqlite:///x.db archive (queue), the db (sql), or a dataset (file)
+    subset_name: Optional[str] = None  # for file datasets (SFT/expert data)
+    split: str = "train"  # for file datasets
+    format: FormatConfig = field(factory=FormatConfig)  # for file datasets
+
+
+@dataclass
+class TrainerInputConfig:
+    experience_buffer: ExperienceBufferConfig = field(factory=ExperienceBufferConfig)  # input
+    auxiliary_buffers: dict[str, ExperienceBufferConfig] = field(factory=dict)  # expert/SFT data
+
+
+@dataclass
+class BufferConfig:
+    batch_size: int = field(1, ge=1)  # tasks per explore step
+    train_batch_size: Optional[int] = field(None, ge=1)  # experiences per gradient step
+    total_epochs: int = field(1, ge=1)  # passes over the training tasksets
+    total_steps: Optional[int] = field(None, ge=1)  # stop after this many steps (wins over epochs)
+    explorer_input: ExplorerInputConfig = field(factory=ExplorerInputConfig)  # tasksets
+    trainer_input: TrainerInputConfig = field(factory=TrainerInputConfig)  # experiences
+
+
+@dataclass
+class RolloutModelConfig:
+    engine_type: Literal["vllm", "vllm_async"] = "vllm"  # both: vLLM offline engine
+    engine_num: int = field(1, ge=1)  # explorer tasks (one engine each)
+    tensor_parallel_size: int = field(1, ge=1)  # GPUs per engine
+    gpu_memory_utilization: float = field(0.9, gt=0, le=1)  # vLLM's share of GPU memory
+    dtype: Literal["bfloat16", "float16", "float32", "auto"] = "bfloat16"  # engine dtype
+    enable_prefix_caching: bool = False  # reuse KV of shared prompt prefixes
+    enforce_eager: bool = False  # no CUDA graphs (always on for CPU engines)
+    seed: int = 42  # sampling seed
+    max_model_len: Optional[int] = field(None, ge=1)  # defaults to model.max_model_len
+    enable_thinking: Optional[bool] = None  # chat-template switch for thinking models
+
+
+@dataclass
+class AuxiliaryModelConfig:
+    model_path: str = ""  # e.g. a reward model (not supported yet)
+    engine_num: int = field(1, ge=1)  # engines
+    tensor_parallel_size: int = field(1, ge=1)  # GPUs per engine
+    enable_thinking: Optional[bool] = None  # chat-template switch
+    max_prompt_tokens: Optional[int] = field(None, ge=1)  # prompt limit
+    max_response_tokens: Optional[int] = field(None, ge=1)  # generation limit
+    max_model_len: Optional[int] = field(None, ge=1)  # context limit
+
+
+@dataclass
+class ExplorerConfig:
+    name: str = "explorer"  # explorer job name; another name joins a run as a new explorer
+    runner_per_model: int = field(8, ge=1)  # Trinity's concurrency knob (see README: no effect)
+    runner_num: Optional[int] = field(None, ge=1)  # older spelling of runner_per_model
+    rollout_model: RolloutModelConfig = field(factory=RolloutModelConfig)  # vLLM engines
+    auxiliary_models: list[AuxiliaryModelConfig] = field(factory=list)  # not supported yet
+    eval_interval: int = field(100, ge=0)  # evaluate every N steps; 0: never
+    eval_on_startup: bool = True  # evaluate before the first step
+    bench_on_latest_checkpoint: bool = False  # mode bench: only the newest checkpoint
+    heartbeat_interval_s: float = field(10.0, gt=0)  # explorers/<name>.json refresh period
+    heartbeat_timeout_s: float = field(120.0, gt=0)  # an older heartbeat means a dead explorer
+
+
+@dataclass
+class SynchronizerConfig:
+    sync_method: Literal["checkpoint", "nccl", "memory"] = "checkpoint"  # weights transport
+    sync_style: Literal["fixed", "dynamic_by_explorer", "dynamic_by_trainer"] = "fixed"  # when
+    sync_interval: int = field(1, ge=1)  # publish weights every N trainer steps
+    sync_offset: int = field(0, ge=0)  # explorer may run N steps ahead of the weights (mode both)
+    sync_timeout: int = field(3600, ge=1)  # seconds to wait for weights/experiences before failing
+    weights_versions_to_keep: int = field(2, ge=1)  # newest weights/v* folders kept on disk
+
+
+@dataclass
+class VerlFsdpConfig:
+    param_offload: Optional[bool] = None  # -> trainer.param_offload
+    optimizer_offload: Optional[bool] = None  # -> trainer.optimizer_offload
+
+
+@dataclass
+class VerlModelConfig:
+    use_remove_padding: Optional[bool] = None  # rft always packs: padding only in micro-batches
+    enable_gradient_checkpointing: Optional[bool] = None  # -> trainer.gradient_checkpointing
+    fsdp_config: VerlFsdpConfig = field(factory=VerlFsdpConfig)  # -> trainer offload
+
+
+@dataclass
+class VerlActorConfig:
+    ppo_micro_batch_size_per_gpu: Optional[int] = field(None, ge=1)  # -> trainer.micro_batch_size_per_gpu
+    ppo_epochs: Optional[int] = field(None, ge=1)  # -> trainer.ppo_epochs
+    fsdp_config: VerlFsdpConfig = field(factory=VerlFsdpConfig)  # -> trainer offload
+
+
+@dataclass
+class VerlRolloutConfig:
+    log_prob_micro_batch_size_per_gpu: Optional[int] = field(None, ge=1)  # -> micro_batch_size_per_gpu
+
+
+@dataclass
+class VerlActorRolloutRefConfig:
+    model: VerlModelConfig = field(factory=VerlModelConfig)  # actor model switches
+    actor: VerlActorConfig = field(factory=VerlActorConfig)  # actor update
+    ref: VerlModelConfig = field(factory=VerlModelConfig)  # reference model (its fsdp offload)
+    rollout: VerlRolloutConfig = field(factory=VerlRolloutConfig)  # log-prob recompute
+
+
+@dataclass
+class VerlTrainerSection:
+    critic_warmup: int = field(0, ge=0)  # must be 0: no critic yet
+
+
+@dataclass
+class VerlTrainerConfig:
+    actor_rollout_ref: VerlActorRolloutRefConfig = field(factory=VerlActorRolloutRefConfig)  # actor
+    critic: Optional[dict] = None  # critic settings; not supported yet
+    trainer: VerlTrainerSection = field(factory=VerlTrainerSection)  # veRL trainer flags
+
+
+@dataclass
+class TrainerConfig:
+    trainer_type: Literal["deepspeed", "verl"] = "deepspeed"  # "verl" is read as DeepSpeed ZeRO
+    save_interval: int = field(0, ge=0)  # full checkpoint every N steps (0: only at the end)
+    grad_clip: float = field(1.0, ge=0)  # max gradient norm (0: no clipping)
+    use_dynamic_bsz: bool = True  # micro-batches by token budget instead of fixed size
+    max_token_len_per_gpu: int = field(16384, ge=1)  # token budget per micro-batch
+    micro_batch_size_per_gpu: int = field(1, ge=1)  # fixed micro-batch size (use_dynamic_bsz false)
+    ppo_epochs: int = field(1, ge=1)  # optimisation passes over each batch
+    ulysses_sequence_parallel_size: int = field(1, ge=1)  # sequence parallelism (only 1 for now)
+    zero_stage: int = field(2, ge=0, le=3)  # DeepSpeed ZeRO stage
+    param_offload: bool = False  # ZeRO-3 parameters in CPU memory
+    optimizer_offload: bool = False  # optimizer states in CPU memory
+    ref_offload: bool = True  # reference model kept in CPU memory between uses
+    gradient_checkpointing: bool = True  # recompute activations in backward
+    precision: Literal["bf16", "fp32"] = "bf16"  # training dtype (fp16 is refused on CPU)
+    save_hf_checkpoint: Literal["last", "always", "never"] = "last"  # write actor/huggingface/
+    max_checkpoints_to_keep: Optional[int] = field(None, ge=1)  # older global_step_* removed
+    total_steps: Optional[int] = field(None, ge=1)  # veRL's total_training_steps; see buffer
+    max_staleness_versions: Optional[int] = field(None, ge=0)  # drop older experiences (async)
+    trainer_config: VerlTrainerConfig = field(factory=VerlTrainerConfig)  # veRL-style settings
+
+
+@dataclass
+class MonitorConfig:
+    monitor_type: Literal["tensorboard", "console", "wandb", "mlflow"] = "tensorboard"  # sink
+    flush_interval_s: float = field(10.0, gt=0)  # TensorBoard flush period
+
+
+@dataclass
+class SlurmConfig:
+    partition: Optional[str] = None  # --partition
+    account: Optional[str] = None  # --account
+    qos: Optional[str] = None  # --qos
+    time: str = field("24:00:00", text_only="quote it, e.g. time: '12:00:00' (YAML reads an "
+                      "unquoted 12:00:00 as the number 43200)")  # --time, [D-]HH:MM:SS
+    constraint: Optional[str] = None  # --constraint, e.g. a100
+    signal_delay_s: int = field(300, ge=0)  # --signal=USR1@N: checkpoint N s before the limit
+    requeue: bool = True  # requeue after preemption or the warning signal
+    cpus_per_gpu: Optional[int] = field(None, ge=1)  # --cpus-per-gpu
+    mem: Optional[str] = None  # --mem per node, e.g. 200G
+    setup: list[str] = field(factory=list)  # shell lines before srun (module load ...)
+    extra_sbatch_args: list[str] = field(factory=list)  # more #SBATCH lines, e.g. "--exclusive"
+
+
+@dataclass
+class StageConfig:
+    stage_name: str = ""  # label; each stage runs after the previous one
+    mode: Optional[Mode] = None  # mode of this stage
+    overrides: dict = field(factory=dict)  # other top-level sections, merged onto the base
+
+
+@dataclass
+class Config:
+    project: str = "rft"  # run directory: <checkpoint_root_dir>/<project>/<name>
+    name: str = "run"  # experiment name
+    mode: Mode = "both"  # both: synchronous; explore / train: separate async jobs; bench: eval
+    checkpoint_root_dir: str = "./checkpoints"  # on the shared filesystem
+    continue_from_checkpoint: bool = True  # resume from the run directory's newest checkpoint
+    stages: list[StageConfig] = field(factory=list)  # e.g. SFT warm-up then RFT
+    algorithm: AlgorithmConfig = field(factory=AlgorithmConfig)  # RL algorithm
+    model: ModelConfig = field(factory=ModelConfig)  # policy model and generation limits
+    cluster: ClusterConfig = field(factory=ClusterConfig)  # GPUs of the run
+    buffer: BufferConfig = field(factory=BufferConfig)  # tasks in, experiences out
+    explorer: ExplorerConfig = field(factory=ExplorerConfig)  # rollout workers
+    synchronizer: SynchronizerConfig = field(factory=SynchronizerConfig)  # weight sync
+    trainer: TrainerConfig = field(factory=TrainerConfig)  # DeepSpeed trainer
+    monitor: MonitorConfig = field(factory=MonitorConfig)  # metrics sinks
+    slurm: SlurmConfig = field(factory=SlurmConfig)  # sbatch resources
+
+    @property
+    def run_dir(self) -> Path:
+        """Absolute run directory (relative roots are relative to the working directory)."""
+        return (Path(self.checkpoint_root_dir).expanduser() / self.project / self.name).absolute()
+
+    def labelled_tasksets(self, *, training: bool = True,
+                          evaluation: bool = True) -> list[tuple[str, TasksetConfig]]:
+        """Tasksets (training, then eval) with their key paths, for messages."""
+        inputs = self.buffer.explorer_input
+        out = []
+        if training:
+            out += [("buffer.explorer_input.taskset", inputs.taskset)] if inputs.taskset else []
+            out += [(f"buffer.explorer_input.tasksets[{i}]", ts) for i, ts in enumerate(inputs.tasksets)]
+        if evaluation:
+            out += [(f"buffer.explorer_input.eval_tasksets[{i}]", ts)
+                    for i, ts in enumerate(inputs.eval_tasksets)]
+        return out
+
+    def training_tasksets(self) -> list[TasksetConfig]:
+        """The training tasksets, whether written as ``taskset`` or ``tasksets``."""
+        return [ts for _, ts in self.labelled_tasksets(evaluation=False)]
+

@@ -1,0 +1,173 @@
+"""Plain dicts (parsed YAML) to typed dataclasses and back, with errors a user can act on.
+
+Knows nothing about rft: it walks a dataclass schema and a nested dict side by side. Every
+error names the full key path (``buffer.explorer_input.taskset.fromat``), the value, and what
+would be valid; an unknown key gets the nearest valid key as a suggestion. Field ranges come
+from ``metadata`` set by :func:`field`. The keys present in the input are recorded, so callers
+can tell a value the user set from a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from typing import Any, Literal, Union
+
+from rft.errors import ConfigError, nearest
+
+_MISSING = dataclasses.MISSING
+
+
+def field(default: Any = _MISSING, *, factory: Any = _MISSING, ge: float | None = None,
+          gt: float | None = None, le: float | None = None, text_only: str | None = None) -> Any:
+    """A dataclass field with optional numeric bounds checked at load time; ``text_only`` (a
+    hint) refuses numbers in a string field instead of converting them."""
+    meta = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("text_only", text_only))
+            if v is not None}
+    if factory is not _MISSING:
+        return dataclasses.field(default_factory=factory, metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+def _join(path: str, key: str | int) -> str:
+    if isinstance(key, int):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else key
+
+
+def from_dict(cls: type, data: Any, path: str = "", seen: set[str] | None = None) -> Any:
+    """Build dataclass ``cls`` from ``data``; ``seen`` collects the key paths present."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path or 'config'}: expected a mapping of keys, got {_show(data)}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    kwargs = {}
+    for key, value in data.items():
+        key_path = _join(path, str(key))
+        if key not in fields:
+            raise ConfigError(_unknown_key_message(key_path, str(key), fields))
+        if seen is not None:
+            seen.add(key_path)
+        hint = fields[key].metadata.get("text_only")
+        if hint and value is not None and not isinstance(value, str):
+            raise ConfigError(f"{key_path}: expected text, got {_show(value)}; {hint}")
+        kwargs[key] = convert(hints[key], value, key_path, seen)
+        _check_bounds(fields[key], kwargs[key], key_path)
+    return cls(**kwargs)
+
+
+def _unknown_key_message(key_path: str, key: str, fields: dict) -> str:
+    valid = sorted(fields)
+    hint = nearest(key, valid)
+    did_you_mean = f" Did you mean '{key_path.rsplit(key, 1)[0]}{hint}'?" if hint else ""
+    return f"unknown config key '{key_path}'.{did_you_mean} Valid keys here: {', '.join(valid)}"
+
+
+def _check_bounds(f: dataclasses.Field, value: Any, key_path: str) -> None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return
+    checks = (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
+              ("le", lambda v, b: v <= b, "<="))
+    for name, ok, sign in checks:
+        bound = f.metadata.get(name)
+        if bound is not None and not ok(value, bound):
+            raise ConfigError(f"{key_path}: {value!r} is out of range; it must be {sign} {bound}")
+
+
+def convert(tp: Any, value: Any, path: str, seen: set[str] | None = None) -> Any:
+    """Check ``value`` against the type annotation ``tp``; return it converted."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (Union, types.UnionType):
+        return _convert_optional(args, value, path, seen)
+    if origin is Literal:
+        return _convert_literal(args, value, path)
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, path, seen)
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{path}: expected a list, got {_show(value)}")
+        return [convert(args[0], v, _join(path, i), seen) for i, v in enumerate(value)]
+    if origin is dict or tp is dict:
+        return _convert_dict(args, value, path, seen)
+    return _convert_scalar(tp, value, path)
+
+
+def _convert_optional(args: tuple, value: Any, path: str, seen: set[str] | None) -> Any:
+    inner = [a for a in args if a is not type(None)]
+    if value is None and len(inner) < len(args):
+        return None
+    assert len(inner) == 1, "only Optional[X] unions are supported in config schemas"
+    return convert(inner[0], value, path, seen)
+
+
+def _convert_literal(args: tuple, value: Any, path: str) -> Any:
+    if value in args and not isinstance(value, bool):
+        return value
+    hint = nearest(str(value), [str(a) for a in args])
+    did_you_mean = f" Did you mean '{hint}'?" if hint else ""
+    valid = ", ".join(repr(a) for a in args)
+    raise ConfigError(f"{path}: {value!r} is not a valid choice.{did_you_mean} Valid: {valid}")
+
+
+def _convert_dict(args: tuple, value: Any, path: str, seen: set[str] | None) -> dict:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path}: expected a mapping, got {_show(value)}")
+    if not args:
+        return dict(value)
+    return {str(k): convert(args[1], v, _join(path, str(k)), seen) for k, v in value.items()}
+
+
+def _convert_scalar(tp: type, value: Any, path: str) -> Any:
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{path}: expected true or false, got {_show(value)}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{path}: expected an integer, got {_show(value)}")
+    if tp is float:
+        return _to_float(value, path)
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)  # e.g. `name: 2024`: a number is a fine name
+        raise ConfigError(f"{path}: expected a string, got {_show(value)}")
+    raise AssertionError(f"unsupported type {tp!r} in config schema at {path}")
+
+
+def _to_float(value: Any, path: str) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):  # YAML 1.1 reads `1e-5` (no dot) as a string
+        try:
+            return float(value)
+        except ValueError:
+            pass
+    raise ConfigError(f"{path}: expected a number, got {_show(value)}")
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    text = text if len(text) <= 60 else text[:57] + "..."
+    return f"{text} ({type(value).__name__})"
+
+
+def to_dict(obj: Any) -> Any:
+    """A dataclass tree as plain dicts and lists (for YAML), keeping field order."""
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj) if f.init}
+    if isinstance(obj, list):
+        return [to_dict(v) for v in obj]
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return obj

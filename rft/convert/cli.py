@@ -1,0 +1,391 @@
+"""``rft-convert``: training checkpoints -> Hugging Face safetensors folders, in place.
+
+Input is a path: a run directory (every ``global_step_N`` below it), one ``global_step_N``, a
+path inside one (``.../global_step_N/actor``), or a bare DeepSpeed/FSDP checkpoint folder.
+For each step the checkpoint in ``global_step_N/actor/`` (DeepSpeed ZeRO 1/2/3 or FSDP, read by
+:mod:`rft.ckpt_readers`) becomes ``global_step_N/actor/huggingface/``::
+
+    model.safetensors (or model-0000k-of-0000n.safetensors + model.safetensors.index.json)
+    config.json, generation_config.json, tokenizer files, chat template
+
+Config and tokenizer come from the checkpoint's own ``huggingface/`` files (a trainer may
+have written them there), else from ``--base-model-dir``. The folder is built under a
+temporary name and published by rename (:mod:`rft.atomic`), so an interrupted conversion leaves
+nothing that looks complete; a step whose folder already holds whole weights is skipped unless
+``--force``. Tensors stream one at a time from the shards into the output files
+(:mod:`rft.safetensors_io`). A summary table ends the run; the exit code is 1 if a step failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rft.atomic import is_tmp, publish_dir, remove_stale_tmp, tmp_name
+from rft.convert.readers import CheckpointContents, SourceTensor, detect_format, open_checkpoint
+from rft.errors import CheckpointError, RftError
+from rft.rundir import ACTOR_DIR, HF_DIR, STEP_RE
+from rft.convert.safetensors_io import (
+    INDEX_FILE,
+    SINGLE_FILE,
+    TensorSpec,
+    parse_size,
+    plan_shards,
+    read_header,
+    shard_file_names,
+    weights_complete,
+    write_index,
+    write_safetensors,
+)
+
+log = logging.getLogger("rft.convert")
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+DTYPE_JSON = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".ckpt", ".index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+@dataclass(frozen=True)
+class Job:
+    """One checkpoint to convert: its label, the folder with the shards, where the output goes."""
+
+    label: str
+    step: int | None
+    ckpt_dir: Path  # actor/ (or a DeepSpeed tag folder inside it)
+    out_dir: Path  # .../actor/huggingface
+
+
+@dataclass
+class Outcome:
+    label: str
+    status: str  # converted | skipped | failed
+    note: str = ""
+    seconds: float = 0.0
+    nbytes: int = 0
+
+
+@dataclass(frozen=True)
+class Options:
+    base_model_dir: Path | None
+    dtype: str  # auto | fp32 | bf16 | fp16
+    max_shard_bytes: int
+    force: bool
+
+
+# ----------------------------------------------------------------------------- finding steps
+
+
+def _step_job(step_dir: Path, given: Path | None = None) -> Job:
+    """The job of one step folder; ``given`` is a path inside it (a role folder or a tag folder)."""
+    rel = given.relative_to(step_dir).parts if given else ()
+    if rel and rel[-1] == HF_DIR:
+        rel = rel[:-1]
+    if rel:
+        role = step_dir / rel[0]
+    else:
+        role = step_dir / ACTOR_DIR if (step_dir / ACTOR_DIR).is_dir() else step_dir
+    step = int(STEP_RE.match(step_dir.name).group(1))
+    ckpt_dir = step_dir.joinpath(*rel) if len(rel) > 1 else role
+    return Job(step_dir.name, step, ckpt_dir, role / HF_DIR)
+
+
+def find_jobs(path: Path, steps: set[int] | None = None) -> list[Job]:
+    """The checkpoints that ``path`` names (see the module docstring), filtered by ``steps``."""
+    path = path.resolve()
+    if not path.exists():
+        raise CheckpointError(f"{path} does not exist; pass a run directory or a global_step_N folder")
+    jobs = _jobs_for(path)
+    if steps is not None:
+        jobs = [j for j in jobs if j.step in steps]
+        missing = steps - {j.step for j in jobs}
+        if missing:
+            raise CheckpointError(f"no global_step_{min(missing)} under {path}; steps found: "
+                                  f"{sorted(j.step for j in _jobs_for(path))}")
+    return jobs
+
+
+def _jobs_for(path: Path) -> list[Job]:
+    for parent in [path, *path.parents]:
+        if STEP_RE.match(parent.name):
+            return [_step_job(parent, path)]
+    found = sorted(_walk_steps(path), key=lambda p: (str(p.parent), int(STEP_RE.match(p.name).group(1))))
+    if found:
+        return [_step_job(p) for p in found]
+    if path.is_dir():
+        detect_format(path)  # raises a clear "not a checkpoint" error
+        return [Job(path.name, None, path, path / HF_DIR)]
+    raise CheckpointError(f"{path} is a file; pass the folder that holds the checkpoint")
+
+
+def _walk_steps(root: Path) -> list[Path]:
+    out = []
+    for dirpath, dirnames, _files in os.walk(root):
+        for name in list(dirnames):
+            if STEP_RE.match(name):
+                out.append(Path(dirpath) / name)
+                dirnames.remove(name)  # a step folder holds no further steps
+            elif is_tmp(name):
+                dirnames.remove(name)
+    return out
+
+
+# ----------------------------------------------------------------------------- HF side files
+
+
+def _hf_sources(job: Job, base: Path | None) -> list[Path]:
+    """Folders to take config/tokenizer files from, lowest priority first."""
+    sources = [base] if base else []
+    if job.out_dir.is_dir():
+        sources.append(job.out_dir)  # the checkpoint's own HF files win
+    return sources
+
+
+def _side_files(folder: Path) -> list[Path]:
+    return [p for p in sorted(folder.iterdir())
+            if p.is_file() and not is_tmp(p) and not p.name.endswith(WEIGHT_SUFFIXES)]
+
+
+def copy_side_files(job: Job, base: Path | None, dest: Path) -> dict:
+    """Copy config, tokenizer and template files into ``dest``; return the parsed config.json."""
+    if base is not None and not (base / "config.json").is_file():
+        raise CheckpointError(f"--base-model-dir {base} has no config.json; pass a Hugging Face model folder")
+    for folder in _hf_sources(job, base):
+        for p in _side_files(folder):
+            shutil.copyfile(p, dest / p.name)
+    if not (dest / "config.json").is_file():
+        raise CheckpointError(f"{job.label}: no config.json in {job.out_dir}; pass --base-model-dir "
+                              "(the Hugging Face model folder the run started from)")
+    if not any((dest / name).is_file() for name in TOKENIZER_FILES):
+        raise CheckpointError(f"{job.label}: no tokenizer files in {job.out_dir}"
+                              + (f" or {base}" if base else "") + "; pass --base-model-dir with a tokenizer")
+    try:
+        return json.loads((dest / "config.json").read_text())
+    except ValueError as e:
+        raise CheckpointError(f"{dest / 'config.json'} is not valid JSON ({e})") from e
+
+
+def resolve_dtype(choice: str, config: dict) -> torch.dtype:
+    """``auto``: the dtype config.json declares (fp32 when it declares none)."""
+    if choice != "auto":
+        return DTYPES[choice]
+    declared = str(config.get("torch_dtype") or config.get("dtype") or "float32").replace("torch.", "")
+    return {v: k for k, v in DTYPE_JSON.items()}.get(declared, torch.float32)
+
+
+def write_configs(dest: Path, config: dict, dtype: torch.dtype) -> None:
+    """Record the output dtype in config.json; add a generation_config.json if none came along."""
+    keys = [k for k in ("dtype", "torch_dtype") if k in config] or ["torch_dtype"]  # new and old spelling
+    for key in keys:
+        config[key] = DTYPE_JSON[dtype]
+    (dest / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    if not (dest / "generation_config.json").is_file():
+        gen = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if config.get(k) is not None}
+        gen["_from_model_config"] = True
+        (dest / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n")
+
+
+# ----------------------------------------------------------------------------- weights
+
+
+def output_tensors(contents: CheckpointContents, config: dict) -> tuple[list[SourceTensor], dict[str, str]]:
+    """Unique tensors to write, plus aliases written as copies (tied weights the config unties).
+
+    Tied aliases are dropped only when config.json says ``tie_word_embeddings: true``, because
+    then transformers re-ties them on load; otherwise each alias gets its own copy.
+    """
+    if config.get("tie_word_embeddings") is True:
+        return contents.tensors, {}
+    names = {t.name for t in contents.tensors}
+    copies = {a: s for a, s in contents.aliases.items() if s in names and a not in names}
+    return contents.tensors, copies
+
+
+def reference_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor names and shapes of the safetensors weights in ``folder`` (headers only; {} if none)."""
+    index = folder / INDEX_FILE
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = [SINGLE_FILE] if (folder / SINGLE_FILE).is_file() else []
+    shapes = {}
+    for name in files:
+        header = read_header(folder / name)
+        shapes.update({k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"})
+    return shapes
+
+
+def check_against_reference(contents: CheckpointContents, base: Path | None) -> None:
+    """Refuse a --base-model-dir whose weights have other names or shapes than the checkpoint."""
+    ref = reference_shapes(base) if base else {}
+    if not ref:
+        return
+    ours = {t.name: t.shape for t in contents.tensors}
+    wrong = [f"{n} {ours[n]} vs {ref[n]}" for n in ours if n in ref and tuple(ref[n]) != ours[n]]
+    unknown = [n for n in ours if n not in ref]
+    if wrong or len(unknown) == len(ours):
+        example = wrong[0] if wrong else f"{unknown[0]} is not in {base}"
+        raise CheckpointError(f"the checkpoint does not match --base-model-dir {base} (e.g. {example}); "
+                              "pass the model folder the run started from")
+    if unknown:
+        log.warning("%d tensor(s) of the checkpoint are not in %s, e.g. %s", len(unknown), base, unknown[0])
+
+
+def _out_dtype(src: torch.dtype, dtype: torch.dtype) -> torch.dtype:
+    return dtype if src.is_floating_point else src
+
+
+def write_weights(contents: CheckpointContents, config: dict, dtype: torch.dtype, dest: Path,
+                  max_shard_bytes: int, label: str) -> int:
+    """Stream every tensor into safetensors shard(s) in ``dest``; return the bytes written."""
+    from tqdm import tqdm
+
+    tensors, copies = output_tensors(contents, config)
+    by_name = {t.name: t for t in tensors}
+    specs = [TensorSpec(t.name, t.shape, _out_dtype(t.dtype, dtype)) for t in tensors]
+    specs += [TensorSpec(a, by_name[s].shape, _out_dtype(by_name[s].dtype, dtype)) for a, s in copies.items()]
+    shards = plan_shards(specs, max_shard_bytes)
+    names = shard_file_names(len(shards))
+    total = sum(s.nbytes for s in specs)
+    with tqdm(total=total, unit="B", unit_scale=True, desc=f"{label}", leave=True,
+              disable=None) as bar:
+
+        def produce(spec: TensorSpec) -> torch.Tensor:
+            src = by_name[copies.get(spec.name, spec.name)]
+            tensor = src.load().to(spec.dtype)
+            bar.update(spec.nbytes)
+            return tensor
+
+        for shard, name in zip(shards, names):
+            write_safetensors(dest / name, shard, produce)
+    if len(shards) > 1:
+        write_index(dest, shards, names)
+    return total
+
+
+# ----------------------------------------------------------------------------- one step
+
+
+def _publish(tmp: Path, final: Path) -> None:
+    """Publish ``tmp`` as ``final``, replacing an incomplete (or, with --force, a complete) one."""
+    if not final.exists():
+        publish_dir(tmp, final)
+        return
+    old = tmp_name(final.with_name(final.name + ".old"))
+    os.rename(final, old)
+    try:
+        publish_dir(tmp, final)
+    except BaseException:
+        os.rename(old, final)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def convert_job(job: Job, opts: Options) -> Outcome:
+    """Convert one checkpoint; never raises for bad input (the outcome says what failed)."""
+    start = time.monotonic()
+    if weights_complete(job.out_dir) and not opts.force:
+        return Outcome(job.label, "skipped", f"{job.out_dir} is complete (--force redoes it)")
+    if job.out_dir.parent.is_dir():
+        for stale in remove_stale_tmp(job.out_dir.parent, prefix=f"{HF_DIR}."):
+            log.info("removed %s, left by an interrupted conversion", stale)
+    tmp = tmp_name(job.out_dir)
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir(parents=True)
+        config = copy_side_files(job, opts.base_model_dir, tmp)
+        dtype = resolve_dtype(opts.dtype, config)
+        contents = open_checkpoint(job.ckpt_dir)
+        try:
+            if not (job.out_dir / "config.json").is_file():  # the config comes from the base model
+                check_against_reference(contents, opts.base_model_dir)
+            nbytes = write_weights(contents, config, dtype, tmp, opts.max_shard_bytes, job.label)
+        finally:
+            contents.close()
+        write_configs(tmp, config, dtype)
+        _publish(tmp, job.out_dir)
+    except RftError as e:
+        return Outcome(job.label, "failed", str(e), time.monotonic() - start)
+    except Exception as e:  # an unexpected bug must not stop the other steps
+        log.exception("%s: unexpected error", job.label)
+        return Outcome(job.label, "failed", f"{type(e).__name__}: {e}", time.monotonic() - start)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone after a publish; debris after a failure
+    note = f"{contents.kind}, {contents.world_size} rank(s), {DTYPE_JSON[dtype]} -> {job.out_dir}"
+    return Outcome(job.label, "converted", note, time.monotonic() - start, nbytes)
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def summary_table(outcomes: list[Outcome]) -> str:
+    """A plain-text table: one row per step, then totals per status."""
+    rows = [("step", "status", "size", "time", "note")]
+    for o in outcomes:
+        size = f"{o.nbytes / 2**20:.1f} MiB" if o.nbytes else "-"
+        rows.append((o.label, o.status, size, f"{o.seconds:.1f}s", o.note))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r[:4], widths)) + "  " + r[4] for r in rows]
+    counts = {s: sum(o.status == s for o in outcomes) for s in ("converted", "skipped", "failed")}
+    lines.append(", ".join(f"{n} {s}" for s, n in counts.items()))
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="rft-convert",
+        description="Convert DeepSpeed ZeRO / FSDP checkpoints to Hugging Face safetensors "
+                    "(written to global_step_N/actor/huggingface/).")
+    p.add_argument("--checkpoint-dir", required=True, type=Path,
+                   help="run directory, one global_step_N, a path inside one, or a bare checkpoint folder")
+    p.add_argument("--base-model-dir", type=Path, default=None,
+                   help="HF model folder for config/tokenizer when the checkpoint lacks them")
+    p.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
+                   help="output dtype of floating tensors (auto: as config.json declares)")
+    p.add_argument("--steps", default=None, help="comma-separated step numbers to convert, e.g. 100,200")
+    p.add_argument("--max-shard-size", default="5GB", help="largest safetensors file before sharding")
+    p.add_argument("--force", action="store_true", help="reconvert steps whose huggingface/ is complete")
+    p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    return p.parse_args(argv)
+
+
+def _parse_steps(text: str | None) -> set[int] | None:
+    if text is None:
+        return None
+    try:
+        return {int(s) for s in text.split(",") if s.strip()}
+    except ValueError as e:
+        raise CheckpointError(f"--steps {text!r}: write step numbers separated by commas, e.g. 100,200") from e
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``bin/rft-convert``; returns the exit code."""
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        opts = Options(args.base_model_dir.resolve() if args.base_model_dir else None, args.dtype,
+                       parse_size(args.max_shard_size), args.force)
+        jobs = find_jobs(args.checkpoint_dir, _parse_steps(args.steps))
+    except (RftError, ValueError) as e:
+        print(f"rft-convert: {e}", file=sys.stderr)
+        return 2
+    if not jobs:
+        print(f"rft-convert: no global_step_N folders under {args.checkpoint_dir}", file=sys.stderr)
+        return 2
+    outcomes = []
+    for job in jobs:
+        outcome = convert_job(job, opts)
+        log.info("%s: %s %s", outcome.label, outcome.status, outcome.note)
+        outcomes.append(outcome)
+    print(summary_table(outcomes))
+    return 1 if any(o.status == "failed" for o in outcomes) else 0

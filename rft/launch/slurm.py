@@ -1,0 +1,199 @@
+"""SLURM jobs from a config: size the node groups, render the sbatch script, submit it.
+
+Input: a checked :class:`~rft.config.Config`, the config file and overrides the workers get.
+Output: an sbatch script (``--dry-run`` prints it) and, when submitted, the job id.
+
+``mode: both`` is one heterogeneous job: component 0 runs the explorer tasks (one per vLLM
+engine, ``tensor_parallel_size`` GPUs each), component 1 the trainer ranks (one per remaining
+GPU), each group started by its own ``srun --het-group=N`` line. ``explore`` and ``train`` are
+one-component jobs (the asynchronous runs and added explorers). ``--signal=USR1@N`` and
+``--requeue`` are on: the trainer checkpoints on the signal and exits 143, and the script
+requeues the job, which resumes from that checkpoint.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from rft.config.schema import Config
+from rft.errors import EXIT_REQUEUE, SlurmError
+from rft.launch.worker import WORKER_MODULE
+from rft.placement import EXPLORER_MODES, TRAINER_MODES, gpu_split
+from rft.rundir import LOG_DIR
+
+@dataclass(frozen=True)
+class Group:
+    """One component of the job: which role, and the resources it asks for."""
+
+    role: str  # "explorer" or "trainer"
+    nodes: int  # --nodes
+    ntasks: int  # --ntasks: explorer engines, or trainer ranks
+    gpus_per_task: int  # --gpus-per-task (0: a CPU cluster)
+
+
+def groups(cfg: Config, mode: str | None = None) -> list[Group]:
+    """Size the job's components from ``cluster`` and ``explorer.rollout_model``."""
+    mode = mode or cfg.mode
+    rollout, cluster = cfg.explorer.rollout_model, cfg.cluster
+    gpn = cluster.gpu_per_node
+    split = gpu_split(cfg, mode)
+    out = []
+    if mode in EXPLORER_MODES:
+        nodes = math.ceil(split.explorer / gpn) if gpn else 1
+        out.append(Group("explorer", nodes, rollout.engine_num, rollout.tensor_parallel_size if gpn else 0))
+    if mode in TRAINER_MODES:
+        if gpn and split.trainer < 1:
+            raise SlurmError(f"no GPU left for the trainer: cluster has {split.total}, explorers "
+                             f"take {split.explorer}")
+        nodes = math.ceil(split.trainer / gpn) if gpn else cluster.node_num
+        out.append(Group("trainer", nodes, split.trainer if gpn else cluster.node_num, 1 if gpn else 0))
+    return out
+
+
+def _resource_line(group: Group, cfg: Config) -> str:
+    parts = [f"--nodes={group.nodes}", f"--ntasks={group.ntasks}"]
+    if group.gpus_per_task:
+        parts.append(f"--gpus-per-task={group.gpus_per_task}")
+        if cfg.slurm.cpus_per_gpu:
+            parts.append(f"--cpus-per-gpu={cfg.slurm.cpus_per_gpu}")
+    if cfg.slurm.mem:
+        parts.append(f"--mem={cfg.slurm.mem}")
+    return "#SBATCH " + " ".join(parts) + f"  # {group.role}"
+
+
+def header(cfg: Config, job_name: str, log_dir: Path) -> list[str]:
+    """The job-wide #SBATCH lines."""
+    s = cfg.slurm
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={job_name}",
+             f"#SBATCH --output={log_dir}/slurm-%j.out", "#SBATCH --open-mode=append",
+             f"#SBATCH --time={s.time}", f"#SBATCH --signal=USR1@{s.signal_delay_s}"]
+    lines += ["#SBATCH --requeue"] if s.requeue else ["#SBATCH --no-requeue"]
+    for flag, value in (("partition", s.partition), ("account", s.account), ("qos", s.qos),
+                        ("constraint", s.constraint)):
+        if value:
+            lines.append(f"#SBATCH --{flag}={value}")
+    lines += [f"#SBATCH {arg}" for arg in s.extra_sbatch_args]
+    return lines
+
+
+def render(cfg: Config, config_path: Path, overrides: list[str], *, python: str | None = None,
+           workdir: Path | None = None, mode: str | None = None, job_name: str | None = None) -> str:
+    """The sbatch script that runs ``cfg`` (``mode`` picks both/explore/train)."""
+    mode = mode or cfg.mode
+    parts = groups(cfg, mode)
+    log_dir = cfg.run_dir / LOG_DIR
+    name = job_name or f"rft-{cfg.project}-{cfg.name}".replace("/", "-")
+    lines = header(cfg, name, log_dir)
+    for i, group in enumerate(parts):
+        if i:
+            lines.append("#SBATCH hetjob")
+        lines.append(_resource_line(group, cfg))
+    lines += ["set -euo pipefail", *cfg.slurm.setup,
+              f"cd {shlex.quote(str(workdir or Path.cwd()))}"]
+    args = " ".join(shlex.quote(a) for a in ["--config", str(config_path), *overrides])
+    py = shlex.quote(python or sys.executable)
+    het = len(parts) > 1
+    for i, group in enumerate(parts):
+        where = f"--het-group={i} " if het else ""
+        lines += [f"srun {where}{py} -m {WORKER_MODULE} {group.role} {args} &", f"{group.role}=$!"]
+    lines += _epilogue([g.role for g in parts])
+    return "\n".join(lines) + "\n"
+
+
+def _epilogue(roles: list[str]) -> list[str]:
+    """Wait for the groups; requeue when the trainer stopped for a signal after checkpointing."""
+    main = "trainer" if "trainer" in roles else roles[0]
+    lines = ["code=0", f'wait "${main}" || code=$?']
+    lines += [f'wait "${r}" || true' for r in roles if r != main]
+    lines += [f'if [ "$code" = {EXIT_REQUEUE} ]; then',
+              '  echo "rft: checkpoint saved after a signal; requeueing $SLURM_JOB_ID"',
+              '  scontrol requeue "$SLURM_JOB_ID"', "fi", 'exit "$code"']
+    return lines
+
+
+def sbatch(script: str, env: dict[str, str] | None = None) -> str:
+    """Submit ``script`` with sbatch; return the job id or raise a clear SlurmError."""
+    if shutil.which("sbatch") is None:
+        raise SlurmError("sbatch is not on PATH: run this on a SLURM login node (or `module load "
+                         "slurm`); `--dry-run` prints the script without submitting")
+    proc = subprocess.run(["sbatch", "--parsable"], input=script, text=True, capture_output=True,
+                          env=env, timeout=120)
+    if proc.returncode != 0:
+        raise SlurmError(explain_sbatch_error(proc.stderr.strip()))
+    return proc.stdout.strip().split(";")[0]
+
+
+def explain_sbatch_error(stderr: str) -> str:
+    """sbatch's refusal with a hint for the common causes."""
+    hint = ""
+    if "invalid partition" in stderr.lower():
+        hint = " Set slurm.partition to one that `sinfo -s` lists."
+    elif "invalid account" in stderr.lower() or "association" in stderr.lower():
+        hint = " Set slurm.account (and slurm.qos) to ones `sacctmgr show assoc user=$USER` lists."
+    elif "gres" in stderr.lower() or "generic resource" in stderr.lower():
+        hint = " The cluster has fewer GPUs per node than cluster.gpu_per_node; lower it."
+    return f"sbatch refused the job: {stderr}.{hint}"
+
+
+def job_state(job_id: str, env: dict[str, str] | None = None) -> str | None:
+    """The job's state from scontrol (works without accounting); None once it is forgotten."""
+    proc = subprocess.run(["scontrol", "show", "job", job_id, "-o"], capture_output=True,
+                          text=True, env=env, timeout=30)
+    for field in proc.stdout.split():
+        if field.startswith("JobState="):
+            return field.split("=", 1)[1]
+    return None
+
+
+def tail_log(path: Path, lines: int = 30) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return f"(no log at {path})"
+
+
+def submitit_executor(cfg: Config, mode: str, folder: Path):
+    """A submitit executor for the job: component 0 from its parameters, component 1 (if any)
+    as ``#SBATCH hetjob`` setup lines, one srun over both (submitit 1.5 has no hetjob API)."""
+    import submitit
+
+    parts = groups(cfg, mode)
+    first, rest = parts[0], parts[1:]
+    s = cfg.slurm
+    params: dict = dict(nodes=first.nodes, ntasks_per_node=math.ceil(first.ntasks / first.nodes),
+                        time=_minutes(s.time), signal_delay_s=s.signal_delay_s,
+                        job_name=f"rft-{cfg.project}-{cfg.name}".replace("/", "-"),
+                        stderr_to_stdout=True)
+    if first.gpus_per_task:
+        params["gpus_per_task"] = first.gpus_per_task
+    for key in ("partition", "account", "qos", "constraint"):
+        if getattr(s, key):
+            params[key] = getattr(s, key)
+    setup = []
+    for group in rest:
+        setup += ["#SBATCH hetjob", _resource_line(group, cfg).split("  #")[0]]
+    setup += list(s.setup)
+    executor = submitit.SlurmExecutor(folder=str(folder), max_num_timeout=3)
+    executor.update_parameters(**params, setup=setup,
+                               srun_args=[f"--het-group={','.join(str(i) for i in range(len(parts)))}"]
+                               if rest else [],
+                               additional_parameters={"requeue": s.requeue} if s.requeue else {})
+    return executor
+
+
+def _minutes(time_limit: str) -> int:
+    """SLURM's [D-]HH:MM:SS (or minutes) as whole minutes, for submitit."""
+    days, _, clock = time_limit.rpartition("-")
+    fields = [int(x) for x in clock.split(":")]
+    if len(fields) == 1:
+        minutes = fields[0]
+    else:
+        fields = ([0] * (3 - len(fields))) + fields
+        minutes = fields[0] * 60 + fields[1] + (1 if fields[2] else 0)
+    return minutes + int(days or 0) * 24 * 60

@@ -1,0 +1,88 @@
+"""Submitting to SLURM from the login node: which job a config makes, submission, waiting.
+
+The job is rendered by :mod:`rft.launch.slurm` and submitted through submitit (the default; the
+heterogeneous job as one ``srun`` over both groups, entering :func:`rft.launch.worker.het_task`)
+or as the rendered sbatch script. The run directory is prepared first, so two experiments can
+never share one (:func:`rft.rundir.prepare`).
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+from pathlib import Path
+
+from rft.config.load import config_to_yaml
+from rft.config.schema import Config
+from rft.errors import EXIT_FAILED, EXIT_OK, ConfigError, SlurmError
+from rft.launch import slurm
+from rft.monitor import tensorboard_dir
+from rft.rundir import LOG_DIR, prepare, recorded_mode
+
+
+def launch_mode(cfg: Config) -> str:
+    """The job ``rft-launch`` submits for ``cfg``: its mode (both, explore or train)."""
+    if cfg.mode == "bench":
+        raise ConfigError("mode 'bench' runs on one node: use bin/rft-run")
+    if cfg.stages:
+        raise ConfigError("configs with stages run stage after stage with bin/rft-run for now; "
+                          "submit each stage's config separately with rft-launch")
+    return cfg.mode
+
+
+def explorer_mode(cfg: Config) -> str:
+    """``rft-add-explorer`` joins asynchronous runs only, with a mode 'explore' config."""
+    if "both" in (cfg.mode, recorded_mode(cfg.run_dir)):
+        raise ConfigError("an explorer joins asynchronous runs only: in mode 'both' the trainer "
+                          "waits for a fixed set of explorers each step. Run the explorer and "
+                          "trainer as separate jobs (mode explore / mode train, configs/async/)")
+    if cfg.mode != "explore":
+        raise ConfigError(f"rft-add-explorer needs a mode 'explore' config, not '{cfg.mode}' "
+                          "(see configs/async/explorer_new.yaml)")
+    return "explore"
+
+
+def tunnel_hint(cfg: Config) -> str:
+    host = socket.getfqdn()
+    logdir = tensorboard_dir(cfg.run_dir)
+    return (f"TensorBoard: on {host} run `tensorboard --logdir {logdir} --port 6006`, then on "
+            f"your laptop `ssh -N -L 6006:localhost:6006 {host}` and open http://localhost:6006")
+
+
+def submit(cfg: Config, config_path: Path, overrides: list[str], mode: str, *, use_sbatch: bool) -> str:
+    """Prepare the run directory and submit the job for ``mode``; returns the job id."""
+    prepare(cfg.run_dir, config_to_yaml(cfg), f"launch-{mode}")
+    if use_sbatch:
+        return slurm.sbatch(slurm.render(cfg, config_path, overrides, mode=mode))
+    from rft.launch.worker import het_task
+
+    executor = slurm.submitit_executor(cfg, mode, cfg.run_dir / LOG_DIR / "submitit")
+    roles = [g.role for g in slurm.groups(cfg, mode)]
+    try:
+        job = executor.submit(het_task, roles, ["--config", str(config_path), *overrides])
+    except Exception as e:  # submitit wraps sbatch's refusal in its own error types
+        raise SlurmError(slurm.explain_sbatch_error(str(e).strip())) from e
+    return str(job.job_id)
+
+
+def job_log(cfg: Config, job_id: str, use_sbatch: bool) -> Path:
+    log_dir = cfg.run_dir / LOG_DIR
+    return log_dir / f"slurm-{job_id}.out" if use_sbatch else log_dir / "submitit" / f"{job_id}_0_log.out"
+
+
+def wait_for(job_id: str, cfg: Config, use_sbatch: bool, poll_s: float = 5.0) -> int:
+    """Block until the job ends; EXIT_OK if it completed, else EXIT_FAILED with its log's tail."""
+    ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
+             "PREEMPTED", "BOOT_FAIL", "DEADLINE")
+    state = slurm.job_state(job_id)
+    while state is not None and state.split()[0] not in ended:
+        time.sleep(poll_s)
+        state = slurm.job_state(job_id)
+    if state == "COMPLETED":
+        print(f"job {job_id} completed")
+        return EXIT_OK
+    log = job_log(cfg, job_id, use_sbatch)
+    print(f"error: job {job_id} ended {state or 'and is no longer known to SLURM'}; the last "
+          f"lines of {log}:\n{slurm.tail_log(log)}", file=sys.stderr)
+    return EXIT_FAILED

@@ -1,0 +1,206 @@
+"""Placement: which GPUs each role gets, and which rank a process is, under every launcher.
+
+One owner for facts that the config rules, the plan, the local launcher, the SLURM job, the
+worker, the explorer and the trainer's engine all need:
+
+- the GPU split: explorer engines take ``engine_num x tensor_parallel_size`` GPUs; in
+  ``mode: both`` the trainer gets the rest of ``cluster.node_num x gpu_per_node``, in
+  ``mode: train`` all of them (:func:`gpu_split`; on this machine :func:`local_gpu_ids`);
+- ranks: an explorer task's rank and count come from ``RFT_EXPLORER_RANK``/``RFT_EXPLORER_COUNT``
+  (local launcher, heterogeneous jobs), else ``SLURM_PROCID``/``SLURM_NTASKS`` (its srun step);
+  a trainer rank's torch.distributed variables come from torchrun, else from SLURM
+  (:func:`torch_env_from_slurm`), else a group of one (:func:`single_process_env`);
+- the rendezvous port of a SLURM job's trainer (:func:`master_port`).
+
+Nothing here imports torch or reads the config at import time.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Mapping
+
+from rft.errors import ConfigError
+
+if TYPE_CHECKING:
+    from rft.config.schema import Config
+
+EXPLORER_MODES = ("both", "explore")  # modes that run explorer tasks (bench: one engine in-process)
+TRAINER_MODES = ("both", "train")  # modes that run a trainer
+
+
+# ----------------------------------------------------------------------------- devices
+
+
+@dataclass(frozen=True)
+class Devices:
+    """Accelerators visible on this machine."""
+
+    gpus: int  # visible NVIDIA GPUs (0 on CPU machines)
+
+
+def local_devices() -> Devices:
+    """Count GPUs without importing torch (nvidia-smi and CUDA_VISIBLE_DEVICES)."""
+    if shutil.which("nvidia-smi") is None:
+        return Devices(0)
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return Devices(len([d for d in visible.split(",") if d.strip() not in ("", "-1")]))
+    try:
+        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
+                                 timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return Devices(0)  # a driver that does not answer: treat the machine as CPU-only
+    return Devices(sum(1 for line in listing.splitlines() if line.startswith("GPU ")))
+
+
+@dataclass(frozen=True)
+class GpuSplit:
+    """GPUs of each role in the cluster the config describes."""
+
+    total: int  # cluster.node_num x gpu_per_node (0: a CPU-only description)
+    explorer: int  # explorer engines: engine_num x tensor_parallel_size (0 if no explorer)
+    trainer: int  # trainer ranks: the rest in mode both, all in mode train (0 if no trainer)
+
+
+def gpu_split(cfg: "Config", mode: str | None = None) -> GpuSplit:
+    """How ``mode`` (default: the config's) divides the cluster section's GPUs."""
+    mode = mode or cfg.mode
+    rollout = cfg.explorer.rollout_model
+    total = cfg.cluster.node_num * cfg.cluster.gpu_per_node
+    engines = mode in EXPLORER_MODES or mode == "bench"
+    explorer = rollout.engine_num * rollout.tensor_parallel_size if engines else 0
+    trainer = {"both": total - explorer, "train": total}.get(mode, 0)
+    return GpuSplit(total, explorer, trainer)
+
+
+def local_gpu_ids(cfg: "Config", gpus: int) -> tuple[list[list[int]], list[int]]:
+    """GPU ids per explorer task and for the trainer on this machine (all empty without GPUs)."""
+    rollout = cfg.explorer.rollout_model
+    if gpus == 0:
+        return [[] for _ in range(rollout.engine_num)], []
+    tp = rollout.tensor_parallel_size
+    explorers = ([list(range(i * tp, (i + 1) * tp)) for i in range(rollout.engine_num)]
+                 if cfg.mode in EXPLORER_MODES else [])
+    used = sum(len(ids) for ids in explorers)
+    trainer = list(range(used, gpus)) if cfg.mode in TRAINER_MODES else []
+    if used > gpus or (cfg.mode in TRAINER_MODES and not trainer):
+        raise ConfigError(f"this machine has {gpus} GPU(s): explorers need {used} and the "
+                          "trainer at least 1; lower explorer.rollout_model.engine_num")
+    return explorers, trainer
+
+
+# ----------------------------------------------------------------------------- ranks
+
+
+@dataclass(frozen=True)
+class TaskRank:
+    """Which task of a group this process is, and which variables said so (for messages)."""
+
+    rank: int
+    count: int
+    rank_var: str
+    count_var: str
+
+
+def explorer_rank(env: Mapping[str, str]) -> TaskRank:
+    """RFT_EXPLORER_RANK/COUNT, else SLURM_PROCID/NTASKS, else task 0 of 1."""
+    keys = (("RFT_EXPLORER_RANK", "RFT_EXPLORER_COUNT") if "RFT_EXPLORER_RANK" in env
+            else ("SLURM_PROCID", "SLURM_NTASKS"))
+    rank, count = int(env.get(keys[0], 0)), int(env.get(keys[1], 1))
+    if not 0 <= rank < count:
+        raise ConfigError(f"{keys[0]}={rank} is outside 0..{count - 1} ({keys[1]}={count})")
+    return TaskRank(rank, count, *keys)
+
+
+def process_rank(env: Mapping[str, str]) -> int:
+    """This process's rank in its role: RANK (torchrun), else SLURM_PROCID, else 0."""
+    return int(env.get("RANK", env.get("SLURM_PROCID", "0")))
+
+
+def master_port(job_id: str | int) -> int:
+    """The trainer's rendezvous port in SLURM job ``job_id`` (distinct for concurrent jobs)."""
+    return 20000 + int(job_id or 0) % 20000
+
+
+def first_host(nodelist: str) -> str:
+    """The first hostname of a SLURM nodelist expression (``n[1-3],m1`` -> ``n1``)."""
+    try:
+        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
+                             text=True, timeout=30, check=True).stdout
+        if out.split():
+            return out.split()[0]
+    except (OSError, subprocess.SubprocessError):
+        pass
+    match = re.match(r"([^,\[]+)(?:\[(\d+))?", nodelist)
+    return "".join(g for g in match.groups() if g) if match else nodelist
+
+
+def resolvable(host: str) -> str:
+    """``host`` if it resolves, else its SLURM NodeAddr (local clusters name nodes n1, n2...)."""
+    try:
+        socket.gethostbyname(host)
+        return host
+    except OSError:
+        pass
+    out = subprocess.run(["scontrol", "show", "node", host, "-o"], capture_output=True, text=True,
+                         timeout=30).stdout
+    for field in out.split():
+        if field.startswith("NodeAddr="):
+            return field.split("=", 1)[1]
+    return host
+
+
+def trainer_env(rank: int, world_size: int, env: Mapping[str, str], nodelist: str) -> dict[str, str]:
+    """torch.distributed variables of trainer ``rank`` in a SLURM job (rank 0 on the first node)."""
+    return {"RANK": str(rank), "WORLD_SIZE": str(world_size),
+            "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
+            "MASTER_ADDR": env.get("MASTER_ADDR") or resolvable(first_host(nodelist)),
+            "MASTER_PORT": env.get("MASTER_PORT") or str(master_port(env.get("SLURM_JOB_ID", "0")))}
+
+
+def torch_env_from_slurm(env: Mapping[str, str]) -> dict[str, str]:
+    """torch.distributed variables for a trainer rank launched by srun (empty if torchrun set
+    them, or if this is not an srun task)."""
+    if "RANK" in env or "SLURM_PROCID" not in env:
+        return {}
+    nodelist = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST", "localhost")
+    world = env.get("SLURM_STEP_NUM_TASKS", env.get("SLURM_NTASKS", "1"))
+    return trainer_env(int(env["SLURM_PROCID"]), int(world), env, nodelist)
+
+
+def single_process_env() -> dict[str, str]:
+    """A group of one on this host (a trainer started by hand, without torchrun or srun)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port)}
+
+
+@dataclass(frozen=True)
+class HetTask:
+    """A task of one ``srun --het-group=0,1`` step: its role and its rank inside its group."""
+
+    role: str
+    rank: int
+    count: int
+    group: int
+
+
+def het_task_placement(role_by_group: list[str], env: Mapping[str, str]) -> HetTask:
+    """SLURM numbers the tasks of a heterogeneous step globally; ``SLURM_NTASKS_HET_GROUP_<g>``
+    tells which group (hence role) a task belongs to and its rank inside the group."""
+    procid, first = int(env["SLURM_PROCID"]), 0
+    for group, role in enumerate(role_by_group):
+        count = int(env.get(f"SLURM_NTASKS_HET_GROUP_{group}", env.get("SLURM_NTASKS", "1")))
+        if procid < first + count:
+            return HetTask(role, procid - first, count, group)
+        first += count
+    raise RuntimeError(f"SLURM_PROCID={procid} is outside the {first} tasks of groups "
+                       f"{role_by_group}")

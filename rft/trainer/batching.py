@@ -1,0 +1,303 @@
+"""Pure batching for the trainer: experiences -> per-rank micro-batches of padded tensors.
+
+Data in: the ``train_batch_size`` :class:`~rft.experience.Experience` records of one step (the
+same list on every rank). Data out, per rank: a list of :class:`MicroBatch` (padded tensors)
+plus the loss weight of each, so that gradient accumulation over micro-batches and averaging
+over data-parallel ranks give exactly the loss of the whole batch under ``loss_agg_mode``.
+
+Steps, each a function here (torch and the stdlib only, no distributed calls):
+
+1. :func:`rows_from_experiences` - token ids, response masks and rewards as one
+   :class:`Rows` table ``[N, R]`` (R = longest response of the batch);
+2. :func:`split_for_ranks` - whole groups to ranks, balancing token counts (deterministic);
+3. :func:`plan_micro_batches` - a rank's rows into micro-batches by a token budget (padded
+   size B * T <= budget) or a fixed row count; with expert rows in the batch (CHORD), rollout
+   and expert rows never share a micro-batch (:func:`split_by_source`);
+4. :func:`collate` - one micro-batch as padded tensors (padding only inside it);
+5. :func:`micro_loss_scale` - the factor that turns a micro-batch's aggregated loss into its
+   share of the batch loss (DeepSpeed divides summed gradients by the world size). Each source
+   (rollout, expert) has its own totals (:func:`source_totals`): ``mix_chord`` aggregates its
+   PPO part over rollout rows and its SFT part over expert rows, so with single-source
+   micro-batches the scaled sum is exactly ``mix_chord`` of the whole batch;
+6. :class:`MetricSums` - per-step metrics from the micro-batches' metrics.
+
+A rank with fewer micro-batches than the others runs zero-weight ones (:func:`padding_micro`),
+so every rank issues the same collectives.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from rft.errors import DataError
+from rft.monitor import POLICY_LOSS
+from rft.buffer.experience import Experience
+
+
+@dataclass
+class Rows:
+    """One step's batch as a table: python token lists plus response-aligned tensors."""
+
+    input_ids: list[list[int]]  # prompt + response per row
+    prompt_lens: list[int]
+    group_ids: list[str]
+    rewards: torch.Tensor  # [N] float32
+    response_mask: torch.Tensor  # [N, R] 1 on response tokens
+    rollout_logprobs: torch.Tensor  # [N, R] from vLLM (0 where absent)
+    has_logprobs: torch.Tensor  # [N] bool: the row came with rollout logprobs
+    expert: torch.Tensor  # [N] bool: source == "expert"
+    model_versions: list[int]
+
+    def __len__(self) -> int:
+        return len(self.input_ids)
+
+    @property
+    def response_lens(self) -> list[int]:
+        return [len(ids) - p for ids, p in zip(self.input_ids, self.prompt_lens)]
+
+
+def rows_from_experiences(exps: Sequence[Experience]) -> Rows:
+    """Tabulate a batch; DataError for an empty response (nothing to train on)."""
+    for exp in exps:
+        if not exp.response_ids:
+            raise DataError(f"experience {exp.experience_id} has no response tokens; the "
+                            "explorer must not write empty responses (min_response_tokens >= 1)")
+    n = len(exps)
+    width = max((len(e.response_ids) for e in exps), default=1)
+    mask = torch.zeros(n, width)  # [N, R]
+    logprobs = torch.zeros(n, width)  # [N, R]
+    for i, exp in enumerate(exps):
+        mask[i, :len(exp.response_ids)] = 1.0
+        if exp.logprobs:
+            logprobs[i, :len(exp.logprobs)] = torch.tensor(exp.logprobs, dtype=torch.float32)
+    return Rows(
+        input_ids=[list(e.prompt_ids) + list(e.response_ids) for e in exps],
+        prompt_lens=[len(e.prompt_ids) for e in exps],
+        group_ids=[e.group_id for e in exps],
+        rewards=torch.tensor([float(e.reward) for e in exps], dtype=torch.float32),  # [N]
+        response_mask=mask,
+        rollout_logprobs=logprobs,
+        has_logprobs=torch.tensor([bool(e.logprobs) for e in exps], dtype=torch.bool),  # [N]
+        expert=torch.tensor([e.source == "expert" for e in exps], dtype=torch.bool),  # [N]
+        model_versions=[e.model_version for e in exps],
+    )
+
+
+def split_for_ranks(group_ids: Sequence[str], lengths: Sequence[int], world_size: int) -> list[list[int]]:
+    """Row indices per rank: whole groups, largest first, each to the least-loaded rank.
+
+    Deterministic (ties go to the lower rank), so every rank computes the same split. Within a
+    rank, rows keep their batch order.
+    """
+    groups: dict[str, list[int]] = {}
+    for i, gid in enumerate(group_ids):
+        groups.setdefault(gid, []).append(i)
+    order = sorted(groups.values(), key=lambda rows: (-sum(lengths[i] for i in rows), rows[0]))
+    load = [0] * world_size
+    shares: list[list[int]] = [[] for _ in range(world_size)]
+    for rows in order:
+        rank = min(range(world_size), key=lambda r: (load[r], r))
+        shares[rank].extend(rows)
+        load[rank] += sum(lengths[i] for i in rows)
+    return [sorted(share) for share in shares]
+
+
+def plan_micro_batches(
+    rows: Sequence[int], lengths: Sequence[int], *, use_dynamic_bsz: bool,
+    max_token_len: int, micro_batch_size: int,
+) -> list[list[int]]:
+    """Group a rank's rows into micro-batches.
+
+    Dynamic: rows sorted by length (less padding), packed while rows * longest <= max_token_len;
+    a single row longer than the budget gets a micro-batch of its own. Fixed: chunks of
+    ``micro_batch_size`` rows in batch order.
+    """
+    if not use_dynamic_bsz:
+        return [list(rows[i:i + micro_batch_size]) for i in range(0, len(rows), micro_batch_size)]
+    micros: list[list[int]] = []
+    current: list[int] = []
+    longest = 0
+    for i in sorted(rows, key=lambda r: (-lengths[r], r)):
+        grown = max(longest, lengths[i])
+        if current and grown * (len(current) + 1) > max_token_len:
+            micros.append(current)
+            current, grown = [], lengths[i]
+        current.append(i)
+        longest = grown
+    if current:
+        micros.append(current)
+    return micros
+
+
+@dataclass
+class MicroBatch:
+    """Padded tensors of one micro-batch; response tensors are aligned with the response."""
+
+    input_ids: torch.Tensor  # [B, T] right-padded
+    attention_mask: torch.Tensor  # [B, T]
+    logit_positions: torch.Tensor  # [B, R] position whose logits predict each response token
+    response_ids: torch.Tensor  # [B, R]
+    response_mask: torch.Tensor  # [B, R] 1 on response tokens that count
+    advantages: torch.Tensor  # [B, R]
+    old_logprobs: torch.Tensor  # [B, R]
+    expert: torch.Tensor  # [B] bool
+    rows: list[int]  # indices into the step's Rows (empty for a padding micro-batch)
+    ref_logprobs: torch.Tensor | None = None  # [B, R], filled when KL needs it
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.attention_mask.sum().item())
+
+    def to(self, device: torch.device | str) -> "MicroBatch":
+        moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in vars(self).items()}
+        return MicroBatch(**moved)
+
+
+def collate(batch: Rows, rows: Sequence[int], advantages: torch.Tensor,
+            old_logprobs: torch.Tensor, pad_id: int = 0) -> MicroBatch:
+    """Pad the chosen rows to the micro-batch's own longest sequence and response.
+
+    ``advantages`` and ``old_logprobs`` are the batch's ``[N, R_batch]`` tensors.
+    """
+    seq_len = max(len(batch.input_ids[i]) for i in rows)
+    resp_len = max(batch.response_lens[i] for i in rows)
+    b = len(rows)
+    input_ids = torch.full((b, seq_len), pad_id, dtype=torch.long)  # [B, T]
+    attention = torch.zeros(b, seq_len, dtype=torch.long)  # [B, T]
+    positions = torch.zeros(b, resp_len, dtype=torch.long)  # [B, R]
+    for j, i in enumerate(rows):
+        ids, p = batch.input_ids[i], batch.prompt_lens[i]
+        input_ids[j, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attention[j, :len(ids)] = 1
+        n_resp = len(ids) - p
+        # logits at position t predict token t + 1; a response at p.. is predicted from p - 1..
+        positions[j, :n_resp] = torch.arange(p - 1, p - 1 + n_resp)
+    index = torch.tensor(list(rows), dtype=torch.long)  # [B]
+    resp_ids = input_ids.gather(1, (positions + 1).clamp(max=seq_len - 1))  # [B, R]
+    mask = batch.response_mask[index, :resp_len]  # [B, R]
+    return MicroBatch(
+        input_ids=input_ids, attention_mask=attention, logit_positions=positions,
+        response_ids=resp_ids * mask.long(), response_mask=mask,
+        advantages=advantages[index, :resp_len].float(),  # [B, R]
+        old_logprobs=old_logprobs[index, :resp_len].float(),  # [B, R]
+        expert=batch.expert[index], rows=list(rows),
+    )
+
+
+def padding_micro(pad_id: int = 0) -> MicroBatch:
+    """A zero-weight micro-batch (two tokens, empty mask) that keeps ranks in lockstep."""
+    zeros = torch.zeros(1, 1)  # [1, 1]
+    return MicroBatch(
+        input_ids=torch.full((1, 2), pad_id, dtype=torch.long), attention_mask=torch.ones(1, 2, dtype=torch.long),
+        logit_positions=torch.zeros(1, 1, dtype=torch.long), response_ids=torch.zeros(1, 1, dtype=torch.long),
+        response_mask=zeros, advantages=zeros.clone(), old_logprobs=zeros.clone(),
+        expert=torch.zeros(1, dtype=torch.bool), rows=[],
+    )
+
+
+@dataclass(frozen=True)
+class BatchTotals:
+    """Counts over the whole step's batch (all ranks): the denominators of the batch loss."""
+
+    tokens: int  # response tokens that count
+    sequences: int  # rows with at least one such token
+    response_width: int  # R of the whole batch (the seq-mean-token-sum-norm constant)
+
+
+def batch_totals(mask: torch.Tensor) -> BatchTotals:
+    """Totals of a ``[N, R]`` response mask."""
+    return BatchTotals(int(mask.sum().item()), int((mask.sum(-1) > 0).sum().item()), mask.shape[-1])
+
+
+def micro_loss_scale(mask: torch.Tensor, totals: BatchTotals, mode: str, world_size: int) -> float:
+    """Multiplier for a micro-batch loss aggregated with ``mode`` over its own ``[B, R]`` mask.
+
+    Sum over all ranks' micro-batches of scale * micro_loss, divided by ``world_size`` (the
+    data-parallel gradient average), equals the loss of the whole batch: for token-mean the
+    micro mean is weighted by its token share; the sequence modes by their sequence share
+    (sum-norm also by R_micro / R_batch, since it divides by the padded width).
+    """
+    if mode == "token-mean":
+        share = mask.sum().item() / max(totals.tokens, 1)
+    else:
+        share = (mask.sum(-1) > 0).sum().item() / max(totals.sequences, 1)
+        if mode == "seq-mean-token-sum-norm":
+            share *= mask.shape[-1] / max(totals.response_width, 1)
+    return share * world_size
+
+
+def split_by_source(rows: Sequence[int], expert: torch.Tensor) -> list[list[int]]:
+    """A rank's rows as [rollout rows, expert rows] (each in order, empty parts left out)."""
+    parts = [[i for i in rows if not bool(expert[i])], [i for i in rows if bool(expert[i])]]
+    return [part for part in parts if part]
+
+
+def source_totals(mask: torch.Tensor, expert: torch.Tensor) -> dict[bool, BatchTotals]:
+    """Totals per source (key: is expert) of a ``[N, R]`` mask; an absent source counts 0.
+
+    ``response_width`` stays the whole batch's R, as when the loss sees the whole batch.
+    """
+    out = {}
+    for is_expert in (False, True):
+        part = mask[expert == is_expert]  # [n, R]
+        out[is_expert] = BatchTotals(int(part.sum().item()), int((part.sum(-1) > 0).sum().item()),
+                                     mask.shape[-1])
+    return out
+
+
+def source_fractions(totals: dict[bool, BatchTotals], mode: str) -> dict[bool, float]:
+    """Each source's share of the batch in ``mode``'s unit (tokens for token-mean, else rows)."""
+    sizes = {k: float(t.tokens if mode == "token-mean" else t.sequences) for k, t in totals.items()}
+    whole = sum(sizes.values())
+    return {k: (v / whole if whole else 0.0) for k, v in sizes.items()}
+
+
+def micro_source(micro: MicroBatch) -> bool:
+    """True for an expert micro-batch (micro-batches hold one source; padding counts as rollout)."""
+    expert = micro.expert
+    assert bool(expert.all()) or not bool(expert.any()), "a micro-batch mixes rollout and expert rows"
+    return bool(expert.any())
+
+
+LOSS_KEYS = frozenset({POLICY_LOSS})  # summed with loss shares: each source's part of the batch loss
+
+
+@dataclass
+class MetricSums:
+    """A step's metrics accumulated over micro-batches, then summed over ranks (:meth:`merge`).
+
+    A micro-batch adds its metrics with ``loss_share``, its share of its source's loss (over all
+    ranks and epochs these sum to 1 per source, less under seq-mean-token-sum-norm), and its
+    source's ``fraction`` of the batch. ``LOSS_KEYS`` are summed with loss shares, so ``pg_loss``
+    is the loss of the whole batch (``mix_chord`` micro-batches report their part: (1 - mu) PPO
+    or mu SFT). Every other key is the mean weighted by loss share x fraction over the
+    micro-batches that report it: a key both sources report (``mu``, ``entropy``) is a
+    whole-batch value, ``usual/*`` one over the rollout rows, ``expert/*`` one over the expert
+    rows. With token-mean and the seq-mean modes these are the whole batch's values exactly;
+    under seq-mean-token-sum-norm a loss part such as ``usual/pg_loss`` is the weighted mean of
+    the micro-batches' values (each normalised by its own padded width). Zero-weight (padding)
+    micro-batches are skipped.
+    """
+
+    sums: dict[str, float] = field(default_factory=dict)
+    weights: dict[str, float] = field(default_factory=dict)
+
+    def add(self, metrics: dict[str, float], loss_share: float, fraction: float) -> None:
+        if loss_share == 0:
+            return
+        for key, value in metrics.items():
+            weight = loss_share if key in LOSS_KEYS else loss_share * fraction
+            self.sums[key] = self.sums.get(key, 0.0) + value * weight
+            self.weights[key] = self.weights.get(key, 0.0) + weight
+
+    def merge(self, other: "MetricSums") -> None:
+        for key, value in other.sums.items():
+            self.sums[key] = self.sums.get(key, 0.0) + value
+            self.weights[key] = self.weights.get(key, 0.0) + other.weights[key]
+
+    def result(self) -> dict[str, float]:
+        return {key: total if key in LOSS_KEYS else total / self.weights[key]
+                for key, total in self.sums.items()}

@@ -1,0 +1,318 @@
+"""DeepSpeed ZeRO for the trainer: the only module that imports ``deepspeed``.
+
+Data in: the typed config (``trainer.*``, ``algorithm.optimizer``, ``model.model_path``) and
+the process environment (``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` from torchrun or srun; none
+for a single process). Data out: an :class:`Actor` (the DeepSpeed engine being trained), an
+optional frozen :class:`Reference`, per-token log-probs of micro-batches, 16-bit weights
+gathered on rank 0, and DeepSpeed checkpoints.
+
+Device and backend come from DeepSpeed's accelerator: CUDA + NCCL on GPU nodes, CPU + gloo
+here (``DS_ACCELERATOR=cpu`` is set when torch sees no GPU). Gradient accumulation is driven
+by the caller (``managed_gradient_accumulation: false``): every ``backward`` adds to the
+gradients, every ``step`` is one optimizer update, so micro-batch counts may vary per step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("DS_ACCELERATOR", "cpu")
+
+import deepspeed  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from deepspeed.accelerator import get_accelerator  # noqa: E402
+
+from rft import placement  # noqa: E402
+from rft.trainer.batching import MicroBatch  # noqa: E402
+from rft.config.schema import Config  # noqa: E402
+from rft.errors import CheckpointError, ConfigError  # noqa: E402
+from rft.algo.losses import token_entropy, token_logprobs  # noqa: E402
+from rft.trainer.lr_schedule import lr_multiplier, warmup_steps  # noqa: E402
+
+log = logging.getLogger("rft.trainer")
+
+
+# ----------------------------------------------------------------------------- distributed
+
+@dataclass(frozen=True)
+class DistInfo:
+    rank: int
+    world_size: int
+    local_rank: int
+    device: torch.device
+    backend: str
+
+
+def init_distributed(timeout_s: float = 1800.0) -> DistInfo:
+    """Join the process group (torchrun/srun variables, or a group of one).
+
+    ``timeout_s`` bounds every collective: the other ranks wait in one while rank 0 waits for
+    experiences, so it must exceed ``synchronizer.sync_timeout``.
+    """
+    os.environ.update(placement.torch_env_from_slurm(os.environ))
+    if "RANK" not in os.environ:
+        os.environ.update(placement.single_process_env())
+    accel = get_accelerator()
+    backend = "nccl" if accel.device_name() == "cuda" else "gloo"
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    if accel.device_name() == "cuda":
+        accel.set_device(local_rank)
+    deepspeed.init_distributed(dist_backend=backend, timeout=timedelta(seconds=timeout_s))
+    device = torch.device(accel.device_name(local_rank))
+    return DistInfo(dist.get_rank(), dist.get_world_size(), local_rank, device, backend)
+
+
+def barrier() -> None:
+    dist.barrier()
+
+
+def broadcast_object(obj: Any, src: int = 0) -> Any:
+    """``obj`` from rank ``src`` on every rank (pickled)."""
+    box = [obj]
+    dist.broadcast_object_list(box, src=src)
+    return box[0]
+
+
+def all_gather_objects(obj: Any) -> list[Any]:
+    out: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def all_reduce_max(value: int) -> int:
+    t = torch.tensor([value], dtype=torch.long, device=_comm_device())
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t.item())
+
+
+def _comm_device() -> torch.device:
+    accel = get_accelerator()
+    return torch.device(accel.current_device_name()) if accel.device_name() == "cuda" else torch.device("cpu")
+
+
+def teardown(exit_code: int = 0) -> None:
+    """End the process group, then leave without running interpreter exit (DESIGN: gloo
+    ZeRO-3 teardown race)."""
+    if dist.is_initialized():
+        try:
+            dist.barrier()
+            dist.destroy_process_group()
+        except Exception as e:  # noqa: BLE001 - the run is over; report and leave
+            log.warning("process group teardown: %s", e)
+    logging.shutdown()
+    os._exit(exit_code)
+
+
+# ----------------------------------------------------------------------------- configs
+
+def ds_config(cfg: Config, world_size: int, on_cpu: bool, *, train: bool = True,
+              offload_params: bool = False) -> dict[str, Any]:
+    """The DeepSpeed config dict of the actor (``train``) or of the reference model."""
+    t, opt = cfg.trainer, cfg.algorithm.optimizer
+    zero: dict[str, Any] = {"stage": t.zero_stage}
+    if t.zero_stage == 3:
+        zero["stage3_gather_16bit_weights_on_model_save"] = True
+    if on_cpu and (offload_params or (train and t.optimizer_offload)):
+        log.info("offload settings have no effect on CPU: everything already is in CPU memory")
+    if offload_params and not on_cpu:
+        if t.zero_stage != 3:
+            raise ConfigError(f"trainer.param_offload needs trainer.zero_stage=3 (got "
+                              f"{t.zero_stage}); ZeRO-1/2 keep full parameters on each GPU")
+        zero["offload_param"] = {"device": "cpu", "pin_memory": True}
+    if train and t.optimizer_offload and not on_cpu:
+        zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
+    config: dict[str, Any] = {
+        "train_micro_batch_size_per_gpu": 1,
+        "gradient_accumulation_steps": 1,
+        "train_batch_size": world_size,
+        "zero_optimization": zero,
+        "bf16": {"enabled": t.precision == "bf16"},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if train:
+        config.update(
+            managed_gradient_accumulation=False,
+            gradient_clipping=float(t.grad_clip),
+            zero_allow_untested_optimizer=True,
+            zero_force_ds_cpu_optimizer=False,
+            optimizer={"type": "AdamW" if opt.optimizer_type == "adamw" else "Adam",
+                       "params": {"lr": opt.lr, "betas": list(opt.betas),
+                                  "weight_decay": opt.weight_decay, "torch_adam": on_cpu,
+                                  "adam_w_mode": opt.optimizer_type == "adamw"}},
+        )
+    return config
+
+
+def _load_model(path: str, dtype: torch.dtype, config: dict[str, Any]):
+    """HF ``from_pretrained``; under ZeRO-3 with ``HfDeepSpeedConfig`` alive (partitioned load
+    with real weights; ``deepspeed.zero.Init`` alone would skip HF's weight loading)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.integrations import HfDeepSpeedConfig
+
+    keep_alive = HfDeepSpeedConfig(config) if config["zero_optimization"]["stage"] == 3 else None
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    model.config.use_cache = False
+    return model, keep_alive
+
+
+# ----------------------------------------------------------------------------- actor
+
+@dataclass
+class Actor:
+    engine: Any  # deepspeed.DeepSpeedEngine
+    zero_stage: int
+    hf_ds_config: Any  # HfDeepSpeedConfig kept alive for ZeRO-3 (None otherwise)
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self.engine.module
+
+
+def build_actor(cfg: Config, info: DistInfo, total_optimizer_steps: int | None) -> Actor:
+    """The trained model as a DeepSpeed engine with AdamW and the warm-up/decay schedule."""
+    on_cpu = info.device.type == "cpu"
+    config = ds_config(cfg, info.world_size, on_cpu, offload_params=cfg.trainer.param_offload)
+    dtype = torch.bfloat16 if cfg.trainer.precision == "bf16" and cfg.trainer.zero_stage == 3 else torch.float32
+    model, keep_alive = _load_model(cfg.model.model_path, dtype, config)
+    if cfg.trainer.gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    opt = cfg.algorithm.optimizer
+    warmup = warmup_steps(opt.lr_warmup_steps, opt.lr_warmup_steps_ratio, total_optimizer_steps)
+    factor = lr_multiplier(opt.warmup_style, warmup, total_optimizer_steps, opt.min_lr_ratio)
+
+    def scheduler(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+                                      config=config, lr_scheduler=scheduler)
+    engine.train()
+    return Actor(engine, cfg.trainer.zero_stage, keep_alive)
+
+
+def current_lr(actor: Actor) -> float:
+    return float(actor.engine.get_lr()[0])
+
+
+def backward(actor: Actor, loss: torch.Tensor) -> None:
+    """Accumulate gradients of ``loss`` (already scaled to its share of the batch loss)."""
+    actor.engine.backward(loss, scale_wrt_gas=False)
+
+
+def optimizer_step(actor: Actor) -> float:
+    """Reduce, clip, update, advance the lr schedule; return the gradient norm (before clip)."""
+    actor.engine.step()
+    norm = actor.engine.get_global_grad_norm()
+    return float(norm) if norm is not None else float("nan")
+
+
+# ----------------------------------------------------------------------------- reference
+
+@dataclass
+class Reference:
+    module: Any  # a plain module (ZeRO 0-2) or a DeepSpeed inference engine (ZeRO-3)
+    offload: bool  # kept in CPU memory, moved to the device for each use (ZeRO 0-2 on GPU)
+    device: torch.device
+    hf_ds_config: Any
+
+
+def build_reference(cfg: Config, info: DistInfo) -> Reference:
+    """The frozen initial policy for KL terms (partitioned like the actor under ZeRO-3)."""
+    on_cpu = info.device.type == "cpu"
+    dtype = torch.bfloat16 if cfg.trainer.precision == "bf16" else torch.float32
+    # ZeRO-3 offloads the reference model's partitions; ZeRO 0-2 move it per use (below).
+    config = ds_config(cfg, info.world_size, on_cpu, train=False,
+                       offload_params=cfg.trainer.ref_offload and cfg.trainer.zero_stage == 3)
+    model, keep_alive = _load_model(cfg.model.model_path, dtype, config)
+    model.eval().requires_grad_(False)
+    if cfg.trainer.zero_stage == 3:
+        engine, *_ = deepspeed.initialize(model=model, config=config)
+        engine.eval()
+        return Reference(engine, False, info.device, keep_alive)
+    offload = cfg.trainer.ref_offload and not on_cpu
+    model.to("cpu" if offload else info.device)
+    return Reference(model, offload, info.device, None)
+
+
+# ----------------------------------------------------------------------------- forward
+
+def forward_logprobs(module: Any, micro: MicroBatch, *, with_entropy: bool,
+                     entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs ``[B, R]`` of the response tokens (and their entropies) under ``module``.
+
+    Only the logits at response positions are turned into float32 log-softmax; the entropy is
+    computed without a graph unless ``entropy_grad`` (an entropy term in the loss).
+    """
+    counted = micro.logit_positions[micro.response_mask > 0]
+    first = int(counted.min()) if counted.numel() else 0
+    last = int(counted.max()) if counted.numel() else 0
+    # The LM head runs only on the window that holds responses (prompt logits are never used).
+    keep = torch.arange(first, last + 1, device=micro.input_ids.device)  # [K]
+    logits = module(input_ids=micro.input_ids, attention_mask=micro.attention_mask,
+                    use_cache=False, logits_to_keep=keep).logits  # [B, K, V]
+    rel = (micro.logit_positions - first).clamp(0, last - first)  # [B, R]
+    resp_logits = logits[torch.arange(rel.shape[0], device=rel.device).unsqueeze(-1), rel]  # [B, R, V]
+    logprobs = token_logprobs(resp_logits, micro.response_ids)  # [B, R]
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = token_entropy(resp_logits)  # [B, R]
+    return logprobs, entropy
+
+
+@torch.no_grad()
+def reference_logprobs(ref: Reference, micro: MicroBatch) -> torch.Tensor:
+    """Reference log-probs ``[B, R]`` (the module visits the device only for this call)."""
+    if ref.offload:
+        ref.module.to(ref.device)
+    try:
+        return forward_logprobs(ref.module, micro, with_entropy=False)[0]
+    finally:
+        if ref.offload:
+            ref.module.to("cpu")
+
+
+# ----------------------------------------------------------------------------- weights, checkpoints
+
+def gather_weights(actor: Actor) -> dict[str, torch.Tensor] | None:
+    """Full 16-bit (or fp32) state dict on rank 0, None elsewhere. Collective: call on all ranks."""
+    if actor.zero_stage == 3:
+        return actor.engine._zero3_consolidated_16bit_state_dict()
+    if dist.get_rank() != 0:
+        return None
+    return {k: v.detach().cpu() for k, v in actor.module.state_dict().items()}
+
+
+def save_hf_folder(actor: Actor, state_dict: dict[str, torch.Tensor] | None, folder: Path) -> None:
+    """HF ``save_pretrained`` of the gathered weights into ``folder`` (rank 0), or only the
+    config (``state_dict`` None), without touching the partitioned live parameters."""
+    module = actor.module
+    if state_dict is None:
+        module.config.save_pretrained(folder)
+    else:
+        module.save_pretrained(folder, state_dict=state_dict, safe_serialization=True)
+    if getattr(module, "generation_config", None) is not None:
+        module.generation_config.save_pretrained(folder)
+
+
+def save_checkpoint(actor: Actor, folder: Path, tag: str) -> None:
+    """DeepSpeed's model and optimizer shards (every rank writes its own). Collective."""
+    actor.engine.save_checkpoint(str(folder), tag=tag)
+
+
+def load_checkpoint(actor: Actor, folder: Path) -> None:
+    """Restore model, optimizer and lr scheduler from ``folder`` (its ``latest`` tag)."""
+    path, _client = actor.engine.load_checkpoint(str(folder), load_optimizer_states=True,
+                                                 load_lr_scheduler_states=True)
+    if path is None:
+        raise CheckpointError(f"DeepSpeed found no checkpoint in {folder}; delete the damaged "
+                              "global_step folder (and fix latest_checkpointed_iteration.txt) to "
+                              "resume from an earlier one, or set continue_from_checkpoint: false")

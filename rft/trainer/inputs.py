@@ -1,0 +1,139 @@
+"""Where the trainer's experiences come from, one step's batch at a time (rank 0 only).
+
+Data in: the run directory's buffer (sealed segments, or SQLite with ``storage_type: sql``)
+or, for SFT, a dataset (``storage_type: file``). Data out: ``next_batch(step, version)`` ->
+the step's list of :class:`~rft.experience.Experience` (None when the input is exhausted),
+``cursor()`` for the checkpoint, ``release(cursor)`` after one, and read statistics.
+
+- ``mode: both``: step ``s`` trains on exactly the segments ``seq == s`` of every explorer
+  rank (``<explorer.name>-<rank>`` for rank < ``engine_num``), waiting up to
+  ``synchronizer.sync_timeout`` for them to be sealed;
+- ``mode: train``: up to ``buffer.train_batch_size`` experiences in whole groups, whatever is
+  available within ``sync_timeout``; groups older than ``trainer.max_staleness_versions``
+  weight versions are dropped (and counted);
+- ``storage_type: file``: :class:`~rft.trainer.sft.SftSource`;
+- ``algorithm.sample_strategy: mix`` (CHORD): :class:`~rft.trainer.mix.MixSource`, the
+  rollouts above plus expert samples from ``buffer.trainer_input.auxiliary_buffers``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from rft.buffer.segments import open_archive, open_buffer_reader, unsealed_writers
+from rft.config.schema import Config
+from rft.errors import DataError, NotSupportedError
+from rft.buffer.experience import Experience
+from rft.rundir import writer_name
+from rft.trainer.sft import SftSource
+
+log = logging.getLogger("rft.trainer")
+POLL_S = 0.5
+WAIT_SLICE_S = 5.0  # a waiting read checks for a stop request this often
+
+
+def explorer_writers(cfg: Config) -> list[str]:
+    """Buffer writer names of the explorer tasks of this run (one per engine)."""
+    return [writer_name(cfg.explorer.name, rank) for rank in range(cfg.explorer.rollout_model.engine_num)]
+
+
+class BufferSource:
+    """Rollout experiences from the buffer, optionally archived to SQLite as consumed."""
+
+    def __init__(self, cfg: Config, run_dir: Path, cursor: dict[str, Any] | None,
+                 rollouts_per_step: int | None = None):
+        buf = cfg.buffer.trainer_input.experience_buffer
+        self.cfg, self.run_dir = cfg, run_dir
+        # mode train reads this many (whole groups); mix mode leaves room for expert samples
+        self.rollouts_per_step = rollouts_per_step or cfg.buffer.train_batch_size
+        self.synchronous = cfg.mode == "both"
+        self.reader = open_buffer_reader(
+            run_dir, buf.storage_type, buf.path or "", buf.name, cursor=cursor,
+            max_staleness_versions=None if self.synchronous else cfg.trainer.max_staleness_versions,
+            num_nodes=cfg.cluster.node_num)
+        self.archive = open_archive(run_dir, buf.storage_type, buf.path or "", buf.name)
+
+    def next_batch(self, step: int, current_version: int,
+                   stop: Callable[[], bool] = lambda: False) -> list[Experience] | None:
+        """The step's batch; None when a stop was requested while waiting, or (``mode: train``)
+        when nothing arrived within ``synchronizer.sync_timeout``."""
+        batch = self._read_step(step, current_version, stop) if self.synchronous else \
+            self._read_available(current_version, stop)
+        if batch is None:
+            return None
+        batch = [e for e in batch if not e.eval]
+        if self.archive is not None:
+            self.archive.record(batch, step)
+        return batch
+
+    def _read_available(self, current_version: int, stop: Callable[[], bool]) -> list[Experience] | None:
+        want = self.rollouts_per_step
+        deadline = time.monotonic() + self.cfg.synchronizer.sync_timeout
+        out: list[Experience] = []
+        while len(out) < want and not stop():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            out += self.reader.read(want - len(out), current_version=current_version,
+                                    timeout_s=min(left, WAIT_SLICE_S), poll_s=POLL_S)
+        if not out and not stop():
+            log.warning("no experiences arrived in synchronizer.sync_timeout=%ds: stopping",
+                        self.cfg.synchronizer.sync_timeout)
+        return out or None
+
+    def _read_step(self, step: int, current_version: int, stop: Callable[[], bool]) -> list[Experience] | None:
+        if not hasattr(self.reader, "read_step"):
+            raise NotSupportedError("mode 'both' reads the buffer step by step, which needs "
+                                    "buffer.trainer_input.experience_buffer.storage_type: queue")
+        writers = explorer_writers(self.cfg)
+        deadline = time.monotonic() + self.cfg.synchronizer.sync_timeout
+        while unsealed_writers(self.reader.buffer_dir, writers, step):
+            if stop():
+                return None
+            if time.monotonic() > deadline:
+                missing = unsealed_writers(self.reader.buffer_dir, writers, step)
+                raise DataError(
+                    f"step {step}: explorer segments of {missing} not sealed after "
+                    f"synchronizer.sync_timeout={self.cfg.synchronizer.sync_timeout}s; check the "
+                    "explorer logs (is it running, and with the same explorer.name/engine_num?)")
+            time.sleep(POLL_S)
+        return self.reader.read_step(step, writers, current_version)
+
+    def cursor(self) -> dict[str, Any]:
+        return self.reader.cursor()
+
+    def release(self, cursor: dict[str, Any]) -> None:
+        removed = self.reader.release(cursor)
+        if removed:
+            log.debug("released %s consumed buffer segments", removed if isinstance(removed, int) else len(removed))
+
+    def stats(self) -> dict[str, int]:
+        return self.reader.stats.as_dict()
+
+
+class FileSource:
+    """SFT: expert experiences from a dataset (``storage_type: file``)."""
+
+    def __init__(self, cfg: Config, cursor: dict[str, Any] | None):
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model.model_path)
+        self.batch_size = cfg.buffer.train_batch_size
+        self.source = SftSource(cfg.buffer.trainer_input.experience_buffer, tokenizer,
+                                cfg.model.max_model_len, cursor)
+
+    def next_batch(self, step: int, current_version: int,
+                   stop: Callable[[], bool] = lambda: False) -> list[Experience] | None:
+        return self.source.next_batch(self.batch_size)
+
+    def cursor(self) -> dict[str, Any]:
+        return self.source.cursor()
+
+    def release(self, cursor: dict[str, Any]) -> None:
+        pass  # a dataset is never consumed
+
+    def stats(self) -> dict[str, int]:
+        return {"rows_served": self.source.served}

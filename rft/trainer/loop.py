@@ -1,0 +1,236 @@
+"""The trainer: read a batch, update the policy with DeepSpeed ZeRO, publish weights, checkpoint.
+
+Run as ``python -m rft.trainer --config FILE [key=value ...]``, alone or under
+``torchrun --nproc_per_node=N`` / ``srun`` (one process per GPU; CPU + gloo without GPUs).
+
+Data in: experiences from the run directory's buffer (``mode: both`` / ``train``) or an SFT
+dataset (``storage_type: file``), or both mixed (``sample_strategy: mix``, CHORD: see
+:mod:`rft.mix_input`), read on rank 0 and broadcast. Data out, in the run
+directory: ``weights/v<step>/`` every ``synchronizer.sync_interval`` steps (HF folders that
+vLLM reloads), ``global_step_N/`` full checkpoints every ``trainer.save_interval`` steps and
+at the end (:mod:`rft.trainer_state`), metrics in ``monitor/trainer/``.
+
+Exit codes: 0 done; :data:`EXIT_REQUEUE` (143) after SIGUSR1/SIGTERM: the step in flight was
+finished and a full checkpoint saved, so a requeued job resumes there
+(``continue_from_checkpoint: true``); 2 for a user error (message printed, no traceback).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rft.trainer import state as ts
+from rft.config.schema import Config
+from rft.config.load import load_config
+from rft.monitor import (
+    PUBLISH_TIME_S,
+    READ_TIME_S,
+    STALENESS_MAX,
+    STALENESS_MEAN,
+    STEP_TIME_S,
+    TOKENS_PER_S,
+    WEIGHTS_VERSION,
+)
+from rft.algo.registry import build_loss_fns
+from rft.data import run_steps
+from rft.sync import publishes_weights
+from rft.placement import TRAINER_MODES
+from rft.rundir import ACTOR_DIR, HF_DIR, step_dir
+from rft.entry import config_parser, run_command, setup_logging
+from rft.errors import EXIT_OK, EXIT_REQUEUE, ConfigError, RftError
+
+log = logging.getLogger("rft.trainer")
+
+
+class StopFlag:
+    """Set by SIGUSR1/SIGTERM: the loop finishes its step, checkpoints and exits."""
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+
+    def install(self) -> None:
+        for sig in (signal.SIGUSR1, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def requested(self) -> bool:
+        return self.signum is not None
+
+    def _handle(self, signum: int, _frame: Any) -> None:
+        self.signum = signum
+        log.warning("received %s: finishing the current step, then checkpoint and exit",
+                    signal.Signals(signum).name)
+
+
+@dataclass
+class Progress:
+    """What a checkpoint records besides the engine: where the loop is."""
+
+    step: int = 0  # last completed step
+    weights_version: int = 0  # last published weights version (0: the initial model)
+    cursor: dict[str, Any] = field(default_factory=dict)  # input position after `step`
+    last_saved: int = -1
+
+
+def open_source(cfg: Config, run_dir: Path, cursor: dict[str, Any] | None) -> Any:
+    """The trainer's input (rank 0): CHORD's mix, an SFT dataset, or the rollout buffer."""
+    from rft.trainer.inputs import BufferSource, FileSource
+    from rft.trainer.mix import MixSource
+
+    if cfg.algorithm.sample_strategy == "mix":
+        return MixSource(cfg, run_dir, cursor)
+    if cfg.buffer.trainer_input.experience_buffer.storage_type == "file":
+        return FileSource(cfg, cursor)
+    return BufferSource(cfg, run_dir, cursor)
+
+
+def check_mode(cfg: Config) -> None:
+    """Config checks every rank makes before any collective (a rank-0-only error would hang)."""
+    if cfg.mode not in TRAINER_MODES:
+        raise ConfigError(f"mode {cfg.mode!r} has no trainer; the trainer runs in mode 'both' or 'train'")
+
+
+def resume_point(cfg: Config, run_dir: Path, world_size: int) -> tuple[int | None, dict[str, Any]]:
+    """(step, metadata) of the newest complete checkpoint, or (None, {}) for a fresh start."""
+    if not cfg.continue_from_checkpoint:
+        return None, {}
+    step = ts.newest_complete(run_dir)
+    if step is None:
+        return None, {}
+    meta = ts.read_meta(run_dir, step)
+    if meta.get("world_size") != world_size:
+        raise RftError(f"checkpoint {step_dir(run_dir, step)} was written by "
+                       f"{meta.get('world_size')} ranks but this run has {world_size}; DeepSpeed "
+                       "cannot reshard on resume: relaunch with that many ranks")
+    return step, meta
+
+
+def publish_weights(actor: Any, publisher: Any, version: int, model_path: str, rank: int) -> None:
+    """Gather the weights (collective) and publish ``weights/v<version>/`` from rank 0."""
+    from rft.trainer import engine as dse
+
+    state = dse.gather_weights(actor)
+    if rank == 0:
+        publisher.publish(version, lambda tmp: dse.save_hf_folder(actor, state, tmp),
+                          extra_files=ts.tokenizer_files(model_path))
+    dse.barrier()
+
+
+def save_full_checkpoint(cfg: Config, run_dir: Path, actor: Any, source: Any, progress: Progress,
+                         rank: int, world_size: int, final: bool) -> None:
+    """Every rank writes its shards; rank 0 finishes (meta, rename, pointer) and releases input."""
+    from rft.trainer import engine as dse
+
+    tmp = dse.broadcast_object(ts.staging_dir(run_dir, progress.step) if rank == 0 else None)
+    actor_dir = tmp / ACTOR_DIR
+    dse.save_checkpoint(actor, actor_dir, ts.ds_tag(progress.step))
+    ts.save_rng(actor_dir, rank)
+    mode = cfg.trainer.save_hf_checkpoint
+    state = dse.gather_weights(actor) if mode == "always" or (mode == "last" and final) else None
+    dse.barrier()
+    if rank == 0:
+        from rft.sync import copy_files
+
+        dse.save_hf_folder(actor, state, actor_dir / HF_DIR)
+        copy_files(ts.tokenizer_files(cfg.model.model_path), actor_dir / HF_DIR)
+        meta = {"buffer_cursor": progress.cursor, "weights_version": progress.weights_version,
+                "world_size": world_size, "zero_stage": cfg.trainer.zero_stage,
+                "lr": dse.current_lr(actor), "time": time.time(),
+                "lr_scheduler": actor.engine.lr_scheduler.state_dict()}
+        ts.finish_checkpoint(run_dir, tmp, progress.step, meta, cfg.trainer.max_checkpoints_to_keep)
+        source.release(progress.cursor)
+        log.info("checkpoint global_step_%d saved", progress.step)
+    progress.last_saved = progress.step
+    dse.barrier()
+
+
+def staleness_metrics(batch: list[Any], version: int) -> dict[str, float]:
+    """Weight versions between the rollouts and the trainer (expert samples have none)."""
+    ages = [version - e.model_version for e in batch if e.source != "expert"]
+    if not ages:
+        return {}
+    return {STALENESS_MEAN: sum(ages) / len(ages), STALENESS_MAX: float(max(ages))}
+
+
+def run(cfg: Config) -> int:
+    """The training loop (all ranks). Returns the exit code."""
+    check_mode(cfg)
+    stop = StopFlag()
+    stop.install()
+    from rft.monitor import Monitor
+    from rft.sync import WeightsPublisher
+    from rft.trainer import engine as dse
+    from rft.trainer.step import train_step
+
+    info = dse.init_distributed(max(1800.0, cfg.synchronizer.sync_timeout + 600.0))
+    rank = info.rank
+    run_dir = cfg.run_dir
+    if rank == 0:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    fns = build_loss_fns(cfg.algorithm)
+    resumed, meta = dse.broadcast_object(resume_point(cfg, run_dir, info.world_size) if rank == 0 else None)
+    progress = Progress(step=resumed or 0, weights_version=meta.get("weights_version", 0),
+                        cursor=meta.get("buffer_cursor", {}), last_saved=resumed or -1)
+    source = open_source(cfg, run_dir, progress.cursor or None) if rank == 0 else None
+    steps = dse.broadcast_object(run_steps(cfg) if rank == 0 else None)
+    actor = dse.build_actor(cfg, info, None if steps is None else steps * cfg.trainer.ppo_epochs)
+    ref = dse.build_reference(cfg, info) if fns.needs_ref else None
+    if resumed is not None:
+        dse.load_checkpoint(actor, step_dir(run_dir, resumed) / ACTOR_DIR)
+        ts.load_rng(step_dir(run_dir, resumed) / ACTOR_DIR, rank)
+        log.info("resumed from global_step_%d (weights version %d)", resumed, progress.weights_version)
+    publisher = WeightsPublisher(run_dir, cfg.synchronizer.weights_versions_to_keep) if rank == 0 else None
+    monitor = Monitor(run_dir, "trainer", monitor_type=cfg.monitor.monitor_type, enabled=rank == 0,
+                      flush_interval_s=cfg.monitor.flush_interval_s)
+    pad_id = actor.module.config.pad_token_id or actor.module.config.eos_token_id or 0
+    if isinstance(pad_id, list):
+        pad_id = pad_id[0]
+    while steps is None or progress.step < steps:
+        step = progress.step + 1
+        t0 = time.perf_counter()
+        batch = dse.broadcast_object(source.next_batch(step, progress.weights_version, stop.requested)
+                                     if rank == 0 else None)
+        if batch is None:
+            break
+        t_read = time.perf_counter() - t0
+        stale = staleness_metrics(batch, progress.weights_version)
+        metrics = train_step(actor, ref, batch, cfg, fns, info, step, pad_id)
+        progress.step = step
+        progress.cursor = source.cursor() if rank == 0 else {}
+        t1 = time.perf_counter()
+        if publishes_weights(step, cfg.synchronizer.sync_interval, steps):
+            publish_weights(actor, publisher, step, cfg.model.model_path, rank)
+            progress.weights_version = step
+        t_publish = time.perf_counter() - t1
+        elapsed = time.perf_counter() - t0
+        metrics.update(stale)
+        metrics.update({READ_TIME_S: t_read, PUBLISH_TIME_S: t_publish, STEP_TIME_S: elapsed,
+                        TOKENS_PER_S: metrics["batch_tokens"] / max(elapsed - t_read - t_publish, 1e-9),
+                        WEIGHTS_VERSION: progress.weights_version})
+        if rank == 0:
+            metrics.update({f"buffer/{k}": v for k, v in source.stats().items()})
+        monitor.log(step, metrics)
+        if cfg.trainer.save_interval and step % cfg.trainer.save_interval == 0:
+            save_full_checkpoint(cfg, run_dir, actor, source, progress, rank, info.world_size,
+                                 final=step == steps)
+        if dse.all_reduce_max(int(stop.requested())):
+            break
+    exit_code = EXIT_REQUEUE if dse.all_reduce_max(int(stop.requested())) else EXIT_OK
+    if progress.last_saved != progress.step and progress.step > 0:
+        save_full_checkpoint(cfg, run_dir, actor, source, progress, rank, info.world_size, final=True)
+    monitor.close()
+    log.info("trainer stopped at step %d (exit code %d)", progress.step, exit_code)
+    return exit_code
+
+
+def main(argv: list[str] | None = None) -> None:
+    setup_logging()
+    args = config_parser("python -m rft.trainer", __doc__.split("\n")[0]).parse_args(argv)
+    code = run_command(lambda: run(load_config(args.config, args.overrides)))
+    from rft.trainer import engine as dse
+
+    dse.teardown(code)

@@ -1,0 +1,75 @@
+"""CHORD mixing (``algorithm.sample_strategy: mix``): each step's batch = rollouts + expert data.
+
+Data in: the run's rollout buffer (through :class:`~rft.trainer_input.BufferSource`) and one
+SFT-style dataset, ``buffer.trainer_input.auxiliary_buffers.<name>`` (``storage_type: file``,
+tokenised by :mod:`rft.sft_data`). Data out: ``next_batch(step, version)`` -> the step's
+rollouts followed by its expert experiences (``source: "expert"``, no logprobs, reward 0), which
+the trainer turns into an ``expert_mask`` for the ``mix_chord`` loss.
+
+How many of each a step takes is :func:`rft.config.mix.mix_counts` (checked when the config
+is loaded).
+
+The expert dataset is read in order and wraps around at its end (epoch after epoch). Its
+position is saved in the trainer checkpoint's ``buffer_cursor`` under the key ``"expert"``
+(``{"row": n}``: rows served so far) beside the rollout buffer's own keys, so a resumed run
+continues with the next expert row. The SQLite archive (``path: sqlite:///x.db``) records the
+rollouts only: expert rows are a fixed dataset, reproducible from it and the saved cursor.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any, Callable
+
+from rft.config.mix import expert_buffer, mix_counts
+from rft.config.schema import Config
+from rft.trainer.inputs import BufferSource
+from rft.trainer.sft import SftSource
+from rft.buffer.experience import Experience
+
+log = logging.getLogger("rft.trainer")
+
+EXPERT_CURSOR_KEY = "expert"  # the expert dataset's position inside the checkpoint's buffer_cursor
+def split_cursor(cursor: dict[str, Any] | None) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """A checkpoint's ``buffer_cursor`` -> (rollout buffer's cursor, expert cursor)."""
+    rest = dict(cursor or {})
+    expert = rest.pop(EXPERT_CURSOR_KEY, None)
+    return rest or None, expert
+
+
+class MixSource:
+    """The trainer's input in mix mode: the rollout buffer plus the expert dataset (rank 0)."""
+
+    def __init__(self, cfg: Config, run_dir: Path, cursor: dict[str, Any] | None,
+                 tokenizer: Any = None):
+
+        self.counts = mix_counts(cfg)
+        buffer_cursor, expert_cursor = split_cursor(cursor)
+        self.rollouts = BufferSource(cfg, run_dir, buffer_cursor, rollouts_per_step=self.counts.rollout)
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(cfg.model.model_path)
+        self.experts = SftSource(expert_buffer(cfg), tokenizer, cfg.model.max_model_len, expert_cursor)
+        log.info("mix: %d rollouts + %d expert samples per step (expert data: %d rows, from row %d)",
+                 self.counts.rollout, self.counts.expert, len(self.experts), self.experts.served)
+
+    def next_batch(self, step: int, current_version: int,
+                   stop: Callable[[], bool] = lambda: False) -> list[Experience] | None:
+        """The step's rollouts, then its expert samples; None when the rollouts end."""
+        rollouts = self.rollouts.next_batch(step, current_version, stop)
+        if rollouts is None:
+            return None
+        return rollouts + self.experts.next_batch(self.counts.expert)
+
+    def cursor(self) -> dict[str, Any]:
+        return {**self.rollouts.cursor(), EXPERT_CURSOR_KEY: self.experts.cursor()}
+
+    def release(self, cursor: dict[str, Any]) -> None:
+        buffer_cursor, _expert = split_cursor(cursor)
+        if buffer_cursor:
+            self.rollouts.release(buffer_cursor)
+
+    def stats(self) -> dict[str, int]:
+        return {**self.rollouts.stats(), "expert_rows_served": self.experts.served}

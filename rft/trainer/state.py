@@ -1,0 +1,158 @@
+"""The trainer's durable state in the run directory: full checkpoints, their metadata, resume.
+
+Layout written here (all on the shared filesystem)::
+
+    global_step_N/actor/<tag>/...           DeepSpeed model + optimizer shards (every rank)
+    global_step_N/actor/latest              the tag (DeepSpeed's own pointer)
+    global_step_N/actor/huggingface/        config + tokenizer (+ weights: save_hf_checkpoint)
+    global_step_N/actor/rng_state_rank{r}.pt  RNG states per rank
+    global_step_N/trainer_meta.json         step, buffer cursor, weights version, lr, world size
+    latest_checkpointed_iteration.txt       N, written last: the checkpoint is complete
+    trainer_meta.json                       copy of the newest checkpoint's metadata
+
+A checkpoint is filled under ``global_step_N.tmp.<host>.<pid>`` (the name chosen on rank 0 and
+shared), renamed by rank 0 once every rank has written, and only then is the pointer replaced;
+a crash at any point leaves the previous checkpoint as the newest complete one. This module
+holds no deepspeed import: the engine calls go through :mod:`rft.ds_engine`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rft import atomic
+from rft.errors import CheckpointError
+from rft.rundir import ACTOR_DIR, CHECKPOINT_POINTER, HF_DIR, TRAINER_META, step_dir, step_of
+
+log = logging.getLogger("rft.trainer")
+
+META_FORMAT = 1
+
+
+def ds_tag(step: int) -> str:
+    return f"global_step{step}"
+
+
+def list_checkpoints(run_dir: Path) -> list[int]:
+    """Steps with a ``global_step_N`` folder (complete or not), ascending."""
+    if not run_dir.is_dir():
+        return []
+    return sorted(s for s in map(step_of, run_dir.iterdir()) if s is not None)
+
+
+def newest_complete(run_dir: Path) -> int | None:
+    """The step the pointer names, checked to have its metadata; None for a fresh run."""
+    step = atomic.read_pointer(run_dir / CHECKPOINT_POINTER)
+    if step is None:
+        return None
+    if not (step_dir(run_dir, step) / TRAINER_META).is_file():
+        raise CheckpointError(
+            f"{run_dir / CHECKPOINT_POINTER} names step {step} but {step_dir(run_dir, step) / TRAINER_META} "
+            "is missing; restore that folder, or point the file at an older complete "
+            "global_step_N (or delete it to start over)")
+    return step
+
+
+def read_meta(run_dir: Path, step: int) -> dict[str, Any]:
+    path = step_dir(run_dir, step) / TRAINER_META
+    try:
+        meta = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"cannot read {path}: {e}; resume from an older checkpoint") from e
+    if meta.get("format", 0) > META_FORMAT:
+        raise CheckpointError(f"{path} was written by a newer rft; upgrade rft to resume")
+    return meta
+
+
+def rng_state() -> dict[str, Any]:
+    import numpy as np
+
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def rng_path(actor_dir: Path, rank: int) -> Path:
+    return actor_dir / f"rng_state_rank{rank}.pt"
+
+
+def save_rng(actor_dir: Path, rank: int) -> None:
+    torch.save(rng_state(), rng_path(actor_dir, rank))
+
+
+def load_rng(actor_dir: Path, rank: int) -> None:
+    path = rng_path(actor_dir, rank)
+    if not path.is_file():
+        log.warning("%s missing: random state not restored", path)
+        return
+    set_rng_state(torch.load(path, weights_only=False))
+
+
+def staging_dir(run_dir: Path, step: int) -> Path:
+    """Rank 0's temporary name for a checkpoint being written (broadcast to the other ranks)."""
+    final = step_dir(run_dir, step)
+    for path in atomic.remove_stale_tmp(run_dir, prefix=final.name):
+        log.info("removed %s (checkpoint left by a dead trainer)", path)
+    tmp = atomic.tmp_name(final)
+    shutil.rmtree(tmp, ignore_errors=True)
+    (tmp / ACTOR_DIR / HF_DIR).mkdir(parents=True)
+    return tmp
+
+
+def finish_checkpoint(run_dir: Path, tmp: Path, step: int, meta: dict[str, Any],
+                      keep: int | None) -> Path:
+    """Rank 0, after every rank wrote into ``tmp``: metadata, rename, pointer, pruning."""
+    meta = {"format": META_FORMAT, **meta, "step": step}
+    atomic.write_json(tmp / TRAINER_META, meta)
+    final = step_dir(run_dir, step)
+    if final.exists():  # resumed from an earlier step and reached this one again
+        log.warning("replacing %s (written before a resume from an earlier step)", final)
+        doomed = atomic.tmp_name(final.with_name(final.name + ".old"))
+        final.rename(doomed)
+        shutil.rmtree(doomed, ignore_errors=True)
+    atomic.publish_dir(tmp, final)
+    atomic.write_pointer(run_dir / CHECKPOINT_POINTER, step)
+    atomic.write_json(run_dir / TRAINER_META, meta)
+    prune(run_dir, keep, step)
+    return final
+
+
+def prune(run_dir: Path, keep: int | None, newest: int) -> list[int]:
+    """Delete all but the newest ``keep`` complete checkpoints (never the pointer's)."""
+    if keep is None:
+        return []
+    steps = [s for s in list_checkpoints(run_dir) if s <= newest]
+    doomed = [s for s in steps[:-keep] if s != newest]
+    for s in doomed:
+        shutil.rmtree(step_dir(run_dir, s), ignore_errors=True)
+    if doomed:
+        log.info("removed checkpoints %s (trainer.max_checkpoints_to_keep=%d)", doomed, keep)
+    return doomed
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
+                   "chat_template.jinja", "chat_template.json")
+
+
+def tokenizer_files(model_path: Path | str) -> list[Path]:
+    """Tokenizer and chat-template files present in the base model folder."""
+    return [Path(model_path) / n for n in TOKENIZER_FILES if (Path(model_path) / n).is_file()]
