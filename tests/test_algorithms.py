@@ -6,12 +6,12 @@ test is about exactness.
 
 from __future__ import annotations
 
-import importlib
 import math
 
 import pytest
 import torch
 
+from rft.config import names
 from rft.algo import registry as alg
 from rft.algo.advantages import discounted_returns
 from rft.errors import ConfigError
@@ -350,31 +350,27 @@ def test_call_time_loss_agg_mode_overrides_the_bound_one():
     close(fn(logprob, None, None, mask, loss_agg_mode="token-mean")[0], 2.0)
 
 
-_REGISTRIES = {
-    "ADVANTAGE_FN_NAMES": alg.ADVANTAGE_FNS,
-    "POLICY_LOSS_FN_NAMES": alg.POLICY_LOSS_FNS,
-    "KL_FN_NAMES": alg.KL_FNS,
-    "ENTROPY_LOSS_FN_NAMES": alg.ENTROPY_LOSS_FNS,
-    "LOSS_AGG_MODES": alg.LOSS_AGG_MODES,
-}
-# Names the config knows but refuses with NotSupportedError (GAE "ppo" advantages need a critic).
-_REFUSED_BY_CONFIG = {"ADVANTAGE_FN_NAMES": {"ppo"}}
-# Implemented here; the config may not offer them (yet).
-_OPTIONAL_IN_CONFIG = {"LOSS_AGG_MODES": {"seq-mean-token-sum-norm"}}
+@pytest.mark.parametrize("kind, declared, registry", [
+    ("advantage_fn", names.ADVANTAGE_FN_NAMES, alg.ADVANTAGE_FNS),
+    ("policy_loss_fn", names.POLICY_LOSS_FN_NAMES, alg.POLICY_LOSS_FNS),
+    ("kl_loss_fn", names.KL_FN_NAMES, alg.KL_FNS),
+    ("entropy_loss_fn", names.ENTROPY_LOSS_FN_NAMES, alg.ENTROPY_LOSS_FNS),
+    ("loss_agg_mode", names.LOSS_AGG_MODES, alg.LOSS_AGG_MODES),
+])
+def test_config_accepts_exactly_the_declared_names(kind, declared, registry):
+    """The config schema and the registries read one declaration (rft.config.names)."""
+    import typing
 
+    from rft.config.load import config_from_dict
+    from rft.config.schema import AlgorithmConfig
 
-@pytest.mark.parametrize("const", sorted(_REGISTRIES))
-def test_config_name_lists_match_registries(const):
-    try:
-        config = importlib.import_module("rft.config")
-    except ImportError:
-        pytest.skip("rft.config not written yet")
-    if not hasattr(config, const):
-        pytest.skip(f"rft.config defines no {const}")
-    in_config = set(getattr(config, const)) - _REFUSED_BY_CONFIG.get(const, set())
-    here = set(_REGISTRIES[const])
-    assert in_config <= here, f"rft.config.{const} accepts names with no implementation"
-    assert here - in_config <= _OPTIONAL_IN_CONFIG.get(const, set()), f"rft.config.{const} lacks names"
+    accepted = typing.get_args(typing.get_args(typing.get_type_hints(AlgorithmConfig)[kind])[0])
+    assert accepted == declared
+    assert set(registry) == set(declared) - (names.NEEDS_CRITIC if kind == "advantage_fn" else set())
+    base = {"model": {"model_path": "/m"}, "algorithm": {"algorithm_type": "grpo", "repeat_times": 2},
+            "buffer": {"explorer_input": {"taskset": {"path": "/d"}}}}
+    with pytest.raises(ConfigError, match="Did you mean"):
+        config_from_dict({**base, "algorithm": {**base["algorithm"], kind: declared[0] + "x"}})
 
 
 def test_token_level_rewards_then_kl_penalty_feed_reinforceplusplus():

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from rft.rundir import EXPLORER_META
 from rft.explorer import tasksets as T
 from rft.buffer.segments import SegmentReader
 from rft.config.load import config_from_dict
@@ -124,13 +125,13 @@ def test_cursor_saved_per_rank_and_replayed_past_sealed_segments(tmp_path):
     assert T.load_cursor(tmp_path, "explorer", 1) == T.Cursor(1, [3], 0)
     assert T.load_cursor(tmp_path, "explorer", 0) == T.Cursor(1, [3], 0)  # rank count changed
     assert T.load_cursor(tmp_path, "nobody", 0) is None
-    meta = json.loads((tmp_path / T.META_FILE).read_text())
+    meta = json.loads((tmp_path / EXPLORER_META).read_text())
     assert set(meta) == {"explorer", "other"} and meta["explorer"]["rank_count"] == 2
     place = placement(cfg, {"RFT_EXPLORER_RANK": "1", "RFT_EXPLORER_COUNT": "2"})
     # Segments up to seq 3 are sealed but the saved cursor says step 1: replay steps 2 and 3.
     resumed = resume_cursor(tmp_path, place, stream, next_seq=4)
     assert resumed == T.Cursor(3, [9], 0)
-    (tmp_path / T.META_FILE).write_text("{not json")
+    (tmp_path / EXPLORER_META).write_text("{not json")
     with pytest.raises(DataError, match="delete it"):
         T.load_cursor(tmp_path, "explorer", 0)
 
@@ -352,7 +353,8 @@ def fresh_engine_outputs(model: Path, prompts: list[list[int]]) -> list[list]:
 @pytest.mark.integration
 def test_reload_in_place_matches_a_fresh_engine(engine, vllm_model_dir, data_dir, tmp_path):
     from rft.explorer.loop import run_explorer
-    from rft.sync import WeightsPublisher, weights_dir
+    from rft.rundir import weights_dir
+    from rft.sync import WeightsPublisher
 
     greedy = taskset_dict(data_dir / "a.jsonl", "a", rollout_args={"temperature": 0.0},
                           repeat_times=1)

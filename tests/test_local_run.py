@@ -111,3 +111,24 @@ def test_a_failing_role_stops_the_run_and_shows_its_log(vllm_model_dir, tmp_path
                    timeout=600)
     assert proc.returncode == 1
     assert "failed with exit code" in proc.stderr and "the last lines of" in proc.stderr
+
+
+def test_batches_that_span_epochs_end_with_the_last_step_checkpointed(vllm_model_dir, tmp_path):
+    """5 tasks, batch 2, 2 epochs: 5 steps (step 3 spans the epoch boundary). The explorer, the
+    trainer and the LR schedule count the same 5 (rft.data.planned_steps), so the trainer does
+    not wait for a sixth segment and the run ends with its final checkpoint."""
+    tasks = tmp_path / "five.jsonl"
+    tasks.write_text("".join(f'{{"question": "What is {i} + 2?", "answer": "{i + 2}"}}\n' for i in range(5)))
+    proc = rft_run("--config", "configs/cpu/grpo_gsm8k.yaml", f"model.model_path={vllm_model_dir}",
+                   f"checkpoint_root_dir={tmp_path}", f"buffer.explorer_input.taskset.path={tasks}",
+                   "buffer.explorer_input.taskset.subset_name=null", "buffer.explorer_input.eval_tasksets=[]",
+                   "buffer.total_steps=null", "buffer.total_epochs=2", "buffer.batch_size=2",
+                   "model.max_response_tokens=8", "explorer.eval_interval=0", "trainer.save_interval=0",
+                   "trainer.precision=fp32", "synchronizer.sync_timeout=300", timeout=900)
+    run_dir = tmp_path / "grpo_gsm8k_cpu" / "smollm2-135m"
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert [r["step"] for r in read_metrics(run_dir, "trainer")] == [1, 2, 3, 4, 5]
+    assert [line.split()[3] for line in proc.stdout.splitlines()
+            if line.startswith("[rft] trainer step")] == [f"{s}/5" for s in range(1, 6)]
+    assert (run_dir / "latest_checkpointed_iteration.txt").read_text().strip() == "5"
+    assert (run_dir / "global_step_5" / "trainer_meta.json").is_file()

@@ -123,3 +123,103 @@ def test_context_longer_than_the_model_is_refused(tiny_model_dir):
     with pytest.raises(ConfigError, match="model.max_model_len=4096 exceeds the model's "
                                           "max_position_embeddings=1024"):
         dry_run(cfg, "x")
+
+
+# ----------------------------------------------------------------------------- preflight: what a role checks at start
+
+
+def _preflight_error(model: Path, *extra: str, config: Path = CPU_CONFIG) -> str:
+    from rft.launch.preflight import preflight
+
+    with pytest.raises((ConfigError, DataError)) as e:
+        preflight(load_config(config, _paths(model, config, *extra)))
+    return str(e.value)
+
+
+def _paths(model: Path, config: Path, *extra: str) -> list[str]:
+    """The model and the arithmetic data for any CPU config (eval tasksets only where it has some)."""
+    if config == CPU_CONFIG:
+        return overrides(model, *extra)
+    return [f"model.model_path={model}", f"buffer.explorer_input.taskset.path={ARITHMETIC}",
+            "checkpoint_root_dir=/tmp/rft-plan-test", *extra]
+
+
+def test_misspelt_workflow_fails_on_the_login_node(tiny_model_dir):
+    msg = _preflight_error(tiny_model_dir, "buffer.explorer_input.default_workflow_type=math_workfow")
+    assert "buffer.explorer_input.taskset" in msg and "'math_workfow'" in msg
+    assert "Did you mean 'math_workflow'?" in msg
+
+
+def test_misspelt_reward_and_its_args_fail_on_the_login_node(tiny_model_dir):
+    msg = _preflight_error(tiny_model_dir, "buffer.explorer_input.default_reward_fn_type=math_rewrd")
+    assert "Did you mean 'math_reward'?" in msg
+    msg = _preflight_error(tiny_model_dir, "buffer.explorer_input.taskset.reward_fn_args={scale: 2}")
+    assert "buffer.explorer_input.taskset" in msg and "scale" in msg
+
+
+def test_misspelt_loss_argument_fails_on_the_login_node(tiny_model_dir):
+    msg = _preflight_error(tiny_model_dir, "algorithm.policy_loss_fn_args.clip_rnage=0.2")
+    assert "algorithm.policy_loss_fn_args.clip_rnage" in msg and "Did you mean 'clip_range'?" in msg
+    chord = REPO / "configs" / "cpu" / "chord.yaml"
+    msg = _preflight_error(tiny_model_dir, "algorithm.policy_loss_fn_args.mu_peek=0.5", config=chord)
+    assert "Did you mean 'mu_peak'?" in msg
+    msg = _preflight_error(tiny_model_dir, "algorithm.advantage_fn_args.epsilon=-1")
+    assert "algorithm.advantage_fn_args.epsilon" in msg
+
+
+def test_missing_stage_dataset_names_the_path_and_the_stage(tiny_model_dir):
+    staged = REPO / "configs" / "cpu" / "sft_warmup.yaml"
+    msg = _preflight_error(tiny_model_dir, "stages.0.buffer.trainer_input.experience_buffer.path="
+                           "/PATH/TO/YOUR/SFT/DATASET", config=staged)
+    assert msg.startswith("stages[0] (sft_warmup): ")
+    assert "'/PATH/TO/YOUR/SFT/DATASET' does not exist" in msg
+
+
+def test_every_stage_is_checked_and_planned(tiny_model_dir):
+    staged = REPO / "configs" / "cpu" / "sft_warmup.yaml"
+    text = dry_run(load_config(staged, _paths(tiny_model_dir, staged)), str(staged))
+    assert "stage 0: sft_warmup (mode train" in text and "stage 1: rft (mode both" in text
+    assert "starts from the previous stage's final weights" in text
+    msg = _preflight_error(tiny_model_dir, "stages.1.algorithm.kl_loss_fn_args.kl_cof=0.1", config=staged)
+    assert msg.startswith("stages[1] (rft): ") and "Did you mean 'kl_coef'?" in msg
+
+
+def test_checkpoint_root_that_is_a_file_is_refused(tiny_model_dir, tmp_path):
+    a_file = tmp_path / "not-a-folder"
+    a_file.write_text("x")
+    msg = _preflight_error(tiny_model_dir, f"checkpoint_root_dir={a_file}/runs")
+    assert "checkpoint_root_dir" in msg and "is a file, not a folder" in msg
+
+
+def test_taskset_without_the_answer_column_is_refused_as_the_explorer_would(tiny_model_dir):
+    msg = _preflight_error(tiny_model_dir, "buffer.explorer_input.default_workflow_type=simple_workflow",
+                           "buffer.explorer_input.taskset.format.response_key=solution")
+    assert "format.response_key='solution' is not a column" in msg
+
+
+# ----------------------------------------------------------------------------- one step count
+
+
+def test_step_count_lets_a_batch_span_epochs(tmp_path):
+    from rft.data import planned_steps, run_steps
+    from rft.explorer.tasksets import TaskStream
+
+    assert planned_steps([7473], 15, 256) == 438  # configs/verl_grpo.yaml: not 15 x ceil(7473/256)
+    assert planned_steps([5], 2, 2) == 5 and planned_steps([5], 2, 2, total_steps=9) == 9
+    rows = tmp_path / "five.jsonl"
+    rows.write_text("".join(json.dumps({"question": f"{i}+1", "answer": str(i + 1)}) + "\n" for i in range(5)))
+
+    class Five:  # a loaded taskset, as TaskStream sees it
+        config = load_config(CPU_CONFIG, [f"buffer.explorer_input.taskset.path={rows}"]).training_tasksets()[0]
+
+        def __len__(self):
+            return 5
+
+    stream = TaskStream([Five()], batch_size=2, total_epochs=2, total_steps=None)
+    cursor, sizes = stream.new_cursor(), []
+    while not stream.finished(cursor):
+        sizes.append(len(stream.next_batch(cursor)))
+    assert sizes == [2, 2, 2, 2, 2]  # step 3 takes the last task of epoch 0 and the first of epoch 1
+    cfg = load_config(CPU_CONFIG, [f"buffer.explorer_input.taskset.path={rows}", "buffer.total_steps=null",
+                                   "buffer.total_epochs=2", "buffer.explorer_input.taskset.subset_name=null"])
+    assert run_steps(cfg) == len(sizes)

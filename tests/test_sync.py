@@ -18,7 +18,6 @@ from rft import atomic
 from rft.errors import CheckpointError
 from rft.sync import (
     COMPLETE_MARKER,
-    POINTER_FILE,
     Heartbeat,
     WeightsPublisher,
     WeightsWatcher,
@@ -27,8 +26,8 @@ from rft.sync import (
     list_versions,
     live_explorers,
     read_heartbeats,
-    weights_dir,
 )
+from rft.rundir import WEIGHTS_POINTER, weights_dir
 
 WORKER = str(Path(__file__).parent / "sync_worker.py")
 SIZE_MB = 8
@@ -48,13 +47,13 @@ def test_publish_then_watch(tmp_path):
     assert folder == tmp_path / "weights" / "v000012"
     assert sorted(os.listdir(folder)) == sorted([COMPLETE_MARKER, "config.json",
                                                  "model.safetensors", "tokenizer.json"])
-    assert (tmp_path / POINTER_FILE).read_text() == "12\n"
+    assert (tmp_path / WEIGHTS_POINTER).read_text() == "12\n"
     assert watcher.poll() == (12, folder)
     watcher.finish_load(12)
     assert watcher.poll() is None
     with pytest.raises(CheckpointError, match="empty"):
         WeightsPublisher(tmp_path).publish(13, lambda folder: None)
-    assert list_versions(tmp_path) == [12] and atomic.read_pointer(tmp_path / POINTER_FILE) == 12
+    assert list_versions(tmp_path) == [12] and atomic.read_pointer(tmp_path / WEIGHTS_POINTER) == 12
     assert not [p for p in (tmp_path / "weights").iterdir() if atomic.is_tmp(p)]
 
 
@@ -64,7 +63,7 @@ def test_watcher_never_returns_an_incomplete_folder(tmp_path):
     folder = weights_dir(tmp_path, 2)  # e.g. copied in by hand, or damaged
     folder.mkdir()
     write_tiny(folder)
-    atomic.write_pointer(tmp_path / POINTER_FILE, 2)
+    atomic.write_pointer(tmp_path / WEIGHTS_POINTER, 2)
     assert WeightsWatcher(tmp_path).poll() is None
     publisher.publish(3, write_tiny)
     (weights_dir(tmp_path, 3) / "model.safetensors").write_bytes(b"\0" * 10)  # truncated
@@ -88,7 +87,7 @@ def test_publisher_killed_mid_write_never_exposes_an_incomplete_folder(tmp_path)
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         proc.stdout.close()
-        pointer = atomic.read_pointer(tmp_path / POINTER_FILE)
+        pointer = atomic.read_pointer(tmp_path / WEIGHTS_POINTER)
         assert pointer is None or is_complete(weights_dir(tmp_path, pointer))
         found = watcher.poll() or latest_weights(tmp_path)
         assert found is None or is_complete(found[1])

@@ -1,6 +1,6 @@
 """Algorithm choices by name: the registries and the checks on their arguments.
 
-The names are declared in :mod:`rft.algo.names`; the math lives in :mod:`rft.algo.advantages`
+The names are declared in :mod:`rft.config.names`; the math lives in :mod:`rft.algo.advantages`
 (advantage estimators) and :mod:`rft.algo.losses` (policy, KL and entropy losses, aggregation,
 log-prob and entropy helpers). This module maps the names to the functions (checked at import
 to cover exactly the declared names) and turns a config's ``(name, args)`` pair into a ready
@@ -24,7 +24,7 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from rft.algo import names
+from rft.config import names
 from rft.algo.advantages import ADVANTAGE_FNS, GroupIds, group_index, token_level_rewards
 from rft.config.schema import AlgorithmConfig
 from rft.errors import ConfigError, did_you_mean

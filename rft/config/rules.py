@@ -13,7 +13,6 @@ import logging
 from rft.config.schema import Config
 from rft.errors import ConfigError, NotSupportedError
 from rft.config.mix import mix_counts
-from rft.placement import gpu_split
 
 log = logging.getLogger("rft.config")
 
@@ -264,7 +263,7 @@ def _check_trainer(cfg: Config) -> None:
 
 def _check_resources(cfg: Config) -> None:
     rollout, cluster = cfg.explorer.rollout_model, cfg.cluster
-    split = gpu_split(cfg)
+    split = cfg.gpu_split()
     if cluster.gpu_per_node == 0:
         return  # CPU-only cluster description: the local runner decides
     if cfg.mode == "both" and split.trainer < 1:

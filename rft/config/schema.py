@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional
 
-from rft.algo.names import (
+from rft.config.names import (
     ADVANTAGE_FN_NAMES,
     ALGORITHM_TYPES,
     ENTROPY_LOSS_FN_NAMES,
@@ -26,6 +26,7 @@ from rft.algo.names import (
     SAMPLE_STRATEGIES,
 )
 from rft.config.typed_dict import field
+from rft.placement import GpuSplit, gpu_split
 
 Mode = Literal["both", "explore", "train", "bench"]
 AlgorithmType = Literal[ALGORITHM_TYPES]
@@ -351,6 +352,13 @@ class Config:
             out += [(f"buffer.explorer_input.eval_tasksets[{i}]", ts)
                     for i, ts in enumerate(inputs.eval_tasksets)]
         return out
+
+    def gpu_split(self, mode: Optional[str] = None) -> GpuSplit:
+        """How ``mode`` (default: this config's) divides the cluster section's GPUs."""
+        rollout = self.explorer.rollout_model
+        return gpu_split(mode or self.mode, node_num=self.cluster.node_num,
+                         gpu_per_node=self.cluster.gpu_per_node, engine_num=rollout.engine_num,
+                         tensor_parallel_size=rollout.tensor_parallel_size)
 
     def training_tasksets(self) -> list[TasksetConfig]:
         """The training tasksets, whether written as ``taskset`` or ``tasksets``."""

@@ -33,6 +33,7 @@ import torch
 from rft.atomic import is_tmp, publish_dir, remove_stale_tmp, tmp_name
 from rft.convert.readers import CheckpointContents, SourceTensor, detect_format, open_checkpoint
 from rft.errors import CheckpointError, RftError
+from rft.models import has_tokenizer
 from rft.rundir import ACTOR_DIR, HF_DIR, STEP_RE
 from rft.convert.safetensors_io import (
     INDEX_FILE,
@@ -52,7 +53,6 @@ log = logging.getLogger("rft.convert")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 DTYPE_JSON = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".ckpt", ".index.json")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
 @dataclass(frozen=True)
@@ -165,7 +165,7 @@ def copy_side_files(job: Job, base: Path | None, dest: Path) -> dict:
     if not (dest / "config.json").is_file():
         raise CheckpointError(f"{job.label}: no config.json in {job.out_dir}; pass --base-model-dir "
                               "(the Hugging Face model folder the run started from)")
-    if not any((dest / name).is_file() for name in TOKENIZER_FILES):
+    if not has_tokenizer(dest):
         raise CheckpointError(f"{job.label}: no tokenizer files in {job.out_dir}"
                               + (f" or {base}" if base else "") + "; pass --base-model-dir with a tokenizer")
     try:

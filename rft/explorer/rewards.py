@@ -34,7 +34,7 @@ import threading
 from fractions import Fraction
 from typing import Any, Callable, Mapping
 
-from rft.errors import ConfigError
+from rft.errors import ConfigError, did_you_mean
 
 log = logging.getLogger(__name__)
 
@@ -244,7 +244,7 @@ def _import_user_fn(spec: str) -> Callable[..., Any]:
     if not module_name or not attr:
         raise ConfigError(
             f"reward function {spec!r}: not a built-in ({sorted(REWARD_FNS)}) and not a "
-            f"'package.module:function' path."
+            f"'package.module:function' path.{did_you_mean(spec, REWARD_FNS)}"
         )
     try:
         module = importlib.import_module(module_name)

@@ -27,6 +27,7 @@ from pathlib import Path
 from rft import atomic
 from rft.config.load import config_to_yaml, stage_config
 from rft.config.schema import Config
+from rft.data import run_steps
 from rft.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REQUEUE, ConfigError
 from rft.monitor import PROGRESS_KEYS, format_metrics, read_metrics
 from rft.launch.worker import WORKER_MODULE
@@ -60,7 +61,9 @@ def worker_command(role: str, config_path: Path, trainer_ranks: int) -> list[str
 
 def start_processes(cfg: Config, config_path: Path, devices: Devices) -> list[Process]:
     """Start the roles of ``cfg`` (one stage) with their devices and log files."""
-    explorer_gpus, trainer_gpus = local_gpu_ids(cfg, devices.gpus)
+    rollout = cfg.explorer.rollout_model
+    explorer_gpus, trainer_gpus = local_gpu_ids(cfg.mode, rollout.engine_num, rollout.tensor_parallel_size,
+                                                devices.gpus)
     base = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     if devices.gpus == 0:
         base.setdefault("DS_ACCELERATOR", "cpu")
@@ -184,7 +187,7 @@ def run_stage(cfg: Config, label: str) -> int:
     config_path.parent.mkdir(parents=True, exist_ok=True)
     atomic.write_text(config_path, config_to_yaml(cfg))
     done = newest_checkpoint(cfg.run_dir)
-    total = cfg.buffer.total_steps
+    total = run_steps(cfg)
     if cfg.mode in TRAINER_MODES and cfg.continue_from_checkpoint and total and done and done >= total:
         print(f"[rft] {cfg.run_dir} already finished step {done} of {total}: nothing to do "
               "(raise buffer.total_steps to go on, or give another name=...)", flush=True)
@@ -195,7 +198,7 @@ def run_stage(cfg: Config, label: str) -> int:
               "gloo (CPU)", flush=True)
     explorer = explorer_role(cfg.explorer.name)
     main_role = "trainer" if cfg.mode in TRAINER_MODES else explorer
-    progress = ProgressPrinter(cfg.run_dir, main_role, explorer, cfg.buffer.total_steps)
+    progress = ProgressPrinter(cfg.run_dir, main_role, explorer, total)
     print(f"[rft] {label}: mode {cfg.mode}, run directory {cfg.run_dir}", flush=True)
     return supervise(start_processes(cfg, config_path, devices), progress)
 

@@ -30,7 +30,7 @@ from rft.config.schema import Config, ExperienceBufferConfig
 from rft.errors import ConfigError, RftError
 from rft.explorer.tasksets import taskset_workflow
 from rft.models import check_model_dir
-from rft.placement import EXPLORER_MODES, TRAINER_MODES, Devices, gpu_split
+from rft.placement import EXPLORER_MODES, TRAINER_MODES, Devices
 from rft.rundir import newest_checkpoint
 
 
@@ -201,7 +201,7 @@ def _cluster_line(cfg: Config) -> str:
 
 def _role_lines(cfg: Config, devices: Devices) -> list[tuple[str, str]]:
     r, t, b = cfg.explorer.rollout_model, cfg.trainer, cfg.buffer
-    split = gpu_split(cfg)
+    split = cfg.gpu_split()
     lines = []
     if cfg.mode in EXPLORER_MODES or cfg.mode == "bench":
         lines.append(("explorer", f"'{cfg.explorer.name}': {r.engine_num} vLLM task(s) x TP "

@@ -24,7 +24,7 @@ from pathlib import Path
 from rft.config.schema import Config
 from rft.errors import EXIT_REQUEUE, SlurmError
 from rft.launch.worker import WORKER_MODULE
-from rft.placement import EXPLORER_MODES, TRAINER_MODES, gpu_split
+from rft.placement import EXPLORER_MODES, TRAINER_MODES
 from rft.rundir import LOG_DIR
 
 @dataclass(frozen=True)
@@ -42,7 +42,7 @@ def groups(cfg: Config, mode: str | None = None) -> list[Group]:
     mode = mode or cfg.mode
     rollout, cluster = cfg.explorer.rollout_model, cfg.cluster
     gpn = cluster.gpu_per_node
-    split = gpu_split(cfg, mode)
+    split = cfg.gpu_split(mode)
     out = []
     if mode in EXPLORER_MODES:
         nodes = math.ceil(split.explorer / gpn) if gpn else 1

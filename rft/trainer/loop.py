@@ -38,6 +38,7 @@ from rft.monitor import (
 )
 from rft.algo.registry import build_loss_fns
 from rft.data import run_steps
+from rft.models import tokenizer_files
 from rft.sync import publishes_weights
 from rft.placement import TRAINER_MODES
 from rft.rundir import ACTOR_DIR, HF_DIR, step_dir
@@ -116,7 +117,7 @@ def publish_weights(actor: Any, publisher: Any, version: int, model_path: str, r
     state = dse.gather_weights(actor)
     if rank == 0:
         publisher.publish(version, lambda tmp: dse.save_hf_folder(actor, state, tmp),
-                          extra_files=ts.tokenizer_files(model_path))
+                          extra_files=tokenizer_files(model_path))
     dse.barrier()
 
 
@@ -136,7 +137,7 @@ def save_full_checkpoint(cfg: Config, run_dir: Path, actor: Any, source: Any, pr
         from rft.sync import copy_files
 
         dse.save_hf_folder(actor, state, actor_dir / HF_DIR)
-        copy_files(ts.tokenizer_files(cfg.model.model_path), actor_dir / HF_DIR)
+        copy_files(tokenizer_files(cfg.model.model_path), actor_dir / HF_DIR)
         meta = {"buffer_cursor": progress.cursor, "weights_version": progress.weights_version,
                 "world_size": world_size, "zero_stage": cfg.trainer.zero_stage,
                 "lr": dse.current_lr(actor), "time": time.time(),

@@ -146,13 +146,3 @@ def prune(run_dir: Path, keep: int | None, newest: int) -> list[int]:
     if doomed:
         log.info("removed checkpoints %s (trainer.max_checkpoints_to_keep=%d)", doomed, keep)
     return doomed
-
-
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
-                   "chat_template.jinja", "chat_template.json")
-
-
-def tokenizer_files(model_path: Path | str) -> list[Path]:
-    """Tokenizer and chat-template files present in the base model folder."""
-    return [Path(model_path) / n for n in TOKENIZER_FILES if (Path(model_path) / n).is_file()]

@@ -1,4 +1,4 @@
-"""Every algorithm choice a config can name, declared once (no torch: the config schema reads it).
+"""Every algorithm choice a config can name, declared once: the schema's choices (no torch).
 
 The registries in :mod:`rft.algo.registry` map these names to the pure functions of
 :mod:`rft.algo.advantages` and :mod:`rft.algo.losses`, and check at import that they cover
