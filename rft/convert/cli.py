@@ -32,7 +32,7 @@ import torch
 
 from rft.atomic import is_tmp, publish_dir, remove_stale_tmp, tmp_name
 from rft.convert.readers import CheckpointContents, SourceTensor, detect_format, open_checkpoint
-from rft.errors import CheckpointError, RftError
+from rft.errors import EXIT_FAILED, EXIT_OK, EXIT_USER_ERROR, CheckpointError, RftError
 from rft.models import has_tokenizer
 from rft.rundir import ACTOR_DIR, HF_DIR, STEP_RE
 from rft.convert.safetensors_io import (
@@ -378,14 +378,14 @@ def main(argv: list[str] | None = None) -> int:
         jobs = find_jobs(args.checkpoint_dir, _parse_steps(args.steps))
     except (RftError, ValueError) as e:
         print(f"rft-convert: {e}", file=sys.stderr)
-        return 2
+        return EXIT_USER_ERROR
     if not jobs:
         print(f"rft-convert: no global_step_N folders under {args.checkpoint_dir}", file=sys.stderr)
-        return 2
+        return EXIT_USER_ERROR
     outcomes = []
     for job in jobs:
         outcome = convert_job(job, opts)
         log.info("%s: %s %s", outcome.label, outcome.status, outcome.note)
         outcomes.append(outcome)
     print(summary_table(outcomes))
-    return 1 if any(o.status == "failed" for o in outcomes) else 0
+    return EXIT_FAILED if any(o.status == "failed" for o in outcomes) else EXIT_OK
