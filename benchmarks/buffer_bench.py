@@ -29,8 +29,8 @@ from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rft.buffer.segments import SegmentReader, SegmentWriter  # noqa: E402
 from rft.buffer.experience import Experience  # noqa: E402
+from rft.buffer.segments import SegmentReader, SegmentWriter  # noqa: E402
 from rft.buffer.sqlite import SqlBufferReader, SqlBufferWriter  # noqa: E402
 
 POOL = 32  # distinct token/logprob arrays, reused (content does not change the cost)

@@ -26,8 +26,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 
-from rft.config.load import config_from_dict  # noqa: E402
 from rft.buffer.experience import Experience, split_groups  # noqa: E402
+from rft.config.load import config_from_dict  # noqa: E402
 from rft.explorer.loop import run_explorer  # noqa: E402
 from rft.models import materialize_smollm2  # noqa: E402
 
@@ -87,8 +87,8 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="rft-explorer-bench-"))
     try:
         cfg = make_cfg(root, model, args)
-        from rft.explorer.tasksets import sampling_args
         from rft.explorer.engine import Engine
+        from rft.explorer.tasksets import sampling_args
 
         engine = Engine(cfg)
         sampling = sampling_args(cfg, cfg.training_tasksets()[0])

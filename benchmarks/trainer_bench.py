@@ -56,8 +56,8 @@ def bench_config(args: argparse.Namespace):
 
 
 def time_rft(cfg, batch, steps: int) -> tuple[float, int]:
-    from rft.trainer import engine as dse
     from rft.algo.registry import build_loss_fns
+    from rft.trainer import engine as dse
     from rft.trainer.step import train_step
 
     info = dse.init_distributed()
@@ -74,10 +74,16 @@ def time_plain(cfg, batch, steps: int) -> float:
     """The baseline: same micro-batches, recompute pass, PPO loss, AdamW, no DeepSpeed."""
     from transformers import AutoModelForCausalLM
 
-    from rft.trainer.batching import batch_totals, collate, micro_loss_scale, plan_micro_batches, rows_from_experiences
-    from rft.trainer import engine as dse
-    from rft.algo.losses import ppo_loss
     from rft.algo.advantages import grpo_advantages
+    from rft.algo.losses import ppo_loss
+    from rft.trainer import engine as dse
+    from rft.trainer.batching import (
+        batch_totals,
+        collate,
+        micro_loss_scale,
+        plan_micro_batches,
+        rows_from_experiences,
+    )
 
     dtype = torch.bfloat16 if cfg.trainer.precision == "bf16" else torch.float32
     model = AutoModelForCausalLM.from_pretrained(cfg.model.model_path, dtype=dtype)

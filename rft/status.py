@@ -16,6 +16,7 @@ from rft import atomic
 from rft.buffer.segments import list_segments, list_writers
 from rft.entry import run_command
 from rft.errors import RftError
+from rft.monitor import TOKENS_PER_S, read_metrics
 from rft.rundir import (
     BUFFER_DIR,
     CHECKPOINT_POINTER,
@@ -24,9 +25,7 @@ from rft.rundir import (
     WEIGHTS_POINTER,
     step_dir,
 )
-from rft.monitor import TOKENS_PER_S, read_metrics
 from rft.sync import read_heartbeats
-
 
 
 @dataclass

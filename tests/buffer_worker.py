@@ -21,8 +21,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rft import atomic  # noqa: E402
-from rft.buffer.segments import SegmentReader, SegmentWriter  # noqa: E402
 from rft.buffer.experience import Experience  # noqa: E402
+from rft.buffer.segments import SegmentReader, SegmentWriter  # noqa: E402
 from rft.buffer.sqlite import SqlBufferWriter  # noqa: E402
 
 GROUP_SIZE = 4

@@ -11,11 +11,11 @@ import math
 import pytest
 import torch
 
-from rft.config import names
 from rft.algo import registry as alg
 from rft.algo.advantages import discounted_returns
-from rft.errors import ConfigError
 from rft.algo.losses import _ratio_and_kl
+from rft.config import names
+from rft.errors import ConfigError
 
 T = torch.tensor
 

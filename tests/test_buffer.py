@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from rft.buffer.experience import Experience, decode_line, encode_line
 from rft.buffer.segments import (
     SegmentReader,
     SegmentWriter,
@@ -26,9 +27,8 @@ from rft.buffer.segments import (
     sealed_for_step,
     unsealed_writers,
 )
-from rft.errors import ConfigError, DataError, NotSupportedError
-from rft.buffer.experience import Experience, decode_line, encode_line
 from rft.buffer.sqlite import check_sql_transport
+from rft.errors import ConfigError, DataError, NotSupportedError
 
 sys.path.insert(0, str(Path(__file__).parent))
 import buffer_worker  # noqa: E402

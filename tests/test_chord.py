@@ -13,6 +13,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from rft.algo.losses import chord_mu
+from rft.buffer.experience import Experience
+from rft.buffer.segments import SegmentWriter
+from rft.config.load import load_config
+from rft.config.mix import expert_samples_per_step, mix_counts
+from rft.errors import ConfigError
+from rft.monitor import STALENESS_MEAN
 from rft.trainer.batching import (
     MetricSums,
     collate,
@@ -25,13 +32,6 @@ from rft.trainer.batching import (
     split_by_source,
     split_for_ranks,
 )
-from rft.buffer.segments import SegmentWriter
-from rft.config.load import load_config
-from rft.errors import ConfigError
-from rft.monitor import STALENESS_MEAN
-from rft.buffer.experience import Experience
-from rft.algo.losses import chord_mu
-from rft.config.mix import expert_samples_per_step, mix_counts
 from rft.trainer.mix import MixSource, split_cursor
 from tests.helpers.synthetic import rollout_groups
 

@@ -8,9 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rft.config.load import config_from_dict, config_to_yaml, load_config, stage_config
 from rft.config.schema import Config
-from rft.config.load import config_from_dict, config_to_yaml, load_config
-from rft.config.load import stage_config
 from rft.errors import ConfigError, NotSupportedError
 
 REPO = Path(__file__).resolve().parent.parent

@@ -11,12 +11,11 @@ from typing import Any
 
 import pytest
 
-from rft.rundir import EXPLORER_META
-from rft.explorer import tasksets as T
+from rft.buffer.experience import Experience, split_groups
 from rft.buffer.segments import SegmentReader
 from rft.config.load import config_from_dict
 from rft.errors import ConfigError, DataError, SyncTimeoutError
-from rft.buffer.experience import Experience, split_groups
+from rft.explorer import tasksets as T
 from rft.explorer.loop import (
     eval_taskset_metrics,
     placement,
@@ -24,6 +23,7 @@ from rft.explorer.loop import (
     resume_cursor,
     step_metrics,
 )
+from rft.rundir import EXPLORER_META
 
 REPO = Path(__file__).resolve().parent.parent
 

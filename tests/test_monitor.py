@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import torch
 
-from rft.monitor import Monitor, format_metrics, metrics_path, read_metrics, tensorboard_dir
+from rft.monitor import (
+    Monitor,
+    format_metrics,
+    metrics_path,
+    read_metrics,
+    tensorboard_dir,
+)
 
 
 def test_monitor_writes_jsonl_and_tensorboard(tmp_path):

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from rft import data
-from rft.launch.cli import dry_run, run_main as main
 from rft.config.load import load_config
 from rft.errors import ConfigError, DataError
+from rft.launch.cli import dry_run
+from rft.launch.cli import run_main as main
 
 REPO = Path(__file__).resolve().parent.parent
 CPU_CONFIG = REPO / "configs" / "cpu" / "grpo_gsm8k.yaml"

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import sys
-import threading
 import textwrap
+import threading
 
 import pytest
 
-from rft.explorer import rewards as R
 from rft.errors import ConfigError, DataError
+from rft.explorer import rewards as R
 from rft.explorer.workflows import MATH_SYSTEM_PROMPT, WORKFLOWS, get_workflow
 
 

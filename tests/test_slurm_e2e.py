@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from rft.monitor import read_metrics
 from rft.launch.slurm import job_state
+from rft.monitor import read_metrics
 from rft.status import collect
 
 pytestmark = pytest.mark.slurm

@@ -11,13 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from rft.launch import slurm
-from rft.config.load import load_config
+from rft.config.load import config_to_yaml, load_config
 from rft.errors import ConfigError
-from rft.config.load import config_to_yaml
+from rft.launch import slurm
+from rft.placement import first_host, torch_env_from_slurm
 from rft.rundir import prepare
 from rft.status import collect, format_status
-from rft.placement import first_host, torch_env_from_slurm
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -16,6 +16,7 @@ import pytest
 
 from rft import atomic
 from rft.errors import CheckpointError
+from rft.rundir import WEIGHTS_POINTER, weights_dir
 from rft.sync import (
     COMPLETE_MARKER,
     Heartbeat,
@@ -27,7 +28,6 @@ from rft.sync import (
     live_explorers,
     read_heartbeats,
 )
-from rft.rundir import WEIGHTS_POINTER, weights_dir
 
 WORKER = str(Path(__file__).parent / "sync_worker.py")
 SIZE_MB = 8

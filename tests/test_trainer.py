@@ -18,6 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from rft.algo.losses import aggregate
+from rft.buffer.experience import Experience
+from rft.errors import EXIT_REQUEUE
 from rft.trainer.batching import (
     batch_totals,
     collate,
@@ -26,9 +29,6 @@ from rft.trainer.batching import (
     rows_from_experiences,
     split_for_ranks,
 )
-from rft.errors import EXIT_REQUEUE
-from rft.buffer.experience import Experience
-from rft.algo.losses import aggregate
 from rft.trainer.lr_schedule import lr_multiplier, warmup_steps
 from tests.helpers.synthetic import rollout_groups
 
@@ -270,8 +270,8 @@ def _objective(model_dir: Path) -> float:
     """Advantage-weighted token log-likelihood of the fixed batch (what GRPO increases)."""
     from transformers import AutoModelForCausalLM
 
-    from rft.trainer.batching import collate
     from rft.algo.losses import token_logprobs
+    from rft.trainer.batching import collate
 
     exps = make_batch(1)
     rows = rows_from_experiences(exps)

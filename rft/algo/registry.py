@@ -24,10 +24,12 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
-from rft.config import names
-from rft.algo.advantages import ADVANTAGE_FNS, GroupIds, group_index, token_level_rewards
-from rft.config.schema import AlgorithmConfig
-from rft.errors import ConfigError, did_you_mean
+from rft.algo.advantages import (
+    ADVANTAGE_FNS,
+    GroupIds,
+    group_index,
+    token_level_rewards,
+)
 from rft.algo.losses import (
     ENTROPY_LOSS_FNS,
     KL_FNS,
@@ -41,6 +43,9 @@ from rft.algo.losses import (
     token_entropy,
     token_logprobs,
 )
+from rft.config import names
+from rft.config.schema import AlgorithmConfig
+from rft.errors import ConfigError, did_you_mean
 
 __all__ = [
     "ADVANTAGE_FNS", "POLICY_LOSS_FNS", "KL_FNS", "ENTROPY_LOSS_FNS", "LOSS_AGG_MODES",

@@ -31,8 +31,6 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from rft import atomic
-from rft.rundir import BUFFER_DIR
-from rft.errors import ConfigError, DataError, NotSupportedError
 from rft.buffer.experience import (
     Experience,
     ReaderStats,
@@ -50,6 +48,8 @@ from rft.buffer.sqlite import (
     check_sql_transport,
     sqlite_url_path,
 )
+from rft.errors import ConfigError, DataError, NotSupportedError
+from rft.rundir import BUFFER_DIR
 
 __all__ = [
     "Experience",

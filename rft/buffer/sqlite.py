@@ -25,7 +25,6 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
-from rft.errors import ConfigError, DataError
 from rft.buffer.experience import (
     Experience,
     ReaderStats,
@@ -36,6 +35,7 @@ from rft.buffer.experience import (
     encode_line,
     poll_read,
 )
+from rft.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 

@@ -19,8 +19,8 @@ from omegaconf.errors import OmegaConfBaseException
 
 from rft.config import rules as config_rules
 from rft.config.schema import Config, StageConfig
-from rft.errors import ConfigError, nearest
 from rft.config.typed_dict import from_dict, to_dict
+from rft.errors import ConfigError, nearest
 
 _STAGE_KEYS = {"stage_name", "mode"}
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import logging
 
+from rft.config.mix import mix_counts
 from rft.config.schema import Config
 from rft.errors import ConfigError, NotSupportedError
-from rft.config.mix import mix_counts
 
 log = logging.getLogger("rft.config")
 

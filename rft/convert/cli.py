@@ -31,10 +31,12 @@ from pathlib import Path
 import torch
 
 from rft.atomic import is_tmp, publish_dir, remove_stale_tmp, tmp_name
-from rft.convert.readers import CheckpointContents, SourceTensor, detect_format, open_checkpoint
-from rft.errors import EXIT_FAILED, EXIT_OK, EXIT_USER_ERROR, CheckpointError, RftError
-from rft.models import has_tokenizer
-from rft.rundir import ACTOR_DIR, HF_DIR, STEP_RE
+from rft.convert.readers import (
+    CheckpointContents,
+    SourceTensor,
+    detect_format,
+    open_checkpoint,
+)
 from rft.convert.safetensors_io import (
     INDEX_FILE,
     SINGLE_FILE,
@@ -47,6 +49,9 @@ from rft.convert.safetensors_io import (
     write_index,
     write_safetensors,
 )
+from rft.errors import EXIT_FAILED, EXIT_OK, EXIT_USER_ERROR, CheckpointError, RftError
+from rft.models import has_tokenizer
+from rft.rundir import ACTOR_DIR, HF_DIR, STEP_RE
 
 log = logging.getLogger("rft.convert")
 

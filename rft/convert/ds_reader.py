@@ -24,9 +24,9 @@ from typing import Any, Callable
 
 import torch
 
+from rft.convert.torchfile import LazyTensor, open_torch_file
 from rft.convert.types import CheckpointContents, SourceTensor, check_ranks
 from rft.errors import CheckpointError, NotSupportedError
-from rft.convert.torchfile import LazyTensor, open_torch_file
 
 log = logging.getLogger(__name__)
 

@@ -14,12 +14,12 @@ import logging
 import sys
 from pathlib import Path
 
-from rft.explorer import loop as X
-from rft.explorer import tasksets as T
-from rft.config.schema import Config
 from rft.config.load import load_config
+from rft.config.schema import Config
 from rft.entry import config_parser, run_command, setup_logging
 from rft.errors import CheckpointError, ConfigError, RftError
+from rft.explorer import loop as X
+from rft.explorer import tasksets as T
 from rft.models import check_model_dir
 from rft.monitor import Monitor
 from rft.rundir import hf_dir, step_of, weights_dir

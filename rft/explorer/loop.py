@@ -36,18 +36,18 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from rft import atomic
-from rft.explorer import tasksets as T
-from rft.buffer.segments import open_buffer_writer
-from rft.config.schema import Config
-from rft.config.load import load_config
-from rft.errors import EXIT_OK, ConfigError, SyncTimeoutError
 from rft.buffer.experience import Experience
-from rft.monitor import ACCURACY, REWARD_MEAN, WEIGHTS_VERSION, Monitor
+from rft.buffer.segments import open_buffer_writer
+from rft.config.load import load_config
+from rft.config.schema import Config
 from rft.entry import config_parser, run_command, setup_logging
+from rft.errors import EXIT_OK, ConfigError, SyncTimeoutError
+from rft.explorer import tasksets as T
+from rft.explorer.engine import Engine, Sample
+from rft.monitor import ACCURACY, REWARD_MEAN, WEIGHTS_VERSION, Monitor
 from rft.placement import EXPLORER_MODES, explorer_rank
 from rft.rundir import EXPLORER_META, explorer_role, writer_name
 from rft.sync import Heartbeat, WeightsWatcher, required_version
-from rft.explorer.engine import Engine, Sample
 
 log = logging.getLogger(__name__)
 

@@ -34,14 +34,13 @@ from pathlib import Path
 from typing import Any, Iterator, Optional
 
 from rft import atomic, data
-from rft.data import planned_steps
 from rft.config.schema import Config, TasksetConfig
+from rft.data import planned_steps
 from rft.errors import ConfigError, DataError
-from rft.rundir import EXPLORER_META
 from rft.explorer.workflows import Workflow, get_workflow
+from rft.rundir import EXPLORER_META
 
 log = logging.getLogger(__name__)
-
 
 
 # ----------------------------------------------------------------------------- loading

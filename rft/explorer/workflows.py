@@ -27,7 +27,12 @@ from typing import Any, Mapping
 
 from rft.data import Messages, chat_messages, column
 from rft.errors import ConfigError, did_you_mean
-from rft.explorer.rewards import RewardFn, RewardParts, extract_ground_truth, get_reward_fn
+from rft.explorer.rewards import (
+    RewardFn,
+    RewardParts,
+    extract_ground_truth,
+    get_reward_fn,
+)
 
 MATH_SYSTEM_PROMPT = (
     "You are a careful assistant who solves problems. First work through the problem inside "

@@ -29,9 +29,15 @@ from rft.config.load import config_to_yaml, stage_config
 from rft.config.schema import Config
 from rft.data import run_steps
 from rft.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REQUEUE, ConfigError
-from rft.monitor import PROGRESS_KEYS, format_metrics, read_metrics
 from rft.launch.worker import WORKER_MODULE
-from rft.placement import EXPLORER_MODES, TRAINER_MODES, Devices, local_devices, local_gpu_ids
+from rft.monitor import PROGRESS_KEYS, format_metrics, read_metrics
+from rft.placement import (
+    EXPLORER_MODES,
+    TRAINER_MODES,
+    Devices,
+    local_devices,
+    local_gpu_ids,
+)
 from rft.rundir import LOG_DIR, explorer_role, newest_checkpoint
 from rft.sync import latest_weights
 

@@ -27,6 +27,7 @@ from rft.launch.worker import WORKER_MODULE
 from rft.placement import EXPLORER_MODES, TRAINER_MODES
 from rft.rundir import LOG_DIR
 
+
 @dataclass(frozen=True)
 class Group:
     """One component of the job: which role, and the resources it asks for."""

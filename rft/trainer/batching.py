@@ -32,9 +32,9 @@ from typing import Sequence
 
 import torch
 
+from rft.buffer.experience import Experience
 from rft.errors import DataError
 from rft.monitor import POLICY_LOSS
-from rft.buffer.experience import Experience
 
 
 @dataclass

@@ -31,10 +31,10 @@ import torch.distributed as dist  # noqa: E402
 from deepspeed.accelerator import get_accelerator  # noqa: E402
 
 from rft import placement  # noqa: E402
-from rft.trainer.batching import MicroBatch  # noqa: E402
+from rft.algo.losses import token_entropy, token_logprobs  # noqa: E402
 from rft.config.schema import Config  # noqa: E402
 from rft.errors import CheckpointError, ConfigError  # noqa: E402
-from rft.algo.losses import token_entropy, token_logprobs  # noqa: E402
+from rft.trainer.batching import MicroBatch  # noqa: E402
 from rft.trainer.lr_schedule import lr_multiplier, warmup_steps  # noqa: E402
 
 log = logging.getLogger("rft.trainer")

@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from rft.buffer.experience import Experience
 from rft.buffer.segments import open_archive, open_buffer_reader, unsealed_writers
 from rft.config.schema import Config
 from rft.errors import DataError, NotSupportedError
-from rft.buffer.experience import Experience
 from rft.rundir import writer_name
 from rft.trainer.sft import SftSource
 

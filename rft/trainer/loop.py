@@ -24,9 +24,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rft.trainer import state as ts
-from rft.config.schema import Config
+from rft.algo.registry import build_loss_fns
 from rft.config.load import load_config
+from rft.config.schema import Config
+from rft.data import run_steps
+from rft.entry import config_parser, run_command, setup_logging
+from rft.errors import EXIT_OK, EXIT_REQUEUE, ConfigError, RftError
+from rft.models import tokenizer_files
 from rft.monitor import (
     PUBLISH_TIME_S,
     READ_TIME_S,
@@ -36,14 +40,10 @@ from rft.monitor import (
     TOKENS_PER_S,
     WEIGHTS_VERSION,
 )
-from rft.algo.registry import build_loss_fns
-from rft.data import run_steps
-from rft.models import tokenizer_files
-from rft.sync import publishes_weights
 from rft.placement import TRAINER_MODES
 from rft.rundir import ACTOR_DIR, HF_DIR, step_dir
-from rft.entry import config_parser, run_command, setup_logging
-from rft.errors import EXIT_OK, EXIT_REQUEUE, ConfigError, RftError
+from rft.sync import publishes_weights
+from rft.trainer import state as ts
 
 log = logging.getLogger("rft.trainer")
 

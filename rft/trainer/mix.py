@@ -22,11 +22,11 @@ import logging
 from pathlib import Path
 from typing import Any, Callable
 
+from rft.buffer.experience import Experience
 from rft.config.mix import expert_buffer, mix_counts
 from rft.config.schema import Config
 from rft.trainer.inputs import BufferSource
 from rft.trainer.sft import SftSource
-from rft.buffer.experience import Experience
 
 log = logging.getLogger("rft.trainer")
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from rft.buffer.experience import Experience
 from rft.config.schema import ExperienceBufferConfig
 from rft.data import chat_messages, expert_columns, load_split
 from rft.errors import DataError
-from rft.buffer.experience import Experience
 
 log = logging.getLogger("rft.trainer")
 

@@ -29,7 +29,14 @@ import torch
 
 from rft import atomic
 from rft.errors import CheckpointError
-from rft.rundir import ACTOR_DIR, CHECKPOINT_POINTER, HF_DIR, TRAINER_META, step_dir, step_of
+from rft.rundir import (
+    ACTOR_DIR,
+    CHECKPOINT_POINTER,
+    HF_DIR,
+    TRAINER_META,
+    step_dir,
+    step_of,
+)
 
 log = logging.getLogger("rft.trainer")
 

@@ -24,8 +24,11 @@ from typing import Callable, Sequence
 
 import torch
 
-from rft.trainer import engine as dse
 from rft.algo.registry import LossFns, token_level_rewards
+from rft.buffer.experience import Experience
+from rft.config.schema import Config
+from rft.errors import DataError
+from rft.trainer import engine as dse
 from rft.trainer.batching import (
     BatchTotals,
     MetricSums,
@@ -42,9 +45,6 @@ from rft.trainer.batching import (
     split_by_source,
     split_for_ranks,
 )
-from rft.config.schema import Config
-from rft.errors import DataError
-from rft.buffer.experience import Experience
 
 
 @dataclass
