@@ -2,7 +2,7 @@
 
 Both sides train the same model on the same batch of synthetic experiences (GRPO advantages,
 PPO loss, old log-probs recomputed by one no-grad forward pass, AdamW): rft through
-``rft.policy_update.train_step`` on a DeepSpeed ZeRO engine (one process, gloo), the baseline
+``rft.trainer.step.train_step`` on a DeepSpeed ZeRO engine (one process, gloo), the baseline
 as a hand-written loop over the same micro-batches and the same forward function (so the
 difference is DeepSpeed's engine, ZeRO bookkeeping and rft's batching). Prints a table of tokens/s and the ratio.
 

@@ -238,8 +238,9 @@ def load_split(path: str, split: str, subset_name: str | None, label: str,
 # ----------------------------------------------------------------------------- columns, messages
 
 
-def _fmt(fmt: Any, key: str) -> Any:
-    """A format field from a FormatConfig-like object, a mapping, or None."""
+def format_field(fmt: Any, key: str) -> Any:
+    """A ``format`` field (``prompt_key``, ``response_key``...) from a FormatConfig, a mapping,
+    or None (then None)."""
     if fmt is None:
         return None
     if isinstance(fmt, Mapping):
@@ -251,19 +252,19 @@ def task_columns(fmt: Any, label: str = "") -> dict[str, str]:
     """Columns a taskset must have (config key -> column): the prompt, or the messages, and the
     reference answer, which every reward compares with."""
     prefix = f"{label}.format" if label else "format"
-    prompt = "messages_key" if _fmt(fmt, "messages_key") else "prompt_key"
-    return {f"{prefix}.{prompt}": _fmt(fmt, prompt) or "prompt",
-            f"{prefix}.response_key": _fmt(fmt, "response_key") or "response"}
+    prompt = "messages_key" if format_field(fmt, "messages_key") else "prompt_key"
+    return {f"{prefix}.{prompt}": format_field(fmt, prompt) or "prompt",
+            f"{prefix}.response_key": format_field(fmt, "response_key") or "response"}
 
 
 def expert_columns(fmt: Any, label: str = "") -> dict[str, str]:
     """Columns an SFT/expert dataset must have: messages ending with the reply, or prompt and
     response."""
     prefix = f"{label}.format" if label else "format"
-    if _fmt(fmt, "messages_key"):
-        return {f"{prefix}.messages_key": _fmt(fmt, "messages_key")}
-    return {f"{prefix}.prompt_key": _fmt(fmt, "prompt_key") or "prompt",
-            f"{prefix}.response_key": _fmt(fmt, "response_key") or "response"}
+    if format_field(fmt, "messages_key"):
+        return {f"{prefix}.messages_key": format_field(fmt, "messages_key")}
+    return {f"{prefix}.prompt_key": format_field(fmt, "prompt_key") or "prompt",
+            f"{prefix}.response_key": format_field(fmt, "response_key") or "response"}
 
 
 def column(row: Mapping[str, Any], key: str) -> Any:
@@ -300,7 +301,7 @@ def chat_messages(row: Mapping[str, Any], fmt: Any, default_system_prompt: str |
     must be the assistant's). Either way ``format.system_prompt`` (else
     ``default_system_prompt``) leads unless the messages already start with a system message.
     """
-    messages_key = _fmt(fmt, "messages_key")
+    messages_key = format_field(fmt, "messages_key")
     if messages_key:
         messages = _row_messages(row, messages_key)
         if with_reply and messages[-1]["role"] != "assistant":
@@ -311,14 +312,14 @@ def chat_messages(row: Mapping[str, Any], fmt: Any, default_system_prompt: str |
             raise DataError(f"task column {messages_key!r} holds only assistant messages: there "
                             "is no prompt.")
     else:
-        messages = [{"role": "user", "content": str(column(row, _fmt(fmt, "prompt_key") or "prompt"))}]
+        messages = [{"role": "user", "content": str(column(row, format_field(fmt, "prompt_key") or "prompt"))}]
         if with_reply:
-            reply = column(row, _fmt(fmt, "response_key") or "response")
+            reply = column(row, format_field(fmt, "response_key") or "response")
             messages.append({"role": "assistant", "content": str(reply)})
-    system_prompt = _fmt(fmt, "system_prompt") or default_system_prompt
+    system_prompt = format_field(fmt, "system_prompt") or default_system_prompt
     if system_prompt and messages[0]["role"] != "system":
         messages = [{"role": "system", "content": system_prompt}] + messages
-    reply_prefix = _fmt(fmt, "reply_prefix")
+    reply_prefix = format_field(fmt, "reply_prefix")
     if reply_prefix and not with_reply:
         messages = messages + [{"role": "assistant", "content": reply_prefix}]
     return messages

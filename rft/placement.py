@@ -27,7 +27,8 @@ from typing import Mapping
 
 from rft.errors import ConfigError
 
-EXPLORER_MODES = ("both", "explore")  # modes that run explorer tasks (bench: one engine in-process)
+EXPLORER_MODES = ("both", "explore")  # modes that run explorer tasks
+ENGINE_MODES = (*EXPLORER_MODES, "bench")  # modes that start vLLM engines (bench: one, in-process)
 TRAINER_MODES = ("both", "train")  # modes that run a trainer
 
 
@@ -69,8 +70,7 @@ def gpu_split(mode: str, *, node_num: int, gpu_per_node: int, engine_num: int,
               tensor_parallel_size: int) -> GpuSplit:
     """How ``mode`` divides the cluster's GPUs (``Config.gpu_split`` passes the config's)."""
     total = node_num * gpu_per_node
-    engines = mode in EXPLORER_MODES or mode == "bench"
-    explorer = engine_num * tensor_parallel_size if engines else 0
+    explorer = engine_num * tensor_parallel_size if mode in ENGINE_MODES else 0
     trainer = {"both": total - explorer, "train": total}.get(mode, 0)
     return GpuSplit(total, explorer, trainer)
 

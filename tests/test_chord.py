@@ -1,5 +1,5 @@
 """CHORD mixing tests (``sample_strategy: mix``). Unmarked: per-step counts and config errors,
-the batch a :class:`~rft.mix_input.MixSource` serves (rollouts + expert rows, epochs, cursor,
+the batch a :class:`~rft.trainer.mix.MixSource` serves (rollouts + expert rows, epochs, cursor,
 resume), single-source micro-batches whose scaled losses add up to ``mix_chord`` of the whole
 batch, metric reduction, advantages. ``integration``: a 2-step single-process DeepSpeed run
 on the tiny model (mu follows its schedule, expert loss present) resumed for a third step."""

@@ -250,6 +250,7 @@ def test_stages_merge_onto_the_base_and_switch_algorithm():
     assert sft.model.model_path == cfg.model.model_path  # inherited
     rft = stage_config(cfg, 1)
     assert rft.algorithm.algorithm_type == "grpo" and rft.mode == "both"
+    assert (sft.run_dir, rft.run_dir) == (cfg.run_dir / "sft_warmup", cfg.run_dir / "rft")
 
 
 def test_bad_stage_is_reported_with_its_index(tmp_path):

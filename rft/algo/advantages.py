@@ -2,7 +2,7 @@
 
 Data in:
 - ``rewards``: ``[B]`` one scalar reward per response, or ``[B, L]`` token-level rewards (for
-  example after ``rft.losses.kl_penalty``); group estimators use the masked sum per row;
+  example after ``rft.algo.losses.kl_penalty``); group estimators use the masked sum per row;
 - ``group_ids``: ``[B]`` tensor or sequence of hashable ids; the responses sampled for one task
   (``repeat_times`` of them) share an id;
 - ``mask``: ``[B, L]``, 1 on response tokens.
@@ -10,7 +10,7 @@ Data in:
 Data out: ``(advantages [B, L] float32, metrics)``; every estimator here but
 ``reinforceplusplus`` gives one value per response, broadcast over its tokens; both are zero
 off the mask. ``ADVANTAGE_FNS`` maps Trinity-RFT's names to the functions; keyword arguments
-are ``algorithm.advantage_fn_args`` (validated in ``rft.algorithms``).
+are ``algorithm.advantage_fn_args`` (validated in ``rft.algo.registry``).
 
 Conventions, shared by every group estimator: the group standard deviation is the unbiased one
 (``torch.std``, as Trinity and veRL), and a group of one response gets advantage 0 (it has no
@@ -128,7 +128,7 @@ def reinforce_advantages(
 
 def token_level_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """``[B, L]`` token rewards: as given if 2-D (masked), else each row's scalar reward on its
-    last response token (the input ``rft.losses.kl_penalty`` expects)."""
+    last response token (the input ``rft.algo.losses.kl_penalty`` expects)."""
     if rewards.dim() == 2:
         return rewards.float() * mask.float()
     positions = torch.arange(mask.shape[-1], device=mask.device)  # [L]
@@ -165,7 +165,7 @@ def reinforceplusplus_advantages(
     """REINFORCE++: discounted token returns, whitened over every response token of the batch:
     A = (G - mean(G)) / sqrt(var(G) + 1e-8) (unbiased variance over masked tokens).
 
-    KL in the reward: pass ``[B, L]`` token rewards from ``rft.losses.kl_penalty`` (a ``[B]``
+    KL in the reward: pass ``[B, L]`` token rewards from ``rft.algo.losses.kl_penalty`` (a ``[B]``
     reward is put on each response's last token).
     """
     mask_f = mask.float()  # [B, L]

@@ -6,7 +6,7 @@ recompute, ``ref_logprob`` from the reference model, ``advantages``, ``mask`` wi
 response tokens the loss counts). Data out: a scalar loss (a 0-dim tensor that carries the
 graph) and a metrics dict of Python floats.
 
-Registries (plain dicts, name -> function); ``rft.algorithms`` validates names and arguments:
+Registries (plain dicts, name -> function); ``rft.algo.registry`` validates names and arguments:
 
 - ``POLICY_LOSS_FNS``: ``ppo``, ``gspo``, ``sft``, ``mix_chord``, ``opmd``. Every one has the
   signature ``fn(logprob, old_logprob, advantages, mask, *, loss_agg_mode, step, expert_mask,
@@ -89,7 +89,7 @@ def aggregate(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mea
     sums; seq-mean-token-sum-norm: that, divided by ``L``. Sequences with no counted token are
     left out of the sequence means; an all-zero mask gives 0.
     """
-    assert mode in LOSS_AGG_MODES, f"unknown loss_agg_mode {mode!r} (validated in rft.algorithms)"
+    assert mode in LOSS_AGG_MODES, f"unknown loss_agg_mode {mode!r} (validated in rft.algo.registry)"
     mask = mask.to(loss_mat.dtype)  # [B, L]
     return LOSS_AGG_MODES[mode](loss_mat, mask)
 

@@ -4,7 +4,7 @@ Data enters through a :class:`SegmentWriter`, one per explorer task: each ``writ
 publishes ``buffer/<writer>/seg-<seq:06d>.jsonl`` atomically (temp name, fsync, rename), so a
 segment is either absent or complete and never changes. Its first line is a header
 (``{"format": 1, "writer", "seq", "num_records", ...}``); every other line is one experience
-(:func:`rft.experience.encode_line`), the records of a group always adjacent.
+(:func:`rft.buffer.experience.encode_line`), the records of a group always adjacent.
 
 Data leaves through a :class:`SegmentReader` (the trainer): it reads sealed segments in seq
 order per writer, taking writers round-robin, and returns whole groups only. Its cursor
@@ -16,7 +16,7 @@ are deleted only by ``reader.release(cursor_saved_in_a_checkpoint)``.
 Trinity's ``storage_type`` spellings map here through :func:`open_buffer_writer` and
 :func:`open_buffer_reader`: ``queue`` (alias ``jsonl``) is this buffer, optionally archived to
 SQLite by the trainer (:func:`open_archive`); ``sql`` uses SQLite as the transport
-(:mod:`rft.sqlite_store`, one node only).
+(:mod:`rft.buffer.sqlite`, one node only).
 """
 
 from __future__ import annotations

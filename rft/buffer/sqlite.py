@@ -11,7 +11,7 @@ sqlite:///<file>.db`` (a relative file is relative to the run directory):
   reads with a cursor on rowid. SQLite's locking is unreliable on network filesystems, so this
   is allowed on one node only (:func:`check_sql_transport`).
 
-Records are stored as :func:`rft.experience.encode_line` text, as in JSONL segments.
+Records are stored as :func:`rft.buffer.experience.encode_line` text, as in JSONL segments.
 """
 
 from __future__ import annotations

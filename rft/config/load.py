@@ -109,8 +109,14 @@ def _split_stages(raw: Any) -> list[StageConfig]:
     return stages
 
 
+def stage_label(cfg: Config, index: int) -> str:
+    """``stages[i] (name)``: how messages and the plan name stage ``index``."""
+    return f"stages[{index}] ({cfg.stages[index].stage_name or 'unnamed'})"
+
+
 def stage_config(cfg: Config, index: int, base: dict[str, Any] | None = None) -> Config:
-    """The full config of stage ``index``: its keys merged onto the base config.
+    """The full config of stage ``index``: its keys merged onto the base config, with its own
+    run directory ``<run_dir>/<stage_name>`` (``stage<i>`` when unnamed).
 
     A stage that changes ``algorithm.algorithm_type`` does not inherit the base's loss and
     advantage choices: they come from the stage itself or from its algorithm's preset.
@@ -122,13 +128,13 @@ def stage_config(cfg: Config, index: int, base: dict[str, Any] | None = None) ->
     merged = OmegaConf.to_container(OmegaConf.merge(base, stage.overrides))
     if stage.mode:
         merged["mode"] = stage.mode
-    label = f"stages[{index}] ({stage.stage_name or 'unnamed'})"
+    merged["name"] = f"{merged.get('name', cfg.name)}/{stage.stage_name or f'stage{index}'}"
     try:
         seen: set[str] = set()
         sub = from_dict(Config, merged, "", seen)
         config_rules.apply(sub, seen)
     except ConfigError as e:
-        raise type(e)(f"{label}: {e}") from e
+        raise type(e)(f"{stage_label(cfg, index)}: {e}") from e
     return sub
 
 

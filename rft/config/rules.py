@@ -155,7 +155,7 @@ def _derive_totals(cfg: Config) -> None:
     buf, algo = cfg.buffer, cfg.algorithm
     if buf.train_batch_size is None:
         buf.train_batch_size = buf.batch_size * algo.repeat_times
-    elif (algo.algorithm_type != "sft" and algo.sample_strategy != "mix"  # mix: rft.mix_input
+    elif (algo.algorithm_type != "sft" and algo.sample_strategy != "mix"  # mix: rft.config.mix
           and buf.train_batch_size % algo.repeat_times):
         raise ConfigError(
             f"buffer.train_batch_size={buf.train_batch_size} is not a multiple of "

@@ -3,7 +3,7 @@
 Input is a path: a run directory (every ``global_step_N`` below it), one ``global_step_N``, a
 path inside one (``.../global_step_N/actor``), or a bare DeepSpeed/FSDP checkpoint folder.
 For each step the checkpoint in ``global_step_N/actor/`` (DeepSpeed ZeRO 1/2/3 or FSDP, read by
-:mod:`rft.ckpt_readers`) becomes ``global_step_N/actor/huggingface/``::
+:mod:`rft.convert.readers`) becomes ``global_step_N/actor/huggingface/``::
 
     model.safetensors (or model-0000k-of-0000n.safetensors + model.safetensors.index.json)
     config.json, generation_config.json, tokenizer files, chat template
@@ -13,7 +13,7 @@ have written them there), else from ``--base-model-dir``. The folder is built un
 temporary name and published by rename (:mod:`rft.atomic`), so an interrupted conversion leaves
 nothing that looks complete; a step whose folder already holds whole weights is skipped unless
 ``--force``. Tensors stream one at a time from the shards into the output files
-(:mod:`rft.safetensors_io`). A summary table ends the run; the exit code is 1 if a step failed.
+(:mod:`rft.convert.safetensors_io`). A summary table ends the run; the exit code is 1 if a step failed.
 """
 
 from __future__ import annotations

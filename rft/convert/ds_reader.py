@@ -8,9 +8,9 @@ Files of one tag folder (``<actor>/<tag>/`` named by ``latest``, or ``actor/`` i
     master weights: ZeRO-1/2 partition each parameter group's flat vector into equal
     contiguous slices (rank order, padded at the end), ZeRO-3 splits every parameter into
     ``ceil(numel / world_size)``-element pieces laid end to end in each rank's flat groups.
-The files are read with :mod:`rft.torchfile`, so only the fp32 bytes of the parameter being
+The files are read with :mod:`rft.convert.torchfile`, so only the fp32 bytes of the parameter being
 assembled are in memory (read straight into the output tensor); Adam moments are never read.
-Data leaves as a :class:`rft.ckpt_types.CheckpointContents`.
+Data leaves as a :class:`rft.convert.types.CheckpointContents`.
 """
 
 from __future__ import annotations

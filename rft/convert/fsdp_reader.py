@@ -4,7 +4,7 @@ Each rank's file is a ``torch.save``-d sharded state dict (FSDP2 / FSDP1-with-me
 values, or FSDP1 ShardedTensor values). Files are loaded memory-mapped (``torch.load``, so
 only trusted checkpoints) and each tensor is assembled from the rank pieces on demand, using
 the placements and mesh stored with it. Tied weights show up as two keys sharing storage;
-the later one becomes an alias. Data leaves as a :class:`rft.ckpt_types.CheckpointContents`.
+the later one becomes an alias. Data leaves as a :class:`rft.convert.types.CheckpointContents`.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 
 :func:`detect_format` looks at the file names (``latest`` and ``*_model_states.pt`` for
 DeepSpeed, ``model_world_size_W_rank_R.pt`` for FSDP) and :func:`open_checkpoint` hands the
-folder to :mod:`rft.ckpt_deepspeed` or :mod:`rft.ckpt_fsdp`. Both return a
-:class:`CheckpointContents` (:mod:`rft.ckpt_types`): full-size tensors in module order, each
+folder to :mod:`rft.convert.ds_reader` or :mod:`rft.convert.fsdp_reader`. Both return a
+:class:`CheckpointContents` (:mod:`rft.convert.types`): full-size tensors in module order, each
 assembled from the rank shards only when loaded, and tied aliases. Nothing is hard-coded about
 architectures or parameter names; everything comes from the checkpoint's own metadata.
 """

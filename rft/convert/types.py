@@ -1,6 +1,6 @@
 """Shared types of the checkpoint readers: what a reader returns, and the rank-file check.
 
-A reader (:mod:`rft.ckpt_deepspeed`, :mod:`rft.ckpt_fsdp`) returns a :class:`CheckpointContents`:
+A reader (:mod:`rft.convert.ds_reader`, :mod:`rft.convert.fsdp_reader`) returns a :class:`CheckpointContents`:
 the model's full-size tensors as :class:`SourceTensor` records whose ``load()`` assembles the
 tensor from the rank shards only when called, plus tied-weight aliases and the open files.
 """

@@ -1,7 +1,7 @@
 """The explorer: generate rollouts with vLLM, score them, publish them to the buffer.
 
-One explorer task (process) owns one vLLM engine (:mod:`rft.vllm_engine`). Data in: the
-training tasksets (:mod:`rft.tasksets`), the trainer's published weights (``weights/vNNNNNN``
+One explorer task (process) owns one vLLM engine (:mod:`rft.explorer.engine`). Data in: the
+training tasksets (:mod:`rft.explorer.tasksets`), the trainer's published weights (``weights/vNNNNNN``
 through :class:`rft.sync.WeightsWatcher`). Data out: per step one sealed buffer segment
 ``buffer/<explorer.name>-<rank>/seg-<step>.jsonl`` (experiences with token ids, logprobs,
 reward and its parts, the weights version), the heartbeat ``explorers/<writer>.json``, the task

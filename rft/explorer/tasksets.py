@@ -31,7 +31,7 @@ import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Optional
+from typing import Any, Optional
 
 from rft import atomic, data
 from rft.config.schema import Config, TasksetConfig
@@ -225,11 +225,6 @@ class TaskStream:
 def rank_share(batch: list[Task], rank: int, count: int) -> list[tuple[int, Task]]:
     """(slot, task) pairs of ``rank``: slots rank, rank + count, ... of the step's batch."""
     return [(slot, task) for slot, task in enumerate(batch) if slot % count == rank]
-
-
-def iter_rows(ts: Taskset) -> Iterator[tuple[int, dict]]:
-    for i in range(len(ts)):
-        yield i, ts.rows[i]
 
 
 # ----------------------------------------------------------------------------- resume

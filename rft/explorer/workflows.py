@@ -25,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Mapping
 
-from rft.data import Messages, chat_messages, column
+from rft.data import Messages, chat_messages, column, format_field
 from rft.errors import ConfigError, did_you_mean
 from rft.explorer.rewards import (
     RewardFn,
@@ -60,8 +60,7 @@ class Workflow:
 
     def ground_truth(self, row: Mapping[str, Any], fmt: Any) -> str:
         """The reference answer of ``row`` (GSM8K ``####`` number, last ``\\boxed{}``, or text)."""
-        key = (fmt.get("response_key") if isinstance(fmt, Mapping) else getattr(fmt, "response_key", None))
-        return extract_ground_truth(str(column(row, key or "response")))
+        return extract_ground_truth(str(column(row, format_field(fmt, "response_key") or "response")))
 
     def score(self, response: str, truth: str, reply_prefix: str | None = None) -> RewardParts:
         """Reward parts of a generated ``response`` (without the prefix) against ``truth``."""

@@ -210,10 +210,9 @@ def run_stage(cfg: Config, label: str) -> int:
 
 
 def chain_stage(cfg: Config, index: int, previous: Config | None) -> Config:
-    """Stage ``index``'s config: its own run directory under the run's, starting from the
+    """Stage ``index``'s config (its own run directory under the run's), starting from the
     previous stage's newest published weights."""
     stage = stage_config(cfg, index)
-    stage.name = f"{cfg.name}/{cfg.stages[index].stage_name or f'stage{index}'}"
     if previous is not None:
         newest = latest_weights(previous.run_dir)
         if newest is None:
@@ -235,7 +234,7 @@ def run(cfg: Config) -> int:
     previous = None
     for index, stage in enumerate(cfg.stages):
         current = chain_stage(cfg, index, previous)
-        code = run_stage(current, f"stage{index}-{stage.stage_name or 'unnamed'}")
+        code = run_stage(current, f"stage{index}-{stage.stage_name or 'unnamed'}")  # log file names
         if code:
             return code
         previous = current

@@ -25,12 +25,12 @@ from pathlib import Path
 
 from rft import data
 from rft.algo.registry import build_loss_fns
-from rft.config.load import stage_config
+from rft.config.load import stage_config, stage_label
 from rft.config.schema import Config, ExperienceBufferConfig
 from rft.errors import ConfigError, RftError
 from rft.explorer.tasksets import taskset_workflow
 from rft.models import check_model_dir
-from rft.placement import EXPLORER_MODES, TRAINER_MODES, Devices
+from rft.placement import ENGINE_MODES, TRAINER_MODES, Devices
 from rft.rundir import newest_checkpoint
 
 
@@ -52,7 +52,7 @@ def preflight(cfg: Config) -> list[DatasetInfo]:
         return check_config(cfg)
     infos = []
     for index, stage in enumerate(cfg.stages):
-        label = f"stages[{index}] ({stage.stage_name or 'unnamed'})"
+        label = stage_label(cfg, index)
         try:
             infos += check_config(stage_config(cfg, index), prefix=f"{label}: ")
         except RftError as e:
@@ -70,7 +70,7 @@ def check_config(cfg: Config, prefix: str = "") -> list[DatasetInfo]:
     infos = []
     for label, ts in cfg.labelled_tasksets():
         is_eval = label.startswith("buffer.explorer_input.eval_tasksets")
-        if cfg.mode in EXPLORER_MODES or cfg.mode == "bench":
+        if cfg.mode in ENGINE_MODES:
             taskset_workflow(cfg, ts, label, is_eval)
         infos.append(_inspect(prefix + label, ts.path, ts.split, ts.subset_name,
                               data.task_columns(ts.format, label), training=not is_eval))
@@ -148,13 +148,11 @@ def describe(cfg: Config, infos: list[DatasetInfo], devices: Devices) -> str:
     if cfg.stages:
         blocks = []
         for index, stage in enumerate(cfg.stages):
-            label = f"stages[{index}] ({stage.stage_name or 'unnamed'})"
             sub = stage_config(cfg, index)
-            mine = [i for i in infos if i.label.startswith(label)]
+            mine = [i for i in infos if i.label.startswith(stage_label(cfg, index))]
             start = "model.model_path" if index == 0 else "the previous stage's final weights"
             blocks.append(f"stage {index}: {stage.stage_name or 'unnamed'} (mode {sub.mode}, "
-                          f"starts from {start}, run directory {cfg.run_dir / (stage.stage_name or f'stage{index}')})\n"
-                          + _rows(sub, mine, devices))
+                          f"starts from {start})\n" + _rows(sub, mine, devices))
         return "\n".join(blocks)
     return _rows(cfg, infos, devices)
 
@@ -203,7 +201,7 @@ def _role_lines(cfg: Config, devices: Devices) -> list[tuple[str, str]]:
     r, t, b = cfg.explorer.rollout_model, cfg.trainer, cfg.buffer
     split = cfg.gpu_split()
     lines = []
-    if cfg.mode in EXPLORER_MODES or cfg.mode == "bench":
+    if cfg.mode in ENGINE_MODES:
         lines.append(("explorer", f"'{cfg.explorer.name}': {r.engine_num} vLLM task(s) x TP "
                       f"{r.tensor_parallel_size} = {split.explorer} GPU(s); {b.batch_size} tasks x "
                       f"{cfg.algorithm.repeat_times} samples per step"))

@@ -7,7 +7,7 @@ translates the launcher's environment into what the roles read, then hands over:
   ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID`` and the step's first node (left alone
   when torchrun already set them);
 - explorer: its task rank and count come from ``SLURM_PROCID``/``SLURM_NTASKS`` of its step (or
-  ``RFT_EXPLORER_RANK``/``RFT_EXPLORER_COUNT`` locally), read by :mod:`rft.explorer`.
+  ``RFT_EXPLORER_RANK``/``RFT_EXPLORER_COUNT`` locally), read by :mod:`rft.explorer.loop`.
 
 Before either starts, the run directory is prepared and checked (:func:`rft.rundir.prepare`), on the
 first rank only.

@@ -1,6 +1,6 @@
 """Pure batching for the trainer: experiences -> per-rank micro-batches of padded tensors.
 
-Data in: the ``train_batch_size`` :class:`~rft.experience.Experience` records of one step (the
+Data in: the ``train_batch_size`` :class:`~rft.buffer.experience.Experience` records of one step (the
 same list on every rank). Data out, per rank: a list of :class:`MicroBatch` (padded tensors)
 plus the loss weight of each, so that gradient accumulation over micro-batches and averaging
 over data-parallel ranks give exactly the loss of the whole batch under ``loss_agg_mode``.

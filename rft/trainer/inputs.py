@@ -2,7 +2,7 @@
 
 Data in: the run directory's buffer (sealed segments, or SQLite with ``storage_type: sql``)
 or, for SFT, a dataset (``storage_type: file``). Data out: ``next_batch(step, version)`` ->
-the step's list of :class:`~rft.experience.Experience` (None when the input is exhausted),
+the step's list of :class:`~rft.buffer.experience.Experience` (None when the input is exhausted),
 ``cursor()`` for the checkpoint, ``release(cursor)`` after one, and read statistics.
 
 - ``mode: both``: step ``s`` trains on exactly the segments ``seq == s`` of every explorer

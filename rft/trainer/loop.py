@@ -5,10 +5,10 @@ Run as ``python -m rft.trainer --config FILE [key=value ...]``, alone or under
 
 Data in: experiences from the run directory's buffer (``mode: both`` / ``train``) or an SFT
 dataset (``storage_type: file``), or both mixed (``sample_strategy: mix``, CHORD: see
-:mod:`rft.mix_input`), read on rank 0 and broadcast. Data out, in the run
+:mod:`rft.trainer.mix`), read on rank 0 and broadcast. Data out, in the run
 directory: ``weights/v<step>/`` every ``synchronizer.sync_interval`` steps (HF folders that
 vLLM reloads), ``global_step_N/`` full checkpoints every ``trainer.save_interval`` steps and
-at the end (:mod:`rft.trainer_state`), metrics in ``monitor/trainer/``.
+at the end (:mod:`rft.trainer.state`), metrics in ``monitor/trainer/``.
 
 Exit codes: 0 done; :data:`EXIT_REQUEUE` (143) after SIGUSR1/SIGTERM: the step in flight was
 finished and a full checkpoint saved, so a requeued job resumes there

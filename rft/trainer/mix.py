@@ -2,7 +2,7 @@
 
 Data in: the run's rollout buffer (through :class:`~rft.trainer_input.BufferSource`) and one
 SFT-style dataset, ``buffer.trainer_input.auxiliary_buffers.<name>`` (``storage_type: file``,
-tokenised by :mod:`rft.sft_data`). Data out: ``next_batch(step, version)`` -> the step's
+tokenised by :mod:`rft.trainer.sft`). Data out: ``next_batch(step, version)`` -> the step's
 rollouts followed by its expert experiences (``source: "expert"``, no logprobs, reward 0), which
 the trainer turns into an ``expert_mask`` for the ``mix_chord`` loss.
 

@@ -13,7 +13,7 @@ Layout written here (all on the shared filesystem)::
 A checkpoint is filled under ``global_step_N.tmp.<host>.<pid>`` (the name chosen on rank 0 and
 shared), renamed by rank 0 once every rank has written, and only then is the pointer replaced;
 a crash at any point leaves the previous checkpoint as the newest complete one. This module
-holds no deepspeed import: the engine calls go through :mod:`rft.ds_engine`.
+holds no deepspeed import: the engine calls go through :mod:`rft.trainer.engine`.
 """
 
 from __future__ import annotations

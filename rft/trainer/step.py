@@ -1,6 +1,6 @@
 """One training step of the policy on this rank's share of a batch (data-parallel over ranks).
 
-Data in: the step's experiences (identical on every rank), the :class:`~rft.ds_engine.Actor`,
+Data in: the step's experiences (identical on every rank), the :class:`~rft.trainer.engine.Actor`,
 an optional reference model, and the algorithm's pure functions (:class:`LossFns`). Data out:
 the model updated ``trainer.ppo_epochs`` times (one optimizer step per pass over the batch) and
 a metrics dict averaged over the whole batch (meaningful on rank 0).
