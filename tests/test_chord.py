@@ -16,6 +16,7 @@ import torch
 from rft.algo.losses import chord_mu
 from rft.buffer.experience import Experience
 from rft.buffer.segments import SegmentWriter
+from rft.config.batches import mini_batches_per_step, updates_per_step
 from rft.config.load import load_config
 from rft.config.mix import expert_samples_per_step, mix_counts
 from rft.errors import ConfigError
@@ -72,15 +73,16 @@ def test_counts_of_the_shipped_configs():
     assert [expert_samples_per_step(n, 0.25) for n in (6, 10, 12)] == [2, 3, 3]  # halves round up
 
 
-def test_mode_both_needs_the_explorers_batch_of_rollouts():
+def test_mode_both_splits_the_explorers_step_into_mini_batches():
     with pytest.raises(ConfigError) as e:
-        mix_counts(chord_cfg("buffer.train_batch_size=8"))  # 2 expert + 6 rollouts, explorer has 4
-    msg = str(e.value)
-    assert "2 expert + 6 rollouts" in msg and "2 x 2 = 4" in msg
-    assert "set buffer.train_batch_size=6 or algorithm.sample_strategy_args.expert_data_ratio=0.5" in msg
-    with pytest.raises(ConfigError, match="expert_data_ratio=0.2$"):  # the GPU config at 0.25
-        mix_counts(load_config(REPO / "configs" / "chord.yaml",
-                               ["algorithm.sample_strategy_args={expert_data_ratio: 0.25}"]))
+        chord_cfg("buffer.train_batch_size=8")  # 2 expert + 6 rollouts, the explorer's step has 4
+    assert "(its rollout part: 6 rollouts per update) exceeds a step's batch_size x repeat_times " \
+           "= 2 x 2 = 4 rollouts" in str(e.value)
+    gpu = load_config(REPO / "configs" / "chord.yaml",
+                      ["algorithm.sample_strategy_args={expert_data_ratio: 0.25}"])
+    counts = mix_counts(gpu)
+    assert (counts.rollout, counts.expert) == (240, 80)  # 30 of the step's 32 groups per update
+    assert mini_batches_per_step(gpu) == 2 and updates_per_step(gpu) == 2
     mix_counts(chord_cfg("buffer.train_batch_size=8", "mode=train"))  # async: 6 rollouts is fine
 
 

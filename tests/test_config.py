@@ -280,9 +280,13 @@ def test_unquoted_time_limit_is_refused_and_override_kept_as_text(tmp_path):
 
 
 def test_trainer_and_sampling_options_that_cannot_work(tmp_path):
-    with pytest.raises(ConfigError, match="param_offload needs trainer.zero_stage=3"):
-        load_dict(tmp_path, minimal(trainer={"param_offload": True}))
-    assert load_dict(tmp_path, minimal(trainer={"param_offload": True, "zero_stage": 3}))
+    with pytest.raises(ConfigError, match="param_offload needs trainer.zero_stage=3, but "
+                                          "trainer.zero_stage=2 is set"):
+        load_dict(tmp_path, minimal(trainer={"param_offload": True, "zero_stage": 2}))
+    assert load_dict(tmp_path, minimal(trainer={"param_offload": True})).trainer.zero_stage == 3
+    verl = {"actor_rollout_ref": {"actor": {"fsdp_config": {"param_offload": True}}}}
+    assert load_dict(tmp_path, minimal(trainer={"trainer_config": verl})).trainer.zero_stage == 3
+    assert load_dict(tmp_path, minimal()).trainer.zero_stage == 2  # the default otherwise
     with pytest.raises(NotSupportedError, match="top-k log-probs"):
         load_dict(tmp_path, minimal(model={"model_path": "/m", "logprobs": 5}))
     data = minimal()

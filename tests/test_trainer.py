@@ -28,6 +28,7 @@ from rft.trainer.batching import (
     plan_micro_batches,
     rows_from_experiences,
     split_for_ranks,
+    split_mini_batches,
 )
 from rft.trainer.lr_schedule import lr_multiplier, warmup_steps
 from tests.helpers.synthetic import rollout_groups
@@ -55,6 +56,42 @@ def test_split_for_ranks_keeps_groups_and_balances_tokens():
     assert loads == [28, 25]  # a(22)->0, c(14)->1, d(11)->1, b(6)->0
     assert shares == split_for_ranks(groups, lengths, 2)  # deterministic
     assert split_for_ranks(["a"], [4], 3) == [[0], [], []]
+
+
+def test_split_mini_batches_keeps_groups_whole_and_even():
+    exps = make_batch(1, groups=8)  # 8 groups of 2
+    rows = rows_from_experiences(exps)
+    minis = split_mini_batches(rows.group_ids, rows.expert, 3)
+    assert [len(m) for m in minis] == [6, 6, 4]  # 3 + 3 + 2 groups
+    assert sorted(r for m in minis for r in m) == list(range(16))
+    for mini in minis:
+        assert {rows.group_ids[i] for i in mini}.isdisjoint(
+            {rows.group_ids[i] for other in minis if other is not mini for i in other})
+    expert = torch.tensor([False] * 12 + [True] * 4)  # CHORD: expert rows spread the same way
+    assert [sum(bool(expert[i]) for i in m) for m in split_mini_batches(rows.group_ids, expert, 2)] == [2, 2]
+    assert split_mini_batches(rows.group_ids, rows.expert, 1) == [list(range(16))]
+
+
+@pytest.mark.parametrize("mode, train_batch_size, epochs, updates", [
+    ("both", None, 1, 1), ("both", 4, 1, 2), ("both", 6, 2, 4), ("train", 4, 1, 1)])
+def test_updates_per_step_follow_train_batch_size(tmp_path, mode, train_batch_size, epochs, updates):
+    from rft.config.batches import updates_per_step
+    from rft.config.load import load_config
+
+    buffer = {"batch_size": 4} if train_batch_size is None else {"batch_size": 4,
+                                                                "train_batch_size": train_batch_size}
+    config = write_config(tmp_path, "u", tmp_path, mode=mode, buffer=buffer,
+                          trainer={"ppo_epochs": epochs})
+    assert updates_per_step(load_config(config)) == updates  # 4 groups of 2 per step
+
+
+def test_train_batch_size_larger_than_the_step_is_refused(tmp_path):
+    from rft.config.load import load_config
+    from rft.errors import ConfigError
+
+    config = write_config(tmp_path, "big", tmp_path, buffer={"batch_size": 4, "train_batch_size": 16})
+    with pytest.raises(ConfigError, match="exceeds a step's batch_size x repeat_times = 4 x 2 = 8"):
+        load_config(config)
 
 
 def test_plan_micro_batches_token_budget_and_fixed():
@@ -323,6 +360,21 @@ def test_stop_and_resume_gives_the_uninterrupted_losses(ds_runs):
     assert (ds_runs["stopped"] / "global_step_2" / "trainer_meta.json").is_file()  # the signal's
     segments = sorted(p.name for p in (ds_runs["stopped"] / "buffer" / "explorer-0").iterdir())
     assert segments == [f"seg-{STEPS:06d}.jsonl"]  # consumed ones released after checkpoints
+
+
+@pytest.mark.integration
+def test_a_step_larger_than_train_batch_size_makes_one_update_per_mini_batch(tmp_path, tiny_model_dir):
+    config = write_config(tmp_path, "mini", tiny_model_dir,
+                          buffer={"batch_size": 4, "train_batch_size": 4, "total_steps": 2},
+                          synchronizer={"sync_interval": 2, "sync_timeout": 60})
+    run_dir = tmp_path / "t" / "mini"
+    write_segments(run_dir, [1, 2])
+    run_ok([PY, "-m", "rft.trainer", "--config", str(config)], tmp_path / "mini.log")
+    rows = metrics(run_dir)
+    assert [rows[s]["updates"] for s in (1, 2)] == [2, 2]  # 4 groups of 2 in mini-batches of 2
+    # old log-probs come from before the step's first update, so the second mini-batch of step 1
+    # already sees a changed policy: a PPO ratio away from 1 (one update per step would give 0)
+    assert rows[1]["ppo_kl"] != pytest.approx(0.0, abs=1e-9)
 
 
 @pytest.mark.integration

@@ -9,11 +9,11 @@ How the counts reconcile (:func:`mix_counts`, checked before anything starts):
 - ``buffer.train_batch_size`` counts both kinds: ``expert = round(train_batch_size *
   expert_data_ratio)`` (halves round up) expert samples, ``rollout = train_batch_size - expert``;
 - ``rollout`` must be whole groups (a multiple of ``algorithm.repeat_times``, at least one);
-- ``mode: both`` trains step ``s`` on exactly the explorer's segments of step ``s``, which hold
-  ``batch_size x repeat_times`` rollouts, so ``rollout`` must equal that (the error suggests a
-  ``train_batch_size`` and a ratio that fit); ``mode: train`` reads up to ``rollout`` rollouts
-  in whole groups, as many as arrive within ``synchronizer.sync_timeout``. Every step takes
-  the full ``expert`` count, however many rollouts came.
+- ``mode: both`` trains step ``s`` on exactly the explorer's segments of step ``s``
+  (``batch_size x repeat_times`` rollouts), split into mini-batches of at most ``rollout``
+  rollouts (:mod:`rft.config.batches`); each mini-batch takes ``expert`` expert samples.
+  ``mode: train`` reads up to ``rollout`` rollouts in whole groups, as many as arrive within
+  ``synchronizer.sync_timeout``, plus ``expert`` expert samples.
 """
 
 from __future__ import annotations
@@ -70,35 +70,6 @@ def expert_buffer(cfg: Config) -> ExperienceBufferConfig:
     return next(iter(aux.values()))
 
 
-def _fitting_batch_size(rollout: int, ratio: float, repeat_times: int) -> int | None:
-    """The smallest train_batch_size (a multiple of repeat_times, as the config rules ask) whose
-    rollout part is ``rollout`` at ``ratio``, if any."""
-    for size in range(rollout + repeat_times, 100 * rollout + 1, repeat_times):
-        if size - expert_samples_per_step(size, ratio) == rollout:
-            return size
-    return None
-
-
-def _mismatch(cfg: Config, counts: MixCounts, ratio: float, per_step: int) -> ConfigError:
-    buf, algo = cfg.buffer, cfg.algorithm
-    assert buf.train_batch_size is not None
-    hints = []
-    fit = _fitting_batch_size(per_step, ratio, algo.repeat_times)
-    if fit:
-        hints.append(f"buffer.train_batch_size={fit}")
-    if buf.train_batch_size > per_step:
-        fitting_ratio = float(f"{(buf.train_batch_size - per_step) / buf.train_batch_size:.6g}")
-        if buf.train_batch_size - expert_samples_per_step(buf.train_batch_size, fitting_ratio) == per_step:
-            hints.append(f"algorithm.sample_strategy_args.expert_data_ratio={fitting_ratio:g}")
-    todo = f"set {' or '.join(hints)}" if hints else "change buffer.train_batch_size or the ratio"
-    return ConfigError(
-        f"buffer.train_batch_size={buf.train_batch_size} with expert_data_ratio={ratio:g} gives "
-        f"{counts.expert} expert + {counts.rollout} rollouts per step, but in mode 'both' a step "
-        f"trains on the explorer's batch_size x repeat_times = {buf.batch_size} x "
-        f"{algo.repeat_times} = {per_step} rollouts (train_batch_size counts rollouts + expert "
-        f"samples); {todo}")
-
-
 def mix_counts(cfg: Config) -> MixCounts:
     """Validate a ``sample_strategy: mix`` config and return the per-step counts.
 
@@ -127,7 +98,4 @@ def mix_counts(cfg: Config) -> MixCounts:
                           f"{ratio:g} leaves {counts.rollout} rollouts per step, not a positive "
                           f"multiple of algorithm.repeat_times={algo.repeat_times} (groups are "
                           "never split); adjust train_batch_size or the ratio")
-    per_step = buf.batch_size * algo.repeat_times
-    if cfg.mode == "both" and counts.rollout != per_step:
-        raise _mismatch(cfg, counts, ratio, per_step)
     return counts

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+from rft.config.batches import check_train_batch_size
 from rft.config.mix import mix_counts
 from rft.config.schema import Config
 from rft.errors import ConfigError, NotSupportedError
@@ -42,6 +43,7 @@ def apply(cfg: Config, seen: set[str]) -> None:
     check_not_supported(cfg)
     _apply_preset(cfg)
     _apply_verl_trainer_config(cfg, seen)
+    _derive_zero_stage(cfg, seen)
     _derive_totals(cfg)
     _derive_lengths(cfg)
     _derive_runner_num(cfg, seen)
@@ -50,7 +52,8 @@ def apply(cfg: Config, seen: set[str]) -> None:
     _check_trainer(cfg)
     _check_resources(cfg)
     if cfg.algorithm.sample_strategy == "mix":
-        mix_counts(cfg)  # rollouts + expert samples per step must fit the explorer's batch
+        mix_counts(cfg)  # rollouts + expert samples of a mini-batch
+    check_train_batch_size(cfg)  # a mini-batch fits in the explorer's step
 
 
 def _unsupported(key: str, value: object, what_to_do: str) -> NotSupportedError:
@@ -138,9 +141,20 @@ def _apply_verl_trainer_config(cfg: Config, seen: set[str]) -> None:
         ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
          arr.actor.ppo_micro_batch_size_per_gpu, "trainer.micro_batch_size_per_gpu"),
         ("actor_rollout_ref.actor.ppo_epochs", arr.actor.ppo_epochs, "trainer.ppo_epochs"),
+        ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+         arr.rollout.log_prob_micro_batch_size_per_gpu, "trainer.log_prob_micro_batch_size_per_gpu"),
     ]
     for verl_key, value, ours in pairs:
         _set_from_verl(cfg, verl_key, value, ours, seen)
+
+
+def _derive_zero_stage(cfg: Config, seen: set[str]) -> None:
+    """Parameter offload exists only in ZeRO-3: asking for it with the stage unset selects 3."""
+    t = cfg.trainer
+    if t.param_offload and "trainer.zero_stage" not in seen and t.zero_stage != 3:
+        log.info("trainer.param_offload: true selects trainer.zero_stage=3 (parameters are "
+                 "partitioned, hence offloadable, only in ZeRO-3)")
+        t.zero_stage = 3
 
 
 def _infer_file_storage(cfg: Config, seen: set[str]) -> None:
@@ -249,8 +263,10 @@ def _check_experience_buffer(cfg: Config) -> None:
 def _check_trainer(cfg: Config) -> None:
     t = cfg.trainer
     if t.param_offload and t.zero_stage != 3:
-        raise ConfigError(f"trainer.param_offload needs trainer.zero_stage=3 (got {t.zero_stage}): "
-                          "ZeRO-1/2 keep whole parameters on each GPU; use optimizer_offload there")
+        raise ConfigError(f"trainer.param_offload needs trainer.zero_stage=3, but trainer.zero_stage="
+                          f"{t.zero_stage} is set: ZeRO-1/2 keep whole parameters on each GPU; "
+                          "leave zero_stage unset (param_offload then selects 3) or use "
+                          "optimizer_offload with ZeRO-1/2")
     if cfg.model.logprobs or any(ts.rollout_args.logprobs for _, ts in cfg.labelled_tasksets()):
         raise NotSupportedError("model.logprobs / rollout_args.logprobs > 0: extra top-k log-probs "
                                 "are not supported yet; rft keeps the sampled token's log-prob "

@@ -242,7 +242,7 @@ class VerlActorConfig:
 
 @dataclass
 class VerlRolloutConfig:
-    log_prob_micro_batch_size_per_gpu: Optional[int] = field(None, ge=1)  # -> micro_batch_size_per_gpu
+    log_prob_micro_batch_size_per_gpu: Optional[int] = field(None, ge=1)  # -> trainer.log_prob_micro_batch_size_per_gpu
 
 
 @dataclass
@@ -273,6 +273,7 @@ class TrainerConfig:
     use_dynamic_bsz: bool = True  # micro-batches by token budget instead of fixed size
     max_token_len_per_gpu: int = field(16384, ge=1)  # token budget per micro-batch
     micro_batch_size_per_gpu: int = field(1, ge=1)  # fixed micro-batch size (use_dynamic_bsz false)
+    log_prob_micro_batch_size_per_gpu: Optional[int] = field(None, ge=1)  # log-prob passes (None: as above)
     ppo_epochs: int = field(1, ge=1)  # optimisation passes over each batch
     ulysses_sequence_parallel_size: int = field(1, ge=1)  # sequence parallelism (only 1 for now)
     zero_stage: int = field(2, ge=0, le=3)  # DeepSpeed ZeRO stage

