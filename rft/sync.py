@@ -45,6 +45,9 @@ COMPLETE_MARKER = "rft_complete.json"  # written last in a version folder: the f
 _VERSION_RE = re.compile(r"^v(\d{6,})$")
 
 
+FINISHED_FIELD = "finished"  # heartbeat field: the explorer generated all its tasks
+
+
 def publishes_weights(step: int, sync_interval: int, last_step: int | None) -> bool:
     """Whether the trainer publishes weights version ``step`` after finishing that step: every
     ``sync_interval`` steps, and after the run's last step."""
@@ -255,7 +258,7 @@ class Heartbeat:
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
             "slurm_procid": os.environ.get("SLURM_PROCID"),
             "loaded_version": None, "loading_version": None, "tasks_done": 0, "steps_done": 0,
-            "started_time": now, "time": now, "exited": False,
+            "started_time": now, "time": now, "exited": False, FINISHED_FIELD: False,
         }
 
     def beat(self, **fields: Any) -> None:
@@ -328,6 +331,13 @@ def read_heartbeats(run_dir: Path | str, live_threshold_s: float = 30.0,
         live = not fields.get("exited", False) and age_s <= live_threshold_s
         statuses.append(ExplorerStatus(path.stem, age_s, live, fields))
     return statuses
+
+
+def explorers_finished(run_dir: Path | str) -> bool:
+    """Whether at least one explorer joined the run and every one that did has finished its
+    tasks (heartbeat field ``finished``, written after its last segment was sealed)."""
+    statuses = read_heartbeats(run_dir)
+    return bool(statuses) and all(s.fields.get(FINISHED_FIELD) for s in statuses)
 
 
 def live_explorers(run_dir: Path | str, live_threshold_s: float = 30.0) -> list[str]:

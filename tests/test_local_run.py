@@ -132,3 +132,34 @@ def test_batches_that_span_epochs_end_with_the_last_step_checkpointed(vllm_model
             if line.startswith("[rft] trainer step")] == [f"{s}/5" for s in range(1, 6)]
     assert (run_dir / "latest_checkpointed_iteration.txt").read_text().strip() == "5"
     assert (run_dir / "global_step_5" / "trainer_meta.json").is_file()
+
+
+def test_async_trainer_without_total_steps_ends_after_its_explorers(vllm_model_dir, tmp_path):
+    """mode train with no step count and a sync_timeout of an hour: the trainer stops by itself
+    once the only explorer that joined has finished (its heartbeat says so) and the buffer is
+    drained, having trained on everything the explorer wrote."""
+    common = [f"model.model_path={vllm_model_dir}", f"checkpoint_root_dir={tmp_path}",
+              "model.max_response_tokens=8"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", RFT_LOCAL_TRAINER_RANKS="1")
+    trainer_log = (tmp_path / "trainer.out").open("w")
+    trainer = subprocess.Popen(
+        [sys.executable, str(REPO / "bin" / "rft-run"), "--config", "configs/cpu/async/trainer.yaml",
+         *common, "buffer.total_steps=null", "synchronizer.sync_timeout=3600", "trainer.precision=fp32"],
+        cwd=REPO, env=env, stdout=trainer_log, stderr=subprocess.STDOUT)
+    try:
+        explorer = rft_run("--config", "configs/cpu/async/explorer.yaml", *common,
+                           f"buffer.explorer_input.taskset.path={DATA}", "buffer.total_steps=2")
+        assert explorer.returncode == 0, explorer.stdout + explorer.stderr
+        explorer_done = time.monotonic()
+        code = trainer.wait(timeout=300)
+        waited = time.monotonic() - explorer_done
+    finally:
+        if trainer.poll() is None:
+            trainer.send_signal(signal.SIGINT)
+            trainer.wait(timeout=120)
+    run_dir = tmp_path / "async_gsm8k_cpu" / "smollm2-135m"
+    assert code == 0, (tmp_path / "trainer.out").read_text()[-3000:]
+    assert waited < 60, f"the trainer ran on {waited:.0f} s after its explorer finished"
+    # 2 explorer steps x 2 tasks x 2 samples = 8 experiences = 2 trainer steps of 4
+    assert [r["step"] for r in read_metrics(run_dir, "trainer")] == [1, 2]
+    assert (run_dir / "latest_checkpointed_iteration.txt").read_text().strip() == "2"

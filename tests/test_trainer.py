@@ -94,6 +94,35 @@ def test_train_batch_size_larger_than_the_step_is_refused(tmp_path):
         load_config(config)
 
 
+def test_async_input_ends_only_when_every_joined_explorer_finished(tmp_path):
+    """mode train: a live (unfinished) explorer keeps the trainer waiting; once every explorer
+    that joined says finished and the buffer is drained, the input ends by itself."""
+    from rft.config.load import load_config
+    from rft.sync import Heartbeat
+    from rft.trainer.inputs import BufferSource
+
+    config = write_config(tmp_path, "async", tmp_path, mode="train",
+                          buffer={"batch_size": 4, "train_batch_size": 4},
+                          synchronizer={"sync_timeout": 3600})
+    cfg = load_config(config)
+    write_segments(cfg.run_dir, [1])  # 8 experiences
+    first, added = Heartbeat(cfg.run_dir, "explorer-0"), Heartbeat(cfg.run_dir, "explorer_new-0")
+    first.beat(finished=True)
+    added.beat()
+    source = BufferSource(cfg, cfg.run_dir, None)
+    assert len(source.next_batch(1, 0)) == len(source.next_batch(2, 0)) == 4
+    polls = []
+
+    def stop_after_two_polls() -> bool:
+        polls.append(1)
+        return len(polls) > 2
+
+    assert source.next_batch(3, 0, stop_after_two_polls) is None
+    assert len(polls) > 2  # still waiting for explorer_new-0 when the stop came
+    added.beat(finished=True)
+    assert source.next_batch(3, 0, lambda: False) is None  # ends by itself: nothing left, all done
+
+
 def test_plan_micro_batches_token_budget_and_fixed():
     lengths = [10, 4, 8, 3, 9]
     micros = plan_micro_batches(range(5), lengths, use_dynamic_bsz=True, max_token_len=20, micro_batch_size=1)
@@ -143,6 +172,25 @@ def test_micro_loss_scale_reproduces_whole_batch_loss(mode):
         m, lm = mask[rows, :w], loss_mat[rows, :w]
         total += micro_loss_scale(m, totals, mode, world) * aggregate(lm, m, mode).item()
     assert total / world == pytest.approx(aggregate(loss_mat, mask, mode).item(), abs=1e-6)
+
+
+@pytest.mark.parametrize("mode, whole", [("token-mean", 1.0), ("seq-mean-token-mean", 1.0),
+                                         ("seq-mean-token-sum", 8 / 3), ("seq-mean-token-sum-norm", 2.0)])
+def test_micro_loss_scale_splits_ones_over_ranks_and_micro_batches(mode, whole):
+    """Loss 1 on every token, lengths [4, 1, 3] (L=4): sum-norm is 8 tokens / 4 = 2.0 (veRL's
+    agg_loss); rank 0 runs [0] and [1] (widths 4, 1), rank 1 runs [2] (width 3). Each micro-batch's
+    own sum-norm is 1, scaled by 2 x R_micro / R: (2 + 0.5 + 1.5) / 2 = 2.0."""
+    lens = [4, 1, 3]
+    mask = torch.zeros(3, 4)
+    for i, n in enumerate(lens):
+        mask[i, :n] = 1
+    totals = batch_totals(mask)
+    assert aggregate(torch.ones(3, 4), mask, mode).item() == pytest.approx(whole)
+    total = 0.0
+    for rows in ([0], [1], [2]):
+        m = mask[rows, :max(lens[i] for i in rows)]
+        total += micro_loss_scale(m, totals, mode, 2) * aggregate(torch.ones_like(m), m, mode).item()
+    assert total / 2 == pytest.approx(whole)
 
 
 def test_lr_schedule_warmup_constant_and_cosine():

@@ -47,7 +47,7 @@ from rft.explorer.engine import Engine, Sample
 from rft.monitor import ACCURACY, REWARD_MEAN, WEIGHTS_VERSION, Monitor
 from rft.placement import EXPLORER_MODES, explorer_rank
 from rft.rundir import EXPLORER_META, explorer_role, writer_name
-from rft.sync import Heartbeat, WeightsWatcher, required_version
+from rft.sync import FINISHED_FIELD, Heartbeat, WeightsWatcher, required_version
 
 log = logging.getLogger(__name__)
 
@@ -145,6 +145,8 @@ def run_explorer(cfg: Config, engine: Engine | None = None, *, env: dict[str, st
             if eval_sets and cfg.explorer.eval_interval and step % cfg.explorer.eval_interval == 0:
                 result.eval_metrics.append(evaluate(cfg, engine, eval_sets, monitor, step, watcher))
         result.loaded_version = watcher.loaded_version or 0
+        if stream.finished(cursor):  # after the last segment was sealed: a trainer may now end
+            heartbeat.beat(**{FINISHED_FIELD: True})
     finally:
         heartbeat.stop()
         monitor.close()

@@ -189,7 +189,8 @@ def report_failure(failed: Process, processes: list[Process]) -> int:
 
 def run_stage(cfg: Config, label: str) -> int:
     """Run one stage (or the whole config) to completion."""
-    config_path = cfg.run_dir / LOG_DIR / f"run-{label}.yaml"
+    who = cfg.mode if cfg.mode != "explore" else f"explore-{cfg.explorer.name}"  # async roles share the run
+    config_path = cfg.run_dir / LOG_DIR / f"run-{label}-{who}.yaml"
     config_path.parent.mkdir(parents=True, exist_ok=True)
     atomic.write_text(config_path, config_to_yaml(cfg))
     done = newest_checkpoint(cfg.run_dir)

@@ -10,7 +10,9 @@ the step's list of :class:`~rft.buffer.experience.Experience` (None when the inp
   ``synchronizer.sync_timeout`` for them to be sealed;
 - ``mode: train``: up to ``buffer.train_batch_size`` experiences in whole groups, whatever is
   available within ``sync_timeout``; groups older than ``trainer.max_staleness_versions``
-  weight versions are dropped (and counted);
+  weight versions are dropped (and counted). Without ``total_steps`` the input ends once every
+  explorer that joined the run has finished (heartbeat ``finished``) and the buffer is
+  drained; an explorer still running keeps it open;
 - ``storage_type: file``: :class:`~rft.trainer.sft.SftSource`;
 - ``algorithm.sample_strategy: mix`` (CHORD): :class:`~rft.trainer.mix.MixSource`, the
   rollouts above plus expert samples from ``buffer.trainer_input.auxiliary_buffers``.
@@ -28,6 +30,7 @@ from rft.buffer.segments import open_archive, open_buffer_reader, unsealed_write
 from rft.config.schema import Config
 from rft.errors import DataError, NotSupportedError
 from rft.rundir import writer_name
+from rft.sync import explorers_finished
 from rft.trainer.sft import SftSource
 
 log = logging.getLogger("rft.trainer")
@@ -76,12 +79,18 @@ class BufferSource:
         while len(out) < want and not stop():
             left = deadline - time.monotonic()
             if left <= 0:
+                if not out:
+                    log.warning("no experiences arrived in synchronizer.sync_timeout=%ds: stopping",
+                                self.cfg.synchronizer.sync_timeout)
                 break
-            out += self.reader.read(want - len(out), current_version=current_version,
-                                    timeout_s=min(left, WAIT_SLICE_S), poll_s=POLL_S)
-        if not out and not stop():
-            log.warning("no experiences arrived in synchronizer.sync_timeout=%ds: stopping",
-                        self.cfg.synchronizer.sync_timeout)
+            finished = explorers_finished(self.run_dir)  # before the read: their last segments are sealed
+            got = self.reader.read(want - len(out), current_version=current_version,
+                                   timeout_s=0.0 if finished else min(left, WAIT_SLICE_S), poll_s=POLL_S)
+            out += got
+            if finished and not got:
+                log.info("every explorer that joined the run has finished and the buffer is "
+                         "drained: %s", "training on the last, partial batch" if out else "stopping")
+                break
         return out or None
 
     def _read_step(self, step: int, current_version: int, stop: Callable[[], bool]) -> list[Experience] | None:
