@@ -17,14 +17,18 @@ from rft.errors import EXIT_OK, EXIT_USER_ERROR, RftError
 from rft.placement import process_rank
 
 
-def config_parser(prog: str, description: str, epilog: str | None = None) -> argparse.ArgumentParser:
-    """A parser with ``--config FILE`` and trailing ``key=value`` overrides."""
+def config_parser(prog: str, description: str, epilog: str | None = None,
+                  stage: bool = False) -> argparse.ArgumentParser:
+    """A parser with ``--config FILE`` and trailing ``key=value`` overrides (and, for the roles,
+    ``--stage I``: run stage I of a staged config, see :mod:`rft.stages`)."""
     parser = argparse.ArgumentParser(
         prog=prog, description=description,
         epilog=epilog or "Overrides use dotted key paths, e.g. buffer.batch_size=4 "
                          "buffer.explorer_input.taskset.split=test")
     parser.add_argument("--config", required=True, help="YAML config (Trinity-RFT keys)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    if stage:
+        parser.add_argument("--stage", type=int, default=None, help="run this stage of the config")
     return parser
 
 

@@ -11,9 +11,10 @@
     trainer_meta.json                  the newest checkpoint's metadata (TRAINER_META)
     explorers/<writer>.json            explorer heartbeats (EXPLORERS_DIR)
     explorer_meta.json                 task cursors (EXPLORER_META)
-    monitor/                           metrics.jsonl and TensorBoard (MONITOR_DIR; rft.monitor)
+    monitor/                           metrics.jsonl and the monitors (MONITOR_DIR; rft.monitor)
     log/                               process logs, configs of each launch (LOG_DIR)
-    <stage_name>/                      one such directory per stage of a staged config
+    <stage_name>/                      one such directory per stage of a staged config,
+                                       with stage_finished.json once done (STAGE_FINISHED)
 
 Every module that reads or writes one of these names imports it from here. The first launch
 records the resolved config (atomic, no-clobber, so concurrent workers agree on one); every
@@ -43,6 +44,8 @@ EXPLORERS_DIR = "explorers"
 EXPLORER_META = "explorer_meta.json"
 MONITOR_DIR = "monitor"
 LOG_DIR = "log"
+STAGE_FINISHED = "stage_finished.json"  # in a stage's run directory: the stage ended normally
+STAGE_FAILED = "stage_failed.json"  # in a stage's run directory: its main role failed
 ACTOR_DIR = "actor"  # inside global_step_N: the policy's checkpoint
 HF_DIR = "huggingface"  # inside global_step_N/actor: the Hugging Face folder
 STEP_RE = re.compile(r"^global_step_(\d+)$")

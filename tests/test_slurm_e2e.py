@@ -224,3 +224,28 @@ def test_failed_job_shows_its_log(slurm_cluster, vllm_model_dir, tmp_path):
                           text=True, timeout=JOB_TIMEOUT_S)
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "ended FAILED" in proc.stderr and "the last lines of" in proc.stderr
+
+
+def test_stages_run_in_one_job_and_a_requeue_between_them_resumes_at_the_next(
+        slurm_cluster, vllm_model_dir, tmp_path):
+    """The SFT warm-up config through the heterogeneous job script: stage 0 (SFT, trainer only,
+    the explorer task waits), a requeue once it is finished, then stage 1 (GRPO) from stage 0's
+    final weights; stage 0 is not run again."""
+    out = tmp_path / "job.out"
+    overrides = run_overrides(vllm_model_dir, tmp_path, "buffer.total_steps=2")
+    job = submit(slurm_cluster, REPO / "jobs" / "grpo_gsm8k.sbatch", CPU / "sft_warmup.yaml",
+                 overrides, OUT=str(out))
+    run_dir = tmp_path / "grpo_gsm8k_cpu" / "smollm2-135m-sft-warmup"
+    sft, rft = run_dir / "sft_warmup", run_dir / "rft"
+    wait_until(lambda: (sft / "stage_finished.json").is_file(), JOB_TIMEOUT_S, "the SFT stage")
+    subprocess.run(["scontrol", "requeue", job], env=slurm_cluster, check=True, timeout=30)
+    wait_until(lambda: job_state(job, slurm_cluster) == "PENDING", 60, "the requeued job")
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=slurm_cluster,
+                   timeout=30)  # skip SLURM's delay before a requeued job may start again
+    state = wait_job(slurm_cluster, job)
+    assert state == "COMPLETED", show_logs(out, rft)
+    assert trainer_steps(sft) == [1, 2] and "sft_loss" in read_metrics(sft, "trainer")[0]
+    assert trainer_steps(rft) == [1, 2] and (rft / "stage_finished.json").is_file()
+    recorded = (rft / "config.yaml").read_text()
+    assert f"model_path: {sft / 'weights' / 'v000002'}" in recorded  # stage 1 began from stage 0
+    assert "stages[0] (sft_warmup) already finished: skipped" in out.read_text()  # after the requeue

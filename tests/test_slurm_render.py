@@ -119,3 +119,21 @@ def test_add_explorer_fills_its_nodes_and_refuses_synchronous_runs():
     proc = subprocess.run([*launch, "--config", "configs/grpo_gsm8k.yaml", "--name", "x",
                            "--dry-run"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "joins asynchronous runs only" in proc.stderr
+
+
+def test_a_staged_config_is_one_job_holding_every_stages_roles(tmp_path):
+    from rft.launch.submit import launch_mode
+
+    staged = REPO / "configs" / "cpu" / "sft_warmup.yaml"
+    cfg = load_config(staged, [f"checkpoint_root_dir={tmp_path}"])
+    assert launch_mode(cfg) == "both"  # SFT (trainer) then GRPO (explorer and trainer)
+    script = slurm.render(cfg, staged, [], mode="both")
+    assert "#   0 sft_warmup: mode train (trainer), from model.model_path" in script
+    assert "#   1 rft: mode both (explorer and trainer), from the previous stage's final weights" in script
+    assert script.count(" -m rft.launch.worker ") == 2  # the workers run the stages themselves
+    with pytest.raises(ConfigError, match=r"stages\[0\] \(sft_warmup\) changes the cluster"):
+        launch_mode(load_config(staged, ["stages.0.cluster={node_num: 1, gpu_per_node: 4}"]))
+    sft_only = load_config(staged, ["stages=[{stage_name: a, mode: train, algorithm: {algorithm_type: sft},"
+                                    " buffer: {trainer_input: {experience_buffer: {path: data/arithmetic/sft,"
+                                    " format: {prompt_key: question, response_key: answer}}}}}]"])
+    assert launch_mode(sft_only) == "train"

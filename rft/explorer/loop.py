@@ -38,7 +38,6 @@ from typing import Any, Optional
 from rft import atomic
 from rft.buffer.experience import Experience
 from rft.buffer.segments import open_buffer_writer
-from rft.config.load import load_config
 from rft.config.schema import Config
 from rft.entry import config_parser, run_command, setup_logging
 from rft.errors import EXIT_OK, ConfigError, SyncTimeoutError
@@ -47,6 +46,7 @@ from rft.explorer.engine import Engine, Sample
 from rft.monitor import ACCURACY, REWARD_MEAN, WEIGHTS_VERSION, Monitor
 from rft.placement import EXPLORER_MODES, explorer_rank
 from rft.rundir import EXPLORER_META, explorer_role, writer_name
+from rft.stages import load_stage
 from rft.sync import FINISHED_FIELD, Heartbeat, WeightsWatcher, required_version
 
 log = logging.getLogger(__name__)
@@ -113,7 +113,8 @@ def run_explorer(cfg: Config, engine: Engine | None = None, *, env: dict[str, st
         install_exit_handlers(heartbeat)
     watcher = WeightsWatcher(run_dir, loaded_version=0, heartbeat=heartbeat)
     monitor = Monitor(run_dir, place.role, monitor_type=cfg.monitor.monitor_type,
-                      flush_interval_s=cfg.monitor.flush_interval_s)
+                      flush_interval_s=cfg.monitor.flush_interval_s, project=cfg.project,
+                      name=cfg.name)
     engine = engine or Engine(cfg)
     if engine.weights_path != cfg.model.model_path:
         engine.reload(cfg.model.model_path)  # a reused engine left with other weights
@@ -210,8 +211,10 @@ class PromptJob:
 
 def build_prompts(cfg: Config, tokenizer: Any, items: list[tuple[int, T.Task]],
                   tasksets: list[T.Taskset]) -> tuple[list[PromptJob], dict[str, int]]:
-    """Prompt ids per task, fitted to model.max_prompt_tokens; counts of truncated/skipped."""
-    counts = {"prompts_truncated": 0, "prompts_skipped": 0}
+    """Prompt ids per task; a prompt over :func:`~rft.explorer.tasksets.prompt_token_limit` is
+    left out (its task yields no experiences), counted in ``prompts_filtered`` and logged."""
+    counts = {"prompts_filtered": 0}
+    limit = T.prompt_token_limit(cfg)
     thinking = cfg.model.enable_thinking if cfg.model.enable_thinking is not None \
         else cfg.explorer.rollout_model.enable_thinking
     jobs = []
@@ -222,12 +225,14 @@ def build_prompts(cfg: Config, tokenizer: Any, items: list[tuple[int, T.Task]],
         ids = T.prompt_ids(tokenizer, ts.workflow.build_messages(row, fmt),
                            reply_prefix=fmt.reply_prefix, enable_thinking=thinking,
                            chat_template=cfg.model.custom_chat_template)
-        fitted = T.fit_prompt(ids, cfg.model.max_prompt_tokens, cfg.model.enable_prompt_truncation)
-        if fitted is None:
-            counts["prompts_skipped"] += 1
+        if limit is not None and len(ids) > limit:
+            counts["prompts_filtered"] += 1
             continue
-        counts["prompts_truncated"] += len(fitted) < len(ids)
-        jobs.append(PromptJob(slot, task, ts, row, fitted))
+        jobs.append(PromptJob(slot, task, ts, row, ids))
+    if counts["prompts_filtered"]:
+        log.warning("%d of %d prompts are longer than %d tokens and were left out "
+                    "(model.enable_prompt_truncation=%s)", counts["prompts_filtered"], len(items),
+                    limit, cfg.model.enable_prompt_truncation)
     return jobs, counts
 
 
@@ -339,10 +344,11 @@ def install_exit_handlers(heartbeat: Heartbeat) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     setup_logging()
-    args = config_parser("python -m rft.explorer", "Run one explorer task (one vLLM engine).").parse_args(argv)
+    args = config_parser("python -m rft.explorer", "Run one explorer task (one vLLM engine).",
+                         stage=True).parse_args(argv)
 
     def body() -> int:
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_stage(args.config, args.overrides, args.stage)
         if cfg.mode not in EXPLORER_MODES:
             raise ConfigError(f"mode '{cfg.mode}' runs no explorer loop; use mode both or explore")
         result = run_explorer(cfg, handle_signals=True)

@@ -24,11 +24,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from rft import atomic
-from rft.config.load import config_to_yaml, stage_config
+from rft import atomic, stages
+from rft.config.load import config_to_yaml, stage_label
 from rft.config.schema import Config
 from rft.data import run_steps
-from rft.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REQUEUE, ConfigError
+from rft.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REQUEUE
 from rft.launch.worker import WORKER_MODULE
 from rft.monitor import PROGRESS_KEYS, format_metrics, read_metrics
 from rft.placement import (
@@ -39,7 +39,6 @@ from rft.placement import (
     local_gpu_ids,
 )
 from rft.rundir import LOG_DIR, explorer_role, newest_checkpoint
-from rft.sync import latest_weights
 
 log = logging.getLogger("rft.local")
 
@@ -210,19 +209,6 @@ def run_stage(cfg: Config, label: str) -> int:
     return supervise(start_processes(cfg, config_path, devices), progress)
 
 
-def chain_stage(cfg: Config, index: int, previous: Config | None) -> Config:
-    """Stage ``index``'s config (its own run directory under the run's), starting from the
-    previous stage's newest published weights."""
-    stage = stage_config(cfg, index)
-    if previous is not None:
-        newest = latest_weights(previous.run_dir)
-        if newest is None:
-            raise ConfigError(f"stage {index} starts from the previous stage's weights, but "
-                              f"{previous.run_dir} has none published (weights/v*)")
-        stage.model.model_path = str(newest[1])
-    return stage
-
-
 def run(cfg: Config) -> int:
     """Run a config, stage after stage; stop at the first stage that does not finish."""
     if cfg.mode == "bench":
@@ -232,11 +218,13 @@ def run(cfg: Config) -> int:
         return 0
     if not cfg.stages:
         return run_stage(cfg, "main")
-    previous = None
-    for index, stage in enumerate(cfg.stages):
-        current = chain_stage(cfg, index, previous)
-        code = run_stage(current, f"stage{index}-{stage.stage_name or 'unnamed'}")  # log file names
+    for index, entry in enumerate(cfg.stages):
+        if stages.is_finished(stages.resolve(cfg, index, chain=False)):
+            print(f"[rft] {stage_label(cfg, index)} already finished: skipped", flush=True)
+            continue
+        current = stages.resolve(cfg, index)  # from the previous stage's final weights
+        code = run_stage(current, f"stage{index}-{entry.stage_name or 'unnamed'}")  # log file names
         if code:
             return code
-        previous = current
+        stages.mark_finished(current)
     return 0

@@ -21,6 +21,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from rft import stages
 from rft.config.schema import Config
 from rft.errors import EXIT_REQUEUE, SlurmError
 from rft.launch.worker import WORKER_MODULE
@@ -95,6 +96,7 @@ def render(cfg: Config, config_path: Path, overrides: list[str], *, python: str 
         if i:
             lines.append("#SBATCH hetjob")
         lines.append(_resource_line(group, cfg))
+    lines += _stage_lines(cfg)
     lines += ["set -euo pipefail", *cfg.slurm.setup,
               f"cd {shlex.quote(str(workdir or Path.cwd()))}"]
     args = " ".join(shlex.quote(a) for a in ["--config", str(config_path), *overrides])
@@ -105,6 +107,20 @@ def render(cfg: Config, config_path: Path, overrides: list[str], *, python: str 
         lines += [f"srun {where}{py} -m {WORKER_MODULE} {group.role} {args} &", f"{group.role}=$!"]
     lines += _epilogue([g.role for g in parts])
     return "\n".join(lines) + "\n"
+
+
+def _stage_lines(cfg: Config) -> list[str]:
+    """Comments naming the stages each worker runs in order (rft.launch.worker.run_stages)."""
+    if not cfg.stages:
+        return []
+    lines = ["# stages, run in order by every task (finished ones are skipped on requeue):"]
+    for index, entry in enumerate(cfg.stages):
+        stage = stages.resolve(cfg, index, chain=False)
+        who = " and ".join(stages.roles(stage.mode))
+        start = "model.model_path" if index == 0 else "the previous stage's final weights"
+        lines.append(f"#   {index} {entry.stage_name or 'unnamed'}: mode {stage.mode} ({who}), "
+                     f"from {start}, in {stage.run_dir}")
+    return lines
 
 
 def _epilogue(roles: list[str]) -> list[str]:

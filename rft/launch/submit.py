@@ -13,22 +13,31 @@ import sys
 import time
 from pathlib import Path
 
-from rft.config.load import config_to_yaml
+from rft import stages
+from rft.config.load import config_to_yaml, stage_label
 from rft.config.schema import Config
 from rft.errors import EXIT_FAILED, EXIT_OK, ConfigError, SlurmError
 from rft.launch import slurm
-from rft.monitor import tensorboard_dir
+from rft.monitor import mlflow_uri, monitor_names, tensorboard_dir, wandb_dir
 from rft.rundir import LOG_DIR, prepare, recorded_mode
 
 
 def launch_mode(cfg: Config) -> str:
-    """The job ``rft-launch`` submits for ``cfg``: its mode (both, explore or train)."""
-    if cfg.mode == "bench":
+    """The job ``rft-launch`` submits for ``cfg``: the mode (both, explore or train) whose roles
+    it holds. A staged config's job holds every stage's roles, sized by the base config; its
+    workers run the stages in order (:func:`rft.launch.worker.run_stages`)."""
+    if "bench" in stages.modes(cfg):
         raise ConfigError("mode 'bench' runs on one node: use bin/rft-run")
-    if cfg.stages:
-        raise ConfigError("configs with stages run stage after stage with bin/rft-run for now; "
-                          "submit each stage's config separately with rft-launch")
-    return cfg.mode
+    mode = stages.job_mode(cfg)
+    wanted = slurm.groups(cfg, mode)
+    for index in range(len(cfg.stages)):
+        stage = stages.resolve(cfg, index, chain=False)
+        if slurm.groups(stage, mode) != wanted:
+            raise ConfigError(f"{stage_label(cfg, index)} changes the cluster or "
+                              "explorer.rollout_model sizes; one SLURM job runs every stage on "
+                              "the same nodes, so set cluster and rollout_model in the base "
+                              "config only")
+    return mode
 
 
 def explorer_mode(cfg: Config) -> str:
@@ -44,10 +53,21 @@ def explorer_mode(cfg: Config) -> str:
 
 
 def tunnel_hint(cfg: Config) -> str:
+    """Where to read the run's metrics: a line per chosen monitor (none for console)."""
     host = socket.getfqdn()
-    logdir = tensorboard_dir(cfg.run_dir)
-    return (f"TensorBoard: on {host} run `tensorboard --logdir {logdir} --port 6006`, then on "
-            f"your laptop `ssh -N -L 6006:localhost:6006 {host}` and open http://localhost:6006")
+    kinds = monitor_names(cfg.monitor.monitor_type)
+    lines = []
+    if "tensorboard" in kinds:
+        logdir = tensorboard_dir(cfg.run_dir)
+        lines.append(f"TensorBoard: on {host} run `tensorboard --logdir {logdir} --port 6006`, then "
+                     f"on your laptop `ssh -N -L 6006:localhost:6006 {host}` and open "
+                     "http://localhost:6006")
+    if "wandb" in kinds:
+        lines.append(f"wandb: {wandb_dir(cfg.run_dir)}; upload offline runs with `wandb sync "
+                     f"{wandb_dir(cfg.run_dir)}`")
+    if "mlflow" in kinds:
+        lines.append(f"MLflow: {mlflow_uri(cfg.run_dir)} (unless MLFLOW_TRACKING_URI is set)")
+    return "\n".join(lines)
 
 
 def submit(cfg: Config, config_path: Path, overrides: list[str], mode: str, *, use_sbatch: bool) -> str:

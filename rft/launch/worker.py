@@ -11,21 +11,31 @@ translates the launcher's environment into what the roles read, then hands over:
 
 Before either starts, the run directory is prepared and checked (:func:`rft.rundir.prepare`), on the
 first rank only.
+
+A config with ``stages`` runs them in order inside the same task (:func:`run_stages`): each
+stage's role as a child ``--stage I`` process, the tasks a stage does not use waiting for it
+(an SFT stage is trainer-only), finished stages skipped after a requeue. So the SLURM job of a
+staged config is the same script as any other: its roles' tasks, each running every stage.
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import subprocess
 import sys
+import time
 
-from rft import placement
-from rft.entry import run_command
-from rft.errors import EXIT_REQUEUE, EXIT_USER_ERROR
+from rft import placement, stages
+from rft.entry import run_command, setup_logging
+from rft.errors import EXIT_FAILED, EXIT_OK, EXIT_REQUEUE, EXIT_USER_ERROR, RftError
+
+log = logging.getLogger("rft.worker")
 
 ROLES = ("explorer", "trainer")
+STOPPED = (EXIT_REQUEUE, 128 + signal.SIGUSR1, 128 + signal.SIGTERM)  # a signal, not a failure
 WORKER_MODULE = "rft.launch.worker"  # ``python -m`` target of every process of a run
 
 
@@ -36,20 +46,114 @@ def thread_env(env: dict[str, str]) -> dict[str, str]:
     return {"OMP_NUM_THREADS": env.get("SLURM_CPUS_PER_TASK", "1")}
 
 
-def prepare_run_dir(role: str, args: list[str]) -> int:
-    """Load the config and prepare/check the run directory; 2 with a message on a user error."""
-    from rft.config.load import config_to_yaml, load_config
-    from rft.rundir import prepare
-
+def _parse(args: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--config", required=True)
-    known, overrides = parser.parse_known_args(args)
+    parser.add_argument("--stage", type=int, default=None)
+    return parser.parse_known_args(args)
+
+
+def prepare_run_dir(role: str, args: list[str]) -> int:
+    """Load the config (its stage, with ``--stage``) and prepare/check the run directory; 2
+    with a message on a user error."""
+    from rft.config.load import config_to_yaml
+    from rft.rundir import prepare
+
+    known, overrides = _parse(args)
 
     def body() -> None:
-        cfg = load_config(known.config, overrides)
+        cfg = stages.load_stage(known.config, overrides, known.stage)
         prepare(cfg.run_dir, config_to_yaml(cfg), role)
 
     return run_command(body)
+
+
+def _staged(config: str, overrides: list[str]) -> bool:
+    """Whether the config has stages (an unreadable one is left for the role to report)."""
+    from rft.config.load import read_raw
+
+    try:
+        return bool(read_raw(config, overrides).get("stages"))
+    except RftError:
+        return False
+
+
+def role_rank(role: str, env: dict[str, str]) -> int:
+    return placement.explorer_rank(env).rank if role == "explorer" else placement.process_rank(env)
+
+
+class Forwarder:
+    """SIGUSR1/SIGTERM go to the running child; with none running, they are remembered."""
+
+    def __init__(self) -> None:
+        self.child: subprocess.Popen | None = None
+        self.signum: int | None = None
+        for sig in (signal.SIGUSR1, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, _frame: object) -> None:
+        self.signum = signum
+        if self.child is not None and self.child.poll() is None:
+            self.child.send_signal(signum)
+
+    def run(self, command: list[str]) -> int:
+        self.child = subprocess.Popen(command)
+        try:
+            return self.child.wait()
+        finally:
+            self.child = None
+
+
+def run_stages(role: str, args: list[str]) -> int:
+    """Run a staged config's stages in order for this task (see :mod:`rft.stages`).
+
+    For each unfinished stage: a task whose role the stage runs starts it as a child
+    (``--stage I``); then every task except rank 0 of the stage's main role waits for the
+    stage's finished marker, which that rank writes when its child ended normally (a failure
+    it records instead, and the waiting tasks leave with it). Exit codes pass through, so a
+    trainer stopped for a signal (143) requeues the job, which resumes here.
+    """
+    from rft.config.load import load_config, stage_label
+
+    known, overrides = _parse(args)
+    cfg = load_config(known.config, overrides)
+    rank = role_rank(role, dict(os.environ))
+    forward = Forwarder()
+    for index in range(len(cfg.stages)):
+        label = stage_label(cfg, index)
+        stage = stages.resolve(cfg, index, chain=False)
+        if stages.is_finished(stage):
+            log.info("%s already finished: skipped", label)
+            continue
+        started = time.time()
+        code = EXIT_OK
+        if role in stages.roles(stage.mode):
+            log.info("%s: starting the %s (mode %s)", label, role, stage.mode)
+            code = forward.run([sys.executable, "-m", WORKER_MODULE, role, "--stage", str(index), *args])
+        leads = role == stages.main_role(stage.mode) and rank == 0
+        if leads and code == EXIT_OK:
+            stages.mark_finished(stage)
+        elif leads and code not in STOPPED:
+            stages.mark_failed(stage, code)
+        elif code == EXIT_OK:
+            code = _wait_for(stage, label, started, forward)
+        if code:
+            return code
+    return EXIT_OK
+
+
+def _wait_for(stage, label: str, since: float, forward: Forwarder, poll_s: float = 2.0) -> int:
+    """Wait until the stage is finished (EXIT_OK), failed, or a signal came."""
+    log.info("%s: waiting for its %s to finish", label, stages.main_role(stage.mode))
+    while not stages.is_finished(stage):
+        failed = stages.failed_since(stage, since)
+        if failed is not None:
+            log.error("%s failed (exit code %d): stopping", label, failed)
+            return EXIT_FAILED
+        if forward.signum is not None:
+            return 128 + forward.signum
+        time.sleep(poll_s)
+    return EXIT_OK
 
 
 def het_task(role_by_group: list[str], args: list[str]) -> int:
@@ -73,7 +177,7 @@ def het_task(role_by_group: list[str], args: list[str]) -> int:
     for sig in (signal.SIGUSR1, signal.SIGTERM):
         signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
     code = child.wait()
-    stopped = code in (EXIT_REQUEUE, 128 + signal.SIGUSR1, 128 + signal.SIGTERM)
+    stopped = code in STOPPED
     if code == EXIT_REQUEUE and role == "trainer" and rank == 0:
         subprocess.run(["scontrol", "requeue", env.get("SLURM_JOB_ID", "")], timeout=60)
     if code and not stopped:
@@ -91,6 +195,10 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.update(thread_env(dict(os.environ)))
     if role == "trainer":
         os.environ.update(placement.torch_env_from_slurm(os.environ))
+    known, overrides = _parse(rest)
+    if known.stage is None and _staged(known.config, overrides):
+        setup_logging()
+        return run_command(lambda: run_stages(role, rest))
     if placement.process_rank(os.environ) == 0:
         code = prepare_run_dir(role, rest)
         if code:

@@ -26,7 +26,6 @@ from typing import Any
 
 from rft.algo.registry import build_loss_fns
 from rft.config.batches import updates_per_step
-from rft.config.load import load_config
 from rft.config.schema import Config
 from rft.data import run_steps
 from rft.entry import config_parser, run_command, setup_logging
@@ -43,6 +42,7 @@ from rft.monitor import (
 )
 from rft.placement import TRAINER_MODES
 from rft.rundir import ACTOR_DIR, HF_DIR, step_dir
+from rft.stages import load_stage
 from rft.sync import publishes_weights
 from rft.trainer import state as ts
 
@@ -187,7 +187,8 @@ def run(cfg: Config) -> int:
         log.info("resumed from global_step_%d (weights version %d)", resumed, progress.weights_version)
     publisher = WeightsPublisher(run_dir, cfg.synchronizer.weights_versions_to_keep) if rank == 0 else None
     monitor = Monitor(run_dir, "trainer", monitor_type=cfg.monitor.monitor_type, enabled=rank == 0,
-                      flush_interval_s=cfg.monitor.flush_interval_s)
+                      flush_interval_s=cfg.monitor.flush_interval_s, project=cfg.project,
+                      name=cfg.name)
     pad_id = actor.module.config.pad_token_id or actor.module.config.eos_token_id or 0
     if isinstance(pad_id, list):
         pad_id = pad_id[0]
@@ -231,8 +232,8 @@ def run(cfg: Config) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     setup_logging()
-    args = config_parser("python -m rft.trainer", __doc__.split("\n")[0]).parse_args(argv)
-    code = run_command(lambda: run(load_config(args.config, args.overrides)))
+    args = config_parser("python -m rft.trainer", __doc__.split("\n")[0], stage=True).parse_args(argv)
+    code = run_command(lambda: run(load_stage(args.config, args.overrides, args.stage)))
     from rft.trainer import engine as dse
 
     dse.teardown(code)

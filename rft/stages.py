@@ -1,0 +1,103 @@
+"""A config's ``stages`` (Trinity's SFT warm-up, then RFT), run in order on every launch path.
+
+Stage ``i`` is the base config with the stage's keys merged (:func:`rft.config.load.stage_config`),
+in its own run directory ``<run_dir>/<stage_name>``. Stage ``i > 0`` starts from stage ``i-1``'s
+newest published weights (``weights/vN`` of its run directory). A stage is finished once its
+run directory holds :data:`~rft.rundir.STAGE_FINISHED`, written after the stage's main role
+(the trainer, or the explorers of an explore-only stage) ended normally; a rerun or a requeued
+SLURM job skips finished stages and resumes the first unfinished one from its checkpoint.
+
+The launchers use this module: :mod:`rft.launch.local` (``rft-run``) and the SLURM worker
+(:mod:`rft.launch.worker`), which runs the stages itself inside one job, so ``rft-launch``, the
+rendered script and ``jobs/*.sbatch`` need no stage logic of their own. A role started for one
+stage (``python -m rft.launch.worker ROLE --config F --stage I``) loads its config with
+:func:`load_stage`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Sequence
+
+from rft import atomic
+from rft.config.load import load_config, stage_config, stage_label
+from rft.config.schema import Config
+from rft.errors import ConfigError
+from rft.placement import EXPLORER_MODES, TRAINER_MODES
+from rft.rundir import STAGE_FAILED, STAGE_FINISHED
+from rft.sync import latest_weights
+
+
+def roles(mode: str) -> tuple[str, ...]:
+    """The roles a mode runs: ``both`` -> explorer and trainer."""
+    return tuple(r for r, modes in (("explorer", EXPLORER_MODES), ("trainer", TRAINER_MODES))
+                 if mode in modes)
+
+
+def main_role(mode: str) -> str:
+    """The role whose normal end finishes a stage: the trainer when there is one."""
+    return "trainer" if mode in TRAINER_MODES else "explorer"
+
+
+def modes(cfg: Config) -> list[str]:
+    """The mode of each stage (or of the config itself, without stages)."""
+    return [resolve(cfg, i, chain=False).mode for i in range(len(cfg.stages))] or [cfg.mode]
+
+
+def job_mode(cfg: Config) -> str:
+    """The mode whose roles a SLURM job of ``cfg`` must hold: every stage's roles together."""
+    wanted = {role for mode in modes(cfg) for role in roles(mode)}
+    if wanted == {"explorer", "trainer"}:
+        return "both"
+    return next(mode for mode in modes(cfg) if set(roles(mode)) == wanted)
+
+
+def resolve(cfg: Config, index: int, chain: bool = True) -> Config:
+    """Stage ``index``'s config; with ``chain``, its model is the previous stage's final weights."""
+    stage = stage_config(cfg, index)
+    if chain and index > 0:
+        previous = stage_config(cfg, index - 1)
+        newest = latest_weights(previous.run_dir)
+        if newest is None:
+            raise ConfigError(f"{stage_label(cfg, index)} starts from the weights of "
+                              f"{stage_label(cfg, index - 1)}, but {previous.run_dir} has none "
+                              "published (weights/v*): run that stage first")
+        stage.model.model_path = str(newest[1])
+    return stage
+
+
+def load_stage(config: str | Path, overrides: Sequence[str], index: int | None) -> Config:
+    """The config a role runs: the file's, or its stage ``index`` (chained)."""
+    cfg = load_config(config, list(overrides))
+    if index is None:
+        return cfg
+    if not 0 <= index < len(cfg.stages):
+        raise ConfigError(f"--stage {index}: {config} has {len(cfg.stages)} stage(s)")
+    return resolve(cfg, index)
+
+
+def is_finished(stage: Config) -> bool:
+    return (stage.run_dir / STAGE_FINISHED).is_file()
+
+
+def mark_finished(stage: Config) -> None:
+    """Record that the stage ended normally (its run directory exists by then)."""
+    atomic.write_json(stage.run_dir / STAGE_FINISHED, {"time": time.time(), "mode": stage.mode})
+    (stage.run_dir / STAGE_FAILED).unlink(missing_ok=True)
+
+
+def mark_failed(stage: Config, code: int) -> None:
+    """Tell the roles waiting for this stage (not part of it) that its main role failed."""
+    stage.run_dir.mkdir(parents=True, exist_ok=True)
+    atomic.write_json(stage.run_dir / STAGE_FAILED, {"time": time.time(), "exit_code": code})
+
+
+def failed_since(stage: Config, since: float) -> int | None:
+    """The exit code of a failure of the stage recorded after ``since``, if any."""
+    try:
+        record = json.loads((stage.run_dir / STAGE_FAILED).read_text())
+    except FileNotFoundError:
+        return None
+    return int(record["exit_code"]) if float(record["time"]) >= since else None
