@@ -35,6 +35,11 @@ Messages = list[dict[str, str]]
 
 EXTENSIONS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".arrow": "arrow",
               ".csv": "csv"}
+# Words the hub's loader reads as split names in file names (datasets.data_files.SPLIT_KEYWORDS):
+# a folder whose files are named after one of them (other than the folder's own name) is a
+# subset folder such as GSM8K's main/ (train-*.parquet, test-*.parquet), never one split.
+SPLIT_WORDS = frozenset({"train", "training", "validation", "valid", "dev", "val", "test", "testing",
+                         "eval", "evaluation"})
 
 
 @dataclass(frozen=True)
@@ -63,9 +68,12 @@ def resolve(path: str | Path, split: str = "train", subset_name: str | None = No
     files = _split_files(base, split)
     if not files:
         found = sorted(available_splits(base))
+        subsets = subset_folders(base)
         hint = nearest(split, found)
+        advice = _subset_advice(base, split, subsets) if subsets else \
+            (f"; did you mean {hint!r}?" if hint else "")
         raise DataError(f"no files for split {split!r} under {base} (found splits: "
-                        f"{', '.join(found) or 'none'}){f'; did you mean {hint!r}?' if hint else ''}")
+                        f"{', '.join(found) or 'none'}){advice}")
     formats = {_format_of(f) for f in files}
     if len(formats) > 1:
         raise DataError(f"split {split!r} under {base} mixes file formats {sorted(formats)}")
@@ -106,11 +114,16 @@ def _data_files(folder: Path) -> list[Path]:
 
 
 def _split_files(base: Path, split: str) -> list[Path]:
-    """Hub layouts: <split>.ext, <split>-00000-of-00001.ext, data/<split>-*.ext, <split>/*.ext."""
+    """Hub layouts: <split>.ext, <split>-00000-of-00001.ext, data/<split>-*.ext, <split>/*.ext.
+
+    Never the files of several splits: a ``<split>/`` folder whose files are named after
+    another split (a subset folder) gives none."""
     for folder in (base, base / "data"):
         files = [f for f in _data_files(folder) if _split_of(f) == split]
         if files:
             return files
+    if _is_subset_folder(base / split):
+        return []
     return _data_files(base / split)
 
 
@@ -119,12 +132,36 @@ def _split_of(file: Path) -> str:
     return stem.split("-")[0]
 
 
+def _is_subset_folder(folder: Path) -> bool:
+    """True when ``folder``'s data files are named after a split other than the folder itself."""
+    named = {_split_of(f) for f in _data_files(folder) if _split_of(f).lower() in SPLIT_WORDS}
+    return bool(named - {folder.name})
+
+
+def subset_folders(base: Path) -> list[str]:
+    """Sub-folders of ``base`` that are subsets holding splits (``main/`` of GSM8K), sorted."""
+    if not base.is_dir():
+        return []
+    return sorted(p.name for p in base.iterdir() if p.is_dir() and _is_subset_folder(p))
+
+
 def available_splits(base: Path) -> set[str]:
-    """Split names visible under a hub-style folder."""
+    """Split names visible under a hub-style folder (subset folders are not splits)."""
     names = {_split_of(f) for folder in (base, base / "data") for f in _data_files(folder)}
     if base.is_dir():
-        names |= {p.name for p in base.iterdir() if p.is_dir() and _data_files(p)}
+        names |= {p.name for p in base.iterdir()
+                  if p.is_dir() and _data_files(p) and not _is_subset_folder(p)}
     return names
+
+
+def _subset_advice(base: Path, split: str, subsets: list[str]) -> str:
+    """'; set subset_name: S and split: X' for a split asked of a folder that holds subsets."""
+    holding = [s for s in subsets if split in available_splits(base / s)]
+    subset = (holding or ([split] if split in subsets else subsets))[0]
+    splits = sorted(available_splits(base / subset))
+    pick = split if split in splits else ("train" if "train" in splits else splits[0])
+    return (f"; {base} holds subset folders ({', '.join(subsets)}), which are not splits: set "
+            f"subset_name: {subset} and split: {pick} (the splits of {subset}: {', '.join(splits)})")
 
 
 def read_columns(source: DatasetSource) -> list[str]:

@@ -1,10 +1,17 @@
-"""Metrics out: one ``key=value`` log line per step, TensorBoard, and a ``metrics.jsonl``.
+"""Metrics out: one ``key=value`` log line per step, a ``metrics.jsonl``, and the chosen sinks.
 
-Each role (``trainer``, ``explorer_<name>``) owns a :class:`Monitor` writing under the run
-directory (``rft.rundir.MONITOR_DIR``)::
+Each role (``trainer``, ``explorer_<name>``, ``bench``) owns a :class:`Monitor` writing under the
+run directory (``rft.rundir.MONITOR_DIR``)::
 
-    monitor/tensorboard/<role>/   TensorBoard event files (read through an SSH tunnel)
-    monitor/<role>/metrics.jsonl  one JSON object per step: {"step", "time", <metrics>}
+    monitor/<role>/metrics.jsonl  always: one JSON object per step: {"step", "time", <metrics>}
+    monitor/tensorboard/<role>/   tensorboard (the default): event files (read through a tunnel)
+    monitor/wandb/                wandb: a run folder per role (offline ones: ``wandb sync`` them)
+    monitor/mlflow/               mlflow: a file store (unless MLFLOW_TRACKING_URI names another)
+
+``monitor.monitor_type`` names one sink or a list of them (``console``: the log line and the JSONL
+only). A sink is a small class with ``log(step, scalars)`` and ``close()``; its package is
+imported only when it is chosen. wandb and MLflow runs are named ``<name>_<role>`` in project
+(experiment) ``<project>``, as Trinity-RFT names them.
 
 Only rank 0 of a role writes; other ranks get a monitor that does nothing. The JSONL file is
 appended by its single writer and flushed per line, so a reader sees whole lines (a torn last
@@ -16,13 +23,24 @@ Metric names that one module writes and another reads (the progress line of ``rf
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import math
+import netrc
+import os
+import re
+import socket
+import sys
 import time
+import typing
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping, Sequence
+from urllib.parse import urlsplit
 
+from rft.config.schema import MonitorType
+from rft.errors import ConfigError
 from rft.rundir import MONITOR_DIR
 
 log = logging.getLogger("rft.monitor")
@@ -52,53 +70,242 @@ def tensorboard_dir(run_dir: Path | str, role: str | None = None) -> Path:
     return root / role if role else root
 
 
-class Monitor:
-    """Writes a role's per-step metrics to the log, TensorBoard and metrics.jsonl."""
+def wandb_dir(run_dir: Path | str) -> Path:
+    """The folder of the run's wandb run folders (what ``wandb sync`` is pointed at)."""
+    return Path(run_dir) / MONITOR_DIR / "wandb"
 
-    def __init__(self, run_dir: Path | str, role: str, *, monitor_type: str = "tensorboard",
-                 enabled: bool = True, flush_interval_s: float = 10.0):
+
+def mlflow_uri(run_dir: Path | str) -> str:
+    """The run's MLflow file store (``mlflow server --backend-store-uri`` takes it)."""
+    return (Path(run_dir) / MONITOR_DIR / "mlflow").absolute().as_uri()
+
+
+def monitor_names(monitor_type: str | Sequence[str]) -> tuple[str, ...]:
+    """``monitor.monitor_type``, one name (Trinity) or a list (rft), as a tuple of names."""
+    return (monitor_type,) if isinstance(monitor_type, str) else tuple(monitor_type)
+
+
+class Monitor:
+    """Writes a role's per-step metrics to the log, metrics.jsonl and the chosen sinks."""
+
+    def __init__(self, run_dir: Path | str, role: str, *,
+                 monitor_type: str | Sequence[str] = "tensorboard", enabled: bool = True,
+                 flush_interval_s: float = 10.0, project: str = "rft", name: str | None = None):
         self.role = role
         self.enabled = enabled
-        self._tb = None
         self._jsonl = None
+        self._sinks: list[Any] = []
         if not enabled:
             return
         path = metrics_path(run_dir, role)
         path.parent.mkdir(parents=True, exist_ok=True)
         self._jsonl = path.open("a", encoding="utf-8")
-        if monitor_type == "tensorboard":
-            from torch.utils.tensorboard import SummaryWriter
-
-            self._tb = SummaryWriter(str(tensorboard_dir(run_dir, role)),
-                                     flush_secs=max(1, int(flush_interval_s)))
+        run = RunInfo(Path(run_dir), role, project, name or Path(run_dir).name, flush_interval_s)
+        try:
+            for kind in monitor_names(monitor_type):
+                if SINKS[kind] is not None:
+                    self._sinks.append(SINKS[kind](run))
+        except BaseException:
+            self.close()  # the sinks opened so far
+            raise
 
     def log(self, step: int, metrics: dict[str, Any], prefix: str = "") -> None:
-        """Record ``metrics`` (numbers; others are skipped in TensorBoard) for ``step``."""
+        """Record ``metrics`` for ``step``; sinks get the numbers (other values: JSONL only)."""
         if not self.enabled:
             return
         clean = {f"{prefix}{k}": _plain(v) for k, v in metrics.items()}
         assert self._jsonl is not None
         self._jsonl.write(json.dumps({"step": step, "time": time.time(), **clean}) + "\n")
         self._jsonl.flush()
-        if self._tb is not None:
-            for key, value in clean.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool):
-                    self._tb.add_scalar(key, value, step)
+        scalars = {k: v for k, v in clean.items()
+                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        for sink in self._sinks:
+            sink.log(step, scalars)
         log.info("%s step=%d %s", self.role, step, format_metrics(clean))
 
     def close(self) -> None:
-        if self._tb is not None:
-            self._tb.close()
-            self._tb = None
         if self._jsonl is not None:
             self._jsonl.close()
             self._jsonl = None
+        sinks, self._sinks = self._sinks, []
+        for sink in sinks:
+            sink.close()
 
     def __enter__(self) -> "Monitor":
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# ----------------------------------------------------------------------------- the sinks
+
+
+@dataclass(frozen=True)
+class RunInfo:
+    """What a sink needs to know about the run and the role it records."""
+
+    run_dir: Path
+    role: str  # trainer, explorer_<name>[-<rank>], bench
+    project: str  # config `project`: the wandb project, the MLflow experiment
+    name: str  # config `name`
+    flush_interval_s: float  # TensorBoard flush period
+
+    @property
+    def run_name(self) -> str:
+        """The wandb/MLflow run name: Trinity's ``<name>_<role>``."""
+        return f"{self.name}_{self.role}"
+
+
+class TensorBoardSink:
+    """Event files in ``monitor/tensorboard/<role>/``."""
+
+    kind, module, package = "tensorboard", "tensorboard", "tensorboard"  # name, import, pip
+
+    def __init__(self, run: RunInfo):
+        _require(type(self))
+        from torch.utils.tensorboard import SummaryWriter
+
+        self._writer = SummaryWriter(str(tensorboard_dir(run.run_dir, run.role)),
+                                     flush_secs=max(1, int(run.flush_interval_s)))
+
+    def log(self, step: int, scalars: dict[str, float]) -> None:
+        for key, value in scalars.items():
+            self._writer.add_scalar(key, value, step)
+
+    def close(self) -> None:
+        self._writer.close()
+
+
+class WandbSink:
+    """A wandb run ``<name>_<role>`` (group ``<name>``, tag ``<role>``) in project ``<project>``,
+    its files in ``monitor/wandb/``; online or offline as :func:`wandb_mode` decides."""
+
+    kind, module, package = "wandb", "wandb", "wandb"
+
+    def __init__(self, run: RunInfo):
+        _require(type(self))
+        import wandb
+
+        mode, why = wandb_mode()
+        folder = wandb_dir(run.run_dir)
+        effective = mode or os.environ.get("WANDB_MODE")
+        later = f"; upload later: wandb sync {folder}" if effective in ("offline", "dryrun") else ""
+        log.info("%s: wandb %s (%s)%s", run.role, effective, why, later)
+        folder.mkdir(parents=True, exist_ok=True)
+        self._run = wandb.init(project=run.project, name=run.run_name, group=run.name,
+                               tags=[run.role], dir=str(folder.parent),  # wandb adds "wandb/"
+                               mode=mode, reinit="create_new", config={"run_dir": str(run.run_dir)},
+                               settings=wandb.Settings(console="off", save_code=False))
+
+    def log(self, step: int, scalars: dict[str, float]) -> None:
+        self._run.log(scalars, step=step)
+
+    def close(self) -> None:
+        self._run.finish()
+
+
+class MlflowSink:
+    """An MLflow run ``<name>_<role>`` (tag ``role``) in experiment ``<project>``, in the run's
+    file store (:func:`mlflow_uri`) or on the tracking server MLFLOW_TRACKING_URI names."""
+
+    kind, module, package = "mlflow", "mlflow", "mlflow-skinny"
+
+    def __init__(self, run: RunInfo):
+        _require(type(self))
+        from mlflow.entities import Metric
+        from mlflow.tracking import MlflowClient
+
+        uri = os.environ.get("MLFLOW_TRACKING_URI") or mlflow_uri(run.run_dir)
+        if uri.startswith("file:"):
+            # MLflow 3 keeps its file store behind this switch ("maintenance mode"); it is what
+            # many processes on several nodes can write at once with no server (SQLite cannot).
+            os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
+        self._metric = Metric
+        self._client = MlflowClient(tracking_uri=uri)
+        experiment_id = _mlflow_experiment(self._client, run.project)
+        tags = {"role": run.role, "rft.run_dir": str(run.run_dir)}
+        self._run_id = self._client.create_run(experiment_id, run_name=run.run_name,
+                                               tags=tags).info.run_id
+
+    def log(self, step: int, scalars: dict[str, float]) -> None:
+        now_ms = int(time.time() * 1000)
+        self._client.log_batch(self._run_id, metrics=[
+            self._metric(_mlflow_key(k), float(v), now_ms, step) for k, v in scalars.items()])
+
+    def close(self) -> None:
+        self._client.set_terminated(self._run_id)
+
+
+# monitor_type name -> sink; console adds none (the log line and metrics.jsonl only).
+SINKS: dict[str, type | None] = {s.kind: s for s in (TensorBoardSink, WandbSink, MlflowSink)}
+SINKS["console"] = None
+assert set(SINKS) == set(typing.get_args(MonitorType)), "a sink per name the config accepts"
+
+
+def check_packages(monitor_type: str | Sequence[str]) -> None:
+    """Raise :class:`ConfigError` naming what to install when a chosen sink's package is missing
+    (a login-node check: it finds the packages without importing them)."""
+    for kind in monitor_names(monitor_type):
+        if SINKS[kind] is not None:
+            _require(SINKS[kind])
+
+
+def _require(sink: type) -> None:
+    if importlib.util.find_spec(sink.module) is None:
+        raise ConfigError(f"monitor.monitor_type '{sink.kind}' needs the {sink.package} package, "
+                          f"which {sys.executable} cannot import; install the pinned "
+                          "requirements: bash env/setup.sh (or pip install -r requirements.txt)")
+
+
+WANDB_PROBE_TIMEOUT_S = 2.0  # how long wandb_mode waits for the wandb API host to answer
+
+
+def wandb_mode(env: Mapping[str, str] = os.environ) -> tuple[str | None, str]:
+    """wandb's mode on this node and why. ``WANDB_MODE`` wins when set (mode None: wandb reads
+    it). Otherwise 'online' needs an API key (``WANDB_API_KEY``, or a login in ``~/.netrc`` as
+    ``wandb login`` writes) and the API host (``WANDB_BASE_URL``, default api.wandb.ai) taking a
+    TCP connection within ``WANDB_PROBE_TIMEOUT_S``; else 'offline' (compute nodes often have no
+    internet)."""
+    if env.get("WANDB_MODE"):
+        return None, f"WANDB_MODE={env['WANDB_MODE']}"
+    url = urlsplit(env.get("WANDB_BASE_URL") or "https://api.wandb.ai")
+    host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+    if not env.get("WANDB_API_KEY") and not _netrc_login(host, env):
+        return "offline", f"no WANDB_API_KEY and no login for {host} in ~/.netrc"
+    try:
+        socket.create_connection((host, port), timeout=WANDB_PROBE_TIMEOUT_S).close()
+    except OSError as e:
+        return "offline", f"{host}:{port} not reachable ({e})"
+    return "online", f"{host}:{port} reachable"
+
+
+def _netrc_login(host: str, env: Mapping[str, str]) -> bool:
+    path = env.get("NETRC") or os.path.join(env.get("HOME") or os.path.expanduser("~"), ".netrc")
+    try:
+        return netrc.netrc(path).authenticators(host) is not None
+    except (OSError, netrc.NetrcParseError):
+        return False
+
+
+def _mlflow_experiment(client: Any, name: str) -> str:
+    """The id of experiment ``name``, created when missing (another role may create it first)."""
+    from mlflow.exceptions import MlflowException
+
+    found = client.get_experiment_by_name(name)
+    if found is None:
+        try:
+            return client.create_experiment(name)
+        except MlflowException:  # created by another role in between
+            found = client.get_experiment_by_name(name)
+            if found is None:
+                raise
+    return found.experiment_id
+
+
+def _mlflow_key(key: str) -> str:
+    """MLflow refuses '@' and most punctuation: ``eval/x/mean@4`` -> ``eval/x/mean_at_4``."""
+    return re.sub(r"[^\w./\- :]", "_", key.replace("@", "_at_"))
 
 
 def _plain(value: Any) -> Any:

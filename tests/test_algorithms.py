@@ -121,8 +121,17 @@ def test_agg_modes_on_ragged_mask():
     close(alg.aggregate(loss_mat, mask, "token-mean"), 2.5)  # (1+2+3+4)/4
     close(alg.aggregate(loss_mat, mask, "seq-mean-token-mean"), 3.0)  # mean(6/3, 4/1)
     close(alg.aggregate(loss_mat, mask, "seq-mean-token-sum"), 5.0)  # mean(6, 4)
-    close(alg.aggregate(loss_mat, mask, "seq-mean-token-sum-norm"), 5.0 / 3)  # mean(6, 4) / L=3
+    close(alg.aggregate(loss_mat, mask, "seq-mean-token-sum-norm"), 10.0 / 3)  # (6 + 4) / L=3
     close(alg.aggregate(loss_mat, torch.zeros(3, 3), "token-mean"), 0.0)
+    close(alg.aggregate(loss_mat, torch.zeros(3, 3), "seq-mean-token-sum-norm"), 0.0)
+
+
+def test_seq_mean_token_sum_norm_is_the_total_sum_over_l_as_verl_and_trinity():
+    # veRL agg_loss / Trinity: sum of all 8 counted tokens / L=4 = 2.0 (a mean over the 2
+    # sequences first would give 1.0)
+    close(alg.aggregate(torch.ones(2, 4), torch.ones(2, 4), "seq-mean-token-sum-norm"), 2.0)
+    close(alg.aggregate(torch.ones(2, 4), T([[1, 1, 0, 0], [1, 0, 0, 0]]), "seq-mean-token-sum-norm"),
+          0.75)  # 3 tokens / L=4: the constant is the padded width, not a length
 
 
 # ----------------------------------------------------------------------------- policy losses

@@ -190,7 +190,6 @@ def test_trinity_originals_name_what_is_not_supported(path, key):
 
 
 @pytest.mark.parametrize("section,value,needle", [
-    ({"monitor": {"monitor_type": "wandb"}}, None, "monitor.monitor_type: 'wandb'"),
     ({"synchronizer": {"sync_style": "dynamic_by_explorer"}}, None, "synchronizer.sync_style"),
     ({"trainer": {"ulysses_sequence_parallel_size": 2}}, None, "ulysses_sequence_parallel_size"),
     ({"explorer": {"auxiliary_models": [{"model_path": "/rm"}]}}, None, "explorer.auxiliary_models"),
@@ -199,6 +198,22 @@ def test_not_supported_options(tmp_path, section, value, needle):
     with pytest.raises(NotSupportedError, match="not supported yet") as e:
         load_dict(tmp_path, minimal(**section))
     assert needle in str(e.value)
+
+
+def test_monitor_type_is_one_name_or_a_list(tmp_path):
+    for kind in ("wandb", "mlflow", "console"):
+        assert load_dict(tmp_path, minimal(monitor={"monitor_type": kind})).monitor.monitor_type == kind
+    assert load_dict(tmp_path, minimal()).monitor.monitor_type == "tensorboard"
+    cfg = load_dict(tmp_path, minimal(), "monitor.monitor_type=[tensorboard,wandb,mlflow]")
+    assert cfg.monitor.monitor_type == ["tensorboard", "wandb", "mlflow"]
+    assert load_config(write(tmp_path, config_to_yaml(cfg), "again.yaml")) == cfg
+    with pytest.raises(ConfigError, match=r"monitor.monitor_type\[1\]: 'wandbb' .* Did you mean 'wandb'"):
+        load_dict(tmp_path, minimal(monitor={"monitor_type": ["tensorboard", "wandbb"]}))
+    with pytest.raises(ConfigError, match="monitor.monitor_type: 'tensorbord' .* Did you mean"):
+        load_dict(tmp_path, minimal(monitor={"monitor_type": "tensorbord"}))
+    for bad in ([], ["wandb", "wandb"]):
+        with pytest.raises(ConfigError, match="must name each monitor once"):
+            load_dict(tmp_path, minimal(monitor={"monitor_type": bad}))
 
 
 def test_sql_transport_refused_on_several_nodes(tmp_path):

@@ -114,6 +114,43 @@ def test_find_jobs_layouts(tmp_path: Path) -> None:
         find_jobs(run / "weights")
 
 
+def _fake_files(folder: Path, *names: str) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        (folder / name).write_bytes(b"not a real shard")
+
+
+def test_megatron_checkpoints_are_refused_with_the_way_out(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from rft.errors import EXIT_USER_ERROR
+
+    # veRL / Trinity with the Megatron backend: global_step_N/actor/dist_ckpt (torch_dist shards)
+    run = tmp_path / "trinity_run"
+    actor = run / "global_step_5" / "actor"
+    _fake_files(actor / "dist_ckpt", "__0_0.distcp", "__1_0.distcp", ".metadata", "common.pt", "metadata.json")
+    _fake_files(actor / "huggingface", "config.json", "tokenizer.json")
+    _fake_files(actor, "transformer_config.json")
+    (run / "latest_checkpointed_iteration.txt").write_text("5")
+    for path in (run, run / "global_step_5", actor, actor / "dist_ckpt"):
+        assert main(["--checkpoint-dir", str(path)]) == EXIT_USER_ERROR
+        err = capsys.readouterr().err
+        assert "is a Megatron checkpoint" in err and "trinity convert" in err, err
+        assert "--base-model-dir" not in err
+    assert not (actor / "huggingface" / "model.safetensors").exists()
+    # Megatron-LM's own save folder (legacy per-rank files), passed bare
+    save = tmp_path / "megatron_save"
+    _fake_files(save / "iter_0000100" / "mp_rank_00", "model_optim_rng.pt")
+    (save / "latest_checkpointed_iteration.txt").write_text("100")
+    for path in (save, save / "iter_0000100", save / "iter_0000100" / "mp_rank_00"):
+        with pytest.raises(CheckpointError, match="Megatron checkpoint"):
+            detect_format(path)
+    # rft's own run root holds latest_checkpointed_iteration.txt and DeepSpeed's mp_rank_00_*
+    # files: not Megatron
+    ours = tmp_path / "rft_run"
+    _fake_files(ours / "global_step_1" / "actor" / "global_step1", "mp_rank_00_model_states.pt")
+    (ours / "latest_checkpointed_iteration.txt").write_text("1")
+    assert [j.step for j in find_jobs(ours)] == [1]
+
+
 # ----------------------------------------------------------------------------- checkpoints
 
 

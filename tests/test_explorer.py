@@ -171,19 +171,52 @@ def test_bad_tasksets_raise_data_errors(tmp_path):
             open_sets(make_cfg(tmp_path, tmp_path, [ts]))
 
 
-def test_prompt_ids_truncation_and_reply_prefix(smollm2_tokenizer_dir):
+def test_prompt_ids_and_reply_prefix(smollm2_tokenizer_dir):
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(smollm2_tokenizer_dir))
     messages = [{"role": "user", "content": "What is 2 + 2?"}]
     ids = T.prompt_ids(tok, messages)
     assert tok.decode(ids).endswith("<|im_start|>assistant\n")
-    assert T.fit_prompt(ids, 5, truncate=True) == ids[-5:]
-    assert T.fit_prompt(ids, 5, truncate=False) is None
-    assert T.fit_prompt(ids, len(ids), truncate=False) == ids
     prefixed = T.prompt_ids(tok, messages + [{"role": "assistant", "content": "<think>"}],
                             reply_prefix="<think>")
     assert tok.decode(prefixed).rstrip().endswith("<think>")
+
+
+def test_overlong_prompts_are_left_out_and_counted_never_cut(tmp_path, smollm2_tokenizer_dir, caplog):
+    """enable_prompt_truncation (veRL's filter_overlong_prompts): a prompt over max_prompt_tokens
+    is left out of its step and counted; the task stream still consumes it, so step boundaries
+    and resume are unchanged. false (as Trinity): kept whole, unless vLLM could not take it."""
+    from transformers import AutoTokenizer
+
+    from rft.explorer.loop import build_prompts
+
+    tok = AutoTokenizer.from_pretrained(str(smollm2_tokenizer_dir))
+    rows = arithmetic_rows(6)
+    rows[1]["question"] = "What is " + " + ".join(["1"] * 40) + "?"  # far longer than the others
+    ts = [taskset_dict(write_jsonl(tmp_path / "tasks.jsonl", rows), "t")]
+
+    def run_step(**model):
+        cfg = make_cfg(tmp_path, tmp_path, ts, model={"max_model_len": 1024, **model})
+        sets = open_sets(cfg)
+        stream = T.TaskStream(sets, 3, 1, None)
+        cursor = stream.new_cursor()
+        jobs, counts = build_prompts(cfg, tok, T.rank_share(stream.next_batch(cursor), 0, 1), sets)
+        return {j.slot: j.ids for j in jobs}, counts, cursor
+
+    whole, counts, _ = run_step()  # limit 1018 (derived): everything fits
+    assert sorted(whole) == [0, 1, 2] and counts == {"prompts_filtered": 0}
+    limit = max(len(whole[0]), len(whole[2]))
+    assert len(whole[1]) > limit + 6
+    kept, counts, cursor = run_step(max_prompt_tokens=limit)
+    assert counts == {"prompts_filtered": 1} and kept == {0: whole[0], 2: whole[2]}  # not cut
+    assert cursor == T.Cursor(1, [3], 0)  # the left-out task was consumed: step 2 starts at row 3
+    assert "1 of 3 prompts are longer than" in caplog.text
+    kept, counts, _ = run_step(max_prompt_tokens=limit, enable_prompt_truncation=False)
+    assert counts == {"prompts_filtered": 0} and kept == whole  # as Trinity: sent whole
+    kept, counts, _ = run_step(max_prompt_tokens=limit, enable_prompt_truncation=False,
+                               max_model_len=len(whole[1]))  # no room for a response token
+    assert counts == {"prompts_filtered": 1} and sorted(kept) == [0, 2]
 
 
 def _exp(group: str, reward: float, acc: float, n_tokens: int, truncated: bool = False) -> Experience:
@@ -294,19 +327,19 @@ def test_explorer_writes_groups_with_logprobs_and_resumes(engine, vllm_model_dir
 
 
 @pytest.mark.integration
-def test_prompt_truncation_and_skipping(engine, vllm_model_dir, data_dir, tmp_path):
+def test_overlong_prompts_filtered_or_sent_whole(engine, vllm_model_dir, data_dir, tmp_path):
     from rft.explorer.loop import run_explorer
 
     ts = [taskset_dict(data_dir / "a.jsonl", "a")]
-    cut = make_cfg(tmp_path / "cut", vllm_model_dir, ts, model={"max_prompt_tokens": 24})
-    result = run_explorer(cut, engine, max_steps=1)
-    assert result.metrics[0]["prompts_truncated"] == 3
-    assert {len(e.prompt_ids) for e in read_segments(cut.run_dir)["explorer-0"][1]} == {24}
-    skip = make_cfg(tmp_path / "skip", vllm_model_dir, ts,
-                    model={"max_prompt_tokens": 24, "enable_prompt_truncation": False})
-    result = run_explorer(skip, engine, max_steps=1)
-    assert result.metrics[0]["prompts_skipped"] == 3
-    assert read_segments(skip.run_dir)["explorer-0"][1] == []  # sealed, empty
+    drop = make_cfg(tmp_path / "drop", vllm_model_dir, ts, model={"max_prompt_tokens": 24})
+    result = run_explorer(drop, engine, max_steps=1)
+    assert result.metrics[0]["prompts_filtered"] == 3
+    assert read_segments(drop.run_dir)["explorer-0"][1] == []  # sealed, empty
+    whole = make_cfg(tmp_path / "whole", vllm_model_dir, ts,
+                     model={"max_prompt_tokens": 24, "enable_prompt_truncation": False})
+    result = run_explorer(whole, engine, max_steps=1)
+    assert result.metrics[0]["prompts_filtered"] == 0
+    assert min(len(e.prompt_ids) for e in read_segments(whole.run_dir)["explorer-0"][1]) > 24
 
 
 def perturbed_copy(src: Path, seed: int):

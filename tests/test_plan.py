@@ -108,6 +108,42 @@ def test_layouts(tmp_path):
         data.resolve(tmp_path / "saved_dict", "train")
 
 
+def test_subset_folder_is_never_a_split_and_splits_never_merge(tmp_path):
+    """A hub GSM8K download (main/train-*.parquet, main/test-*.parquet) without subset_name:
+    the error says which subset_name and split to set, never offers main as a split."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    root = tmp_path / "gsm8k"
+    (root / "main").mkdir(parents=True)
+    (root / "README.md").write_text("# a dataset card\n")
+    pq.write_table(pa.table({"question": ["1+1?", "2+2?"], "answer": ["2", "4"]}),
+                   root / "main" / "train-00000-of-00001.parquet")
+    pq.write_table(pa.table({"question": ["3+3?"], "answer": ["6"]}), root / "main" / "test-00000-of-00001.parquet")
+    for split in ("train", "main"):
+        with pytest.raises(DataError, match=r"found splits: none\); .* holds subset folders \(main\), which are "
+                                            r"not splits: set subset_name: main and split: train") as err:
+            data.resolve(root, split)
+        assert "did you mean" not in str(err.value)
+    assert data.available_splits(root) == set() and data.subset_folders(root) == ["main"]
+    with pytest.raises(DataError, match="set subset_name: main and split: test"):
+        data.load_split(str(root), "test", None, "taskset", {"format.prompt_key": "question"})
+    train = data.load_split(str(root), "train", "main", "taskset", {"format.prompt_key": "question"})
+    assert train["question"] == ["1+1?", "2+2?"]  # the train file alone
+    assert data.count_rows(data.resolve(root / "main", "test")) == 1
+    # a <split>/ folder that also holds another split's file is refused, not loaded as one split
+    mixed = tmp_path / "mixed" / "train"
+    mixed.mkdir(parents=True)
+    for name in ("train-00000-of-00001.parquet", "test-00000-of-00001.parquet"):
+        pq.write_table(pa.table({"question": ["x"]}), mixed / name)
+    with pytest.raises(DataError, match="no files for split 'train'.*set subset_name: train and split: train"):
+        data.resolve(mixed.parent, "train")
+    # plain <split>/ folders (shards with no split in their names) still load
+    (tmp_path / "plain" / "train").mkdir(parents=True)
+    pq.write_table(pa.table({"q": ["a"]}), tmp_path / "plain" / "train" / "0000.parquet")
+    assert len(data.resolve(tmp_path / "plain", "train").files) == 1
+
+
 def test_empty_and_damaged_files(tmp_path):
     empty = tmp_path / "empty.jsonl"
     empty.write_text("\n")

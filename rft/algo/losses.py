@@ -68,9 +68,9 @@ def _seq_mean_token_sum(loss_mat: torch.Tensor, mask: torch.Tensor) -> torch.Ten
 
 
 def _seq_mean_token_sum_norm(loss_mat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    # Dr.GRPO: divide by a constant (the padded response length), not by each length.
-    sums, has_tokens = _seq_sums(loss_mat, mask)
-    return _masked_mean(sums, has_tokens) / mask.shape[-1]
+    # Dr.GRPO as veRL's agg_loss and Trinity: the TOTAL token sum (no mean over sequences)
+    # divided by a constant, the padded response width L, not by each length or the row count.
+    return (loss_mat * mask).sum() / mask.shape[-1]
 
 
 LOSS_AGG_MODES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
@@ -86,7 +86,8 @@ def aggregate(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mea
 
     token-mean: sum over all counted tokens / their count; seq-mean-token-mean: mean over
     sequences of each sequence's token mean; seq-mean-token-sum: mean over sequences of token
-    sums; seq-mean-token-sum-norm: that, divided by ``L``. Sequences with no counted token are
+    sums; seq-mean-token-sum-norm: the sum over all counted tokens of the batch divided by ``L``
+    (not a mean over sequences: ``ones(2, 4)`` gives 2). Sequences with no counted token are
     left out of the sequence means; an all-zero mask gives 0.
     """
     assert mode in LOSS_AGG_MODES, f"unknown loss_agg_mode {mode!r} (validated in rft.algo.registry)"

@@ -51,6 +51,7 @@ def apply(cfg: Config, seen: set[str]) -> None:
     _check_inputs(cfg)
     _check_trainer(cfg)
     _check_resources(cfg)
+    _check_monitor(cfg)
     if cfg.algorithm.sample_strategy == "mix":
         mix_counts(cfg)  # rollouts + expert samples of a mini-batch
     check_train_batch_size(cfg)  # a mini-batch fits in the explorer's step
@@ -85,13 +86,16 @@ def check_not_supported(cfg: Config) -> None:
         raise _unsupported("explorer.auxiliary_models", f"[{len(cfg.explorer.auxiliary_models)} models]",
                            "Reward models served by vLLM are not implemented; use a reward "
                            "function (buffer.explorer_input.default_reward_fn_type).")
-    if cfg.monitor.monitor_type in ("wandb", "mlflow"):
-        raise _unsupported("monitor.monitor_type", cfg.monitor.monitor_type,
-                           "Compute nodes often have no internet; use 'tensorboard' (the default) "
-                           "and read it through an SSH tunnel (bin/rft-launch prints the command).")
     if cfg.trainer.ulysses_sequence_parallel_size != 1:
         raise _unsupported("trainer.ulysses_sequence_parallel_size",
                            cfg.trainer.ulysses_sequence_parallel_size, "Set it to 1.")
+
+
+def _check_monitor(cfg: Config) -> None:
+    kinds = cfg.monitor.monitor_type
+    if isinstance(kinds, list) and (not kinds or len(set(kinds)) < len(kinds)):
+        raise ConfigError(f"monitor.monitor_type: {kinds!r} must name each monitor once, and at "
+                          "least one: e.g. tensorboard, or [tensorboard, wandb]")
 
 
 def _apply_preset(cfg: Config) -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 from rft.config.names import (
     ADVANTAGE_FN_NAMES,
@@ -76,10 +76,10 @@ class ModelConfig:
     model_path: str = ""  # local Hugging Face model folder (config.json + tokenizer)
     critic_model_path: Optional[str] = None  # critic (GAE); not supported yet
     max_model_len: Optional[int] = field(None, ge=1)  # prompt + response tokens
-    max_prompt_tokens: Optional[int] = field(None, ge=1)  # longer prompts: truncated or skipped
+    max_prompt_tokens: Optional[int] = field(None, ge=1)  # longer prompts: left out (see below)
     max_response_tokens: Optional[int] = field(None, ge=1)  # generation limit per sample
     min_response_tokens: int = field(1, ge=0)  # generation floor per sample
-    enable_prompt_truncation: bool = True  # true: cut long prompts; false: skip them (counted)
+    enable_prompt_truncation: bool = True  # true: leave out (count) prompts > max_prompt_tokens; false: no prompt limit
     temperature: float = field(1.0, ge=0)  # sampling temperature (tasksets may override)
     top_p: float = field(1.0, gt=0, le=1)  # nucleus sampling
     top_k: int = field(-1, ge=-1)  # top-k sampling; -1 disables
@@ -100,7 +100,7 @@ class FormatConfig:
     response_key: str = "response"  # dataset column holding the reference answer
     messages_key: Optional[str] = None  # column holding chat messages (instead of prompt/response)
     system_prompt: Optional[str] = None  # replaces the workflow's system prompt
-    reply_prefix: Optional[str] = None  # text the assistant reply starts with
+    reply_prefix: Optional[str] = None  # text the reply starts with (no effect on SFT/expert rows)
 
 
 @dataclass
@@ -114,7 +114,7 @@ class RolloutArgs:
 
 @dataclass
 class TaskSelectorConfig:
-    selector_type: Literal["sequential", "shuffle", "random"] = "sequential"  # task order
+    selector_type: Literal["sequential", "shuffle", "random"] = "sequential"  # order (eval: every row)
     seed: int = 42  # seed for shuffle/random
 
 
@@ -173,7 +173,7 @@ class BufferConfig:
 
 @dataclass
 class RolloutModelConfig:
-    engine_type: Literal["vllm", "vllm_async"] = "vllm"  # both: vLLM offline engine
+    engine_type: Literal["vllm", "vllm_async"] = "vllm"  # no effect: always vLLM's offline engine
     engine_num: int = field(1, ge=1)  # explorer tasks (one engine each)
     tensor_parallel_size: int = field(1, ge=1)  # GPUs per engine
     gpu_memory_utilization: float = field(0.9, gt=0, le=1)  # vLLM's share of GPU memory
@@ -199,8 +199,8 @@ class AuxiliaryModelConfig:
 @dataclass
 class ExplorerConfig:
     name: str = "explorer"  # explorer job name; another name joins a run as a new explorer
-    runner_per_model: int = field(8, ge=1)  # Trinity's concurrency knob (see README: no effect)
-    runner_num: Optional[int] = field(None, ge=1)  # older spelling of runner_per_model
+    runner_per_model: int = field(8, ge=1)  # no effect: a step's tasks go to vLLM as one batch
+    runner_num: Optional[int] = field(None, ge=1)  # no effect: older spelling of runner_per_model
     rollout_model: RolloutModelConfig = field(factory=RolloutModelConfig)  # vLLM engines
     auxiliary_models: list[AuxiliaryModelConfig] = field(factory=list)  # not supported yet
     eval_interval: int = field(100, ge=0)  # evaluate every N steps; 0: never
@@ -228,9 +228,9 @@ class VerlFsdpConfig:
 
 @dataclass
 class VerlModelConfig:
-    use_remove_padding: Optional[bool] = None  # rft always packs: padding only in micro-batches
-    enable_gradient_checkpointing: Optional[bool] = None  # -> trainer.gradient_checkpointing
-    fsdp_config: VerlFsdpConfig = field(factory=VerlFsdpConfig)  # -> trainer offload
+    use_remove_padding: Optional[bool] = None  # no effect: rft pads only inside a micro-batch
+    enable_gradient_checkpointing: Optional[bool] = None  # -> trainer.gradient_checkpointing; ref: no effect
+    fsdp_config: VerlFsdpConfig = field(factory=VerlFsdpConfig)  # ref: param_offload -> trainer.ref_offload
 
 
 @dataclass
@@ -255,7 +255,7 @@ class VerlActorRolloutRefConfig:
 
 @dataclass
 class VerlTrainerSection:
-    critic_warmup: int = field(0, ge=0)  # must be 0: no critic yet
+    critic_warmup: int = field(0, ge=0)  # no effect at 0 (no critic); other values refused
 
 
 @dataclass
@@ -267,7 +267,7 @@ class VerlTrainerConfig:
 
 @dataclass
 class TrainerConfig:
-    trainer_type: Literal["deepspeed", "verl"] = "deepspeed"  # "verl" is read as DeepSpeed ZeRO
+    trainer_type: Literal["deepspeed", "verl"] = "deepspeed"  # no effect: always DeepSpeed ZeRO
     save_interval: int = field(0, ge=0)  # full checkpoint every N steps (0: only at the end)
     grad_clip: float = field(1.0, ge=0)  # max gradient norm (0: no clipping)
     use_dynamic_bsz: bool = True  # micro-batches by token budget instead of fixed size
@@ -275,7 +275,7 @@ class TrainerConfig:
     micro_batch_size_per_gpu: int = field(1, ge=1)  # fixed micro-batch size (use_dynamic_bsz false)
     log_prob_micro_batch_size_per_gpu: Optional[int] = field(None, ge=1)  # log-prob passes (None: as above)
     ppo_epochs: int = field(1, ge=1)  # optimisation passes over each batch
-    ulysses_sequence_parallel_size: int = field(1, ge=1)  # sequence parallelism (only 1 for now)
+    ulysses_sequence_parallel_size: int = field(1, ge=1)  # no effect at 1; > 1 refused (not built)
     zero_stage: int = field(2, ge=0, le=3)  # DeepSpeed ZeRO stage
     param_offload: bool = False  # ZeRO-3 parameters in CPU memory
     optimizer_offload: bool = False  # optimizer states in CPU memory
@@ -289,9 +289,13 @@ class TrainerConfig:
     trainer_config: VerlTrainerConfig = field(factory=VerlTrainerConfig)  # veRL-style settings
 
 
+MonitorType = Literal["tensorboard", "console", "wandb", "mlflow"]  # sinks of rft.monitor
+
+
 @dataclass
 class MonitorConfig:
-    monitor_type: Literal["tensorboard", "console", "wandb", "mlflow"] = "tensorboard"  # sink
+    # One name (Trinity) or a list (rft: [tensorboard, wandb]); metrics.jsonl is always written.
+    monitor_type: Union[MonitorType, list[MonitorType]] = "tensorboard"  # metric sinks
     flush_interval_s: float = field(10.0, gt=0)  # TensorBoard flush period
 
 

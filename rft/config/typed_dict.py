@@ -84,7 +84,7 @@ def convert(tp: Any, value: Any, path: str, seen: set[str] | None = None) -> Any
     if tp is Any:
         return value
     if origin in (Union, types.UnionType):
-        return _convert_optional(args, value, path, seen)
+        return _convert_union(args, value, path, seen)
     if origin is Literal:
         return _convert_literal(args, value, path)
     if dataclasses.is_dataclass(tp):
@@ -98,11 +98,15 @@ def convert(tp: Any, value: Any, path: str, seen: set[str] | None = None) -> Any
     return _convert_scalar(tp, value, path)
 
 
-def _convert_optional(args: tuple, value: Any, path: str, seen: set[str] | None) -> Any:
+def _convert_union(args: tuple, value: Any, path: str, seen: set[str] | None) -> Any:
+    """``Optional[X]``, or ``Union[X, list[X]]`` (one value or several: the list form is taken
+    for a list)."""
     inner = [a for a in args if a is not type(None)]
     if value is None and len(inner) < len(args):
         return None
-    assert len(inner) == 1, "only Optional[X] unions are supported in config schemas"
+    if len(inner) == 2 and typing.get_origin(inner[1]) is list:
+        return convert(inner[1] if isinstance(value, list) else inner[0], value, path, seen)
+    assert len(inner) == 1, "only Optional[X] and Union[X, list[X]] are supported in config schemas"
     return convert(inner[0], value, path, seen)
 
 

@@ -2,6 +2,8 @@
 
 Input is a path: a run directory (every ``global_step_N`` below it), one ``global_step_N``, a
 path inside one (``.../global_step_N/actor``), or a bare DeepSpeed/FSDP checkpoint folder.
+A Megatron checkpoint (Trinity's or veRL's ``actor/dist_ckpt/``) is refused up front (exit 2)
+with the commands that convert it.
 For each step the checkpoint in ``global_step_N/actor/`` (DeepSpeed ZeRO 1/2/3 or FSDP, read by
 :mod:`rft.convert.readers`) becomes ``global_step_N/actor/huggingface/``::
 
@@ -36,6 +38,7 @@ from rft.convert.readers import (
     SourceTensor,
     detect_format,
     open_checkpoint,
+    refuse_megatron,
 )
 from rft.convert.safetensors_io import (
     INDEX_FILE,
@@ -116,6 +119,9 @@ def find_jobs(path: Path, steps: set[int] | None = None) -> list[Job]:
         if missing:
             raise CheckpointError(f"no global_step_{min(missing)} under {path}; steps found: "
                                   f"{sorted(j.step for j in _jobs_for(path))}")
+    for job in jobs:  # refused before anything is written, not once per step as a failure
+        refuse_megatron(job.out_dir.parent)
+        refuse_megatron(job.ckpt_dir)
     return jobs
 
 

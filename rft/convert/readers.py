@@ -6,10 +6,13 @@ folder to :mod:`rft.convert.ds_reader` or :mod:`rft.convert.fsdp_reader`. Both r
 :class:`CheckpointContents` (:mod:`rft.convert.types`): full-size tensors in module order, each
 assembled from the rank shards only when loaded, and tied aliases. Nothing is hard-coded about
 architectures or parameter names; everything comes from the checkpoint's own metadata.
+Megatron checkpoints (veRL's and Trinity's ``dist_ckpt/``, Megatron-LM's ``iter_*/``) are
+recognised and refused with the command that converts them (:func:`refuse_megatron`).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from rft.convert.ds_reader import read_deepspeed
@@ -17,11 +20,44 @@ from rft.convert.fsdp_reader import FSDP_FILE_RE, read_fsdp
 from rft.convert.types import CheckpointContents, SourceTensor
 from rft.errors import CheckpointError
 
-__all__ = ["CheckpointContents", "SourceTensor", "detect_format", "open_checkpoint"]
+__all__ = ["CheckpointContents", "SourceTensor", "detect_format", "open_checkpoint", "refuse_megatron"]
+
+# Megatron folders: veRL's and Trinity's ``actor/dist_ckpt/`` (torch_dist: ``__R_S.distcp``,
+# ``.metadata``, ``common.pt``, ``metadata.json``), Megatron-LM's ``iter_NNNNNNN/`` and the legacy
+# per-rank ``mp_rank_TT[_PPP[_EEE]]/model_optim_rng.pt``. (``latest_checkpointed_iteration.txt``
+# alone proves nothing: rft and Trinity write it at the run root too; DeepSpeed's
+# ``mp_rank_00_model_states.pt`` is a file, not a folder.)
+_MEGATRON_DIR_RE = re.compile(r"^(?:dist_ckpt|iter_\d{7}|mp_rank_\d{2}(?:_\d{3}){0,2})$")
+_MEGATRON_FILES = ("*.distcp", "model_optim_rng.pt")
+
+
+def megatron_marker(folder: Path) -> Path | None:
+    """A file or folder in ``folder`` that only a Megatron checkpoint has, or None."""
+    if not folder.is_dir():
+        return None
+    for child in sorted(folder.iterdir()):
+        if child.is_dir() and _MEGATRON_DIR_RE.match(child.name):
+            return child
+    return next((p for pattern in _MEGATRON_FILES for p in sorted(folder.glob(pattern))), None)
+
+
+def refuse_megatron(folder: Path) -> None:
+    """CheckpointError naming Megatron and the way out when ``folder`` holds a Megatron checkpoint."""
+    marker = megatron_marker(folder)
+    if marker is not None:
+        raise CheckpointError(
+            f"{folder} is a Megatron checkpoint ({marker.name}); rft-convert reads the DeepSpeed "
+            "checkpoints rft writes and FSDP ones, not Megatron's. Convert it to a Hugging Face "
+            "folder with the tools of the framework that wrote it (Trinity-RFT: trinity convert "
+            "--checkpoint-dir <run or global_step_N>; veRL: python -m verl.model_merger merge "
+            "--backend megatron --local_dir <global_step_N/actor> --target_dir <out>), then point "
+            "model.model_path at that folder")
 
 
 def detect_format(folder: Path) -> tuple[str, Path]:
-    """Return ("deepspeed" | "fsdp", folder holding the shard files) or raise CheckpointError."""
+    """Return ("deepspeed" | "fsdp", folder holding the shard files) or raise CheckpointError
+    (also for a Megatron checkpoint: :func:`refuse_megatron`)."""
+    refuse_megatron(folder)
     if any(FSDP_FILE_RE.match(p.name) for p in folder.glob("model_world_size_*_rank_*.pt")):
         return "fsdp", folder
     latest = folder / "latest"

@@ -89,7 +89,8 @@ def run_bench(cfg: Config) -> str:
         raise ConfigError("mode 'bench' needs buffer.explorer_input.eval_tasksets")
     engine = X.Engine(cfg)
     rows = []
-    with Monitor(cfg.run_dir, "bench", monitor_type=cfg.monitor.monitor_type) as monitor:
+    with Monitor(cfg.run_dir, "bench", monitor_type=cfg.monitor.monitor_type,
+                 project=cfg.project, name=cfg.name) as monitor:
         for step, label, folder in checkpoints:
             engine.reload(folder)
             metrics = evaluate_checkpoint(cfg, engine, eval_sets, step)

@@ -18,10 +18,13 @@ Order of tasks (every explorer task computes the same stream, so no coordination
   ``engine_num`` > 1 the task of rank r takes slots r, r + count, r + 2*count... of each step.
 
 Prompts: the workflow's chat messages rendered with the tokenizer's chat template (or
-``model.custom_chat_template``). A prompt longer than ``model.max_prompt_tokens`` keeps its
-*last* max_prompt_tokens tokens when ``enable_prompt_truncation`` is true (the end of the
-question and the assistant header survive; the start, usually the system prompt, is cut), and
-is skipped otherwise; both are counted.
+``model.custom_chat_template``), never cut. :func:`prompt_token_limit` says which are too long
+to generate from: with ``model.enable_prompt_truncation`` true (the default; veRL's
+``data.filter_overlong_prompts``) those longer than ``model.max_prompt_tokens``, with false
+(as Trinity, no prompt limit) only those vLLM refuses (no room for one response token in
+``max_model_len``). The explorer leaves such a task out of its step and counts it; the task
+stream (and so the cursor and every step boundary) is unchanged, so resuming replays the same
+decision.
 """
 
 from __future__ import annotations
@@ -291,8 +294,19 @@ def prompt_ids(tokenizer: Any, messages: list[dict[str, str]], *, reply_prefix: 
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
-def fit_prompt(ids: list[int], max_prompt_tokens: int | None, truncate: bool) -> list[int] | None:
-    """``ids`` within the limit: the last max_prompt_tokens tokens, or None (skip) if not truncating."""
-    if max_prompt_tokens is None or len(ids) <= max_prompt_tokens:
-        return ids
-    return ids[-max_prompt_tokens:] if truncate else None
+def prompt_token_limit(cfg: Config) -> int | None:
+    """Most prompt tokens (after the chat template) a task may have to be generated, or None.
+
+    ``enable_prompt_truncation: true`` (Trinity's default, veRL's ``filter_overlong_prompts``):
+    ``model.max_prompt_tokens``; a longer prompt is left out, not cut (Trinity emits a masked
+    placeholder experience for it, which trains on nothing either). ``false``: the prompt is not
+    held to ``max_prompt_tokens`` (as Trinity); only a prompt vLLM would refuse, with no room
+    for a response token in ``max_model_len``, is left out (under true too, when no
+    ``max_prompt_tokens`` is set).
+    """
+    max_model_len = cfg.explorer.rollout_model.max_model_len or cfg.model.max_model_len  # as the engine's
+    room = None if max_model_len is None else max_model_len - 1
+    prompt_limit = cfg.model.max_prompt_tokens if cfg.model.enable_prompt_truncation else None
+    if prompt_limit is None or room is None:
+        return room if prompt_limit is None else prompt_limit
+    return min(prompt_limit, room)

@@ -10,7 +10,8 @@ its ``stages``, and raises the first problem as an :class:`~rft.errors.RftError`
   (the explorer's own resolution: :func:`rft.explorer.tasksets.taskset_workflow`);
 - the SFT/expert datasets and their columns;
 - the advantage, policy-loss, KL and entropy functions and their ``*_args``
-  (:func:`rft.algo.registry.build_loss_fns`, what the trainer builds).
+  (:func:`rft.algo.registry.build_loss_fns`, what the trainer builds);
+- the packages of the chosen monitors (``monitor.monitor_type``: tensorboard, wandb, mlflow).
 
 :func:`describe` returns the plan as text: roles, processes, devices, steps, the run directory
 and every stage. Nothing is written.
@@ -31,6 +32,7 @@ from rft.config.schema import Config, ExperienceBufferConfig
 from rft.errors import ConfigError, RftError
 from rft.explorer.tasksets import taskset_workflow
 from rft.models import check_model_dir
+from rft.monitor import check_packages
 from rft.placement import ENGINE_MODES, TRAINER_MODES, Devices
 from rft.rundir import newest_checkpoint
 
@@ -68,6 +70,7 @@ def check_config(cfg: Config, prefix: str = "") -> list[DatasetInfo]:
     check_model_dir(cfg.model.model_path)
     _check_context_length(cfg)
     build_loss_fns(cfg.algorithm)
+    check_packages(cfg.monitor.monitor_type)
     infos = []
     for label, ts in cfg.labelled_tasksets():
         is_eval = label.startswith("buffer.explorer_input.eval_tasksets")

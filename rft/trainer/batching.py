@@ -237,15 +237,16 @@ def micro_loss_scale(mask: torch.Tensor, totals: BatchTotals, mode: str, world_s
 
     Sum over all ranks' micro-batches of scale * micro_loss, divided by ``world_size`` (the
     data-parallel gradient average), equals the loss of the whole batch: for token-mean the
-    micro mean is weighted by its token share; the sequence modes by their sequence share
-    (sum-norm also by R_micro / R_batch, since it divides by the padded width).
+    micro mean is weighted by its token share; the seq-mean modes by their sequence share;
+    seq-mean-token-sum-norm (a total token sum / the padded width, no mean) by R_micro / R_batch
+    alone, which swaps the micro-batch's width for the batch's.
     """
     if mode == "token-mean":
         share = mask.sum().item() / max(totals.tokens, 1)
+    elif mode == "seq-mean-token-sum-norm":
+        share = mask.shape[-1] / max(totals.response_width, 1)
     else:
         share = (mask.sum(-1) > 0).sum().item() / max(totals.sequences, 1)
-        if mode == "seq-mean-token-sum-norm":
-            share *= mask.shape[-1] / max(totals.response_width, 1)
     return share * world_size
 
 
@@ -290,15 +291,17 @@ class MetricSums:
     """A step's metrics accumulated over micro-batches, then summed over ranks (:meth:`merge`).
 
     A micro-batch adds its metrics with ``loss_share``, its share of its source's loss (over all
-    ranks and epochs these sum to 1 per source, less under seq-mean-token-sum-norm), and its
+    ranks and epochs these sum to 1 per source; under seq-mean-token-sum-norm each is
+    R_micro / R_batch and they need not), and its
     source's ``fraction`` of the batch. ``LOSS_KEYS`` are summed with loss shares, so ``pg_loss``
     is the loss of the whole batch (``mix_chord`` micro-batches report their part: (1 - mu) PPO
     or mu SFT). Every other key is the mean weighted by loss share x fraction over the
     micro-batches that report it: a key both sources report (``mu``, ``entropy``) is a
     whole-batch value, ``usual/*`` one over the rollout rows, ``expert/*`` one over the expert
     rows. With token-mean and the seq-mean modes these are the whole batch's values exactly;
-    under seq-mean-token-sum-norm a loss part such as ``usual/pg_loss`` is the weighted mean of
-    the micro-batches' values (each normalised by its own padded width). Zero-weight (padding)
+    under seq-mean-token-sum-norm a loss part such as ``usual/pg_loss`` (or ``kl_loss``,
+    ``entropy``) is the width-weighted mean of the micro-batches' values, each a token sum over
+    its own micro-batch / its own width, so it grows with the micro-batch size. Zero-weight (padding)
     micro-batches are skipped.
     """
 

@@ -186,6 +186,8 @@ def _reduce_metrics(sums: MetricSums) -> dict[str, float]:
 def train_step(actor: dse.Actor, ref: dse.Reference | None, exps: Sequence[Experience], cfg: Config,
                fns: LossFns, info: dse.DistInfo, step: int, pad_id: int) -> dict[str, float]:
     """Prepare and apply one step's updates; return its metrics (timings included)."""
+    if not exps:  # e.g. every prompt of the step was overlong and left out: nothing to learn
+        return {"updates": 0, "batch_experiences": 0, "batch_tokens": 0}
     t0 = time.perf_counter()
     plan = plan_step(exps, cfg, info)
     mask = plan.rows.response_mask  # [N, R]
