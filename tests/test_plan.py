@@ -36,6 +36,10 @@ def test_dry_run_prints_resolved_config_and_plan(tiny_model_dir):
     assert "1 vLLM task(s) x TP 1" in text
     assert "1 DeepSpeed rank(s), ZeRO-2" in text
     assert "steps             2 (buffer.total_steps)" in text
+    assert "4 experiences per step, 1 update per step (1 epoch)" in text
+    split = dry_run(load_config(CPU_CONFIG, overrides(tiny_model_dir, "buffer.train_batch_size=2",
+                                                      "trainer.ppo_epochs=2")), str(CPU_CONFIG))
+    assert "4 experiences per step, 4 updates per step (2 mini-batches of <= 1 groups x 2 epochs)" in split
 
 
 def test_bin_rft_run_dry_run_end_to_end(tiny_model_dir):

@@ -67,6 +67,14 @@ def wait_until(predicate, timeout_s: float, what: str) -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def requeue_now(env: dict, job: str) -> None:
+    """Requeue a running job and let it start again at once (SLURM otherwise holds a requeued
+    job back for a while)."""
+    subprocess.run(["scontrol", "requeue", job], env=env, check=True, timeout=30)
+    wait_until(lambda: job_state(job, env) == "PENDING", 60, "the requeued job")
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, timeout=30)
+
+
 def trainer_steps(run_dir: Path) -> list[int]:
     return [row["step"] for row in read_metrics(run_dir, "trainer")]
 
@@ -108,7 +116,7 @@ def test_requeue_resumes_without_consuming_twice(slurm_cluster, vllm_model_dir, 
                  overrides, OUT=str(out))
     run_dir = tmp_path / "grpo_gsm8k_cpu" / "smollm2-135m"
     wait_until(lambda: len(trainer_steps(run_dir)) >= 2, JOB_TIMEOUT_S, "two trainer steps")
-    subprocess.run(["scontrol", "requeue", job], env=slurm_cluster, check=True, timeout=30)
+    requeue_now(slurm_cluster, job)
     state = wait_job(slurm_cluster, job)
     assert state == "COMPLETED", show_logs(out, run_dir)
     steps = trainer_steps(run_dir)
@@ -238,10 +246,7 @@ def test_stages_run_in_one_job_and_a_requeue_between_them_resumes_at_the_next(
     run_dir = tmp_path / "grpo_gsm8k_cpu" / "smollm2-135m-sft-warmup"
     sft, rft = run_dir / "sft_warmup", run_dir / "rft"
     wait_until(lambda: (sft / "stage_finished.json").is_file(), JOB_TIMEOUT_S, "the SFT stage")
-    subprocess.run(["scontrol", "requeue", job], env=slurm_cluster, check=True, timeout=30)
-    wait_until(lambda: job_state(job, slurm_cluster) == "PENDING", 60, "the requeued job")
-    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=slurm_cluster,
-                   timeout=30)  # skip SLURM's delay before a requeued job may start again
+    requeue_now(slurm_cluster, job)
     state = wait_job(slurm_cluster, job)
     assert state == "COMPLETED", show_logs(out, rft)
     assert trainer_steps(sft) == [1, 2] and "sft_loss" in read_metrics(sft, "trainer")[0]
