@@ -378,7 +378,9 @@ def run_steps(cfg: "Config") -> int | None:
     """How many steps ``cfg`` runs (explorer, trainer, plan and LR schedule all use this).
 
     SFT (``storage_type: file``) counts the dataset's rows in ``train_batch_size`` batches;
-    otherwise the training tasksets' rows in ``batch_size`` batches. None when neither is
+    otherwise the training tasksets' rows in ``batch_size`` batches (an asynchronous trainer,
+    ``mode: train``: their ``repeat_times`` rollouts each in ``train_batch_size``, its rollout
+    part with CHORD). None when neither is
     known: an asynchronous trainer with no tasksets in its config runs until input ends.
     """
     buf = cfg.buffer
@@ -393,4 +395,8 @@ def run_steps(cfg: "Config") -> int | None:
     if not tasksets:
         return None
     rows = [num_rows(resolve(ts.path, ts.split, ts.subset_name), ts.path) for ts in tasksets]
+    if cfg.mode == "train":  # an async trainer: the tasks' rollouts, train_batch_size per step
+        from rft.config.batches import rollouts_per_update
+
+        return planned_steps(rows, buf.total_epochs * cfg.algorithm.repeat_times, rollouts_per_update(cfg))
     return planned_steps(rows, buf.total_epochs, buf.batch_size)

@@ -4,6 +4,7 @@ dataset layouts users have (hub folders with subsets, single files, saved datase
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -264,3 +265,14 @@ def test_step_count_lets_a_batch_span_epochs(tmp_path):
     cfg = load_config(CPU_CONFIG, [f"buffer.explorer_input.taskset.path={rows}", "buffer.total_steps=null",
                                    "buffer.total_epochs=2", "buffer.explorer_input.taskset.subset_name=null"])
     assert run_steps(cfg) == len(sizes)
+
+
+def test_an_async_trainer_counts_its_steps_in_rollouts(tiny_model_dir):
+    """Trinity's trainer.yaml sets train_batch_size 512 and repeat_times 8, no batch_size: its
+    steps are the taskset's rollouts in 512s, not the tasks in batches of the default size."""
+    config = REPO / "configs" / "async" / "trainer.yaml"
+    cfg = load_config(config, [f"model.model_path={tiny_model_dir}",
+                               f"buffer.explorer_input.taskset.path={ARITHMETIC}", "model.max_model_len=1024",
+                               "model.max_response_tokens=512"])
+    assert data.run_steps(cfg) == math.ceil(256 * 8 / 512)  # data/arithmetic train: 256 tasks
+    assert "4 = ceil(256 rows x 1 epoch(s) x 8 samples / 512 rollouts per step)" in dry_run(cfg, str(config))

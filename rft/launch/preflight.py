@@ -142,6 +142,11 @@ def steps_line(cfg: Config, infos: list[DatasetInfo]) -> str:
     sft = buf.trainer_input.experience_buffer.storage_type == "file"
     if not rows:
         return "until the input ends (no training taskset in this config)"
+    if cfg.mode == "train" and not sft:
+        steps = data.run_steps(cfg)
+        return (f"{steps} = ceil({sum(rows)} rows x {buf.total_epochs} epoch(s) x "
+                f"{cfg.algorithm.repeat_times} samples / {batches.rollouts_per_update(cfg)} rollouts "
+                "per step), or sooner once every explorer has finished")
     size, key = (buf.train_batch_size or 1, "train_batch_size") if sft else (buf.batch_size, "batch_size")
     steps = data.planned_steps(rows, buf.total_epochs, size)
     return f"{steps} = ceil({sum(rows)} rows x {buf.total_epochs} epoch(s) / {key} {size})"
