@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+from rft.config.batches import rollouts_per_update
 from rft.errors import DataError, nearest
 
 if TYPE_CHECKING:
@@ -396,7 +397,5 @@ def run_steps(cfg: "Config") -> int | None:
         return None
     rows = [num_rows(resolve(ts.path, ts.split, ts.subset_name), ts.path) for ts in tasksets]
     if cfg.mode == "train":  # an async trainer: the tasks' rollouts, train_batch_size per step
-        from rft.config.batches import rollouts_per_update
-
         return planned_steps(rows, buf.total_epochs * cfg.algorithm.repeat_times, rollouts_per_update(cfg))
     return planned_steps(rows, buf.total_epochs, buf.batch_size)

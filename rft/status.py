@@ -12,14 +12,18 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from rft import atomic
 from rft.buffer.segments import list_segments, list_writers
+from rft.config.schema import ExplorerConfig
 from rft.entry import run_command
 from rft.errors import RftError
 from rft.monitor import TOKENS_PER_S, read_metrics
 from rft.rundir import (
     BUFFER_DIR,
     CHECKPOINT_POINTER,
+    CONFIG_FILE,
     MONITOR_DIR,
     TRAINER_META,
     WEIGHTS_POINTER,
@@ -67,7 +71,19 @@ def backlog(run_dir: Path, cursor: dict) -> int:
     return total
 
 
-def collect(run_dir: Path, live_threshold_s: float = 120.0) -> RunStatus:
+def heartbeat_timeout_s(run_dir: Path) -> float:
+    """The run's ``explorer.heartbeat_timeout_s``, from the config it was started with."""
+    try:
+        recorded = yaml.safe_load((run_dir / CONFIG_FILE).read_text()) or {}
+    except (OSError, yaml.YAMLError):
+        recorded = {}
+    value = (recorded.get("explorer") or {}).get("heartbeat_timeout_s")
+    return float(value) if value is not None else ExplorerConfig().heartbeat_timeout_s
+
+
+def collect(run_dir: Path, live_threshold_s: float | None = None) -> RunStatus:
+    """The run's state; an explorer is dead after ``live_threshold_s`` without a heartbeat
+    (default: the run's ``explorer.heartbeat_timeout_s``)."""
     if not run_dir.is_dir():
         raise RftError(f"{run_dir} is not a run directory (expected "
                        "<checkpoint_root_dir>/<project>/<name>)")
@@ -82,7 +98,7 @@ def collect(run_dir: Path, live_threshold_s: float = 120.0) -> RunStatus:
             explorer_steps[folder.name] = explored[-1].get("step")
     return RunStatus(run_dir, last.get("step"), last.get(TOKENS_PER_S),
                      atomic.read_pointer(run_dir / WEIGHTS_POINTER), checkpoint,
-                     read_heartbeats(run_dir, live_threshold_s),
+                     read_heartbeats(run_dir, live_threshold_s or heartbeat_timeout_s(run_dir)),
                      backlog(run_dir, _cursor(run_dir, checkpoint)), explorer_steps)
 
 
@@ -109,7 +125,8 @@ def format_status(st: RunStatus) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rft-status", description=__doc__.split("\n")[0])
     parser.add_argument("run_dir", help="<checkpoint_root_dir>/<project>/<name>")
-    parser.add_argument("--dead-after-s", type=float, default=120.0,
-                        help="a heartbeat older than this marks an explorer dead")
+    parser.add_argument("--dead-after-s", type=float, default=None,
+                        help="a heartbeat older than this marks an explorer dead (default: the "
+                             "run's explorer.heartbeat_timeout_s)")
     args = parser.parse_args(argv)
     return run_command(lambda: print(format_status(collect(Path(args.run_dir), args.dead_after_s))))

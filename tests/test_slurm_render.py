@@ -106,6 +106,10 @@ def test_status_of_a_run_directory(tmp_path):
     assert "buffer backlog  3 sealed segment(s)" in text
     assert "explorer-0" in text and "live" in text
     assert "explorer_new-0" in text and "DEAD" in text
+    # without --dead-after-s: the run's explorer.heartbeat_timeout_s (default 120 s, then 5000 s)
+    assert [e.live for e in collect(run).explorers] == [True, False]
+    (run / "config.yaml").write_text("explorer:\n  heartbeat_timeout_s: 5000\n")
+    assert [e.live for e in collect(run).explorers] == [True, True]
 
 
 def test_add_explorer_fills_its_nodes_and_refuses_synchronous_runs():

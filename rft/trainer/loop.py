@@ -185,7 +185,8 @@ def run(cfg: Config) -> int:
         dse.load_checkpoint(actor, step_dir(run_dir, resumed) / ACTOR_DIR)
         ts.load_rng(step_dir(run_dir, resumed) / ACTOR_DIR, rank)
         log.info("resumed from global_step_%d (weights version %d)", resumed, progress.weights_version)
-    publisher = WeightsPublisher(run_dir, cfg.synchronizer.weights_versions_to_keep) if rank == 0 else None
+    publisher = WeightsPublisher(run_dir, cfg.synchronizer.weights_versions_to_keep,
+                                 heartbeat_live_s=cfg.explorer.heartbeat_timeout_s) if rank == 0 else None
     monitor = Monitor(run_dir, "trainer", monitor_type=cfg.monitor.monitor_type, enabled=rank == 0,
                       flush_interval_s=cfg.monitor.flush_interval_s, project=cfg.project,
                       name=cfg.name)

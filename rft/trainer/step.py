@@ -70,13 +70,10 @@ class Plan:
     num_tokens: int  # prompt + response tokens of the whole batch (all ranks)
 
 
-def _rank_micro_batches(rows: Rows, subset: Sequence[int], lengths: Sequence[int], cfg: Config,
-                        info: dse.DistInfo, micro_batch_size: int) -> list[list[int]]:
-    """This rank's share of ``subset`` (whole groups) in micro-batches, padded with [] to the
-    same count on every rank (a collective)."""
-    shares = split_for_ranks([rows.group_ids[i] for i in subset], [lengths[i] for i in subset],
-                             info.world_size)
-    mine = [subset[i] for i in shares[info.rank]]
+def _micro_batches(rows: Rows, mine: Sequence[int], lengths: Sequence[int], cfg: Config,
+                   micro_batch_size: int) -> list[list[int]]:
+    """This rank's rows ``mine`` in micro-batches (rollout and expert rows apart), padded with
+    [] to the same count on every rank (a collective)."""
     micros = [micro for part in split_by_source(mine, rows.expert)
               for micro in plan_micro_batches(part, lengths, use_dynamic_bsz=cfg.trainer.use_dynamic_bsz,
                                               max_token_len=cfg.trainer.max_token_len_per_gpu,
@@ -95,18 +92,16 @@ def plan_step(exps: Sequence[Experience], cfg: Config, info: dse.DistInfo) -> Pl
                         f"{budget}; raise it to at least model.max_model_len")
     rollout_groups = len({g for g, e in zip(rows.group_ids, rows.expert.tolist()) if not e})
     count = mini_batch_count(rollout_groups, groups_per_update(cfg))
-    minis = []
+    minis, mine = [], []
     for subset in split_mini_batches(rows.group_ids, rows.expert, count):
-        micros = _rank_micro_batches(rows, subset, lengths, cfg, info, cfg.trainer.micro_batch_size_per_gpu)
+        shares = split_for_ranks([rows.group_ids[i] for i in subset], [lengths[i] for i in subset],
+                                 info.world_size)
+        share = [subset[i] for i in shares[info.rank]]  # whole groups of this mini-batch
+        micros = _micro_batches(rows, share, lengths, cfg, cfg.trainer.micro_batch_size_per_gpu)
         minis.append(MiniPlan(micros, source_totals(rows.response_mask[subset], rows.expert[subset])))
-    mine = sorted(r for mini in minis for micro in mini.micro_rows for r in micro)
+        mine += share
     logprob_size = cfg.trainer.log_prob_micro_batch_size_per_gpu or cfg.trainer.micro_batch_size_per_gpu
-    logprob_rows = [micro for part in split_by_source(mine, rows.expert)
-                    for micro in plan_micro_batches(part, lengths, use_dynamic_bsz=cfg.trainer.use_dynamic_bsz,
-                                                    max_token_len=budget, micro_batch_size=logprob_size)]
-    padded = dse.all_reduce_max(len(logprob_rows))
-    logprob_rows += [[] for _ in range(padded - len(logprob_rows))]
-    return Plan(rows, minis, logprob_rows, sum(lengths))
+    return Plan(rows, minis, _micro_batches(rows, sorted(mine), lengths, cfg, logprob_size), sum(lengths))
 
 
 def _micro(plan: Plan, rows: list[int], adv: torch.Tensor, old: torch.Tensor, pad_id: int,
