@@ -240,6 +240,10 @@ def test_verl_trainer_config_maps_and_conflicts(tmp_path):
     assert cfg.trainer.param_offload is True
     with pytest.raises(ConfigError, match="contradicts trainer.param_offload=False"):
         load_dict(tmp_path, minimal(trainer={**verl, "zero_stage": 3, "param_offload": False}))
+    misplaced = {"trainer_config": {"actor_rollout_ref": {"model": {"fsdp_config": {"param_offload": True}}}}}
+    with pytest.raises(ConfigError, match="unknown config key 'trainer.trainer_config.actor_rollout_ref"
+                                          ".model.fsdp_config'"):  # veRL has it under actor/ref only
+        load_dict(tmp_path, minimal(trainer=misplaced))
 
 
 def test_length_limits_are_derived_and_checked(tmp_path):

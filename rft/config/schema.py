@@ -229,8 +229,12 @@ class VerlFsdpConfig:
 @dataclass
 class VerlModelConfig:
     use_remove_padding: Optional[bool] = None  # no effect: rft pads only inside a micro-batch
-    enable_gradient_checkpointing: Optional[bool] = None  # -> trainer.gradient_checkpointing; ref: no effect
-    fsdp_config: VerlFsdpConfig = field(factory=VerlFsdpConfig)  # ref: param_offload -> trainer.ref_offload
+    enable_gradient_checkpointing: Optional[bool] = None  # -> trainer.gradient_checkpointing
+
+
+@dataclass
+class VerlRefConfig:
+    fsdp_config: VerlFsdpConfig = field(factory=VerlFsdpConfig)  # param_offload -> trainer.ref_offload
 
 
 @dataclass
@@ -249,7 +253,7 @@ class VerlRolloutConfig:
 class VerlActorRolloutRefConfig:
     model: VerlModelConfig = field(factory=VerlModelConfig)  # actor model switches
     actor: VerlActorConfig = field(factory=VerlActorConfig)  # actor update
-    ref: VerlModelConfig = field(factory=VerlModelConfig)  # reference model (its fsdp offload)
+    ref: VerlRefConfig = field(factory=VerlRefConfig)  # reference model (its fsdp offload)
     rollout: VerlRolloutConfig = field(factory=VerlRolloutConfig)  # log-prob recompute
 
 
