@@ -141,3 +141,18 @@ def test_a_staged_config_is_one_job_holding_every_stages_roles(tmp_path):
                                     " buffer: {trainer_input: {experience_buffer: {path: data/arithmetic/sft,"
                                     " format: {prompt_key: question, response_key: answer}}}}}]"])
     assert launch_mode(sft_only) == "train"
+
+
+def test_submitit_job_keeps_memory_cpus_and_extra_sbatch_lines(tmp_path):
+    """rft-launch's default path (submitit) asks for what the rendered script asks for."""
+    cfg = load_config(REPO / "configs" / "grpo_gsm8k.yaml",
+                      [f"checkpoint_root_dir={tmp_path}", "slurm.mem=64G", "slurm.cpus_per_gpu=8",
+                       "slurm.extra_sbatch_args=['--exclusive', '--comment=rft']"])
+    executor = slurm.submitit_executor(cfg, "both", tmp_path / "submitit")
+    text = executor._make_submission_file_text("python -c pass", "uid")
+    head, _, tail = text.partition("#SBATCH hetjob")
+    assert "#SBATCH --mem=64G" in head and "#SBATCH --cpus-per-gpu=8" in head
+    assert "#SBATCH --exclusive" in head and "#SBATCH --comment=rft" in head  # the job head
+    assert "--mem=64G" in tail and "--cpus-per-gpu=8" in tail  # the trainer component
+    rendered = slurm.render(cfg, REPO / "configs" / "grpo_gsm8k.yaml", [])
+    assert "#SBATCH --exclusive" in rendered.partition("#SBATCH hetjob")[0]

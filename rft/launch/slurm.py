@@ -189,10 +189,15 @@ def submitit_executor(cfg: Config, mode: str, folder: Path):
                         stderr_to_stdout=True)
     if first.gpus_per_task:
         params["gpus_per_task"] = first.gpus_per_task
-    for key in ("partition", "account", "qos", "constraint"):
+        if s.cpus_per_gpu:
+            params["cpus_per_gpu"] = s.cpus_per_gpu
+    for key in ("partition", "account", "qos", "constraint", "mem"):
         if getattr(s, key):
             params[key] = getattr(s, key)
-    setup = []
+    # Further #SBATCH lines: submitit writes setup lines right after its own header, before
+    # any command, so sbatch still reads them (the user's extras for the job head, as render()
+    # places them, then the other components).
+    setup = [f"#SBATCH {arg}" for arg in s.extra_sbatch_args]
     for group in rest:
         setup += ["#SBATCH hetjob", _resource_line(group, cfg).split("  #")[0]]
     setup += list(s.setup)
