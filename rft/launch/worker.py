@@ -96,8 +96,8 @@ class Forwarder:
         if self.child is not None and self.child.poll() is None:
             self.child.send_signal(signum)
 
-    def run(self, command: list[str]) -> int:
-        self.child = subprocess.Popen(command)
+    def run(self, command: list[str], env: dict[str, str] | None = None) -> int:
+        self.child = subprocess.Popen(command, env=env)
         try:
             return self.child.wait()
         finally:
@@ -173,10 +173,7 @@ def het_task(role_by_group: list[str], args: list[str]) -> int:
         env.update(placement.trainer_env(rank, task.count, env, nodes))
     else:
         env.update(RFT_EXPLORER_RANK=str(rank), RFT_EXPLORER_COUNT=str(task.count))
-    child = subprocess.Popen([sys.executable, "-m", WORKER_MODULE, role, *args], env=env)
-    for sig in (signal.SIGUSR1, signal.SIGTERM):
-        signal.signal(sig, lambda signum, _frame: child.send_signal(signum))
-    code = child.wait()
+    code = Forwarder().run([sys.executable, "-m", WORKER_MODULE, role, *args], env=env)
     stopped = code in STOPPED
     if code == EXIT_REQUEUE and role == "trainer" and rank == 0:
         subprocess.run(["scontrol", "requeue", env.get("SLURM_JOB_ID", "")], timeout=60)
