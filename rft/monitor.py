@@ -52,6 +52,7 @@ TOKENS_PER_S = "tokens_per_s"  # trainer: batch tokens per second of training co
 WEIGHTS_VERSION = "weights_version"  # both: weights version in use after the step
 STALENESS_MEAN = "staleness/mean"  # trainer: mean weights versions between rollout and update
 STALENESS_MAX = "staleness/max"  # trainer: largest such gap in the step
+STALENESS_COUNT = "staleness/count_{versions}"  # trainer: rollouts of the step that many versions old
 STEP_TIME_S = "time/step_s"  # trainer: wall time of the step (read, update, publish)
 READ_TIME_S = "time/read_s"  # trainer: waiting for and reading the step's experiences
 PUBLISH_TIME_S = "time/publish_s"  # trainer: gathering and publishing weights

@@ -1,4 +1,5 @@
-"""Advantages, policy/KL/entropy losses and aggregation against hand-computed values.
+"""Advantages, policy/KL/entropy losses, aggregation and off-policy correction weights against
+hand-computed values.
 
 Every expected number is worked out in the comment beside it; tolerances are 1e-5 unless the
 test is about exactness.
@@ -13,6 +14,14 @@ import torch
 
 from rft.algo import registry as alg
 from rft.algo.advantages import discounted_returns
+from rft.algo.correction import (
+    IS_CAPPED_FRAC,
+    IS_RATIO_MAX,
+    IS_RATIO_MEAN,
+    IS_WEIGHT_MEAN,
+    CorrectionSums,
+    correction_weights,
+)
 from rft.algo.losses import _ratio_and_kl
 from rft.config import names
 from rft.errors import ConfigError
@@ -253,6 +262,97 @@ def test_opmd_policy_loss():
     close(loss, 0.4166667)
 
 
+# ----------------------------------------------------------------------------- off-policy correction
+
+# pi_prox / pi_behav per token: row0 [0.5/0.5, 0.2/0.4] = [1, 0.5]; row1 [0.9/0.3, 0.3/0.03]
+# = [3, 10], the 10 off the mask (it must not reach any metric).
+PROX, BEHAV = _logs([[0.5, 0.2], [0.9, 0.3]]), _logs([[0.5, 0.4], [0.3, 0.03]])
+CMASK = T([[1, 1], [1, 0]])
+
+
+@pytest.mark.parametrize("mode, args, weights, weight_mean, capped_frac", [
+    ("none", {}, [[1, 1], [1, 1]], 1.0, 0.0),
+    # min(r, 2): [1, 0.5 | 2]; mean (1 + 0.5 + 2)/3 = 1.1666667; the 3 is truncated: 1/3
+    ("tis", {"rollout_is_threshold": 2.0}, [[1, 0.5], [2, 2]], 3.5 / 3, 1 / 3),
+    # r unbounded: mean (1 + 0.5 + 3)/3 = 1.5, nothing dropped
+    ("decoupled", {}, [[1, 0.5], [3, 10]], 1.5, 0.0),
+    # r > 2 dropped (weight 0): [1, 0.5 | 0]; mean 1.5/3 = 0.5; 1/3 dropped
+    ("decoupled", {"behav_imp_weight_cap": 2.0}, [[1, 0.5], [0, 0]], 0.5, 1 / 3),
+])
+def test_correction_weights_and_metrics(mode, args, weights, weight_mean, capped_frac):
+    w, sums = correction_weights(PROX, BEHAV, CMASK, mode=mode, **{"rollout_is_threshold": 2.0, **args})
+    close(w, weights, tol=1e-5)
+    m = sums.metrics()
+    close(m[IS_RATIO_MEAN], 1.5)  # (1 + 0.5 + 3)/3: the raw ratio, before truncation
+    close(m[IS_RATIO_MAX], 3.0)
+    close(m[IS_WEIGHT_MEAN], weight_mean)
+    close(m[IS_CAPPED_FRAC], capped_frac)
+
+
+def test_correction_sums_merge_over_ranks():
+    # rank A: 3 tokens, ratios sum 4.5, max 3, 1 capped; rank B: 1 token, ratio 0.5
+    a = correction_weights(PROX, BEHAV, CMASK, mode="tis", rollout_is_threshold=2.0)[1]
+    b = correction_weights(PROX, BEHAV, T([[0, 1], [0, 0]]), mode="tis", rollout_is_threshold=2.0)[1]
+    a.merge(b)
+    m = a.metrics()
+    close(m[IS_RATIO_MEAN], 5.0 / 4)
+    close(m[IS_RATIO_MAX], 3.0)
+    close(m[IS_CAPPED_FRAC], 0.25)
+    assert CorrectionSums().metrics() == {}  # no counted token: no metric
+
+
+def test_ppo_loss_multiplies_each_token_by_its_weight():
+    # r = [1, 1, 1.5], A = [1, -1, 1], w = [2, 0.5, 3], clip 0.2:
+    # per-token loss [-1, 1, max(-1.5, -1.2) = -1.2] -> weighted [-2, 0.5, -3.6]; mean -5.1/3 = -1.7
+    logprob = _logs([[1.0, 1.0, 1.5]]).requires_grad_()
+    adv, mask, w = T([[1.0, -1.0, 1.0]]), torch.ones(1, 3), T([[2.0, 0.5, 3.0]])
+    fn = alg.get_policy_loss_fn("ppo")
+    loss, m = fn(logprob, torch.zeros(1, 3), adv, mask, is_weights=w)
+    close(loss, -1.7)
+    close(m["pg_clipfrac"], 1 / 3)  # clipping is the ratio's, the weight does not change it
+    loss.backward()
+    # d(-A w r)/dlogprob / 3 = -A w r / 3 = [-2/3, 0.5/3]; the clipped token gets none
+    close(logprob.grad, [[-2 / 3, 0.5 / 3, 0.0]])
+    ones, _ = fn(logprob, torch.zeros(1, 3), adv, mask, is_weights=torch.ones(1, 3))
+    close(ones, fn(logprob, torch.zeros(1, 3), adv, mask)[0])  # weight 1 is today's loss
+
+
+def test_decoupled_ppo_clips_around_the_proximal_policy_and_weights_by_behaviour():
+    # AReaL's loss on one token: behaviour 0.25, proximal 0.5 -> w = 2; current 0.6 -> r = 1.2
+    # (around the proximal 0.5, not the behaviour 0.25, which would give 2.4 and clip);
+    # A = +1, clip 0.1: max(-1.2, -1.1) = -1.1 (clipped); weighted -2.2
+    from rft.config.schema import RolloutCorrectionConfig
+
+    correct = alg.get_correction_fn(RolloutCorrectionConfig(mode="decoupled", behav_imp_weight_cap=5.0))
+    w, _ = correct(_logs([[0.5]]), _logs([[0.25]]), torch.ones(1, 1))
+    loss, _ = alg.get_policy_loss_fn("ppo", {"clip_range": 0.1})(
+        _logs([[0.6]]), _logs([[0.5]]), T([[1.0]]), torch.ones(1, 1), is_weights=w)
+    close(loss, -2.2)
+    assert alg.get_correction_fn(RolloutCorrectionConfig()) is None  # mode none: no weights
+
+
+def test_weights_reach_gspo_opmd_and_only_chord_rollout_rows():
+    # gspo, ratio 1, A = [1, 1], w = [2, 4]: per-token -A w = [-2, -4]; seq-mean-token-mean -3
+    loss, _ = alg.get_policy_loss_fn("gspo")(torch.zeros(1, 2), torch.zeros(1, 2), T([[1.0, 1.0]]),
+                                            torch.ones(1, 2), is_weights=T([[2.0, 4.0]]))
+    close(loss, -3.0)
+    # opmd: -A lp w = [1 * 0.5, 2 * 2] -> mean 2.25, / (1 + tau=1) = 1.125
+    loss, _ = alg.get_policy_loss_fn("opmd")(T([[-1.0, -2.0]]), None, T([[1.0, 1.0]]), torch.ones(1, 2),
+                                            is_weights=T([[0.5, 2.0]]))
+    close(loss, 1.125)
+    # CHORD (as test_mix_chord_...): rollout row weighted 0.5 -> ppo -1; expert row ignores its 100
+    logprob = T([[0.0, 0.0], [math.log(0.5), math.log(0.5)]])
+    loss, _ = alg.get_policy_loss_fn("mix_chord")(
+        logprob, torch.zeros(2, 2), T([[2.0, 2.0], [0.0, 0.0]]), torch.ones(2, 2), step=0,
+        expert_mask=T([False, True]), is_weights=T([[0.5, 0.5], [100.0, 100.0]]))
+    close(loss, 0.9 * -1.0 + 0.01732868)
+
+
+def test_is_weights_come_from_the_trainer_not_the_config():
+    with pytest.raises(ConfigError, match="is_weights"):
+        alg.get_policy_loss_fn("ppo", {"is_weights": 1.0})
+
+
 # ----------------------------------------------------------------------------- KL and entropy
 
 def test_kl_variants_on_known_values():
@@ -301,6 +401,16 @@ def test_entropy_loss_default_and_none():
     close(m["entropy"], 2.0)
     loss, _ = alg.get_entropy_loss_fn("none")(entropy, mask)
     close(loss, 0.0)
+
+
+def test_token_logprobs_and_entropy_at_a_sampling_temperature():
+    # logits [2 ln2, 0]: T=1 -> softmax [0.8, 0.2], log 0.8 = -0.2231436;
+    # T=2 -> [ln2, 0] -> [2/3, 1/3]: log(2/3) = -0.4054651, entropy ln3 - (2/3) ln2 = 0.6365142
+    logits, label = T([[[2 * math.log(2.0), 0.0]]]), torch.zeros(1, 1, dtype=torch.long)
+    close(alg.token_logprobs(logits, label), [[-0.2231436]])
+    close(alg.token_logprobs(logits, label, temperature=2.0), [[-0.4054651]])
+    close(alg.token_entropy(logits, temperature=2.0), [[0.6365142]])
+    close(alg.token_logprobs(logits.bfloat16(), label, temperature=2.0, max_chunk_elems=1), [[-0.4054651]], tol=2e-3)
 
 
 def test_chunked_token_logprobs_and_entropy_match_naive():

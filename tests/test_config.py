@@ -312,3 +312,53 @@ def test_trainer_and_sampling_options_that_cannot_work(tmp_path):
     data["buffer"]["explorer_input"]["taskset"]["workflow_args"] = {"x": 1}
     with pytest.raises(NotSupportedError, match="taskset.workflow_args is not supported yet"):
         load_dict(tmp_path, data)
+
+
+def test_rollout_correction_modes_keys_and_conflicts(tmp_path):
+    def algo(rc: dict, **more) -> dict:
+        return minimal(algorithm={"algorithm_type": "grpo", "repeat_times": 4, "rollout_correction": rc, **more})
+
+    assert load_dict(tmp_path, minimal()).algorithm.rollout_correction.mode == "none"  # the default
+    tis = load_dict(tmp_path, algo({"mode": "tis"})).algorithm.rollout_correction
+    assert tis.rollout_is_threshold == 2.0  # filled only for tis (veRL's default)
+    assert load_dict(tmp_path, algo({"mode": "tis", "rollout_is_threshold": 5})).algorithm.rollout_correction.rollout_is_threshold == 5
+    cap = load_dict(tmp_path, algo({"mode": "decoupled", "behav_imp_weight_cap": 3.0}))
+    assert cap.algorithm.rollout_correction.behav_imp_weight_cap == 3.0
+    again = load_config(write(tmp_path, config_to_yaml(cap), "again.yaml"))
+    assert again == cap
+    with pytest.raises(ConfigError, match="algorithm.rollout_correction.mode: 'tiss' is not a valid "
+                                          "choice. Did you mean 'tis'.*'none', 'tis', 'decoupled'"):
+        load_dict(tmp_path, algo({"mode": "tiss"}))
+    with pytest.raises(ConfigError, match="rollout_is_threshold: 0.5 is out of range; it must be >= 1"):
+        load_dict(tmp_path, algo({"mode": "tis", "rollout_is_threshold": 0.5}))
+    with pytest.raises(ConfigError, match="rollout_is_threshold acts only with "
+                                          "algorithm.rollout_correction.mode: tis, but mode is 'decoupled'"):
+        load_dict(tmp_path, algo({"mode": "decoupled", "rollout_is_threshold": 3}))
+    with pytest.raises(ConfigError, match="behav_imp_weight_cap acts only with .*mode: decoupled, but "
+                                          "mode is 'none'"):
+        load_dict(tmp_path, algo({"behav_imp_weight_cap": 3}))
+    with pytest.raises(ConfigError, match="needs old log-probs recomputed.*set algorithm.old_logprobs: recompute"):
+        load_dict(tmp_path, algo({"mode": "tis"}, old_logprobs="rollout"))
+    sft = minimal(algorithm={"algorithm_type": "sft", "rollout_correction": {"mode": "decoupled"}},
+                  mode="train", buffer={"trainer_input": {"experience_buffer": {"path": "/data/sft"}}})
+    with pytest.raises(ConfigError, match="policy_loss_fn 'sft' trains on data without behaviour"):
+        load_dict(tmp_path, sft)
+
+
+def test_rollout_temperature_is_the_training_tasksets_one(tmp_path):
+    from rft.config.rules import rollout_temperature
+
+    assert rollout_temperature(load_dict(tmp_path, minimal())) == 1.0
+    assert rollout_temperature(load_dict(tmp_path, minimal(model={"model_path": "/m", "temperature": 0.7}))) == 0.7
+    data = minimal(model={"model_path": "/m", "temperature": 0.7})
+    data["buffer"]["explorer_input"]["taskset"]["rollout_args"] = {"temperature": 0.5}
+    data["buffer"]["explorer_input"]["eval_tasksets"] = [{"path": "/e", "rollout_args": {"temperature": 0}}]
+    assert rollout_temperature(load_dict(tmp_path, data)) == 0.5  # the taskset's; eval ones do not count
+    data["buffer"]["explorer_input"]["taskset"]["rollout_args"] = {"temperature": 0}
+    assert rollout_temperature(load_dict(tmp_path, data)) == 1.0  # greedy: vLLM reports T=1 log-probs
+    inputs = {"tasksets": [{"path": "/a"}, {"path": "/b", "rollout_args": {"temperature": 0.6}}]}
+    two = minimal(buffer={"batch_size": 2, "explorer_input": inputs})
+    with pytest.raises(ConfigError, match=r"different temperatures \(buffer.explorer_input.tasksets\[0\]: "
+                                          r"1.0, buffer.explorer_input.tasksets\[1\]: 0.6\)"):
+        load_dict(tmp_path, two)
+    assert load_dict(tmp_path, {**two, "mode": "explore"}).mode == "explore"  # no trainer: no conflict

@@ -1,8 +1,10 @@
 """Trainer tests. Unmarked: pure batching, loss normalisation, lr schedule, checkpoint pointer
-logic. ``integration``: real DeepSpeed on CPU (2 gloo ranks under torchrun, tiny Llama):
-ZeRO-2 and ZeRO-3 runs on hand-made experiences, a SIGUSR1 stop + resume compared with an
-uninterrupted run, published weights against the DeepSpeed checkpoint, and a single-process
-SFT run. The DeepSpeed runs are shared between assertions (module-scoped fixtures)."""
+logic, the staleness histogram, and one train_step on a fake one-process engine (temperature and
+off-policy correction). ``integration``: real DeepSpeed on CPU (2 gloo ranks under torchrun,
+tiny Llama): ZeRO-2 and ZeRO-3 runs on hand-made experiences, a SIGUSR1 stop + resume compared
+with an uninterrupted run, published weights against the DeepSpeed checkpoint, and a
+single-process SFT run; vLLM's sampled log-probs against the trainer's at a temperature. The
+DeepSpeed runs are shared between assertions (module-scoped fixtures)."""
 
 from __future__ import annotations
 
@@ -214,6 +216,115 @@ def test_checkpoint_pointer_written_last_and_pruning(tmp_path):
     assert ts.list_checkpoints(tmp_path) == [2, 3]
     assert ts.read_meta(tmp_path, 3)["step"] == 3
     assert json.loads((tmp_path / "trainer_meta.json").read_text())["step"] == 3
+
+
+def test_staleness_histogram_counts_rollouts_per_age():
+    from rft.monitor import STALENESS_COUNT, STALENESS_MAX, STALENESS_MEAN
+    from rft.trainer.loop import staleness_metrics
+
+    # trainer at version 3; rollouts from versions 3, 3, 1, 0 -> ages 0, 0, 2, 3 (expert: none)
+    batch = make_batch(1, groups=2)
+    for exp, version in zip(batch, (3, 3, 1, 0)):
+        exp.model_version = version
+    batch.append(Experience("e", "e", [1], [2], source="expert", model_version=-7))
+    m = staleness_metrics(batch, 3)
+    assert m[STALENESS_MEAN] == 1.25 and m[STALENESS_MAX] == 3.0
+    assert {k: v for k, v in m.items() if k.startswith("staleness/count_")} == {
+        STALENESS_COUNT.format(versions=age): n for age, n in ((0, 2), (1, 0), (2, 1), (3, 1))}
+
+
+# ----------------------------------------------------------------------------- one step, fake engine
+
+VOCAB, TEMPERATURE = 5, 0.5
+
+
+class BigramLM(torch.nn.Module):
+    """Logits at position t are a row of a table picked by token t: enough for the trainer's
+    forward (``logits_to_keep`` positions, ``.logits``), and easy to score by hand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(0)))
+
+    def forward(self, input_ids, attention_mask, use_cache, logits_to_keep):
+        from types import SimpleNamespace
+
+        return SimpleNamespace(logits=self.table[input_ids][:, logits_to_keep])  # [B, K, V]
+
+
+class FakeEngine(torch.nn.Module):
+    """What train_step asks of a DeepSpeed engine, on one process, without updates."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__()
+        self.module = model
+
+    def forward(self, **kwargs):
+        return self.module(**kwargs)
+
+    def backward(self, loss: torch.Tensor, scale_wrt_gas: bool) -> None:
+        loss.backward()
+
+    def step(self) -> None:
+        self.module.zero_grad()
+
+    def get_global_grad_norm(self) -> float:
+        return 0.0
+
+    def get_lr(self) -> list[float]:
+        return [0.0]
+
+
+def tempered_logprobs(model: BigramLM, prompt: list[int], response: list[int]) -> list[float]:
+    """log softmax(table[previous token] / T)[token] for each response token."""
+    ids = prompt + response
+    table = torch.log_softmax(model.table.detach() / TEMPERATURE, dim=-1)  # [V, V]
+    return [float(table[ids[len(prompt) - 1 + j], tok]) for j, tok in enumerate(response)]
+
+
+def test_one_step_scores_at_the_temperature_and_weights_the_loss(monkeypatch):
+    """TIS end to end: the trainer divides its logits by the sampling temperature, so behaviour
+    log-probs equal to the model's tempered ones give ratio 1 on every token; two tokens are
+    moved: ratio 4 (truncated to 2) and 0.5."""
+    from rft.algo.correction import (
+        IS_CAPPED_FRAC,
+        IS_RATIO_MAX,
+        IS_RATIO_MEAN,
+        IS_WEIGHT_MEAN,
+    )
+    from rft.algo.registry import build_loss_fns
+    from rft.config.load import config_from_dict
+    from rft.trainer import engine as dse
+    from rft.trainer.step import train_step
+
+    monkeypatch.setattr(dse, "all_reduce_max", lambda value: value)  # one process: no collectives
+    monkeypatch.setattr(dse, "all_gather_objects", lambda obj: [obj])
+    model = BigramLM()
+    # groups: rewards [1, 0] -> GRPO advantages +-A, A = 0.5 / (std 0.7071068 + 1e-6) = 0.7071063
+    shapes = [("g0", [1, 2], [3, 4, 0], 1.0), ("g0", [1, 2], [2, 2], 0.0),
+              ("g1", [4], [1, 3], 1.0), ("g1", [4], [0, 1, 2, 3], 0.0)]
+    exps = [Experience(g, g, p, r, logprobs=tempered_logprobs(model, p, r), reward=rw) for g, p, r, rw in shapes]
+    exps[0].logprobs[0] -= math.log(4.0)  # pi_old / pi_behaviour = 4 -> TIS weight 2
+    exps[3].logprobs[1] += math.log(2.0)  # 0.5
+    cfg = config_from_dict({
+        "model": {"model_path": "/m", "temperature": TEMPERATURE},
+        "algorithm": {"algorithm_type": "grpo", "repeat_times": 2, "kl_loss_fn": "none",
+                      "rollout_correction": {"mode": "tis"}},
+        "buffer": {"batch_size": 2, "explorer_input": {"taskset": {"path": "/d"}}},
+        "trainer": {"precision": "fp32"},
+    })
+    info = dse.DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
+    metrics = train_step(dse.Actor(FakeEngine(model), 2, None), None, exps, cfg,
+                         build_loss_fns(cfg.algorithm), info, step=1, pad_id=0)
+    # 11 tokens: nine ratios 1, one 4, one 0.5
+    assert metrics[IS_RATIO_MEAN] == pytest.approx(13.5 / 11, abs=1e-5)
+    assert metrics[IS_RATIO_MAX] == pytest.approx(4.0, abs=1e-5)
+    assert metrics[IS_WEIGHT_MEAN] == pytest.approx(11.5 / 11, abs=1e-5)
+    assert metrics[IS_CAPPED_FRAC] == pytest.approx(1 / 11)
+    # ratio 1 (old recomputed), token-mean of -A_row * w: rows +A*(2+1+1), -A*2, +A*2,
+    # -A*(1+0.5+1+1) -> -0.5 A / 11 (without weights it would be +A / 11)
+    assert metrics["pg_loss"] == pytest.approx(-0.5 * 0.7071063 / 11, abs=1e-6)
+    assert metrics["ppo_kl"] == pytest.approx(0.0, abs=1e-7)
 
 
 # ----------------------------------------------------------------------------- DeepSpeed runs
@@ -445,3 +556,33 @@ def test_sft_single_process_lowers_the_loss(tmp_path, tiny_model_dir):
     assert rows[4]["sft_loss"] < rows[1]["sft_loss"] - 0.05
     assert json.loads((run_dir / "trainer_meta.json").read_text())["buffer_cursor"] == {"row": 16}
     assert (run_dir / "global_step_4" / "actor" / "huggingface" / "model.safetensors").is_file()
+
+
+@pytest.mark.integration
+def test_vllm_and_the_trainer_score_samples_at_the_sampling_temperature(vllm_model_dir):
+    """vLLM's log-probs (logprobs_mode processed_logprobs) and the trainer's forward, which
+    divides the logits by the rollout temperature, describe the same distribution: equal on
+    every sampled token at temperature 0.5, and not equal to the untempered ones."""
+    from transformers import AutoModelForCausalLM
+
+    from rft.config.load import config_from_dict
+    from rft.explorer.engine import Engine
+    from rft.explorer.tasksets import SamplingArgs
+    from rft.trainer import engine as dse
+
+    cfg = config_from_dict({"mode": "explore", "model": {"model_path": str(vllm_model_dir), "max_model_len": 64},
+                            "cluster": {"gpu_per_node": 0}, "explorer": {"rollout_model": {"dtype": "float32"}},
+                            "buffer": {"explorer_input": {"taskset": {"path": "unused"}}}})
+    samples = Engine(cfg).generate([[1, 2, 3, 4, 5]], [SamplingArgs(n=4, temperature=0.5, max_tokens=8)])[0]
+    exps = [Experience("t", "g", s.prompt_ids, s.response_ids, logprobs=s.logprobs) for s in samples]
+    rows = rows_from_experiences(exps)
+    micro = collate(rows, list(range(len(exps))), torch.zeros_like(rows.response_mask), rows.rollout_logprobs)
+    model = AutoModelForCausalLM.from_pretrained(vllm_model_dir, dtype=torch.float32).eval()
+    mask = micro.response_mask > 0
+    with torch.no_grad():
+        micro.temperature = 0.5
+        tempered = dse.forward_logprobs(model, micro, with_entropy=False)[0]
+        micro.temperature = 1.0
+        raw = dse.forward_logprobs(model, micro, with_entropy=False)[0]
+    torch.testing.assert_close(tempered[mask], micro.old_logprobs[mask], rtol=0, atol=2e-3)
+    assert (raw[mask] - micro.old_logprobs[mask]).abs().max() > 0.05

@@ -1,5 +1,6 @@
-"""The RL math, pure torch: advantage estimators, policy/KL/entropy losses, and their registry.
+"""The RL math, pure torch: advantage estimators, policy/KL/entropy losses, off-policy
+correction weights, and their registry.
 
-``advantages`` and ``losses`` are pure functions of tensors; ``registry`` maps the names that
-:mod:`rft.config.names` declares to them and checks their arguments.
+``advantages``, ``losses`` and ``correction`` are pure functions of tensors; ``registry`` maps
+the names that :mod:`rft.config.names` declares to them and checks their arguments.
 """

@@ -10,9 +10,12 @@ Registries (plain dicts, name -> function); ``rft.algo.registry`` validates name
 
 - ``POLICY_LOSS_FNS``: ``ppo``, ``gspo``, ``sft``, ``mix_chord``, ``opmd``. Every one has the
   signature ``fn(logprob, old_logprob, advantages, mask, *, loss_agg_mode, step, expert_mask,
-  **args) -> (loss, metrics)``; ``step`` (global training step) and ``expert_mask`` (``[B]``
-  bool, rows that are expert/SFT data) are context from the trainer, used by ``mix_chord``
-  only; ``**args`` are ``algorithm.policy_loss_fn_args``.
+  is_weights, **args) -> (loss, metrics)``; ``step`` (global training step) and
+  ``expert_mask`` (``[B]`` bool, rows that are expert/SFT data) are context from the trainer,
+  used by ``mix_chord`` only; ``is_weights`` (``[B, L]``, no gradient, or None) are the
+  off-policy correction weights of :mod:`rft.algo.correction`, which multiply the per-token
+  loss before aggregation (``sft`` has no rollouts and ignores them); ``**args`` are
+  ``algorithm.policy_loss_fn_args``.
 - ``KL_FNS``: ``none``, ``k1``, ``k2``, ``k3``, ``low_var_kl``, ``abs``: ``fn(logprob,
   ref_logprob) -> [B, L]`` per-token estimates of KL(pi || pi_ref); ``kl_loss`` and
   ``kl_penalty`` scale them by ``kl_coef``.
@@ -135,6 +138,11 @@ def _clipped_surrogate(
     return loss, metrics
 
 
+def _weighted(loss_mat: torch.Tensor, is_weights: torch.Tensor | None) -> torch.Tensor:
+    """Per-token loss ``[B, L]`` times the off-policy correction weights, when there are any."""
+    return loss_mat if is_weights is None else loss_mat * is_weights.detach().to(loss_mat.dtype)
+
+
 def _clip_bounds(
     clip_range: float | None,
     clip_range_low: float | None,
@@ -156,6 +164,7 @@ def ppo_loss(
     loss_agg_mode: str = "token-mean",
     step: int = 0,
     expert_mask: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
     clip_range: float | None = 0.2,
     clip_range_low: float | None = None,
     clip_range_high: float | None = None,
@@ -163,11 +172,12 @@ def ppo_loss(
 ) -> LossOut:
     """PPO clipped surrogate: ratio r = exp(logprob - old_logprob) per token, clipped to
     [1 - clip_range_low, 1 + clip_range_high] (each defaults to ``clip_range``), dual clip at
-    ``clip_ratio_c`` (> 1, or None to disable) for negative advantages."""
+    ``clip_ratio_c`` (> 1, or None to disable) for negative advantages; the per-token loss is
+    then multiplied by ``is_weights`` (off-policy correction), when given."""
     ratio, ppo_kl = _ratio_and_kl(logprob, old_logprob, mask)  # [B, L]
     low, high = _clip_bounds(clip_range, clip_range_low, clip_range_high, (0.2, 0.2))
     loss_mat, metrics = _clipped_surrogate(ratio, advantages, mask, low, high, clip_ratio_c)
-    loss = aggregate(loss_mat, mask, loss_agg_mode)
+    loss = aggregate(_weighted(loss_mat, is_weights), mask, loss_agg_mode)
     metrics.update(pg_loss=loss.item(), ppo_kl=ppo_kl.item())
     return loss, metrics
 
@@ -181,6 +191,7 @@ def gspo_loss(
     loss_agg_mode: str = "seq-mean-token-mean",
     step: int = 0,
     expert_mask: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
     clip_range: float | None = None,
     clip_range_low: float | None = None,
     clip_range_high: float | None = None,
@@ -189,7 +200,7 @@ def gspo_loss(
     clipped to [1 - low, 1 + high], by default [1 - 3e-4, 1 + 4e-4] (a sequence ratio moves far
     less than a token ratio); ``clip_range`` sets both sides, ``clip_range_low/high`` one each. Written in the token form s_t = sg(s) * pi_t / sg(pi_t), whose value is s on
     every token and whose gradient equals the sequence-level one when advantages are constant
-    along a sequence. No dual clip."""
+    along a sequence. No dual clip. ``is_weights`` multiply the per-token loss, as in ``ppo``."""
     mask_f = mask.to(logprob.dtype)
     log_ratio = logprob - old_logprob  # [B, L]
     seq_log_ratio = (log_ratio * mask_f).sum(-1) / mask_f.sum(-1).clamp(min=1)  # [B]
@@ -198,7 +209,7 @@ def gspo_loss(
     ratio = torch.exp(token_log_ratio)  # [B, L]
     low, high = _clip_bounds(clip_range, clip_range_low, clip_range_high, (3e-4, 4e-4))
     loss_mat, metrics = _clipped_surrogate(ratio, advantages, mask, low, high, None)
-    loss = aggregate(loss_mat, mask, loss_agg_mode)
+    loss = aggregate(_weighted(loss_mat, is_weights), mask, loss_agg_mode)
     ppo_kl = _masked_mean(-log_ratio.detach(), mask_f)
     metrics.update(pg_loss=loss.item(), ppo_kl=ppo_kl.item())
     return loss, metrics
@@ -213,8 +224,10 @@ def sft_loss(
     loss_agg_mode: str = "token-mean",
     step: int = 0,
     expert_mask: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> LossOut:
-    """Negative log-likelihood of the masked tokens (``old_logprob``/``advantages`` unused)."""
+    """Negative log-likelihood of the masked tokens (``old_logprob``/``advantages``/``is_weights``
+    unused: SFT rows are data, not samples)."""
     loss = aggregate(-logprob, mask, loss_agg_mode)
     return loss, {"sft_loss": loss.item()}
 
@@ -249,6 +262,7 @@ def mix_chord_loss(
     loss_agg_mode: str = "token-mean",
     step: int = 0,
     expert_mask: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
     mu_warmup_steps: int = 0,
     mu_decay_steps: int = 0,
     mu_peak: float = 0.1,
@@ -263,7 +277,8 @@ def mix_chord_loss(
 
     ``expert_mask`` ``[B]`` marks expert rows (``source: "expert"``); each part is aggregated
     over its own rows, and a part with no rows in this micro-batch contributes 0. The SFT part
-    is phi-weighted when ``enable_phi_function`` (CHORD-phi), plain NLL otherwise.
+    is phi-weighted when ``enable_phi_function`` (CHORD-phi), plain NLL otherwise; ``is_weights``
+    reach the PPO part only.
     """
     if expert_mask is None:
         expert_mask = torch.zeros(logprob.shape[0], dtype=torch.bool, device=logprob.device)
@@ -275,7 +290,8 @@ def mix_chord_loss(
     if (~expert).any():
         ppo_part, ppo_metrics = ppo_loss(
             logprob[~expert], old_logprob[~expert], advantages[~expert], mask[~expert],
-            loss_agg_mode=loss_agg_mode, clip_range=clip_range, clip_range_low=clip_range_low,
+            loss_agg_mode=loss_agg_mode, is_weights=None if is_weights is None else is_weights[~expert],
+            clip_range=clip_range, clip_range_low=clip_range_low,
             clip_range_high=clip_range_high, clip_ratio_c=clip_ratio_c,
         )
         metrics.update({f"usual/{k}": v for k, v in ppo_metrics.items()})
@@ -301,11 +317,13 @@ def opmd_loss(
     loss_agg_mode: str = "token-mean",
     step: int = 0,
     expert_mask: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
     tau: float = 1.0,
 ) -> LossOut:
     """OPMD (Trinity): agg(-A * logprob) / (1 + tau); the 1/(1 + tau) factor is the
-    mirror-descent regularisation strength towards the current policy. No ratio, no clip."""
-    loss = aggregate(-advantages * logprob, mask, loss_agg_mode) / (1.0 + tau)
+    mirror-descent regularisation strength towards the current policy. No ratio, no clip;
+    ``is_weights`` multiply the per-token loss."""
+    loss = aggregate(_weighted(-advantages * logprob, is_weights), mask, loss_agg_mode) / (1.0 + tau)
     return loss, {"pg_loss": loss.item(), "opmd_loss": loss.item()}
 
 
@@ -418,39 +436,50 @@ ENTROPY_LOSS_FNS: dict[str, Callable[..., LossOut]] = {
 
 # ----------------------------------------------------------------------------- logits helpers
 
+def _tempered(chunk: torch.Tensor, temperature: float) -> torch.Tensor:
+    """A chunk of logits in float32, divided by the sampling temperature (when not 1)."""
+    chunk = chunk.float()  # [c, V]
+    return chunk if temperature == 1.0 else chunk / temperature
+
+
 def _rows_per_chunk(vocab: int, max_chunk_elems: int) -> int:
     return max(1, max_chunk_elems // max(vocab, 1))
 
 
 def token_logprobs(
-    logits: torch.Tensor, labels: torch.Tensor, *, max_chunk_elems: int = 1 << 26
+    logits: torch.Tensor, labels: torch.Tensor, *, temperature: float = 1.0,
+    max_chunk_elems: int = 1 << 26,
 ) -> torch.Tensor:
-    """log softmax(logits)[label] per position: ``[B, L, V]``, ``[B, L]`` -> ``[B, L]`` float32.
+    """log softmax(logits / temperature)[label] per position: ``[B, L, V]``, ``[B, L]`` ->
+    ``[B, L]`` float32.
 
-    Computed as ``logit[label] - logsumexp(logits)`` in float32, ``max_chunk_elems`` logits at
-    a time, so the forward never holds a full float32 copy of ``[B, L, V]`` (with gradients,
-    each chunk's float32 copy is kept for the backward: wrap the call in activation
-    checkpointing to avoid that). Labels must be valid ids; mask padding afterwards.
+    Computed as ``logit[label] - logsumexp(logits)`` in float32 (the division too, as vLLM's
+    sampler does), ``max_chunk_elems`` logits at a time, so the forward never holds a full
+    float32 copy of ``[B, L, V]`` (with gradients, each chunk's float32 copy is kept for the
+    backward: wrap the call in activation checkpointing to avoid that). Labels must be valid
+    ids; mask padding afterwards.
     """
     flat_logits = logits.reshape(-1, logits.shape[-1])  # [B*L, V]
     flat_labels = labels.reshape(-1)  # [B*L]
     step = _rows_per_chunk(flat_logits.shape[-1], max_chunk_elems)
     parts = [flat_logits.new_zeros(0, dtype=torch.float32)]  # an empty batch gives an empty result
     for start in range(0, flat_logits.shape[0], step):
-        chunk = flat_logits[start:start + step].float()  # [c, V]
+        chunk = _tempered(flat_logits[start:start + step], temperature)  # [c, V]
         picked = chunk.gather(-1, flat_labels[start:start + step].unsqueeze(-1)).squeeze(-1)  # [c]
         parts.append(picked - torch.logsumexp(chunk, dim=-1))  # [c]
     return torch.cat(parts).reshape(labels.shape)  # [B, L]
 
 
-def token_entropy(logits: torch.Tensor, *, max_chunk_elems: int = 1 << 26) -> torch.Tensor:
-    """Entropy of softmax(logits) per position: ``[B, L, V]`` -> ``[B, L]`` float32, chunked
-    like ``token_logprobs``. H = logsumexp(z) - sum softmax(z) * z (logits must be finite)."""
+def token_entropy(logits: torch.Tensor, *, temperature: float = 1.0,
+                  max_chunk_elems: int = 1 << 26) -> torch.Tensor:
+    """Entropy of softmax(logits / temperature) per position: ``[B, L, V]`` -> ``[B, L]``
+    float32, chunked like ``token_logprobs``. H = logsumexp(z) - sum softmax(z) * z (logits
+    must be finite)."""
     flat_logits = logits.reshape(-1, logits.shape[-1])  # [B*L, V]
     step = _rows_per_chunk(flat_logits.shape[-1], max_chunk_elems)
     parts = [flat_logits.new_zeros(0, dtype=torch.float32)]
     for start in range(0, flat_logits.shape[0], step):
-        chunk = flat_logits[start:start + step].float()  # [c, V]
+        chunk = _tempered(flat_logits[start:start + step], temperature)  # [c, V]
         log_z = torch.logsumexp(chunk, dim=-1)  # [c]
         probs = torch.softmax(chunk, dim=-1)  # [c, V]
         parts.append(log_z - (probs * chunk).sum(-1))  # [c]

@@ -1,16 +1,18 @@
 """Algorithm choices by name: the registries and the checks on their arguments.
 
 The names are declared in :mod:`rft.config.names`; the math lives in :mod:`rft.algo.advantages`
-(advantage estimators) and :mod:`rft.algo.losses` (policy, KL and entropy losses, aggregation,
-log-prob and entropy helpers). This module maps the names to the functions (checked at import
-to cover exactly the declared names) and turns a config's ``(name, args)`` pair into a ready
-function, raising ``ConfigError`` for an unknown name, an unknown argument or a bad value:
+(advantage estimators), :mod:`rft.algo.losses` (policy, KL and entropy losses, aggregation,
+log-prob and entropy helpers) and :mod:`rft.algo.correction` (off-policy weights). This module
+maps the names to the functions (checked at import to cover exactly the declared names) and
+turns a config's ``(name, args)`` pair into a ready function, raising ``ConfigError`` for an
+unknown name, an unknown argument or a bad value:
 
     algorithm.advantage_fn      + advantage_fn_args      -> get_advantage_fn
     algorithm.policy_loss_fn    + policy_loss_fn_args    -> get_policy_loss_fn
     algorithm.kl_loss_fn        + kl_loss_fn_args        -> get_kl_loss_fn
     algorithm.kl_penalty_fn     + kl_penalty_fn_args     -> get_kl_penalty_fn
     algorithm.entropy_loss_fn   + entropy_loss_fn_args   -> get_entropy_loss_fn
+    algorithm.rollout_correction                         -> get_correction_fn
 
 The returned functions take tensors only (see each getter). :func:`build_loss_fns` resolves a
 whole ``algorithm`` section at once: the trainer calls it to train, preflight to check a config
@@ -30,6 +32,7 @@ from rft.algo.advantages import (
     group_index,
     token_level_rewards,
 )
+from rft.algo.correction import CORRECTIONS, correction_weights
 from rft.algo.losses import (
     ENTROPY_LOSS_FNS,
     KL_FNS,
@@ -44,7 +47,7 @@ from rft.algo.losses import (
     token_logprobs,
 )
 from rft.config import names
-from rft.config.schema import AlgorithmConfig
+from rft.config.schema import AlgorithmConfig, RolloutCorrectionConfig
 from rft.errors import ConfigError, did_you_mean
 
 __all__ = [
@@ -52,7 +55,7 @@ __all__ = [
     "GroupIds", "group_index", "token_level_rewards", "aggregate", "chord_mu", "kl", "kl_loss", "kl_penalty",
     "token_entropy", "token_logprobs", "valid_args", "get_advantage_fn", "get_policy_loss_fn",
     "get_kl_loss_fn", "get_kl_penalty_fn", "get_entropy_loss_fn", "check_loss_agg_mode",
-    "LossFns", "build_loss_fns",
+    "get_correction_fn", "LossFns", "build_loss_fns",
 ]
 
 # The registries implement exactly the declared names (GAE advantages wait for a critic).
@@ -61,9 +64,10 @@ assert set(POLICY_LOSS_FNS) == set(names.POLICY_LOSS_FN_NAMES)
 assert set(KL_FNS) == set(names.KL_FN_NAMES)
 assert set(ENTROPY_LOSS_FNS) == set(names.ENTROPY_LOSS_FN_NAMES)
 assert set(LOSS_AGG_MODES) == set(names.LOSS_AGG_MODES)
+assert set(CORRECTIONS) == set(names.ROLLOUT_CORRECTION_MODES)
 
 # Supplied by the trainer on each call, never by the config.
-_CONTEXT_PARAMS = frozenset({"step", "expert_mask"})
+_CONTEXT_PARAMS = frozenset({"step", "expert_mask", "is_weights"})
 
 
 def _is_number(v: Any) -> bool:
@@ -144,8 +148,9 @@ def get_advantage_fn(name: str, args: Mapping[str, Any] | None = None) -> Callab
 
 
 def get_policy_loss_fn(name: str, args: Mapping[str, Any] | None = None) -> Callable[..., Any]:
-    """``fn(logprob, old_logprob, advantages, mask, *, step=0, expert_mask=None) -> (loss,
-    metrics)``, all ``[B, L]`` but ``expert_mask`` ``[B]``; ``loss_agg_mode`` comes from args."""
+    """``fn(logprob, old_logprob, advantages, mask, *, step=0, expert_mask=None, is_weights=None)
+    -> (loss, metrics)``, all ``[B, L]`` but ``expert_mask`` ``[B]``; ``loss_agg_mode`` comes
+    from args."""
     _check_name("policy_loss_fn", name, POLICY_LOSS_FNS)
     fn = POLICY_LOSS_FNS[name]
     return functools.partial(fn, **_check_args("policy_loss_fn", name, fn, args))
@@ -204,6 +209,8 @@ class LossFns:
     agg_mode: str
     recompute_old: bool
     sft: bool
+    # (proximal, behaviour, mask) -> (weights [B, L], CorrectionSums); None: no correction
+    correction: Callable[..., Any] | None = None
 
     @property
     def needs_ref(self) -> bool:
@@ -236,4 +243,16 @@ def build_loss_fns(algo: AlgorithmConfig) -> LossFns:
         agg_mode=policy_args.get("loss_agg_mode", agg),
         recompute_old=algo.old_logprobs == "recompute" and not sft,
         sft=sft,
+        correction=get_correction_fn(algo.rollout_correction),
     )
+
+
+def get_correction_fn(rc: RolloutCorrectionConfig) -> Callable[..., Any] | None:
+    """``fn(proximal, behaviour, mask) -> (weights [B, L], CorrectionSums)`` for
+    ``algorithm.rollout_correction``, or None for mode ``none`` (which and how the keys combine
+    with the rest of the config is checked in :mod:`rft.config.rules`)."""
+    if rc.mode == "none":
+        return None
+    threshold = names.TIS_THRESHOLD if rc.rollout_is_threshold is None else rc.rollout_is_threshold
+    return functools.partial(correction_weights, mode=rc.mode, rollout_is_threshold=threshold,
+                             behav_imp_weight_cap=rc.behav_imp_weight_cap)

@@ -13,4 +13,6 @@ LOSS_AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "se
 SAMPLE_STRATEGIES = ("default", "mix")
 ALGORITHM_TYPES = ("grpo", "ppo", "rloo", "reinforce", "reinforceplusplus", "opmd", "gspo", "sft",
                    "mix_chord")
+ROLLOUT_CORRECTION_MODES = ("none", "tis", "decoupled")  # algorithm.rollout_correction.mode
+TIS_THRESHOLD = 2.0  # rollout_correction.rollout_is_threshold when unset (veRL's default)
 NEEDS_CRITIC = frozenset({"ppo"})  # advantage_fn names that need a critic model (GAE)

@@ -12,6 +12,7 @@ import logging
 
 from rft.config.batches import check_train_batch_size
 from rft.config.mix import mix_counts
+from rft.config.names import TIS_THRESHOLD
 from rft.config.schema import Config
 from rft.errors import ConfigError, NotSupportedError
 
@@ -50,6 +51,7 @@ def apply(cfg: Config, seen: set[str]) -> None:
     _infer_file_storage(cfg, seen)
     _check_inputs(cfg)
     _check_trainer(cfg)
+    _check_rollout_correction(cfg)
     _check_resources(cfg)
     _check_monitor(cfg)
     if cfg.algorithm.sample_strategy == "mix":
@@ -279,6 +281,54 @@ def _check_trainer(cfg: Config) -> None:
         if ts.workflow_args:
             raise NotSupportedError(f"{label}.workflow_args is not supported yet: the built-in "
                                     "workflows take no arguments (reward_fn_args reach the reward)")
+    if cfg.mode in ("both", "train") and cfg.algorithm.policy_loss_fn != "sft":
+        rollout_temperature(cfg)  # one sampling temperature for the trainer to score rollouts at
+
+
+def rollout_temperature(cfg: Config) -> float:
+    """The temperature the trainer divides its logits by to score rollouts: that of the training
+    tasksets (``rollout_args.temperature``, else ``model.temperature``; ``model.temperature``
+    when the config lists none), so the trainer's log-probs and vLLM's describe the same
+    distribution. Greedy (0) gives 1, the temperature of vLLM's greedy log-probs. ConfigError
+    when the training tasksets differ: experiences do not record their temperature."""
+    temps = {label: ts.rollout_args.temperature if ts.rollout_args.temperature is not None
+             else cfg.model.temperature for label, ts in cfg.labelled_tasksets(evaluation=False)}
+    values = set(temps.values()) or {cfg.model.temperature}
+    if len(values) > 1:
+        listing = ", ".join(f"{label}: {t}" for label, t in temps.items())
+        raise ConfigError(f"the training tasksets sample at different temperatures ({listing}); "
+                          "the trainer scores every rollout at one temperature, so give them all "
+                          "the same rollout_args.temperature (or leave it unset: model.temperature)")
+    temperature = values.pop()
+    return temperature if temperature > 0 else 1.0
+
+
+def _check_rollout_correction(cfg: Config) -> None:
+    """``algorithm.rollout_correction``: each key only with the mode it acts in, and a mode only
+    with what it needs (rollouts to weight, and old log-probs recomputed by the trainer)."""
+    rc, algo, key = cfg.algorithm.rollout_correction, cfg.algorithm, "algorithm.rollout_correction"
+    if rc.rollout_is_threshold is not None and rc.mode != "tis":
+        raise ConfigError(f"{key}.rollout_is_threshold acts only with {key}.mode: tis, but mode is "
+                          f"{rc.mode!r}; remove it, or set mode: tis")
+    if rc.behav_imp_weight_cap is not None and rc.mode != "decoupled":
+        raise ConfigError(f"{key}.behav_imp_weight_cap acts only with {key}.mode: decoupled, but mode "
+                          f"is {rc.mode!r}; remove it, or set mode: decoupled")
+    if rc.mode == "none":
+        return
+    if rc.mode == "tis" and rc.rollout_is_threshold is None:
+        rc.rollout_is_threshold = TIS_THRESHOLD
+    if algo.policy_loss_fn == "sft":
+        raise ConfigError(f"{key}.mode: {rc.mode} weights rollouts, but policy_loss_fn 'sft' trains on "
+                          f"data without behaviour log-probs; set {key}.mode: none")
+    if algo.old_logprobs == "rollout":
+        raise ConfigError(f"{key}.mode: {rc.mode} needs old log-probs recomputed at the trainer's "
+                          "weights (the proximal policy), but algorithm.old_logprobs is 'rollout'; "
+                          "set algorithm.old_logprobs: recompute")
+    sync = cfg.synchronizer
+    if cfg.mode == "both" and sync.sync_interval == 1 and sync.sync_offset == 0:
+        log.info("%s.mode: %s on an on-policy run (mode both, sync_interval 1, sync_offset 0): "
+                 "behaviour and proximal weights are the same, so the weights differ from 1 only "
+                 "by the vLLM/trainer numerical mismatch", key, rc.mode)
 
 
 def _check_resources(cfg: Config) -> None:

@@ -23,6 +23,7 @@ from rft.config.names import (
     KL_FN_NAMES,
     LOSS_AGG_MODES,
     POLICY_LOSS_FN_NAMES,
+    ROLLOUT_CORRECTION_MODES,
     SAMPLE_STRATEGIES,
 )
 from rft.config.typed_dict import field
@@ -36,6 +37,7 @@ KlFn = Literal[KL_FN_NAMES]
 EntropyLossFn = Literal[ENTROPY_LOSS_FN_NAMES]
 LossAggMode = Literal[LOSS_AGG_MODES]
 SampleStrategy = Literal[SAMPLE_STRATEGIES]
+RolloutCorrectionMode = Literal[ROLLOUT_CORRECTION_MODES]
 
 
 @dataclass
@@ -48,6 +50,14 @@ class OptimizerConfig:
     betas: list[float] = field(factory=lambda: [0.9, 0.999])  # AdamW betas
     weight_decay: float = field(0.01, ge=0)  # AdamW decoupled weight decay
     optimizer_type: Literal["adamw", "adam"] = "adamw"  # optimizer
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    # veRL's section name; the math is rft.algo.correction, the README says which to use when.
+    mode: RolloutCorrectionMode = "none"  # none | tis (truncated IS) | decoupled (AReaL's decoupled PPO)
+    rollout_is_threshold: Optional[float] = field(None, ge=1)  # tis only: cap C of min(pi_old / pi_rollout, C); unset: 2.0 (veRL's)
+    behav_imp_weight_cap: Optional[float] = field(None, ge=1)  # decoupled only: drop tokens whose weight exceeds it (AReaL's key)
 
 
 @dataclass
@@ -69,6 +79,7 @@ class AlgorithmConfig:
     sample_strategy_args: dict = field(factory=dict)  # e.g. {expert_data_ratio: 0.25}
     loss_agg_mode: Optional[LossAggMode] = None  # how token losses are averaged
     old_logprobs: Literal["recompute", "rollout"] = "recompute"  # old policy log-probs source
+    rollout_correction: RolloutCorrectionConfig = field(factory=RolloutCorrectionConfig)  # off-policy correction (async)
 
 
 @dataclass
@@ -80,7 +91,7 @@ class ModelConfig:
     max_response_tokens: Optional[int] = field(None, ge=1)  # generation limit per sample
     min_response_tokens: int = field(1, ge=0)  # generation floor per sample
     enable_prompt_truncation: bool = True  # true: leave out (count) prompts > max_prompt_tokens; false: no prompt limit
-    temperature: float = field(1.0, ge=0)  # sampling temperature (tasksets may override)
+    temperature: float = field(1.0, ge=0)  # sampling temperature (tasksets may override); the trainer scores rollouts at it too
     top_p: float = field(1.0, gt=0, le=1)  # nucleus sampling
     top_k: int = field(-1, ge=-1)  # top-k sampling; -1 disables
     logprobs: int = field(0, ge=0)  # extra top log-probs per token (the sampled one is always kept)

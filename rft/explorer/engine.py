@@ -77,7 +77,14 @@ def cpu_has_fast_bf16() -> bool:
 
 
 def engine_kwargs(cfg: Config, on_cpu: bool) -> dict[str, Any]:
-    """``vllm.LLM`` arguments from ``explorer.rollout_model`` and ``model``."""
+    """``vllm.LLM`` arguments from ``explorer.rollout_model`` and ``model``.
+
+    ``logprobs_mode: processed_logprobs``: each sampled token's log-prob is that of the
+    distribution it was sampled from (after the logits processors, temperature, top-k/top-p),
+    not of the raw model (vLLM's default ``raw_logprobs``), so the trainer, which divides its
+    logits by the same temperature, compares like with like (``rft.algo.correction``). On GPUs
+    vLLM then samples with its PyTorch sampler instead of FlashInfer's when top-k/top-p is set.
+    """
     rollout = cfg.explorer.rollout_model
     kwargs: dict[str, Any] = dict(
         model=cfg.model.model_path,
@@ -87,6 +94,7 @@ def engine_kwargs(cfg: Config, on_cpu: bool) -> dict[str, Any]:
         enable_prefix_caching=rollout.enable_prefix_caching,
         enforce_eager=rollout.enforce_eager or on_cpu,  # no CUDA graphs on CPU
         seed=rollout.seed,
+        logprobs_mode="processed_logprobs",  # the sampled distribution's log-probs (see above)
     )
     max_model_len = rollout.max_model_len or cfg.model.max_model_len
     if max_model_len is not None:

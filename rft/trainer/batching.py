@@ -166,6 +166,8 @@ class MicroBatch:
     expert: torch.Tensor  # [B] bool
     rows: list[int]  # indices into the step's Rows (empty for a padding micro-batch)
     ref_logprobs: torch.Tensor | None = None  # [B, R], filled when KL needs it
+    is_weights: torch.Tensor | None = None  # [B, R] off-policy correction weights, when on
+    temperature: float = 1.0  # logits are divided by it: the rollouts' sampling temperature
 
     @property
     def num_tokens(self) -> int:

@@ -250,6 +250,13 @@ def forward_logprobs(module: Any, micro: MicroBatch, *, with_entropy: bool,
 
     Only the logits at response positions are turned into float32 log-softmax; the entropy is
     computed without a graph unless ``entropy_grad`` (an entropy term in the loss).
+
+    The logits are divided by ``micro.temperature`` (in float32, as veRL's actor does): for
+    rollout rows it is the sampling temperature (``rft.config.rules.rollout_temperature``), and
+    the explorer's vLLM reports the log-probs of that same tempered distribution
+    (``logprobs_mode: processed_logprobs``), so recomputed old, current, reference and
+    behaviour log-probs all describe the distribution sampled from (top-p/top-k truncation
+    aside, which only vLLM applies). Expert/SFT rows are data, not samples: temperature 1.
     """
     counted = micro.logit_positions[micro.response_mask > 0]
     first = int(counted.min()) if counted.numel() else 0
@@ -260,11 +267,11 @@ def forward_logprobs(module: Any, micro: MicroBatch, *, with_entropy: bool,
                     use_cache=False, logits_to_keep=keep).logits  # [B, K, V]
     rel = (micro.logit_positions - first).clamp(0, last - first)  # [B, R]
     resp_logits = logits[torch.arange(rel.shape[0], device=rel.device).unsqueeze(-1), rel]  # [B, R, V]
-    logprobs = token_logprobs(resp_logits, micro.response_ids)  # [B, R]
+    logprobs = token_logprobs(resp_logits, micro.response_ids, temperature=micro.temperature)  # [B, R]
     entropy = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = token_entropy(resp_logits)  # [B, R]
+            entropy = token_entropy(resp_logits, temperature=micro.temperature)  # [B, R]
     return logprobs, entropy
 
 

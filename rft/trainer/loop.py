@@ -34,6 +34,7 @@ from rft.models import tokenizer_files
 from rft.monitor import (
     PUBLISH_TIME_S,
     READ_TIME_S,
+    STALENESS_COUNT,
     STALENESS_MAX,
     STALENESS_MEAN,
     STEP_TIME_S,
@@ -151,11 +152,16 @@ def save_full_checkpoint(cfg: Config, run_dir: Path, actor: Any, source: Any, pr
 
 
 def staleness_metrics(batch: list[Any], version: int) -> dict[str, float]:
-    """Weight versions between the rollouts and the trainer (expert samples have none)."""
+    """Weight versions between the rollouts and the trainer (expert samples have none): mean,
+    max, and a histogram, the count of rollouts per age from 0 to the max (zeros included)."""
     ages = [version - e.model_version for e in batch if e.source != "expert"]
     if not ages:
         return {}
-    return {STALENESS_MEAN: sum(ages) / len(ages), STALENESS_MAX: float(max(ages))}
+    counts = dict.fromkeys(range(max(ages) + 1), 0)  # zeros for the ages in between
+    for age in ages:
+        counts[age] = counts.get(age, 0) + 1
+    histogram = {STALENESS_COUNT.format(versions=age): n for age, n in sorted(counts.items())}
+    return {STALENESS_MEAN: sum(ages) / len(ages), STALENESS_MAX: float(max(ages)), **histogram}
 
 
 def run(cfg: Config) -> int:

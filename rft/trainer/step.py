@@ -11,9 +11,14 @@ ranks -> micro-batches (same count on every rank, padded with zero-weight ones; 
 expert rows apart) -> reference log-probs (if a KL term is on) and old log-probs (rollout's,
 or one forward pass before the first update: ``recompute``) over the whole step, in
 micro-batches of ``trainer.log_prob_micro_batch_size_per_gpu`` -> advantages over the step's
-rollout rows (KL-in-reward first, gathered from all ranks; expert rows get 0) -> per epoch,
-per mini-batch, per micro-batch: forward, loss x its share of its source's mini-batch loss,
-backward; then one optimizer step.
+rollout rows (KL-in-reward first, gathered from all ranks; expert rows get 0) -> off-policy
+correction weights from the recomputed old and vLLM's behaviour log-probs
+(``algorithm.rollout_correction``, :mod:`rft.algo.correction`) -> per epoch, per mini-batch,
+per micro-batch: forward, loss x its share of its source's mini-batch loss, backward; then
+one optimizer step.
+
+Every log-prob pass scores rollout rows at their sampling temperature (the logits divided by
+it, see ``rft.trainer.engine.forward_logprobs``), expert rows at 1.
 
 CHORD (``sample_strategy: mix``): expert rows (``source: "expert"``) reach the loss as
 ``expert_mask``, with the step number for ``mix_chord``'s mu schedule.
@@ -27,9 +32,11 @@ from typing import Callable, Sequence
 
 import torch
 
+from rft.algo.correction import CorrectionSums
 from rft.algo.registry import LossFns, token_level_rewards
 from rft.buffer.experience import Experience
 from rft.config.batches import groups_per_update, mini_batch_count
+from rft.config.rules import rollout_temperature
 from rft.config.schema import Config
 from rft.errors import DataError
 from rft.trainer import engine as dse
@@ -68,6 +75,12 @@ class Plan:
     minis: list[MiniPlan]  # one optimizer update each, every epoch
     logprob_rows: list[list[int]]  # this rank's rows (of all minis) per no-grad log-prob micro-batch
     num_tokens: int  # prompt + response tokens of the whole batch (all ranks)
+    temperature: float = 1.0  # rollout rows' sampling temperature (expert rows: 1)
+
+    @property
+    def local_rows(self) -> list[int]:
+        """This rank's rows of all mini-batches, in batch order."""
+        return sorted({r for micro in self.logprob_rows for r in micro})
 
 
 def _micro_batches(rows: Rows, mine: Sequence[int], lengths: Sequence[int], cfg: Config,
@@ -101,12 +114,15 @@ def plan_step(exps: Sequence[Experience], cfg: Config, info: dse.DistInfo) -> Pl
         minis.append(MiniPlan(micros, source_totals(rows.response_mask[subset], rows.expert[subset])))
         mine += share
     logprob_size = cfg.trainer.log_prob_micro_batch_size_per_gpu or cfg.trainer.micro_batch_size_per_gpu
-    return Plan(rows, minis, _micro_batches(rows, sorted(mine), lengths, cfg, logprob_size), sum(lengths))
+    temperature = 1.0 if cfg.algorithm.policy_loss_fn == "sft" else rollout_temperature(cfg)
+    return Plan(rows, minis, _micro_batches(rows, sorted(mine), lengths, cfg, logprob_size), sum(lengths),
+                temperature)
 
 
 def _micro(plan: Plan, rows: list[int], adv: torch.Tensor, old: torch.Tensor, pad_id: int,
            device: torch.device) -> MicroBatch:
     micro = collate(plan.rows, rows, adv, old, pad_id) if rows else padding_micro(pad_id)
+    micro.temperature = 1.0 if micro_source(micro) else plan.temperature  # one source per micro
     return micro.to(device)
 
 
@@ -136,7 +152,7 @@ def _advantages(plan: Plan, fns: LossFns, ref: torch.Tensor | None, old: torch.T
     rewards: torch.Tensor = rows.rewards  # [N]
     if fns.kl_penalty is not None:
         assert ref is not None
-        mine = sorted({r for micro in plan.logprob_rows for r in micro})
+        mine = plan.local_rows
         local, metrics = fns.kl_penalty(token_level_rewards(rows.rewards, mask)[mine],
                                         old[mine], ref[mine], mask[mine])  # [n, R]
         rewards = torch.zeros_like(mask)  # [N, R]
@@ -148,13 +164,30 @@ def _advantages(plan: Plan, fns: LossFns, ref: torch.Tensor | None, old: torch.T
     return adv, {**metrics, **adv_metrics}
 
 
+def _correction(plan: Plan, fns: LossFns, old: torch.Tensor) -> tuple[torch.Tensor | None, dict[str, float]]:
+    """Off-policy correction weights ``[N, R]`` (this rank's rollout rows; 1 elsewhere) and the
+    step's correction metrics over all ranks; (None, {}) when the correction is off."""
+    if fns.correction is None:
+        return None, {}
+    rows = plan.rows
+    weighted = torch.zeros(len(rows), dtype=torch.bool)  # [N]
+    weighted[plan.local_rows] = True
+    weighted &= ~rows.expert & rows.has_logprobs  # expert rows have no behaviour policy
+    mask = rows.response_mask * weighted.unsqueeze(-1)  # [N, R]
+    weights, sums = fns.correction(old, rows.rollout_logprobs, mask)  # [N, R]
+    total = CorrectionSums()
+    for part in dse.all_gather_objects(sums):
+        total.merge(part)
+    return torch.where(weighted.unsqueeze(-1), weights, torch.ones_like(weights)), total.metrics()
+
+
 def _micro_loss(actor: dse.Actor, micro: MicroBatch, fns: LossFns, step: int) -> tuple[torch.Tensor, dict[str, float]]:
     logprob, entropy = dse.forward_logprobs(actor.engine, micro, with_entropy=True,
                                             entropy_grad=fns.entropy_in_loss)  # [B, R] each
     assert entropy is not None
     mask = micro.response_mask
     loss, metrics = fns.policy(logprob, micro.old_logprobs, micro.advantages, mask,
-                               step=step, expert_mask=micro.expert)
+                               step=step, expert_mask=micro.expert, is_weights=micro.is_weights)
     if fns.entropy_in_loss:
         ent_loss, ent_metrics = fns.entropy(entropy, mask)
         loss = loss + ent_loss
@@ -199,6 +232,8 @@ def train_step(actor: dse.Actor, ref: dse.Reference | None, exps: Sequence[Exper
             raise DataError("algorithm.old_logprobs is 'rollout' but some experiences carry no "
                             "logprobs; use old_logprobs: recompute")
     adv, metrics = _advantages(plan, fns, ref_lp, old, info)
+    is_weights, correction_metrics = _correction(plan, fns, old)  # [N, R] or None
+    metrics.update(correction_metrics)
     t_prep = time.perf_counter() - t0
     sums = MetricSums()
     grad_norms = []
@@ -213,6 +248,9 @@ def train_step(actor: dse.Actor, ref: dse.Reference | None, exps: Sequence[Exper
                 if ref_lp is not None:
                     micro.ref_logprobs = ref_lp[rows, :micro.response_mask.shape[1]].to(info.device) if rows \
                         else torch.zeros_like(micro.response_mask)
+                if is_weights is not None:
+                    micro.is_weights = is_weights[rows, :micro.response_mask.shape[1]].to(info.device) if rows \
+                        else torch.ones_like(micro.response_mask)
                 source = micro_source(micro)
                 scale = micro_loss_scale(micro.response_mask, mini.totals[source], fns.agg_mode, info.world_size)
                 loss, micro_metrics = _micro_loss(actor, micro, fns, step)
