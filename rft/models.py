@@ -69,6 +69,10 @@ def check_model_dir(path: Path | str, *, need_weights: bool = True) -> ModelDirI
     Raises CheckpointError (config/weights) or DataError (tokenizer) saying what to do.
     """
     path = Path(path)
+    if path.is_file():
+        raise CheckpointError(f"model folder {path} is a file, not a folder; set model.model_path to the "
+                              f"Hugging Face model folder that holds config.json, the tokenizer and the "
+                              f"weights (perhaps {path.parent})")
     if not path.is_dir():
         raise CheckpointError(f"model folder {path} does not exist; set model.model_path to a Hugging Face "
                               "model folder (rft.models.materialize_smollm2 makes one for SmolLM2-135M)")

@@ -2,20 +2,25 @@
 
 Reads the trainer's ``metrics.jsonl`` (step, throughput), the weights pointer, the explorers'
 heartbeats (live or dead by age), the buffer backlog (sealed segments not yet consumed, from
-the newest checkpoint's cursor), and the newest full checkpoint.
+the newest checkpoint's cursor), and the newest full checkpoint. Per buffer writer: its sealed
+segments and the seqs missing among them (file names only: no segment is opened), how far the
+checkpoint's cursor has consumed it, and the fault counters the trainer's reader logged in its
+newest metrics row (corrupt records, incomplete groups, misplaced segments, missing segments;
+counted since the trainer process started).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from rft import atomic
-from rft.buffer.segments import list_segments, list_writers
+from rft.buffer.experience import parse_writer_stat_key
+from rft.buffer.segment_file import format_seqs, list_segments, list_writers
 from rft.config.schema import ExplorerConfig
 from rft.entry import run_command
 from rft.errors import RftError
@@ -29,7 +34,32 @@ from rft.rundir import (
     WEIGHTS_POINTER,
     step_dir,
 )
-from rft.sync import read_heartbeats
+from rft.sync import LOADED_FIELD, read_heartbeats
+
+
+@dataclass
+class WriterStatus:
+    """One buffer writer (explorer task), from its segment file names and the trainer's files."""
+
+    name: str
+    sealed: list[int]  # seqs of its sealed segments present (consumed ones are released)
+    next_seq: int | None  # the checkpoint cursor's segment to read next (None: not read yet)
+    offset: int  # record lines of next_seq consumed
+    counters: dict[str, int] = field(default_factory=dict)  # the reader's, from metrics.jsonl
+
+    @property
+    def backlog(self) -> int:
+        """Sealed segments not consumed yet."""
+        return sum(1 for seq in self.sealed if seq >= (self.next_seq or 0))
+
+    @property
+    def missing(self) -> list[int]:
+        """Seqs absent between the cursor (or the oldest segment) and the newest segment."""
+        if not self.sealed:
+            return []
+        present = set(self.sealed)
+        start = self.sealed[0] if self.next_seq is None else self.next_seq
+        return [seq for seq in range(start, self.sealed[-1]) if seq not in present]
 
 
 @dataclass
@@ -44,6 +74,7 @@ class RunStatus:
     explorers: list  # rft.sync.ExplorerStatus
     backlog_segments: int  # sealed segments after the checkpoint's cursor
     explorer_steps: dict[str, int]  # newest explored step per explorer monitor
+    writers: list[WriterStatus] = field(default_factory=list)  # buffer writer folders
 
 
 def _cursor(run_dir: Path, step: int | None) -> dict:
@@ -58,17 +89,31 @@ def _cursor(run_dir: Path, step: int | None) -> dict:
         return {}
 
 
-def backlog(run_dir: Path, cursor: dict) -> int:
-    """Sealed segments the trainer has not consumed as of ``cursor``."""
+def list_buffer(run_dir: Path) -> dict[str, list[int]]:
+    """Writer -> sealed segment seqs (file names only)."""
     buffer_dir = run_dir / BUFFER_DIR
     if not buffer_dir.is_dir():
-        return 0
-    positions = cursor.get("segments", {})
-    total = 0
-    for writer in list_writers(buffer_dir):
-        next_seq = positions.get(writer, {}).get("seq", -1)
-        total += sum(1 for seq in list_segments(buffer_dir / writer) if seq >= next_seq)
-    return total
+        return {}
+    return {writer: list_segments(buffer_dir / writer) for writer in list_writers(buffer_dir)}
+
+
+def writer_statuses(listing: dict[str, list[int]], cursor: dict,
+                    trainer_row: dict) -> list[WriterStatus]:
+    """Each writer's segments, consumed position and the trainer reader's counters for it."""
+    positions = cursor.get("segments")
+    positions = {w: p for w, p in positions.items() if isinstance(p, dict)} \
+        if isinstance(positions, dict) else {}  # another storage_type's cursor, or a damaged one
+    counters: dict[str, dict[str, int]] = {}
+    for key, value in trainer_row.items():
+        parsed = parse_writer_stat_key(key)
+        if parsed:
+            counters.setdefault(parsed[0], {})[parsed[1]] = value
+    out = []
+    for writer in sorted(set(listing) | set(positions)):
+        pos = positions.get(writer, {})
+        out.append(WriterStatus(writer, listing.get(writer, []), pos.get("seq"),
+                                pos.get("offset", 0), counters.get(writer, {})))
+    return out
 
 
 def heartbeat_timeout_s(run_dir: Path) -> float:
@@ -87,9 +132,11 @@ def collect(run_dir: Path, live_threshold_s: float | None = None) -> RunStatus:
     if not run_dir.is_dir():
         raise RftError(f"{run_dir} is not a run directory (expected "
                        "<checkpoint_root_dir>/<project>/<name>)")
+    listing = list_buffer(run_dir)  # before the cursor: a release in between fakes no gap
     rows = read_metrics(run_dir, "trainer")
     last = rows[-1] if rows else {}
     checkpoint = atomic.read_pointer(run_dir / CHECKPOINT_POINTER)
+    writers = writer_statuses(listing, _cursor(run_dir, checkpoint), last)
     monitors = run_dir / MONITOR_DIR
     explorer_steps = {}
     for folder in sorted(monitors.glob("explorer_*")) if monitors.is_dir() else []:
@@ -99,7 +146,7 @@ def collect(run_dir: Path, live_threshold_s: float | None = None) -> RunStatus:
     return RunStatus(run_dir, last.get("step"), last.get(TOKENS_PER_S),
                      atomic.read_pointer(run_dir / WEIGHTS_POINTER), checkpoint,
                      read_heartbeats(run_dir, live_threshold_s or heartbeat_timeout_s(run_dir)),
-                     backlog(run_dir, _cursor(run_dir, checkpoint)), explorer_steps)
+                     sum(w.backlog for w in writers), explorer_steps, writers)
 
 
 def format_status(st: RunStatus) -> str:
@@ -109,6 +156,7 @@ def format_status(st: RunStatus) -> str:
              f"weights version {st.weights_version if st.weights_version is not None else '-'}",
              f"checkpoint      {st.checkpoint_step if st.checkpoint_step is not None else '-'}",
              f"buffer backlog  {st.backlog_segments} sealed segment(s) not yet consumed"]
+    lines += [format_writer(w) for w in st.writers]
     for name, step in st.explorer_steps.items():
         lines.append(f"{name:<15} explored step {step}")
     for ex in st.explorers:
@@ -116,10 +164,23 @@ def format_status(st: RunStatus) -> str:
         f = ex.fields
         lines.append(f"explorer {ex.name:<14} {state:<6} heartbeat {ex.age_s:.0f}s ago, "
                      f"host {f.get('host', '?')}, job {f.get('slurm_job_id') or '-'}, "
-                     f"version {f.get('loaded_version', '-')}, steps {f.get('steps_done', '-')}")
+                     f"version {f.get(LOADED_FIELD, '-')}, steps {f.get('steps_done', '-')}")
     if not st.explorers:
         lines.append("explorers       none have written a heartbeat")
     return "\n".join(lines)
+
+
+def format_writer(w: WriterStatus) -> str:
+    """``writer explorer-0  sealed 3 (newest seq 9), consumed seqs < 8 + 4 lines, ...``."""
+    newest = f" (newest seq {w.sealed[-1]})" if w.sealed else ""
+    consumed = "nothing" if w.next_seq is None else f"seqs < {w.next_seq}"
+    if w.offset:
+        consumed += f" + {w.offset} lines of seq {w.next_seq}"
+    line = f"writer {w.name:<16} sealed {len(w.sealed)}{newest}, consumed {consumed}"
+    if w.missing:
+        line += f", MISSING seqs {format_seqs(w.missing)}"
+    counters = " ".join(f"{k}={v}" for k, v in sorted(w.counters.items()) if v)
+    return line + (f", trainer reader: {counters}" if counters else "")
 
 
 def main(argv: list[str] | None = None) -> int:

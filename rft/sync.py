@@ -2,14 +2,18 @@
 
 Weights leave the trainer through a :class:`WeightsPublisher`: ``publish(version, write_fn)``
 lets ``write_fn(tmp_dir)`` fill ``weights/v<version:06d>.tmp.<host>.<pid>/`` (e.g. HF
-``save_pretrained``), adds a completion marker listing every file and its size, fsyncs,
-renames the folder to ``weights/v<version:06d>/``, and only then replaces the pointer file
-``latest_state_dict_iteration.txt``. It keeps the newest ``keep_versions`` folders and any
-folder a live explorer's heartbeat names as loaded or being loaded.
+``save_pretrained``), adds a completion marker listing every file and its size (and an id
+unique to this copy), fsyncs, renames the folder to ``weights/v<version:06d>/``, and only then
+replaces the pointer file ``latest_state_dict_iteration.txt``. It keeps the newest
+``keep_versions`` folders and any folder a live explorer's heartbeat names as loaded or being
+loaded, deciding for each folder from heartbeats read right before removing it.
 
 Weights enter an explorer through a :class:`WeightsWatcher`: ``poll()`` reads the pointer (one
-small file) and returns the folder only when it is complete; ``begin_load`` announces the load
-in the heartbeat before the folder is read, so the publisher will not delete it.
+small file) and returns the folder only when it is complete; ``load(version, load_fn)``
+announces the load in the heartbeat before the folder is read (so the publisher keeps it), and
+after ``load_fn`` checks that the same copy is still there: a publisher that decided before it
+saw the announcement (heartbeats reach it late on a shared filesystem) removes folders by
+renaming them away first, so a load either read one whole copy or is voided and retried.
 
 When weights move is decided here too (the trainer and the explorer both import it):
 :func:`publishes_weights` says after which trainer steps a version is published, and
@@ -31,6 +35,7 @@ import shutil
 import socket
 import threading
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -44,8 +49,9 @@ log = logging.getLogger(__name__)
 COMPLETE_MARKER = "rft_complete.json"  # written last in a version folder: the file list
 _VERSION_RE = re.compile(r"^v(\d{6,})$")
 
-
 FINISHED_FIELD = "finished"  # heartbeat field: the explorer generated all its tasks
+LOADED_FIELD = "loaded_version"  # heartbeat field: weights version in the engine (None: unknown)
+LOADING_FIELD = "loading_version"  # heartbeat field: version being read from weights/ now
 
 
 def publishes_weights(step: int, sync_interval: int, last_step: int | None) -> bool:
@@ -61,13 +67,22 @@ def required_version(step: int, sync_offset: int, sync_interval: int) -> int:
     return max(0, need // sync_interval * sync_interval)
 
 
-def is_complete(folder: Path) -> bool:
-    """True when ``folder`` has its completion marker and every file it lists, at full size."""
+def read_marker(folder: Path) -> dict[str, Any] | None:
+    """The completion marker of ``folder`` if every file it lists is there at full size; else
+    None. Two publishes of one version have different markers (``id``), so comparing markers
+    tells whether a folder is still the same copy."""
     try:
         marker = json.loads((folder / COMPLETE_MARKER).read_text())
-        return all((folder / name).stat().st_size == size for name, size in marker["files"].items())
+        sizes_ok = all((folder / name).stat().st_size == size
+                       for name, size in marker["files"].items())
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
+        return None
+    return marker if sizes_ok else None
+
+
+def is_complete(folder: Path) -> bool:
+    """True when ``folder`` has its completion marker and every file it lists, at full size."""
+    return read_marker(folder) is not None
 
 
 def list_versions(run_dir: Path | str) -> list[int]:
@@ -80,9 +95,51 @@ def list_versions(run_dir: Path | str) -> list[int]:
     return sorted(int(m.group(1)) for m in map(_VERSION_RE.match, names) if m)
 
 
+def newest_complete(run_dir: Path | str) -> int | None:
+    """The newest version whose folder is complete, whatever the pointer says."""
+    return next((v for v in reversed(list_versions(run_dir))
+                 if is_complete(weights_dir(run_dir, v))), None)
+
+
+def _pointer_repair(run_dir: Path | str) -> str:
+    """How to repair a pointer file that names no complete version ("it": the file)."""
+    newest = newest_complete(run_dir)
+    rewrite = "the trainer rewrites it at its next publish"
+    if newest is None:
+        return f"delete it ({rewrite}; {WEIGHTS_DIR}/ holds no complete version)"
+    return (f"write {newest} (the newest complete version in {WEIGHTS_DIR}/) into it, or delete "
+            f"it ({rewrite})")
+
+
+def read_weights_pointer(run_dir: Path | str) -> int | None:
+    """The version the pointer file names; None before the first publish.
+
+    Raises CheckpointError when the file holds no integer or a negative one: no publisher
+    writes that, so the file is damaged, and waiting would not repair it.
+    """
+    path = Path(run_dir) / WEIGHTS_POINTER
+    version = atomic.read_pointer(path)
+    if version is not None and version < 0:
+        raise CheckpointError(f"{path} names weights version {version}, but versions are trainer "
+                              f"steps (>= 0): the file is damaged; {_pointer_repair(run_dir)}")
+    return version
+
+
+def weights_problem(run_dir: Path | str) -> str | None:
+    """Why the pointer leads to no weights when the trainer cannot fix it by publishing more:
+    it names a folder that is missing or incomplete. None when nothing is wrong."""
+    version = read_weights_pointer(run_dir)
+    if version is None or is_complete(weights_dir(run_dir, version)):
+        return None
+    return (f"{WEIGHTS_POINTER} names version {version} but {WEIGHTS_DIR}/v{version:06d} is "
+            "missing or incomplete: the folder was deleted or the run directory was copied "
+            f"partially; restore that folder, or repair {WEIGHTS_POINTER}: "
+            f"{_pointer_repair(run_dir)}")
+
+
 def latest_weights(run_dir: Path | str) -> tuple[int, Path] | None:
     """(version, folder) the pointer names, if that folder is complete; else None."""
-    version = atomic.read_pointer(Path(run_dir) / WEIGHTS_POINTER)
+    version = read_weights_pointer(run_dir)
     if version is None:
         return None
     folder = weights_dir(run_dir, version)
@@ -105,7 +162,8 @@ def _write_marker(folder: Path, version: int) -> None:
     if not files:
         raise CheckpointError(f"publishing weights version {version}: the folder is empty "
                               "(write_fn wrote nothing)")
-    marker = {"version": version, "files": files, "time": time.time(), "host": socket.gethostname()}
+    marker = {"version": version, "files": files, "time": time.time(), "host": socket.gethostname(),
+              "id": uuid.uuid4().hex}
     (folder / COMPLETE_MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True))
 
 
@@ -120,7 +178,13 @@ def _remove_version(folder: Path) -> None:
 
 
 class WeightsPublisher:
-    """The trainer's side: publish version folders, move the pointer, prune old versions."""
+    """The trainer's side: publish version folders, move the pointer, prune old versions.
+
+    A version that a live explorer's heartbeat names (loaded or being loaded) is never removed
+    or replaced. The decision is taken for each folder from heartbeats read right before the
+    removal; an explorer that announces itself after that read notices the removal and reloads
+    (:meth:`WeightsWatcher.load`), so no explorer ever loads a mix of two copies.
+    """
 
     def __init__(self, run_dir: Path | str, keep_versions: int = 2, heartbeat_live_s: float = 60.0):
         if keep_versions < 1:
@@ -148,8 +212,9 @@ class WeightsPublisher:
     ) -> Path:
         """Publish weights ``version``: ``write_fn(tmp_dir)`` fills the folder; return its path.
 
-        Republishing an existing version (a trainer resumed from an earlier checkpoint) replaces
-        it: watchers see it missing for a moment, never half written.
+        Republishing an existing version (a trainer resumed from an earlier checkpoint and
+        trained that step again) replaces it with the new weights, which are what the trainer
+        now has, unless a live explorer names it: see :meth:`_may_replace`.
         """
         final = weights_dir(self.run_dir, version)
         tmp = atomic.tmp_name(final)
@@ -159,10 +224,11 @@ class WeightsPublisher:
             write_fn(tmp)
             copy_files(extra_files, tmp)
             _write_marker(tmp, version)
-            if final.exists():
-                log.warning("replacing published weights %s (resumed from an earlier step)", final)
-                _remove_version(final)
-            atomic.publish_dir(tmp, final)
+            if final.exists() and not self._may_replace(final, version):
+                shutil.rmtree(tmp, ignore_errors=True)
+            else:
+                _remove_version(final)  # a no-op unless republishing
+                atomic.publish_dir(tmp, final)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
@@ -170,73 +236,136 @@ class WeightsPublisher:
         self.prune()
         return final
 
-    def protected_versions(self) -> set[int]:
-        """Versions that live explorers have loaded or are loading (from their heartbeats)."""
-        protected = set()
-        for status in read_heartbeats(self.run_dir, self.heartbeat_live_s):
-            if status.live:
-                for key in ("loaded_version", "loading_version"):
-                    if isinstance(status.fields.get(key), int):
-                        protected.add(status.fields[key])
-        return protected
+    def _may_replace(self, final: Path, version: int) -> bool:
+        """Whether a republish may replace the published folder of ``version``: only if no live
+        heartbeat, read now, names it.
+
+        Otherwise the old copy stays and the pointer names it: it is a whole snapshot of step
+        ``version`` of the run before the resume, and the explorers that have it keep
+        generating with it until the next published version (their experiences say
+        ``version``; the trainer's weights of that step differ by what the lost steps changed,
+        as stale experiences do). Waiting would not help: a load in progress ends with the
+        version loaded, and a loaded version stays named until the pointer moves on.
+        """
+        naming = self.explorers_naming(version)
+        if naming:
+            log.warning("not replacing published weights %s (resumed from an earlier step): live "
+                        "explorer(s) %s have it loaded or are loading it; they keep that copy until "
+                        "the next version", final, naming)
+            return False
+        log.warning("replacing published weights %s (resumed from an earlier step)", final)
+        return True
+
+    def explorers_naming(self, version: int,
+                         fields: tuple[str, ...] = (LOADED_FIELD, LOADING_FIELD)) -> list[str]:
+        """Live explorers whose heartbeat, read now, names ``version`` in one of ``fields``."""
+        return [status.name for status in read_heartbeats(self.run_dir, self.heartbeat_live_s)
+                if status.live and any(status.fields.get(key) == version for key in fields)]
 
     def prune(self) -> list[int]:
         """Delete versions beyond the newest ``keep_versions`` (up to the pointer), sparing the
-        pointer's target and every version a live heartbeat names; return those deleted."""
-        pointer = atomic.read_pointer(self.run_dir / WEIGHTS_POINTER)
+        pointer's target and every version a live heartbeat names; return those deleted.
+
+        Heartbeats are read again right before each removal: a list read once for all would be
+        older than the later removals by the time each earlier one takes.
+        """
+        pointer = read_weights_pointer(self.run_dir)
         versions = list_versions(self.run_dir)
         candidates = [v for v in versions if pointer is None or v <= pointer]
-        keep = set(candidates[-self.keep_versions:]) | self.protected_versions()
-        if pointer is not None:
-            keep.add(pointer)
-        deleted = [v for v in versions if v not in keep]  # includes orphans beyond the pointer
-        for version in deleted:
+        keep = set(candidates[-self.keep_versions:]) | ({pointer} if pointer is not None else set())
+        deleted = []
+        for version in versions:  # includes orphans beyond the pointer
+            if version in keep or self.explorers_naming(version):
+                continue
             _remove_version(weights_dir(self.run_dir, version))
+            deleted.append(version)
         if deleted:
-            log.info("pruned weights versions %s (kept %s)", deleted, sorted(keep & set(versions)))
+            log.info("pruned weights versions %s (kept %s)", deleted,
+                     [v for v in versions if v not in deleted])
         return deleted
 
 
 class WeightsWatcher:
-    """The explorer's side: is there a complete version other than the one loaded?"""
+    """The explorer's side: is there a complete version other than the one loaded? Load it."""
 
     def __init__(self, run_dir: Path | str, loaded_version: int | None = None,
                  heartbeat: "Heartbeat | None" = None):
         self.run_dir = Path(run_dir)
-        self.loaded_version = loaded_version
+        self.loaded_version = loaded_version  # None after a voided load: the engine holds a mix
+        self.loaded_marker: dict[str, Any] | None = None  # which copy of loaded_version
         self.heartbeat = heartbeat
+        self._loading_marker: dict[str, Any] | None = None
 
     def poll(self) -> tuple[int, Path] | None:
-        """(version, folder) if the pointer names a complete version other than the loaded one.
+        """(version, folder) if the pointer names a complete version other than the loaded one,
+        or another copy of it.
 
-        Normally that version is newer; it is older only after the trainer resumed from an
-        earlier checkpoint and republished, and then the explorer should follow it too.
+        Normally that version is newer; it is older, or the same republished, only after the
+        trainer resumed from an earlier checkpoint, and then the explorer should follow it too.
         """
-        latest = latest_weights(self.run_dir)
-        if latest is None or latest[0] == self.loaded_version:
+        version = read_weights_pointer(self.run_dir)
+        if version is None:
             return None
-        return latest
+        folder = weights_dir(self.run_dir, version)
+        marker = read_marker(folder)
+        same_copy = self.loaded_marker is None or marker == self.loaded_marker
+        if marker is None or (version == self.loaded_version and same_copy):
+            return None
+        return version, folder
+
+    def load(self, version: int, load_fn: Callable[[Path], Any]) -> bool:
+        """Load ``version`` with ``load_fn(folder)``; False if the folder vanished or changed
+        meanwhile (then :meth:`poll` again: retry with the newest version).
+
+        The announcement (:meth:`begin_load`) keeps the folder from a publisher that reads it in
+        time; the check after ``load_fn`` covers one that read heartbeats earlier: it renames a
+        folder away before deleting or replacing it, so if the same copy is still there, every
+        file ``load_fn`` opened belonged to it. After a voided load ``loaded_version`` is None:
+        ``load_fn`` may have applied part of the files. An error of ``load_fn`` while the folder
+        stayed intact is raised.
+        """
+        folder = self.begin_load(version)
+        if folder is None:
+            return False
+        try:
+            load_fn(folder)
+        except Exception:
+            if read_marker(folder) == self._loading_marker:  # intact folder: a real error
+                self._void_load(folder, warn=False)
+                raise
+        if read_marker(folder) != self._loading_marker:  # also after a file vanished mid-read
+            self._void_load(folder, warn=True)
+            return False
+        self.finish_load(version)
+        return True
 
     def begin_load(self, version: int) -> Path | None:
-        """Announce the load in the heartbeat, then re-check the folder; None if it is gone.
-
-        After the announcement the publisher keeps the folder, so a non-None result stays
-        readable until :meth:`finish_load`.
-        """
-        if self.heartbeat is not None:
-            self.heartbeat.beat(loading_version=version)
+        """Announce the load in the heartbeat (on disk before this returns), then re-check the
+        folder and note which copy it is; None if it is gone."""
+        self._beat(**{LOADING_FIELD: version})
         folder = weights_dir(self.run_dir, version)
-        if is_complete(folder):
+        self._loading_marker = read_marker(folder)
+        if self._loading_marker is not None:
             return folder
-        if self.heartbeat is not None:
-            self.heartbeat.beat(loading_version=None)
+        self._beat(**{LOADING_FIELD: None})
         return None
 
     def finish_load(self, version: int) -> None:
-        """Record that ``version`` is now the explorer's weights."""
-        self.loaded_version = version
+        """Record that ``version`` (the copy :meth:`begin_load` saw) is now the explorer's."""
+        self.loaded_version, self.loaded_marker = version, self._loading_marker
+        self._loading_marker = None
+        self._beat(**{LOADED_FIELD: version, LOADING_FIELD: None})
+
+    def _void_load(self, folder: Path, warn: bool) -> None:
+        if warn:
+            log.warning("weights %s were deleted or replaced while being read (the trainer pruned "
+                        "or republished them): loading the newest version instead", folder)
+        self.loaded_version = self.loaded_marker = self._loading_marker = None
+        self._beat(**{LOADED_FIELD: None, LOADING_FIELD: None})
+
+    def _beat(self, **fields: Any) -> None:
         if self.heartbeat is not None:
-            self.heartbeat.beat(loaded_version=version, loading_version=None)
+            self.heartbeat.beat(**fields)
 
 
 class Heartbeat:
@@ -257,7 +386,7 @@ class Heartbeat:
             "name": name, "host": socket.gethostname(), "pid": os.getpid(),
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
             "slurm_procid": os.environ.get("SLURM_PROCID"),
-            "loaded_version": None, "loading_version": None, "tasks_done": 0, "steps_done": 0,
+            LOADED_FIELD: None, LOADING_FIELD: None, "tasks_done": 0, "steps_done": 0,
             "started_time": now, "time": now, "exited": False, FINISHED_FIELD: False,
         }
 
@@ -283,7 +412,7 @@ class Heartbeat:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        self.beat(exited=True, loading_version=None)
+        self.beat(exited=True, **{LOADING_FIELD: None})
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

@@ -165,22 +165,22 @@ def test_sealed_for_step_and_read_step(tmp_path):
 
 
 def test_corrupt_and_truncated_lines_are_skipped_and_logged(tmp_path, caplog):
-    SegmentWriter(tmp_path, "w").write(make_batch("a", 3))
+    SegmentWriter(tmp_path, "w").write(make_batch("a", 5))
     path = tmp_path / "w" / "seg-000000.jsonl"
     lines = path.read_text().splitlines()
     bad = json.loads(lines[2])
     bad["logprobs"] = [-1.0]  # one logprob for three tokens
     lines[2] = json.dumps(bad)
     lines[6] = lines[6][: len(lines[6]) // 2]  # a torn line
-    lines = lines[:-2]  # and the file cut short: the header says 12 records
+    lines = lines[:-2]  # and the file cut short: the header says 20 records
     path.write_text("\n".join(lines) + "\n")
     caplog.set_level(logging.WARNING)
     reader = SegmentReader(tmp_path)
     got = reader.read()
-    assert ids(got) == ["a-0-0", "a-0-2", "a-0-3", "a-1-0", "a-1-2", "a-1-3", "a-2-0", "a-2-1"]
-    assert reader.stats.corrupt_records == 4
+    assert ids(got) == ids(make_batch("a", 5)[8:16])  # groups a-0, a-1, a-4 lost a sample each
+    assert reader.stats.corrupt_records == 4 and reader.stats.incomplete_groups == 3
     assert f"{path} line 3" in caplog.text and f"{path} line 7" in caplog.text
-    assert "truncated" in caplog.text
+    assert "truncated" in caplog.text and "a-0, a-1, a-4" in caplog.text
 
 
 def test_handwritten_segment_without_header_and_newer_format(tmp_path):

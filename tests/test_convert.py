@@ -58,6 +58,20 @@ def test_lazy_reader_never_runs_code_from_the_file(tmp_path: Path) -> None:
     assert not isinstance(tree["obj"], Path) and "PosixPath" in repr(tree["obj"])
 
 
+class _Thing:
+    """Pickled with NEWOBJ (no __init__ call on load), like DeepSpeed's LossScaler."""
+
+    def __init__(self) -> None:
+        self.a = 1
+
+
+def test_lazy_reader_keeps_objects_made_without_init_inert(tmp_path: Path) -> None:
+    torch.save({"obj": _Thing(), "x": torch.zeros(2)}, tmp_path / "x.pt")
+    archive, tree = open_torch_file(tmp_path / "x.pt")
+    archive.close()
+    assert "_Thing" in repr(tree["obj"]) and tree["obj"].state == {"a": 1} and tree["obj"].args == ()
+
+
 def test_lazy_reader_rejects_truncated_files(tmp_path: Path) -> None:
     torch.save({"x": torch.randn(1000)}, tmp_path / "x.pt")
     data = (tmp_path / "x.pt").read_bytes()

@@ -122,18 +122,25 @@ def test_cursor_saved_per_rank_and_replayed_past_sealed_segments(tmp_path):
     stream.next_batch(cursor)
     T.save_cursor(tmp_path, "explorer", 1, 2, cursor)
     T.save_cursor(tmp_path, "other", 0, 1, T.Cursor(9, [27], 0))
-    assert T.load_cursor(tmp_path, "explorer", 1) == T.Cursor(1, [3], 0)
-    assert T.load_cursor(tmp_path, "explorer", 0) == T.Cursor(1, [3], 0)  # rank count changed
-    assert T.load_cursor(tmp_path, "nobody", 0) is None
+    assert T.load_cursor(tmp_path, "explorer", 1, 2) == T.Cursor(1, [3], 0)
+    # Rank 0 of the same two has not saved yet (it started later): it never borrows rank 1's
+    # cursor, which would skip rank 0's share of step 1.
+    assert T.load_cursor(tmp_path, "explorer", 0, 2) is None
+    # Three explorers now: the new layout's ranks start from the least advanced old cursor.
+    T.save_cursor(tmp_path, "explorer", 0, 2, T.Cursor(2, [6], 0))
+    T.save_cursor(tmp_path, "explorer", 1, 3, T.Cursor(4, [12], 0))  # already running as 3
+    assert T.load_cursor(tmp_path, "explorer", 2, 3) == T.Cursor(2, [6], 0)
+    assert T.load_cursor(tmp_path, "nobody", 0, 1) is None
     meta = json.loads((tmp_path / EXPLORER_META).read_text())
-    assert set(meta) == {"explorer", "other"} and meta["explorer"]["rank_count"] == 2
+    assert set(meta) == {"explorer", "other"} and meta["explorer"]["ranks"]["1"]["count"] == 3
+    T.save_cursor(tmp_path, "explorer", 1, 2, cursor)
     place = placement(cfg, {"RFT_EXPLORER_RANK": "1", "RFT_EXPLORER_COUNT": "2"})
     # Segments up to seq 3 are sealed but the saved cursor says step 1: replay steps 2 and 3.
     resumed = resume_cursor(tmp_path, place, stream, next_seq=4)
     assert resumed == T.Cursor(3, [9], 0)
     (tmp_path / EXPLORER_META).write_text("{not json")
     with pytest.raises(DataError, match="delete it"):
-        T.load_cursor(tmp_path, "explorer", 0)
+        T.load_cursor(tmp_path, "explorer", 0, 2)
 
 
 def test_placement_from_env(tmp_path):

@@ -1,5 +1,6 @@
 """Weight sync through version folders and the pointer file, and explorer heartbeats, on real
-files and a publisher process killed mid-write."""
+files, a publisher process killed mid-write, and explorer processes loading slowly while a
+publisher prunes and republishes under them."""
 
 from __future__ import annotations
 
@@ -11,14 +12,18 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
-from rft import atomic
+from rft import atomic, sync
 from rft.errors import CheckpointError
+from rft.explorer.loop import sync_weights
 from rft.rundir import WEIGHTS_POINTER, weights_dir
 from rft.sync import (
     COMPLETE_MARKER,
+    LOADED_FIELD,
+    LOADING_FIELD,
     Heartbeat,
     WeightsPublisher,
     WeightsWatcher,
@@ -27,7 +32,9 @@ from rft.sync import (
     list_versions,
     live_explorers,
     read_heartbeats,
+    read_marker,
 )
+from tests.helpers.faults import fault_seed
 
 WORKER = str(Path(__file__).parent / "sync_worker.py")
 SIZE_MB = 8
@@ -74,7 +81,8 @@ def test_publisher_killed_mid_write_never_exposes_an_incomplete_folder(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
     rng, watcher, seen, interrupted = random.Random(0), WeightsWatcher(tmp_path), set(), 0
     for round_ in range(8):
-        cmd = [sys.executable, WORKER, str(tmp_path), str(3 * round_ + 1), "3", str(SIZE_MB)]
+        cmd = [sys.executable, WORKER, "publish", str(tmp_path), str(3 * round_ + 1), "3",
+               str(SIZE_MB)]
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
         assert proc.stdout.readline() == "started\n"
         deadline = time.monotonic() + rng.uniform(0.02, 0.4)
@@ -160,3 +168,153 @@ def test_heartbeats_live_and_dead(tmp_path, monkeypatch):
     assert live_explorers(tmp_path, live_threshold_s=10) == ["explorer-1"]  # exited: dead at once
     (tmp_path / "explorers" / "broken.json").write_text("{")
     assert [s.name for s in read_heartbeats(tmp_path) if not s.live] == ["broken", "explorer-0"]
+
+
+# ----------------------------------------------------------------------------- faults under load
+
+
+def shards(content: str) -> Callable[[Path], None]:
+    """A write_fn: two shard files holding ``content``, the identity of one copy."""
+    def write(folder: Path) -> None:
+        for i in range(2):
+            (folder / f"shard-{i}.bin").write_text(content)
+    return write
+
+
+class ShardEngine:
+    """An engine stand-in: reload() reads the shards one by one; ``between()`` runs once
+    after the first shard (the trainer acting meanwhile)."""
+
+    def __init__(self, between: Callable[[], object] | None = None):
+        self.between = between
+        self.loads: list[list[str]] = []  # shard contents of every reload that returned
+
+    def reload(self, folder: Path) -> float:
+        read = [(folder / "shard-0.bin").read_text()]
+        if self.between is not None:
+            between, self.between = self.between, None
+            between()
+        read.append((folder / "shard-1.bin").read_text())
+        self.loads.append(read)
+        return 0.0
+
+
+def late_publisher(run_dir: Path, keep_versions: int = 2) -> WeightsPublisher:
+    """A publisher acting on heartbeats read before the explorer announced its load."""
+    publisher = WeightsPublisher(run_dir, keep_versions)
+    publisher.explorers_naming = lambda *args, **kwargs: []
+    return publisher
+
+
+def heartbeat_fields(heartbeat: Heartbeat) -> tuple:
+    fields = json.loads(heartbeat.path.read_text())
+    return fields[LOADED_FIELD], fields[LOADING_FIELD]
+
+
+def test_republish_never_replaces_a_version_a_live_explorer_names(tmp_path):
+    publisher = WeightsPublisher(tmp_path)
+    publisher.publish(4, shards("4:old"))
+    old_marker = read_marker(weights_dir(tmp_path, 4))
+    loading = Heartbeat(tmp_path, "explorer-0")
+    loading.beat(**{LOADING_FIELD: 4})
+    publisher.publish(4, shards("4:new"))  # a resumed trainer, while explorer-0 reads v4
+    assert read_marker(weights_dir(tmp_path, 4)) == old_marker
+    loading.beat(**{LOADED_FIELD: 4, LOADING_FIELD: None})
+    publisher.publish(4, shards("4:new"))
+    assert (weights_dir(tmp_path, 4) / "shard-1.bin").read_text() == "4:old"
+    assert atomic.read_pointer(tmp_path / WEIGHTS_POINTER) == 4
+    assert not [p for p in (tmp_path / "weights").iterdir() if atomic.is_tmp(p)]
+    loading.stop()  # exited: nothing names v4 any more
+    publisher.publish(4, shards("4:new"))
+    assert (weights_dir(tmp_path, 4) / "shard-1.bin").read_text() == "4:new"
+
+
+def test_prune_decides_each_removal_from_heartbeats_read_right_before_it(tmp_path, monkeypatch):
+    publisher = WeightsPublisher(tmp_path, keep_versions=3)
+    for version in range(1, 4):
+        publisher.publish(version, write_tiny)
+    heartbeat = Heartbeat(tmp_path, "explorer-0")
+    remove = sync._remove_version
+
+    def remove_then_announce(folder: Path) -> None:  # explorer-0 starts loading v2 meanwhile
+        remove(folder)
+        heartbeat.beat(**{LOADING_FIELD: 2})
+
+    monkeypatch.setattr(sync, "_remove_version", remove_then_announce)
+    publisher.keep_versions = 1
+    assert publisher.prune() == [1]
+    assert list_versions(tmp_path) == [2, 3]
+
+
+def test_a_copy_replaced_mid_load_is_voided_then_loaded_whole(tmp_path):
+    publisher = late_publisher(tmp_path)
+    publisher.publish(5, shards("5:old"))
+    heartbeat = Heartbeat(tmp_path, "explorer-0")
+    watcher = WeightsWatcher(tmp_path, loaded_version=0, heartbeat=heartbeat)
+    engine = ShardEngine(between=lambda: publisher.publish(5, shards("5:new")))
+    assert watcher.load(5, engine.reload) is False
+    assert engine.loads == [["5:old", "5:new"]]  # the mix that must not count as version 5
+    assert watcher.loaded_version is None and heartbeat_fields(heartbeat) == (None, None)
+    assert watcher.poll() == (5, weights_dir(tmp_path, 5))
+    assert watcher.load(5, engine.reload) and engine.loads[-1] == ["5:new", "5:new"]
+    assert heartbeat_fields(heartbeat) == (5, None) and watcher.poll() is None
+
+
+def test_sync_weights_retries_with_the_newest_when_a_folder_is_pruned_mid_load(tmp_path):
+    publisher = late_publisher(tmp_path, keep_versions=1)
+    publisher.publish(1, shards("1:a"))
+    watcher = WeightsWatcher(tmp_path, loaded_version=0, heartbeat=Heartbeat(tmp_path, "e-0"))
+    engine = ShardEngine(between=lambda: publisher.publish(2, shards("2:a")))  # prunes v1
+    version, _reload_s, _wait_s = sync_weights(engine, watcher, need=1, timeout_s=10)
+    assert version == 2 and engine.loads == [["2:a", "2:a"]]  # v1's load hit a missing shard
+    assert list_versions(tmp_path) == [2]
+
+
+def test_a_load_error_on_an_intact_folder_is_raised(tmp_path):
+    WeightsPublisher(tmp_path).publish(3, write_tiny)
+    heartbeat = Heartbeat(tmp_path, "explorer-0")
+    watcher = WeightsWatcher(tmp_path, loaded_version=0, heartbeat=heartbeat)
+
+    def broken(folder: Path) -> None:
+        raise ValueError("size mismatch for lm_head.weight")
+
+    with pytest.raises(ValueError, match="size mismatch"):
+        watcher.load(3, broken)
+    assert watcher.loaded_version is None and heartbeat_fields(heartbeat) == (None, None)
+
+
+def test_an_explorer_follows_a_republished_copy_of_its_version(tmp_path):
+    publisher = WeightsPublisher(tmp_path)
+    publisher.publish(3, shards("3:old"))
+    watcher, engine = WeightsWatcher(tmp_path, loaded_version=0), ShardEngine()
+    assert watcher.load(3, engine.reload) and watcher.poll() is None
+    publisher.publish(3, shards("3:new"))  # no heartbeat named v3 when the trainer looked
+    assert watcher.poll() == (3, weights_dir(tmp_path, 3))
+
+
+def test_explorers_never_load_a_mix_nor_a_vanishing_folder_unnoticed(tmp_path):
+    """Two explorer processes load every new version slowly (pointer read up to 0.3 s before
+    the load, shards read with sleeps) while a publisher process publishes, republishes and
+    prunes (keep 1), acting on heartbeats 50 ms after reading them."""
+    seed = fault_seed("weights sync")  # timing still varies between replays
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    run = [sys.executable, WORKER]
+    explorers = [subprocess.Popen(run + ["explore", str(tmp_path), f"explorer-{i}", str(seed + i),
+                                         "4.5", "0.3"], env=env, stdout=subprocess.PIPE, text=True)
+                 for i in range(2)]
+    subprocess.run(run + ["churn", str(tmp_path), str(seed), "4", "0.05"], env=env, check=True,
+                   timeout=60)
+    loads = []
+    for proc in explorers:
+        out, _ = proc.communicate(timeout=60)
+        assert proc.returncode == 0, "an explorer crashed (see its stderr above)"
+        loads += [json.loads(line) for line in out.splitlines()]
+    taken = [load for load in loads if load["ok"]]
+    for load in taken:  # one whole copy of the version it was loaded as
+        assert len(load["read"]) == 3 and len(set(load["read"])) == 1, load
+        assert load["read"][0].startswith(f"{load['version']}:"), load
+    noticed = [load for load in loads if not load["ok"]]
+    print(f"{len(taken)} loads taken, {len(noticed)} voided or skipped "
+          f"({sum(bool(load['read']) for load in noticed)} after reading shards)")
+    assert len(taken) >= 10
+    assert noticed, "no folder vanished under an explorer: the test did not test the race"

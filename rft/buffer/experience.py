@@ -6,8 +6,13 @@ JSON object: :meth:`Experience.to_dict` gives the readable form (plain lists), a
 :func:`encode_line` the compact form the buffer writes, where the long arrays are packed as
 ``"i32:<base64>"`` / ``"f32:<base64>"`` strings (little-endian int32 / float32; about 5x faster
 to encode than JSON numbers, and exact for vLLM's float32 logprobs). :meth:`Experience.from_dict`
-reads both forms and rejects inconsistent records (``DataError``), which readers count as
-corrupt and skip.
+reads both forms and rejects invalid records (``DataError`` naming the experience and the field),
+which readers count as corrupt and skip; :func:`encode_line` refuses them too, so a writer never
+seals one. Valid means: ids and texts are strings, token ids ints in [0, 2**31), logprobs finite
+float32 numbers (one per response token), reward and reward parts finite numbers,
+``model_version`` an int >= 0 (not a bool), ``truncated``/``eval`` real bools. The checks cost
+little: a packed array is typed by construction, so only its raw bytes are checked (sign bytes
+for ids, exponent bytes for logprobs); a plain list is checked element by element.
 
 A group is the ``repeat_times`` samples of one task (same ``group_id``); the buffer keeps a
 group's records next to each other and never splits one. This module also holds what every
@@ -21,10 +26,11 @@ import array
 import base64
 import binascii
 import json
+import math
 import sys
 import time
 import uuid
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
 
 from rft.errors import DataError
@@ -69,63 +75,152 @@ class Experience:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Experience":
-        """Build and validate a record from either on-disk form; DataError if inconsistent."""
+        """Build and validate a record from either on-disk form; DataError if invalid."""
         if not isinstance(d, dict):
             raise DataError(f"an experience must be a JSON object, got {type(d).__name__}")
+        who = f"experience {d.get('experience_id', '(no experience_id)')}"
         missing = [k for k in ("task_id", "group_id", "prompt_ids", "response_ids") if k not in d]
         if missing:
-            raise DataError(f"experience record lacks {missing}")
+            raise DataError(f"{who} lacks {missing}")
         kwargs = {name: d[name] for name in _FIELD_NAMES if name in d}
         for name in _ARRAY_FIELDS:
             if name in kwargs:
-                kwargs[name] = _unpack(name, kwargs[name])
+                kwargs[name] = _unpack(who, name, kwargs[name])  # checks the elements
         exp = cls(**kwargs)
-        exp.validate()
+        exp.check_fields()
         return exp
 
     def validate(self) -> None:
-        """Check the invariants a trainer relies on; DataError naming the first broken one."""
-        if self.source not in SOURCES:
-            raise DataError(f"experience source must be one of {SOURCES}, got {self.source!r}")
+        """Check every invariant a trainer relies on; DataError naming the first broken one."""
+        who = f"experience {self.experience_id}"
+        for name, code in _ARRAY_FIELDS.items():
+            _check_list(who, name, code, getattr(self, name))
+        self.check_fields()
+
+    def check_fields(self) -> None:
+        """Everything :meth:`validate` checks but the array elements (checked where packed or
+        unpacked, or by ``validate``)."""
+        who = f"experience {self.experience_id}"
+        for name in ("task_id", "group_id", "experience_id", "writer"):
+            if not isinstance(getattr(self, name), str):
+                raise DataError(f"{who}: {name} must be a string, got {getattr(self, name)!r}")
+        for name in ("prompt_text", "response_text"):
+            if not isinstance(getattr(self, name), (str, type(None))):
+                raise DataError(f"{who}: {name} must be a string or null")
+        if not isinstance(self.source, str) or self.source not in SOURCES:
+            raise DataError(f"{who}: source must be one of {SOURCES}, got {self.source!r}")
         expert_without_logprobs = self.source == "expert" and not self.logprobs
         if len(self.logprobs) != len(self.response_ids) and not expert_without_logprobs:
             raise DataError(
-                f"experience {self.experience_id}: {len(self.logprobs)} logprobs for "
-                f"{len(self.response_ids)} response tokens (need one per token)"
+                f"{who}: {len(self.logprobs)} logprobs for {len(self.response_ids)} response "
+                "tokens (need one per token)"
             )
-        if not isinstance(self.reward, (int, float)) or isinstance(self.reward, bool):
-            raise DataError(f"experience {self.experience_id}: reward must be a number")
-        for name in ("task_id", "group_id", "experience_id", "writer"):
-            if not isinstance(getattr(self, name), str):
-                raise DataError(f"experience {self.experience_id}: {name} must be a string")
-        if not isinstance(self.model_version, int):
-            raise DataError(f"experience {self.experience_id}: model_version must be an int")
+        if not _finite_number(self.reward):
+            raise DataError(f"{who}: reward must be a finite number, got {self.reward!r}")
+        if not isinstance(self.reward_parts, dict):
+            raise DataError(f"{who}: reward_parts must be an object of name -> number")
+        for part, value in self.reward_parts.items():
+            if not _finite_number(value):
+                raise DataError(f"{who}: reward_parts[{part!r}] must be a finite number, "
+                                f"got {value!r}")
+        version = self.model_version
+        if not isinstance(version, int) or isinstance(version, bool) or version < 0:
+            raise DataError(f"{who}: model_version must be an int >= 0, got {version!r}")
+        for name in ("truncated", "eval"):
+            if not isinstance(getattr(self, name), bool):
+                raise DataError(f"{who}: {name} must be true or false, got {getattr(self, name)!r}")
+        if not isinstance(self.info, dict):
+            raise DataError(f"{who}: info must be an object")
 
 
 _FIELD_NAMES = tuple(f.name for f in fields(Experience))
 
 
-def _pack(code: str, values: Sequence[int] | Sequence[float]) -> str:
-    arr = array.array(_PACKED_CODES[code], values)
+def _finite_number(value: Any) -> bool:
+    """An int or float (not a bool) that is neither nan nor +-inf."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
+
+
+_F32_TOP = bytes(1 if b & 0x7F == 0x7F else 0 for b in range(256))  # exponent >= 254 possible
+
+
+def _check_raw(who: str, name: str, code: str, raw: bytes) -> None:
+    """The value checks of a packed array, on its little-endian bytes (C speed).
+
+    i32: the top byte of each value has the sign bit, so all are >= 0 iff those bytes are
+    ASCII. f32: a value is nan/inf iff its exponent bits are all ones; the few values whose top
+    byte allows that (|x| >= 2**127) are checked exactly.
+    """
+    top = raw[3::4]
+    if code == "i32" and not top.isascii():
+        raise DataError(f"{who}: {name} holds a negative token id (token ids are ints >= 0)")
+    if code == "f32" and 1 in top.translate(_F32_TOP):
+        values = array.array("f", raw)
+        if sys.byteorder == "big":
+            values.byteswap()
+        bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
+        if bad is not None:
+            raise DataError(f"{who}: {name}[{bad}] is {values[bad]} (must be finite in float32)")
+
+
+def _to_bytes(who: str, name: str, code: str, values: Sequence[int] | Sequence[float]) -> bytes:
+    """Little-endian packed bytes of ``values``, checked; DataError if they cannot be packed."""
+    try:
+        arr = array.array(_PACKED_CODES[code], values)
+    except (OverflowError, TypeError) as e:
+        raise DataError(f"{who}: {name} cannot be packed as {code}: {e}") from e
     if sys.byteorder == "big":
         arr.byteswap()
-    return f"{code}:{base64.b64encode(arr.tobytes()).decode('ascii')}"
+    raw = arr.tobytes()
+    _check_raw(who, name, code, raw)
+    return raw
 
 
-def _unpack(name: str, value: Any) -> list:
-    """A packed ``"i32:..."`` string or a plain list -> a list of numbers (DataError if neither)."""
+_ELEMENT_TYPES = {"i32": (int,), "f32": (int, float)}
+
+
+def _check_list(who: str, name: str, code: str, values: Any) -> None:
+    """A plain list: every element of the right type (bools refused), then the packed checks."""
+    if not isinstance(values, list):
+        raise DataError(f"{who}: {name} must be a list, got {type(values).__name__}")
+    allowed = _ELEMENT_TYPES[code]
+    if any(not issubclass(t, allowed) or issubclass(t, bool) for t in set(map(type, values))):
+        index, bad = next((i, v) for i, v in enumerate(values)
+                          if not isinstance(v, allowed) or isinstance(v, bool))
+        kind = "a token id (int >= 0)" if code == "i32" else "a number"
+        raise DataError(f"{who}: {name}[{index}] is {bad!r}, not {kind}")
+    _to_bytes(who, name, code, values)
+
+
+def _pack(who: str, name: str, code: str, values: Sequence[int] | Sequence[float]) -> str:
+    raw = _to_bytes(who, name, code, values)
+    return f"{code}:{base64.b64encode(raw).decode('ascii')}"
+
+
+def _unpack(who: str, name: str, value: Any) -> list:
+    """A packed ``"i32:..."`` string or a plain list -> a checked list of numbers (or DataError)."""
+    code = _ARRAY_FIELDS[name]
     if isinstance(value, list):
+        _check_list(who, name, code, value)
         return value
-    if isinstance(value, str) and value[:4] == f"{_ARRAY_FIELDS[name]}:":
-        arr = array.array(_PACKED_CODES[value[:3]])
+    if isinstance(value, str) and value[:4] == f"{code}:":
         try:
-            arr.frombytes(binascii.a2b_base64(value[4:]))
-        except ValueError as e:  # bad base64 (binascii.Error) or a length not a multiple of 4
-            raise DataError(f"{name}: damaged packed array ({e})") from e
+            raw = binascii.a2b_base64(value[4:])
+        except ValueError as e:  # bad base64 (binascii.Error)
+            raise DataError(f"{who}: {name}: damaged packed array ({e})") from e
+        if len(raw) % 4:
+            raise DataError(f"{who}: {name}: damaged packed array ({len(raw)} bytes, not 4 each)")
+        _check_raw(who, name, code, raw)
+        arr = array.array(_PACKED_CODES[code], raw)
         if sys.byteorder == "big":
             arr.byteswap()
         return arr.tolist()
-    raise DataError(f"{name} must be a list or a {_ARRAY_FIELDS[name]}:<base64> string")
+    raise DataError(f"{who}: {name} must be a list or a {code}:<base64> string")
 
 
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
@@ -134,16 +229,16 @@ _ENCODER = json.JSONEncoder(separators=(",", ":"))
 def encode_line(exp: Experience) -> str:
     """The compact one-line JSON form (arrays packed), without the trailing newline.
 
-    The packed arrays are spliced in after the rest is encoded: base64 needs no JSON escaping,
-    and skipping the encoder's scan of ~12 KB per record makes writing about 30% faster.
+    DataError for an invalid record: the fields are checked, the arrays while packing (their
+    elements must pack as int32/float32: a non-number cannot; a bool packs as 0/1). The packed
+    arrays are spliced in after the rest is encoded: base64 needs no JSON escaping, and
+    skipping the encoder's scan of ~12 KB per record makes writing about 30% faster.
     """
+    who = f"experience {exp.experience_id}"
     d = exp.to_dict()
-    packed = []
-    for name, code in _ARRAY_FIELDS.items():
-        try:
-            packed.append(f'"{name}":"{_pack(code, d.pop(name))}"')
-        except (OverflowError, TypeError) as e:
-            raise DataError(f"experience {exp.experience_id}: {name} cannot be packed: {e}") from e
+    packed = [f'"{name}":"{_pack(who, name, code, d.pop(name))}"'
+              for name, code in _ARRAY_FIELDS.items()]
+    exp.check_fields()
     return f"{_ENCODER.encode(d)[:-1]},{','.join(packed)}}}"
 
 
@@ -187,6 +282,23 @@ def check_group_fits(group: list[Experience], max_experiences: int) -> None:
         )
 
 
+WRITER_STATS_PREFIX = "writers/"  # per-writer counters in ReaderStats.as_dict: writers/<w>/<name>
+WRITER_COUNTERS = (  # the ReaderStats counters also kept per writer (what rft-status shows)
+    "corrupt_records", "incomplete_groups", "misplaced_segments", "missing_segments")
+
+
+def writer_stat_key(writer: str, counter: str) -> str:
+    return f"{WRITER_STATS_PREFIX}{writer}/{counter}"
+
+
+def parse_writer_stat_key(key: str) -> tuple[str, str] | None:
+    """(writer, counter) of a :func:`writer_stat_key`, also under a prefix (the trainer logs
+    reader stats as ``buffer/<key>``); None for any other key."""
+    _, marker, rest = key.partition(WRITER_STATS_PREFIX)
+    writer, _, counter = rest.rpartition("/")
+    return (writer, counter) if marker and writer and counter in WRITER_COUNTERS else None
+
+
 @dataclass
 class ReaderStats:
     """Counters a buffer reader keeps (the trainer logs them each step)."""
@@ -194,13 +306,30 @@ class ReaderStats:
     experiences_read: int = 0  # returned to the caller
     groups_read: int = 0
     segments_read: int = 0  # segments (or SQL batches) opened
-    corrupt_records: int = 0  # torn/invalid lines, skipped
+    corrupt_records: int = 0  # torn/invalid lines (and zero-byte segments), skipped
+    incomplete_groups: int = 0  # groups dropped whole: a damaged line sat inside or next to them
+    misplaced_segments: int = 0  # header names another writer or seq (a copy): skipped, kept
+    missing_segments: int = 0  # seq gaps: absent segments a writer's cursor jumped over
     stale_dropped: int = 0  # older than max_staleness_versions, dropped
     stale_kept: int = 0  # older than max_staleness_versions, returned (keep-and-report)
     max_staleness_seen: int = 0  # largest current_version - model_version returned
+    by_writer: dict[str, dict[str, int]] = field(default_factory=dict)  # WRITER_COUNTERS, nonzero
+
+    def count(self, writer: str, counter: str, n: int = 1) -> None:
+        """Add ``n`` to ``counter`` (one of WRITER_COUNTERS), in total and for ``writer``."""
+        assert counter in WRITER_COUNTERS, counter
+        if n:
+            setattr(self, counter, getattr(self, counter) + n)
+            mine = self.by_writer.setdefault(writer, {})
+            mine[counter] = mine.get(counter, 0) + n
 
     def as_dict(self) -> dict[str, int]:
-        return asdict(self)
+        """Flat numbers: the totals, then each writer's nonzero counters (:func:`writer_stat_key`),
+        so a healthy run logs no per-writer keys."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "by_writer"}
+        for writer, counters in sorted(self.by_writer.items()):
+            out.update({writer_stat_key(writer, c): n for c, n in counters.items()})
+        return out
 
 
 ReadOnce = Callable[[Optional[int], bool], Tuple[List[Experience], bool, bool]]

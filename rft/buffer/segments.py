@@ -13,6 +13,23 @@ segment to read next and how many of its lines are consumed) is saved in the tra
 checkpoint; a reader opened with it consumes every experience exactly once. Consumed segments
 are deleted only by ``reader.release(cursor_saved_in_a_checkpoint)``.
 
+Faults the reader survives, each counted in :class:`~rft.buffer.experience.ReaderStats` (in
+total and per writer) and logged with the path:
+
+- a corrupt line (torn, invalid) is skipped, and so is every group it may have belonged to: the
+  group it sits inside, or both neighbours when it sits between two groups (which one lost a
+  sample cannot be known), or the last group when the file is cut short (``incomplete_groups``);
+  a group missing a sample would skew its advantages. A zero-byte segment is damage too (a
+  sealed one always has its header) and counts as one corrupt record;
+- a segment whose header names another writer or seq than its folder and file name (a
+  ``buffer/explorer-0.bak/`` copy, a file moved between folders) is never read and never
+  deleted (``misplaced_segments``; one warning per folder). A segment without a header (a
+  hand-written format-1 file) carries no identity and is read as before: a copy of it would be
+  read twice, but writers always write headers, so only copies of hand-written files can be;
+- a writer whose next sealed segment is beyond its cursor (``seg-3`` then ``seg-5``, or a
+  resume from a cursor whose segments were already released) is read on from there, with the
+  skipped seqs reported (``missing_segments``): a gap never blocks the reader.
+
 Trinity's ``storage_type`` spellings map here through :func:`open_buffer_writer` and
 :func:`open_buffer_reader`: ``queue`` (alias ``jsonl``) is this buffer, optionally archived to
 SQLite by the trainer (:func:`open_archive`); ``sql`` uses SQLite as the transport
@@ -23,8 +40,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import re
 from collections import deque
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,9 +52,24 @@ from rft.buffer.experience import (
     StalenessFilter,
     check_group_fits,
     contiguous_groups,
-    decode_line,
     encode_line,
     poll_read,
+)
+from rft.buffer.segment_file import (
+    MISPLACED_ADVICE,
+    SEGMENT_FORMAT,
+    check_writer_name,
+    format_seqs,
+    list_folder,
+    list_segments,
+    list_writers,
+    load_segment,
+    misplaced_reason,
+    read_header,
+    sealed_for_step,
+    segment_name,
+    unsealed_writers,
+    whole_groups,
 )
 from rft.buffer.sqlite import (
     SqlBufferReader,
@@ -64,83 +94,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-SEGMENT_FORMAT = 1  # bump when a reader of the old format could misread the new one
-_SEGMENT_RE = re.compile(r"^seg-(\d{6,})\.jsonl$")
-_WRITER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-
-
-def segment_name(seq: int) -> str:
-    return f"seg-{seq:06d}.jsonl"
-
-
-def check_writer_name(writer: str) -> str:
-    """Writer names become folder names: letters, digits, ``_.-``; no temporary marker."""
-    if not _WRITER_RE.match(writer) or atomic.is_tmp(writer):
-        raise ConfigError(
-            f"buffer writer name {writer!r} must be letters, digits, '_', '.', '-' (not starting "
-            f"with '.', not containing '{atomic.TMP_MARK}'), e.g. 'explorer-0'"
-        )
-    return writer
-
-
-def _listdir(folder: Path) -> list[str]:
-    """Names in ``folder``; DataError naming it when it is unreadable or not a folder."""
-    try:
-        return sorted(os.listdir(folder))
-    except FileNotFoundError:
-        return []
-    except NotADirectoryError as e:
-        raise DataError(f"{folder} is not a folder; the buffer needs a folder there") from e
-    except PermissionError as e:
-        raise DataError(f"cannot list {folder} (permission denied); fix its permissions") from e
-
-
-def _ignored(name: str) -> bool:
-    """Hidden files (e.g. NFS ``.nfsXXXX`` debris) and other writers' temporaries."""
-    return name.startswith(".") or atomic.is_tmp(name)
-
-
-def list_segments(writer_dir: Path) -> list[int]:
-    """Sealed segment seqs in one writer folder, ascending; DataError on foreign files."""
-    seqs = []
-    for name in _listdir(writer_dir):
-        match = _SEGMENT_RE.match(name)
-        if match:
-            seqs.append(int(match.group(1)))
-        elif not _ignored(name):
-            raise DataError(
-                f"{writer_dir / name} is not a buffer segment (seg-NNNNNN.jsonl); a writer "
-                "folder holds only segments: move the file out of the run directory"
-            )
-    return sorted(seqs)
-
-
-def list_writers(buffer_dir: Path) -> list[str]:
-    """Writer folders in the buffer, sorted; DataError on anything else found there."""
-    writers = []
-    for name in _listdir(buffer_dir):
-        if _ignored(name):
-            continue
-        if not (buffer_dir / name).is_dir() or not _WRITER_RE.match(name):
-            raise DataError(
-                f"{buffer_dir / name} is not a writer folder; {buffer_dir} holds one folder per "
-                "explorer task: move it out of the run directory"
-            )
-        writers.append(name)
-    return writers
-
-
-def unsealed_writers(buffer_dir: Path | str, writers: Iterable[str], step: int) -> list[str]:
-    """The writers whose segment for ``step`` (seq == step) is not sealed yet."""
-    buffer_dir = Path(buffer_dir)
-    return [w for w in writers if not (buffer_dir / w / segment_name(step)).exists()]
-
-
-def sealed_for_step(buffer_dir: Path | str, writers: Iterable[str], step: int) -> bool:
-    """True once every writer (explorer rank) has sealed its segment for ``step``."""
-    return not unsealed_writers(buffer_dir, writers, step)
-
 
 class SegmentWriter:
     """Publishes batches of one explorer task as sealed segments in ``buffer/<writer>/``.
@@ -178,11 +131,9 @@ class SegmentWriter:
             )
         records = [e if e.writer == self.writer else replace(e, writer=self.writer)
                    for e in contiguous_groups(experiences)]
-        for exp in records:
-            exp.validate()
         header = {"format": SEGMENT_FORMAT, "writer": self.writer, "seq": seq,
                   "num_records": len(records)}
-        lines = [json.dumps(header)] + [encode_line(e) for e in records]
+        lines = [json.dumps(header)] + [encode_line(e) for e in records]  # DataError if invalid
         try:
             atomic.write_bytes(path, ("\n".join(lines) + "\n").encode("utf-8"), overwrite=False)
         except FileExistsError as e:
@@ -214,7 +165,7 @@ class SegmentReader:
         drop_stale: bool = True,
     ):
         self.buffer_dir = Path(buffer_dir)
-        _listdir(self.buffer_dir)  # fail now, naming the path, if it is not a readable folder
+        list_folder(self.buffer_dir)  # fail now, naming the path, if it is not a readable folder
         self.stats = ReaderStats()
         self._staleness = StalenessFilter(max_staleness_versions, drop_stale)
         self._pos: dict[str, tuple[int, int]] = _parse_cursor(cursor)
@@ -222,6 +173,9 @@ class SegmentReader:
         self._current: _Segment | None = None
         self._last_writer = ""
         self._may_scan = True
+        self._misplaced: set[tuple[str, int]] = set()  # (writer, seq) skipped: never read again
+        self._verified: set[tuple[str, int]] = set()  # loaded with a matching header: releasable
+        self._warned_folders: set[str] = set()
 
     def cursor(self) -> dict[str, Any]:
         """JSON-serialisable position: per writer, the segment to read next and lines consumed."""
@@ -268,7 +222,7 @@ class SegmentReader:
                     "the buffer and the trainer's cursor disagree (was the run directory mixed?)"
                 )
             segment = self._load(writer, step, offset if seq == step else 0)
-            for group, _end in segment.groups:
+            for group, _end in segment.groups if segment else ():
                 if self._staleness.keep(group, current_version, self.stats):
                     out.extend(group)
                     self.stats.groups_read += 1
@@ -282,18 +236,29 @@ class SegmentReader:
     def release(self, cursor: dict[str, Any]) -> list[Path]:
         """Delete segments consumed according to ``cursor`` (one saved in a checkpoint).
 
-        Each writer's newest segment is kept: a restarted writer numbers on from it.
+        Each writer's newest segment is kept: a restarted writer numbers on from it. So is a
+        misplaced segment (header of another writer or seq): it is someone's copy, not ours.
         """
         removed = []
         for writer, (seq, _offset) in _parse_cursor(cursor).items():
             upto = min(seq, self._pos.get(writer, (0, 0))[0])
             sealed = list_segments(self.buffer_dir / writer)
             for s in sealed[:-1]:
-                if s < upto:
-                    path = self.buffer_dir / writer / segment_name(s)
+                path = self.buffer_dir / writer / segment_name(s)
+                if s < upto and self._releasable(writer, s, path):
                     path.unlink(missing_ok=True)
                     removed.append(path)
+                    self._verified.discard((writer, s))
         return removed
+
+    def _releasable(self, writer: str, seq: int, path: Path) -> bool:
+        """Not misplaced: known from loading it, else (consumed by an earlier trainer process)
+        from its header line."""
+        if (writer, seq) in self._verified:
+            return True
+        if (writer, seq) in self._misplaced:
+            return False
+        return misplaced_reason(path, read_header(path)) is None
 
     def _read_once(
         self, budget: int | None, current_version: int | None, first: bool
@@ -331,86 +296,72 @@ class SegmentReader:
         if self._may_scan:
             self._scan()
             self._may_scan = False
-        if not any(self._pending.values()):
-            return None
-        writers = sorted(w for w, seqs in self._pending.items() if seqs)
-        if not writers:
-            return None
-        after = [w for w in writers if w > self._last_writer]
-        writer = (after or writers)[0]
-        seq = self._pending[writer].pop(0)
-        self._last_writer = writer
-        pos_seq, offset = self._pos.get(writer, (0, 0))
-        return self._load(writer, seq, offset if seq == pos_seq else 0)
+        while True:
+            writers = sorted(w for w, seqs in self._pending.items() if seqs)
+            if not writers:
+                return None
+            after = [w for w in writers if w > self._last_writer]
+            writer = (after or writers)[0]
+            seq = self._pending[writer].pop(0)
+            self._last_writer = writer
+            pos_seq, offset = self._pos.get(writer, (0, 0))
+            segment = self._load(writer, seq, offset if seq == pos_seq else 0)
+            if segment is not None:  # None: misplaced, skipped
+                self._report_gap(writer, seq)
+                return segment
 
     def _scan(self) -> None:
         """Find sealed segments at or after each writer's cursor (new writers included)."""
         self._pending = {}
         for writer in list_writers(self.buffer_dir):
             first = self._pos.get(writer, (0, 0))[0]
-            seqs = [s for s in list_segments(self.buffer_dir / writer) if s >= first]
+            seqs = [s for s in list_segments(self.buffer_dir / writer)
+                    if s >= first and (writer, s) not in self._misplaced]
             if seqs:
                 self._pending[writer] = seqs
 
-    def _load(self, writer: str, seq: int, offset: int) -> _Segment:
+    def _report_gap(self, writer: str, seq: int) -> None:
+        """Warn and count when segment ``seq``, just loaded, is past the writer's cursor: the
+        seqs between are gone (misplaced ones aside). Only for writers with a position (from
+        the cursor or a segment read): where a writer's numbering starts is its own affair
+        (explorers number segments by step, from 1)."""
+        if writer not in self._pos:
+            return
+        pos_seq, offset = self._pos[writer]
+        missing = [s for s in range(pos_seq, seq) if (writer, s) not in self._misplaced]
+        if not missing:
+            return
+        self.stats.count(writer, "missing_segments", len(missing))
+        partly = f" ({offset} lines of seq {pos_seq} had been read)" \
+            if offset and missing[0] == pos_seq else ""
+        log.warning(
+            "%s: segment seqs %s are missing%s; reading on from %s, their experiences are lost. "
+            "Were they deleted by hand, or released by a newer checkpoint than the one the "
+            "trainer resumed from?", self.buffer_dir / writer, format_seqs(missing), partly,
+            segment_name(seq))
+
+    def _load(self, writer: str, seq: int, offset: int) -> _Segment | None:
+        """The segment's whole groups from ``offset`` on; None (and a warning) if misplaced."""
         path = self.buffer_dir / writer / segment_name(seq)
-        records = read_segment(path, offset, self.stats)
+        content = load_segment(path, offset, self.stats)
+        if content.misplaced:
+            self._misplaced.add((writer, seq))
+            self._warn_misplaced(path, content.misplaced)
+            return None
+        self._verified.add((writer, seq))
         self.stats.segments_read += 1
-        groups: list[tuple[list[Experience], int]] = []
-        for rec, line in records:  # consecutive records of one group_id form a group
-            if groups and groups[-1][0][0].group_id == rec.group_id:
-                groups[-1][0].append(rec)
-                groups[-1] = (groups[-1][0], line + 1)
-            else:
-                groups.append(([rec], line + 1))
-        return _Segment(writer, seq, deque(groups))
+        return _Segment(writer, seq, whole_groups(path, content, self.stats))
 
-
-def read_segment(path: Path, offset: int, stats: ReaderStats) -> list[tuple[Experience, int]]:
-    """Valid records of a sealed segment from record line ``offset`` on, each with its index.
-
-    Corrupt lines are counted in ``stats`` and logged with file and line number; a segment of a
-    newer format is a DataError (this rft cannot know what changed).
-    """
-    try:
-        lines = path.read_bytes().split(b"\n")
-    except PermissionError as e:
-        raise DataError(f"cannot read {path} (permission denied); fix its permissions") from e
-    except OSError as e:
-        raise DataError(f"cannot read {path}: {e}") from e
-    if lines and lines[-1] == b"":
-        lines.pop()
-    header, first = _parse_header(path, lines[0] if lines else b"")
-    body = lines[first:]
-    declared = header.get("num_records")
-    if isinstance(declared, int) and len(body) < declared:
-        log.warning("%s is truncated: %d of %d records present", path, len(body), declared)
-        stats.corrupt_records += declared - max(len(body), offset)
-    records = []
-    for index in range(offset, len(body)):
-        try:
-            records.append((decode_line(body[index]), index))
-        except DataError as e:
-            stats.corrupt_records += 1
-            log.warning("skipped corrupt record %s line %d: %s", path, index + first + 1, e)
-    return records
-
-
-def _parse_header(path: Path, line: bytes) -> tuple[dict[str, Any], int]:
-    """(header, index of the first record line); a missing header means format 1."""
-    try:
-        header = json.loads(line)
-    except ValueError:
-        return {}, 0  # a torn first line: counted as a corrupt record by the caller
-    if not isinstance(header, dict) or "format" not in header:
-        return {}, 0  # a hand-written segment without a header: its first line is a record
-    version = header["format"]
-    if not isinstance(version, int) or version > SEGMENT_FORMAT:
-        raise DataError(
-            f"{path} has segment format {version!r}, written by a newer rft (this one reads "
-            f"format {SEGMENT_FORMAT}); upgrade rft to read this buffer"
-        )
-    return header, 1
+    def _warn_misplaced(self, path: Path, reason: str) -> None:
+        """Once per folder (a copied folder holds many such segments); then at debug level."""
+        folder = str(path.parent)
+        if folder in self._warned_folders:
+            log.debug("skipped misplaced segment %s: %s", path, reason)
+            return
+        self._warned_folders.add(folder)
+        log.warning("%s: %s. Skipped, and left in place%s (counted in misplaced_segments; "
+                    "further ones in %s are skipped without a warning)", path, reason,
+                    MISPLACED_ADVICE, folder)
 
 
 def _parse_cursor(cursor: dict[str, Any] | None) -> dict[str, tuple[int, int]]:

@@ -185,8 +185,7 @@ class SqlBufferWriter:
         rows = []
         for e in contiguous_groups(experiences):
             e = e if e.writer == self.writer else replace(e, writer=self.writer)
-            e.validate()
-            rows.append((e.writer, e.group_id, e.model_version, encode_line(e)))
+            rows.append((e.writer, e.group_id, e.model_version, encode_line(e)))  # validates
         with self._conn:
             self._conn.execute("BEGIN IMMEDIATE")
             self._conn.executemany(

@@ -1,6 +1,7 @@
 """``rft-convert``: DeepSpeed ZeRO 1/2/3 and FSDP checkpoints -> Hugging Face safetensors.
 
 ``cli`` (find checkpoints, convert, publish), ``readers`` (format detection), ``ds_reader`` and
-``fsdp_reader`` (streaming readers), ``types``, ``torchfile`` (lazy ``torch.save`` reader),
-``safetensors_io`` (streaming writer).
+``fsdp_reader`` (streaming readers), ``types``, ``torchfile`` (lazy ``torch.save`` reader with
+CRC checks), ``safetensors_io`` (streaming writer), ``output`` (crash recovery of the output
+folder, user files, the swap that publishes it).
 """

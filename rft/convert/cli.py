@@ -12,10 +12,13 @@ For each step the checkpoint in ``global_step_N/actor/`` (DeepSpeed ZeRO 1/2/3 o
 
 Config and tokenizer come from the checkpoint's own ``huggingface/`` files (a trainer may
 have written them there), else from ``--base-model-dir``. The folder is built under a
-temporary name and published by rename (:mod:`rft.atomic`), so an interrupted conversion leaves
-nothing that looks complete; a step whose folder already holds whole weights is skipped unless
-``--force``. Tensors stream one at a time from the shards into the output files
-(:mod:`rft.convert.safetensors_io`). A summary table ends the run; the exit code is 1 if a step failed.
+temporary name and swapped in by renames (:mod:`rft.convert.output`): an interrupted conversion
+leaves nothing that looks complete, the old folder stays recoverable until the new one is
+durable, and files in it that a conversion does not write (an adapter, ``eval/``) are carried
+over. A step whose folder already holds whole weights is skipped unless ``--force``. Tensors
+stream one at a time from the shards into the output files (:mod:`rft.convert.safetensors_io`),
+and the CRC-32 of every record read is checked (:mod:`rft.convert.torchfile`). A summary table
+ends the run; the exit code is 1 if a step failed.
 """
 
 from __future__ import annotations
@@ -32,7 +35,8 @@ from pathlib import Path
 
 import torch
 
-from rft.atomic import is_tmp, publish_dir, remove_stale_tmp, tmp_name
+from rft.atomic import is_tmp, tmp_name
+from rft.convert.output import carry_user_files, publish_replacing, recover
 from rft.convert.readers import (
     CheckpointContents,
     SourceTensor,
@@ -110,8 +114,9 @@ def _step_job(step_dir: Path, given: Path | None = None) -> Job:
 def find_jobs(path: Path, steps: set[int] | None = None) -> list[Job]:
     """The checkpoints that ``path`` names (see the module docstring), filtered by ``steps``."""
     path = path.resolve()
-    if not path.exists():
-        raise CheckpointError(f"{path} does not exist; pass a run directory or a global_step_N folder")
+    problem = folder_problem(path, "", "pass a run directory, a global_step_N folder or a checkpoint folder")
+    if problem:
+        raise CheckpointError(problem)
     jobs = _jobs_for(path)
     if steps is not None:
         jobs = [j for j in jobs if j.step in steps]
@@ -132,10 +137,19 @@ def _jobs_for(path: Path) -> list[Job]:
     found = sorted(_walk_steps(path), key=lambda p: (str(p.parent), int(STEP_RE.match(p.name).group(1))))
     if found:
         return [_step_job(p) for p in found]
-    if path.is_dir():
-        detect_format(path)  # raises a clear "not a checkpoint" error
-        return [Job(path.name, None, path, path / HF_DIR)]
-    raise CheckpointError(f"{path} is a file; pass the folder that holds the checkpoint")
+    detect_format(path)  # raises a clear "not a checkpoint" error
+    return [Job(path.name, None, path, path / HF_DIR)]
+
+
+def folder_problem(path: Path, label: str, hint: str) -> str | None:
+    """Why ``path`` is not a folder (missing, a file, or below a file), as a message; None if it is one."""
+    for p in [path, *path.parents]:
+        if p.is_dir():
+            return None if p == path else f"{label}{path} does not exist; {hint}"
+        if p.exists():
+            below = "" if p == path else f"{path} does not exist: "
+            return f"{label}{below}{p} is a file, not a folder; {hint}, e.g. {p.parent}"
+    return f"{label}{path} does not exist; {hint}"
 
 
 def _walk_steps(root: Path) -> list[Path]:
@@ -166,10 +180,24 @@ def _side_files(folder: Path) -> list[Path]:
             if p.is_file() and not is_tmp(p) and not p.name.endswith(WEIGHT_SUFFIXES)]
 
 
-def copy_side_files(job: Job, base: Path | None, dest: Path) -> dict:
-    """Copy config, tokenizer and template files into ``dest``; return the parsed config.json."""
-    if base is not None and not (base / "config.json").is_file():
+def check_base_model(base: Path | None) -> None:
+    """Refuse a --base-model-dir that is not a Hugging Face model folder (before any step starts)."""
+    if base is None:
+        return
+    problem = folder_problem(base, "--base-model-dir ", "pass the Hugging Face model folder the run started from")
+    if problem:
+        raise CheckpointError(problem)
+    if not (base / "config.json").is_file():
         raise CheckpointError(f"--base-model-dir {base} has no config.json; pass a Hugging Face model folder")
+
+
+def copy_side_files(job: Job, base: Path | None, dest: Path) -> dict:
+    """Copy config, tokenizer and template files into ``dest``; return the parsed config.json.
+
+    The old ``job.out_dir`` is a source (the trainer's files live there), which is why replacing
+    it must never lose it (:mod:`rft.convert.output`).
+    """
+    check_base_model(base)
     for folder in _hf_sources(job, base):
         for p in _side_files(folder):
             shutil.copyfile(p, dest / p.name)
@@ -286,44 +314,39 @@ def write_weights(contents: CheckpointContents, config: dict, dtype: torch.dtype
 # ----------------------------------------------------------------------------- one step
 
 
-def _publish(tmp: Path, final: Path) -> None:
-    """Publish ``tmp`` as ``final``, replacing an incomplete (or, with --force, a complete) one."""
-    if not final.exists():
-        publish_dir(tmp, final)
-        return
-    old = tmp_name(final.with_name(final.name + ".old"))
-    os.rename(final, old)
+def build_folder(job: Job, opts: Options, tmp: Path) -> tuple[int, str]:
+    """Fill ``tmp`` with the new Hugging Face folder of ``job``; return (bytes, summary note)."""
+    tmp.mkdir(parents=True)
+    config = copy_side_files(job, opts.base_model_dir, tmp)
+    dtype = resolve_dtype(opts.dtype, config)
+    contents = open_checkpoint(job.ckpt_dir)
     try:
-        publish_dir(tmp, final)
-    except BaseException:
-        os.rename(old, final)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
+        if not (job.out_dir / "config.json").is_file():  # the config comes from the base model
+            check_against_reference(contents, opts.base_model_dir)
+        nbytes = write_weights(contents, config, dtype, tmp, opts.max_shard_bytes, job.label)
+        contents.verify()  # CRCs of the records read: a damaged checkpoint is never published
+    finally:
+        contents.close()
+    write_configs(tmp, config, dtype)
+    kept = carry_user_files(job.out_dir, tmp)
+    note = f"{contents.kind}, {contents.world_size} rank(s), {DTYPE_JSON[dtype]} -> {job.out_dir}"
+    if kept:
+        log.info("%s: kept files rft-convert does not write: %s", job.label, ", ".join(kept))
+        note += f" (kept {', '.join(kept)})"
+    return nbytes, note
 
 
 def convert_job(job: Job, opts: Options) -> Outcome:
     """Convert one checkpoint; never raises for bad input (the outcome says what failed)."""
     start = time.monotonic()
-    if weights_complete(job.out_dir) and not opts.force:
-        return Outcome(job.label, "skipped", f"{job.out_dir} is complete (--force redoes it)")
-    if job.out_dir.parent.is_dir():
-        for stale in remove_stale_tmp(job.out_dir.parent, prefix=f"{HF_DIR}."):
-            log.info("removed %s, left by an interrupted conversion", stale)
     tmp = tmp_name(job.out_dir)
-    shutil.rmtree(tmp, ignore_errors=True)
     try:
-        tmp.mkdir(parents=True)
-        config = copy_side_files(job, opts.base_model_dir, tmp)
-        dtype = resolve_dtype(opts.dtype, config)
-        contents = open_checkpoint(job.ckpt_dir)
-        try:
-            if not (job.out_dir / "config.json").is_file():  # the config comes from the base model
-                check_against_reference(contents, opts.base_model_dir)
-            nbytes = write_weights(contents, config, dtype, tmp, opts.max_shard_bytes, job.label)
-        finally:
-            contents.close()
-        write_configs(tmp, config, dtype)
-        _publish(tmp, job.out_dir)
+        recover(job.out_dir)  # first, so that a skipped step leaves no debris either
+        if weights_complete(job.out_dir) and not opts.force:
+            return Outcome(job.label, "skipped", f"{job.out_dir} is complete (--force redoes it)")
+        shutil.rmtree(tmp, ignore_errors=True)
+        nbytes, note = build_folder(job, opts, tmp)
+        publish_replacing(tmp, job.out_dir)
     except RftError as e:
         return Outcome(job.label, "failed", str(e), time.monotonic() - start)
     except Exception as e:  # an unexpected bug must not stop the other steps
@@ -331,7 +354,6 @@ def convert_job(job: Job, opts: Options) -> Outcome:
         return Outcome(job.label, "failed", f"{type(e).__name__}: {e}", time.monotonic() - start)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)  # gone after a publish; debris after a failure
-    note = f"{contents.kind}, {contents.world_size} rank(s), {DTYPE_JSON[dtype]} -> {job.out_dir}"
     return Outcome(job.label, "converted", note, time.monotonic() - start, nbytes)
 
 
@@ -386,6 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         opts = Options(args.base_model_dir.resolve() if args.base_model_dir else None, args.dtype,
                        parse_size(args.max_shard_size), args.force)
+        check_base_model(opts.base_model_dir)
         jobs = find_jobs(args.checkpoint_dir, _parse_steps(args.steps))
     except (RftError, ValueError) as e:
         print(f"rft-convert: {e}", file=sys.stderr)

@@ -9,7 +9,8 @@ Files of one tag folder (``<actor>/<tag>/`` named by ``latest``, or ``actor/`` i
     contiguous slices (rank order, padded at the end), ZeRO-3 splits every parameter into
     ``ceil(numel / world_size)``-element pieces laid end to end in each rank's flat groups.
 The files are read with :mod:`rft.convert.torchfile`, so only the fp32 bytes of the parameter being
-assembled are in memory (read straight into the output tensor); Adam moments are never read.
+assembled are in memory (read straight into the output tensor); Adam moments are never read. The
+CRC of every record read is checked (the returned contents' ``verify()`` finishes the check).
 Data leaves as a :class:`rft.convert.types.CheckpointContents`.
 """
 
@@ -18,7 +19,6 @@ from __future__ import annotations
 import logging
 import math
 import re
-from contextlib import ExitStack
 from pathlib import Path
 from typing import Any, Callable
 
@@ -63,9 +63,10 @@ class FlatView:
         return out
 
 
-def _open(stack: ExitStack, path: Path) -> Any:
+def _open(contents: CheckpointContents, path: Path) -> Any:
     archive, tree = open_torch_file(path)
-    stack.callback(archive.close)
+    contents.stack.callback(archive.close)
+    contents.checks.append(archive.verify)
     return tree
 
 
@@ -122,11 +123,12 @@ def _optim_name(optim_files: dict[int, Path], rank: int) -> str:
     return f"{prefix}zero_pp_rank_{rank}_mp_rank_00_optim_states.pt"
 
 
-def _open_optim(stack: ExitStack, folder: Path, optim_files: dict[int, Path], world_size: int) -> list[dict]:
+def _open_optim(contents: CheckpointContents, folder: Path, optim_files: dict[int, Path],
+                world_size: int) -> list[dict]:
     paths = check_ranks(optim_files, world_size, folder, _optim_name(optim_files, 0).replace("_0_", "_{}_", 1))
     states = []
     for path in paths:
-        osd = _need(_open(stack, path), "optimizer_state_dict", path)
+        osd = _need(_open(contents, path), "optimizer_state_dict", path)
         count = _need(osd, "partition_count", path)
         count = max(count) if isinstance(count, (list, tuple)) else int(count)
         if count != world_size:
@@ -155,7 +157,7 @@ def _read_zero12(folder: Path, optim_files: dict[int, Path], contents: Checkpoin
     path = folder / "mp_rank_00_model_states.pt"
     if not path.is_file():
         raise CheckpointError(f"{folder}: missing {path.name}; not a complete DeepSpeed checkpoint")
-    ms = _open(contents.stack, path)
+    ms = _open(contents, path)
     param_shapes = _need(ms, "param_shapes", path)
     world_size = int(ms.get("dp_world_size") or len(optim_files) or 1)
     contents.world_size = world_size
@@ -165,7 +167,7 @@ def _read_zero12(folder: Path, optim_files: dict[int, Path], contents: Checkpoin
     for name, shape in (ms.get("frozen_param_shapes") or {}).items():
         tensors[name] = SourceTensor(name, _shape(shape), frozen[name].dtype, _lazy(frozen[name]))
     if optim_files:
-        states = _open_optim(contents.stack, folder, optim_files, world_size)
+        states = _open_optim(contents, folder, optim_files, world_size)
         stage = int(states[0].get("zero_stage", 1))
         contents.kind = f"deepspeed-zero{stage}"
         for t in _zero12_params(states, param_shapes, world_size, folder):
@@ -237,17 +239,17 @@ def _flat_loader(flat: FlatView, offset: int, shape: Any) -> Callable[[], torch.
 
 def _read_zero3(folder: Path, model_files: dict[int, Path], optim_files: dict[int, Path],
                 contents: CheckpointContents) -> None:
-    ms0 = _open(contents.stack, model_files[min(model_files)])
+    ms0 = _open(contents, model_files[min(model_files)])
     world_size = int(ms0.get("dp_world_size") or len(model_files))
     paths = check_ranks(model_files, world_size, folder, "zero_pp_rank_{}_mp_rank_00_model_states.pt")
-    model_states = [ms0 if p == model_files[min(model_files)] else _open(contents.stack, p) for p in paths]
+    model_states = [ms0 if p == model_files[min(model_files)] else _open(contents, p) for p in paths]
     contents.world_size = world_size
     contents.kind = "deepspeed-zero3"
     contents.aliases = dict(ms0.get("shared_params") or {})
     if not optim_files:
         raise CheckpointError(f"{folder}: a ZeRO-3 checkpoint without optimizer shards (*_optim_states.pt) "
                               "has no weights to convert; copy the shards back or use another step")
-    states = _open_optim(contents.stack, folder, optim_files, world_size)
+    states = _open_optim(contents, folder, optim_files, world_size)
     flats = [FlatView(list(_need(s, "fp32_flat_groups", folder))) for s in states]
     tensors = {t.name: t for t in _buffers(ms0, paths[0])}
     for name, shape in (ms0.get("frozen_param_shapes") or {}).items():

@@ -8,7 +8,8 @@ then each tensor as it is produced, so memory holds one tensor at a time, never 
 Data enters as a list of :class:`TensorSpec` plus a callback that produces each tensor; it
 leaves as ``model.safetensors`` or ``model-0000k-of-0000n.safetensors`` files and
 ``model.safetensors.index.json``. :func:`weights_complete` tells whether a folder's weight
-files are all present and whole (it reads headers only).
+files are all present and whole (it reads headers only); :func:`is_weights_file` recognises
+those names (a reconversion replaces them; any other file in the folder is the user's).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import ctypes
 import json
 import math
 import os
+import re
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,7 @@ from rft.errors import CheckpointError
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
+_SHARD_RE = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")  # the names of shard_file_names
 
 _DTYPE_NAMES = {
     torch.float64: "F64",
@@ -86,6 +89,11 @@ def shard_file_names(n_shards: int) -> list[str]:
     if n_shards == 1:
         return [SINGLE_FILE]
     return [f"model-{i:05d}-of-{n_shards:05d}.safetensors" for i in range(1, n_shards + 1)]
+
+
+def is_weights_file(name: str) -> bool:
+    """Whether ``name`` is a weight file of a Hugging Face folder as this module writes them."""
+    return name in (SINGLE_FILE, INDEX_FILE) or _SHARD_RE.match(name) is not None
 
 
 def _header(specs: Iterable[TensorSpec], metadata: dict[str, str]) -> bytes:

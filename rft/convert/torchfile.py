@@ -5,6 +5,12 @@ weights), so :func:`open_torch_file` unpickles only the object tree: every tenso
 :class:`LazyTensor` that records where its bytes lie in the zip, and bytes are read on demand,
 range by range, with ``pread``. Memory therefore stays at what the caller asks for.
 
+Every record read is checked against the CRC-32 its zip directory stores: the bytes are folded
+into a running CRC as they arrive (no second read when records are read front to back), the
+comparison happens when a record's last byte has been seen, and :meth:`TorchArchive.verify`
+finishes records that were read only in part. A flipped bit therefore fails the conversion
+with the file and record named instead of turning into a wrong weight.
+
 Unpickling resolves only a short list of safe globals (containers, torch storage types, dtypes,
 ``torch.Size``); any other class in the file (optimizer enums, client state) becomes an inert
 :class:`Opaque` record, so reading a checkpoint never runs code from it.
@@ -23,6 +29,7 @@ import pickle
 import struct
 import warnings
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,6 +40,7 @@ from rft.errors import CheckpointError
 
 _LOCAL_HEADER = struct.Struct("<IHHHHHIIIHH")  # zip local file header, 30 bytes
 _LOCAL_HEADER_MAGIC = 0x04034B50
+_CRC_CHUNK_BYTES = 16 * 2**20  # bytes read at a time to check a part of a record the caller skipped
 
 # Globals a checkpoint may name that are safe to construct for real.
 _SAFE_GLOBALS: dict[tuple[str, str], Any] = {
@@ -51,12 +59,19 @@ class Opaque:
     """Stand-in for a class the reader does not construct; keeps whatever the pickle gave it."""
 
     qualname = "?"
+    args: tuple = ()  # class defaults: pickle's NEWOBJ makes instances without __init__
+    kwargs: dict = {}
+    state: Any = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        self.args, self.kwargs, self.items, self.state = args, kwargs, {}, None
+        self.args, self.kwargs = args, kwargs
 
     def __setstate__(self, state: Any) -> None:
         self.state = state
+
+    @property
+    def items(self) -> dict:
+        return self.__dict__.setdefault("_items", {})
 
     def __setitem__(self, key: Any, value: Any) -> None:
         self.items[key] = value
@@ -135,6 +150,18 @@ class LazyTensor:
         return flat.as_strided(self.shape, self.stride).contiguous()
 
 
+@dataclass
+class _RecordCrc:
+    """Running CRC-32 of one zip record over its bytes ``[0, done)``, compared once ``done == size``."""
+
+    name: str
+    start: int  # file offset of the record's first data byte
+    size: int
+    expected: int  # from the zip directory
+    done: int = 0
+    crc: int = 0
+
+
 class TorchArchive:
     """An open ``torch.save`` zip file; LazyTensors read from it through one file handle."""
 
@@ -150,6 +177,8 @@ class TorchArchive:
         self._fd = os.open(path, os.O_RDONLY)
         self._size = os.fstat(self._fd).st_size
         self._infos = {i.filename: i for i in self._zip.infolist()}
+        self._records: dict[int, zipfile.ZipInfo] = {}  # data offset -> record, for CRC checks
+        self._crcs: dict[int, _RecordCrc] = {}  # data offset -> running CRC of records read
         self.prefix = self._find_prefix()
 
     def _find_prefix(self) -> str:
@@ -180,7 +209,9 @@ class TorchArchive:
         if fields[0] != _LOCAL_HEADER_MAGIC:
             raise CheckpointError(f"{self.path}: bad zip header for {name}; the file is corrupt")
         name_len, extra_len = fields[9], fields[10]
-        return info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
+        offset = info.header_offset + _LOCAL_HEADER.size + name_len + extra_len
+        self._records[offset] = info
+        return offset
 
     def read_elements(self, storage: LazyStorage, start: int, count: int,
                       out: torch.Tensor | None = None) -> torch.Tensor:
@@ -203,7 +234,46 @@ class TorchArchive:
             if got <= 0:
                 raise CheckpointError(f"{self.path}: short read at byte {pos + done}; truncated file")
             done += got
+        self._fold_crc(storage.byte_offset, pos, view)
         return out
+
+    def _fold_crc(self, record_offset: int, pos: int, data: memoryview) -> None:
+        """Add ``data``, just read at file offset ``pos``, to the running CRC of its record."""
+        rec = self._crcs.get(record_offset)
+        if rec is None:
+            info = self._records[record_offset]
+            rec = self._crcs[record_offset] = _RecordCrc(info.filename, record_offset, info.file_size, info.CRC)
+        lo = pos - rec.start
+        if lo > rec.done:  # the caller skipped bytes: read them once for the check
+            self._crc_from_disk(rec, min(lo, rec.size))
+        hi = min(lo + len(data), rec.size)
+        if lo <= rec.done < hi:
+            rec.crc = zlib.crc32(data[rec.done - lo:hi - lo], rec.crc)
+            rec.done = hi
+            self._compare_crc(rec)
+
+    def _crc_from_disk(self, rec: _RecordCrc, end: int) -> None:
+        while rec.done < end:
+            chunk = os.pread(self._fd, min(_CRC_CHUNK_BYTES, end - rec.done), rec.start + rec.done)
+            if not chunk:
+                raise CheckpointError(f"{self.path}: short read at byte {rec.start + rec.done}; truncated file")
+            rec.crc = zlib.crc32(chunk, rec.crc)
+            rec.done += len(chunk)
+        self._compare_crc(rec)
+
+    def _compare_crc(self, rec: _RecordCrc) -> None:
+        if rec.done == rec.size and rec.crc != rec.expected:
+            raise CheckpointError(
+                f"{self.path}: record {rec.name} fails its CRC-32 check (stored {rec.expected:08x}, "
+                f"read {rec.crc:08x}): the checkpoint is damaged (a flipped bit or a bad copy); "
+                "convert the previous checkpoint instead, or re-save this one"
+            )
+
+    def verify(self) -> None:
+        """Check the CRC of every record read from so far, reading the parts the caller skipped."""
+        for rec in self._crcs.values():
+            if rec.done < rec.size:
+                self._crc_from_disk(rec, rec.size)
 
     def load_tree(self) -> Any:
         """Unpickle ``data.pkl`` into plain containers with LazyTensors in place of tensors."""

@@ -2,7 +2,8 @@
 
 A reader (:mod:`rft.convert.ds_reader`, :mod:`rft.convert.fsdp_reader`) returns a :class:`CheckpointContents`:
 the model's full-size tensors as :class:`SourceTensor` records whose ``load()`` assembles the
-tensor from the rank shards only when called, plus tied-weight aliases and the open files.
+tensor from the rank shards only when called, plus tied-weight aliases, the open files and the
+integrity checks to run once every tensor has been loaded (:meth:`CheckpointContents.verify`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ class CheckpointContents:
     tensors: list[SourceTensor]
     aliases: dict[str, str] = field(default_factory=dict)
     stack: ExitStack = field(default_factory=ExitStack)  # open shard files; closed by close()
+    checks: list[Callable[[], None]] = field(default_factory=list)  # raise CheckpointError if damaged
+
+    def verify(self) -> None:
+        """Run the integrity checks (CRCs of the records read); call after loading every tensor."""
+        for check in self.checks:
+            check()
 
     def close(self) -> None:
         self.stack.close()

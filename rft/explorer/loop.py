@@ -47,7 +47,15 @@ from rft.monitor import ACCURACY, REWARD_MEAN, WEIGHTS_VERSION, Monitor
 from rft.placement import EXPLORER_MODES, explorer_rank
 from rft.rundir import EXPLORER_META, explorer_role, writer_name
 from rft.stages import load_stage
-from rft.sync import FINISHED_FIELD, Heartbeat, WeightsWatcher, required_version
+from rft.sync import (
+    FINISHED_FIELD,
+    LOADED_FIELD,
+    LOADING_FIELD,
+    Heartbeat,
+    WeightsWatcher,
+    required_version,
+    weights_problem,
+)
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +129,7 @@ def run_explorer(cfg: Config, engine: Engine | None = None, *, env: dict[str, st
     result = ExplorerResult()
     sync = cfg.synchronizer
     try:
-        heartbeat.beat(loaded_version=0, steps_done=cursor.step)
+        heartbeat.beat(**{LOADED_FIELD: 0}, steps_done=cursor.step)
         if eval_sets and cfg.explorer.eval_on_startup and cursor.step == 0:
             sync_weights(engine, watcher, 0, sync.sync_timeout)
             result.eval_metrics.append(evaluate(cfg, engine, eval_sets, monitor, 0, watcher))
@@ -155,8 +163,8 @@ def run_explorer(cfg: Config, engine: Engine | None = None, *, env: dict[str, st
 
 
 def resume_cursor(run_dir: Any, place: Placement, stream: T.TaskStream, next_seq: int) -> T.Cursor:
-    """The saved cursor, replayed forward past steps already sealed in the buffer."""
-    cursor = T.load_cursor(run_dir, place.name, place.rank) or stream.new_cursor()
+    """This rank's saved cursor (or a new one), replayed forward past steps it already sealed."""
+    cursor = T.load_cursor(run_dir, place.name, place.rank, place.count) or stream.new_cursor()
     if len(cursor.positions) != len(stream.selectors):
         raise ConfigError(f"{EXPLORER_META}: the cursor of {place.name} has "
                           f"{len(cursor.positions)} tasksets but the config has "
@@ -173,26 +181,32 @@ def sync_weights(engine: Engine, watcher: WeightsWatcher, need: int,
                  timeout_s: float) -> tuple[int, float, float]:
     """Load the newest published weights, waiting until version >= ``need``.
 
+    A load whose folder the trainer pruned or republished meanwhile is void
+    (:meth:`WeightsWatcher.load`) and retried at once with the newest version; until one
+    succeeds the engine's weights are unknown and the explorer does not generate.
     Returns (loaded version, reload seconds, wait seconds).
     """
     start = time.monotonic()
     reload_s = 0.0
     while True:
         latest = watcher.poll()
+        retry = False
         if latest is not None:
-            folder = watcher.begin_load(latest[0])
-            if folder is not None:
-                reload_s += engine.reload(folder)
-                watcher.finish_load(latest[0])
-        loaded = watcher.loaded_version or 0
-        if loaded >= need:
+            load_start = time.monotonic()
+            retry = not watcher.load(latest[0], engine.reload)
+            reload_s += time.monotonic() - load_start
+        loaded = watcher.loaded_version
+        if not retry and loaded is not None and loaded >= need:
             return loaded, reload_s, time.monotonic() - start - reload_s
         if time.monotonic() - start > timeout_s:
+            why = weights_problem(watcher.run_dir) or (
+                "is the trainer running? Check its log, or raise synchronizer.sync_timeout / "
+                "synchronizer.sync_offset")
             raise SyncTimeoutError(
-                f"waited {timeout_s:.0f}s for weights version >= {need} in "
-                f"{watcher.run_dir} (loaded: {loaded}); is the trainer running? Check its log, "
-                "or raise synchronizer.sync_timeout / synchronizer.sync_offset")
-        time.sleep(WEIGHTS_POLL_S)
+                f"waited {timeout_s:.0f}s for weights version >= {need} in {watcher.run_dir} "
+                f"(loaded: {'none, a load was voided' if loaded is None else loaded}); {why}")
+        if not retry:
+            time.sleep(WEIGHTS_POLL_S)
 
 
 # ----------------------------------------------------------------------------- generation
@@ -334,7 +348,7 @@ def install_exit_handlers(heartbeat: Heartbeat) -> None:
         log.warning("signal %d: exiting now (sealed segments are kept)", signum)
         try:  # not heartbeat.beat(): the interrupted code may hold its lock
             atomic.write_json(heartbeat.path, {**heartbeat.fields, "exited": True,
-                                               "loading_version": None, "time": time.time()})
+                                               LOADING_FIELD: None, "time": time.time()})
         finally:
             os._exit(128 + signum)
 

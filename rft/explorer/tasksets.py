@@ -233,18 +233,29 @@ def rank_share(batch: list[Task], rank: int, count: int) -> list[tuple[int, Task
 # ----------------------------------------------------------------------------- resume
 
 
-def load_cursor(run_dir: Path | str, name: str, rank: int) -> Cursor | None:
-    """This task's saved cursor; another rank's (the least advanced) if the rank count changed."""
+def load_cursor(run_dir: Path | str, name: str, rank: int, count: int) -> Cursor | None:
+    """This task's saved cursor, or None: a rank resumes from its own cursor only.
+
+    Another rank's cursor is never borrowed while the rank count is unchanged: ranks start at
+    different times, and a rank given a faster one's cursor would skip that rank's share of the
+    steps in between (they would never be generated). Only when the explorer count changed
+    (``count`` differs from the count the saved cursors were written under) is this rank's share
+    new, and it starts from the least advanced old cursor (its own sealed segments still move it
+    forward, see ``rft.explorer.loop.resume_cursor``).
+    """
     entry = _read_meta(Path(run_dir) / EXPLORER_META).get(name, {})
     ranks = entry.get("ranks", {}) if isinstance(entry, dict) else {}
     if str(rank) in ranks:
         return Cursor.from_dict(ranks[str(rank)]["cursor"])
-    if ranks:
-        other = min(ranks.values(), key=lambda r: r["cursor"]["step"])
-        log.warning("%s has no cursor for %s rank %d; resuming from rank cursor at step %s",
-                    EXPLORER_META, name, rank, other["cursor"]["step"])
-        return Cursor.from_dict(other["cursor"])
-    return None
+    legacy_count = entry.get("rank_count")  # one count per entry, in files of earlier rft
+    old_layout = [r for r in ranks.values() if r.get("count", legacy_count) != count]
+    if not old_layout:
+        return None
+    other = min(old_layout, key=lambda r: r["cursor"]["step"])
+    log.warning("%s: the explorer count of %s changed to %d; rank %d resumes from the least "
+                "advanced saved cursor (step %s)", EXPLORER_META, name, count, rank,
+                other["cursor"]["step"])
+    return Cursor.from_dict(other["cursor"])
 
 
 def save_cursor(run_dir: Path | str, name: str, rank: int, count: int, cursor: Cursor) -> None:
@@ -255,12 +266,10 @@ def save_cursor(run_dir: Path | str, name: str, rank: int, count: int, cursor: C
     segments, so a lost update costs nothing but a replay of the stream).
     """
     path = Path(run_dir) / EXPLORER_META
-    record = {"cursor": cursor.to_dict(), "time": time.time()}
+    record = {"cursor": cursor.to_dict(), "count": count, "time": time.time()}
     for _ in range(5):
         meta = _read_meta(path)
-        entry = meta.setdefault(name, {})
-        entry["rank_count"] = count
-        entry.setdefault("ranks", {})[str(rank)] = record
+        meta.setdefault(name, {}).setdefault("ranks", {})[str(rank)] = record
         atomic.write_json(path, meta)
         if _read_meta(path).get(name, {}).get("ranks", {}).get(str(rank)) == record:
             return
