@@ -56,9 +56,11 @@ STALENESS_COUNT = "staleness/count_{versions}"  # trainer: rollouts of the step 
 STEP_TIME_S = "time/step_s"  # trainer: wall time of the step (read, update, publish)
 READ_TIME_S = "time/read_s"  # trainer: waiting for and reading the step's experiences
 PUBLISH_TIME_S = "time/publish_s"  # trainer: gathering and publishing weights
+EXPLORER_STEP_S = "step_time_s"  # explorer: wall time of the step (weights, generation, sealing)
+EXPLORER_WAIT_S = "wait_time_s"  # explorer: waiting for the weights version the step needs
 # What rft-run prints per step (the trainer's row merged with the explorer's of that step).
 PROGRESS_KEYS = (POLICY_LOSS, REWARD_MEAN, ACCURACY, TOKENS_PER_S, WEIGHTS_VERSION,
-                 STALENESS_MEAN, STEP_TIME_S)
+                 STALENESS_MEAN, STEP_TIME_S, READ_TIME_S)
 
 
 def metrics_path(run_dir: Path | str, role: str) -> Path:

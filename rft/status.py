@@ -6,7 +6,9 @@ the newest checkpoint's cursor), and the newest full checkpoint. Per buffer writ
 segments and the seqs missing among them (file names only: no segment is opened), how far the
 checkpoint's cursor has consumed it, and the fault counters the trainer's reader logged in its
 newest metrics row (corrupt records, incomplete groups, misplaced segments, missing segments;
-counted since the trainer process started).
+counted since the trainer process started). The pipeline: the share of recent wall time the
+trainer spent waiting for experiences and each explorer waiting for weights, how many versions
+the live explorers trail the newest weights, and advice when one side idles (who to scale).
 """
 
 from __future__ import annotations
@@ -24,7 +26,14 @@ from rft.buffer.segment_file import format_seqs, list_segments, list_writers
 from rft.config.schema import ExplorerConfig
 from rft.entry import run_command
 from rft.errors import RftError
-from rft.monitor import TOKENS_PER_S, read_metrics
+from rft.monitor import (
+    EXPLORER_STEP_S,
+    EXPLORER_WAIT_S,
+    READ_TIME_S,
+    STEP_TIME_S,
+    TOKENS_PER_S,
+    read_metrics,
+)
 from rft.rundir import (
     BUFFER_DIR,
     CHECKPOINT_POINTER,
@@ -75,6 +84,8 @@ class RunStatus:
     backlog_segments: int  # sealed segments after the checkpoint's cursor
     explorer_steps: dict[str, int]  # newest explored step per explorer monitor
     writers: list[WriterStatus] = field(default_factory=list)  # buffer writer folders
+    trainer_idle: float | None = None  # share of recent trainer time waiting for experiences
+    explorer_idle: dict[str, float] = field(default_factory=dict)  # monitor -> share waiting for weights
 
 
 def _cursor(run_dir: Path, step: int | None) -> dict:
@@ -116,6 +127,37 @@ def writer_statuses(listing: dict[str, list[int]], cursor: dict,
     return out
 
 
+# ----------------------------------------------------------------------------- pipeline
+
+IDLE_ADVICE_FRAC = 0.5  # a side waiting this share of its recent wall time gets advice
+RECENT_STEPS = 5  # steps the idle shares are averaged over
+
+
+def idle_fraction(rows: list[dict], wait_key: str, step_key: str,
+                  last_n: int = RECENT_STEPS) -> float | None:
+    """Share of the last ``last_n`` steps' wall time spent waiting (None without timings)."""
+    timed = [r for r in rows if isinstance(r.get(wait_key), (int, float))
+             and isinstance(r.get(step_key), (int, float))][-last_n:]
+    total = sum(r[step_key] for r in timed)
+    return sum(r[wait_key] for r in timed) / total if total > 0 else None
+
+
+def pipeline_advice(trainer_idle: float | None, explorer_idle: dict[str, float]) -> list[str]:
+    """Who the bottleneck is, as advice, when one side idles above IDLE_ADVICE_FRAC."""
+    advice = []
+    if trainer_idle is not None and trainer_idle >= IDLE_ADVICE_FRAC:
+        advice.append(f"trainer idle {trainer_idle:.0%} waiting for experiences: the explorers "
+                      "are the bottleneck; add explorers with rft-add-explorer (asynchronous "
+                      "runs) or raise explorer.rollout_model.engine_num")
+    waiting = {name: f for name, f in explorer_idle.items() if f >= IDLE_ADVICE_FRAC}
+    if waiting:
+        worst = max(waiting.values())
+        advice.append(f"explorer(s) {', '.join(sorted(waiting))} idle up to {worst:.0%} waiting "
+                      "for weights: the trainer is the bottleneck; raise synchronizer.sync_offset "
+                      "(train one step behind) or give the trainer more GPUs")
+    return advice
+
+
 def heartbeat_timeout_s(run_dir: Path) -> float:
     """The run's ``explorer.heartbeat_timeout_s``, from the config it was started with."""
     try:
@@ -138,15 +180,19 @@ def collect(run_dir: Path, live_threshold_s: float | None = None) -> RunStatus:
     checkpoint = atomic.read_pointer(run_dir / CHECKPOINT_POINTER)
     writers = writer_statuses(listing, _cursor(run_dir, checkpoint), last)
     monitors = run_dir / MONITOR_DIR
-    explorer_steps = {}
+    explorer_steps, explorer_idle = {}, {}
     for folder in sorted(monitors.glob("explorer_*")) if monitors.is_dir() else []:
         explored = read_metrics(run_dir, folder.name)
         if explored:
             explorer_steps[folder.name] = explored[-1].get("step")
+            idle = idle_fraction(explored, EXPLORER_WAIT_S, EXPLORER_STEP_S)
+            if idle is not None:
+                explorer_idle[folder.name] = idle
     return RunStatus(run_dir, last.get("step"), last.get(TOKENS_PER_S),
                      atomic.read_pointer(run_dir / WEIGHTS_POINTER), checkpoint,
                      read_heartbeats(run_dir, live_threshold_s or heartbeat_timeout_s(run_dir)),
-                     sum(w.backlog for w in writers), explorer_steps, writers)
+                     sum(w.backlog for w in writers), explorer_steps, writers,
+                     idle_fraction(rows, READ_TIME_S, STEP_TIME_S), explorer_idle)
 
 
 def format_status(st: RunStatus) -> str:
@@ -167,7 +213,23 @@ def format_status(st: RunStatus) -> str:
                      f"version {f.get(LOADED_FIELD, '-')}, steps {f.get('steps_done', '-')}")
     if not st.explorers:
         lines.append("explorers       none have written a heartbeat")
+    lines += format_pipeline(st)
     return "\n".join(lines)
+
+
+def format_pipeline(st: RunStatus) -> list[str]:
+    """Where each side waits (last RECENT_STEPS steps), the weights lag, and advice."""
+    parts = []
+    if st.trainer_idle is not None:
+        parts.append(f"trainer waits {st.trainer_idle:.0%} for experiences")
+    parts += [f"{name} waits {f:.0%} for weights" for name, f in st.explorer_idle.items()]
+    loaded = [ex.fields.get(LOADED_FIELD) for ex in st.explorers if ex.live]
+    loaded = [v for v in loaded if isinstance(v, int)]
+    if loaded and st.weights_version is not None:
+        parts.append(f"explorers {st.weights_version - min(loaded)} version(s) behind the trainer's "
+                     "newest weights")
+    lines = [f"pipeline        {'; '.join(parts)} (last {RECENT_STEPS} steps)"] if parts else []
+    return lines + [f"advice          {a}" for a in pipeline_advice(st.trainer_idle, st.explorer_idle)]
 
 
 def format_writer(w: WriterStatus) -> str:

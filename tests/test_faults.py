@@ -85,21 +85,13 @@ def finish(proc: subprocess.Popen, log: Path, timeout_s: float = 600) -> None:
 
 
 def trainer_config(root: Path, name: str, model_dir: Path) -> Path:
-    cfg = {
-        "project": "faults", "name": name, "mode": "both", "checkpoint_root_dir": str(root),
-        "algorithm": {"algorithm_type": "grpo", "repeat_times": 2, "kl_loss_fn": "none",
-                      "optimizer": {"lr": 1e-3}},
-        "model": {"model_path": str(model_dir)},
-        "buffer": {"batch_size": 4, "total_steps": STEPS,
-                   "explorer_input": {"taskset": {"path": "unused-by-the-trainer"}}},
-        "trainer": {"zero_stage": 2, "precision": "fp32", "save_interval": 1},
-        "synchronizer": {"sync_interval": 1, "sync_timeout": 60,
-                         "weights_versions_to_keep": STEPS},
-        "monitor": {"monitor_type": "console"},
-    }
-    path = root / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
+    """test_trainer's DeepSpeed config, checkpointing and publishing every step (all kept)."""
+    from tests.test_trainer import write_config
+
+    return write_config(root, name, model_dir, project="faults", buffer={"total_steps": STEPS},
+                        trainer={"save_interval": 1},
+                        synchronizer={"sync_interval": 1, "sync_timeout": 60,
+                                      "weights_versions_to_keep": STEPS})
 
 
 def write_steps(run_dir: Path) -> None:

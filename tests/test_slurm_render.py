@@ -112,6 +112,31 @@ def test_status_of_a_run_directory(tmp_path):
     assert [e.live for e in collect(run).explorers] == [True, True]
 
 
+def test_status_shows_who_waits_and_advises_whom_to_scale(tmp_path):
+    from rft.status import idle_fraction, pipeline_advice
+
+    rows = [{"step": s, "time/read_s": 6.0, "time/step_s": 10.0} for s in range(1, 8)]
+    rows[0]["time/read_s"] = 0.0  # older than the last 5 steps: not counted
+    assert idle_fraction(rows, "time/read_s", "time/step_s") == pytest.approx(0.6)
+    assert idle_fraction([{"step": 1}], "time/read_s", "time/step_s") is None
+    assert pipeline_advice(0.2, {"explorer_explorer": 0.1}) == []
+    assert "rft-add-explorer" in pipeline_advice(0.6, {})[0]
+    assert "sync_offset" in pipeline_advice(None, {"explorer_explorer": 0.7})[0]
+    run = tmp_path / "run"
+    for role, row in (("trainer", {"step": 3, "time/read_s": 7.0, "time/step_s": 10.0}),
+                      ("explorer_explorer", {"step": 3, "wait_time_s": 0.5, "step_time_s": 10.0})):
+        (run / "monitor" / role).mkdir(parents=True)
+        (run / "monitor" / role / "metrics.jsonl").write_text(json.dumps(row) + "\n")
+    (run / "explorers").mkdir()
+    (run / "explorers" / "explorer-0.json").write_text(json.dumps(
+        {"name": "explorer-0", "time": time.time(), "loaded_version": 2}))
+    (run / "latest_state_dict_iteration.txt").write_text("3\n")
+    text = format_status(collect(run, live_threshold_s=120))
+    assert ("pipeline        trainer waits 70% for experiences; explorer_explorer waits 5% for "
+            "weights; explorers 1 version(s) behind the trainer's newest weights") in text, text
+    assert "advice          trainer idle 70% waiting for experiences" in text
+
+
 def test_add_explorer_fills_its_nodes_and_refuses_synchronous_runs():
     launch = [sys.executable, str(REPO / "bin" / "rft-add-explorer")]
     proc = subprocess.run([*launch, "--config", "configs/async/explorer_new.yaml", "--name", "extra",

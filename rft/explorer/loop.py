@@ -43,7 +43,14 @@ from rft.entry import config_parser, run_command, setup_logging
 from rft.errors import EXIT_OK, ConfigError, SyncTimeoutError
 from rft.explorer import tasksets as T
 from rft.explorer.engine import Engine, Sample
-from rft.monitor import ACCURACY, REWARD_MEAN, WEIGHTS_VERSION, Monitor
+from rft.monitor import (
+    ACCURACY,
+    EXPLORER_STEP_S,
+    EXPLORER_WAIT_S,
+    REWARD_MEAN,
+    WEIGHTS_VERSION,
+    Monitor,
+)
 from rft.placement import EXPLORER_MODES, explorer_rank
 from rft.rundir import EXPLORER_META, explorer_role, writer_name
 from rft.stages import load_stage
@@ -145,9 +152,9 @@ def run_explorer(cfg: Config, engine: Engine | None = None, *, env: dict[str, st
             T.save_cursor(run_dir, place.name, place.rank, place.count, cursor)
             heartbeat.beat(steps_done=step, tasks_done=heartbeat.fields["tasks_done"] + len(share))
             metrics = {**stats, **step_metrics(exps), WEIGHTS_VERSION: version,
-                       "reload_time_s": reload_s, "wait_time_s": wait_s,
-                       "step_time_s": time.monotonic() - step_start}
-            metrics["loop_tokens_per_s"] = stats["generated_tokens"] / metrics["step_time_s"]
+                       "reload_time_s": reload_s, EXPLORER_WAIT_S: wait_s,
+                       EXPLORER_STEP_S: time.monotonic() - step_start}
+            metrics["loop_tokens_per_s"] = stats["generated_tokens"] / metrics[EXPLORER_STEP_S]
             monitor.log(step, metrics)
             result.steps.append(step)
             result.metrics.append(metrics)
