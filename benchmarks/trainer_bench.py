@@ -1,10 +1,15 @@
 """Trainer throughput: rft's DeepSpeed step vs a plain single-process torch loop, same run.
 
 Both sides train the same model on the same batch of synthetic experiences (GRPO advantages,
-PPO loss, old log-probs recomputed by one no-grad forward pass, AdamW): rft through
-``rft.trainer.step.train_step`` on a DeepSpeed ZeRO engine (one process, gloo), the baseline
-as a hand-written loop over the same micro-batches and the same forward function (so the
-difference is DeepSpeed's engine, ZeRO bookkeeping and rft's batching). Prints a table of tokens/s and the ratio.
+PPO loss, one update per step so the old log-probs are the training forward's own, detached:
+rft skips the no-grad pass there, and so does the baseline; AdamW) on the same device (CUDA
+when torch sees a GPU, else CPU): rft through ``rft.trainer.step.train_step`` on a DeepSpeed
+ZeRO engine (one process), the baseline as a hand-written loop over the same micro-batches and
+the same forward function (so the difference is DeepSpeed's engine, ZeRO bookkeeping and rft's
+batching). The baseline runs first and is freed before rft's engine is built. Prints tokens/s,
+peak memory (CUDA: ``max_memory_allocated``; CPU: the process's peak resident memory so far,
+which only grows, so rft's row includes the baseline's peak) and the ratio, then rft's step
+anatomy from its step metrics (``time_*``) and the weights gather of a publish.
 
     DS_ACCELERATOR=cpu OMP_NUM_THREADS=2 .venv/bin/python benchmarks/trainer_bench.py \\
         --model .cache/models/smollm2-135m-instruct --precision bf16
@@ -13,8 +18,10 @@ difference is DeepSpeed's engine, ZeRO bookkeeping and rft's batching). Prints a
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import random
+import resource
 import sys
 import time
 from pathlib import Path
@@ -55,23 +62,59 @@ def bench_config(args: argparse.Namespace):
     })
 
 
-def time_rft(cfg, batch, steps: int) -> tuple[float, int]:
+ANATOMY = ("time_prepare_s", "time_old_logprobs_s", "time_forward_backward_s", "time_optimizer_s")
+
+
+def sync(device: torch.device) -> None:
+    """Wait for queued kernels so that wall-clock times count them."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def reset_peak(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_gib(device: torch.device) -> float:
+    """CUDA: peak allocated since :func:`reset_peak`; CPU: the process's peak RSS (Linux: KiB)."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**30
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+
+
+def time_rft(cfg, batch, steps: int) -> tuple[float, int, float, dict[str, float]]:
+    """Seconds for ``steps`` steps, tokens per step, peak memory (GiB) and the mean step anatomy."""
     from rft.algo.registry import build_loss_fns
     from rft.trainer import engine as dse
     from rft.trainer.step import train_step
 
     info = dse.init_distributed()
+    reset_peak(info.device)
     actor = dse.build_actor(cfg, info, steps + 1)
     fns = build_loss_fns(cfg.algorithm)
     train_step(actor, None, batch, cfg, fns, info, 0, 0)  # warm-up
+    sync(info.device)
+    anatomy = dict.fromkeys(ANATOMY, 0.0)
     t0 = time.perf_counter()
     for step in range(steps):
         metrics = train_step(actor, None, batch, cfg, fns, info, step + 1, 0)
-    return time.perf_counter() - t0, int(metrics["batch_tokens"])
+        for key in ANATOMY:
+            anatomy[key] += metrics[key] / steps
+    sync(info.device)
+    seconds = time.perf_counter() - t0
+    t1 = time.perf_counter()
+    dse.gather_weights(actor)  # what a publish gathers before writing
+    sync(info.device)
+    anatomy["publish_gather_s"] = time.perf_counter() - t1
+    anatomy["old_logprobs_skipped"] = metrics["old_logprobs_skipped"]
+    return seconds, int(metrics["batch_tokens"]), peak_memory_gib(info.device), anatomy
 
 
-def time_plain(cfg, batch, steps: int) -> float:
-    """The baseline: same micro-batches, recompute pass, PPO loss, AdamW, no DeepSpeed."""
+def time_plain(cfg, batch, steps: int, device: torch.device) -> tuple[float, float]:
+    """The baseline: same micro-batches, PPO loss at ratio 1 (old = this forward, detached),
+    AdamW, no DeepSpeed, on ``device``. Seconds for ``steps`` steps and peak memory (GiB)."""
     from transformers import AutoModelForCausalLM
 
     from rft.algo.advantages import grpo_advantages
@@ -86,7 +129,8 @@ def time_plain(cfg, batch, steps: int) -> float:
     )
 
     dtype = torch.bfloat16 if cfg.trainer.precision == "bf16" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(cfg.model.model_path, dtype=dtype)
+    reset_peak(device)
+    model = AutoModelForCausalLM.from_pretrained(cfg.model.model_path, dtype=dtype).to(device)
     if cfg.trainer.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
@@ -98,29 +142,34 @@ def time_plain(cfg, batch, steps: int) -> float:
     adv, _ = grpo_advantages(rows.rewards, rows.group_ids, rows.response_mask)
     totals = batch_totals(rows.response_mask)
 
-    def logprobs(micro, entropy: bool = False):
+    def logprobs(model, micro, entropy: bool = False):
         # the same forward as rft's (LM head on the response window, entropy as a metric)
         return dse.forward_logprobs(model, micro, with_entropy=entropy, entropy_grad=False)[0]
 
-    def one_step() -> None:
-        old = torch.zeros_like(rows.response_mask)
-        with torch.no_grad():
-            for m in micros:
-                micro = collate(rows, m, adv, old)
-                old[m, :micro.response_mask.shape[1]] = logprobs(micro)
+    old = torch.zeros_like(rows.response_mask)  # unused: one update, old = the forward's own
+
+    def one_step(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
         for m in micros:
-            micro = collate(rows, m, adv, old)
-            loss, _ = ppo_loss(logprobs(micro, entropy=True), micro.old_logprobs, micro.advantages, micro.response_mask)
+            micro = collate(rows, m, adv, old).to(device)
+            logprob = logprobs(model, micro, entropy=True)  # [B, R]
+            loss, _ = ppo_loss(logprob, logprob.detach(), micro.advantages, micro.response_mask)
             (loss * micro_loss_scale(micro.response_mask, totals, "token-mean", 1)).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    one_step()  # warm-up
+    one_step(model, opt)  # warm-up
+    sync(device)
     t0 = time.perf_counter()
     for _ in range(steps):
-        one_step()
-    return time.perf_counter() - t0
+        one_step(model, opt)
+    sync(device)
+    seconds = time.perf_counter() - t0
+    peak = peak_memory_gib(device)
+    del model, opt  # freed before rft's engine is built
+    gc.collect()
+    reset_peak(device)
+    return seconds, peak
 
 
 def main() -> None:
@@ -141,18 +190,24 @@ def main() -> None:
 
     vocab = AutoConfig.from_pretrained(args.model).vocab_size
     batch = make_batch(args.groups, args.repeat, args.prompt_len, args.response_len, vocab)
+    device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     torch.manual_seed(0)
-    plain_s = time_plain(cfg, batch, args.steps)
-    rft_s, tokens = time_rft(cfg, batch, args.steps)
-    rows = [("plain torch loop (1 process)", plain_s), (f"rft trainer (DeepSpeed ZeRO-{args.zero_stage}, 1 rank)", rft_s)]
-    print(f"\nmodel={Path(args.model).name} precision={args.precision} batch={len(batch)} seqs, "
-          f"{tokens} tokens/step, steps={args.steps}, threads={torch.get_num_threads()}, "
+    plain_s, plain_peak = time_plain(cfg, batch, args.steps, device)
+    rft_s, tokens, rft_peak, anatomy = time_rft(cfg, batch, args.steps)
+    rows = [("plain torch loop (1 process)", plain_s, plain_peak),
+            (f"rft trainer (DeepSpeed ZeRO-{args.zero_stage}, 1 rank)", rft_s, rft_peak)]
+    memory = "peak alloc GiB" if device.type == "cuda" else "peak RSS GiB"
+    print(f"\nmodel={Path(args.model).name} precision={args.precision} device={device} batch={len(batch)} "
+          f"seqs, {tokens} tokens/step, steps={args.steps}, threads={torch.get_num_threads()}, "
           f"grad_ckpt={args.gradient_checkpointing}")
-    print(f"| {'loop':44} | {'s/step':>7} | {'tokens/s':>9} | {'vs plain':>8} |")
-    print(f"|{'-' * 46}|{'-' * 9}|{'-' * 11}|{'-' * 10}|")
-    for name, seconds in rows:
+    print(f"| {'loop':44} | {'s/step':>7} | {'tokens/s':>9} | {memory:>14} | {'vs plain':>8} |")
+    print(f"|{'-' * 46}|{'-' * 9}|{'-' * 11}|{'-' * 16}|{'-' * 10}|")
+    for name, seconds, peak in rows:
         per_step = seconds / args.steps
-        print(f"| {name:44} | {per_step:7.2f} | {tokens / per_step:9.0f} | {plain_s / seconds:8.2f} |")
+        print(f"| {name:44} | {per_step:7.2f} | {tokens / per_step:9.0f} | {peak:14.2f} | "
+              f"{plain_s / seconds:8.2f} |")
+    print("rft step anatomy (mean s/step; no buffer read here): "
+          + " ".join(f"{k}={v:.3f}" for k, v in anatomy.items()))
     from rft.trainer import engine as dse
 
     sys.stdout.flush()

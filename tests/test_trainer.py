@@ -327,6 +327,105 @@ def test_one_step_scores_at_the_temperature_and_weights_the_loss(monkeypatch):
     assert metrics["ppo_kl"] == pytest.approx(0.0, abs=1e-7)
 
 
+class SGDEngine(FakeEngine):
+    """A fake engine that updates: plain SGD, the gradient norm before the step."""
+
+    def step(self) -> None:
+        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
+        self.norm = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
+        with torch.no_grad():
+            for p in self.module.parameters():
+                p -= 0.1 * p.grad
+        self.module.zero_grad()
+
+    def get_global_grad_norm(self) -> float:
+        return self.norm
+
+
+@pytest.mark.parametrize("correction", ["none", "tis"])
+def test_on_policy_step_skips_the_old_logprob_pass_with_the_same_update(monkeypatch, correction):
+    """One update with recomputed old log-probs: the no-grad pass is skipped (old = the training
+    forward's log-probs, detached), and loss, gradient, weights and correction metrics equal a
+    step that makes the pass, over several micro-batches at a temperature."""
+    from rft.algo.registry import build_loss_fns
+    from rft.config.load import config_from_dict
+    from rft.trainer import engine as dse
+    from rft.trainer import step as st
+
+    skippable = st.old_pass_skippable
+    monkeypatch.setattr(dse, "all_reduce_max", lambda value: value)
+    monkeypatch.setattr(dse, "all_gather_objects", lambda obj: [obj])
+    shapes = [("g0", [1, 2], [3, 4, 0], 1.0), ("g0", [1, 2], [2, 2], 0.0),
+              ("g1", [4], [1, 3], 1.0), ("g1", [4], [0, 1, 2, 3], 0.0)]
+    base = tempered_logprobs(BigramLM(), [1, 2], [3, 4, 0])
+    cfg = config_from_dict({
+        "model": {"model_path": "/m", "temperature": TEMPERATURE},
+        "algorithm": {"algorithm_type": "grpo", "repeat_times": 2, "kl_loss_fn": "none",
+                      "rollout_correction": {"mode": correction}},
+        "buffer": {"batch_size": 2, "explorer_input": {"taskset": {"path": "/d"}}},
+        "trainer": {"precision": "fp32", "use_dynamic_bsz": False, "micro_batch_size_per_gpu": 2,
+                    "log_prob_micro_batch_size_per_gpu": 3},
+    })
+    info = dse.DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
+
+    def one_step(skip: bool) -> tuple[dict, torch.Tensor]:
+        monkeypatch.setattr(st, "old_pass_skippable", lambda fns, updates: skip)
+        model = BigramLM()
+        exps = [Experience(g, g, p, r, logprobs=[x - 0.3 for x in base[:len(r)]], reward=rw)
+                for g, p, r, rw in shapes]
+        out = st.train_step(dse.Actor(SGDEngine(model), 2, None), None, exps, cfg,
+                            build_loss_fns(cfg.algorithm), info, step=1, pad_id=0)
+        return out, model.table.detach()
+
+    monkeypatch.setattr(st, "_local_logprobs", _counting(st._local_logprobs))
+    skipped, skipped_weights = one_step(True)
+    assert _counting.calls == 0
+    passed, passed_weights = one_step(False)
+    assert _counting.calls == 1
+    assert skippable(build_loss_fns(cfg.algorithm), 1) and not skippable(build_loss_fns(cfg.algorithm), 2)
+    assert (skipped["old_logprobs_skipped"], passed["old_logprobs_skipped"]) == (1, 0)
+    assert skipped["time_old_logprobs_s"] < 1e-3
+    assert skipped["micro_batches"] == 2
+    for key in passed:
+        if not key.startswith("time_") and key != "old_logprobs_skipped":
+            assert skipped[key] == pytest.approx(passed[key], abs=1e-6), key
+    assert skipped["ppo_kl"] == pytest.approx(0.0, abs=1e-7) and skipped["pg_clipfrac"] == 0.0
+    assert torch.allclose(skipped_weights, passed_weights, atol=1e-6)
+    assert not torch.equal(passed_weights, BigramLM().table.detach())  # the step did update
+
+
+def _counting(fn):
+    """``fn`` counting its calls in ``_counting.calls``."""
+    _counting.calls = 0
+
+    def wrapped(*args, **kwargs):
+        _counting.calls += 1
+        return fn(*args, **kwargs)
+    return wrapped
+
+
+def test_published_state_dict_drops_the_tied_lm_head(tmp_path, tiny_model_dir):
+    """ZeRO-1/2 publishing: the live state dict (on a GPU the CPU copy breaks the aliasing)
+    loses its tied ``lm_head.weight``; the folder loads in transformers with the same logits."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    from rft.trainer.engine import without_tied_duplicates
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
+    assert model.config.tie_word_embeddings
+    live = model.state_dict()
+    assert "lm_head.weight" in live
+    state = without_tied_duplicates(live)
+    assert "lm_head.weight" not in state and set(state) == set(live) - {"lm_head.weight"}
+    model.save_pretrained(tmp_path, state_dict={k: v.clone() for k, v in state.items()}, safe_serialization=True)
+    assert "lm_head.weight" not in load_file(str(tmp_path / "model.safetensors"))
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    ids = torch.tensor([[1, 5, 9, 2]])
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
 # ----------------------------------------------------------------------------- DeepSpeed runs
 
 STEPS = 4
@@ -501,9 +600,19 @@ def test_published_weights_equal_the_engines(ds_runs):
     published = load_file(str(ds_runs["full"] / "weights" / f"v{STEPS:06d}" / "model.safetensors"))
     hf = load_file(str(actor / "huggingface" / "model.safetensors"))
     assert set(published) <= set(engine) and len(published) >= len(engine) - 1  # tied lm_head
+    assert "lm_head.weight" not in published and "lm_head.weight" not in hf  # no tied duplicate
     for name, tensor in published.items():
         assert torch.equal(tensor, engine[name].to(tensor.dtype)), name
         assert torch.equal(tensor, hf[name]), name
+    from transformers import AutoModelForCausalLM
+
+    loaded = AutoModelForCausalLM.from_pretrained(ds_runs["full"] / "weights" / f"v{STEPS:06d}",
+                                                  dtype=torch.float32).eval()
+    trained = AutoModelForCausalLM.from_pretrained(ds_runs["model"], dtype=torch.float32).eval()
+    trained.load_state_dict({k: v.float() for k, v in engine.items()}, strict=False)
+    ids = torch.tensor([[1, 5, 9, 2]])
+    with torch.no_grad():
+        assert torch.equal(loaded(input_ids=ids).logits, trained(input_ids=ids).logits)
 
 
 @pytest.mark.integration

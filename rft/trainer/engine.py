@@ -295,7 +295,22 @@ def gather_weights(actor: Actor) -> dict[str, torch.Tensor] | None:
         return actor.engine._zero3_consolidated_16bit_state_dict()
     if dist.get_rank() != 0:
         return None
-    return {k: v.detach().cpu() for k, v in actor.module.state_dict().items()}
+    return without_tied_duplicates(actor.module.state_dict())
+
+
+def without_tied_duplicates(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The live ``state_dict`` on CPU without the names that alias an earlier tensor (a tied
+    ``lm_head.weight`` after ``model.embed_tokens.weight``), as ``save_pretrained`` writes it.
+    Copying to CPU would break the aliasing that ``save_pretrained`` detects ties by."""
+    out: dict[str, torch.Tensor] = {}
+    seen: set[tuple[Any, ...]] = set()
+    for name, tensor in state_dict.items():
+        key = (tensor.device, tensor.data_ptr(), tuple(tensor.shape), tensor.stride())  # same memory
+        if key in seen and tensor.numel():
+            continue
+        seen.add(key)
+        out[name] = tensor.detach().cpu()
+    return out
 
 
 def save_hf_folder(actor: Actor, state_dict: dict[str, torch.Tensor] | None, folder: Path) -> None:

@@ -17,6 +17,11 @@ correction weights from the recomputed old and vLLM's behaviour log-probs
 per micro-batch: forward, loss x its share of its source's mini-batch loss, backward; then
 one optimizer step.
 
+On-policy skip (:func:`old_pass_skippable`): with ``recompute`` and exactly one update (one
+mini-batch, one epoch) and no KL penalty in the reward, the old log-probs are the training
+forward's own, detached, so the no-grad pass is skipped and each micro-batch takes them (and
+its correction weights, proximal = old) from its forward; metric ``old_logprobs_skipped``.
+
 Every log-prob pass scores rollout rows at their sampling temperature (the logits divided by
 it, see ``rft.trainer.engine.forward_logprobs``), expert rows at 1.
 
@@ -164,27 +169,57 @@ def _advantages(plan: Plan, fns: LossFns, ref: torch.Tensor | None, old: torch.T
     return adv, {**metrics, **adv_metrics}
 
 
+def _correction_rows(plan: Plan, fns: LossFns, rows: list[int],
+                     proximal: torch.Tensor) -> tuple[torch.Tensor, CorrectionSums]:
+    """Correction weights ``[n, R]`` of ``rows`` from their proximal log-probs ``[n, R]``
+    (1 on expert rows and rows without behaviour log-probs) and their sums."""
+    assert fns.correction is not None
+    table, width = plan.rows, proximal.shape[1]
+    weighted = (~table.expert[rows] & table.has_logprobs[rows]).to(proximal.device)  # [n]
+    mask = table.response_mask[rows, :width].to(proximal.device) * weighted.unsqueeze(-1)  # [n, R]
+    behaviour = table.rollout_logprobs[rows, :width].to(proximal.device)  # [n, R]
+    weights, sums = fns.correction(proximal, behaviour, mask)  # [n, R]
+    return torch.where(weighted.unsqueeze(-1), weights, torch.ones_like(weights)), sums
+
+
+def _gather_correction(sums: CorrectionSums) -> dict[str, float]:
+    """The step's correction metrics over all ranks."""
+    total = CorrectionSums()
+    for part in dse.all_gather_objects(sums):
+        total.merge(part)
+    return total.metrics()
+
+
 def _correction(plan: Plan, fns: LossFns, old: torch.Tensor) -> tuple[torch.Tensor | None, dict[str, float]]:
     """Off-policy correction weights ``[N, R]`` (this rank's rollout rows; 1 elsewhere) and the
     step's correction metrics over all ranks; (None, {}) when the correction is off."""
     if fns.correction is None:
         return None, {}
-    rows = plan.rows
-    weighted = torch.zeros(len(rows), dtype=torch.bool)  # [N]
-    weighted[plan.local_rows] = True
-    weighted &= ~rows.expert & rows.has_logprobs  # expert rows have no behaviour policy
-    mask = rows.response_mask * weighted.unsqueeze(-1)  # [N, R]
-    weights, sums = fns.correction(old, rows.rollout_logprobs, mask)  # [N, R]
-    total = CorrectionSums()
-    for part in dse.all_gather_objects(sums):
-        total.merge(part)
-    return torch.where(weighted.unsqueeze(-1), weights, torch.ones_like(weights)), total.metrics()
+    mine = plan.local_rows
+    weights = torch.ones_like(old)  # [N, R]
+    sums = CorrectionSums()
+    if mine:
+        weights[mine], sums = _correction_rows(plan, fns, mine, old[mine])
+    return weights, _gather_correction(sums)
 
 
-def _micro_loss(actor: dse.Actor, micro: MicroBatch, fns: LossFns, step: int) -> tuple[torch.Tensor, dict[str, float]]:
+def old_pass_skippable(fns: LossFns, updates: int) -> bool:
+    """Whether the no-grad old-log-prob pass can be skipped: recomputed old log-probs, one
+    update (one mini-batch, one epoch) and nothing that needs them before the update (a KL
+    penalty in the reward). Then they equal the training forward's own log-probs, detached."""
+    return fns.recompute_old and updates == 1 and fns.kl_penalty is None
+
+
+def _micro_loss(actor: dse.Actor, micro: MicroBatch, fns: LossFns, step: int,
+                on_policy: Callable[[MicroBatch, torch.Tensor], None] | None = None,
+                ) -> tuple[torch.Tensor, dict[str, float]]:
+    """The micro-batch's loss; ``on_policy`` (the skipped old-log-prob pass) first fills its
+    old log-probs (and correction weights) from this forward's log-probs, detached."""
     logprob, entropy = dse.forward_logprobs(actor.engine, micro, with_entropy=True,
                                             entropy_grad=fns.entropy_in_loss)  # [B, R] each
     assert entropy is not None
+    if on_policy is not None:
+        on_policy(micro, logprob.detach())
     mask = micro.response_mask
     loss, metrics = fns.policy(logprob, micro.old_logprobs, micro.advantages, mask,
                                step=step, expert_mask=micro.expert, is_weights=micro.is_weights)
@@ -201,6 +236,19 @@ def _micro_loss(actor: dse.Actor, micro: MicroBatch, fns: LossFns, step: int) ->
         metrics.update(kl_metrics)
     metrics["logprob_mean"] = float((logprob.detach() * mask).sum() / mask.sum().clamp(min=1))
     return loss, metrics
+
+
+def _on_policy_filler(plan: Plan, fns: LossFns, rows: list[int],
+                      sums: CorrectionSums) -> Callable[[MicroBatch, torch.Tensor], None]:
+    """For a skipped old-log-prob pass: a function that sets a micro-batch's old log-probs to
+    its forward's (detached; PPO ratio 1 in value, the same gradient) and its correction
+    weights from them (proximal = old), adding the weights' statistics to ``sums``."""
+    def fill(micro: MicroBatch, proximal: torch.Tensor) -> None:  # proximal: [B, R]
+        micro.old_logprobs = proximal
+        if fns.correction is not None and rows:
+            micro.is_weights, part = _correction_rows(plan, fns, rows, proximal.float())
+            sums.merge(part)
+    return fill
 
 
 def _reduce_metrics(sums: MetricSums) -> dict[str, float]:
@@ -223,7 +271,12 @@ def train_step(actor: dse.Actor, ref: dse.Reference | None, exps: Sequence[Exper
     if fns.needs_ref:
         assert ref is not None
         ref_lp = _local_logprobs(lambda m: dse.reference_logprobs(ref, m), plan, pad_id, info.device)
-    if fns.recompute_old:
+    updates = cfg.trainer.ppo_epochs * len(plan.minis)
+    skip_old = old_pass_skippable(fns, updates)
+    t_old = time.perf_counter()
+    if skip_old:  # filled per micro-batch from the training forward (see _micro_loss)
+        old = torch.zeros_like(mask)  # [N, R]
+    elif fns.recompute_old:
         old = _local_logprobs(lambda m: dse.forward_logprobs(actor.engine, m, with_entropy=False)[0],
                               plan, pad_id, info.device)
     else:
@@ -231,14 +284,15 @@ def train_step(actor: dse.Actor, ref: dse.Reference | None, exps: Sequence[Exper
         if not fns.sft and not bool((plan.rows.has_logprobs | plan.rows.expert).all()):
             raise DataError("algorithm.old_logprobs is 'rollout' but some experiences carry no "
                             "logprobs; use old_logprobs: recompute")
+    t_old = time.perf_counter() - t_old
     adv, metrics = _advantages(plan, fns, ref_lp, old, info)
-    is_weights, correction_metrics = _correction(plan, fns, old)  # [N, R] or None
+    is_weights, correction_metrics = (None, {}) if skip_old else _correction(plan, fns, old)  # [N, R] or None
     metrics.update(correction_metrics)
+    correction_sums = CorrectionSums()  # of the skipped pass's micro-batches
     t_prep = time.perf_counter() - t0
     sums = MetricSums()
     grad_norms = []
     t_fb = t_opt = 0.0
-    updates = cfg.trainer.ppo_epochs * len(plan.minis)
     for _epoch in range(cfg.trainer.ppo_epochs):
         for mini in plan.minis:
             t1 = time.perf_counter()
@@ -253,7 +307,8 @@ def train_step(actor: dse.Actor, ref: dse.Reference | None, exps: Sequence[Exper
                         else torch.ones_like(micro.response_mask)
                 source = micro_source(micro)
                 scale = micro_loss_scale(micro.response_mask, mini.totals[source], fns.agg_mode, info.world_size)
-                loss, micro_metrics = _micro_loss(actor, micro, fns, step)
+                on_policy = _on_policy_filler(plan, fns, rows, correction_sums) if skip_old else None
+                loss, micro_metrics = _micro_loss(actor, micro, fns, step, on_policy)
                 dse.backward(actor, loss * scale)
                 sums.add(micro_metrics, scale / info.world_size / updates, fractions[source])
             t2 = time.perf_counter()
@@ -261,6 +316,8 @@ def train_step(actor: dse.Actor, ref: dse.Reference | None, exps: Sequence[Exper
             t_fb += t2 - t1
             t_opt += time.perf_counter() - t2
     metrics.update(_reduce_metrics(sums))
+    if skip_old and fns.correction is not None:
+        metrics.update(_gather_correction(correction_sums))
     rollout = ~plan.rows.expert  # [N]
     adv_rows = (adv.sum(-1) / mask.sum(-1).clamp(min=1))[rollout]  # [n] per-response advantage
     if bool(plan.rows.expert.any()) and not fns.sft:
@@ -272,6 +329,7 @@ def train_step(actor: dse.Actor, ref: dse.Reference | None, exps: Sequence[Exper
         response_length_mean=float(mask.sum(-1).mean()), response_length_max=float(mask.sum(-1).max()),
         batch_experiences=len(exps), batch_tokens=plan.num_tokens,
         micro_batches=sum(len(mini.micro_rows) for mini in plan.minis),
-        time_prepare_s=t_prep, time_forward_backward_s=t_fb, time_optimizer_s=t_opt,
+        time_prepare_s=t_prep, time_old_logprobs_s=t_old, old_logprobs_skipped=int(skip_old),
+        time_forward_backward_s=t_fb, time_optimizer_s=t_opt,
     )
     return metrics
