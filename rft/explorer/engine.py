@@ -6,8 +6,9 @@ vLLM (``os.environ.setdefault``, so a user's values win) and forces eager mode.
 
 Data in: token ids of chat-formatted prompts and :class:`SamplingArgs` per prompt.
 Data out: per prompt, ``n`` :class:`Sample` records: prompt ids, response ids, the
-log-probability of each sampled token (vLLM's ``logprobs_mode`` default: the model's raw
-distribution, before temperature/top-p), finish reason and text.
+log-probability of each sampled token (``logprobs_mode: processed_logprobs``: of the
+distribution actually sampled from, after temperature and top-k/top-p, which the trainer scores
+at the same temperature), finish reason and text.
 
 Weights are reloaded in place (:meth:`Engine.reload`) between generation batches, without an
 engine restart, by the recipe measured in DESIGN.md: the workers' ``reload_weights`` from the
