@@ -13,7 +13,7 @@ import logging
 from rft.config.batches import check_train_batch_size
 from rft.config.mix import mix_counts
 from rft.config.names import TIS_THRESHOLD
-from rft.config.schema import Config
+from rft.config.schema import Config, TasksetConfig
 from rft.errors import ConfigError, NotSupportedError
 
 log = logging.getLogger("rft.config")
@@ -285,14 +285,20 @@ def _check_trainer(cfg: Config) -> None:
         rollout_temperature(cfg)  # one sampling temperature for the trainer to score rollouts at
 
 
+def taskset_temperature(cfg: Config, ts: TasksetConfig) -> float:
+    """The sampling temperature of a taskset: its ``rollout_args.temperature``, else
+    ``model.temperature`` (the one rule the explorer samples by and the trainer scores by)."""
+    return cfg.model.temperature if ts.rollout_args.temperature is None else ts.rollout_args.temperature
+
+
 def rollout_temperature(cfg: Config) -> float:
     """The temperature the trainer divides its logits by to score rollouts: that of the training
     tasksets (``rollout_args.temperature``, else ``model.temperature``; ``model.temperature``
     when the config lists none), so the trainer's log-probs and vLLM's describe the same
     distribution. Greedy (0) gives 1, the temperature of vLLM's greedy log-probs. ConfigError
     when the training tasksets differ: experiences do not record their temperature."""
-    temps = {label: ts.rollout_args.temperature if ts.rollout_args.temperature is not None
-             else cfg.model.temperature for label, ts in cfg.labelled_tasksets(evaluation=False)}
+    temps = {label: taskset_temperature(cfg, ts)
+             for label, ts in cfg.labelled_tasksets(evaluation=False)}
     values = set(temps.values()) or {cfg.model.temperature}
     if len(values) > 1:
         listing = ", ".join(f"{label}: {t}" for label, t in temps.items())

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from rft import atomic, data
+from rft.config.rules import taskset_temperature
 from rft.config.schema import Config, TasksetConfig
 from rft.data import planned_steps
 from rft.errors import ConfigError, DataError
@@ -106,7 +107,7 @@ def sampling_args(cfg: Config, ts: TasksetConfig) -> SamplingArgs:
     pick = lambda override, default: default if override is None else override  # noqa: E731
     return SamplingArgs(
         n=ts.repeat_times or cfg.algorithm.repeat_times,
-        temperature=pick(r.temperature, m.temperature), top_p=pick(r.top_p, m.top_p),
+        temperature=taskset_temperature(cfg, ts), top_p=pick(r.top_p, m.top_p),
         top_k=pick(r.top_k, m.top_k), logprobs=pick(r.logprobs, m.logprobs),
         max_tokens=pick(r.max_tokens, m.max_response_tokens or 128),
         min_tokens=m.min_response_tokens)
