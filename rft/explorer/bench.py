@@ -1,11 +1,14 @@
-"""``mode: bench``: evaluate a run's checkpoints on the eval tasksets and print a table.
+"""``mode: bench``: evaluate the starting model and a run's checkpoints on the eval tasksets.
 
-Input: a config whose run directory holds Hugging Face weights: the published ``weights/v*``
-versions and ``global_step_N/actor/huggingface`` folders (written at save time or by
-``rft-convert``). One vLLM engine starts on the first checkpoint and reloads the others in
-place. Output: a table (checkpoint x taskset: mean@k, pass@k, reward, response length) on
-stdout, the same numbers in ``monitor/bench/metrics.jsonl`` (step = checkpoint step).
-``explorer.bench_on_latest_checkpoint`` evaluates only the newest checkpoint.
+Input: a config whose ``model.model_path`` is the starting model (step 0, weights version 0) and
+whose run directory may hold Hugging Face weights: the published ``weights/v*`` versions and
+``global_step_N/actor/huggingface`` folders (written at save time or by ``rft-convert``). One
+vLLM engine starts on ``model.model_path`` and reloads the checkpoints in place. Output: a table
+(row per model and taskset: accuracy = mean@k, pass@k, reward, response length; first row the
+base) on stdout, with each taskset's answer extractor under it, and the same numbers in
+``monitor/bench/metrics.jsonl`` (step = checkpoint step, 0 for the base). With no checkpoint yet
+the base alone is evaluated (a model folder on a benchmark); ``explorer.bench_on_latest_checkpoint``
+evaluates the base and the newest checkpoint.
 """
 
 from __future__ import annotations
@@ -17,15 +20,18 @@ from pathlib import Path
 from rft.config.load import load_config
 from rft.config.schema import Config
 from rft.entry import config_parser, run_command, setup_logging
-from rft.errors import CheckpointError, ConfigError, RftError
+from rft.errors import ConfigError, RftError
 from rft.explorer import loop as X
 from rft.explorer import tasksets as T
+from rft.explorer.rewards import answer_extractor
 from rft.models import check_model_dir
 from rft.monitor import Monitor
 from rft.rundir import hf_dir, step_of, weights_dir
 from rft.sync import is_complete, list_versions
 
 log = logging.getLogger("rft.bench")
+
+BASE_LABEL = "base (model.model_path)"  # the step-0 row
 
 
 def find_checkpoints(run_dir: Path) -> list[tuple[int, str, Path]]:
@@ -41,6 +47,31 @@ def find_checkpoints(run_dir: Path) -> list[tuple[int, str, Path]]:
         if hf is not None and _loadable(hf):
             found[step] = (str(hf.relative_to(run_dir)), hf)
     return [(step, label, folder) for step, (label, folder) in sorted(found.items())]
+
+
+def bench_plan(model_path: str | Path, checkpoints: list[tuple[int, str, Path]],
+               latest_only: bool = False) -> list[tuple[int, str, Path]]:
+    """What the bench evaluates, in order: the base (``model.model_path``, step 0) first, then
+    the checkpoints (all, or the newest with ``latest_only``). Each model once: a checkpoint at
+    step 0 is the base (weights version 0 is ``model.model_path``), and when ``model_path`` is
+    itself one of the checkpoints, that checkpoint stands for the base, under its own step."""
+    base = Path(model_path)
+    later = [c for c in checkpoints if c[0] != 0]
+    if len(later) < len(checkpoints):
+        log.info("the step-0 checkpoint is the base model (weights version 0): evaluated once, "
+                 "as %s", BASE_LABEL)
+    same = [c for c in later if _same_folder(c[2], base)]
+    if same:
+        log.info("model.model_path %s is the checkpoint %s: no separate base row", base, same[0][1])
+        return sorted({*same, *later[-1:]}) if latest_only else later
+    return [(0, BASE_LABEL, base), *(later[-1:] if latest_only else later)]
+
+
+def _same_folder(a: Path, b: Path) -> bool:
+    try:
+        return a.resolve() == b.resolve()
+    except OSError:
+        return False
 
 
 def _loadable(folder: Path) -> bool:
@@ -62,9 +93,13 @@ def evaluate_checkpoint(cfg: Config, engine: X.Engine, eval_sets: list[T.Taskset
     return metrics
 
 
-def format_table(rows: list[tuple[str, dict[str, float]]]) -> str:
-    """One line per checkpoint and taskset."""
-    lines = [f"{'checkpoint':<34} {'taskset':<20} {'mean@k':>8} {'pass@k':>8} {'reward':>8} {'length':>7}"]
+def format_table(rows: list[tuple[str, dict[str, float]]],
+                 extractors: dict[str, str] | None = None) -> str:
+    """One line per model and taskset, then how each taskset's accuracy was read.
+
+    ``rows``: (label, bench metrics ``eval/<taskset>/...``); ``extractors``: taskset name ->
+    answer extractor (:func:`rft.explorer.rewards.answer_extractor`)."""
+    lines = [f"{'checkpoint':<34} {'taskset':<20} {'accuracy':>8} {'pass@k':>8} {'reward':>8} {'length':>7}"]
     for label, metrics in rows:
         names = sorted({k.split("/")[1] for k in metrics if k.startswith("eval/")})
         for name in names:
@@ -72,31 +107,40 @@ def format_table(rows: list[tuple[str, dict[str, float]]]) -> str:
                                        if k.startswith(f"eval/{name}/{suffix}")), float("nan"))
             lines.append(f"{label:<34} {name:<20} {get('mean@'):>8.3f} {get('pass@'):>8.3f} "
                          f"{get('reward_mean'):>8.3f} {get('response_length_mean'):>7.1f}")
+    lines.append("accuracy: mean@k, the mean of the reward's 'accuracy' part over every sample "
+                 "(the reward when it has no such part); pass@k: tasks with an accurate sample")
+    for name, extractor in (extractors or {}).items():
+        lines.append(f"answer extractor of {name}: {extractor}")
     return "\n".join(lines)
 
 
 def run_bench(cfg: Config) -> str:
-    """Evaluate the run's checkpoints; returns the printed table."""
+    """Evaluate the base model and the run's checkpoints; returns the printed table."""
     checkpoints = find_checkpoints(cfg.run_dir)
     if not checkpoints:
-        raise CheckpointError(f"{cfg.run_dir} has no checkpoint with Hugging Face weights "
-                              "(weights/v*, global_step_N/actor/huggingface); run "
-                              f"`bin/rft-convert --checkpoint-dir {cfg.run_dir}` first")
-    if cfg.explorer.bench_on_latest_checkpoint:
-        checkpoints = checkpoints[-1:]
+        log.warning("%s has no checkpoint yet (weights/v*, global_step_N/actor/huggingface; "
+                    "`bin/rft-convert --checkpoint-dir %s` writes the latter): evaluating the base "
+                    "model %s only", cfg.run_dir, cfg.run_dir, cfg.model.model_path)
+    plan = bench_plan(cfg.model.model_path, checkpoints, cfg.explorer.bench_on_latest_checkpoint)
     eval_sets = T.eval_tasksets(cfg)
     if not eval_sets:
         raise ConfigError("mode 'bench' needs buffer.explorer_input.eval_tasksets")
+    extractors = {ts.name: answer_extractor(ts.workflow.reward_fn) for ts in eval_sets}
+    for name, extractor in extractors.items():
+        log.info("%s: answer extractor: %s", name, extractor)
     engine = X.Engine(cfg)
+    loaded = Path(cfg.model.model_path)  # the engine starts on it: the base needs no reload
     rows = []
     with Monitor(cfg.run_dir, "bench", monitor_type=cfg.monitor.monitor_type,
                  project=cfg.project, name=cfg.name) as monitor:
-        for step, label, folder in checkpoints:
-            engine.reload(folder)
+        for step, label, folder in plan:
+            if not _same_folder(folder, loaded):
+                engine.reload(folder)
+                loaded = folder
             metrics = evaluate_checkpoint(cfg, engine, eval_sets, step)
             monitor.log(step, metrics)
             rows.append((label, metrics))
-    return format_table(rows)
+    return format_table(rows, extractors)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -158,15 +158,30 @@ def run_explorer(cfg: Config, engine: Engine | None = None, *, env: dict[str, st
             monitor.log(step, metrics)
             result.steps.append(step)
             result.metrics.append(metrics)
-            if eval_sets and cfg.explorer.eval_interval and step % cfg.explorer.eval_interval == 0:
+            final_eval = evaluates_final(cfg, bool(eval_sets)) and stream.finished(cursor)
+            if (eval_sets and cfg.explorer.eval_interval and step % cfg.explorer.eval_interval == 0
+                    and not final_eval):
                 result.eval_metrics.append(evaluate(cfg, engine, eval_sets, monitor, step, watcher))
-        result.loaded_version = watcher.loaded_version or 0
         if stream.finished(cursor):  # after the last segment was sealed: a trainer may now end
             heartbeat.beat(**{FINISHED_FIELD: True})
+            if result.steps and evaluates_final(cfg, bool(eval_sets)):
+                # The trained model: the trainer publishes its last step's weights (sync.py).
+                sync_weights(engine, watcher, stream.total_steps, sync.sync_timeout)
+                result.eval_metrics.append(
+                    evaluate(cfg, engine, eval_sets, monitor, result.steps[-1], watcher))
+        result.loaded_version = watcher.loaded_version or 0
     finally:
         heartbeat.stop()
         monitor.close()
     return result
+
+
+def evaluates_final(cfg: Config, has_eval_sets: bool) -> bool:
+    """Whether the explorer evaluates the trained model after its last step: in mode both
+    with evaluation on (``eval_interval`` > 0). It waits for the trainer's final weights and logs
+    the evaluation at the last step, in place of that step's periodic one (which would measure
+    the weights the step generated with, one version older)."""
+    return has_eval_sets and cfg.mode == "both" and cfg.explorer.eval_interval > 0
 
 
 def resume_cursor(run_dir: Any, place: Placement, stream: T.TaskStream, next_seq: int) -> T.Cursor:

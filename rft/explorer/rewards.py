@@ -11,9 +11,12 @@ Built-ins (``REWARD_FNS``, Trinity-RFT's names):
   there is a complete box, else -0.1;
 - ``accuracy_reward``: ``accuracy`` only, from the last ``<answer>``, else the last box, else
   the whole response;
-- ``format_reward``: ``format_score`` only (the think/answer structure).
+- ``format_reward``: ``format_score`` only (the think/answer structure);
+- ``final_number_reward`` (rft's, for the quick start): ``accuracy`` from the last number in
+  the reply, ``format_score`` +0.1 if that number ends the reply, else -0.1.
 
-``get_reward_fn`` resolves a built-in name or a user's ``package.module:function``.
+``get_reward_fn`` resolves a built-in name or a user's ``package.module:function``;
+``answer_extractor`` says where a reward function reads the answer (``ANSWER_EXTRACTORS``).
 
 Equality of answers: a fast exact path first (numbers after stripping ``$``, thousands commas,
 units and ``%``; integers, decimals and fractions compared as exact rationals), then
@@ -45,6 +48,8 @@ FORMAT_SCORE = 0.1
 MATH_VERIFY_TIMEOUT_S = 5
 
 _ANSWER_RE = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+_NUMBER_RE = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?")
+_FINAL_NUMBER_END_RE = re.compile(r"\d(?:\s+[A-Za-z]+)?[\s.!*$]*$")  # "19", "19 apples."
 _THINK_ANSWER_RE = re.compile(r"\s*<think>(.*?)</think>\s*<answer>(.*?)</answer>\s*", re.DOTALL)
 
 
@@ -215,6 +220,22 @@ def accuracy_reward(response: str, truth: str) -> RewardParts:
     return {"accuracy": 1.0 if answers_match(answer, truth) else 0.0}
 
 
+def last_number(text: str) -> str | None:
+    """The last number written in ``text`` (``19``, ``-4``, ``1,234``, ``2.5``), or None."""
+    found = _NUMBER_RE.findall(text)
+    return found[-1].rstrip(".,") if found else None
+
+
+def final_number_reward(response: str, truth: str) -> RewardParts:
+    """Replies in prose (a small model's): ``accuracy`` 1.0 if the last number in the reply
+    equals the truth; ``format_score`` +0.1 if that number ends the reply (at most a unit word
+    and ``.``, ``!``, ``**`` after it), -0.1 otherwise, so rambling past the answer costs reward."""
+    answer = last_number(response)
+    accuracy = 1.0 if answer is not None and answers_match(answer, truth) else 0.0
+    ends_with_it = _FINAL_NUMBER_END_RE.search(response) is not None
+    return {"accuracy": accuracy, "format_score": _format_part(ends_with_it)}
+
+
 def format_reward(response: str, truth: str) -> RewardParts:
     """Format only: +0.1 for the think/answer structure, -0.1 otherwise."""
     return {"format_score": _format_part(has_think_answer_format(response))}
@@ -225,7 +246,28 @@ REWARD_FNS: dict[str, RewardFn] = {
     "math_boxed_reward": math_boxed_reward,
     "accuracy_reward": accuracy_reward,
     "format_reward": format_reward,
+    "final_number_reward": final_number_reward,
 }
+
+# Where each built-in's ``accuracy`` part reads the model's answer (reports name it: mode bench).
+ANSWER_EXTRACTORS: dict[str, str] = {
+    "math_reward": "last <answer>...</answer> tag",
+    "math_boxed_reward": "last \\boxed{...}",
+    "accuracy_reward": "last <answer>...</answer> tag, else last \\boxed{...}, else the whole response",
+    "format_reward": "none (format_score only, no accuracy part)",
+    "final_number_reward": "last number in the reply",
+}
+
+
+def answer_extractor(fn: RewardFn) -> str:
+    """How ``fn`` (as :func:`get_reward_fn` returns it) reads the answer: a built-in's
+    ``ANSWER_EXTRACTORS`` entry, else ``user function <module>:<function>``."""
+    for name, builtin in REWARD_FNS.items():
+        if fn is builtin:
+            return ANSWER_EXTRACTORS[name]
+    inner = fn.func if isinstance(fn, functools.partial) else fn
+    inner = getattr(inner, "__wrapped__", inner)  # _as_parts' wrapper
+    return f"user function {inner.__module__}:{getattr(inner, '__qualname__', repr(inner))}"
 
 
 def total_reward(parts: Mapping[str, float]) -> float:

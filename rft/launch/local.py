@@ -38,6 +38,7 @@ from rft.placement import (
     local_devices,
     local_gpu_ids,
 )
+from rft.report import write_report
 from rft.rundir import LOG_DIR, explorer_role, newest_checkpoint
 
 log = logging.getLogger("rft.local")
@@ -206,7 +207,12 @@ def run_stage(cfg: Config, label: str) -> int:
     main_role = "trainer" if cfg.mode in TRAINER_MODES else explorer
     progress = ProgressPrinter(cfg.run_dir, main_role, explorer, total)
     print(f"[rft] {label}: mode {cfg.mode}, run directory {cfg.run_dir}", flush=True)
-    return supervise(start_processes(cfg, config_path, devices), progress)
+    code = supervise(start_processes(cfg, config_path, devices), progress)
+    if code == 0 and cfg.mode in EXPLORER_MODES:
+        summary = write_report(cfg.run_dir, cfg.explorer.name, title=f"{cfg.project}/{cfg.name}")
+        if summary:
+            print("[rft] " + summary.replace("\n", "\n[rft] "), flush=True)
+    return code
 
 
 def run(cfg: Config) -> int:

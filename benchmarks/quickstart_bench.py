@@ -1,0 +1,91 @@
+"""The quick start's learning, measured: held-out accuracy before vs after, per seed, and wall time.
+
+Runs ``bin/rft-run --config configs/quickstart_cpu.yaml`` once per seed (the seed sets vLLM's
+sampling and the taskset order), each in its own run directory under ``--out``, one after the
+other, and prints a table: held-out accuracy of the starting model (weights v0, the baseline,
+measured in the same run) and of the trained model (the final weights), the gain in points,
+mean train reward of the first and last steps, and the wall time of the whole command (engine
+starts and evaluations included). Targets (issue 19): gain >= 10 points on each seed, <= 15 min.
+
+    python benchmarks/quickstart_bench.py --seeds 1 2 3 --out /tmp/quickstart-bench
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from rft.config.load import load_config  # noqa: E402
+from rft.monitor import read_metrics  # noqa: E402
+from rft.report import build_report, edge_means  # noqa: E402
+from rft.rundir import explorer_role  # noqa: E402
+
+TARGET_POINTS = 10.0
+TARGET_MINUTES = 15.0
+
+
+def seed_overrides(seed: int, out: Path) -> list[str]:
+    return [f"checkpoint_root_dir={out}", f"name=seed{seed}",
+            f"explorer.rollout_model.seed={seed}",
+            f"buffer.explorer_input.taskset.task_selector.seed={seed}"]
+
+
+def run_seed(config: str, seed: int, out: Path, extra: list[str]) -> dict:
+    overrides = [*seed_overrides(seed, out), *extra]
+    cfg = load_config(config, overrides)
+    log = out / f"seed{seed}.log"
+    start = time.monotonic()
+    with log.open("w") as sink:
+        code = subprocess.call([sys.executable, str(REPO / "bin" / "rft-run"), "--config", config,
+                                *overrides], cwd=REPO, stdout=sink, stderr=subprocess.STDOUT,
+                               env=dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
+    minutes = (time.monotonic() - start) / 60
+    report = build_report(read_metrics(cfg.run_dir, explorer_role(cfg.explorer.name)))
+    held = next(iter(report.held_out.values()), {})
+    before = held.get(0)
+    after = held.get(max(held)) if held else None
+    return {"seed": seed, "code": code, "minutes": minutes, "before": before, "after": after,
+            "final_version": max(held) if held else None, "reward": edge_means(report.reward),
+            "log": log}
+
+
+def fmt(value: float | None, spec: str = ".3f") -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", default="configs/quickstart_cpu.yaml")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    parser.add_argument("--out", type=Path, default=Path("/tmp/rft-quickstart-bench"))
+    parser.add_argument("overrides", nargs="*", help="extra key=value overrides for every seed")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for seed in args.seeds:
+        print(f"seed {seed}: running (log {args.out / f'seed{seed}.log'})", flush=True)
+        rows.append(run_seed(args.config, seed, args.out, args.overrides))
+    print(f"\n{'seed':>4} {'exit':>4} {'wall min':>8} {'held-out v0':>11} {'final':>7} "
+          f"{'gain pts':>8} {'reward first':>12} {'reward last':>11}  target")
+    for r in rows:
+        gain = None if r["before"] is None or r["after"] is None else 100 * (r["after"] - r["before"])
+        ok = (r["code"] == 0 and gain is not None and gain >= TARGET_POINTS
+              and r["minutes"] <= TARGET_MINUTES)
+        first, last = r["reward"] or (None, None)
+        print(f"{r['seed']:>4} {r['code']:>4} {r['minutes']:>8.1f} {fmt(r['before']):>11} "
+              f"{fmt(r['after']):>7} {fmt(gain, '+.1f'):>8} {fmt(first):>12} {fmt(last):>11}  "
+              f"{'met' if ok else 'MISSED'} (>= {TARGET_POINTS:.0f} pts, <= {TARGET_MINUTES:.0f} min)")
+    print(f"\nheld-out: the accuracy part of the reward, greedy, on {args.config}'s eval taskset; "
+          "v0 is the starting model, final the trained weights")
+    return 0 if all(r["code"] == 0 for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
