@@ -144,6 +144,7 @@ def supervise(processes: list[Process], progress: ProgressPrinter) -> int:
     """Wait for the processes; stop all on Ctrl-C or on a failure. Returns the exit code."""
     interrupted = False
     trainer_done_at = None
+    explorers_stopped = False
 
     def on_sigint(_sig, _frame):
         nonlocal interrupted
@@ -162,14 +163,17 @@ def supervise(processes: list[Process], progress: ProgressPrinter) -> int:
             trainers = [p for p in processes if p.role == "trainer"]
             if trainers and all(p.popen.poll() is not None for p in trainers):
                 trainer_done_at = trainer_done_at or time.time()
-                if time.time() - trainer_done_at > EXPLORER_GRACE_S:
+                if time.time() - trainer_done_at > EXPLORER_GRACE_S and not explorers_stopped:
                     log.warning("explorers still running %.0f s after the trainer finished: "
                                 "stopping them", EXPLORER_GRACE_S)
                     stop(processes)
+                    explorers_stopped = True
         progress.poll()
     finally:
         signal.signal(signal.SIGINT, previous)
-    codes = {p.name: p.popen.returncode for p in processes}
+    # Explorers this function stopped after a finished trainer exit 143: not a requeue.
+    codes = {p.name: p.popen.returncode for p in processes
+             if not (explorers_stopped and p.role != "trainer")}
     if interrupted:
         return EXIT_INTERRUPTED
     return EXIT_REQUEUE if EXIT_REQUEUE in codes.values() else 0
