@@ -8,8 +8,10 @@ Writes N experiences of ``--tokens`` response tokens (ids + logprobs) in batches
 * ``sqlite-pickle``: the baseline, a table with one pickled record per row, the way
   Trinity-RFT's SQL storage keeps experiences;
 
-and prints experiences/s and MB/s (bytes on disk) for each, plus jsonl's ratio to the
-baseline. One process, so one core. Usage::
+and prints experiences/s and MB/s (bytes on disk) for each, per wall second and per CPU second
+of this process (``time.process_time``: what a loaded machine's other jobs do not change), the
+wall and CPU seconds, and jsonl's ratio to the baseline both ways. One process, so one core.
+Usage::
 
     python benchmarks/buffer_bench.py --num 20000 --tokens 1024
 """
@@ -162,14 +164,23 @@ def main() -> None:
     print(f"{'storage':<14} {'write exp/s':>12} {'write MB/s':>11} {'read exp/s':>11} "
           f"{'read MB/s':>10} {'MB on disk':>11} {'write exp/cpu-s':>16} {'read exp/cpu-s':>15}")
     cpu = iter(CPU_SECONDS)
+    cpu_s = {}  # name -> (write, read) CPU seconds
     for name, (write_s, read_s, size) in results.items():
         mb, write_cpu, read_cpu = size / 1e6, next(cpu), next(cpu)
+        cpu_s[name] = (write_cpu, read_cpu)
         print(f"{name:<14} {args.num / write_s:>12,.0f} {mb / write_s:>11.1f} "
               f"{args.num / read_s:>11,.0f} {mb / read_s:>10.1f} {mb:>11.1f} "
               f"{args.num / write_cpu:>16,.0f} {args.num / read_cpu:>15,.0f}")
+    print(f"{'storage':<14} {'write wall s':>12} {'write cpu s':>11} {'read wall s':>11} "
+          f"{'read cpu s':>10}")
+    for name, (write_s, read_s, _size) in results.items():
+        print(f"{name:<14} {write_s:>12.2f} {cpu_s[name][0]:>11.2f} {read_s:>11.2f} "
+              f"{cpu_s[name][1]:>10.2f}")
     jw, jr, _ = results["jsonl"]
     bw, br, _ = results["sqlite-pickle"]
-    print(f"jsonl / sqlite-pickle: write x{bw / jw:.2f}, read x{br / jr:.2f} (experiences/s)")
+    (jwc, jrc), (bwc, brc) = cpu_s["jsonl"], cpu_s["sqlite-pickle"]
+    print(f"jsonl / sqlite-pickle: write x{bw / jw:.2f}, read x{br / jr:.2f} (experiences/s); "
+          f"write x{bwc / jwc:.2f}, read x{brc / jrc:.2f} (experiences per CPU-second)")
 
 
 if __name__ == "__main__":

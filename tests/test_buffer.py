@@ -4,6 +4,8 @@ transport."""
 
 from __future__ import annotations
 
+import array
+import base64
 import json
 import logging
 import os
@@ -69,6 +71,27 @@ def test_experience_roundtrip_both_forms():
     assert decode_line(encode_line(expert)).logprobs == []
 
 
+def test_packed_arrays_keep_their_on_disk_bytes(tmp_path):
+    """Writers pack with struct and readers unpack through a memoryview; the bytes on disk stay
+    what array.array wrote (little-endian int32/float32 in base64), so segments written before
+    and after read the same. Logprobs come back as their float32 values, exactly."""
+    exp = make_batch("a", 1)[0]
+    exp.prompt_ids, exp.response_ids = [0, 2**31 - 1], [7, 150_000, 3]
+    exp.logprobs = [-0.1, -2.5e-8, -(2.0**127)]  # -0.1 is not a float32: it is rounded once
+    d = json.loads(encode_line(exp))
+    for name, code, tag in (("prompt_ids", "i", "i32"), ("response_ids", "i", "i32"),
+                            ("logprobs", "f", "f32")):
+        arr = array.array(code, getattr(exp, name))
+        if sys.byteorder == "big":
+            arr.byteswap()
+        assert d[name] == f"{tag}:{base64.b64encode(arr.tobytes()).decode()}"
+    back = decode_line(encode_line(exp))
+    assert back.logprobs == array.array("f", exp.logprobs).tolist() != exp.logprobs
+    assert decode_line(encode_line(back)) == back  # float32 values round-trip exactly
+    SegmentWriter(tmp_path, "w").write([exp])
+    assert exp.writer == "" and SegmentReader(tmp_path).read()[0].writer == "w"  # not mutated
+
+
 def test_reader_returns_whole_groups_and_resumes_exactly_once(tmp_path):
     writer = SegmentWriter(tmp_path, "explorer-0")
     for seq in range(3):
@@ -87,6 +110,21 @@ def test_reader_returns_whole_groups_and_resumes_exactly_once(tmp_path):
                                                         + make_batch("s2", 3)))
     assert resumed.read() == []
     assert resumed.stats.experiences_read == 28 and resumed.stats.corrupt_records == 0
+
+
+def test_backlog_gauge_counts_sealed_segments_not_yet_consumed(tmp_path):
+    writer = SegmentWriter(tmp_path, "explorer-0")
+    for seq in range(4):
+        writer.write(make_batch(f"s{seq}", groups=3))
+    reader = SegmentReader(tmp_path)
+    assert reader.stats.backlog_segments == 0  # nothing listed yet
+    reader.read(12)  # exactly segment 0
+    assert reader.stats.backlog_segments == 3
+    reader.read(24)
+    assert reader.stats.backlog_segments == 1
+    writer.write(make_batch("s4", groups=3))
+    reader.read()  # lists again: the new segment joins, then everything is read
+    assert reader.stats.backlog_segments == 0 and reader.stats.as_dict()["backlog_segments"] == 0
 
 
 def test_group_larger_than_request_is_an_error(tmp_path):

@@ -23,10 +23,10 @@ the staleness filter with its counters.
 from __future__ import annotations
 
 import array
-import base64
 import binascii
 import json
 import math
+import struct
 import sys
 import time
 import uuid
@@ -38,6 +38,7 @@ from rft.errors import DataError
 SOURCES = ("rollout", "expert")
 _PACKED_CODES = {"i32": "i", "f32": "f"}
 _ARRAY_FIELDS = {"prompt_ids": "i32", "response_ids": "i32", "logprobs": "f32"}
+_LITTLE_ENDIAN = sys.byteorder == "little"  # packed arrays are little-endian on disk
 
 
 def new_experience_id() -> str:
@@ -161,7 +162,7 @@ def _check_raw(who: str, name: str, code: str, raw: bytes) -> None:
         raise DataError(f"{who}: {name} holds a negative token id (token ids are ints >= 0)")
     if code == "f32" and 1 in top.translate(_F32_TOP):
         values = array.array("f", raw)
-        if sys.byteorder == "big":
+        if not _LITTLE_ENDIAN:
             values.byteswap()
         bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
         if bad is not None:
@@ -169,14 +170,16 @@ def _check_raw(who: str, name: str, code: str, raw: bytes) -> None:
 
 
 def _to_bytes(who: str, name: str, code: str, values: Sequence[int] | Sequence[float]) -> bytes:
-    """Little-endian packed bytes of ``values``, checked; DataError if they cannot be packed."""
+    """Little-endian packed bytes of ``values``, checked; DataError if they cannot be packed.
+
+    ``struct.pack(*values)`` converts about twice as fast as ``array.array(values)``; it refuses
+    what array refuses (non-numbers, floats as ids, ids outside int32) and also a float beyond
+    float32's range (array would store inf, which the check below refuses anyway).
+    """
     try:
-        arr = array.array(_PACKED_CODES[code], values)
-    except (OverflowError, TypeError) as e:
+        raw = struct.pack(f"<{len(values)}{_PACKED_CODES[code]}", *values)
+    except (struct.error, OverflowError, TypeError) as e:
         raise DataError(f"{who}: {name} cannot be packed as {code}: {e}") from e
-    if sys.byteorder == "big":
-        arr.byteswap()
-    raw = arr.tobytes()
     _check_raw(who, name, code, raw)
     return raw
 
@@ -199,7 +202,7 @@ def _check_list(who: str, name: str, code: str, values: Any) -> None:
 
 def _pack(who: str, name: str, code: str, values: Sequence[int] | Sequence[float]) -> str:
     raw = _to_bytes(who, name, code, values)
-    return f"{code}:{base64.b64encode(raw).decode('ascii')}"
+    return f"{code}:{binascii.b2a_base64(raw, newline=False).decode('ascii')}"
 
 
 def _unpack(who: str, name: str, value: Any) -> list:
@@ -216,9 +219,10 @@ def _unpack(who: str, name: str, value: Any) -> list:
         if len(raw) % 4:
             raise DataError(f"{who}: {name}: damaged packed array ({len(raw)} bytes, not 4 each)")
         _check_raw(who, name, code, raw)
+        if _LITTLE_ENDIAN:  # a view, no copy: about 1.5x faster than array(...).tolist()
+            return memoryview(raw).cast(_PACKED_CODES[code]).tolist()
         arr = array.array(_PACKED_CODES[code], raw)
-        if sys.byteorder == "big":
-            arr.byteswap()
+        arr.byteswap()
         return arr.tolist()
     raise DataError(f"{who}: {name} must be a list or a {code}:<base64> string")
 
@@ -226,16 +230,20 @@ def _unpack(who: str, name: str, value: Any) -> list:
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
-def encode_line(exp: Experience) -> str:
+def encode_line(exp: Experience, writer: str | None = None) -> str:
     """The compact one-line JSON form (arrays packed), without the trailing newline.
 
     DataError for an invalid record: the fields are checked, the arrays while packing (their
     elements must pack as int32/float32: a non-number cannot; a bool packs as 0/1). The packed
     arrays are spliced in after the rest is encoded: base64 needs no JSON escaping, and
     skipping the encoder's scan of ~12 KB per record makes writing about 30% faster.
+    ``writer`` replaces the record's writer name on disk (writers stamp theirs without copying
+    the record).
     """
     who = f"experience {exp.experience_id}"
     d = exp.to_dict()
+    if writer is not None:
+        d["writer"] = writer
     packed = [f'"{name}":"{_pack(who, name, code, d.pop(name))}"'
               for name, code in _ARRAY_FIELDS.items()]
     exp.check_fields()
@@ -313,6 +321,9 @@ class ReaderStats:
     stale_dropped: int = 0  # older than max_staleness_versions, dropped
     stale_kept: int = 0  # older than max_staleness_versions, returned (keep-and-report)
     max_staleness_seen: int = 0  # largest current_version - model_version returned
+    # A gauge, not a counter: sealed segments not yet (wholly) consumed after the last read
+    # (the buffer's backlog as the reader saw it; SQL readers leave it 0).
+    backlog_segments: int = 0
     by_writer: dict[str, dict[str, int]] = field(default_factory=dict)  # WRITER_COUNTERS, nonzero
 
     def count(self, writer: str, counter: str, n: int = 1) -> None:

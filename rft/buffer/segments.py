@@ -41,7 +41,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -129,13 +129,14 @@ class SegmentWriter:
                 f"{path}: seq {seq} is below the next free seq {self.next_seq}; sealed segments "
                 "never change and readers may be past it: write with a seq >= next_seq"
             )
-        records = [e if e.writer == self.writer else replace(e, writer=self.writer)
-                   for e in contiguous_groups(experiences)]
+        records = contiguous_groups(experiences)
         header = {"format": SEGMENT_FORMAT, "writer": self.writer, "seq": seq,
                   "num_records": len(records)}
-        lines = [json.dumps(header)] + [encode_line(e) for e in records]  # DataError if invalid
-        try:
-            atomic.write_bytes(path, ("\n".join(lines) + "\n").encode("utf-8"), overwrite=False)
+        lines = [json.dumps(header)]
+        lines += [encode_line(e, self.writer) for e in records]  # DataError if invalid
+        lines.append("")  # the last line ends with a newline too
+        try:  # one buffer, one write
+            atomic.write_bytes(path, "\n".join(lines).encode("utf-8"), overwrite=False)
         except FileExistsError as e:
             raise DataError(f"{path} is already sealed; sealed segments never change") from e
         self.next_seq = seq + 1
@@ -197,7 +198,10 @@ class SegmentReader:
             self._may_scan = True  # each pass may list the buffer once, not once per segment
             return self._read_once(budget, current_version, first)
 
-        return poll_read(once, max_experiences, timeout_s, poll_s)
+        experiences = poll_read(once, max_experiences, timeout_s, poll_s)
+        opened = 1 if self._current is not None and self._current.groups else 0
+        self.stats.backlog_segments = opened + sum(map(len, self._pending.values()))
+        return experiences
 
     def sealed_for_step(self, writers: Iterable[str], step: int) -> bool:
         return sealed_for_step(self.buffer_dir, writers, step)

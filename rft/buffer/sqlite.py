@@ -21,7 +21,6 @@ import os
 import re
 import sqlite3
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -183,9 +182,8 @@ class SqlBufferWriter:
     def write(self, experiences: Sequence[Experience], seq: int | None = None) -> int:
         """Insert a batch (whole groups) in one transaction; ``seq`` is accepted and unused."""
         rows = []
-        for e in contiguous_groups(experiences):
-            e = e if e.writer == self.writer else replace(e, writer=self.writer)
-            rows.append((e.writer, e.group_id, e.model_version, encode_line(e)))  # validates
+        for e in contiguous_groups(experiences):  # encode_line validates
+            rows.append((self.writer, e.group_id, e.model_version, encode_line(e, self.writer)))
         with self._conn:
             self._conn.execute("BEGIN IMMEDIATE")
             self._conn.executemany(
