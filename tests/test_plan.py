@@ -80,7 +80,7 @@ def test_hub_id_instead_of_a_folder_says_to_download(tiny_model_dir):
 
 
 def test_unknown_subset_lists_subsets():
-    with pytest.raises(DataError, match=r"subset_name 'socratic'.*subsets found: main, sft"):
+    with pytest.raises(DataError, match=r"subset_name 'socratic'.*subsets found: main, quickstart, sft"):
         data.resolve(ARITHMETIC, "train", "socratic")
 
 
