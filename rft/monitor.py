@@ -58,6 +58,7 @@ READ_TIME_S = "time/read_s"  # trainer: waiting for and reading the step's exper
 PUBLISH_TIME_S = "time/publish_s"  # trainer: gathering and publishing weights
 EXPLORER_STEP_S = "step_time_s"  # explorer: wall time of the step (weights, generation, sealing)
 EXPLORER_WAIT_S = "wait_time_s"  # explorer: waiting for the weights version the step needs
+EVAL_WEIGHTS_VERSION = "eval/weights_version"  # explorer: weights version an evaluation measured
 # What rft-run prints per step (the trainer's row merged with the explorer's of that step).
 PROGRESS_KEYS = (POLICY_LOSS, REWARD_MEAN, ACCURACY, TOKENS_PER_S, WEIGHTS_VERSION,
                  STALENESS_MEAN, STEP_TIME_S, READ_TIME_S)

@@ -21,11 +21,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from rft.monitor import ACCURACY, REWARD_MEAN, read_metrics
+from rft.monitor import ACCURACY, EVAL_WEIGHTS_VERSION, REWARD_MEAN, read_metrics
 from rft.rundir import explorer_role
 
 CURVE_FILE = "learning_curve.png"
-EVAL_VERSION = "eval/weights_version"
 EDGE_STEPS = 3  # "first steps" / "last steps" in the summary: this many at each end
 
 
@@ -50,8 +49,8 @@ def build_report(rows: Sequence[dict[str, Any]]) -> Report:
             report.reward[step] = float(row[REWARD_MEAN])
             if ACCURACY in row:
                 report.accuracy[step] = float(row[ACCURACY])
-        if EVAL_VERSION in row:
-            version = int(row[EVAL_VERSION])
+        if EVAL_WEIGHTS_VERSION in row:
+            version = int(row[EVAL_WEIGHTS_VERSION])
             for key, value in row.items():
                 if key.startswith("eval/") and "/mean@" in key:
                     report.held_out.setdefault(key, {})[version] = float(value)

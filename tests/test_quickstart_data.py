@@ -68,3 +68,13 @@ def test_the_committed_quickstart_split_is_the_scripts_output(tmp_path):
     for split in ("train", "test"):
         committed = REPO / "data" / "arithmetic" / "quickstart" / f"{split}.jsonl"
         assert committed.read_text() == (tmp_path / "quickstart" / f"{split}.jsonl").read_text()
+
+
+def test_the_script_refuses_bad_sizes_with_a_message_not_a_traceback(tmp_path, capsys):
+    for args in (["--train", "0"], ["--max-operand", "2", "--train", "500"]):
+        with pytest.raises(SystemExit) as stop:
+            gen.main(["--out", str(tmp_path), *args])
+        assert stop.value.code == 2
+    err = capsys.readouterr().err
+    assert "--train and --test must be at least 1" in err and "distinct questions" in err
+    assert not (tmp_path / "quickstart").exists()  # nothing written

@@ -83,7 +83,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test", type=int, default=100, help="held-out test rows")
     parser.add_argument("--max-operand", type=int, default=20)
     args = parser.parse_args(argv)
-    train, test = generate(args.seed, args.train, args.test, args.max_operand)
+    if args.train < 1 or args.test < 1:
+        parser.error(f"--train and --test must be at least 1 (got {args.train}, {args.test})")
+    try:
+        train, test = generate(args.seed, args.train, args.test, args.max_operand)
+    except ValueError as e:
+        parser.error(str(e))
     for split, rows in (("train", train), ("test", test)):
         path = args.out / args.subset / f"{split}.jsonl"
         write_jsonl(path, rows)

@@ -45,6 +45,7 @@ from rft.explorer import tasksets as T
 from rft.explorer.engine import Engine, Sample
 from rft.monitor import (
     ACCURACY,
+    EVAL_WEIGHTS_VERSION,
     EXPLORER_STEP_S,
     EXPLORER_WAIT_S,
     REWARD_MEAN,
@@ -349,7 +350,7 @@ def evaluate(cfg: Config, engine: Engine, eval_sets: list[T.Taskset], monitor: M
              step: int, watcher: WeightsWatcher) -> dict[str, Any]:
     """Every row of every eval taskset with its rollout_args; metrics to the monitor only."""
     version = watcher.loaded_version or 0
-    metrics: dict[str, Any] = {"eval/weights_version": version}
+    metrics: dict[str, Any] = {EVAL_WEIGHTS_VERSION: version}
     start = time.monotonic()
     for ts in eval_sets:
         items = [(i, T.Task(0, i, 0)) for i in range(len(ts))]
