@@ -6,6 +6,8 @@
     buffer/<writer>/seg-NNNNNN.jsonl   experiences (BUFFER_DIR; rft.buffer.segments)
     weights/vNNNNNN/                   published weights (WEIGHTS_DIR; rft.sync)
     latest_state_dict_iteration.txt    newest complete weights version (WEIGHTS_POINTER)
+    weights_group.json                 where the trainer's weight-sync store listens, with
+                                       sync_method nccl (WEIGHTS_GROUP; rft.broadcast)
     global_step_N/actor/[huggingface/] full checkpoints (step_dir; rft.trainer.state)
     latest_checkpointed_iteration.txt  newest complete full checkpoint (CHECKPOINT_POINTER)
     trainer_meta.json                  the newest checkpoint's metadata (TRAINER_META)
@@ -38,6 +40,7 @@ CONFIG_FILE = "config.yaml"
 BUFFER_DIR = "buffer"
 WEIGHTS_DIR = "weights"
 WEIGHTS_POINTER = "latest_state_dict_iteration.txt"
+WEIGHTS_GROUP = "weights_group.json"
 CHECKPOINT_POINTER = "latest_checkpointed_iteration.txt"
 TRAINER_META = "trainer_meta.json"
 EXPLORERS_DIR = "explorers"

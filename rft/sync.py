@@ -9,7 +9,8 @@ replaces the pointer file ``latest_state_dict_iteration.txt``. It keeps the newe
 loaded, deciding for each folder from heartbeats read right before removing it.
 
 Weights enter an explorer through a :class:`WeightsWatcher`: ``poll()`` reads the pointer (one
-small file) and returns the folder only when it is complete; ``load(version, load_fn)``
+small file) and returns the folder only when it is complete (with ``newer_only``, when weights
+also come by broadcast, only when it is newer than the loaded version); ``load(version, load_fn)``
 announces the load in the heartbeat before the folder is read (so the publisher keeps it), and
 after ``load_fn`` checks that the same copy is still there: a publisher that decided before it
 saw the announcement (heartbeats reach it late on a shared filesystem) removes folders by
@@ -289,11 +290,12 @@ class WeightsWatcher:
     """The explorer's side: is there a complete version other than the one loaded? Load it."""
 
     def __init__(self, run_dir: Path | str, loaded_version: int | None = None,
-                 heartbeat: "Heartbeat | None" = None):
+                 heartbeat: "Heartbeat | None" = None, newer_only: bool = False):
         self.run_dir = Path(run_dir)
         self.loaded_version = loaded_version  # None after a voided load: the engine holds a mix
         self.loaded_marker: dict[str, Any] | None = None  # which copy of loaded_version
         self.heartbeat = heartbeat
+        self.newer_only = newer_only  # weights also come by broadcast: a folder only if newer
         self._loading_marker: dict[str, Any] | None = None
 
     def poll(self) -> tuple[int, Path] | None:
@@ -311,6 +313,8 @@ class WeightsWatcher:
         same_copy = self.loaded_marker is None or marker == self.loaded_marker
         if marker is None or (version == self.loaded_version and same_copy):
             return None
+        if self.newer_only and self.loaded_version is not None and version <= self.loaded_version:
+            return None  # the broadcast brought this version or a newer one already
         return version, folder
 
     def load(self, version: int, load_fn: Callable[[Path], Any]) -> bool:
@@ -355,6 +359,11 @@ class WeightsWatcher:
         self.loaded_version, self.loaded_marker = version, self._loading_marker
         self._loading_marker = None
         self._beat(**{LOADED_FIELD: version, LOADING_FIELD: None})
+
+    def loaded_by_broadcast(self, version: int) -> None:
+        """Record ``version`` as the engine's, received by broadcast (no folder: no marker)."""
+        self.loaded_version, self.loaded_marker = version, None
+        self._beat(**{LOADED_FIELD: version})
 
     def _void_load(self, folder: Path, warn: bool) -> None:
         if warn:

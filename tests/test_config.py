@@ -179,7 +179,6 @@ def test_presets_fill_only_unset_functions(tmp_path):
 
 
 @pytest.mark.parametrize("path,key", [
-    (TRINITY / "gsm8k.yaml", "synchronizer.sync_method: 'nccl' is not supported yet"),
     (TRINITY / "ppo_example.yaml", "model.critic_model_path"),
 ])
 def test_trinity_originals_name_what_is_not_supported(path, key):
@@ -190,6 +189,7 @@ def test_trinity_originals_name_what_is_not_supported(path, key):
 
 
 @pytest.mark.parametrize("section,value,needle", [
+    ({"synchronizer": {"sync_method": "memory"}}, None, "synchronizer.sync_method"),
     ({"synchronizer": {"sync_style": "dynamic_by_explorer"}}, None, "synchronizer.sync_style"),
     ({"trainer": {"ulysses_sequence_parallel_size": 2}}, None, "ulysses_sequence_parallel_size"),
     ({"explorer": {"auxiliary_models": [{"model_path": "/rm"}]}}, None, "explorer.auxiliary_models"),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -420,3 +421,53 @@ def test_reload_in_place_matches_a_fresh_engine(engine, vllm_model_dir, data_dir
 
     old = engine.generate(prompts, [SamplingArgs(temperature=0.0, max_tokens=6)] * len(prompts))
     assert [g[0].response_ids for g in old] != [e.response_ids for e in step2]
+
+
+@pytest.mark.integration
+def test_weights_by_broadcast_match_a_fresh_engine(engine, vllm_model_dir, data_dir, tmp_path):
+    """sync_method nccl (gloo here): the explorer waits for version 1, the trainer's broadcaster
+    sends it, and the engine generates exactly what a fresh engine on those weights does."""
+    import threading
+
+    import torch
+    from safetensors.torch import load_file
+
+    from rft.explorer.loop import run_explorer
+    from rft.trainer.broadcaster import WeightBroadcaster
+
+    greedy = taskset_dict(data_dir / "a.jsonl", "a", rollout_args={"temperature": 0.0},
+                          repeat_times=1)
+    cfg = make_cfg(tmp_path, vllm_model_dir, [greedy], mode="both", buffer={"total_steps": 2},
+                   synchronizer={"sync_method": "nccl", "sync_timeout": 120})
+    assert run_explorer(cfg, engine, max_steps=1).steps == [1]
+    new_weights = tmp_path / "v1"
+    new_weights.mkdir()
+    perturbed_copy(vllm_model_dir, seed=2)(new_weights)
+    state = load_file(str(new_weights / "model.safetensors"))
+    trainer = WeightBroadcaster(cfg.run_dir, torch.device("cpu"), timeout_s=120, heartbeat_live_s=60)
+    sent = []
+
+    def train() -> None:  # broadcast as soon as the explorer has registered
+        deadline = time.monotonic() + 120
+        while not sent and time.monotonic() < deadline:
+            if trainer.broadcast(1, state):
+                sent.append(1)
+            else:
+                time.sleep(0.2)
+
+    thread = threading.Thread(target=train)
+    thread.start()
+    try:
+        result = run_explorer(cfg, engine)
+    finally:
+        thread.join()
+        trainer.close()
+    assert sent == [1] and result.steps == [2] and result.loaded_version == 1
+    assert not (cfg.run_dir / "weights").exists()  # no folder: the broadcast carried them
+    step2 = read_segments(cfg.run_dir)["explorer-0"][2]
+    assert {e.model_version for e in step2} == {1}
+    fresh = fresh_engine_outputs(new_weights, [e.prompt_ids for e in step2])
+    for exp, (ids, logprobs) in zip(step2, fresh):
+        assert exp.response_ids == ids
+        assert exp.logprobs == pytest.approx(logprobs, abs=1e-4)
+    engine.reload(vllm_model_dir)  # the module's engine goes back to the base model

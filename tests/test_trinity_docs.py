@@ -33,7 +33,6 @@ class Refused:
     keys: tuple[str, ...]  # the config keys that need it; without them the fixture must load
 
 
-NCCL = Refused("issue 13: NCCL weight sync", ("synchronizer.sync_method",))
 CRITIC_AND_REWARD_MODELS = Refused(
     "issue 14: critic and reward models (explorer.auxiliary_models)",
     ("model.critic_model_path", "algorithm.advantage_fn", "trainer.trainer_config.critic",
@@ -41,9 +40,6 @@ CRITIC_AND_REWARD_MODELS = Refused(
 
 # fixture -> how rft reads it today (absent: it loads).
 REFUSED: dict[str, Refused] = {
-    "gsm8k.yaml": NCCL,
-    "sft_warmup.yaml": NCCL,
-    "chord.yaml": NCCL,
     "ppo_example.yaml": CRITIC_AND_REWARD_MODELS,
 }
 
@@ -167,15 +163,14 @@ def test_dry_run_of_the_async_explorer(tmp_path, monkeypatch, smollm2_dir, capsy
 
 
 def test_dry_run_of_the_sft_warmup_stages(tmp_path, monkeypatch, smollm2_dir, capsys):
-    """The quick start's SFT warm-up with a local SFT dataset; nccl -> checkpoint (issue 13)."""
+    """The quick start's SFT warm-up with a local SFT dataset, as printed (sync_method nccl)."""
     sft = tmp_path / "sft.jsonl"
     sft.write_text('{"prompt": "What is 1 + 2?", "response": "<answer>3</answer>"}\n')
     monkeypatch.setenv("TRINITY_MODEL_PATH", str(smollm2_dir))
     monkeypatch.setenv("TRINITY_TASKSET_PATH", str(ARITHMETIC))
     monkeypatch.setenv("TRINITY_CHECKPOINT_ROOT_DIR", str(tmp_path))
     code = run_main(["--config", str(TRINITY / "sft_warmup.yaml"), "--dry-run",
-                     f"stages.0.buffer.trainer_input.experience_buffer.path={sft}",
-                     "synchronizer.sync_method=checkpoint"])
+                     f"stages.0.buffer.trainer_input.experience_buffer.path={sft}"])
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "stage 0: sft_warmup (mode train" in out and "stage 1: rft (mode both" in out

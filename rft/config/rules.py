@@ -66,10 +66,10 @@ def _unsupported(key: str, value: object, what_to_do: str) -> NotSupportedError:
 def check_not_supported(cfg: Config) -> None:
     """Raise for Trinity options rft reads but does not implement (nothing is ignored)."""
     sync = cfg.synchronizer
-    if sync.sync_method != "checkpoint":
+    if sync.sync_method == "memory":
         raise _unsupported("synchronizer.sync_method", sync.sync_method,
-                           "Use 'checkpoint' (weights published as weights/vNNNNNN folders on the "
-                           "shared filesystem): synchronizer.sync_method=checkpoint")
+                           "Use 'nccl' (weights broadcast from the trainer to the explorers) or "
+                           "'checkpoint' (weights/vNNNNNN folders on the shared filesystem)")
     if sync.sync_style != "fixed":
         raise _unsupported("synchronizer.sync_style", sync.sync_style,
                            "Use 'fixed' (sync every synchronizer.sync_interval steps).")

@@ -14,7 +14,10 @@ Weights are reloaded in place (:meth:`Engine.reload`) between generation batches
 engine restart, by the recipe measured in DESIGN.md: the workers' ``reload_weights`` from the
 new folder, then, for tied input/output embeddings, the output layer's
 ``process_weights_after_loading`` again (otherwise it keeps the old weights on CPU), then
-``reset_prefix_cache`` (cached KV blocks were computed with the old weights).
+``reset_prefix_cache`` (cached KV blocks were computed with the old weights). With
+``sync_method: nccl`` the same in-place reload takes tensors received from the trainer's
+broadcast instead of a folder (:meth:`Engine.receive`); the worker side of both lives in
+:mod:`rft.explorer.vllm_worker`.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from rft.config.schema import Config
+from rft.errors import CheckpointError
 from rft.explorer.tasksets import SamplingArgs
 from rft.placement import local_devices
 
@@ -37,6 +41,7 @@ CPU_ENV_DEFAULTS = {
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache; startup fails its memory check without it
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine in this process: faster, no __main__ guard
 }
+WORKER_EXTENSION = "rft.explorer.vllm_worker.WeightSyncExtension"
 
 
 @dataclass
@@ -96,20 +101,12 @@ def engine_kwargs(cfg: Config, on_cpu: bool) -> dict[str, Any]:
         enforce_eager=rollout.enforce_eager or on_cpu,  # no CUDA graphs on CPU
         seed=rollout.seed,
         logprobs_mode="processed_logprobs",  # the sampled distribution's log-probs (see above)
+        worker_extension_cls=WORKER_EXTENSION,  # rft's methods on each worker
     )
     max_model_len = rollout.max_model_len or cfg.model.max_model_len
     if max_model_len is not None:
         kwargs["max_model_len"] = max_model_len
     return kwargs
-
-
-def _refresh_tied_lm_head(worker: Any) -> None:
-    """Runs on each worker: re-derive the output layer from the reloaded tied embedding."""
-    model = worker.model_runner.get_model()
-    lm_head = getattr(model, "lm_head", None)
-    method = getattr(lm_head, "quant_method", None)
-    if method is not None and hasattr(method, "process_weights_after_loading"):
-        method.process_weights_after_loading(lm_head)
 
 
 class Engine:
@@ -161,12 +158,45 @@ class Engine:
         start = time.monotonic()
         self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
         if self.tied_embeddings:
-            self.llm.collective_rpc(_refresh_tied_lm_head)
+            self.llm.collective_rpc("rft_refresh_tied_lm_head")
         self.llm.reset_prefix_cache()
         self.weights_path = str(folder)
         seconds = time.monotonic() - start
         log.info("reloaded weights from %s in %.2fs", folder, seconds)
         return seconds
+
+    # -- weights by broadcast (sync_method nccl): rft.explorer.receiver drives these
+
+    def join_group(self, host: str, port: int, generation: int, first_rank: int,
+                   world_size: int, backend: str, timeout_s: float) -> None:
+        """Every worker joins the weight-sync group ``generation`` (blocks until all members did)."""
+        self.llm.collective_rpc("rft_join_group", args=(host, port, generation, first_rank,
+                                                        world_size, backend, timeout_s))
+
+    def receive(self, layout: list[Any], version: int) -> str:
+        """Receive weights ``version`` broadcast with bucket ``layout`` and load them in place.
+        Returns "" when loaded, else why the receive failed (weights unchanged)."""
+        start = time.monotonic()
+        try:
+            errors = [e for e in self.llm.collective_rpc(
+                "rft_receive", args=(layout, self.tied_embeddings)) if e]
+        except Exception as e:  # the load itself failed: not a network problem, do not retry
+            raise CheckpointError(f"loading weights version {version} received by broadcast "
+                                  f"failed: {e}") from e
+        if errors:
+            return errors[0]
+        self.llm.reset_prefix_cache()
+        self.weights_path = f"broadcast:v{version}"
+        log.info("received weights version %d by broadcast in %.2fs", version,
+                 time.monotonic() - start)
+        return ""
+
+    def confirm(self, ok: bool) -> bool:
+        """Report the load to the group; True when every member loaded (raises if it failed)."""
+        return all(self.llm.collective_rpc("rft_confirm", args=(ok,)))
+
+    def leave_group(self) -> None:
+        self.llm.collective_rpc("rft_leave_group")
 
 
 def _params(sampling_params_cls: Any, a: SamplingArgs, n: int) -> Any:

@@ -22,6 +22,11 @@ step that produced them; version 0 is ``model.model_path``. Before generating st
 
 Entry: ``python -m rft.explorer --config FILE [key=value ...]``; the task's rank and count come
 from ``RFT_EXPLORER_RANK``/``RFT_EXPLORER_COUNT``, else ``SLURM_PROCID``/``SLURM_NTASKS``.
+With ``synchronizer.sync_method: nccl`` the weights also arrive by broadcast
+(:class:`~rft.explorer.receiver.BroadcastReceiver`), looked for at the same points; folders then
+only bring versions newer than the loaded one (published at checkpoints, at the end, or when a
+broadcast failed).
+
 SIGTERM or SIGUSR1 exits at once: the unsealed batch is lost, sealed segments stay.
 """
 
@@ -43,6 +48,7 @@ from rft.entry import config_parser, run_command, setup_logging
 from rft.errors import EXIT_OK, ConfigError, SyncTimeoutError
 from rft.explorer import tasksets as T
 from rft.explorer.engine import Engine, Sample
+from rft.explorer.receiver import BroadcastReceiver
 from rft.monitor import (
     ACCURACY,
     EVAL_WEIGHTS_VERSION,
@@ -127,26 +133,31 @@ def run_explorer(cfg: Config, engine: Engine | None = None, *, env: dict[str, st
     heartbeat = Heartbeat(run_dir, place.writer, cfg.explorer.heartbeat_interval_s).start()
     if handle_signals:
         install_exit_handlers(heartbeat)
-    watcher = WeightsWatcher(run_dir, loaded_version=0, heartbeat=heartbeat)
+    nccl = cfg.synchronizer.sync_method == "nccl"
+    watcher = WeightsWatcher(run_dir, loaded_version=0, heartbeat=heartbeat, newer_only=nccl)
     monitor = Monitor(run_dir, place.role, monitor_type=cfg.monitor.monitor_type,
                       flush_interval_s=cfg.monitor.flush_interval_s, project=cfg.project,
                       name=cfg.name)
     engine = engine or Engine(cfg)
     if engine.weights_path != cfg.model.model_path:
         engine.reload(cfg.model.model_path)  # a reused engine left with other weights
+    receiver = BroadcastReceiver(run_dir, place.writer, engine,
+                                 cfg.explorer.rollout_model.tensor_parallel_size,
+                                 cfg.synchronizer.sync_timeout) if nccl else None
     result = ExplorerResult()
     sync = cfg.synchronizer
     try:
         heartbeat.beat(**{LOADED_FIELD: 0}, steps_done=cursor.step)
         if eval_sets and cfg.explorer.eval_on_startup and cursor.step == 0:
-            sync_weights(engine, watcher, 0, sync.sync_timeout)
+            sync_weights(engine, watcher, 0, sync.sync_timeout, receiver)
             result.eval_metrics.append(evaluate(cfg, engine, eval_sets, monitor, 0, watcher))
         while not stream.finished(cursor) and (max_steps is None or len(result.steps) < max_steps):
             step_start = time.monotonic()
             step = cursor.step + 1
             need = (required_version(step, sync.sync_offset, sync.sync_interval)
                     if cfg.mode == "both" else 0)
-            version, reload_s, wait_s = sync_weights(engine, watcher, need, sync.sync_timeout)
+            version, reload_s, wait_s = sync_weights(engine, watcher, need, sync.sync_timeout,
+                                                     receiver)
             share = T.rank_share(stream.next_batch(cursor), place.rank, place.count)
             exps, stats = rollout(cfg, engine, train_sets, share, step, version, place.writer)
             writer.write(exps, seq=step)
@@ -167,11 +178,13 @@ def run_explorer(cfg: Config, engine: Engine | None = None, *, env: dict[str, st
             heartbeat.beat(**{FINISHED_FIELD: True})
             if result.steps and evaluates_final(cfg, bool(eval_sets)):
                 # The trained model: the trainer publishes its last step's weights (sync.py).
-                sync_weights(engine, watcher, stream.total_steps, sync.sync_timeout)
+                sync_weights(engine, watcher, stream.total_steps, sync.sync_timeout, receiver)
                 result.eval_metrics.append(
                     evaluate(cfg, engine, eval_sets, monitor, result.steps[-1], watcher))
         result.loaded_version = watcher.loaded_version or 0
     finally:
+        if receiver is not None:
+            receiver.close()
         heartbeat.stop()
         monitor.close()
     return result
@@ -200,9 +213,10 @@ def resume_cursor(run_dir: Any, place: Placement, stream: T.TaskStream, next_seq
     return cursor
 
 
-def sync_weights(engine: Engine, watcher: WeightsWatcher, need: int,
-                 timeout_s: float) -> tuple[int, float, float]:
-    """Load the newest published weights, waiting until version >= ``need``.
+def sync_weights(engine: Engine, watcher: WeightsWatcher, need: int, timeout_s: float,
+                 receiver: BroadcastReceiver | None = None) -> tuple[int, float, float]:
+    """Load the newest weights, waiting until version >= ``need``: from the trainer's broadcast
+    (``receiver``, with ``sync_method: nccl``) or from a published folder, whichever comes.
 
     A load whose folder the trainer pruned or republished meanwhile is void
     (:meth:`WeightsWatcher.load`) and retried at once with the newest version; until one
@@ -211,7 +225,13 @@ def sync_weights(engine: Engine, watcher: WeightsWatcher, need: int,
     """
     start = time.monotonic()
     reload_s = 0.0
+    wait_s = 0.0  # the first look at the broadcast events does not wait
     while True:
+        if receiver is not None:
+            received = receiver.poll(wait_s)
+            if received is not None:
+                watcher.loaded_by_broadcast(received)
+                reload_s += receiver.receive_s
         latest = watcher.poll()
         retry = False
         if latest is not None:
@@ -228,7 +248,11 @@ def sync_weights(engine: Engine, watcher: WeightsWatcher, need: int,
             raise SyncTimeoutError(
                 f"waited {timeout_s:.0f}s for weights version >= {need} in {watcher.run_dir} "
                 f"(loaded: {'none, a load was voided' if loaded is None else loaded}); {why}")
-        if not retry:
+        if retry:
+            wait_s = 0.0
+        elif receiver is not None:
+            wait_s = WEIGHTS_POLL_S  # the receiver waits on the trainer's events meanwhile
+        else:
             time.sleep(WEIGHTS_POLL_S)
 
 

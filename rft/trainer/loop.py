@@ -7,7 +7,9 @@ Data in: experiences from the run directory's buffer (``mode: both`` / ``train``
 dataset (``storage_type: file``), or both mixed (``sample_strategy: mix``, CHORD: see
 :mod:`rft.trainer.mix`), read on rank 0 and broadcast. Data out, in the run
 directory: ``weights/v<step>/`` every ``synchronizer.sync_interval`` steps (HF folders that
-vLLM reloads), ``global_step_N/`` full checkpoints every ``trainer.save_interval`` steps and
+vLLM reloads; with ``sync_method: nccl`` a broadcast to the explorers instead, and folders only
+at checkpoints, at the end and when a broadcast fails: :mod:`rft.trainer.broadcaster`),
+``global_step_N/`` full checkpoints every ``trainer.save_interval`` steps and
 at the end (:mod:`rft.trainer.state`), metrics in ``monitor/trainer/``.
 
 Exit codes: 0 done; :data:`EXIT_REQUEUE` (143) after SIGUSR1/SIGTERM: the step in flight was
@@ -112,15 +114,29 @@ def resume_point(cfg: Config, run_dir: Path, world_size: int) -> tuple[int | Non
     return step, meta
 
 
-def publish_weights(actor: Any, publisher: Any, version: int, model_path: str, rank: int) -> None:
-    """Gather the weights (collective) and publish ``weights/v<version>/`` from rank 0."""
+def publish_weights(actor: Any, publisher: Any, broadcaster: Any, version: int, model_path: str,
+                    rank: int, folder: bool) -> None:
+    """Gather the weights (collective); from rank 0 broadcast them (``sync_method: nccl``) and
+    publish ``weights/v<version>/`` when ``folder`` or when the broadcast did not reach every
+    explorer."""
     from rft.trainer import engine as dse
 
     state = dse.gather_weights(actor)
     if rank == 0:
-        publisher.publish(version, lambda tmp: dse.save_hf_folder(actor, state, tmp),
-                          extra_files=tokenizer_files(model_path))
+        sent = broadcaster is not None and broadcaster.broadcast(version, state)
+        if folder or not sent:
+            publisher.publish(version, lambda tmp: dse.save_hf_folder(actor, state, tmp),
+                              extra_files=tokenizer_files(model_path))
     dse.barrier()
+
+
+def writes_folder(cfg: Config, step: int, last_step: int | None) -> bool:
+    """Whether a published version also goes to ``weights/`` as a folder: always with
+    ``sync_method: checkpoint``; with ``nccl`` at each full checkpoint and the last step (for
+    late joiners, resume and conversion), besides the fallback when a broadcast fails."""
+    save = cfg.trainer.save_interval
+    return (cfg.synchronizer.sync_method == "checkpoint" or step == last_step
+            or bool(save and step % save == 0))
 
 
 def save_full_checkpoint(cfg: Config, run_dir: Path, actor: Any, source: Any, progress: Progress,
@@ -149,6 +165,16 @@ def save_full_checkpoint(cfg: Config, run_dir: Path, actor: Any, source: Any, pr
         log.info("checkpoint global_step_%d saved", progress.step)
     progress.last_saved = progress.step
     dse.barrier()
+
+
+def open_broadcaster(cfg: Config, run_dir: Path, device: Any) -> Any:
+    """Rank 0's :class:`~rft.trainer.broadcaster.WeightBroadcaster` with ``sync_method: nccl``."""
+    if cfg.synchronizer.sync_method != "nccl":
+        return None
+    from rft.trainer.broadcaster import WeightBroadcaster
+
+    return WeightBroadcaster(run_dir, device, cfg.synchronizer.sync_timeout,
+                             cfg.explorer.heartbeat_timeout_s)
 
 
 def staleness_metrics(batch: list[Any], version: int) -> dict[str, float]:
@@ -193,6 +219,7 @@ def run(cfg: Config) -> int:
         log.info("resumed from global_step_%d (weights version %d)", resumed, progress.weights_version)
     publisher = WeightsPublisher(run_dir, cfg.synchronizer.weights_versions_to_keep,
                                  heartbeat_live_s=cfg.explorer.heartbeat_timeout_s) if rank == 0 else None
+    broadcaster = open_broadcaster(cfg, run_dir, info.device) if rank == 0 else None
     monitor = Monitor(run_dir, "trainer", monitor_type=cfg.monitor.monitor_type, enabled=rank == 0,
                       flush_interval_s=cfg.monitor.flush_interval_s, project=cfg.project,
                       name=cfg.name)
@@ -213,8 +240,11 @@ def run(cfg: Config) -> int:
         progress.cursor = source.cursor() if rank == 0 else {}
         t1 = time.perf_counter()
         if publishes_weights(step, cfg.synchronizer.sync_interval, steps):
-            publish_weights(actor, publisher, step, cfg.model.model_path, rank)
+            publish_weights(actor, publisher, broadcaster, step, cfg.model.model_path, rank,
+                            folder=writes_folder(cfg, step, steps))
             progress.weights_version = step
+            if broadcaster is not None:
+                metrics.update(broadcaster.last)
         t_publish = time.perf_counter() - t1
         elapsed = time.perf_counter() - t0
         metrics.update(stale)
@@ -232,6 +262,8 @@ def run(cfg: Config) -> int:
     exit_code = EXIT_REQUEUE if dse.all_reduce_max(int(stop.requested())) else EXIT_OK
     if progress.last_saved != progress.step and progress.step > 0:
         save_full_checkpoint(cfg, run_dir, actor, source, progress, rank, info.world_size, final=True)
+    if broadcaster is not None:
+        broadcaster.close()
     monitor.close()
     log.info("trainer stopped at step %d (exit code %d)", progress.step, exit_code)
     return exit_code

@@ -1,0 +1,129 @@
+"""Trainer rank 0's side of ``sync_method: nccl``: broadcast each new weights version to the
+explorers that registered for it (protocol: :mod:`rft.broadcast`).
+
+:meth:`WeightBroadcaster.broadcast` is called where the checkpoint method publishes a folder.
+Its members are the explorers whose newest registration is not retired and whose heartbeat is
+live; when they differ from the current group's (an explorer joined, left or re-registered), a
+new generation is formed first. It returns False when the version did not reach every member
+(no member yet, a member died or timed out: the group is then aborted and its registrations
+retired), and the trainer publishes the version as a folder instead, so no explorer waits
+forever and those that re-register join the next generation.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rft import broadcast as B
+from rft.rundir import WEIGHTS_GROUP
+from rft.sync import read_heartbeats
+
+log = logging.getLogger("rft.trainer")
+
+
+class WeightBroadcaster:
+    def __init__(self, run_dir: Path | str, device: torch.device, timeout_s: float,
+                 heartbeat_live_s: float, bucket_bytes: int = B.BUCKET_BYTES):
+        self.run_dir = Path(run_dir)
+        self.bucket_bytes = bucket_bytes
+        self.device = device if device.type == "cuda" else torch.device("cpu")
+        self.timeout_s = timeout_s
+        self.heartbeat_live_s = heartbeat_live_s
+        host, port = B.store_address()
+        self.store = B.open_store(host, port, timeout_s)
+        self.rv = B.Rendezvous(host, int(self.store.port), uuid.uuid4().hex,
+                               B.backend_for(self.device), os.getpid(), time.time())
+        B.write_rendezvous(self.run_dir, self.rv)
+        log.info("weights by broadcast (%s): explorers rendezvous at %s:%d", self.rv.backend, host,
+                 self.rv.port)
+        self.generation = 0
+        self.members: list[B.Member] = []
+        self.group: Any = None
+        self.registrations: dict[str, B.Registration] = {}  # newest per explorer name
+        self.retired: set[str] = set()  # tokens of registrations whose group failed
+        self._joins_read = 0
+        self.last: dict[str, float] = {}  # metrics of the last broadcast (trainer monitor)
+
+    def broadcast(self, version: int, state: dict[str, torch.Tensor]) -> bool:
+        """Send ``version`` to every live registered explorer; True when all loaded it."""
+        start = time.monotonic()
+        self.last = {"sync/broadcast_ok": 0.0, "sync/members": 0.0}
+        try:
+            wanted = self._wanted()
+            if not wanted:
+                log.info("weights version %d: no explorer registered for the broadcast yet; "
+                         "publishing it as a folder", version)
+                self._close_group()
+                return False
+            if self.group is None or {m.token for m in self.members} != {r.token for r in wanted}:
+                self._form(wanted)
+            self._send(version, state)
+        except (RuntimeError, OSError, B.BroadcastError) as e:
+            names = [m.name for m in self.members]
+            log.warning("broadcast of weights version %d to %s failed (%s): publishing it as a "
+                        "folder; generation %d is torn down and the live explorers form the next "
+                        "one at the next sync", version, names, e, self.generation)
+            self.retired |= {m.token for m in self.members}
+            self._close_group()
+            return False
+        self.last = {"sync/broadcast_ok": 1.0, "sync/broadcast_s": time.monotonic() - start,
+                     "sync/members": float(len(self.members)),
+                     "sync/generation": float(self.generation)}
+        log.info("weights version %d broadcast to %s in %.2fs", version,
+                 [m.name for m in self.members], self.last["sync/broadcast_s"])
+        return True
+
+    def close(self) -> None:
+        """Tear the group down and withdraw the rendezvous file if it is still this trainer's."""
+        self._close_group()
+        try:
+            current = B.read_rendezvous(self.run_dir)
+        except B.BroadcastError:
+            current = None
+        if current is not None and current.session == self.rv.session:
+            (self.run_dir / WEIGHTS_GROUP).unlink(missing_ok=True)
+
+    # -- membership
+
+    def _wanted(self) -> list[B.Registration]:
+        new, self._joins_read = B.read_registrations(self.store, self._joins_read)
+        for reg in new:
+            self.registrations[reg.name] = reg
+        live = {s.name for s in read_heartbeats(self.run_dir, self.heartbeat_live_s) if s.live}
+        return [r for r in self.registrations.values() if r.token not in self.retired
+                and r.name in live]
+
+    def _form(self, wanted: list[B.Registration]) -> None:
+        self._close_group()
+        self.generation += 1
+        self.members, world_size = B.assign_ranks(wanted)
+        B.post_event(self.store, {"kind": "generation", "generation": self.generation,
+                                  "world_size": world_size,
+                                  "members": [asdict(m) for m in self.members]})
+        start = time.monotonic()
+        self.group = B.new_group(self.store, self.generation, 0, world_size, self.rv.backend,
+                                 self.timeout_s)
+        log.info("weight-sync group generation %d formed with %s in %.2fs", self.generation,
+                 [m.name for m in self.members], time.monotonic() - start)
+
+    def _send(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        buckets = B.plan_for(state, self.bucket_bytes)
+        B.post_event(self.store, {"kind": "weights", "generation": self.generation,
+                                  "version": version, "buckets": B.buckets_to_json(buckets)})
+        for bucket in buckets:
+            B.broadcast(self.group, B.pack(bucket, state, self.device))
+        if not B.all_loaded(self.group, True, self.device):
+            raise B.BroadcastError("an explorer could not load the weights (see its log)")
+
+    def _close_group(self) -> None:
+        B.abort(self.group)
+        self.group = None
+        self.members = []
