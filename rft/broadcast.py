@@ -15,11 +15,18 @@ Explorers read the file and talk through the store:
 - ``events`` (a counter) and ``event/<n>``: what the trainer does, in order. A ``generation``
   event names the members of a new group (rank 0 the trainer, then each member's workers); a
   ``weights`` event announces the broadcast of one version: its bucket layout, then the buckets
-  follow on the group, then an ``all_reduce`` in which every member reports its load done.
+  follow on the group, then an ``all_reduce`` in which every member reports its load done;
+- ``ack/<n>/<token>`` and ``decision/<n>``: every member acknowledges event n when it reaches
+  it (explorers look at events between steps), and only once all have does the trainer decide
+  "go" and everyone enters the collective. While it waits, the trainer watches the members'
+  heartbeats and registrations: a member that died, exited or withdrew (an explorer that
+  finished its tasks) makes it decide "cancel" at once instead of waiting for the timeout.
 
-A group lives until it fails (a member died, hung past the timeout, or left): then the trainer
-aborts it, retires its members' registrations, and publishes that version as a folder so
-nothing waits forever; live explorers re-register and the next sync forms generation + 1.
+A group lives until it fails: then the trainer aborts it (or cancels the event), retires the
+registrations of the members at fault (all members when the collective itself broke, as one
+cannot tell who broke it), and publishes that version as a folder so nothing waits forever;
+explorers whose registration was retired register again, and the next sync forms the next
+generation with the live registrations.
 
 Data: weights travel in :class:`Bucket` s of at most :data:`BUCKET_BYTES`, one dtype each,
 tensors flattened back to back; :func:`plan_buckets`, :func:`pack` and :func:`unpack` are
@@ -133,7 +140,7 @@ class Registration:
 
     name: str  # its writer/heartbeat name, e.g. explorer-0
     token: str  # unique to this registration: a re-registration has a new one
-    tp: int  # workers of its engine (tensor_parallel_size): one group rank each
+    tp: int  # workers of its engine (tensor_parallel_size): one group rank each; 0: withdrawn
     pid: int
     host: str
 
@@ -147,6 +154,7 @@ class Member:
 
 
 def new_registration(name: str, tp: int) -> Registration:
+    """A registration (``tp`` 0: a withdrawal, the explorer leaves the run)."""
     return Registration(name, uuid.uuid4().hex, tp, os.getpid(), socket.gethostname())
 
 
@@ -183,6 +191,25 @@ def post_event(store: Any, event: dict[str, Any]) -> int:
     index = store.add("events", 1) - 1
     store.set(f"event/{index}", _encode(event))
     return index
+
+
+def acknowledge(store: Any, index: int, token: str) -> None:
+    store.set(f"ack/{index}/{token}", b"1")
+
+
+def acknowledged(store: Any, index: int, token: str) -> bool:
+    return store.check([f"ack/{index}/{token}"])
+
+
+def decide(store: Any, index: int, go: bool) -> None:
+    store.set(f"decision/{index}", b"go" if go else b"cancel")
+
+
+def wait_decision(store: Any, index: int, timeout_s: float) -> bool:
+    """True for "go", False for "cancel" (raises when no decision comes within the timeout)."""
+    key = f"decision/{index}"
+    store.wait([key], timedelta(seconds=timeout_s))
+    return store.get(key) == b"go"
 
 
 def event_count(store: Any) -> int:

@@ -155,3 +155,35 @@ def test_an_explorer_killed_mid_broadcast_costs_one_folder(tmp_path):
     assert got_a in ([(v, round(weights_sum(v), 3)) for v in versions] for versions in
                      ((1, 3), (1, 2, 3)))
     assert got_b == [(1, round(weights_sum(1), 3))]
+
+
+def test_a_paused_explorer_is_left_out_and_rejoins_and_a_finished_one_is_not_waited_for(tmp_path):
+    """A member whose heartbeat stops (SIGSTOP: hung) is cancelled once the heartbeat is stale,
+    not after sync_timeout; resumed, it registers again and joins a later generation. An
+    explorer that ends withdraws its registration: the next broadcast does not wait for it."""
+    import signal
+
+    trainer = WeightBroadcaster(tmp_path, torch.device("cpu"), timeout_s=600, heartbeat_live_s=3)
+    a = start_explorer(tmp_path, "explorer-0")
+    b = start_explorer(tmp_path, "explorer-1")
+    short = subprocess.Popen([sys.executable, str(REPO / "tests" / "broadcast_worker.py"),
+                              str(tmp_path), "explorer-2", "8"], stdout=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: registered(trainer) == 3)
+        assert trainer.broadcast(1, weights(1)) and trainer.last["sync/members"] == 3
+        short.wait(timeout=60)  # ran its 8 s and withdrew
+        b.send_signal(signal.SIGSTOP)
+        start = time.monotonic()
+        assert not trainer.broadcast(2, weights(2))  # b never acknowledges: cancelled
+        assert time.monotonic() - start < 60, "waited for sync_timeout, not for the heartbeat"
+        assert trainer.broadcast(3, weights(3)) and trainer.last["sync/members"] == 1
+        b.send_signal(signal.SIGCONT)
+        wait_for(lambda: registered(trainer) == 5)  # 3 + the withdrawal + b again
+        assert trainer.broadcast(4, weights(4)) and trainer.last["sync/members"] == 2
+    finally:
+        b.send_signal(signal.SIGCONT)
+        trainer.close()
+        got_a, got_b = received(a), received(b)
+    assert [v for v, _ in got_a] == [1, 3, 4]
+    assert [v for v, _ in got_b] == [1, 4]
+    assert [json.loads(line)["version"] for line in short.stdout.read().splitlines()] == [1]

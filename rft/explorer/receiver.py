@@ -56,8 +56,8 @@ class BroadcastReceiver:
         try:
             event = B.wait_event(self.store, self.next_event, wait_s)
             while event is not None:
-                self.next_event += 1
-                version, follow = self._handle(event)
+                index, self.next_event = self.next_event, self.next_event + 1
+                version, follow = self._handle(index, event)
                 loaded = version if version is not None else loaded
                 event = B.wait_event(self.store, self.next_event, self.timeout_s if follow else 0.0)
         except (RuntimeError, OSError, B.BroadcastError) as e:  # the store or the group failed
@@ -66,25 +66,40 @@ class BroadcastReceiver:
         return loaded
 
     def close(self) -> None:
+        """Leave the group and withdraw the registration (the trainer stops waiting for us)."""
         self._leave()
+        if self.store is not None:
+            try:
+                B.register(self.store, B.new_registration(self.name, tp=0))
+            except (RuntimeError, OSError) as e:
+                log.debug("withdrawing the registration: %s", e)
         self.store = None
 
     # -- events
 
-    def _handle(self, event: dict[str, Any]) -> tuple[int | None, bool]:
+    def _handle(self, index: int, event: dict[str, Any]) -> tuple[int | None, bool]:
         """(version loaded, whether the trainer's next event follows at once)."""
         if event["kind"] == "generation":
-            return None, self._on_generation(event)
+            return None, self._on_generation(index, event)
         if event["kind"] == "weights" and event["generation"] == self.generation:
-            return self._on_weights(event), False
+            return self._on_weights(index, event), False
         return None, False
 
-    def _on_generation(self, event: dict[str, Any]) -> bool:
+    def _go(self, index: int) -> bool:
+        """Acknowledge event ``index`` and wait for the trainer's decision (go or cancel)."""
+        B.acknowledge(self.store, index, self.registration.token)
+        return B.wait_decision(self.store, index, self.timeout_s + 60)
+
+    def _on_generation(self, index: int, event: dict[str, Any]) -> bool:
         token = self.registration.token if self.registration else None
         mine = next((m for m in event["members"] if m["token"] == token), None)
         self._leave()
         if mine is None:  # formed without this registration (too late, or retired): again
             self._register()
+            return False
+        if not self._go(index):  # another member could not come: the next sync re-forms
+            log.info("%s: weight-sync group generation %d was cancelled", self.name,
+                     event["generation"])
             return False
         start = time.monotonic()
         self.engine.join_group(self.rv.host, self.rv.port, event["generation"], mine["rank"],
@@ -94,8 +109,11 @@ class BroadcastReceiver:
                  self.generation, mine["rank"], event["world_size"], time.monotonic() - start)
         return True  # the trainer broadcasts right after forming a group
 
-    def _on_weights(self, event: dict[str, Any]) -> int | None:
+    def _on_weights(self, index: int, event: dict[str, Any]) -> int | None:
         version = int(event["version"])
+        if not self._go(index):
+            self._leave()  # a member is gone: the next sync forms a new generation
+            return None
         start = time.monotonic()
         why = self.engine.receive(event["buckets"], version)
         if why:

@@ -29,6 +29,14 @@ from rft.sync import read_heartbeats
 log = logging.getLogger("rft.trainer")
 
 
+class Cancelled(Exception):
+    """A member could not take part in an event; ``tokens``: the registrations at fault."""
+
+    def __init__(self, tokens: set[str], why: str):
+        super().__init__(why)
+        self.tokens = tokens
+
+
 class WeightBroadcaster:
     def __init__(self, run_dir: Path | str, device: torch.device, timeout_s: float,
                  heartbeat_live_s: float, bucket_bytes: int = B.BUCKET_BYTES):
@@ -59,13 +67,19 @@ class WeightBroadcaster:
         try:
             wanted = self._wanted()
             if not wanted:
-                log.info("weights version %d: no explorer registered for the broadcast yet; "
+                log.info("weights version %d: no explorer registered for the broadcast; "
                          "publishing it as a folder", version)
                 self._close_group()
                 return False
             if self.group is None or {m.token for m in self.members} != {r.token for r in wanted}:
                 self._form(wanted)
             self._send(version, state)
+        except Cancelled as e:
+            log.warning("weights version %d not broadcast: %s; publishing it as a folder, and "
+                        "the next sync forms a group without them", version, e)
+            self.retired |= e.tokens
+            self._close_group()
+            return False
         except (RuntimeError, OSError, B.BroadcastError) as e:
             names = [m.name for m in self.members]
             log.warning("broadcast of weights version %d to %s failed (%s): publishing it as a "
@@ -94,20 +108,21 @@ class WeightBroadcaster:
     # -- membership
 
     def _wanted(self) -> list[B.Registration]:
+        """Registrations to broadcast to: the newest of each explorer, not withdrawn, not
+        retired, with a live heartbeat."""
         new, self._joins_read = B.read_registrations(self.store, self._joins_read)
         for reg in new:
             self.registrations[reg.name] = reg
         live = {s.name for s in read_heartbeats(self.run_dir, self.heartbeat_live_s) if s.live}
-        return [r for r in self.registrations.values() if r.token not in self.retired
+        return [r for r in self.registrations.values() if r.tp > 0 and r.token not in self.retired
                 and r.name in live]
 
     def _form(self, wanted: list[B.Registration]) -> None:
         self._close_group()
         self.generation += 1
         self.members, world_size = B.assign_ranks(wanted)
-        B.post_event(self.store, {"kind": "generation", "generation": self.generation,
-                                  "world_size": world_size,
-                                  "members": [asdict(m) for m in self.members]})
+        self._post({"kind": "generation", "generation": self.generation, "world_size": world_size,
+                    "members": [asdict(m) for m in self.members]})
         start = time.monotonic()
         self.group = B.new_group(self.store, self.generation, 0, world_size, self.rv.backend,
                                  self.timeout_s)
@@ -116,12 +131,38 @@ class WeightBroadcaster:
 
     def _send(self, version: int, state: dict[str, torch.Tensor]) -> None:
         buckets = B.plan_for(state, self.bucket_bytes)
-        B.post_event(self.store, {"kind": "weights", "generation": self.generation,
-                                  "version": version, "buckets": B.buckets_to_json(buckets)})
+        self._post({"kind": "weights", "generation": self.generation, "version": version,
+                    "buckets": B.buckets_to_json(buckets)})
         for bucket in buckets:
             B.broadcast(self.group, B.pack(bucket, state, self.device))
         if not B.all_loaded(self.group, True, self.device):
             raise B.BroadcastError("an explorer could not load the weights (see its log)")
+
+    def _post(self, event: dict[str, Any]) -> None:
+        """Post ``event``, wait until every member acknowledged it, and decide "go"; decide
+        "cancel" and raise :class:`Cancelled` as soon as a member cannot come (its heartbeat
+        died or says exited, it withdrew) or when the timeout passes."""
+        index = B.post_event(self.store, event)
+        deadline = time.monotonic() + self.timeout_s
+        waiting = list(self.members)
+        next_look = 0.0
+        while True:
+            waiting = [m for m in waiting if not B.acknowledged(self.store, index, m.token)]
+            if not waiting:
+                B.decide(self.store, index, go=True)
+                return
+            now = time.monotonic()
+            if now >= next_look:  # heartbeats and registrations: once a second
+                gone = {m.token for m in waiting} - {r.token for r in self._wanted()}
+                if gone or now > deadline:
+                    B.decide(self.store, index, go=False)
+                    at_fault = gone or {m.token for m in waiting}
+                    names = [m.name for m in waiting if m.token in at_fault]
+                    why = "stopped or withdrew" if gone else \
+                        f"did not answer within synchronizer.sync_timeout={self.timeout_s:.0f}s"
+                    raise Cancelled(at_fault, f"explorer(s) {names} {why}")
+                next_look = now + 1.0
+            time.sleep(0.01)
 
     def _close_group(self) -> None:
         B.abort(self.group)

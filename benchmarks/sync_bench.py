@@ -1,0 +1,264 @@
+"""Weight sync latency: from "the trainer has new weights" to "the explorer generates with them",
+through a checkpoint folder (``sync_method: checkpoint``) and by broadcast (``sync_method: nccl``;
+gloo on CPU).
+
+One process, one vLLM engine (:class:`rft.explorer.engine.Engine`), one model. Each version is
+the model's own ``model.safetensors`` with small noise (a CPU state dict, as the trainer's
+``gather_weights`` returns it; made untimed). A trial times, with ``time.perf_counter``, from
+right before the trainer side starts to right after a greedy 1-token generate on a short prompt
+returns:
+
+* ``checkpoint``: :class:`rft.sync.WeightsPublisher` ``.publish`` writes ``weights/v<version>/``
+  the way the trainer's ``publish_weights`` does (``save_pretrained`` of the state dict, the
+  generation config, the tokenizer files), then the explorer side's
+  :class:`rft.sync.WeightsWatcher` ``.poll()`` sees it and ``.load(version, engine.reload)``
+  reloads the engine in place, then the generate. The explorer's poll interval
+  (``WEIGHTS_POLL_S``) is not counted: the poll comes right after the publish.
+* ``nccl``: :class:`rft.trainer.broadcaster.WeightBroadcaster` ``.broadcast`` runs on a thread
+  (it returns when every explorer confirmed the load) while
+  :class:`rft.explorer.receiver.BroadcastReceiver` ``.poll`` runs until it returns the version,
+  then the generate. Both ends are in this process (on CPU the engine too), so they share the
+  cores; the group is formed by an untimed warm-up version, as it is once per run.
+
+Parts: ``trainer s`` is the publish or the broadcast call; ``explorer s`` is the
+``WeightsWatcher.load`` (engine reload from the folder) or the receiver's ``receive_s``
+(receive, load in place, confirm); for ``nccl`` the two overlap, so parts do not add up to the
+total. Methods alternate (checkpoint, nccl, checkpoint, ...) after one untimed warm-up each, so
+drift hits both. Prints median and min per method and the ratio of medians.
+
+On GPUs the broadcaster sends from the last GPU over NCCL and the engine runs on the first:
+NCCL refuses two ranks of a group on one device, so a 1-GPU machine cannot run the ``nccl``
+side. Usage::
+
+    HF_HUB_OFFLINE=1 python benchmarks/sync_bench.py --trials 3
+
+Measured on this 2-core CPU machine (date 2026-11-23), SmolLM2-135M-Instruct (bfloat16), engine
+dtype bfloat16, ``--trials 3``:
+
+    (filled in after the run)
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
+
+import torch  # noqa: E402
+from safetensors.torch import load_file  # noqa: E402
+
+from rft.config.load import config_from_dict  # noqa: E402
+from rft.explorer.tasksets import SamplingArgs  # noqa: E402
+from rft.models import materialize_smollm2, tokenizer_files  # noqa: E402
+from rft.sync import Heartbeat, WeightsPublisher, WeightsWatcher  # noqa: E402
+
+EXPLORER = "explorer-0"  # the receiver's and the heartbeat's name
+PROMPT = "What is 2 + 3?"
+NOISE = 0.01  # noise per element, relative to the tensor's mean absolute value
+TIMEOUT_S = 300.0
+
+
+@dataclass
+class Trial:
+    method: str
+    version: int
+    total_s: float
+    trainer_s: float  # publish, or broadcast
+    explorer_s: float  # folder load (engine reload), or receive + load + confirm
+    generate_s: float
+
+
+def log(msg: str) -> None:
+    print(f"[sync_bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def noisy(base: dict[str, torch.Tensor], version: int) -> dict[str, torch.Tensor]:
+    """The base weights plus small noise seeded by ``version`` (CPU, the base dtypes)."""
+    gen = torch.Generator().manual_seed(version)
+    return {k: v + (NOISE * v.float().abs().mean() * torch.randn(v.shape, generator=gen)).to(v.dtype)
+            for k, v in base.items()}
+
+
+def trainer_device() -> torch.device:
+    """Where the broadcaster sends from: the CPU (gloo), or the last GPU (NCCL) while the
+    engine takes the first; NCCL refuses two ranks of one group on the same GPU."""
+    if not torch.cuda.is_available():
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    if count < 2:
+        raise SystemExit("sync_bench: the nccl side needs 2 GPUs (NCCL refuses the trainer's and "
+                         "the explorer's ranks on one device); run it on a node with 2 GPUs, or "
+                         "with CUDA_VISIBLE_DEVICES= on the CPU")
+    return torch.device(f"cuda:{count - 1}")
+
+
+class Bench:
+    """The engine, both sync paths on one run directory, and the timed trials."""
+
+    def __init__(self, model: Path, run_dir: Path, device: torch.device):
+        from transformers import AutoModelForCausalLM
+
+        from rft.explorer.engine import Engine
+        from rft.explorer.receiver import BroadcastReceiver
+        from rft.trainer.broadcaster import WeightBroadcaster
+
+        self.model = model
+        cfg = config_from_dict({"model": {"model_path": str(model), "max_model_len": 256},
+                                "mode": "train", "cluster": {"gpu_per_node": 0}})
+        start = time.perf_counter()
+        self.engine = Engine(cfg)
+        log(f"engine ready in {time.perf_counter() - start:.1f}s")
+        self.prompt = self.engine.tokenizer.encode(PROMPT)
+        # the trainer's module, for save_pretrained (the weights come from the state dict)
+        self.hf_model = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.bfloat16)
+        self.base = load_file(str(model / "model.safetensors"))
+        self.heartbeat = Heartbeat(run_dir, EXPLORER, interval_s=1).start()
+        self.publisher = WeightsPublisher(run_dir)
+        self.watcher = WeightsWatcher(run_dir, loaded_version=0, heartbeat=self.heartbeat)
+        self.broadcaster = WeightBroadcaster(run_dir, device, timeout_s=TIMEOUT_S,
+                                             heartbeat_live_s=600)
+        self.receiver = BroadcastReceiver(run_dir, EXPLORER, self.engine, tp=1,
+                                          timeout_s=TIMEOUT_S)
+
+    def close(self) -> None:
+        self.receiver.close()
+        self.broadcaster.close()
+        self.heartbeat.stop()
+
+    def generate(self) -> float:
+        start = time.perf_counter()
+        out = self.engine.generate([self.prompt], [SamplingArgs(temperature=0.0, max_tokens=1)])
+        assert len(out[0][0].response_ids) == 1, out
+        return time.perf_counter() - start
+
+    def write_fn(self, state: dict[str, torch.Tensor]):
+        """What ``rft.trainer.engine.save_hf_folder`` writes for a gathered state dict."""
+        def write(folder: Path) -> None:
+            self.hf_model.save_pretrained(folder, state_dict=state, safe_serialization=True)
+            if getattr(self.hf_model, "generation_config", None) is not None:
+                self.hf_model.generation_config.save_pretrained(folder)
+        return write
+
+    def checkpoint(self, version: int, state: dict[str, torch.Tensor]) -> Trial:
+        start = time.perf_counter()
+        self.publisher.publish(version, self.write_fn(state),
+                               extra_files=tokenizer_files(self.model))
+        published = time.perf_counter()
+        latest = self.watcher.poll()
+        assert latest is not None and latest[0] == version, (latest, version)
+        load_start = time.perf_counter()
+        assert self.watcher.load(version, self.engine.reload), "the folder changed while loading"
+        loaded = time.perf_counter()
+        generate_s = self.generate()
+        return Trial("checkpoint", version, time.perf_counter() - start, published - start,
+                     loaded - load_start, generate_s)
+
+    def nccl(self, version: int, state: dict[str, torch.Tensor], retry: bool = False) -> Trial:
+        """Broadcast ``version`` from a thread, receive it here. ``retry``: broadcast again
+        while nobody registered (the warm-up); otherwise a failed broadcast is an error."""
+        sent: list[float] = []
+
+        def train() -> None:
+            deadline = time.monotonic() + TIMEOUT_S
+            while time.monotonic() < deadline:
+                begin = time.perf_counter()
+                if self.broadcaster.broadcast(version, state):
+                    sent.append(time.perf_counter() - begin)
+                    return
+                if not retry:
+                    return
+                time.sleep(0.2)
+
+        start = time.perf_counter()
+        thread = threading.Thread(target=train, name="trainer-broadcast")
+        thread.start()
+        deadline = time.monotonic() + TIMEOUT_S
+        got = None
+        while got != version:
+            got = self.receiver.poll(1.0)
+            if time.monotonic() > deadline or (got is None and not thread.is_alive() and not sent):
+                thread.join()
+                raise SystemExit(f"sync_bench: weights version {version} did not arrive by "
+                                 "broadcast (see the log above)")
+        self.watcher.loaded_by_broadcast(version)
+        generate_s = self.generate()
+        total_s = time.perf_counter() - start
+        thread.join()
+        assert sent, f"the broadcast of version {version} failed"
+        return Trial("nccl", version, total_s, sent[0], self.receiver.receive_s, generate_s)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", type=Path, default=None,
+                        help="HF model folder (default: SmolLM2-135M-Instruct, materialized "
+                             "under .cache/models/smollm2-135m-instruct)")
+    parser.add_argument("--trials", type=int, default=3, help="timed trials per method")
+    parser.add_argument("--run-dir", type=Path, default=None,
+                        help="run directory for weights/ and the rendezvous (default: a temp dir)")
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.WARNING)
+    device = trainer_device()
+    model = args.model or materialize_smollm2(REPO / ".cache" / "models" / "smollm2-135m-instruct")
+    run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="rft-sync-bench-"))
+    run_dir.mkdir(parents=True, exist_ok=True)
+    log(f"model {model}, run dir {run_dir}, broadcaster on {device}")
+    bench = Bench(Path(model), run_dir, device)
+    trials: list[Trial] = []
+    try:
+        log("warm-up: checkpoint version 1")
+        bench.checkpoint(1, noisy(bench.base, 1))
+        bench.receiver.poll(0.0)  # connects and registers for the broadcast
+        log("warm-up: nccl version 2 (forms the group)")
+        bench.nccl(2, noisy(bench.base, 2), retry=True)
+        version = 2
+        for i in range(args.trials):
+            for method in ("checkpoint", "nccl"):
+                version += 1
+                state = noisy(bench.base, version)
+                trial = getattr(bench, method)(version, state)
+                trials.append(trial)
+                log(f"trial {i + 1}/{args.trials} {method} v{version}: total {trial.total_s:.2f}s "
+                    f"(trainer {trial.trainer_s:.2f}s, explorer {trial.explorer_s:.2f}s, "
+                    f"generate {trial.generate_s:.3f}s)")
+        weights_mb = sum(t.numel() * t.element_size() for t in bench.base.values()) / 2**20
+        print_table(args, model, device, weights_mb, trials)
+    finally:
+        bench.close()
+        if args.run_dir is None:
+            shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def print_table(args, model, device, weights_mb: float, trials: list[Trial]) -> None:
+    print(f"\n{Path(model).name}: {weights_mb:.0f} MiB of weights, {args.trials} trials per method "
+          f"(alternating), broadcaster on {device}, OMP_NUM_THREADS="
+          f"{os.environ.get('OMP_NUM_THREADS')}")
+    print("| method | median total s | min total s | median trainer s | median explorer s "
+          "| median generate s |")
+    print("|---|---:|---:|---:|---:|---:|")
+    medians = {}
+    for method, trainer, explorer in (("checkpoint", "publish", "reload"),
+                                      ("nccl", "broadcast", "receive")):
+        rows = [t for t in trials if t.method == method]
+        medians[method] = statistics.median(t.total_s for t in rows)
+        print(f"| {method} | {medians[method]:.2f} | {min(t.total_s for t in rows):.2f} | "
+              f"{statistics.median(t.trainer_s for t in rows):.2f} ({trainer}) | "
+              f"{statistics.median(t.explorer_s for t in rows):.2f} ({explorer}) | "
+              f"{statistics.median(t.generate_s for t in rows):.3f} |")
+    print(f"\ncheckpoint / nccl (median total): {medians['checkpoint'] / medians['nccl']:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
