@@ -138,10 +138,12 @@ class Bench:
         self.heartbeat.stop()
 
     def generate(self) -> float:
+        """Seconds of one greedy 1-token generate; its log-prob is kept in ``last_logprob``."""
         start = time.perf_counter()
         out = self.engine.generate([self.prompt], [SamplingArgs(temperature=0.0, max_tokens=1)])
-        assert len(out[0][0].response_ids) == 1, out
-        return time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        self.last_logprob = out[0][0].logprobs[0]
+        return seconds
 
     def write_fn(self, state: dict[str, torch.Tensor]):
         """What ``rft.trainer.engine.save_hf_folder`` writes for a gathered state dict."""
@@ -200,6 +202,15 @@ class Bench:
         return Trial("nccl", version, total_s, sent[0], self.receiver.receive_s, generate_s)
 
 
+def check_same_weights(base: float, by_folder: float, by_broadcast: float) -> None:
+    """Both paths loaded the same weights (the same log-prob), and not the base model's."""
+    log(f"greedy token log-prob: base model {base:.6f}, the warm-up weights by folder "
+        f"{by_folder:.6f}, by broadcast {by_broadcast:.6f}")
+    if abs(by_folder - by_broadcast) > 1e-4 or by_folder == base:
+        raise SystemExit("sync_bench: the two methods loaded different weights (or none): "
+                         "the timings would not compare like with like")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", type=Path, default=None,
@@ -218,11 +229,16 @@ def main() -> None:
     bench = Bench(Path(model), run_dir, device)
     trials: list[Trial] = []
     try:
+        bench.generate()
+        base_logprob = bench.last_logprob
         log("warm-up: checkpoint version 1")
-        bench.checkpoint(1, noisy(bench.base, 1))
+        warm = noisy(bench.base, 1)
+        bench.checkpoint(1, warm)
+        by_folder = bench.last_logprob
         bench.receiver.poll(0.0)  # connects and registers for the broadcast
-        log("warm-up: nccl version 2 (forms the group)")
-        bench.nccl(2, noisy(bench.base, 2), retry=True)
+        log("warm-up: nccl version 2, the same weights (forms the group)")
+        bench.nccl(2, warm, retry=True)
+        check_same_weights(base_logprob, by_folder, bench.last_logprob)
         version = 2
         for i in range(args.trials):
             for method in ("checkpoint", "nccl"):

@@ -174,3 +174,54 @@ def test_async_trainer_without_total_steps_ends_after_its_explorers(vllm_model_d
     # 2 explorer steps x 2 tasks x 2 samples = 8 experiences = 2 trainer steps of 4
     assert [r["step"] for r in read_metrics(run_dir, "trainer")] == [1, 2]
     assert (run_dir / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+
+
+def test_async_nccl_takes_in_an_explorer_added_mid_run(vllm_model_dir, tmp_path):
+    """Asynchronous, sync_method nccl: a trainer job, an explorer with engine_num 2 (two group
+    members), and an explorer added once the trainer has stepped: it joins the weight-sync group
+    at the next generation and generates with broadcast weights; when it ends it withdraws and
+    the trainer goes on with the others without waiting for it."""
+    common = [f"model.model_path={vllm_model_dir}", f"checkpoint_root_dir={tmp_path}",
+              "model.max_response_tokens=8", "synchronizer.sync_method=nccl",
+              "synchronizer.sync_interval=1"]
+    env = dict(os.environ, OMP_NUM_THREADS="1", RFT_LOCAL_TRAINER_RANKS="1")
+    run_dir = tmp_path / "async_gsm8k_cpu" / "smollm2-135m"
+    procs = []
+
+    def start(config: str, log: str, *extra: str) -> subprocess.Popen:
+        out = (tmp_path / log).open("w")
+        procs.append(subprocess.Popen([sys.executable, str(REPO / "bin" / "rft-run"), "--config",
+                                       config, *common, *extra], cwd=REPO, env=env, stdout=out,
+                                      stderr=subprocess.STDOUT))
+        return procs[-1]
+
+    def trainer_steps() -> int:
+        return len(read_metrics(run_dir, "trainer"))
+
+    try:
+        trainer = start("configs/cpu/async/trainer.yaml", "trainer.out", "buffer.total_steps=1000",
+                        "synchronizer.sync_timeout=600", "trainer.precision=fp32",
+                        "trainer.max_staleness_versions=1000")
+        start("configs/cpu/async/explorer.yaml", "explorer.out", "buffer.total_steps=100000",
+              "explorer.rollout_model.engine_num=2", "cluster.gpu_per_node=2")
+        deadline = time.monotonic() + 600
+        while not trainer_steps() and time.monotonic() < deadline:
+            assert trainer.poll() is None, (tmp_path / "trainer.out").read_text()[-3000:]
+            time.sleep(1)
+        added = start("configs/cpu/async/explorer_new.yaml", "added.out", "buffer.total_steps=2")
+        assert added.wait(timeout=600) == 0, (tmp_path / "added.out").read_text()[-3000:]
+        steps_when_added_ended = trainer_steps()
+        deadline = time.monotonic() + 300
+        while trainer_steps() < steps_when_added_ended + 2 and time.monotonic() < deadline:
+            assert trainer.poll() is None, (tmp_path / "trainer.out").read_text()[-3000:]
+            time.sleep(1)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGINT)
+                proc.wait(timeout=120)
+    log = (run_dir / "log" / "trainer.log").read_text()
+    assert "formed with ['explorer-0', 'explorer-1']" in log  # engine_num 2: two members
+    assert "'explorer_new-0']" in log  # the added explorer joined a later generation
+    assert "received weights version" in (run_dir / "log" / "explorer_new-0.log").read_text()
+    assert trainer_steps() >= steps_when_added_ended + 2  # not held up by the one that ended

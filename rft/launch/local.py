@@ -39,7 +39,7 @@ from rft.placement import (
     local_gpu_ids,
 )
 from rft.report import write_report
-from rft.rundir import LOG_DIR, explorer_role, newest_checkpoint
+from rft.rundir import LOG_DIR, explorer_role, newest_checkpoint, writer_name
 
 log = logging.getLogger("rft.local")
 
@@ -80,7 +80,7 @@ def start_processes(cfg: Config, config_path: Path, devices: Devices) -> list[Pr
             env = dict(base, RFT_EXPLORER_RANK=str(rank), RFT_EXPLORER_COUNT=str(count))
             if gpus:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
-            specs.append((f"explorer-{rank}", "explorer", env))
+            specs.append((writer_name(cfg.explorer.name, rank), "explorer", env))  # added: own log
     if cfg.mode in TRAINER_MODES:
         env = dict(base)
         if trainer_gpus:
