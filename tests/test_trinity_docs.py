@@ -174,5 +174,6 @@ def test_dry_run_of_the_sft_warmup_stages(tmp_path, monkeypatch, smollm2_dir, ca
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "stage 0: sft_warmup (mode train" in out and "stage 1: rft (mode both" in out
+    assert "weights via 'nccl' (broadcast from trainer rank 0" in out
     assert "10 (buffer.total_steps)" in out  # the SFT stage's total_steps
     assert f"experience_buffer  {sft} [json]: 1 rows, columns prompt, response" in out

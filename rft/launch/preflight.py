@@ -186,12 +186,16 @@ def _run_dir_state(run_dir: Path) -> str:
 
 def _mode_line(cfg: Config) -> str:
     sync = cfg.synchronizer
+    nccl = sync.sync_method == "nccl"
     detail = {"both": "synchronous: explorer and trainer take turns",
               "explore": "asynchronous explorer job (never waits for the trainer)",
-              "train": "asynchronous trainer job (never waits for an explorer)",
+              "train": "asynchronous trainer job (never waits for an explorer's data"
+                       + ("; at each sync for its explorers to reach a sync point)" if nccl else ")"),
               "bench": "evaluate checkpoints on the eval tasksets"}[cfg.mode]
-    return (f"{cfg.mode}: {detail}; weights via '{sync.sync_method}' every "
-            f"{sync.sync_interval} step(s), sync_offset {sync.sync_offset}")
+    how = ("'nccl' (broadcast from trainer rank 0 into the engines; gloo without GPUs; folders "
+           "at checkpoints, at the end and on faults)" if nccl else f"'{sync.sync_method}'")
+    return (f"{cfg.mode}: {detail}; weights via {how} every {sync.sync_interval} step(s), "
+            f"sync_offset {sync.sync_offset}")
 
 
 def _algorithm_line(cfg: Config) -> str:
