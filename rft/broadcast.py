@@ -57,6 +57,7 @@ BUCKET_BYTES = 256 << 20  # one broadcast carries at most this much (a larger te
 HOST_ENV = "RFT_SYNC_HOST"  # address explorers reach the trainer's store at (default: hostname)
 PORT_ENV = "RFT_SYNC_PORT"  # the store's port (default: any free port)
 CONNECT_TIMEOUT_S = 10.0  # an explorer connecting to the store gives up after this
+NCCL_ERROR_HANDLING_ENV = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
 
 
 class BroadcastError(RftError):
@@ -330,7 +331,19 @@ def new_group(store: Any, generation: int, rank: int, world_size: int, backend: 
                                  "NCCL: explorers need a CUDA build of torch (the GPU setup)")
         options = torch.distributed.ProcessGroupNCCL.Options()
         options._timeout = timeout
-        return torch.distributed.ProcessGroupNCCL(prefixed, rank, world_size, options)
+        # A timed-out collective of this group aborts its communicators and raises (2:
+        # CleanUpOnly) instead of killing the process (torch's default, 3): the trainer must
+        # survive a hung explorer. Read once, by the constructor; the trainer's own group keeps
+        # the default.
+        previous = os.environ.get(NCCL_ERROR_HANDLING_ENV)
+        os.environ[NCCL_ERROR_HANDLING_ENV] = "2"
+        try:
+            return torch.distributed.ProcessGroupNCCL(prefixed, rank, world_size, options)
+        finally:
+            if previous is None:
+                os.environ.pop(NCCL_ERROR_HANDLING_ENV, None)
+            else:
+                os.environ[NCCL_ERROR_HANDLING_ENV] = previous
     return torch.distributed.ProcessGroupGloo(prefixed, rank, world_size, timeout)
 
 

@@ -124,6 +124,10 @@ def test_requeue_resumes_without_consuming_twice(slurm_cluster, vllm_model_dir, 
     # Each step consumed its own 4 experiences: one consumed twice would have moved to a later
     # step (same id, one row) and left a step short.
     assert archived_per_step(run_dir) == {s: 4 for s in range(1, 7)}
+    # sync_method nccl: the requeued trainer opened a new rendezvous, the explorer joined it.
+    log = out.read_text()
+    assert log.count("explorers rendezvous at") == 2
+    assert log.rindex("formed with ['explorer-0']") > log.rindex("explorers rendezvous at")
 
 
 def test_async_jobs_with_an_explorer_added_and_one_killed(slurm_cluster, vllm_model_dir, tmp_path):
