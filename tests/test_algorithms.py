@@ -413,6 +413,20 @@ def test_token_logprobs_and_entropy_at_a_sampling_temperature():
     close(alg.token_logprobs(logits.bfloat16(), label, temperature=2.0, max_chunk_elems=1), [[-0.4054651]], tol=2e-3)
 
 
+def test_a_temperature_per_row_scores_each_row_at_its_own():
+    # Row 0 at T=2, row 1 at T=1, on the same logits [2 ln2, 0]: log(2/3) and log 0.8, chunked
+    # one position at a time (chunks cross rows); entropy ln3 - (2/3) ln2, and at T=1
+    # -(0.8 ln 0.8 + 0.2 ln 0.2) = 0.5004024.
+    logits = T([[[2 * math.log(2.0), 0.0]] * 2] * 2)  # [2, 2, 2]
+    labels = torch.zeros(2, 2, dtype=torch.long)
+    temps = T([2.0, 1.0])
+    for chunk in (1, 1 << 20):
+        close(alg.token_logprobs(logits, labels, temperature=temps, max_chunk_elems=chunk),
+              [[-0.4054651] * 2, [-0.2231436] * 2])
+        close(alg.token_entropy(logits, temperature=temps, max_chunk_elems=chunk),
+              [[0.6365142] * 2, [0.5004024] * 2])
+
+
 def test_chunked_token_logprobs_and_entropy_match_naive():
     torch.manual_seed(0)
     logits = (torch.randn(2, 5, 11) * 4).requires_grad_()

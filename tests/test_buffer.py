@@ -69,6 +69,11 @@ def test_experience_roundtrip_both_forms():
     expert = Experience(task_id="t", group_id="g", prompt_ids=[1], response_ids=[2, 3],
                         source="expert")
     assert decode_line(encode_line(expert)).logprobs == []
+    exp.temperature = 0.7  # the sampling temperature travels with the record
+    assert decode_line(encode_line(exp)).temperature == 0.7
+    for bad in (-1.0, float("nan"), "hot", True):
+        with pytest.raises(DataError, match="temperature must be a finite number >= 0 or null"):
+            Experience.from_dict({**exp.to_dict(), "temperature": bad})
 
 
 def test_packed_arrays_keep_their_on_disk_bytes(tmp_path):

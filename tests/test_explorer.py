@@ -308,6 +308,7 @@ def test_explorer_writes_groups_with_logprobs_and_resumes(engine, vllm_model_dir
             assert len(exp.logprobs) == len(exp.response_ids) > 0
             assert all(lp <= 0.0 for lp in exp.logprobs)
             assert exp.model_version == 0 and exp.writer == "explorer-0" and not exp.eval
+            assert exp.temperature == 1.0  # the taskset's sampling temperature, recorded
             assert set(exp.reward_parts) == {"accuracy", "format_score"}
             assert exp.reward == pytest.approx(sum(exp.reward_parts.values()))
             assert exp.truncated == (len(exp.response_ids) == 6)

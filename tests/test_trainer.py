@@ -670,8 +670,9 @@ def test_sft_single_process_lowers_the_loss(tmp_path, tiny_model_dir):
 @pytest.mark.integration
 def test_vllm_and_the_trainer_score_samples_at_the_sampling_temperature(vllm_model_dir):
     """vLLM's log-probs (logprobs_mode processed_logprobs) and the trainer's forward, which
-    divides the logits by the rollout temperature, describe the same distribution: equal on
-    every sampled token at temperature 0.5, and not equal to the untempered ones."""
+    divides each row's logits by the temperature its rollout records, describe the same
+    distribution: equal on every sampled token at temperatures 0.5 and 1.3 in one micro-batch,
+    and not equal to the untempered ones."""
     from transformers import AutoModelForCausalLM
 
     from rft.config.load import config_from_dict
@@ -682,16 +683,38 @@ def test_vllm_and_the_trainer_score_samples_at_the_sampling_temperature(vllm_mod
     cfg = config_from_dict({"mode": "explore", "model": {"model_path": str(vllm_model_dir), "max_model_len": 64},
                             "cluster": {"gpu_per_node": 0}, "explorer": {"rollout_model": {"dtype": "float32"}},
                             "buffer": {"explorer_input": {"taskset": {"path": "unused"}}}})
-    samples = Engine(cfg).generate([[1, 2, 3, 4, 5]], [SamplingArgs(n=4, temperature=0.5, max_tokens=8)])[0]
-    exps = [Experience("t", "g", s.prompt_ids, s.response_ids, logprobs=s.logprobs) for s in samples]
+    temps = (0.5, 1.3)  # two tasksets' temperatures in one micro-batch: each row at its own
+    groups = Engine(cfg).generate([[1, 2, 3, 4, 5]] * 2,
+                                  [SamplingArgs(n=4, temperature=t, max_tokens=8) for t in temps])
+    exps = [Experience("t", "g", s.prompt_ids, s.response_ids, logprobs=s.logprobs, temperature=t)
+            for t, group in zip(temps, groups) for s in group]
     rows = rows_from_experiences(exps)
     micro = collate(rows, list(range(len(exps))), torch.zeros_like(rows.response_mask), rows.rollout_logprobs)
+    assert micro.temperature.tolist() == pytest.approx([0.5] * 4 + [1.3] * 4)
     model = AutoModelForCausalLM.from_pretrained(vllm_model_dir, dtype=torch.float32).eval()
     mask = micro.response_mask > 0
     with torch.no_grad():
-        micro.temperature = 0.5
         tempered = dse.forward_logprobs(model, micro, with_entropy=False)[0]
         micro.temperature = 1.0
         raw = dse.forward_logprobs(model, micro, with_entropy=False)[0]
     torch.testing.assert_close(tempered[mask], micro.old_logprobs[mask], rtol=0, atol=2e-3)
     assert (raw[mask] - micro.old_logprobs[mask]).abs().max() > 0.05
+
+
+def test_each_row_is_scored_at_the_temperature_it_was_sampled_at():
+    """Rollouts record their sampling temperature (greedy 0 scores at 1); expert rows are data
+    (1); records without one (an earlier rft) take the config's, and none can be told when the
+    tasksets differ."""
+    from rft.errors import DataError
+
+    def exp(temperature, source="rollout"):
+        return Experience("t", "g", [1, 2], [3], logprobs=[-1.0], temperature=temperature,
+                          source=source)
+
+    rows = rows_from_experiences([exp(0.5), exp(0.0), exp(None), exp(0.7, "expert")], 0.9)
+    assert rows.temperatures.tolist() == pytest.approx([0.5, 1.0, 0.9, 1.0])
+    micro = collate(rows, [2, 0], torch.zeros_like(rows.response_mask), rows.rollout_logprobs)
+    assert micro.temperature.tolist() == pytest.approx([0.9, 0.5])
+    with pytest.raises(DataError, match="records no sampling temperature"):
+        rows_from_experiences([exp(None)], None)
+

@@ -10,7 +10,8 @@ reads both forms and rejects invalid records (``DataError`` naming the experienc
 which readers count as corrupt and skip; :func:`encode_line` refuses them too, so a writer never
 seals one. Valid means: ids and texts are strings, token ids ints in [0, 2**31), logprobs finite
 float32 numbers (one per response token), reward and reward parts finite numbers,
-``model_version`` an int >= 0 (not a bool), ``truncated``/``eval`` real bools. The checks cost
+``model_version`` an int >= 0 (not a bool), ``temperature`` null or a finite number >= 0,
+``truncated``/``eval`` real bools. The checks cost
 little: a packed array is typed by construction, so only its raw bytes are checked (sign bytes
 for ids, exponent bytes for logprobs); a plain list is checked element by element.
 
@@ -58,6 +59,7 @@ class Experience:
     reward: float = 0.0  # total reward
     reward_parts: dict[str, float] = field(default_factory=dict)  # name -> value, e.g. accuracy
     model_version: int = 0  # weights version that generated it (0: the initial model)
+    temperature: Optional[float] = None  # sampling temperature (0: greedy; None: not recorded)
     truncated: bool = False  # stopped by max_tokens, not by an end-of-sequence token
     eval: bool = False  # evaluation sample: logged, never trained on
     source: str = "rollout"  # "rollout" (explorer) or "expert" (SFT/demonstration data)
@@ -127,6 +129,9 @@ class Experience:
         version = self.model_version
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise DataError(f"{who}: model_version must be an int >= 0, got {version!r}")
+        t = self.temperature
+        if t is not None and (not _finite_number(t) or t < 0):
+            raise DataError(f"{who}: temperature must be a finite number >= 0 or null, got {t!r}")
         for name in ("truncated", "eval"):
             if not isinstance(getattr(self, name), bool):
                 raise DataError(f"{who}: {name} must be true or false, got {getattr(self, name)!r}")

@@ -281,8 +281,6 @@ def _check_trainer(cfg: Config) -> None:
         if ts.workflow_args:
             raise NotSupportedError(f"{label}.workflow_args is not supported yet: the built-in "
                                     "workflows take no arguments (reward_fn_args reach the reward)")
-    if cfg.mode in ("both", "train") and cfg.algorithm.policy_loss_fn != "sft":
-        rollout_temperature(cfg)  # one sampling temperature for the trainer to score rollouts at
 
 
 def taskset_temperature(cfg: Config, ts: TasksetConfig) -> float:
@@ -291,22 +289,21 @@ def taskset_temperature(cfg: Config, ts: TasksetConfig) -> float:
     return cfg.model.temperature if ts.rollout_args.temperature is None else ts.rollout_args.temperature
 
 
-def rollout_temperature(cfg: Config) -> float:
-    """The temperature the trainer divides its logits by to score rollouts: that of the training
-    tasksets (``rollout_args.temperature``, else ``model.temperature``; ``model.temperature``
-    when the config lists none), so the trainer's log-probs and vLLM's describe the same
-    distribution. Greedy (0) gives 1, the temperature of vLLM's greedy log-probs. ConfigError
-    when the training tasksets differ: experiences do not record their temperature."""
-    temps = {label: taskset_temperature(cfg, ts)
-             for label, ts in cfg.labelled_tasksets(evaluation=False)}
-    values = set(temps.values()) or {cfg.model.temperature}
-    if len(values) > 1:
-        listing = ", ".join(f"{label}: {t}" for label, t in temps.items())
-        raise ConfigError(f"the training tasksets sample at different temperatures ({listing}); "
-                          "the trainer scores every rollout at one temperature, so give them all "
-                          "the same rollout_args.temperature (or leave it unset: model.temperature)")
-    temperature = values.pop()
-    return temperature if temperature > 0 else 1.0
+def scoring_temperature(sampling_temperature: float) -> float:
+    """The temperature the trainer divides its logits by to score a rollout sampled at
+    ``sampling_temperature``, so that its log-probs and vLLM's describe the same distribution:
+    the same, but 1 for greedy (0), the temperature of vLLM's greedy log-probs."""
+    return sampling_temperature if sampling_temperature > 0 else 1.0
+
+
+def rollout_temperature(cfg: Config) -> float | None:
+    """The scoring temperature of rollouts that do not record theirs (written by an earlier
+    rft): that of the training tasksets (``rollout_args.temperature``, else
+    ``model.temperature``; ``model.temperature`` when the config lists none). None when the
+    training tasksets sample at different temperatures (such rollouts cannot be scored)."""
+    temps = {taskset_temperature(cfg, ts) for _, ts in cfg.labelled_tasksets(evaluation=False)}
+    values = temps or {cfg.model.temperature}
+    return scoring_temperature(values.pop()) if len(values) == 1 else None
 
 
 def _check_rollout_correction(cfg: Config) -> None:

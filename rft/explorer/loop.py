@@ -327,7 +327,8 @@ def rollout(cfg: Config, engine: Engine, tasksets: list[T.Taskset], items: list[
                 task_id=f"{job.taskset.name}/{job.task.index}", group_id=group_id,
                 prompt_ids=sample.prompt_ids, response_ids=sample.response_ids,
                 logprobs=sample.logprobs, reward=float(sum(parts.values())), reward_parts=parts,
-                model_version=version, truncated=sample.truncated, response_text=sample.text,
+                model_version=version, temperature=job.taskset.sampling.temperature,
+                truncated=sample.truncated, response_text=sample.text,
                 info={"step": step, "epoch": job.task.epoch, "taskset": job.taskset.name}))
     return exps, {**counts, **stats, "tasks": len(items)}
 

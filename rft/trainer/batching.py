@@ -33,6 +33,7 @@ from typing import Sequence
 import torch
 
 from rft.buffer.experience import Experience
+from rft.config.rules import scoring_temperature
 from rft.errors import DataError
 from rft.monitor import POLICY_LOSS
 
@@ -50,6 +51,7 @@ class Rows:
     has_logprobs: torch.Tensor  # [N] bool: the row came with rollout logprobs
     expert: torch.Tensor  # [N] bool: source == "expert"
     model_versions: list[int]
+    temperatures: torch.Tensor  # [N] float: the logits of each row are divided by it
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -59,8 +61,13 @@ class Rows:
         return [len(ids) - p for ids, p in zip(self.input_ids, self.prompt_lens)]
 
 
-def rows_from_experiences(exps: Sequence[Experience]) -> Rows:
-    """Tabulate a batch; DataError for an empty response (nothing to train on)."""
+def rows_from_experiences(exps: Sequence[Experience],
+                          default_temperature: float | None = 1.0) -> Rows:
+    """Tabulate a batch; DataError for an empty response (nothing to train on).
+
+    Each row's scoring temperature: 1 for expert rows (data, not samples), else that of the
+    temperature the rollout records (:func:`~rft.config.rules.scoring_temperature`), else
+    ``default_temperature`` (records of an earlier rft; None: DataError, none can be told)."""
     for exp in exps:
         if not exp.response_ids:
             raise DataError(f"experience {exp.experience_id} has no response tokens; the "
@@ -83,7 +90,22 @@ def rows_from_experiences(exps: Sequence[Experience]) -> Rows:
         has_logprobs=torch.tensor([bool(e.logprobs) for e in exps], dtype=torch.bool),  # [N]
         expert=torch.tensor([e.source == "expert" for e in exps], dtype=torch.bool),  # [N]
         model_versions=[e.model_version for e in exps],
+        temperatures=torch.tensor([_row_temperature(e, default_temperature) for e in exps],
+                                  dtype=torch.float32),  # [N]
     )
+
+
+def _row_temperature(exp: Experience, default: float | None) -> float:
+    if exp.source == "expert":
+        return 1.0
+    if exp.temperature is not None:
+        return scoring_temperature(exp.temperature)
+    if default is None:
+        raise DataError(f"experience {exp.experience_id} records no sampling temperature (written "
+                        "by an earlier rft) and the training tasksets sample at different "
+                        "temperatures, so it cannot be scored: give the tasksets one "
+                        "rollout_args.temperature while such experiences remain in the buffer")
+    return default
 
 
 def split_mini_batches(group_ids: Sequence[str], expert: torch.Tensor, count: int) -> list[list[int]]:
@@ -167,7 +189,7 @@ class MicroBatch:
     rows: list[int]  # indices into the step's Rows (empty for a padding micro-batch)
     ref_logprobs: torch.Tensor | None = None  # [B, R], filled when KL needs it
     is_weights: torch.Tensor | None = None  # [B, R] off-policy correction weights, when on
-    temperature: float = 1.0  # logits are divided by it: the rollouts' sampling temperature
+    temperature: torch.Tensor | float = 1.0  # [B] logits are divided by it, per row (Rows.temperatures)
 
     @property
     def num_tokens(self) -> int:
@@ -206,6 +228,7 @@ def collate(batch: Rows, rows: Sequence[int], advantages: torch.Tensor,
         advantages=advantages[index, :resp_len].float(),  # [B, R]
         old_logprobs=old_logprobs[index, :resp_len].float(),  # [B, R]
         expert=batch.expert[index], rows=list(rows),
+        temperature=batch.temperatures[index],  # [B]
     )
 
 

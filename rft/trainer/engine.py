@@ -251,8 +251,9 @@ def forward_logprobs(module: Any, micro: MicroBatch, *, with_entropy: bool,
     Only the logits at response positions are turned into float32 log-softmax; the entropy is
     computed without a graph unless ``entropy_grad`` (an entropy term in the loss).
 
-    The logits are divided by ``micro.temperature`` (in float32, as veRL's actor does): for
-    rollout rows it is the sampling temperature (``rft.config.rules.rollout_temperature``), and
+    The logits are divided by ``micro.temperature`` (in float32, as veRL's actor does), one
+    per row: for a rollout the temperature it was sampled at (``Experience.temperature``, via
+    ``rft.config.rules.scoring_temperature``), and
     the explorer's vLLM reports the log-probs of that same tempered distribution
     (``logprobs_mode: processed_logprobs``), so recomputed old, current, reference and
     behaviour log-probs all describe the distribution sampled from (top-p/top-k truncation

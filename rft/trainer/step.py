@@ -22,8 +22,9 @@ mini-batch, one epoch) and no KL penalty in the reward, the old log-probs are th
 forward's own, detached, so the no-grad pass is skipped and each micro-batch takes them (and
 its correction weights, proximal = old) from its forward; metric ``old_logprobs_skipped``.
 
-Every log-prob pass scores rollout rows at their sampling temperature (the logits divided by
-it, see ``rft.trainer.engine.forward_logprobs``), expert rows at 1.
+Every log-prob pass scores each rollout row at the sampling temperature it records (the logits
+divided by it, see ``rft.trainer.engine.forward_logprobs``; tasksets may differ), expert rows
+at 1.
 
 CHORD (``sample_strategy: mix``): expert rows (``source: "expert"``) reach the loss as
 ``expert_mask``, with the step number for ``mix_chord``'s mu schedule.
@@ -80,7 +81,6 @@ class Plan:
     minis: list[MiniPlan]  # one optimizer update each, every epoch
     logprob_rows: list[list[int]]  # this rank's rows (of all minis) per no-grad log-prob micro-batch
     num_tokens: int  # prompt + response tokens of the whole batch (all ranks)
-    temperature: float = 1.0  # rollout rows' sampling temperature (expert rows: 1)
 
     @property
     def local_rows(self) -> list[int]:
@@ -101,7 +101,8 @@ def _micro_batches(rows: Rows, mine: Sequence[int], lengths: Sequence[int], cfg:
 
 
 def plan_step(exps: Sequence[Experience], cfg: Config, info: dse.DistInfo) -> Plan:
-    rows = rows_from_experiences(exps)
+    sft = cfg.algorithm.policy_loss_fn == "sft"
+    rows = rows_from_experiences(exps, 1.0 if sft else rollout_temperature(cfg))
     lengths = [len(ids) for ids in rows.input_ids]
     budget = cfg.trainer.max_token_len_per_gpu
     too_long = [n for n in lengths if n > budget]
@@ -119,15 +120,12 @@ def plan_step(exps: Sequence[Experience], cfg: Config, info: dse.DistInfo) -> Pl
         minis.append(MiniPlan(micros, source_totals(rows.response_mask[subset], rows.expert[subset])))
         mine += share
     logprob_size = cfg.trainer.log_prob_micro_batch_size_per_gpu or cfg.trainer.micro_batch_size_per_gpu
-    temperature = 1.0 if cfg.algorithm.policy_loss_fn == "sft" else rollout_temperature(cfg)
-    return Plan(rows, minis, _micro_batches(rows, sorted(mine), lengths, cfg, logprob_size), sum(lengths),
-                temperature)
+    return Plan(rows, minis, _micro_batches(rows, sorted(mine), lengths, cfg, logprob_size), sum(lengths))
 
 
 def _micro(plan: Plan, rows: list[int], adv: torch.Tensor, old: torch.Tensor, pad_id: int,
            device: torch.device) -> MicroBatch:
     micro = collate(plan.rows, rows, adv, old, pad_id) if rows else padding_micro(pad_id)
-    micro.temperature = 1.0 if micro_source(micro) else plan.temperature  # one source per micro
     return micro.to(device)
 
 
