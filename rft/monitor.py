@@ -59,6 +59,10 @@ PUBLISH_TIME_S = "time/publish_s"  # trainer: gathering and publishing weights
 EXPLORER_STEP_S = "step_time_s"  # explorer: wall time of the step (weights, generation, sealing)
 EXPLORER_WAIT_S = "wait_time_s"  # explorer: waiting for the weights version the step needs
 EVAL_WEIGHTS_VERSION = "eval/weights_version"  # explorer: weights version an evaluation measured
+SYNC_BROADCAST_OK = "sync/broadcast_ok"  # trainer (nccl): 1 when the version reached every member
+SYNC_BROADCAST_S = "sync/broadcast_s"  # trainer (nccl): forming the group, sending, confirming
+SYNC_MEMBERS = "sync/members"  # trainer (nccl): explorers in the weight-sync group
+SYNC_GENERATION = "sync/generation"  # trainer (nccl): the group's generation
 # What rft-run prints per step (the trainer's row merged with the explorer's of that step).
 PROGRESS_KEYS = (POLICY_LOSS, REWARD_MEAN, ACCURACY, TOKENS_PER_S, WEIGHTS_VERSION,
                  STALENESS_MEAN, STEP_TIME_S, READ_TIME_S)

@@ -31,7 +31,11 @@ from rft.monitor import (
     EXPLORER_WAIT_S,
     READ_TIME_S,
     STEP_TIME_S,
+    SYNC_BROADCAST_OK,
+    SYNC_GENERATION,
+    SYNC_MEMBERS,
     TOKENS_PER_S,
+    WEIGHTS_VERSION,
     read_metrics,
 )
 from rft.rundir import (
@@ -78,7 +82,7 @@ class RunStatus:
     run_dir: Path
     trainer_step: int | None  # newest step with trainer metrics
     tokens_per_s: float | None  # trainer throughput at that step
-    weights_version: int | None  # the sync pointer
+    weights_version: int | None  # the trainer's newest (its metrics; else the folder pointer)
     checkpoint_step: int | None  # newest complete full checkpoint
     explorers: list  # rft.sync.ExplorerStatus
     backlog_segments: int  # sealed segments after the checkpoint's cursor
@@ -86,6 +90,7 @@ class RunStatus:
     writers: list[WriterStatus] = field(default_factory=list)  # buffer writer folders
     trainer_idle: float | None = None  # share of recent trainer time waiting for experiences
     explorer_idle: dict[str, float] = field(default_factory=dict)  # monitor -> share waiting for weights
+    broadcast: dict[str, float] = field(default_factory=dict)  # the last step's sync/* (nccl)
 
 
 def _cursor(run_dir: Path, step: int | None) -> dict:
@@ -188,11 +193,17 @@ def collect(run_dir: Path, live_threshold_s: float | None = None) -> RunStatus:
             idle = idle_fraction(explored, EXPLORER_WAIT_S, EXPLORER_STEP_S)
             if idle is not None:
                 explorer_idle[folder.name] = idle
+    # With sync_method nccl the folder pointer moves only at checkpoints and faults: the
+    # trainer's metrics know its newest version.
+    versions = [v for v in (last.get(WEIGHTS_VERSION), atomic.read_pointer(run_dir / WEIGHTS_POINTER))
+                if isinstance(v, int)]
     return RunStatus(run_dir, last.get("step"), last.get(TOKENS_PER_S),
-                     atomic.read_pointer(run_dir / WEIGHTS_POINTER), checkpoint,
+                     max(versions) if versions else None, checkpoint,
                      read_heartbeats(run_dir, live_threshold_s or heartbeat_timeout_s(run_dir)),
                      sum(w.backlog for w in writers), explorer_steps, writers,
-                     idle_fraction(rows, READ_TIME_S, STEP_TIME_S), explorer_idle)
+                     idle_fraction(rows, READ_TIME_S, STEP_TIME_S), explorer_idle,
+                     {k: last[k] for k in (SYNC_BROADCAST_OK, SYNC_MEMBERS, SYNC_GENERATION)
+                      if k in last})
 
 
 def format_status(st: RunStatus) -> str:
@@ -201,6 +212,7 @@ def format_status(st: RunStatus) -> str:
              f"trainer step    {st.trainer_step if st.trainer_step is not None else '-'}{tps}",
              f"weights version {st.weights_version if st.weights_version is not None else '-'}",
              f"checkpoint      {st.checkpoint_step if st.checkpoint_step is not None else '-'}",
+             *format_broadcast(st.broadcast),
              f"buffer backlog  {st.backlog_segments} sealed segment(s) not yet consumed"]
     lines += [format_writer(w) for w in st.writers]
     for name, step in st.explorer_steps.items():
@@ -215,6 +227,17 @@ def format_status(st: RunStatus) -> str:
         lines.append("explorers       none have written a heartbeat")
     lines += format_pipeline(st)
     return "\n".join(lines)
+
+
+def format_broadcast(sync: dict[str, float]) -> list[str]:
+    """The weight-sync group at the trainer's last step (``sync_method: nccl``), if any."""
+    if not sync:
+        return []
+    if not sync.get(SYNC_BROADCAST_OK):
+        return ["weight sync     broadcast: the last version went to a folder (no explorer "
+                "registered, or one failed: see the trainer's log)"]
+    return [f"weight sync     broadcast to {sync.get(SYNC_MEMBERS, 0):.0f} explorer(s), group "
+            f"generation {sync.get(SYNC_GENERATION, 0):.0f}"]
 
 
 def format_pipeline(st: RunStatus) -> list[str]:

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from rft import broadcast as B
+from rft.monitor import SYNC_MEMBERS
 from rft.rundir import WEIGHTS_GROUP
 from rft.trainer.broadcaster import WeightBroadcaster
 
@@ -117,7 +118,7 @@ def test_members_late_joiners_and_a_requeued_trainer(tmp_path):
         b = start_explorer(tmp_path, "explorer-1")  # elastic: joins the next generation
         wait_for(lambda: registered(trainer) == 2)
         assert trainer.broadcast(4, weights(4)) and trainer.generation == 2
-        assert trainer.last["sync/members"] == 2
+        assert trainer.last[SYNC_MEMBERS] == 2
         trainer.close()  # requeued: a new trainer, a new store, a new session
         assert not (tmp_path / WEIGHTS_GROUP).exists()
         trainer = WeightBroadcaster(tmp_path, torch.device("cpu"), timeout_s=30,
@@ -138,7 +139,7 @@ def test_an_explorer_killed_mid_broadcast_costs_one_folder(tmp_path):
     b = start_explorer(tmp_path, "explorer-1", "--die-in-version", "2")
     try:
         wait_for(lambda: registered(trainer) == 2)
-        assert trainer.broadcast(1, weights(1)) and trainer.last["sync/members"] == 2
+        assert trainer.broadcast(1, weights(1)) and trainer.last[SYNC_MEMBERS] == 2
         start = time.monotonic()
         assert not trainer.broadcast(2, weights(2))  # the trainer goes on: publish a folder
         assert time.monotonic() - start < 25, "waited for the 30 s timeout, not for the error"
@@ -146,7 +147,7 @@ def test_an_explorer_killed_mid_broadcast_costs_one_folder(tmp_path):
         assert b.returncode == -9
         wait_for(lambda: registered(trainer) == 3)  # the survivor registered again
         assert trainer.broadcast(3, weights(3)) and trainer.generation == 2
-        assert trainer.last["sync/members"] == 1  # the dead one's registration was retired
+        assert trainer.last[SYNC_MEMBERS] == 1  # the dead one's registration was retired
     finally:
         trainer.close()
         got_a, got_b = received(a), received(b)
@@ -170,16 +171,16 @@ def test_a_paused_explorer_is_left_out_and_rejoins_and_a_finished_one_is_not_wai
                               str(tmp_path), "explorer-2", "8"], stdout=subprocess.PIPE, text=True)
     try:
         wait_for(lambda: registered(trainer) == 3)
-        assert trainer.broadcast(1, weights(1)) and trainer.last["sync/members"] == 3
+        assert trainer.broadcast(1, weights(1)) and trainer.last[SYNC_MEMBERS] == 3
         short.wait(timeout=60)  # ran its 8 s and withdrew
         b.send_signal(signal.SIGSTOP)
         start = time.monotonic()
         assert not trainer.broadcast(2, weights(2))  # b never acknowledges: cancelled
         assert time.monotonic() - start < 60, "waited for sync_timeout, not for the heartbeat"
-        assert trainer.broadcast(3, weights(3)) and trainer.last["sync/members"] == 1
+        assert trainer.broadcast(3, weights(3)) and trainer.last[SYNC_MEMBERS] == 1
         b.send_signal(signal.SIGCONT)
         wait_for(lambda: registered(trainer) == 5)  # 3 + the withdrawal + b again
-        assert trainer.broadcast(4, weights(4)) and trainer.last["sync/members"] == 2
+        assert trainer.broadcast(4, weights(4)) and trainer.last[SYNC_MEMBERS] == 2
     finally:
         b.send_signal(signal.SIGCONT)
         trainer.close()

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rft.monitor import read_metrics
+from rft.monitor import SYNC_BROADCAST_OK, read_metrics
 
 pytestmark = pytest.mark.integration
 
@@ -60,7 +60,7 @@ def test_gpu_config_runs_on_cpu_with_progress(finished_run):
     assert "reward/mean=" in lines[0] and "weights_version=" in lines[0]
     assert [r["step"] for r in read_metrics(run_dir, "trainer")] == [1, 2]
     # Trinity's sync_method 'nccl' as printed: every version reached the explorer by broadcast.
-    assert [r["sync/broadcast_ok"] for r in read_metrics(run_dir, "trainer")] == [1, 1]
+    assert [r[SYNC_BROADCAST_OK] for r in read_metrics(run_dir, "trainer")] == [1, 1]
     assert (run_dir / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     assert (run_dir / "log" / "trainer.log").is_file() and (run_dir / "log" / "explorer-0.log").is_file()
     # The explorer evaluates the trained model (weights v2) after its last step, in place of

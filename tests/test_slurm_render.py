@@ -137,6 +137,25 @@ def test_status_shows_who_waits_and_advises_whom_to_scale(tmp_path):
     assert "advice          trainer idle 70% waiting for experiences" in text
 
 
+def test_status_with_weights_by_broadcast(tmp_path):
+    """sync_method nccl: the folder pointer lags (folders only at checkpoints); the newest
+    version and the explorers' lag come from the trainer's metrics, with the group's size."""
+    run = tmp_path / "run"
+    (run / "monitor" / "trainer").mkdir(parents=True)
+    (run / "monitor" / "trainer" / "metrics.jsonl").write_text(json.dumps(
+        {"step": 9, "weights_version": 9, "sync/broadcast_ok": 1, "sync/members": 2,
+         "sync/generation": 3}) + "\n")
+    (run / "latest_state_dict_iteration.txt").write_text("5\n")
+    (run / "explorers").mkdir()
+    for name in ("explorer-0", "explorer-1"):
+        (run / "explorers" / f"{name}.json").write_text(json.dumps(
+            {"name": name, "time": time.time(), "loaded_version": 8}))
+    text = format_status(collect(run, live_threshold_s=120))
+    assert "weights version 9" in text
+    assert "weight sync     broadcast to 2 explorer(s), group generation 3" in text
+    assert "explorers 1 version(s) behind the trainer's newest weights" in text
+
+
 def test_add_explorer_fills_its_nodes_and_refuses_synchronous_runs():
     launch = [sys.executable, str(REPO / "bin" / "rft-add-explorer")]
     proc = subprocess.run([*launch, "--config", "configs/async/explorer_new.yaml", "--name", "extra",

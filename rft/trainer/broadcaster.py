@@ -23,6 +23,12 @@ from typing import Any
 import torch
 
 from rft import broadcast as B
+from rft.monitor import (
+    SYNC_BROADCAST_OK,
+    SYNC_BROADCAST_S,
+    SYNC_GENERATION,
+    SYNC_MEMBERS,
+)
 from rft.rundir import WEIGHTS_GROUP
 from rft.sync import read_heartbeats
 
@@ -63,7 +69,7 @@ class WeightBroadcaster:
     def broadcast(self, version: int, state: dict[str, torch.Tensor]) -> bool:
         """Send ``version`` to every live registered explorer; True when all loaded it."""
         start = time.monotonic()
-        self.last = {"sync/broadcast_ok": 0.0, "sync/members": 0.0}
+        self.last = {SYNC_BROADCAST_OK: 0.0, SYNC_MEMBERS: 0.0}
         try:
             wanted = self._wanted()
             if not wanted:
@@ -88,11 +94,11 @@ class WeightBroadcaster:
             self.retired |= {m.token for m in self.members}
             self._close_group()
             return False
-        self.last = {"sync/broadcast_ok": 1.0, "sync/broadcast_s": time.monotonic() - start,
-                     "sync/members": float(len(self.members)),
-                     "sync/generation": float(self.generation)}
+        self.last = {SYNC_BROADCAST_OK: 1.0, SYNC_BROADCAST_S: time.monotonic() - start,
+                     SYNC_MEMBERS: float(len(self.members)),
+                     SYNC_GENERATION: float(self.generation)}
         log.info("weights version %d broadcast to %s in %.2fs", version,
-                 [m.name for m in self.members], self.last["sync/broadcast_s"])
+                 [m.name for m in self.members], self.last[SYNC_BROADCAST_S])
         return True
 
     def close(self) -> None:
