@@ -21,15 +21,15 @@ import torch
 from rft.convert import cli as convert
 from rft.convert.cli import find_jobs, main
 from rft.convert.readers import detect_format
-from rft.convert.safetensors_io import (
+from rft.convert.torchfile import open_torch_file
+from rft.errors import CheckpointError
+from rft.safetensors_io import (
     TensorSpec,
     parse_size,
     plan_shards,
     weights_complete,
     write_safetensors,
 )
-from rft.convert.torchfile import open_torch_file
-from rft.errors import CheckpointError
 
 REPO = Path(__file__).resolve().parent.parent
 HELPERS = REPO / "tests" / "helpers"

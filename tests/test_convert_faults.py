@@ -26,9 +26,9 @@ import torch
 
 from rft.convert.cli import main
 from rft.convert.output import backup_path, recover
-from rft.convert.safetensors_io import weights_complete
 from rft.convert.torchfile import open_torch_file
 from rft.errors import EXIT_USER_ERROR, CheckpointError
+from rft.safetensors_io import weights_complete
 
 REPO = Path(__file__).resolve().parent.parent
 PY = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv").is_dir() else sys.executable

@@ -17,8 +17,8 @@ LAYERS = [
     ("rft.errors", "rft.atomic"),
     ("rft.placement", "rft.rundir", "rft.config.typed_dict", "rft.config.names"),
     ("rft.config",),
-    ("rft.data", "rft.models", "rft.sync", "rft.broadcast", "rft.monitor", "rft.entry",
-     "rft.stages"),
+    ("rft.data", "rft.models", "rft.safetensors_io", "rft.sync", "rft.broadcast", "rft.monitor",
+     "rft.entry", "rft.stages"),
     ("rft.algo",),
     ("rft.buffer",),
     ("rft.explorer", "rft.trainer", "rft.convert", "rft.status", "rft.report"),
@@ -70,7 +70,7 @@ def layer(module: str) -> int:
 def test_roles_are_subpackages_and_the_top_holds_only_shared_modules():
     top = sorted(p.stem for p in PKG.glob("*.py"))
     assert top == ["__init__", "atomic", "broadcast", "data", "entry", "errors", "models", "monitor",
-                   "placement", "report", "rundir", "stages", "status", "sync"]
+                   "placement", "report", "rundir", "safetensors_io", "stages", "status", "sync"]
     assert sorted(p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__") == \
         ["algo", "buffer", "config", "convert", "explorer", "launch", "trainer"]
 

@@ -2,6 +2,6 @@
 
 ``cli`` (find checkpoints, convert, publish), ``readers`` (format detection), ``ds_reader`` and
 ``fsdp_reader`` (streaming readers), ``types``, ``torchfile`` (lazy ``torch.save`` reader with
-CRC checks), ``safetensors_io`` (streaming writer), ``output`` (crash recovery of the output
-folder, user files, the swap that publishes it).
+CRC checks), ``output`` (crash recovery of the output folder, user files, the swap that
+publishes it); the streaming writer is shared with the trainer: :mod:`rft.safetensors_io`.
 """

@@ -16,7 +16,7 @@ temporary name and swapped in by renames (:mod:`rft.convert.output`): an interru
 leaves nothing that looks complete, the old folder stays recoverable until the new one is
 durable, and files in it that a conversion does not write (an adapter, ``eval/``) are carried
 over. A step whose folder already holds whole weights is skipped unless ``--force``. Tensors
-stream one at a time from the shards into the output files (:mod:`rft.convert.safetensors_io`),
+stream one at a time from the shards into the output files (:mod:`rft.safetensors_io`),
 and the CRC-32 of every record read is checked (:mod:`rft.convert.torchfile`). A summary table
 ends the run; the exit code is 1 if a step failed.
 """
@@ -44,7 +44,10 @@ from rft.convert.readers import (
     open_checkpoint,
     refuse_megatron,
 )
-from rft.convert.safetensors_io import (
+from rft.errors import EXIT_FAILED, EXIT_OK, EXIT_USER_ERROR, CheckpointError, RftError
+from rft.models import has_tokenizer
+from rft.rundir import ACTOR_DIR, HF_DIR, STEP_RE
+from rft.safetensors_io import (
     INDEX_FILE,
     SINGLE_FILE,
     TensorSpec,
@@ -56,9 +59,6 @@ from rft.convert.safetensors_io import (
     write_index,
     write_safetensors,
 )
-from rft.errors import EXIT_FAILED, EXIT_OK, EXIT_USER_ERROR, CheckpointError, RftError
-from rft.models import has_tokenizer
-from rft.rundir import ACTOR_DIR, HF_DIR, STEP_RE
 
 log = logging.getLogger("rft.convert")
 

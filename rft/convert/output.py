@@ -17,7 +17,7 @@ and durable, so the trainer's config and tokenizer in it (which the new folder c
 ``rft.convert.cli.copy_side_files``) cannot be lost.
 
 A reconversion replaces only the weight files that a conversion writes
-(:func:`rft.convert.safetensors_io.is_weights_file`: ``model.safetensors``,
+(:func:`rft.safetensors_io.is_weights_file`: ``model.safetensors``,
 ``model-NNNNN-of-NNNNN.safetensors``, ``model.safetensors.index.json``); every other file or folder
 of the old one (an adapter, ``training_args.bin``, ``eval/``) is carried into the new one
 (:func:`carry_user_files`), hard-linked where the filesystem allows.
@@ -41,8 +41,8 @@ from rft.atomic import (
     remove_stale_tmp,
     tmp_owner,
 )
-from rft.convert.safetensors_io import is_weights_file, weights_complete
 from rft.errors import CheckpointError
+from rft.safetensors_io import is_weights_file, weights_complete
 
 log = logging.getLogger("rft.convert")
 

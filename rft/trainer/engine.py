@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -34,10 +34,20 @@ from rft import placement  # noqa: E402
 from rft.algo.losses import token_entropy, token_logprobs  # noqa: E402
 from rft.config.schema import Config  # noqa: E402
 from rft.errors import CheckpointError, ConfigError  # noqa: E402
+from rft.safetensors_io import (  # noqa: E402
+    SINGLE_FILE,
+    plan_shards,
+    shard_file_names,
+    write_index,
+    write_safetensors,
+)
+from rft.safetensors_io import TensorSpec as FileTensor  # noqa: E402
 from rft.trainer.batching import MicroBatch  # noqa: E402
 from rft.trainer.lr_schedule import lr_multiplier, warmup_steps  # noqa: E402
 
 log = logging.getLogger("rft.trainer")
+
+PUBLISH_SHARD_BYTES = 5 << 30  # weight files of a published folder: at most this each
 
 
 # ----------------------------------------------------------------------------- distributed
@@ -299,10 +309,10 @@ def gather_weights(actor: Actor) -> dict[str, torch.Tensor] | None:
     return without_tied_duplicates(actor.module.state_dict())
 
 
-def without_tied_duplicates(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """The live ``state_dict`` on CPU without the names that alias an earlier tensor (a tied
-    ``lm_head.weight`` after ``model.embed_tokens.weight``), as ``save_pretrained`` writes it.
-    Copying to CPU would break the aliasing that ``save_pretrained`` detects ties by."""
+def untied(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state_dict`` without the names that alias an earlier tensor (a tied ``lm_head.weight``
+    after ``model.embed_tokens.weight``), as ``save_pretrained`` writes it; the tensors as they
+    are (aliasing is told by memory, so this runs before any copy)."""
     out: dict[str, torch.Tensor] = {}
     seen: set[tuple[Any, ...]] = set()
     for name, tensor in state_dict.items():
@@ -310,20 +320,79 @@ def without_tied_duplicates(state_dict: dict[str, torch.Tensor]) -> dict[str, to
         if key in seen and tensor.numel():
             continue
         seen.add(key)
-        out[name] = tensor.detach().cpu()
+        out[name] = tensor.detach()
     return out
 
 
-def save_hf_folder(actor: Actor, state_dict: dict[str, torch.Tensor] | None, folder: Path) -> None:
-    """HF ``save_pretrained`` of the gathered weights into ``folder`` (rank 0), or only the
-    config (``state_dict`` None), without touching the partitioned live parameters."""
+def without_tied_duplicates(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """:func:`untied`, on CPU."""
+    return {name: tensor.cpu() for name, tensor in untied(state_dict).items()}
+
+
+def save_hf_config(actor: Actor, folder: Path) -> None:
+    """The model's ``config.json`` (and generation config) into ``folder``."""
     module = actor.module
-    if state_dict is None:
-        module.config.save_pretrained(folder)
-    else:
-        module.save_pretrained(folder, state_dict=state_dict, safe_serialization=True)
+    module.config.save_pretrained(folder)
     if getattr(module, "generation_config", None) is not None:
         module.generation_config.save_pretrained(folder)
+
+
+def save_hf_folder(actor: Actor, state_dict: dict[str, torch.Tensor] | None, folder: Path) -> None:
+    """An HF folder of the gathered weights (rank 0): config, and the weights as
+    ``save_pretrained`` names them, or only the config (``state_dict`` None)."""
+    save_hf_config(actor, folder)
+    if state_dict is not None:
+        specs = [FileTensor(name, tuple(t.shape), t.dtype) for name, t in state_dict.items()]
+        _write_weight_files(folder, specs, lambda spec: state_dict[spec.name].cpu())
+
+
+def stream_hf_folder(actor: Actor, folder: Path | None) -> None:
+    """An HF folder of the live weights, written tensor by tensor as each is gathered, so the
+    gather overlaps the write and memory holds one tensor, not a state dict. Collective under
+    ZeRO-3: every rank calls it in step, rank 0 with the ``folder`` to write, the others with
+    None (they only take part in each parameter's gather)."""
+    named = _hf_tensors(actor)
+    specs = [FileTensor(name, shape, t.dtype) for name, (shape, t) in named.items()]
+
+    def produce(spec: FileTensor) -> torch.Tensor:
+        tensor = named[spec.name][1]
+        if actor.zero_stage == 3 and hasattr(tensor, "ds_id"):
+            with deepspeed.zero.GatheredParameters([tensor]):
+                return tensor.detach().to("cpu", copy=True)  # the gathered copy is freed at exit
+        return tensor.detach().cpu()
+
+    if folder is None:
+        for spec in specs:
+            produce(spec)
+        return
+    save_hf_config(actor, folder)
+    _write_weight_files(folder, specs, produce)
+
+
+def _hf_tensors(actor: Actor) -> dict[str, tuple[tuple[int, ...], torch.Tensor]]:
+    """name -> (full shape, live tensor) of what an HF folder of the model holds: each parameter
+    once (tied ones under their first name) and the persistent buffers."""
+    module = actor.module
+    if actor.zero_stage != 3:
+        return {name: (tuple(t.shape), t) for name, t in untied(module.state_dict()).items()}
+    out = {name: (tuple(p.ds_shape), p) for name, p in module.named_parameters()}  # tie: once
+    skip = {f"{prefix}.{b}" if prefix else b for prefix, sub in module.named_modules()
+            for b in getattr(sub, "_non_persistent_buffers_set", ())}
+    out.update((name, (tuple(b.shape), b)) for name, b in module.named_buffers() if name not in skip)
+    return out
+
+
+def _write_weight_files(folder: Path, specs: list[FileTensor],
+                        produce: Callable[[FileTensor], torch.Tensor]) -> None:
+    """``model.safetensors``, or shards of at most :data:`PUBLISH_SHARD_BYTES` and their index."""
+    shards = plan_shards(specs, PUBLISH_SHARD_BYTES)
+    if len(shards) == 1:
+        write_safetensors(folder / SINGLE_FILE, specs, produce)
+        return
+    names = shard_file_names(len(shards))
+    for shard, name in zip(shards, names):
+        write_safetensors(folder / name, shard, produce)
+    write_index(folder, shards, names)
 
 
 def save_checkpoint(actor: Actor, folder: Path, tag: str) -> None:

@@ -115,16 +115,23 @@ def resume_point(cfg: Config, run_dir: Path, world_size: int) -> tuple[int | Non
 
 
 def publish_weights(actor: Any, publisher: Any, broadcaster: Any, version: int, model_path: str,
-                    rank: int, folder: bool) -> None:
-    """Gather the weights (collective); from rank 0 broadcast them (``sync_method: nccl``) and
-    publish ``weights/v<version>/`` when ``folder`` or when the broadcast did not reach every
-    explorer."""
+                    rank: int, folder: bool, by_broadcast: bool) -> None:
+    """Weights ``version`` to the explorers. Collective (every rank gathers). With
+    ``by_broadcast`` (``sync_method: nccl``; ``broadcaster`` on rank 0): gather the state dict,
+    broadcast it, and publish ``weights/v<version>/`` too when ``folder`` or when the broadcast
+    did not reach every explorer. Otherwise publish the folder, each tensor written as it is
+    gathered."""
     from rft.trainer import engine as dse
 
-    state = dse.gather_weights(actor)
-    if rank == 0:
-        sent = broadcaster is not None and broadcaster.broadcast(version, state)
-        if folder or not sent:
+    if not by_broadcast:
+        if rank == 0:
+            publisher.publish(version, lambda tmp: dse.stream_hf_folder(actor, tmp),
+                              extra_files=tokenizer_files(model_path))
+        else:
+            dse.stream_hf_folder(actor, None)  # the gathers rank 0 writes from
+    else:  # a broadcast sends the whole state dict
+        state = dse.gather_weights(actor)
+        if rank == 0 and (not broadcaster.broadcast(version, state) or folder):
             publisher.publish(version, lambda tmp: dse.save_hf_folder(actor, state, tmp),
                               extra_files=tokenizer_files(model_path))
     dse.barrier()
@@ -241,7 +248,8 @@ def run(cfg: Config) -> int:
         t1 = time.perf_counter()
         if publishes_weights(step, cfg.synchronizer.sync_interval, steps):
             publish_weights(actor, publisher, broadcaster, step, cfg.model.model_path, rank,
-                            folder=writes_folder(cfg, step, steps))
+                            folder=writes_folder(cfg, step, steps),
+                            by_broadcast=cfg.synchronizer.sync_method == "nccl")
             progress.weights_version = step
             if broadcaster is not None:
                 metrics.update(broadcaster.last)
