@@ -301,9 +301,14 @@ def reference_logprobs(ref: Reference, micro: MicroBatch) -> torch.Tensor:
 # ----------------------------------------------------------------------------- weights, checkpoints
 
 def gather_weights(actor: Actor) -> dict[str, torch.Tensor] | None:
-    """Full 16-bit (or fp32) state dict on rank 0, None elsewhere. Collective: call on all ranks."""
+    """Full 16-bit (or fp32) state dict on rank 0, None elsewhere, each tied tensor once (as an
+    HF folder holds it). Collective: call on all ranks."""
     if actor.zero_stage == 3:
-        return actor.engine._zero3_consolidated_16bit_state_dict()
+        state = actor.engine._zero3_consolidated_16bit_state_dict()  # a tied tensor named twice
+        if state is None:
+            return None
+        held = _hf_tensors(actor)
+        return {name: tensor for name, tensor in state.items() if name in held}
     if dist.get_rank() != 0:
         return None
     return without_tied_duplicates(actor.module.state_dict())
