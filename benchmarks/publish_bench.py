@@ -39,7 +39,6 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
 
-import torch  # noqa: E402
 
 
 def fsync_folder(folder: Path) -> None:
