@@ -9,8 +9,10 @@ right before the trainer side starts to right after a greedy 1-token generate on
 returns:
 
 * ``checkpoint``: :class:`rft.sync.WeightsPublisher` ``.publish`` writes ``weights/v<version>/``
-  the way the trainer's ``publish_weights`` does (``save_pretrained`` of the state dict, the
-  generation config, the tokenizer files), then the explorer side's
+  the way the trainer writes a gathered state dict (config, generation config, the weights through
+  :mod:`rft.safetensors_io`, the tokenizer files; the figures below were measured when it still
+  called ``save_pretrained``, which ``benchmarks/publish_bench.py`` times as fast within noise),
+  then the explorer side's
   :class:`rft.sync.WeightsWatcher` ``.poll()`` sees it and ``.load(version, engine.reload)``
   reloads the engine in place, then the generate. The explorer's poll interval
   (``WEIGHTS_POLL_S``) is not counted: the poll comes right after the publish.
@@ -134,7 +136,7 @@ class Bench:
         self.engine = Engine(cfg)
         log(f"engine ready in {time.perf_counter() - start:.1f}s")
         self.prompt = self.engine.tokenizer.encode(PROMPT)
-        # the trainer's module, for save_pretrained (the weights come from the state dict)
+        # the trainer's module, for its config files (the weights come from the state dict)
         self.hf_model = AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.bfloat16)
         self.base = load_file(str(model / "model.safetensors"))
         self.heartbeat = Heartbeat(run_dir, EXPLORER, interval_s=1).start()
@@ -160,10 +162,14 @@ class Bench:
 
     def write_fn(self, state: dict[str, torch.Tensor]):
         """What ``rft.trainer.engine.save_hf_folder`` writes for a gathered state dict."""
+        from rft.safetensors_io import SINGLE_FILE, TensorSpec, write_safetensors
+
         def write(folder: Path) -> None:
-            self.hf_model.save_pretrained(folder, state_dict=state, safe_serialization=True)
+            self.hf_model.config.save_pretrained(folder)
             if getattr(self.hf_model, "generation_config", None) is not None:
                 self.hf_model.generation_config.save_pretrained(folder)
+            specs = [TensorSpec(name, tuple(t.shape), t.dtype) for name, t in state.items()]
+            write_safetensors(folder / SINGLE_FILE, specs, lambda spec: state[spec.name])
         return write
 
     def checkpoint(self, version: int, state: dict[str, torch.Tensor]) -> Trial:
