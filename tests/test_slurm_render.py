@@ -200,3 +200,20 @@ def test_submitit_job_keeps_memory_cpus_and_extra_sbatch_lines(tmp_path):
     assert "--mem=64G" in tail and "--cpus-per-gpu=8" in tail  # the trainer component
     rendered = slurm.render(cfg, REPO / "configs" / "grpo_gsm8k.yaml", [])
     assert "#SBATCH --exclusive" in rendered.partition("#SBATCH hetjob")[0]
+
+
+def test_compile_caches_go_to_node_local_storage_under_slurm():
+    """Under SLURM a worker points the JIT/compile caches a user left unset at $TMPDIR (the
+    defaults in $HOME sit on the shared filesystem, where nodes race building one op); a
+    user's own setting and runs outside SLURM are left alone."""
+    import os
+
+    from rft.launch.worker import cache_env
+
+    assert cache_env({}) == {}
+    env = cache_env({"SLURM_JOB_ID": "7", "TMPDIR": "/local", "TRITON_CACHE_DIR": "/mine"})
+    root = f"/local/rft-cache-{os.getuid()}"
+    assert env == {"TORCH_EXTENSIONS_DIR": f"{root}/torch_extensions",
+                   "TORCHINDUCTOR_CACHE_DIR": f"{root}/inductor"}
+    assert cache_env({"SLURM_JOB_ID": "7"})["TRITON_CACHE_DIR"].startswith("/tmp/rft-cache-")
+

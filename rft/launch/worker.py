@@ -46,6 +46,23 @@ def thread_env(env: dict[str, str]) -> dict[str, str]:
     return {"OMP_NUM_THREADS": env.get("SLURM_CPUS_PER_TASK", "1")}
 
 
+CACHE_VARS = {  # compile and extension caches: node-local under SLURM (see cache_env)
+    "TORCH_EXTENSIONS_DIR": "torch_extensions",  # DeepSpeed's JIT ops (FusedAdam...)
+    "TRITON_CACHE_DIR": "triton",
+    "TORCHINDUCTOR_CACHE_DIR": "inductor",
+}
+
+
+def cache_env(env: dict[str, str]) -> dict[str, str]:
+    """Under SLURM, the JIT/compile caches a user did not place go to node-local storage
+    (``$TMPDIR``, else ``/tmp``): the defaults in ``$HOME`` sit on the shared filesystem, where
+    nodes building the same op at once race on one lock and one folder."""
+    if "SLURM_JOB_ID" not in env:
+        return {}
+    root = os.path.join(env.get("TMPDIR") or "/tmp", f"rft-cache-{os.getuid()}")
+    return {var: os.path.join(root, sub) for var, sub in CACHE_VARS.items() if var not in env}
+
+
 def _parse(args: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--config", required=True)
@@ -190,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USER_ERROR
     role, rest = argv[0], argv[1:]
     os.environ.update(thread_env(dict(os.environ)))
+    os.environ.update(cache_env(dict(os.environ)))
     if role == "trainer":
         os.environ.update(placement.torch_env_from_slurm(os.environ))
     known, overrides = _parse(rest)
