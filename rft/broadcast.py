@@ -177,13 +177,20 @@ def register(store: Any, reg: Registration) -> None:
     store.set(f"join/{index}", _encode(asdict(reg)))
 
 
-def read_registrations(store: Any, start: int) -> tuple[list[Registration], int]:
-    """Registrations from index ``start`` on, and the index to read from next time."""
+def read_registrations(store: Any, start: int,
+                       wait_s: float = CONNECT_TIMEOUT_S) -> tuple[list[Registration], int]:
+    """Registrations from index ``start`` on, and the index to read from next time. A slot
+    whose record does not come within ``wait_s`` (its explorer died between counting and
+    writing it) is skipped for good, so it cannot stall every later sync."""
     end = store.add("joins", 0)
     regs = []
     for index in range(start, end):
         key = f"join/{index}"
-        store.wait([key], timedelta(seconds=CONNECT_TIMEOUT_S))  # set right after its counter
+        try:
+            store.wait([key], timedelta(seconds=wait_s))  # set right after its counter
+        except RuntimeError as e:
+            log.warning("weight-sync registration %d never written (%s): skipped", index, e)
+            continue
         regs.append(Registration(**json.loads(store.get(key))))
     return regs, end
 

@@ -69,6 +69,20 @@ def test_ranks_follow_the_trainer_and_count_tensor_parallel_workers():
     assert world == 4  # trainer + 1 + 2
 
 
+def test_a_registration_slot_never_written_is_skipped_not_waited_for_again():
+    """An explorer killed between counting its registration and writing it leaves a hole:
+    read once, skipped, and the next read starts after it."""
+    from datetime import timedelta
+
+    store = torch.distributed.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=5),
+                                       wait_for_workers=False)
+    store.add("joins", 1)  # counted, never written
+    B.register(store, B.Registration("explorer-1", "t1", 1, 1, "h"))
+    regs, next_index = B.read_registrations(store, 0, wait_s=0.2)
+    assert [r.name for r in regs] == ["explorer-1"] and next_index == 2
+    assert B.read_registrations(store, next_index, wait_s=0.2) == ([], 2)
+
+
 # ----------------------------------------------------------------------------- the protocol
 
 def weights(version: int) -> dict[str, torch.Tensor]:
