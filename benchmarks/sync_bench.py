@@ -10,8 +10,9 @@ returns:
 
 * ``checkpoint``: :class:`rft.sync.WeightsPublisher` ``.publish`` writes ``weights/v<version>/``
   the way the trainer writes a gathered state dict (config, generation config, the weights through
-  :mod:`rft.safetensors_io`, the tokenizer files; the figures below were measured when it still
-  called ``save_pretrained``, which ``benchmarks/publish_bench.py`` times as fast within noise),
+  :mod:`rft.safetensors_io`, the tokenizer files; the table below was measured when it still
+  called ``save_pretrained``; with the writer, one run of ``--trials 3``: checkpoint 1.05 s,
+  nccl 0.75 s, 1.40x),
   then the explorer side's
   :class:`rft.sync.WeightsWatcher` ``.poll()`` sees it and ``.load(version, engine.reload)``
   reloads the engine in place, then the generate. The explorer's poll interval
