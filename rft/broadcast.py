@@ -112,9 +112,15 @@ def store_address() -> tuple[str, int]:
 
 
 def open_store(rv_host: str, port: int, timeout_s: float) -> torch.distributed.TCPStore:
-    """The trainer's store (server side)."""
-    return torch.distributed.TCPStore(rv_host, port, None, True, timedelta(seconds=timeout_s),
-                                      wait_for_workers=False)
+    """The trainer's store (server side); a port it cannot listen on raises, naming the fix."""
+    try:
+        return torch.distributed.TCPStore(rv_host, port, None, True,
+                                          timedelta(seconds=timeout_s), wait_for_workers=False)
+    except (RuntimeError, OSError) as e:
+        raise BroadcastError(
+            f"the trainer cannot open its weight-sync store on {rv_host}:{port or 'a free port'} "
+            f"({e}); unset {PORT_ENV} or choose a free port, or use "
+            "synchronizer.sync_method=checkpoint") from e
 
 
 def connect_store(rv: Rendezvous, timeout_s: float) -> torch.distributed.TCPStore:
@@ -241,7 +247,7 @@ def wait_event(store: Any, index: int, wait_s: float) -> dict[str, Any] | None:
 # ----------------------------------------------------------------------------- buckets (pure)
 
 @dataclass(frozen=True)
-class TensorSpec:
+class BucketSlot:
     name: str
     shape: tuple[int, ...]
     offset: int  # first element in its bucket
@@ -258,7 +264,7 @@ class TensorSpec:
 class Bucket:
     dtype: str  # torch dtype name without "torch.", e.g. "bfloat16"
     numel: int
-    tensors: tuple[TensorSpec, ...]
+    tensors: tuple[BucketSlot, ...]
 
 
 def dtype_name(dtype: torch.dtype) -> str:
@@ -270,7 +276,7 @@ def plan_buckets(specs: Iterable[tuple[str, str, tuple[int, ...]]],
     """Group ``(name, dtype, shape)`` in order into buckets of one dtype and at most
     ``bucket_bytes`` (a tensor larger than that gets a bucket of its own)."""
     buckets: list[Bucket] = []
-    open_: dict[str, list[TensorSpec]] = {}
+    open_: dict[str, list[BucketSlot]] = {}
     sizes: dict[str, int] = {}
 
     def close(dtype: str) -> None:
@@ -278,12 +284,12 @@ def plan_buckets(specs: Iterable[tuple[str, str, tuple[int, ...]]],
         buckets.append(Bucket(dtype, sizes.pop(dtype), tuple(tensors)))
 
     for name, dtype, shape in specs:
-        spec = TensorSpec(name, tuple(int(d) for d in shape), 0)
+        spec = BucketSlot(name, tuple(int(d) for d in shape), 0)
         itemsize = torch.empty((), dtype=getattr(torch, dtype)).element_size()
         if dtype in open_ and (sizes[dtype] + spec.numel) * itemsize > bucket_bytes:
             close(dtype)
         offset = sizes.get(dtype, 0)
-        open_.setdefault(dtype, []).append(TensorSpec(spec.name, spec.shape, offset))
+        open_.setdefault(dtype, []).append(BucketSlot(spec.name, spec.shape, offset))
         sizes[dtype] = offset + spec.numel
     for dtype in list(open_):
         close(dtype)
@@ -315,7 +321,7 @@ def buckets_to_json(buckets: list[Bucket]) -> list[Any]:
 
 
 def buckets_from_json(data: list[Any]) -> list[Bucket]:
-    return [Bucket(dtype, numel, tuple(TensorSpec(name, tuple(shape), offset)
+    return [Bucket(dtype, numel, tuple(BucketSlot(name, tuple(shape), offset)
                                        for name, shape, offset in tensors))
             for dtype, numel, tensors in data]
 

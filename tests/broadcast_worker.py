@@ -6,7 +6,7 @@ vLLM's model runner.
     python tests/broadcast_worker.py RUN_DIR NAME SECONDS [--die-in-version V]
 
 Heartbeat ``explorers/NAME.json``; polls the trainer's events for SECONDS and prints one JSON
-line per version received: ``{"version", "sum"}`` (``sum``: the sum of all weights, which the
+line per version received and loaded, as soon as it is: ``{"version", "sum"}`` (``sum``: the sum of all weights, which the
 test's trainer sets to a known value per version). ``--die-in-version V``: SIGKILL itself after
 the first bucket of version V arrived, in the middle of the broadcast.
 """
@@ -65,7 +65,11 @@ class ModuleEngine:
             first = B.buckets_from_json(layout)[0]
             B.broadcast(self.worker._rft_group, torch.empty(first.numel, dtype=getattr(torch, first.dtype)))
             os.kill(os.getpid(), signal.SIGKILL)
-        return self.worker.rft_receive(layout, False)
+        why = self.worker.rft_receive(layout, False)
+        if not why:  # loaded: report now (one poll may go on to the next version and die there)
+            total = sum(float(p.sum()) for p in self.worker.module.parameters())
+            print(json.dumps({"version": version, "sum": total}), flush=True)
+        return why
 
     def confirm(self, ok):
         return self.worker.rft_confirm(ok)
@@ -87,10 +91,7 @@ def main() -> None:
         receiver = BroadcastReceiver(args.run_dir, args.name, engine, tp=1, timeout_s=30)
         deadline = time.monotonic() + args.seconds
         while time.monotonic() < deadline:
-            version = receiver.poll(0.2)
-            if version is not None:
-                total = sum(float(p.sum()) for p in module.parameters())
-                print(json.dumps({"version": version, "sum": total}), flush=True)
+            receiver.poll(0.2)
         receiver.close()
 
 

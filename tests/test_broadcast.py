@@ -62,6 +62,12 @@ def test_rendezvous_round_trip_and_a_damaged_file_says_what_to_do(tmp_path):
         B.read_rendezvous(tmp_path)
 
 
+def test_a_store_port_in_use_says_what_to_do():
+    first = B.open_store("127.0.0.1", 0, 5)
+    with pytest.raises(B.BroadcastError, match="unset RFT_SYNC_PORT or choose a free port"):
+        B.open_store("127.0.0.1", int(first.port), 5)
+
+
 def test_ranks_follow_the_trainer_and_count_tensor_parallel_workers():
     regs = [B.Registration("explorer-1", "t1", 2, 1, "h"), B.Registration("explorer-0", "t0", 1, 1, "h")]
     members, world = B.assign_ranks(regs)

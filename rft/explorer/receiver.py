@@ -45,6 +45,7 @@ class BroadcastReceiver:
         self._failed_session: str | None = None
         self._retry_at = 0.0
         self.receive_s = 0.0  # seconds the last received version took (receive, load, confirm)
+        self._warned = ""  # the last warning logged by _warn_once
 
     def poll(self, wait_s: float = 0.0) -> int | None:
         """Handle the trainer's events, waiting up to ``wait_s`` for the first one; return the
@@ -136,9 +137,15 @@ class BroadcastReceiver:
         try:
             rv = B.read_rendezvous(self.run_dir)
         except B.BroadcastError as e:
-            log.warning("%s", e)
+            self._warn_once(str(e))
             return False
         if rv is None or (rv.session == self._failed_session and time.monotonic() < self._retry_at):
+            return False
+        if rv.backend == "nccl" and getattr(self.engine, "on_cpu", False):
+            self._warn_once(f"{self.name}: the trainer broadcasts over NCCL but this explorer runs "
+                            "vLLM on CPU: weights come through folders only (written when a "
+                            "broadcast misses an explorer); run explorers on GPUs, or use "
+                            "synchronizer.sync_method=checkpoint")
             return False
         try:
             self.store = B.connect_store(rv, self.timeout_s)
@@ -156,6 +163,12 @@ class BroadcastReceiver:
         log.info("%s registered for weights by broadcast with the trainer at %s:%d", self.name,
                  rv.host, rv.port)
         return True
+
+    def _warn_once(self, message: str) -> None:
+        """Log ``message`` once (polls come every second)."""
+        if message != self._warned:
+            log.warning("%s", message)
+            self._warned = message
 
     def _register(self) -> None:
         self.registration = B.new_registration(self.name, self.tp)
