@@ -11,9 +11,17 @@ Writes N experiences of ``--tokens`` response tokens (ids + logprobs) in batches
 and prints experiences/s and MB/s (bytes on disk) for each, per wall second and per CPU second
 of this process (``time.process_time``: what a loaded machine's other jobs do not change), the
 wall and CPU seconds, and jsonl's ratio to the baseline both ways. One process, so one core.
-Usage::
+Each storage runs ``--trials`` times, interleaved (jsonl, rft-sql, baseline, jsonl, ...), each
+trial in a fresh folder; the tables show the best trial of each phase (the first trials also
+grow the process's memory arenas, which would charge whichever storage runs first).
 
-    python benchmarks/buffer_bench.py --num 20000 --tokens 1024
+"read" returns the records; "read+rows" also tabulates each read batch with the trainer's
+:func:`rft.trainer.batching.rows_from_experiences` (token and logprob tensors): what a trainer
+pays per experience before its forward pass. rft's records keep their arrays packed (a list is
+built only when one is asked for), so the two columns tell whether a saving at the read is
+real or just moved to the consumer. Usage::
+
+    python benchmarks/buffer_bench.py --num 20000 --tokens 1280 --trials 3
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import sqlite3
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -34,6 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from rft.buffer.experience import Experience  # noqa: E402
 from rft.buffer.segments import SegmentReader, SegmentWriter  # noqa: E402
 from rft.buffer.sqlite import SqlBufferReader, SqlBufferWriter  # noqa: E402
+from rft.trainer.batching import rows_from_experiences  # noqa: E402
 
 POOL = 32  # distinct token/logprob arrays, reused (content does not change the cost)
 
@@ -58,129 +68,156 @@ def disk_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
-CPU_SECONDS: list[float] = []  # process CPU time of each timed() call, in order
+PHASES = ("write", "read", "read+rows")
 
 
-def timed(fn: Callable[[], int]) -> tuple[float, int]:
-    """Wall seconds and result of ``fn()``; its CPU seconds go to CPU_SECONDS."""
+@dataclass
+class Trial:
+    wall_s: dict[str, float] = field(default_factory=dict)  # phase -> wall seconds
+    cpu_s: dict[str, float] = field(default_factory=dict)  # phase -> CPU seconds of this process
+    disk_bytes: int = 0
+
+
+def timed(trial: Trial, phase: str, fn: Callable[[], int], expect: int) -> None:
+    """Run ``fn`` (returns the experiences it handled) and record its wall and CPU seconds."""
     start, start_cpu = time.perf_counter(), time.process_time()
     count = fn()
-    CPU_SECONDS.append(time.process_time() - start_cpu)
-    return time.perf_counter() - start, count
+    trial.cpu_s[phase] = time.process_time() - start_cpu
+    trial.wall_s[phase] = time.perf_counter() - start
+    assert count == expect, (phase, count, expect)
 
 
-def bench_jsonl(root: Path, args: argparse.Namespace) -> tuple[float, float, int]:
-    writer = SegmentWriter(root / "buffer", "explorer-0")
-
-    def write() -> int:
-        n = 0
-        for batch in args.batches:
-            writer.write(batch)
-            n += len(batch)
+def time_reads(trial: Trial, new_reader: Callable[[], Callable[[int], list[Experience]]],
+               args: argparse.Namespace) -> None:
+    """Read everything back with a fresh reader (read), then again with another, tabulating
+    each batch as the trainer does (read+rows)."""
+    def read(tabulate: bool) -> int:
+        read_batch, n = new_reader(), 0
+        while records := read_batch(args.batch):
+            if tabulate:
+                rows_from_experiences(records)
+            n += len(records)
         return n
 
-    write_s, _ = timed(write)
-    reader = SegmentReader(root / "buffer")
-    read_s, got = timed(lambda: sum(1 for _ in iter_reads(reader.read, args.batch)))
-    assert got == args.num, got
-    return write_s, read_s, disk_bytes(root / "buffer")
+    timed(trial, "read", lambda: read(False), args.num)
+    timed(trial, "read+rows", lambda: read(True), args.num)
 
 
-def bench_rft_sql(root: Path, args: argparse.Namespace) -> tuple[float, float, int]:
+def write_all(write: Callable[[list[Experience]], object], args: argparse.Namespace) -> int:
+    for batch in args.batches:
+        write(batch)
+    return args.num
+
+
+def bench_jsonl(root: Path, args: argparse.Namespace) -> Trial:
+    trial, writer = Trial(), SegmentWriter(root / "buffer", "explorer-0")
+    timed(trial, "write", lambda: write_all(writer.write, args), args.num)
+    time_reads(trial, lambda: SegmentReader(root / "buffer").read, args)
+    trial.disk_bytes = disk_bytes(root / "buffer")
+    return trial
+
+
+def bench_rft_sql(root: Path, args: argparse.Namespace) -> Trial:
     db = root / "rft.db"
-    writer = SqlBufferWriter(db, "explorer-0")
-
-    def write() -> int:
-        for batch in args.batches:
-            writer.write(batch)
-        return args.num
-
-    write_s, _ = timed(write)
-    reader = SqlBufferReader(db)
-    read_s, got = timed(lambda: sum(1 for _ in iter_reads(reader.read, args.batch)))
-    assert got == args.num, got
-    return write_s, read_s, db.stat().st_size
+    trial, writer = Trial(), SqlBufferWriter(db, "explorer-0")
+    timed(trial, "write", lambda: write_all(writer.write, args), args.num)
+    time_reads(trial, lambda: SqlBufferReader(db).read, args)
+    trial.disk_bytes = db.stat().st_size
+    return trial
 
 
-def bench_sqlite_pickle(root: Path, args: argparse.Namespace) -> tuple[float, float, int]:
+def bench_sqlite_pickle(root: Path, args: argparse.Namespace) -> Trial:
     """The baseline: one pickled record per row, one transaction per batch, id cursor."""
     db = root / "baseline.db"
     conn = sqlite3.connect(db, isolation_level=None)
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute("CREATE TABLE experiences (id INTEGER PRIMARY KEY AUTOINCREMENT, data BLOB)")
 
-    def write() -> int:
-        for batch in args.batches:
-            rows = [(pickle.dumps(e.to_dict(), protocol=pickle.HIGHEST_PROTOCOL),) for e in batch]
-            with conn:
-                conn.execute("BEGIN IMMEDIATE")
-                conn.executemany("INSERT INTO experiences (data) VALUES (?)", rows)
-        return args.num
+    def write(batch: list[Experience]) -> None:
+        rows = [(pickle.dumps(e.to_dict(), protocol=pickle.HIGHEST_PROTOCOL),) for e in batch]
+        with conn:
+            conn.execute("BEGIN IMMEDIATE")
+            conn.executemany("INSERT INTO experiences (data) VALUES (?)", rows)
 
-    def read() -> int:
-        cursor, n = 0, 0
-        while True:
+    def reader() -> Callable[[int], list[Experience]]:
+        cursor = 0
+
+        def read(batch: int) -> list[Experience]:
+            nonlocal cursor
             rows = conn.execute("SELECT id, data FROM experiences WHERE id > ? ORDER BY id "
-                                "LIMIT ?", (cursor, args.batch)).fetchall()
-            if not rows:
-                return n
-            n += len([Experience(**pickle.loads(data)) for _id, data in rows])
-            cursor = rows[-1][0]
+                                "LIMIT ?", (cursor, batch)).fetchall()
+            if rows:
+                cursor = rows[-1][0]
+            return [Experience(**pickle.loads(data)) for _id, data in rows]
+        return read
 
-    write_s, _ = timed(write)
-    read_s, got = timed(read)
-    assert got == args.num, got
-    return write_s, read_s, db.stat().st_size
+    trial = Trial()
+    timed(trial, "write", lambda: write_all(write, args), args.num)
+    time_reads(trial, reader, args)
+    conn.close()
+    trial.disk_bytes = db.stat().st_size
+    return trial
 
 
-def iter_reads(read: Callable[[int], list[Experience]], batch: int):
-    while True:
-        records = read(batch)
-        if not records:
-            return
-        yield from records
+BENCHES = {"jsonl": bench_jsonl, "rft-sql": bench_rft_sql, "sqlite-pickle": bench_sqlite_pickle}
+
+
+def best(trials: list[Trial]) -> Trial:
+    """Per phase, the trial with the least CPU time (its wall time alongside)."""
+    out = Trial(disk_bytes=trials[0].disk_bytes)
+    for phase in PHASES:
+        top = min(trials, key=lambda t: t.cpu_s[phase])
+        out.cpu_s[phase], out.wall_s[phase] = top.cpu_s[phase], top.wall_s[phase]
+    return out
+
+
+def print_tables(results: dict[str, Trial], args: argparse.Namespace) -> None:
+    n = args.num
+    print(f"{n} experiences, {args.tokens} response + {args.prompt_tokens} prompt tokens, "
+          f"batches of {args.batch}, best of {args.trials} trials")
+    print(f"{'storage':<14} {'write exp/s':>12} {'read exp/s':>11} {'read MB/s':>10} "
+          f"{'MB on disk':>11} {'write exp/cpu-s':>16} {'read exp/cpu-s':>15} "
+          f"{'read+rows exp/cpu-s':>20}")
+    for name, t in results.items():
+        mb = t.disk_bytes / 1e6
+        per_cpu = "".join(f"{n / t.cpu_s[p]:>{w},.0f}" for p, w in zip(PHASES, (17, 16, 21)))
+        print(f"{name:<14} {n / t.wall_s['write']:>12,.0f} {n / t.wall_s['read']:>11,.0f} "
+              f"{mb / t.wall_s['read']:>10.1f} {mb:>11.1f}{per_cpu}")
+    print(f"{'storage':<14} {'write wall s':>12} {'write cpu s':>11} {'read wall s':>11} "
+          f"{'read cpu s':>10} {'read+rows cpu s':>15}")
+    for name, t in results.items():
+        print(f"{name:<14} {t.wall_s['write']:>12.2f} {t.cpu_s['write']:>11.2f} "
+              f"{t.wall_s['read']:>11.2f} {t.cpu_s['read']:>10.2f} {t.cpu_s['read+rows']:>15.2f}")
+    mine, base = results["jsonl"], results["sqlite-pickle"]
+    ratios = [base.cpu_s[p] / mine.cpu_s[p] for p in PHASES]
+    print("jsonl / sqlite-pickle, experiences per CPU-second: write x{:.2f}, read x{:.2f}, "
+          "read+rows x{:.2f}".format(*ratios))
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--num", type=int, default=20_000, help="experiences to write and read")
-    parser.add_argument("--tokens", type=int, default=1024, help="response tokens each")
+    parser.add_argument("--tokens", type=int, default=1280, help="response tokens each")
     parser.add_argument("--prompt-tokens", type=int, default=256, help="prompt tokens each")
     parser.add_argument("--batch", type=int, default=256, help="experiences per segment/read")
     parser.add_argument("--group", type=int, default=8, help="repeat_times (group size)")
+    parser.add_argument("--trials", type=int, default=3, help="rounds over the storages (best kept)")
     parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir)")
     args = parser.parse_args()
     args.batches = make_batches(args.num, args.tokens, args.prompt_tokens, args.batch, args.group)
     root = Path(tempfile.mkdtemp(prefix="rft-buffer-bench-", dir=args.dir))
-    results = {}
+    trials: dict[str, list[Trial]] = {name: [] for name in BENCHES}
     try:
-        for name, bench in (("jsonl", bench_jsonl), ("rft-sql", bench_rft_sql),
-                            ("sqlite-pickle", bench_sqlite_pickle)):
-            results[name] = bench(root, args)
+        for trial in range(args.trials):
+            for name, bench in BENCHES.items():
+                print(f"trial {trial + 1}/{args.trials}: {name}", file=sys.stderr, flush=True)
+                folder = root / f"{name}-{trial}"
+                folder.mkdir()
+                trials[name].append(bench(folder, args))
+                shutil.rmtree(folder)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    print(f"{args.num} experiences, {args.tokens} response + {args.prompt_tokens} prompt tokens, "
-          f"batches of {args.batch}, in {root.parent}")
-    print(f"{'storage':<14} {'write exp/s':>12} {'write MB/s':>11} {'read exp/s':>11} "
-          f"{'read MB/s':>10} {'MB on disk':>11} {'write exp/cpu-s':>16} {'read exp/cpu-s':>15}")
-    cpu = iter(CPU_SECONDS)
-    cpu_s = {}  # name -> (write, read) CPU seconds
-    for name, (write_s, read_s, size) in results.items():
-        mb, write_cpu, read_cpu = size / 1e6, next(cpu), next(cpu)
-        cpu_s[name] = (write_cpu, read_cpu)
-        print(f"{name:<14} {args.num / write_s:>12,.0f} {mb / write_s:>11.1f} "
-              f"{args.num / read_s:>11,.0f} {mb / read_s:>10.1f} {mb:>11.1f} "
-              f"{args.num / write_cpu:>16,.0f} {args.num / read_cpu:>15,.0f}")
-    print(f"{'storage':<14} {'write wall s':>12} {'write cpu s':>11} {'read wall s':>11} "
-          f"{'read cpu s':>10}")
-    for name, (write_s, read_s, _size) in results.items():
-        print(f"{name:<14} {write_s:>12.2f} {cpu_s[name][0]:>11.2f} {read_s:>11.2f} "
-              f"{cpu_s[name][1]:>10.2f}")
-    jw, jr, _ = results["jsonl"]
-    bw, br, _ = results["sqlite-pickle"]
-    (jwc, jrc), (bwc, brc) = cpu_s["jsonl"], cpu_s["sqlite-pickle"]
-    print(f"jsonl / sqlite-pickle: write x{bw / jw:.2f}, read x{br / jr:.2f} (experiences/s); "
-          f"write x{bwc / jwc:.2f}, read x{brc / jrc:.2f} (experiences per CPU-second)")
+    print_tables({name: best(ts) for name, ts in trials.items()}, args)
 
 
 if __name__ == "__main__":

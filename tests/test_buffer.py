@@ -96,6 +96,34 @@ def test_packed_arrays_keep_their_on_disk_bytes(tmp_path):
     SegmentWriter(tmp_path, "w").write([exp])
     assert exp.writer == "" and SegmentReader(tmp_path).read()[0].writer == "w"  # not mutated
 
+def test_a_read_record_keeps_its_arrays_packed_until_a_list_is_asked_for(tmp_path):
+    """The trainer makes tensors straight from the packed bytes: a record read from a segment
+    builds no list on the way (the saving of the read), and its tensors equal those of the
+    record the explorer wrote (lists)."""
+    from rft.trainer.batching import rows_from_experiences
+
+    written = make_batch("a", 1)
+    written[0].prompt_ids, written[0].response_ids = [5, 2**31 - 1], [7, 150_000, 3]
+    written[0].logprobs = [-0.5, -2.25, -(2.0**100)]  # float32 values: exact both ways
+    SegmentWriter(tmp_path, "w").write(written)
+    read = SegmentReader(tmp_path).read()
+    assert all(isinstance(r.__dict__["_response_ids"], bytes) for r in read)
+    assert read[0].array_len("response_ids") == 3 and read[0].array_len("prompt_ids") == 2
+    got, want = rows_from_experiences(read), rows_from_experiences(written)
+    assert all(isinstance(r.__dict__[f"_{name}"], bytes) for r in read
+               for name in ("prompt_ids", "response_ids", "logprobs"))  # still no list
+    assert [ids.tolist() for ids in got.input_ids] == [ids.tolist() for ids in want.input_ids]
+    assert got.input_ids[0].tolist() == [5, 2**31 - 1, 7, 150_000, 3]
+    assert got.rollout_logprobs.equal(want.rollout_logprobs)
+    assert got.response_mask.equal(want.response_mask) and got.prompt_lens == want.prompt_lens
+    assert read[0].response_ids == [7, 150_000, 3]  # a list on first read, kept
+    assert isinstance(read[0].__dict__["_response_ids"], list)
+    read[0].response_ids.append(9)  # the list is the record's own, as before
+    assert read[0].array_len("response_ids") == 4
+    assert [r.to_dict() for r in read[1:]] == [
+        {**w.to_dict(), "writer": "w"} for w in written[1:]]
+
+
 
 def test_reader_returns_whole_groups_and_resumes_exactly_once(tmp_path):
     writer = SegmentWriter(tmp_path, "explorer-0")

@@ -3,7 +3,7 @@
 The layout: ``buffer/<writer>/seg-<seq:06d>.jsonl``, one folder per explorer task
 (:func:`list_writers`, :func:`list_segments`, :func:`sealed_for_step`). A sealed segment's first
 line is a header ``{"format", "writer", "seq", "num_records"}``; the other lines are records
-(:func:`rft.buffer.experience.encode_line`). :func:`load_segment` reads one file into its valid
+(:func:`rft.buffer.experience.encode_record`). :func:`load_segment` reads one file into its valid
 records and the line indices it lost (corrupt, or cut short), checking that the header's writer
 and seq match the folder and file name (:func:`misplaced_reason`: a copy never passes for its
 original); :func:`whole_groups` turns the records into the groups a trainer may use, dropping

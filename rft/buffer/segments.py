@@ -4,7 +4,7 @@ Data enters through a :class:`SegmentWriter`, one per explorer task: each ``writ
 publishes ``buffer/<writer>/seg-<seq:06d>.jsonl`` atomically (temp name, fsync, rename), so a
 segment is either absent or complete and never changes. Its first line is a header
 (``{"format": 1, "writer", "seq", "num_records", ...}``); every other line is one experience
-(:func:`rft.buffer.experience.encode_line`), the records of a group always adjacent.
+(:func:`rft.buffer.experience.encode_record`), the records of a group always adjacent.
 
 Data leaves through a :class:`SegmentReader` (the trainer): it reads sealed segments in seq
 order per writer, taking writers round-robin, and returns whole groups only. Its cursor
@@ -52,7 +52,7 @@ from rft.buffer.experience import (
     StalenessFilter,
     check_group_fits,
     contiguous_groups,
-    encode_line,
+    encode_record,
     poll_read,
 )
 from rft.buffer.segment_file import (
@@ -132,11 +132,11 @@ class SegmentWriter:
         records = contiguous_groups(experiences)
         header = {"format": SEGMENT_FORMAT, "writer": self.writer, "seq": seq,
                   "num_records": len(records)}
-        lines = [json.dumps(header)]
-        lines += [encode_line(e, self.writer) for e in records]  # DataError if invalid
-        lines.append("")  # the last line ends with a newline too
+        lines = [json.dumps(header).encode("utf-8")]
+        lines += [encode_record(e, self.writer) for e in records]  # DataError if invalid
+        lines.append(b"")  # the last line ends with a newline too
         try:  # one buffer, one write
-            atomic.write_bytes(path, "\n".join(lines).encode("utf-8"), overwrite=False)
+            atomic.write_bytes(path, b"\n".join(lines), overwrite=False)
         except FileExistsError as e:
             raise DataError(f"{path} is already sealed; sealed segments never change") from e
         self.next_seq = seq + 1

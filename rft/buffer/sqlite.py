@@ -132,7 +132,7 @@ class SqliteArchive:
         now = time.time()
         rows = [
             (e.experience_id, step, now, e.writer, e.task_id, e.group_id, e.model_version,
-             float(e.reward), e.source, int(e.eval), int(e.truncated), len(e.response_ids),
+             float(e.reward), e.source, int(e.eval), int(e.truncated), e.array_len("response_ids"),
              encode_line(e))
             for e in experiences
         ]

@@ -40,9 +40,9 @@ from rft.monitor import POLICY_LOSS
 
 @dataclass
 class Rows:
-    """One step's batch as a table: python token lists plus response-aligned tensors."""
+    """One step's batch as a table: token tensors per row plus response-aligned tensors."""
 
-    input_ids: list[list[int]]  # prompt + response per row
+    input_ids: list[torch.Tensor]  # [L] int32 per row: prompt + response
     prompt_lens: list[int]
     group_ids: list[str]
     rewards: torch.Tensor  # [N] float32
@@ -68,31 +68,43 @@ def rows_from_experiences(exps: Sequence[Experience],
     Each row's scoring temperature: 1 for expert rows (data, not samples), else that of the
     temperature the rollout records (:func:`~rft.config.rules.scoring_temperature`), else
     ``default_temperature`` (records of an earlier rft; None: DataError, none can be told)."""
-    for exp in exps:
-        if not exp.response_ids:
+    response_lens = [exp.array_len("response_ids") for exp in exps]
+    for exp, length in zip(exps, response_lens):
+        if not length:
             raise DataError(f"experience {exp.experience_id} has no response tokens; the "
                             "explorer must not write empty responses (min_response_tokens >= 1)")
     n = len(exps)
-    width = max((len(e.response_ids) for e in exps), default=1)
+    width = max(response_lens, default=1)
     mask = torch.zeros(n, width)  # [N, R]
     logprobs = torch.zeros(n, width)  # [N, R]
-    for i, exp in enumerate(exps):
-        mask[i, :len(exp.response_ids)] = 1.0
-        if exp.logprobs:
-            logprobs[i, :len(exp.logprobs)] = torch.tensor(exp.logprobs, dtype=torch.float32)
+    has_logprobs = torch.zeros(n, dtype=torch.bool)  # [N]
+    for i, (exp, length) in enumerate(zip(exps, response_lens)):
+        mask[i, :length] = 1.0
+        if num_logprobs := exp.array_len("logprobs"):
+            logprobs[i, :num_logprobs] = packed_tensor(exp.array_bytes("logprobs"), torch.float32)
+            has_logprobs[i] = True
     return Rows(
-        input_ids=[list(e.prompt_ids) + list(e.response_ids) for e in exps],
-        prompt_lens=[len(e.prompt_ids) for e in exps],
+        input_ids=[packed_tensor(e.array_bytes("prompt_ids") + e.array_bytes("response_ids"),
+                                 torch.int32) for e in exps],
+        prompt_lens=[e.array_len("prompt_ids") for e in exps],
         group_ids=[e.group_id for e in exps],
         rewards=torch.tensor([float(e.reward) for e in exps], dtype=torch.float32),  # [N]
         response_mask=mask,
         rollout_logprobs=logprobs,
-        has_logprobs=torch.tensor([bool(e.logprobs) for e in exps], dtype=torch.bool),  # [N]
+        has_logprobs=has_logprobs,
         expert=torch.tensor([e.source == "expert" for e in exps], dtype=torch.bool),  # [N]
         model_versions=[e.model_version for e in exps],
         temperatures=torch.tensor([_row_temperature(e, default_temperature) for e in exps],
                                   dtype=torch.float32),  # [N]
     )
+
+
+def packed_tensor(raw: bytes, dtype: torch.dtype) -> torch.Tensor:
+    """A record's packed native-order values (:meth:`Experience.array_bytes`) as a 1-D tensor
+    of ``dtype`` (int32 or float32), copied: no Python number is made on the way."""
+    if not raw:
+        return torch.empty(0, dtype=dtype)
+    return torch.frombuffer(bytearray(raw), dtype=dtype)  # [L]
 
 
 def _row_temperature(exp: Experience, default: float | None) -> float:
@@ -214,7 +226,7 @@ def collate(batch: Rows, rows: Sequence[int], advantages: torch.Tensor,
     positions = torch.zeros(b, resp_len, dtype=torch.long)  # [B, R]
     for j, i in enumerate(rows):
         ids, p = batch.input_ids[i], batch.prompt_lens[i]
-        input_ids[j, :len(ids)] = torch.tensor(ids, dtype=torch.long)
+        input_ids[j, :len(ids)] = ids
         attention[j, :len(ids)] = 1
         n_resp = len(ids) - p
         # logits at position t predict token t + 1; a response at p.. is predicted from p - 1..
