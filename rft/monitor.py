@@ -63,9 +63,13 @@ SYNC_BROADCAST_OK = "sync/broadcast_ok"  # trainer (nccl): 1 when the version re
 SYNC_BROADCAST_S = "sync/broadcast_s"  # trainer (nccl): forming the group, sending, confirming
 SYNC_MEMBERS = "sync/members"  # trainer (nccl): explorers in the weight-sync group
 SYNC_GENERATION = "sync/generation"  # trainer (nccl): the group's generation
-# What rft-run prints per step (the trainer's row merged with the explorer's of that step).
+BUFFER_STATS_PREFIX = "buffer/"  # trainer: the buffer reader's counters (ReaderStats.as_dict)
+BUFFER_BACKLOG = f"{BUFFER_STATS_PREFIX}backlog_segments"  # trainer: sealed, not yet consumed
+# What rft-run prints per step (the trainer's row merged with the explorer's of that step):
+# the pipeline at a glance, who waits for whom (READ_TIME_S: the trainer for experiences;
+# EXPLORER_WAIT_S: the explorer for weights) and the buffer's backlog.
 PROGRESS_KEYS = (POLICY_LOSS, REWARD_MEAN, ACCURACY, TOKENS_PER_S, WEIGHTS_VERSION,
-                 STALENESS_MEAN, STEP_TIME_S, READ_TIME_S)
+                 STALENESS_MEAN, STEP_TIME_S, READ_TIME_S, EXPLORER_WAIT_S, BUFFER_BACKLOG)
 
 
 def metrics_path(run_dir: Path | str, role: str) -> Path:

@@ -13,6 +13,11 @@ import torch
 
 from rft.errors import ConfigError
 from rft.monitor import (
+    BUFFER_BACKLOG,
+    BUFFER_STATS_PREFIX,
+    EXPLORER_WAIT_S,
+    PROGRESS_KEYS,
+    READ_TIME_S,
     MlflowSink,
     Monitor,
     check_packages,
@@ -203,3 +208,13 @@ def test_launch_prints_where_each_chosen_monitor_writes(tmp_path):
     assert tunnel_hint(cfg).splitlines() == [
         f"wandb: {wandb_dir(tmp_path)}; upload offline runs with `wandb sync {wandb_dir(tmp_path)}`",
         f"MLflow: {mlflow_uri(tmp_path)} (unless MLFLOW_TRACKING_URI is set)"]
+
+
+def test_the_per_step_line_shows_both_sides_waits_and_the_backlog_under_the_names_logged():
+    """rft-run's per-step line names metrics that the trainer, explorer and reader really log:
+    the backlog key is the reader's counter under the trainer's buffer prefix."""
+    from rft.buffer.experience import ReaderStats
+
+    stats = {f"{BUFFER_STATS_PREFIX}{k}": v for k, v in ReaderStats(backlog_segments=3).as_dict().items()}
+    assert stats[BUFFER_BACKLOG] == 3
+    assert {READ_TIME_S, EXPLORER_WAIT_S, BUFFER_BACKLOG} <= set(PROGRESS_KEYS)

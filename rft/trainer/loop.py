@@ -34,6 +34,7 @@ from rft.entry import config_parser, run_command, setup_logging
 from rft.errors import EXIT_OK, EXIT_REQUEUE, ConfigError, RftError
 from rft.models import tokenizer_files
 from rft.monitor import (
+    BUFFER_STATS_PREFIX,
     PUBLISH_TIME_S,
     READ_TIME_S,
     STALENESS_COUNT,
@@ -260,7 +261,7 @@ def run(cfg: Config) -> int:
                         TOKENS_PER_S: metrics["batch_tokens"] / max(elapsed - t_read - t_publish, 1e-9),
                         WEIGHTS_VERSION: progress.weights_version})
         if rank == 0:
-            metrics.update({f"buffer/{k}": v for k, v in source.stats().items()})
+            metrics.update({f"{BUFFER_STATS_PREFIX}{k}": v for k, v in source.stats().items()})
         monitor.log(step, metrics)
         if cfg.trainer.save_interval and step % cfg.trainer.save_interval == 0:
             save_full_checkpoint(cfg, run_dir, actor, source, progress, rank, info.world_size,
