@@ -150,9 +150,10 @@ def test_batches_that_span_epochs_end_with_the_last_step_checkpointed(vllm_model
 def test_async_trainer_without_total_steps_ends_after_its_explorers(vllm_model_dir, tmp_path):
     """mode train with no step count and a sync_timeout of an hour: the trainer stops by itself
     once the only explorer that joined has finished (its heartbeat says so) and the buffer is
-    drained, having trained on everything the explorer wrote."""
+    drained, having trained on everything the explorer wrote. Each step logs the age of what it
+    trained on (versions stamped by the explorer) and the off-policy correction's ratios."""
     common = [f"model.model_path={vllm_model_dir}", f"checkpoint_root_dir={tmp_path}",
-              "model.max_response_tokens=8"]
+              "model.max_response_tokens=8", "algorithm.rollout_correction.mode=tis"]
     env = dict(os.environ, OMP_NUM_THREADS="1", RFT_LOCAL_TRAINER_RANKS="1")
     trainer_log = (tmp_path / "trainer.out").open("w")
     trainer = subprocess.Popen(
@@ -174,7 +175,13 @@ def test_async_trainer_without_total_steps_ends_after_its_explorers(vllm_model_d
     assert code == 0, (tmp_path / "trainer.out").read_text()[-3000:]
     assert waited < 60, f"the trainer ran on {waited:.0f} s after its explorer finished"
     # 2 explorer steps x 2 tasks x 2 samples = 8 experiences = 2 trainer steps of 4
-    assert [r["step"] for r in read_metrics(run_dir, "trainer")] == [1, 2]
+    rows = read_metrics(run_dir, "trainer")
+    assert [r["step"] for r in rows] == [1, 2]
+    for row in rows:  # the trainer is at version step - 1 when it reads; rollouts are <= that
+        ages = {int(k.rsplit("_", 1)[1]): n for k, n in row.items() if k.startswith("staleness/count_")}
+        assert sum(ages.values()) == 4 and max(ages) == row["staleness/max"] <= row["step"] - 1
+        assert row["staleness/mean"] == pytest.approx(sum(a * n for a, n in ages.items()) / 4)
+        assert row["rollout_correction/is_ratio_mean"] > 0 and row["rollout_correction/is_ratio_max"] > 0
     assert (run_dir / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
 
 
