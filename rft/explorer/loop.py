@@ -52,8 +52,12 @@ from rft.explorer.receiver import BroadcastReceiver
 from rft.monitor import (
     ACCURACY,
     EVAL_WEIGHTS_VERSION,
+    EXPLORER_RELOAD_S,
     EXPLORER_STEP_S,
     EXPLORER_WAIT_S,
+    GENERATE_TIME_S,
+    GENERATED_TOKENS,
+    RESPONSE_LENGTH_MAX,
     REWARD_MEAN,
     WEIGHTS_VERSION,
     Monitor,
@@ -164,9 +168,9 @@ def run_explorer(cfg: Config, engine: Engine | None = None, *, env: dict[str, st
             T.save_cursor(run_dir, place.name, place.rank, place.count, cursor)
             heartbeat.beat(steps_done=step, tasks_done=heartbeat.fields["tasks_done"] + len(share))
             metrics = {**stats, **step_metrics(exps), WEIGHTS_VERSION: version,
-                       "reload_time_s": reload_s, EXPLORER_WAIT_S: wait_s,
+                       EXPLORER_RELOAD_S: reload_s, EXPLORER_WAIT_S: wait_s,
                        EXPLORER_STEP_S: time.monotonic() - step_start}
-            metrics["loop_tokens_per_s"] = stats["generated_tokens"] / metrics[EXPLORER_STEP_S]
+            metrics["loop_tokens_per_s"] = stats[GENERATED_TOKENS] / metrics[EXPLORER_STEP_S]
             monitor.log(step, metrics)
             result.steps.append(step)
             result.metrics.append(metrics)
@@ -303,7 +307,7 @@ def generate(engine: Engine, jobs: list[PromptJob]) -> tuple[list[list[Sample]],
     groups = engine.generate([j.ids for j in jobs], [j.taskset.sampling for j in jobs])
     seconds = time.monotonic() - start
     tokens = sum(len(s.response_ids) for g in groups for s in g)
-    return groups, {"generated_tokens": tokens, "generate_time_s": seconds,
+    return groups, {GENERATED_TOKENS: tokens, GENERATE_TIME_S: seconds,
                     "tokens_per_s": tokens / seconds if seconds > 0 else 0.0}
 
 
@@ -351,7 +355,7 @@ def step_metrics(exps: list[Experience]) -> dict[str, float]:
            "reward/std": statistics.pstdev(rewards), "reward/max": max(rewards),
            "reward/min": min(rewards), ACCURACY: statistics.fmean(map(accuracy_of, exps)),
            "response_length/mean": statistics.fmean(lengths),
-           "response_length/max": max(lengths),
+           RESPONSE_LENGTH_MAX: max(lengths),
            "truncation_rate": sum(e.truncated for e in exps) / len(exps)}
     for part in sorted({p for e in exps for p in e.reward_parts}):
         out[f"reward/{part}/mean"] = statistics.fmean(e.reward_parts.get(part, 0.0) for e in exps)

