@@ -11,7 +11,10 @@ set to ``--steps`` and evaluation off:
 - ``async``: ``mode: explore`` and ``mode: train`` started side by side into one run directory
   (two ``rft-run``s, as ``tests/test_local_run.py``'s asynchronous tests); both count
   ``--steps`` steps of ``batch_size x repeat_times`` samples, so the trainer stops after the
-  same number of steps (it reads ``train_batch_size`` = ``batch_size x repeat_times``).
+  same number of steps (it reads ``train_batch_size`` = ``batch_size x repeat_times``);
+- ``async-batch2``: the same, the explorer with twice the ``batch_size`` over half the steps
+  (the trainer reads each of its segments over two steps): with long-tailed lengths an explorer
+  then waits for its longest sample once per two trainer steps.
 
 Per mode it prints steady-state steps/min (trainer step end times, the first step excluded, so
 engine start-up does not count), the mean train reward (the explorer's ``reward/mean``), the
@@ -100,11 +103,15 @@ TRAINER_KEYS = ("step", "time", STEP_TIME_S, READ_TIME_S, PUBLISH_TIME_S, BATCH_
                 STALENESS_MEAN, WEIGHTS_VERSION)
 EXPLORER_KEYS = ("step", "time", EXPLORER_STEP_S, EXPLORER_WAIT_S, EXPLORER_RELOAD_S, GENERATE_TIME_S, GENERATED_TOKENS,
                  RESPONSE_LENGTH_MAX, REWARD_MEAN, WEIGHTS_VERSION)
-# mode -> the rft-run processes (each a list of overrides) that make it
+# mode -> the rft-run processes (each a list of overrides) that make it; "{batch2}" and
+# "{half_steps}": twice the config's batch_size, half the steps (rounded up): async-batch2's
+# explorer generates the same tasks in half as many steps of twice the size.
 RUNS = {
     "sync": [["mode=both", "synchronizer.sync_offset=0"]],
     "one-step-off": [["mode=both", "synchronizer.sync_offset=1"]],
     "async": [["mode=explore"], ["mode=train"]],
+    "async-batch2": [["mode=explore", "buffer.batch_size={batch2}", "buffer.total_steps={half_steps}"],
+                     ["mode=train"]],
 }
 CLUSTER_SHAPE = Shape(explorers=4, trainers=2)
 CLUSTER_RUN = Schedule(steps=30, batch_size=128, repeat_times=8)  # configs/grpo_gsm8k.yaml's step
@@ -140,7 +147,10 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     """Start the mode's rft-run processes, print progress, sample CPU; return rows and samples."""
     common = [f"checkpoint_root_dir={args.out}", f"name={mode}", f"buffer.total_steps={args.steps}",
               "explorer.eval_interval=0", "explorer.eval_on_startup=false", *args.overrides]
-    cfg = load_config(args.config, [*common, *RUNS[mode][0]])
+    base = load_config(args.config, common)
+    sizes = {"batch2": 2 * base.buffer.batch_size, "half_steps": -(-args.steps // 2)}
+    runs = [[o.format(**sizes) for o in run] for run in RUNS[mode]]
+    cfg = load_config(args.config, [*common, *runs[0]])
     run_dir, role = cfg.run_dir, explorer_role(cfg.explorer.name)
     if run_dir.exists():
         raise SystemExit(f"{run_dir} exists: give another --out (every mode needs a fresh run)")
@@ -150,7 +160,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         env.setdefault(key, value)
     procs = []
     start = time.time()
-    for i, extra in enumerate(RUNS[mode]):
+    for i, extra in enumerate(runs):
         log = args.out / f"{mode}-{i}.log"
         with log.open("w") as sink:
             procs.append((log, subprocess.Popen(
@@ -254,7 +264,7 @@ def local_prediction(results: dict[str, Any]) -> tuple[dict[str, Result], dict[s
     schedule = Schedule(steps=len(records), batch_size=run["batch_size"],
                         repeat_times=run["repeat_times"], sync_interval=run["sync_interval"])
     shape = Shape(explorers=run["explorers"], trainers=1, shared=True, share=share)
-    return predict(schedule, shape, costs, ReplayWorkload(tuple(records))), \
+    return predict(schedule, shape, costs, ReplayWorkload(tuple(records), run["batch_size"])), \
         {"costs": asdict(costs), "share": share, "shape": asdict(shape), "schedule": asdict(schedule)}
 
 
@@ -300,7 +310,8 @@ def analyze(results: dict[str, Any]) -> None:
         print(f"| {name} | {measured:.3f} | {r.steps_per_min:.3f} | {error:+.1%}{ok} | "
               f"{measured / sync_spm:.2f}x | {speedup:.2f}x |")
 
-    records = ReplayWorkload(tuple(StepRecord(**r) for r in modes["sync"]["sim_records"]))
+    records = ReplayWorkload(tuple(StepRecord(**r) for r in modes["sync"]["sim_records"]),
+                             results["run"]["batch_size"])
     costs, shape = Costs(**calibration["costs"]), Shape(**calibration["shape"])
     longer = replace(Schedule(**calibration["schedule"]), steps=LONG_STEPS)
     results["longer"] = {}
@@ -359,7 +370,9 @@ def main(argv: list[str] | None = None) -> int:
         for mode in MODES:
             if mode in args.modes:
                 run = run_mode(mode, args)
-                results["modes"][mode] = {**run, "summary": summarize(run),
+                summary = summarize(run)  # the CPU samples' use: cores per side, kept there
+                results["modes"][mode] = {**{k: v for k, v in run.items() if k != "cpu_samples"},
+                                          "summary": summary,
                                           "sim_records": [asdict(r) for r in step_records(run)]
                                           if mode == "sync" else None}
                 save(args.results, results)  # the measurements are kept if the analysis fails

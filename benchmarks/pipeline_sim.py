@@ -159,12 +159,14 @@ class ReplayWorkload:
     steps past the end wrap around."""
 
     records: tuple[StepRecord, ...]
+    batch_size: int  # tasks per step of the recorded run
 
     def share(self, step: int, rank: int, explorers: int, batch_size: int, repeat_times: int) -> Share:
         rec = self.records[(step - 1) % len(self.records)]
         groups = len(range(rank, batch_size, explorers))
-        per_group = rec.train_tokens / batch_size
-        return Share(round(rec.gen_tokens / explorers), rec.max_len, (per_group,) * groups)
+        per_group = rec.train_tokens / self.batch_size
+        return Share(round(rec.gen_tokens * groups / self.batch_size), rec.max_len,
+                     (per_group,) * groups)
 
 
 # ----------------------------------------------------------------------------- costs, shape, run
@@ -217,6 +219,13 @@ class Schedule:
     steps: int = 20  # trainer steps (buffer.total_steps)
     batch_size: int = 8  # tasks per step
     repeat_times: int = 4  # samples per task
+    explorer_batch_factor: int = 1  # async: the explorers' batch_size over the trainer's
+
+    def explore_batch(self) -> int:
+        """Tasks per explorer step: an async explorer job has its own ``buffer.batch_size``,
+        which may be a multiple of the trainer's (its longest sample is then waited for once
+        per larger batch; the trainer reads each segment over several steps)."""
+        return self.batch_size * (self.explorer_batch_factor if self.mode == "async" else 1)
 
 
 def share_from_cores(explorer_cores: float, trainer_cores: float, cores: float) -> float:
@@ -287,7 +296,7 @@ def simulate(schedule: Schedule, shape: Shape, costs: Costs, workload: Workload)
     """Run the pipeline until the trainer has finished ``schedule.steps`` steps."""
     assert schedule.mode in ("both", "async"), schedule.mode
     n, steps = shape.explorers, schedule.steps
-    shares = {(s, r): workload.share(s, r, n, schedule.batch_size, schedule.repeat_times)
+    shares = {(s, r): workload.share(s, r, n, schedule.explore_batch(), schedule.repeat_times)
               for s in range(1, steps + 1) for r in range(n)}
     explorers = [Explorer(r) for r in range(n)]
     trainer = Trainer()
@@ -457,17 +466,18 @@ def calibrate(records: Sequence[StepRecord], skip_first: int = 1) -> Costs:
 
 # ----------------------------------------------------------------------------- the three modes
 
-MODES = {  # name -> (mode, sync_offset)
-    "sync": ("both", 0),
-    "one-step-off": ("both", 1),
-    "async": ("async", 0),
+MODES = {  # name -> what differs from the base Schedule
+    "sync": {"mode": "both", "sync_offset": 0},
+    "one-step-off": {"mode": "both", "sync_offset": 1},
+    "async": {"mode": "async", "explorer_batch_factor": 1},
+    "async-batch2": {"mode": "async", "explorer_batch_factor": 2},  # explorers' batch x2
 }
 
 
 def predict(base: Schedule, shape: Shape, costs: Costs, workload: Workload) -> dict[str, Result]:
     """Each of :data:`MODES` on the same shape, costs and samples."""
-    return {name: simulate(replace(base, mode=mode, sync_offset=offset), shape, costs, workload)
-            for name, (mode, offset) in MODES.items()}
+    return {name: simulate(replace(base, **changes), shape, costs, workload)
+            for name, changes in MODES.items()}
 
 
 def format_table(results: dict[str, Result]) -> str:

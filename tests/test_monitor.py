@@ -218,3 +218,24 @@ def test_the_per_step_line_shows_both_sides_waits_and_the_backlog_under_the_name
     stats = {f"{BUFFER_STATS_PREFIX}{k}": v for k, v in ReaderStats(backlog_segments=3).as_dict().items()}
     assert stats[BUFFER_BACKLOG] == 3
     assert {READ_TIME_S, EXPLORER_WAIT_S, BUFFER_BACKLOG} <= set(PROGRESS_KEYS)
+
+
+@pytest.mark.parametrize("explorer_row", [True, False])
+def test_the_per_step_line_merges_the_explorers_step_only_in_mode_both(tmp_path, capsys, explorer_row):
+    """rft-run's line for trainer step s carries the explorer's step s where the two are one
+    batch (mode both); an asynchronous trainer's step s trains whatever was sealed, so another
+    process's step s is not shown beside it."""
+    from rft.launch.local import ProgressPrinter
+
+    def write(role: str, rows: list[dict]) -> None:
+        path = metrics_path(tmp_path, role)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+    write("explorer_e", [{"step": 1, "reward/mean": 0.75, "wait_time_s": 2.0}])
+    printer = ProgressPrinter(tmp_path, "trainer", "explorer_e" if explorer_row else None, 4)
+    write("trainer", [{"step": 1, "pg_loss": 0.5, "time/read_s": 1.0}])
+    printer.poll()
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("[rft] trainer step 1/4 pg_loss=0.5") and "time/read_s=1" in line
+    assert ("reward/mean=0.75" in line and "wait_time_s=2" in line) == explorer_row

@@ -6,7 +6,7 @@ benchmarks/async_bench.py (benchmarks/results/async_bench_cpu.json)."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -116,6 +116,22 @@ def test_long_tail_async_beats_sync_across_explorers_without_the_barrier():
         four["async"].steps_per_min / four["sync"].steps_per_min  # a lighter tail, a smaller gain
 
 
+def test_an_async_explorer_batch_twice_the_trainers_pays_its_tail_once_per_two_steps():
+    """Constant lengths: an explorer step of 16 tasks costs 1 + 0.005 * 640 + 0.1 * 10 = 5.2 s
+    and feeds two trainer steps, 2.6 s per trainer step instead of 3.6 s. With a fast trainer
+    (1.3 s a step) the explorer sets the pace and the larger batch raises it; with the 6 s
+    trainer both are trainer-bound."""
+    costs = Costs(1.0, 0.005, 0.1, 2.0, 0.005, 0.0, 0.0)
+    fast_trainer = Costs(1.0, 0.005, 0.1, 0.5, 0.001, 0.0, 0.0)  # T = 0.5 + 0.8 = 1.3 s
+    long_run = Schedule(steps=40)
+    for c, train_s in ((costs, T), (fast_trainer, 1.3)):
+        one = simulate(replace(long_run, mode="async"), Shape(), c, Constant())
+        two = simulate(replace(long_run, mode="async", explorer_batch_factor=2), Shape(), c, Constant())
+        assert one.steps_per_min == pytest.approx(60 / max(G, train_s), rel=0.02)
+        assert two.steps_per_min == pytest.approx(60 / max(5.2 / 2, train_s), rel=0.02)
+    assert replace(long_run, mode="both", explorer_batch_factor=2).explore_batch() == 8  # async only
+
+
 def test_trainer_nodes_divide_the_per_token_cost():
     costs = Costs(1.0, 0.005, 0.1, 2.0, 0.005, 0.0, 0.0)
     one, two = (run(shape=Shape(trainers=m), costs=costs).steps_per_min for m in (1, 2))
@@ -158,6 +174,7 @@ def test_predictions_match_the_measured_runs_on_this_machine():
     results = json.loads(RESULTS.read_text())
     predicted, calibration = local_prediction(results)
     assert 0 < calibration["share"] <= 1
-    for mode, result in predicted.items():
-        measured = results["modes"][mode]["summary"]["steps_per_min"]
-        assert result.steps_per_min == pytest.approx(measured, rel=TOLERANCE), mode
+    assert {"sync", "one-step-off", "async"} <= set(results["modes"])
+    for mode, run in results["modes"].items():
+        measured = run["summary"]["steps_per_min"]
+        assert predicted[mode].steps_per_min == pytest.approx(measured, rel=TOLERANCE), mode

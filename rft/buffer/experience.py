@@ -265,8 +265,6 @@ def _check_list(who: str, name: str, code: str, values: Any) -> None:
     _to_bytes(who, name, code, values)
 
 
-
-
 def _swapped(code: str, raw: bytes) -> bytes:
     """The other byte order of packed values (big-endian hosts; disk is little-endian)."""
     arr = array.array(_PACKED_CODES[code], raw)

@@ -118,9 +118,11 @@ def tail(path: Path, lines: int = 30) -> str:
 
 class ProgressPrinter:
     """Prints one line per new step of the run's main monitor (trainer, else explorer), with
-    the explorer's reward for the same step when there is one."""
+    the explorer's row of the same step when ``explorer_role`` is given: in ``mode: both``,
+    where both sides' step s is one batch (in asynchronous runs they are unrelated)."""
 
-    def __init__(self, run_dir: Path, role: str, explorer_role: str, total_steps: int | None):
+    def __init__(self, run_dir: Path, role: str, explorer_role: str | None,
+                 total_steps: int | None):
         self.run_dir, self.role, self.explorer_role = run_dir, role, explorer_role
         self.total = total_steps
         self.seen = len(read_metrics(run_dir, role))
@@ -130,8 +132,8 @@ class ProgressPrinter:
         if len(rows) == self.seen:
             return
         explored: dict = {}
-        for r in read_metrics(self.run_dir, self.explorer_role):  # a step's row, then its eval
-            explored[r.get("step")] = {**explored.get(r.get("step"), {}), **r}
+        for r in read_metrics(self.run_dir, self.explorer_role) if self.explorer_role else []:
+            explored[r.get("step")] = {**explored.get(r.get("step"), {}), **r}  # row, then eval
         for row in rows[self.seen:]:
             merged = {**explored.get(row.get("step"), {}), **row}
             shown = {k: merged[k] for k in PROGRESS_KEYS if k in merged}
@@ -209,7 +211,8 @@ def run_stage(cfg: Config, label: str) -> int:
               "gloo (CPU)", flush=True)
     explorer = explorer_role(cfg.explorer.name)
     main_role = "trainer" if cfg.mode in TRAINER_MODES else explorer
-    progress = ProgressPrinter(cfg.run_dir, main_role, explorer, total)
+    progress = ProgressPrinter(cfg.run_dir, main_role, explorer if cfg.mode == "both" else None,
+                               total)
     print(f"[rft] {label}: mode {cfg.mode}, run directory {cfg.run_dir}", flush=True)
     code = supervise(start_processes(cfg, config_path, devices), progress)
     if code == 0 and cfg.mode in EXPLORER_MODES:
