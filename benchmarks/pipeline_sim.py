@@ -28,9 +28,12 @@ time it takes when the actor has its resources to itself.
   the segments of step s of *every* explorer (the cross-explorer barrier). k=0 is synchronous
   (nothing overlaps), k=1 one-step-off (step s+1 generates while step s trains).
 - ``async`` (``mode: explore`` + ``mode: train``): explorers never wait for weights (they load
-  the newest version between their own steps) and run their steps independently; the trainer
-  takes the first ``batch_size`` groups sealed, whoever sealed them. Staleness is the trainer's
-  newest published version minus the version a group was generated with, as the trainer logs it.
+  the newest version between their own steps) unless ``max_lead_steps`` bounds them (the same
+  rule with it for ``sync_offset``, ``rft.sync.explorer_lead``), and run their steps
+  independently; the trainer takes the first ``batch_size`` groups sealed, whoever sealed them.
+  An explorer's step may hold ``explorer_batch_factor`` trainer steps' worth of tasks (its own
+  ``buffer.batch_size``). Staleness is the trainer's newest published version minus the version
+  a group was generated with, as the trainer logs it.
 
 **Resources.** ``disjoint`` (a cluster): explorers and trainer on separate nodes, no
 contention. ``shared`` (this machine): the explorers and the trainer share the same cores,
@@ -51,9 +54,9 @@ as ``time/read_s / time/step_s``), the explorers' idle share (waiting for weight
 
 Left out: start-up (every actor starts at t=0), evaluation, full checkpoints, polling delays
 (explorers look for weights every 1 s and the trainer for segments every 0.5 s: about 0.75 s
-per synchronous step), ``trainer.max_staleness_versions`` (nothing is dropped), and any bound
-on how far asynchronous explorers run ahead (rft has none: over a long run their lead, and the
-staleness, grow when they are faster than the trainer).
+per synchronous step) and ``trainer.max_staleness_versions`` (nothing is dropped). Without
+``max_lead_steps``, over a long run an asynchronous explorer's lead, and the staleness, grow
+when it is faster than the trainer.
 
 **Calibration** (:func:`calibrate`): from a synchronous run's per-step records, least squares
 with non-negative coefficients of explorer busy time on (1, sum of lengths, max length) and of
@@ -77,7 +80,7 @@ from typing import Protocol, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rft.sync import publishes_weights, required_version  # noqa: E402  (the rules rft runs by)
+from rft.sync import explorer_lead, publishes_weights, required_version  # noqa: E402  (rft's rules)
 
 # ----------------------------------------------------------------------------- workload
 
@@ -220,6 +223,7 @@ class Schedule:
     batch_size: int = 8  # tasks per step
     repeat_times: int = 4  # samples per task
     explorer_batch_factor: int = 1  # async: the explorers' batch_size over the trainer's
+    max_lead_steps: int | None = None  # async: synchronizer.max_lead_steps (None: unbounded)
 
     def explore_batch(self) -> int:
         """Tasks per explorer step: an async explorer job has its own ``buffer.batch_size``,
@@ -309,8 +313,9 @@ def simulate(schedule: Schedule, shape: Shape, costs: Costs, workload: Workload)
         step = e.done + 1
         if e.job is not None or step > steps:
             return
-        need = (required_version(step, schedule.sync_offset, schedule.sync_interval)
-                if schedule.mode == "both" else 0)
+        lead, _key = explorer_lead("both" if schedule.mode == "both" else "explore",
+                                   schedule.sync_offset, schedule.max_lead_steps)
+        need = 0 if lead is None else required_version(step, lead, schedule.sync_interval)
         if trainer.published < need:
             if e.waiting_since is None:
                 e.waiting_since = now
@@ -470,6 +475,7 @@ MODES = {  # name -> what differs from the base Schedule
     "sync": {"mode": "both", "sync_offset": 0},
     "one-step-off": {"mode": "both", "sync_offset": 1},
     "async": {"mode": "async", "explorer_batch_factor": 1},
+    "async-lead1": {"mode": "async", "explorer_batch_factor": 1, "max_lead_steps": 1},
     "async-batch2": {"mode": "async", "explorer_batch_factor": 2},  # explorers' batch x2
 }
 

@@ -68,6 +68,15 @@ def required_version(step: int, sync_offset: int, sync_interval: int) -> int:
     return max(0, need // sync_interval * sync_interval)
 
 
+def explorer_lead(mode: str, sync_offset: int, max_lead_steps: int | None) -> tuple[int | None, str]:
+    """How many steps an explorer may run ahead of the weights, and the key that says so:
+    ``mode: both``'s ``sync_offset``; an asynchronous explorer's ``max_lead_steps`` (None:
+    unbounded, it never waits)."""
+    if mode == "both":
+        return sync_offset, "synchronizer.sync_offset"
+    return max_lead_steps, "synchronizer.max_lead_steps"
+
+
 def read_marker(folder: Path) -> dict[str, Any] | None:
     """The completion marker of ``folder`` if every file it lists is there at full size; else
     None. Two publishes of one version have different markers (``id``), so comparing markers

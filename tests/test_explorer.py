@@ -393,6 +393,27 @@ def fresh_engine_outputs(model: Path, prompts: list[list[int]]) -> list[list]:
 
 
 @pytest.mark.integration
+def test_an_async_explorer_runs_at_most_max_lead_steps_ahead_of_the_weights(
+        engine, vllm_model_dir, data_dir, tmp_path):
+    """mode explore with synchronizer.max_lead_steps 1: steps 1 and 2 generate with v0, step 3
+    waits for the trainer's step-1 weights (and says which key bounds it); unbounded, it goes
+    on with v0. The lead is counted like mode both's sync_offset."""
+    from rft.explorer.loop import run_explorer
+
+    greedy = taskset_dict(data_dir / "a.jsonl", "a", rollout_args={"temperature": 0.0},
+                          repeat_times=1)
+    bounded = make_cfg(tmp_path, vllm_model_dir, [greedy], buffer={"total_steps": 3},
+                       synchronizer={"sync_timeout": 2, "max_lead_steps": 1})
+    assert run_explorer(bounded, engine, max_steps=2).steps == [1, 2]
+    with pytest.raises(SyncTimeoutError, match=r"version >= 1 .*synchronizer\.max_lead_steps"):
+        run_explorer(bounded, engine)
+    unbounded = make_cfg(tmp_path, vllm_model_dir, [greedy], buffer={"total_steps": 3},
+                         synchronizer={"sync_timeout": 2})
+    result = run_explorer(unbounded, engine)
+    assert result.steps == [3] and result.metrics[0]["weights_version"] == 0
+
+
+@pytest.mark.integration
 def test_reload_in_place_matches_a_fresh_engine(engine, vllm_model_dir, data_dir, tmp_path):
     from rft.explorer.loop import run_explorer
     from rft.rundir import weights_dir

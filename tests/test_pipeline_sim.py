@@ -178,3 +178,16 @@ def test_predictions_match_the_measured_runs_on_this_machine():
     for mode, run in results["modes"].items():
         measured = run["summary"]["steps_per_min"]
         assert predicted[mode].steps_per_min == pytest.approx(measured, rel=TOLERANCE), mode
+
+
+def test_max_lead_steps_holds_an_async_explorer_to_the_one_step_off_rule():
+    """Explorer faster than the trainer: unbounded, its lead and the staleness grow with the
+    run; with max_lead_steps 1 it waits like mode both's sync_offset 1 (staleness <= 1)."""
+    fast_explorer = Costs(0.5, 0.001, 0.01, 2.0, 0.005, 0.0, 0.0)
+    long_run = Schedule(steps=40, mode="async")
+    free = simulate(long_run, Shape(), fast_explorer, Constant())
+    bounded = simulate(replace(long_run, max_lead_steps=1), Shape(), fast_explorer, Constant())
+    one_off = simulate(replace(long_run, mode="both", sync_offset=1), Shape(), fast_explorer, Constant())
+    assert free.staleness_mean > 10 and bounded.staleness_mean <= 1
+    assert bounded.steps_per_min == pytest.approx(one_off.steps_per_min)
+    assert bounded.explorer_idle > 0 and free.explorer_idle == 0

@@ -160,6 +160,19 @@ def test_dry_run_of_the_async_explorer(tmp_path, monkeypatch, smollm2_dir, capsy
     assert "'explorer': 4 vLLM task(s) x TP 1 = 4 GPU(s); 64 tasks x 8 samples per step" in out
     assert "256 rows, columns question, answer" in out
     assert "dry run: config and inputs are valid" in out
+    assert "asynchronous explorer job (never waits for the trainer)" in out
+    code = run_main(["--config", str(TRINITY / "explorer.yaml"), "--dry-run",
+                     "synchronizer.max_lead_steps=2"])
+    assert code == 0 and "at most 2 step(s) ahead of the weights: synchronizer.max_lead_steps" in \
+        capsys.readouterr().out
+
+
+def test_max_lead_steps_is_said_to_have_no_effect_in_mode_both(tmp_path, trinity_env, caplog):
+    load_fixture("explorer.yaml", tmp_path, "synchronizer.max_lead_steps=1")  # bounds it
+    assert "max_lead_steps" not in caplog.text
+    load_fixture("explorer.yaml", tmp_path, "mode=both", "synchronizer.max_lead_steps=1",
+                 "cluster.gpu_per_node=8")
+    assert "synchronizer.max_lead_steps has no effect in mode both" in caplog.text
 
 
 def test_dry_run_of_the_sft_warmup_stages(tmp_path, monkeypatch, smollm2_dir, capsys):

@@ -52,6 +52,7 @@ def apply(cfg: Config, seen: set[str]) -> None:
     _check_inputs(cfg)
     _check_trainer(cfg)
     _check_rollout_correction(cfg)
+    _check_lead(cfg)
     _check_resources(cfg)
     _check_monitor(cfg)
     if cfg.algorithm.sample_strategy == "mix":
@@ -332,6 +333,14 @@ def _check_rollout_correction(cfg: Config) -> None:
         log.info("%s.mode: %s on an on-policy run (mode both, sync_interval 1, sync_offset 0): "
                  "behaviour and proximal weights are the same, so the weights differ from 1 only "
                  "by the vLLM/trainer numerical mismatch", key, rc.mode)
+
+
+def _check_lead(cfg: Config) -> None:
+    """``synchronizer.max_lead_steps`` bounds an asynchronous explorer; say where it does not."""
+    sync = cfg.synchronizer
+    if sync.max_lead_steps is not None and cfg.mode == "both":
+        log.warning("synchronizer.max_lead_steps has no effect in mode both: there "
+                    "synchronizer.sync_offset (%d) is how far explorers run ahead", sync.sync_offset)
 
 
 def _check_resources(cfg: Config) -> None:

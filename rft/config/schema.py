@@ -227,6 +227,7 @@ class SynchronizerConfig:
     sync_style: Literal["fixed", "dynamic_by_explorer", "dynamic_by_trainer"] = "fixed"  # when
     sync_interval: int = field(1, ge=1)  # publish weights every N trainer steps
     sync_offset: int = field(0, ge=0)  # explorer may run N steps ahead of the weights (mode both)
+    max_lead_steps: Optional[int] = field(None, ge=0)  # rft: the same bound for mode explore (null: none)
     sync_timeout: int = field(3600, ge=1)  # seconds to wait for weights/experiences before failing
     weights_versions_to_keep: int = field(2, ge=1)  # newest weights/v* folders kept on disk
 

@@ -17,7 +17,8 @@ step that produced them; version 0 is ``model.model_path``. Before generating st
   below 0: no wait while s <= 1 + sync_offset), i.e. the newest version the trainer publishes
   after its step s - 1 - sync_offset. Waiting longer than ``synchronizer.sync_timeout`` raises
   :class:`~rft.errors.SyncTimeoutError`;
-- ``mode: explore``: never wait;
+- ``mode: explore``: the same wait with ``synchronizer.max_lead_steps`` for ``sync_offset``
+  when it is set (a bound on how stale this explorer's rollouts get), else never wait;
 - in both modes, load the newest published version if it differs from the loaded one.
 
 Entry: ``python -m rft.explorer --config FILE [key=value ...]``; the task's rank and count come
@@ -71,6 +72,7 @@ from rft.sync import (
     LOADING_FIELD,
     Heartbeat,
     WeightsWatcher,
+    explorer_lead,
     required_version,
     weights_problem,
 )
@@ -150,6 +152,7 @@ def run_explorer(cfg: Config, engine: Engine | None = None, *, env: dict[str, st
                                  cfg.synchronizer.sync_timeout) if nccl else None
     result = ExplorerResult()
     sync = cfg.synchronizer
+    lead, lead_key = explorer_lead(cfg.mode, sync.sync_offset, sync.max_lead_steps)
     try:
         heartbeat.beat(**{LOADED_FIELD: 0}, steps_done=cursor.step)
         if eval_sets and cfg.explorer.eval_on_startup and cursor.step == 0:
@@ -158,10 +161,9 @@ def run_explorer(cfg: Config, engine: Engine | None = None, *, env: dict[str, st
         while not stream.finished(cursor) and (max_steps is None or len(result.steps) < max_steps):
             step_start = time.monotonic()
             step = cursor.step + 1
-            need = (required_version(step, sync.sync_offset, sync.sync_interval)
-                    if cfg.mode == "both" else 0)
+            need = 0 if lead is None else required_version(step, lead, sync.sync_interval)
             version, reload_s, wait_s = sync_weights(engine, watcher, need, sync.sync_timeout,
-                                                     receiver)
+                                                     receiver, lead_key)
             share = T.rank_share(stream.next_batch(cursor), place.rank, place.count)
             exps, stats = rollout(cfg, engine, train_sets, share, step, version, place.writer)
             writer.write(exps, seq=step)
@@ -218,7 +220,8 @@ def resume_cursor(run_dir: Any, place: Placement, stream: T.TaskStream, next_seq
 
 
 def sync_weights(engine: Engine, watcher: WeightsWatcher, need: int, timeout_s: float,
-                 receiver: BroadcastReceiver | None = None) -> tuple[int, float, float]:
+                 receiver: BroadcastReceiver | None = None,
+                 lead_key: str = "synchronizer.sync_offset") -> tuple[int, float, float]:
     """Load the newest weights, waiting until version >= ``need``: from the trainer's broadcast
     (``receiver``, with ``sync_method: nccl``) or from a published folder, whichever comes.
 
@@ -247,8 +250,8 @@ def sync_weights(engine: Engine, watcher: WeightsWatcher, need: int, timeout_s: 
             return loaded, reload_s, time.monotonic() - start - reload_s
         if time.monotonic() - start > timeout_s:
             why = weights_problem(watcher.run_dir) or (
-                "is the trainer running? Check its log, or raise synchronizer.sync_timeout / "
-                "synchronizer.sync_offset")
+                f"is the trainer running? Check its log, or raise synchronizer.sync_timeout / "
+                f"{lead_key}")
             raise SyncTimeoutError(
                 f"waited {timeout_s:.0f}s for weights version >= {need} in {watcher.run_dir} "
                 f"(loaded: {'none, a load was voided' if loaded is None else loaded}); {why}")

@@ -188,7 +188,10 @@ def _mode_line(cfg: Config) -> str:
     sync = cfg.synchronizer
     nccl = sync.sync_method == "nccl"
     detail = {"both": "synchronous: explorer and trainer take turns",
-              "explore": "asynchronous explorer job (never waits for the trainer)",
+              "explore": "asynchronous explorer job (" + (
+                  "never waits for the trainer" if sync.max_lead_steps is None else
+                  f"at most {sync.max_lead_steps} step(s) ahead of the weights: "
+                  "synchronizer.max_lead_steps") + ")",
               "train": "asynchronous trainer job (never waits for an explorer's data"
                        + ("; at each sync for its explorers to reach a sync point)" if nccl else ")"),
               "bench": "evaluate checkpoints on the eval tasksets"}[cfg.mode]
