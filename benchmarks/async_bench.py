@@ -12,6 +12,7 @@ set to ``--steps`` and evaluation off:
   (two ``rft-run``s, as ``tests/test_local_run.py``'s asynchronous tests); both count
   ``--steps`` steps of ``batch_size x repeat_times`` samples, so the trainer stops after the
   same number of steps (it reads ``train_batch_size`` = ``batch_size x repeat_times``);
+- ``async-lead1``: the same, the explorer with ``synchronizer.max_lead_steps: 1``;
 - ``async-batch2``: the same, the explorer with twice the ``batch_size`` over half the steps
   (the trainer reads each of its segments over two steps): with long-tailed lengths an explorer
   then waits for its longest sample once per two trainer steps.
@@ -32,19 +33,22 @@ predictions (disjoint resources). Everything goes to ``--results`` (JSON), which
 
     flock /tmp/rft-heavy.lock .venv/bin/python benchmarks/async_bench.py --steps 8
 
-Measured on this 2-core machine (2026-11-24, ``--steps 8``, 8 tasks x 4 samples, SmolLM2-135M,
-one explorer, two trainer ranks; 13.5 min for the three runs)::
+Measured on this 2-core machine (2026-11-24, ``--steps 8`` then ``--add --modes async-lead1``,
+8 tasks x 4 samples, SmolLM2-135M, one explorer, two trainer ranks; about 4.5 min a mode)::
 
     | mode | steps/min | speed-up vs sync | reward (mean) | trainer waiting | explorer waiting | staleness |
-    | sync | 1.839 | 1.00x | 0.252 | 35% | 68% | 0.00 |
-    | one-step-off | 2.265 | 1.23x | 0.195 | 0% | 52% | 0.88 |
-    | async | 2.547 | 1.38x | 0.124 | 0% | 0% | 3.12 |
-    predicted from the sync run (share 0.70): 1.866 (+1.4%), 2.389 (+5.5%), 2.470 (-3.0%)
+    | sync | 1.826 | 1.00x | 0.252 | 34% | 68% | 0.00 |
+    | one-step-off | 2.279 | 1.25x | 0.195 | 0% | 51% | 0.88 |
+    | async | 2.594 | 1.42x | 0.124 | 0% | 0% | 3.12 |
+    | async-batch2 | 2.638 | 1.44x | 0.138 | 0% | 0% | 3.25 |
+    | async-lead1 | 2.244 | 1.23x | 0.195 | 0% | 52% | 0.88 |
+    predicted from the sync run (share 0.71): +1.9%, +4.5%, -4.7%, -11.1%, +6.2%
 
 On shared cores the 8-step async figure flatters: the explorer never waits, so it generated all
 8 steps (with weights v0 and v1) during the trainer's first two steps, which ran at about half
 speed, and the last six trained alone; over 100 steps the simulator gives 1.26x. The explorer's
-reward of an async step measures the old weights it generated with, so rewards do not compare.
+reward of an async step measures the old weights it generated with, so unbounded async rewards
+do not compare; with ``max_lead_steps: 1`` they equal one-step-off's.
 """
 
 from __future__ import annotations
@@ -110,6 +114,7 @@ RUNS = {
     "sync": [["mode=both", "synchronizer.sync_offset=0"]],
     "one-step-off": [["mode=both", "synchronizer.sync_offset=1"]],
     "async": [["mode=explore"], ["mode=train"]],
+    "async-lead1": [["mode=explore", "synchronizer.max_lead_steps=1"], ["mode=train"]],
     "async-batch2": [["mode=explore", "buffer.batch_size={batch2}", "buffer.total_steps={half_steps}"],
                      ["mode=train"]],
 }
@@ -348,13 +353,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", nargs="+", choices=list(RUNS), default=list(RUNS))
     parser.add_argument("--timeout-min", type=float, default=20.0, help="per mode")
     parser.add_argument("--analyze", action="store_true", help="only redo the analysis of --results")
+    parser.add_argument("--add", action="store_true",
+                        help="run --modes and add them to --results (same config, steps, machine)")
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
     args = parser.parse_args(argv)
     if args.analyze:
         results = json.loads(args.results.read_text())
     else:
-        if "sync" not in args.modes:
-            parser.error("the sync run is the baseline and the calibration: keep it in --modes")
         args.out = args.out.resolve()
         args.out.mkdir(parents=True, exist_ok=True)
         cfg = load_config(args.config, args.overrides)
@@ -367,6 +372,15 @@ def main(argv: list[str] | None = None) -> int:
                            "sync_interval": cfg.synchronizer.sync_interval,
                            "explorers": cfg.explorer.rollout_model.engine_num},
                    "modes": {}}
+        if args.add:
+            before = json.loads(args.results.read_text())
+            same = {k: before[k] for k in ("config", "overrides", "run")}
+            if same != {k: results[k] for k in same} or before["machine"]["cores"] != cores:
+                parser.error(f"--add: {args.results} was measured with another config, steps or "
+                             f"machine ({same}); run all modes into a new --results")
+            results = {**before, "modes": {**before["modes"]}}
+        elif "sync" not in args.modes:
+            parser.error("the sync run is the baseline and the calibration: keep it in --modes")
         for mode in MODES:
             if mode in args.modes:
                 run = run_mode(mode, args)

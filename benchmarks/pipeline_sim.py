@@ -300,6 +300,9 @@ def simulate(schedule: Schedule, shape: Shape, costs: Costs, workload: Workload)
     """Run the pipeline until the trainer has finished ``schedule.steps`` steps."""
     assert schedule.mode in ("both", "async"), schedule.mode
     n, steps = shape.explorers, schedule.steps
+    # the explorer steps that feed ``steps`` trainer steps (its own buffer.total_steps): past
+    # them an explorer stops, and on shared cores stops competing with the trainer
+    explorer_steps = -(-steps * schedule.batch_size // schedule.explore_batch())
     shares = {(s, r): workload.share(s, r, n, schedule.explore_batch(), schedule.repeat_times)
               for s in range(1, steps + 1) for r in range(n)}
     explorers = [Explorer(r) for r in range(n)]
@@ -311,7 +314,7 @@ def simulate(schedule: Schedule, shape: Shape, costs: Costs, workload: Workload)
     def start_explorer(e: Explorer) -> None:
         """Begin e's next piece of work, or wait for weights (mode both)."""
         step = e.done + 1
-        if e.job is not None or step > steps:
+        if e.job is not None or step > explorer_steps:
             return
         lead, _key = explorer_lead("both" if schedule.mode == "both" else "explore",
                                    schedule.sync_offset, schedule.max_lead_steps)
