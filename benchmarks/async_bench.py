@@ -27,7 +27,7 @@ While each run goes, the CPU seconds of its explorer and trainer processes are s
 many cores it keeps busy, and :func:`pipeline_sim.share_from_cores` turns that into the
 processor-sharing rate for the shared-core prediction. The simulator is calibrated from the
 sync run's per-step records (:func:`pipeline_sim.calibrate`) and replays its per-step lengths;
-its predictions for the three modes are printed against the measurements, then its cluster
+its predictions for every mode are printed against the measurements, then its cluster
 predictions (disjoint resources). Everything goes to ``--results`` (JSON), which
 ``tests/test_pipeline_sim.py`` reads; ``--analyze`` redoes the analysis from that file alone.
 
