@@ -53,6 +53,7 @@ _VERSION_RE = re.compile(r"^v(\d{6,})$")
 FINISHED_FIELD = "finished"  # heartbeat field: the explorer generated all its tasks
 LOADED_FIELD = "loaded_version"  # heartbeat field: weights version in the engine (None: unknown)
 LOADING_FIELD = "loading_version"  # heartbeat field: version being read from weights/ now
+EVALUATING_FIELD = "evaluating"  # heartbeat field: an evaluation is running (launchers wait for it)
 
 
 def publishes_weights(step: int, sync_interval: int, last_step: int | None) -> bool:
@@ -406,6 +407,7 @@ class Heartbeat:
             "slurm_procid": os.environ.get("SLURM_PROCID"),
             LOADED_FIELD: None, LOADING_FIELD: None, "tasks_done": 0, "steps_done": 0,
             "started_time": now, "time": now, "exited": False, FINISHED_FIELD: False,
+            EVALUATING_FIELD: False,
         }
 
     def beat(self, **fields: Any) -> None:
@@ -485,6 +487,12 @@ def explorers_finished(run_dir: Path | str) -> bool:
     tasks (heartbeat field ``finished``, written after its last segment was sealed)."""
     statuses = read_heartbeats(run_dir)
     return bool(statuses) and all(s.fields.get(FINISHED_FIELD) for s in statuses)
+
+
+def evaluating_explorers(run_dir: Path | str, live_threshold_s: float = 30.0) -> list[str]:
+    """Names of live explorers whose heartbeat says an evaluation is running."""
+    return [s.name for s in read_heartbeats(run_dir, live_threshold_s)
+            if s.live and s.fields.get(EVALUATING_FIELD)]
 
 
 def live_explorers(run_dir: Path | str, live_threshold_s: float = 30.0) -> list[str]:

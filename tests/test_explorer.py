@@ -287,10 +287,20 @@ def read_segments(run_dir: Path) -> dict[str, dict[int, list[Experience]]]:
 
 
 @pytest.mark.integration
-def test_explorer_writes_groups_with_logprobs_and_resumes(engine, vllm_model_dir, data_dir, tmp_path):
+def test_explorer_writes_groups_with_logprobs_and_resumes(engine, vllm_model_dir, data_dir, tmp_path,
+                                                          monkeypatch):
+    from rft.explorer import loop
     from rft.explorer.loop import run_explorer
     from rft.monitor import read_metrics
-    from rft.sync import read_heartbeats
+    from rft.sync import EVALUATING_FIELD, read_heartbeats
+
+    said = []  # the heartbeat's evaluating field while each evaluation runs
+
+    def spy(*args, **kwargs):
+        said.append(read_heartbeats(cfg.run_dir, 60)[0].fields[EVALUATING_FIELD])
+        return real(*args, **kwargs)
+    real = loop.evaluate
+    monkeypatch.setattr(loop, "evaluate", spy)
 
     eval_ts = taskset_dict(data_dir / "eval.jsonl", "ev", repeat_times=2,
                            rollout_args={"temperature": 0.0})
@@ -322,6 +332,7 @@ def test_explorer_writes_groups_with_logprobs_and_resumes(engine, vllm_model_dir
     assert run_explorer(cfg, engine).steps == []  # total_steps reached
     beat = read_heartbeats(cfg.run_dir, 60)[0]
     assert beat.fields["steps_done"] == 3 and beat.fields["exited"]
+    assert said == [True, True] and beat.fields[EVALUATING_FIELD] is False  # launchers wait
     rows = read_metrics(cfg.run_dir, "explorer_explorer")
     evals = [r for r in rows if "eval/ev/mean@2" in r]
     assert [r["step"] for r in evals] == [0, 2] and evals[0]["eval/ev/tasks"] == 3

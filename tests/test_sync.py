@@ -22,11 +22,13 @@ from rft.explorer.loop import sync_weights
 from rft.rundir import WEIGHTS_POINTER, weights_dir
 from rft.sync import (
     COMPLETE_MARKER,
+    EVALUATING_FIELD,
     LOADED_FIELD,
     LOADING_FIELD,
     Heartbeat,
     WeightsPublisher,
     WeightsWatcher,
+    evaluating_explorers,
     is_complete,
     latest_weights,
     list_versions,
@@ -168,6 +170,25 @@ def test_heartbeats_live_and_dead(tmp_path, monkeypatch):
     assert live_explorers(tmp_path, live_threshold_s=10) == ["explorer-1"]  # exited: dead at once
     (tmp_path / "explorers" / "broken.json").write_text("{")
     assert [s.name for s in read_heartbeats(tmp_path) if not s.live] == ["broken", "explorer-0"]
+
+
+def test_a_launcher_sees_which_live_explorers_are_evaluating(tmp_path):
+    """A finished trainer's explorers are stopped after a grace period unless a live heartbeat
+    says an evaluation runs (the final weights' evaluation can outlast it)."""
+    from rft.launch.local import EXPLORER_GRACE_S, explorers_overdue
+
+    Heartbeat(tmp_path, "explorer-0").beat(**{EVALUATING_FIELD: True})
+    Heartbeat(tmp_path, "explorer-1").beat()
+    gone = Heartbeat(tmp_path, "explorer-2")
+    gone.beat(**{EVALUATING_FIELD: True})
+    gone.stop()  # exited: not evaluating any more, whatever it last said
+    assert Heartbeat(tmp_path, "explorer-3").fields[EVALUATING_FIELD] is False
+    assert evaluating_explorers(tmp_path, live_threshold_s=10) == ["explorer-0"]
+    done = 1000.0
+    assert not explorers_overdue(done, done + EXPLORER_GRACE_S - 1, [])  # within the grace
+    assert explorers_overdue(done, done + EXPLORER_GRACE_S + 1, [])
+    assert not explorers_overdue(done, done + 10 * EXPLORER_GRACE_S, ["explorer-0"])
+    assert not explorers_overdue(None, done, [])  # the trainer still runs
 
 
 # ----------------------------------------------------------------------------- faults under load

@@ -67,6 +67,7 @@ from rft.placement import EXPLORER_MODES, explorer_rank
 from rft.rundir import EXPLORER_META, explorer_role, writer_name
 from rft.stages import load_stage
 from rft.sync import (
+    EVALUATING_FIELD,
     FINISHED_FIELD,
     LOADED_FIELD,
     LOADING_FIELD,
@@ -153,11 +154,19 @@ def run_explorer(cfg: Config, engine: Engine | None = None, *, env: dict[str, st
     result = ExplorerResult()
     sync = cfg.synchronizer
     lead, lead_key = explorer_lead(cfg.mode, sync.sync_offset, sync.max_lead_steps)
+
+    def evaluate_now(step: int) -> dict[str, Any]:
+        """:func:`evaluate`, said in the heartbeat while it runs (a launcher waits for it)."""
+        heartbeat.beat(**{EVALUATING_FIELD: True})
+        try:
+            return evaluate(cfg, engine, eval_sets, monitor, step, watcher)
+        finally:
+            heartbeat.beat(**{EVALUATING_FIELD: False})
     try:
         heartbeat.beat(**{LOADED_FIELD: 0}, steps_done=cursor.step)
         if eval_sets and cfg.explorer.eval_on_startup and cursor.step == 0:
             sync_weights(engine, watcher, 0, sync.sync_timeout, receiver)
-            result.eval_metrics.append(evaluate(cfg, engine, eval_sets, monitor, 0, watcher))
+            result.eval_metrics.append(evaluate_now(0))
         while not stream.finished(cursor) and (max_steps is None or len(result.steps) < max_steps):
             step_start = time.monotonic()
             step = cursor.step + 1
@@ -179,14 +188,14 @@ def run_explorer(cfg: Config, engine: Engine | None = None, *, env: dict[str, st
             final_eval = evaluates_final(cfg, bool(eval_sets)) and stream.finished(cursor)
             if (eval_sets and cfg.explorer.eval_interval and step % cfg.explorer.eval_interval == 0
                     and not final_eval):
-                result.eval_metrics.append(evaluate(cfg, engine, eval_sets, monitor, step, watcher))
+                result.eval_metrics.append(evaluate_now(step))
         if stream.finished(cursor):  # after the last segment was sealed: a trainer may now end
             heartbeat.beat(**{FINISHED_FIELD: True})
             if result.steps and evaluates_final(cfg, bool(eval_sets)):
                 # The trained model: the trainer publishes its last step's weights (sync.py).
                 sync_weights(engine, watcher, stream.total_steps, sync.sync_timeout, receiver)
                 result.eval_metrics.append(
-                    evaluate(cfg, engine, eval_sets, monitor, result.steps[-1], watcher))
+                    evaluate_now(result.steps[-1]))
         result.loaded_version = watcher.loaded_version or 0
     finally:
         if receiver is not None:

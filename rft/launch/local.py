@@ -23,6 +23,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from rft import atomic, stages
 from rft.config.load import config_to_yaml, stage_label
@@ -40,10 +41,11 @@ from rft.placement import (
 )
 from rft.report import write_report
 from rft.rundir import LOG_DIR, explorer_role, newest_checkpoint, writer_name
+from rft.sync import evaluating_explorers
 
 log = logging.getLogger("rft.local")
 
-EXPLORER_GRACE_S = 120.0  # how long explorers may run on after the trainer finished
+EXPLORER_GRACE_S = 120.0  # how long explorers may run on after the trainer finished (not evaluating)
 
 
 @dataclass
@@ -142,8 +144,19 @@ class ProgressPrinter:
         self.seen = len(rows)
 
 
-def supervise(processes: list[Process], progress: ProgressPrinter) -> int:
-    """Wait for the processes; stop all on Ctrl-C or on a failure. Returns the exit code."""
+def explorers_overdue(trainer_done_at: float | None, now: float, evaluating: list[str]) -> bool:
+    """Whether to stop explorers still running after the trainer ended: past the grace period,
+    unless one says (by a live heartbeat) that it is evaluating, e.g. the final weights."""
+    return (trainer_done_at is not None and now - trainer_done_at > EXPLORER_GRACE_S
+            and not evaluating)
+
+
+def supervise(processes: list[Process], progress: ProgressPrinter,
+              evaluating: Callable[[], list[str]] = list) -> int:
+    """Wait for the processes; stop all on Ctrl-C or on a failure. Returns the exit code.
+
+    ``evaluating`` names the explorers evaluating now (their heartbeats): a finished trainer's
+    explorers get :data:`EXPLORER_GRACE_S`, and longer while they evaluate."""
     interrupted = False
     trainer_done_at = None
     explorers_stopped = False
@@ -165,9 +178,10 @@ def supervise(processes: list[Process], progress: ProgressPrinter) -> int:
             trainers = [p for p in processes if p.role == "trainer"]
             if trainers and all(p.popen.poll() is not None for p in trainers):
                 trainer_done_at = trainer_done_at or time.time()
-                if time.time() - trainer_done_at > EXPLORER_GRACE_S and not explorers_stopped:
-                    log.warning("explorers still running %.0f s after the trainer finished: "
-                                "stopping them", EXPLORER_GRACE_S)
+                if not explorers_stopped and explorers_overdue(trainer_done_at, time.time(),
+                                                               evaluating()):
+                    log.warning("explorers still running %.0f s after the trainer finished "
+                                "(and not evaluating): stopping them", EXPLORER_GRACE_S)
                     stop(processes)
                     explorers_stopped = True
         progress.poll()
@@ -214,7 +228,8 @@ def run_stage(cfg: Config, label: str) -> int:
     progress = ProgressPrinter(cfg.run_dir, main_role, explorer if cfg.mode == "both" else None,
                                total)
     print(f"[rft] {label}: mode {cfg.mode}, run directory {cfg.run_dir}", flush=True)
-    code = supervise(start_processes(cfg, config_path, devices), progress)
+    code = supervise(start_processes(cfg, config_path, devices), progress,
+                     lambda: evaluating_explorers(cfg.run_dir, cfg.explorer.heartbeat_timeout_s))
     if code == 0 and cfg.mode in EXPLORER_MODES:
         summary = write_report(cfg.run_dir, cfg.explorer.name, title=f"{cfg.project}/{cfg.name}")
         if summary:
