@@ -26,7 +26,7 @@ While each run goes, the CPU seconds of its explorer and trainer processes are s
 ``/proc``; in the synchronous run each side works alone, so CPU seconds over busy seconds is how
 many cores it keeps busy, and :func:`pipeline_sim.share_from_cores` turns that into the
 processor-sharing rate for the shared-core prediction. The simulator is calibrated from the
-sync run's per-step records (:func:`pipeline_sim.calibrate`) and replays its per-step lengths;
+sync run's per-step records (:func:`pipeline_fit.calibrate`) and replays its per-step lengths;
 its predictions for every mode are printed against the measurements, then its cluster
 predictions (disjoint resources). Everything goes to ``--results`` (JSON), which
 ``tests/test_pipeline_sim.py`` reads; ``--analyze`` redoes the analysis from that file alone.
@@ -67,6 +67,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks.pipeline_fit import calibrate  # noqa: E402
 from benchmarks.pipeline_sim import (  # noqa: E402
     CLUSTER_COSTS,
     LENGTHS,
@@ -78,7 +79,6 @@ from benchmarks.pipeline_sim import (  # noqa: E402
     Schedule,
     Shape,
     StepRecord,
-    calibrate,
     predict,
     share_from_cores,
 )

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.async_bench import TOLERANCE, local_prediction
+from benchmarks.pipeline_fit import calibrate
 from benchmarks.pipeline_sim import (
     LENGTHS,
     Costs,
@@ -20,7 +21,6 @@ from benchmarks.pipeline_sim import (
     Shape,
     Share,
     StepRecord,
-    calibrate,
     predict,
     share_from_cores,
     simulate,
