@@ -47,7 +47,7 @@ from rft.rundir import (
     WEIGHTS_POINTER,
     step_dir,
 )
-from rft.sync import LOADED_FIELD, read_heartbeats
+from rft.sync import EVALUATING_FIELD, LOADED_FIELD, read_heartbeats
 
 
 @dataclass
@@ -222,7 +222,8 @@ def format_status(st: RunStatus) -> str:
         f = ex.fields
         lines.append(f"explorer {ex.name:<14} {state:<6} heartbeat {ex.age_s:.0f}s ago, "
                      f"host {f.get('host', '?')}, job {f.get('slurm_job_id') or '-'}, "
-                     f"version {f.get(LOADED_FIELD, '-')}, steps {f.get('steps_done', '-')}")
+                     f"version {f.get(LOADED_FIELD, '-')}, steps {f.get('steps_done', '-')}"
+                     + (", evaluating" if ex.live and f.get(EVALUATING_FIELD) else ""))
     if not st.explorers:
         lines.append("explorers       none have written a heartbeat")
     lines += format_pipeline(st)

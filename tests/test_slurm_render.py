@@ -96,7 +96,8 @@ def test_status_of_a_run_directory(tmp_path):
     now = time.time()
     for name, age in (("explorer-0", 1), ("explorer_new-0", 1000)):
         (run / "explorers" / f"{name}.json").write_text(json.dumps(
-            {"name": name, "time": now - age, "host": "gpu01", "loaded_version": 6, "steps_done": 9}))
+            {"name": name, "time": now - age, "host": "gpu01", "loaded_version": 6, "steps_done": 9,
+             "evaluating": True}))
     for seq in (1, 2, 3):
         (run / "buffer" / "explorer-0").mkdir(parents=True, exist_ok=True)
         (run / "buffer" / "explorer-0" / f"seg-{seq:06d}.jsonl").write_text("")
@@ -106,6 +107,8 @@ def test_status_of_a_run_directory(tmp_path):
     assert "buffer backlog  3 sealed segment(s)" in text
     assert "explorer-0" in text and "live" in text
     assert "explorer_new-0" in text and "DEAD" in text
+    evaluating = [line for line in text.splitlines() if line.endswith(", evaluating")]
+    assert len(evaluating) == 1 and "explorer-0 " in evaluating[0]  # a dead one says nothing
     # without --dead-after-s: the run's explorer.heartbeat_timeout_s (default 120 s, then 5000 s)
     assert [e.live for e in collect(run).explorers] == [True, False]
     (run / "config.yaml").write_text("explorer:\n  heartbeat_timeout_s: 5000\n")
