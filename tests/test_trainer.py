@@ -468,8 +468,8 @@ def trainer_env() -> dict[str, str]:
     return env
 
 
-def torchrun_cmd(config: Path, *overrides: str) -> list[str]:
-    return [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+def torchrun_cmd(config: Path, *overrides: str, ranks: int = 2) -> list[str]:
+    return [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
             "-m", "rft.trainer", "--config", str(config), *overrides]
 
 
@@ -514,6 +514,29 @@ def run_interrupted(config: Path, run_dir: Path, log: Path) -> None:
     assert f"exit code {EXIT_REQUEUE}" in log.read_text(), log.read_text()[-4000:]
     write_segments(run_dir, [3, 4])
     run_ok(torchrun_cmd(config), log.with_suffix(".resume.log"))
+
+
+@pytest.mark.integration
+def test_an_off_policy_correction_over_two_ranks_gives_the_one_rank_step(tmp_path, tiny_model_dir):
+    """TIS on two ZeRO-2 ranks: each rank weights its own rows, the ratios' statistics and the
+    loss are gathered over ranks, so the step's metrics equal a one-rank run's (the rollouts'
+    log-probs, -1 each, are far above the tiny random model's: the weights are far from 1)."""
+    extra = {"algorithm": {"algorithm_type": "grpo", "repeat_times": 2, "kl_loss_fn": "none",
+                           "optimizer": {"lr": 1e-3},
+                           "rollout_correction": {"mode": "tis"}},
+             "buffer": {"batch_size": 4, "total_steps": 1,
+                        "explorer_input": {"taskset": {"path": "unused-by-the-trainer"}}}}
+    rows = {}
+    for ranks in (2, 1):
+        config = write_config(tmp_path, f"ranks{ranks}", tiny_model_dir, **extra)
+        write_segments(tmp_path / "t" / f"ranks{ranks}", [1])
+        run_ok(torchrun_cmd(config, ranks=ranks), tmp_path / f"ranks{ranks}.log")
+        rows[ranks] = metrics(tmp_path / "t" / f"ranks{ranks}")[1]
+    keys = ["pg_loss", "rollout_correction/is_ratio_mean", "rollout_correction/is_ratio_max",
+            "rollout_correction/is_weight_mean", "rollout_correction/capped_frac"]
+    assert rows[1]["rollout_correction/is_weight_mean"] < 0.5  # the weights do act
+    for key in keys:
+        assert rows[2][key] == pytest.approx(rows[1][key], rel=1e-4, abs=1e-12), key
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["zero2", "zero3"])
