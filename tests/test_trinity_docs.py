@@ -173,6 +173,10 @@ def test_max_lead_steps_is_said_to_have_no_effect_in_mode_both(tmp_path, trinity
     load_fixture("explorer.yaml", tmp_path, "mode=both", "synchronizer.max_lead_steps=1",
                  "cluster.gpu_per_node=8")
     assert "synchronizer.max_lead_steps has no effect in mode both" in caplog.text
+    caplog.clear()
+    load_fixture("explorer.yaml", tmp_path, "synchronizer.max_lead_steps=1",
+                 "buffer.train_batch_size=1024")  # two explorer steps per trainer step
+    assert "raise buffer.batch_size to >= 128 tasks" in caplog.text
 
 
 def test_dry_run_of_the_sft_warmup_stages(tmp_path, monkeypatch, smollm2_dir, capsys):

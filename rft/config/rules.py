@@ -337,10 +337,19 @@ def _check_rollout_correction(cfg: Config) -> None:
 
 def _check_lead(cfg: Config) -> None:
     """``synchronizer.max_lead_steps`` bounds an asynchronous explorer; say where it does not."""
-    sync = cfg.synchronizer
+    sync, buf = cfg.synchronizer, cfg.buffer
     if sync.max_lead_steps is not None and cfg.mode == "both":
         log.warning("synchronizer.max_lead_steps has no effect in mode both: there "
                     "synchronizer.sync_offset (%d) is how far explorers run ahead", sync.sync_offset)
+    explored = buf.batch_size * cfg.algorithm.repeat_times
+    if (sync.max_lead_steps is not None and cfg.mode == "explore"
+            and buf.train_batch_size is not None and buf.train_batch_size > explored):
+        log.warning("synchronizer.max_lead_steps counts explorer steps against trainer steps, but an "
+                    "explorer step here (%d experiences) is smaller than a trainer step "
+                    "(buffer.train_batch_size=%d): the explorer would wait for weights its own "
+                    "data cannot produce and stop after synchronizer.sync_timeout; raise "
+                    "buffer.batch_size to >= %d tasks or unset max_lead_steps", explored,
+                    buf.train_batch_size, -(-buf.train_batch_size // cfg.algorithm.repeat_times))
 
 
 def _check_resources(cfg: Config) -> None:
