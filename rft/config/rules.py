@@ -12,17 +12,16 @@ import logging
 
 from rft.config.batches import check_train_batch_size
 from rft.config.mix import mix_counts
-from rft.config.names import TIS_THRESHOLD
+from rft.config.names import NEEDS_CRITIC, TIS_THRESHOLD
 from rft.config.schema import Config, TasksetConfig
 from rft.errors import ConfigError, NotSupportedError
 
 log = logging.getLogger("rft.config")
 
-# algorithm_type -> the function choices it implies. rft's "ppo" is PPO-clip without a critic.
+# algorithm_type -> the function choices it implies ("ppo": GAE advantages from a critic, as Trinity).
 PRESETS: dict[str, dict[str, str]] = {
     "grpo": dict(advantage_fn="grpo", policy_loss_fn="ppo", kl_loss_fn="k2", kl_penalty_fn="none"),
-    "ppo": dict(advantage_fn="reinforceplusplus", policy_loss_fn="ppo", kl_loss_fn="none",
-                kl_penalty_fn="none"),
+    "ppo": dict(advantage_fn="ppo", policy_loss_fn="ppo", kl_loss_fn="none", kl_penalty_fn="none"),
     "rloo": dict(advantage_fn="rloo", policy_loss_fn="ppo", kl_loss_fn="none", kl_penalty_fn="none"),
     "reinforce": dict(advantage_fn="reinforce", policy_loss_fn="ppo", kl_loss_fn="none",
                       kl_penalty_fn="none"),
@@ -44,6 +43,7 @@ def apply(cfg: Config, seen: set[str]) -> None:
     check_not_supported(cfg)
     _apply_preset(cfg)
     _apply_verl_trainer_config(cfg, seen)
+    _derive_critic(cfg, seen)
     _derive_zero_stage(cfg, seen)
     _derive_totals(cfg)
     _derive_lengths(cfg)
@@ -74,21 +74,6 @@ def check_not_supported(cfg: Config) -> None:
     if sync.sync_style != "fixed":
         raise _unsupported("synchronizer.sync_style", sync.sync_style,
                            "Use 'fixed' (sync every synchronizer.sync_interval steps).")
-    critic = ("model.critic_model_path", cfg.model.critic_model_path)
-    if critic[1] is not None or cfg.algorithm.advantage_fn == "ppo":
-        raise _unsupported(*(critic if critic[1] else ("algorithm.advantage_fn", "ppo")),
-                           "A critic (GAE advantages) is not implemented; use a critic-free "
-                           "advantage_fn: grpo, rloo, reinforce, reinforceplusplus or opmd.")
-    if cfg.trainer.trainer_config.critic is not None:
-        raise _unsupported("trainer.trainer_config.critic", "{...}",
-                           "Critic models are not implemented; remove the critic section.")
-    if cfg.trainer.trainer_config.trainer.critic_warmup:
-        raise _unsupported("trainer.trainer_config.trainer.critic_warmup",
-                           cfg.trainer.trainer_config.trainer.critic_warmup, "Set it to 0.")
-    if cfg.explorer.auxiliary_models:
-        raise _unsupported("explorer.auxiliary_models", f"[{len(cfg.explorer.auxiliary_models)} models]",
-                           "Reward models served by vLLM are not implemented; use a reward "
-                           "function (buffer.explorer_input.default_reward_fn_type).")
     if cfg.trainer.ulysses_sequence_parallel_size != 1:
         raise _unsupported("trainer.ulysses_sequence_parallel_size",
                            cfg.trainer.ulysses_sequence_parallel_size, "Set it to 1.")
@@ -153,6 +138,37 @@ def _apply_verl_trainer_config(cfg: Config, seen: set[str]) -> None:
     ]
     for verl_key, value, ours in pairs:
         _set_from_verl(cfg, verl_key, value, ours, seen)
+
+
+def uses_critic(cfg: Config) -> bool:
+    """Whether the run trains a value model: ``advantage_fn: ppo`` (GAE needs values)."""
+    return cfg.algorithm.advantage_fn in NEEDS_CRITIC
+
+
+def _derive_critic(cfg: Config, seen: set[str]) -> None:
+    """``critic.model.path`` -> ``model.critic_model_path`` (default: the policy's folder, as in
+    Trinity); critic keys without a critic have no effect (warned), a warm-up without one is
+    an error."""
+    path = cfg.trainer.trainer_config.critic.model.path
+    if path is not None:
+        if "model.critic_model_path" in seen and cfg.model.critic_model_path != path:
+            raise ConfigError(f"trainer.trainer_config.critic.model.path={path!r} contradicts "
+                              f"model.critic_model_path={cfg.model.critic_model_path!r}; set only one")
+        cfg.model.critic_model_path = path
+    warmup = cfg.trainer.trainer_config.trainer.critic_warmup
+    if uses_critic(cfg):
+        if cfg.model.critic_model_path is None:
+            cfg.model.critic_model_path = cfg.model.model_path
+        return
+    if warmup:
+        raise ConfigError(f"trainer.trainer_config.trainer.critic_warmup={warmup} needs a critic: "
+                          f"set algorithm.advantage_fn: ppo (GAE), or set critic_warmup to 0 "
+                          f"(advantage_fn is {cfg.algorithm.advantage_fn!r})")
+    critic_keys = sorted(k for k in seen if k == "model.critic_model_path"
+                         or k.startswith("trainer.trainer_config.critic."))
+    if critic_keys:
+        log.warning("%s: no effect, advantage_fn %r trains no critic (only advantage_fn: ppo does)",
+                    ", ".join(critic_keys), cfg.algorithm.advantage_fn)
 
 
 def _derive_zero_stage(cfg: Config, seen: set[str]) -> None:

@@ -85,7 +85,7 @@ class AlgorithmConfig:
 @dataclass
 class ModelConfig:
     model_path: str = ""  # local Hugging Face model folder (config.json + tokenizer)
-    critic_model_path: Optional[str] = None  # critic (GAE); not supported yet
+    critic_model_path: Optional[str] = None  # critic (advantage_fn ppo = GAE); null: model_path
     max_model_len: Optional[int] = field(None, ge=1)  # prompt + response tokens
     max_prompt_tokens: Optional[int] = field(None, ge=1)  # longer prompts: left out (see below)
     max_response_tokens: Optional[int] = field(None, ge=1)  # generation limit per sample
@@ -198,8 +198,8 @@ class RolloutModelConfig:
 
 @dataclass
 class AuxiliaryModelConfig:
-    model_path: str = ""  # e.g. a reward model (not supported yet)
-    engine_num: int = field(1, ge=1)  # engines
+    model_path: str = ""  # a reward model: an HF folder with a score head (*ForSequenceClassification)
+    engine_num: int = field(1, ge=1)  # scoring engines (GPUs counted in the explorers' split)
     tensor_parallel_size: int = field(1, ge=1)  # GPUs per engine
     enable_thinking: Optional[bool] = None  # chat-template switch
     max_prompt_tokens: Optional[int] = field(None, ge=1)  # prompt limit
@@ -213,7 +213,7 @@ class ExplorerConfig:
     runner_per_model: int = field(8, ge=1)  # no effect: a step's tasks go to vLLM as one batch
     runner_num: Optional[int] = field(None, ge=1)  # no effect: older spelling of runner_per_model
     rollout_model: RolloutModelConfig = field(factory=RolloutModelConfig)  # vLLM engines
-    auxiliary_models: list[AuxiliaryModelConfig] = field(factory=list)  # not supported yet
+    auxiliary_models: list[AuxiliaryModelConfig] = field(factory=list)  # reward models next to the explorers
     eval_interval: int = field(100, ge=0)  # evaluate every N steps; 0: never
     eval_on_startup: bool = True  # evaluate before the first step
     bench_on_latest_checkpoint: bool = False  # mode bench: only the newest checkpoint
@@ -270,14 +270,31 @@ class VerlActorRolloutRefConfig:
 
 
 @dataclass
+class VerlCriticModelConfig:
+    path: Optional[str] = None  # -> model.critic_model_path
+    use_remove_padding: Optional[bool] = None  # no effect: rft pads only inside a micro-batch
+    enable_gradient_checkpointing: Optional[bool] = None  # critic's (null: trainer.gradient_checkpointing)
+    fsdp_config: VerlFsdpConfig = field(factory=VerlFsdpConfig)  # critic's offload (null: the trainer's)
+
+
+@dataclass
+class VerlCriticConfig:
+    model: VerlCriticModelConfig = field(factory=VerlCriticModelConfig)  # value model
+    optim: OptimizerConfig = field(factory=OptimizerConfig)  # critic's own AdamW and schedule
+    ppo_micro_batch_size_per_gpu: Optional[int] = field(None, ge=1)  # null: trainer.micro_batch_size_per_gpu
+    cliprange_value: float = field(0.5, gt=0)  # value clip around the old values
+    grad_clip: Optional[float] = field(None, ge=0)  # null: trainer.grad_clip
+
+
+@dataclass
 class VerlTrainerSection:
-    critic_warmup: int = field(0, ge=0)  # no effect at 0 (no critic); other values refused
+    critic_warmup: int = field(0, ge=0)  # first N steps train only the critic (needs advantage_fn ppo)
 
 
 @dataclass
 class VerlTrainerConfig:
     actor_rollout_ref: VerlActorRolloutRefConfig = field(factory=VerlActorRolloutRefConfig)  # actor
-    critic: Optional[dict] = None  # critic settings; not supported yet
+    critic: VerlCriticConfig = field(factory=VerlCriticConfig)  # value model (advantage_fn ppo)
     trainer: VerlTrainerSection = field(factory=VerlTrainerSection)  # veRL trainer flags
 
 
