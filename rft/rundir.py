@@ -8,7 +8,8 @@
     latest_state_dict_iteration.txt    newest complete weights version (WEIGHTS_POINTER)
     weights_group.json                 where the trainer's weight-sync store listens, with
                                        sync_method nccl (WEIGHTS_GROUP; rft.broadcast)
-    global_step_N/actor/[huggingface/] full checkpoints (step_dir; rft.trainer.state)
+    global_step_N/actor/[huggingface/] full checkpoints (step_dir; rft.trainer.state), with
+    global_step_N/critic/[huggingface/] the critic's beside the policy's (advantage_fn ppo)
     latest_checkpointed_iteration.txt  newest complete full checkpoint (CHECKPOINT_POINTER)
     trainer_meta.json                  the newest checkpoint's metadata (TRAINER_META)
     explorers/<writer>.json            explorer heartbeats (EXPLORERS_DIR)
@@ -50,6 +51,7 @@ LOG_DIR = "log"
 STAGE_FINISHED = "stage_finished.json"  # in a stage's run directory: the stage ended normally
 STAGE_FAILED = "stage_failed.json"  # in a stage's run directory: its main role failed
 ACTOR_DIR = "actor"  # inside global_step_N: the policy's checkpoint
+CRITIC_DIR = "critic"  # inside global_step_N: the critic's checkpoint (advantage_fn ppo)
 HF_DIR = "huggingface"  # inside global_step_N/actor: the Hugging Face folder
 STEP_RE = re.compile(r"^global_step_(\d+)$")
 

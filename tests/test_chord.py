@@ -224,13 +224,15 @@ def test_metric_sums_match_the_plain_weighted_mean_without_expert_rows():
 
 def test_expert_rows_get_zero_advantage_and_leave_rollout_advantages_alone():
     from rft.algo.registry import build_loss_fns
-    from rft.trainer.step import Plan, _advantages
+    from rft.trainer.plan import MiniPlan, Plan
+    from rft.trainer.step import _advantages
 
     fns = build_loss_fns(chord_cfg().algorithm)
 
     def advantages(batch: list[Experience]) -> torch.Tensor:
         rows = rows_from_experiences(batch)
-        plan = Plan(rows, [list(range(len(rows)))], 0, source_totals(rows.response_mask, rows.expert))
+        everything = [list(range(len(rows)))]
+        plan = Plan(rows, [MiniPlan(everything, source_totals(rows.response_mask, rows.expert))], everything, 0)
         return _advantages(plan, fns, None, rows.rollout_logprobs, None)[0]  # [N, R]
 
     mixed, alone = advantages(mixed_batch()), advantages(rollouts(1, groups=3))

@@ -178,21 +178,10 @@ def test_presets_fill_only_unset_functions(tmp_path):
     assert (cfg.algorithm.kl_loss_fn, cfg.algorithm.policy_loss_fn) == ("low_var_kl", "gspo")
 
 
-@pytest.mark.parametrize("path,key", [
-    (TRINITY / "ppo_example.yaml", "model.critic_model_path"),
-])
-def test_trinity_originals_name_what_is_not_supported(path, key):
-    with pytest.raises(NotSupportedError) as e:
-        load_config(path)
-    assert key in str(e.value)
-    assert "not supported yet" in str(e.value)
-
-
 @pytest.mark.parametrize("section,value,needle", [
     ({"synchronizer": {"sync_method": "memory"}}, None, "synchronizer.sync_method"),
     ({"synchronizer": {"sync_style": "dynamic_by_explorer"}}, None, "synchronizer.sync_style"),
     ({"trainer": {"ulysses_sequence_parallel_size": 2}}, None, "ulysses_sequence_parallel_size"),
-    ({"explorer": {"auxiliary_models": [{"model_path": "/rm"}]}}, None, "explorer.auxiliary_models"),
 ])
 def test_not_supported_options(tmp_path, section, value, needle):
     with pytest.raises(NotSupportedError, match="not supported yet") as e:

@@ -377,7 +377,7 @@ def test_on_policy_step_skips_the_old_logprob_pass_with_the_same_update(monkeypa
                             build_loss_fns(cfg.algorithm), info, step=1, pad_id=0)
         return out, model.table.detach()
 
-    monkeypatch.setattr(st, "_local_logprobs", _counting(st._local_logprobs))
+    monkeypatch.setattr(st, "local_pass", _counting(st.local_pass))
     skipped, skipped_weights = one_step(True)
     assert _counting.calls == 0
     passed, passed_weights = one_step(False)

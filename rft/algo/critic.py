@@ -19,6 +19,12 @@ import torch
 
 Metrics = dict[str, float]
 
+PREFIX = "critic/"  # the critic's metrics
+VALUE_LOSS = PREFIX + "value_loss"
+VALUE_CLIP_FRAC = PREFIX + "value_clip_frac"
+EXPLAINED_VARIANCE = PREFIX + "explained_variance"
+VALUES_MEAN = PREFIX + "values_mean"
+
 
 def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *,
         gamma: float = 1.0, lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -75,7 +81,7 @@ def value_loss(new_values: torch.Tensor, old_values: torch.Tensor, returns: torc
     clipped_loss = (clipped - returns).square()  # [B, L]
     loss = 0.5 * (torch.maximum(unclipped_loss, clipped_loss) * mask_f).sum() / n
     clip_frac = ((clipped_loss > unclipped_loss).float() * mask_f).sum() / n
-    return loss, {"critic/value_loss": loss.item(), "critic/value_clip_frac": clip_frac.item()}
+    return loss, {VALUE_LOSS: loss.item(), VALUE_CLIP_FRAC: clip_frac.item()}
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:

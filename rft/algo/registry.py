@@ -7,7 +7,7 @@ maps the names to the functions (checked at import to cover exactly the declared
 turns a config's ``(name, args)`` pair into a ready function, raising ``ConfigError`` for an
 unknown name, an unknown argument or a bad value:
 
-    algorithm.advantage_fn      + advantage_fn_args      -> get_advantage_fn
+    algorithm.advantage_fn      + advantage_fn_args      -> get_advantage_fn (get_gae_fn: ppo)
     algorithm.policy_loss_fn    + policy_loss_fn_args    -> get_policy_loss_fn
     algorithm.kl_loss_fn        + kl_loss_fn_args        -> get_kl_loss_fn
     algorithm.kl_penalty_fn     + kl_penalty_fn_args     -> get_kl_penalty_fn
@@ -33,6 +33,7 @@ from rft.algo.advantages import (
     token_level_rewards,
 )
 from rft.algo.correction import CORRECTIONS, correction_weights
+from rft.algo.critic import gae_advantages
 from rft.algo.losses import (
     ENTROPY_LOSS_FNS,
     KL_FNS,
@@ -55,11 +56,12 @@ __all__ = [
     "GroupIds", "group_index", "token_level_rewards", "aggregate", "chord_mu", "kl", "kl_loss", "kl_penalty",
     "token_entropy", "token_logprobs", "valid_args", "get_advantage_fn", "get_policy_loss_fn",
     "get_kl_loss_fn", "get_kl_penalty_fn", "get_entropy_loss_fn", "check_loss_agg_mode",
-    "get_correction_fn", "LossFns", "build_loss_fns",
+    "get_correction_fn", "get_gae_fn", "LossFns", "build_loss_fns",
 ]
 
-# The registries implement exactly the declared names (GAE advantages wait for a critic).
+# The registries implement exactly the declared names (GAE, which needs values, apart).
 assert set(ADVANTAGE_FNS) == set(names.ADVANTAGE_FN_NAMES) - names.NEEDS_CRITIC
+assert names.NEEDS_CRITIC == {"ppo"}
 assert set(POLICY_LOSS_FNS) == set(names.POLICY_LOSS_FN_NAMES)
 assert set(KL_FNS) == set(names.KL_FN_NAMES)
 assert set(ENTROPY_LOSS_FNS) == set(names.ENTROPY_LOSS_FN_NAMES)
@@ -86,6 +88,7 @@ _VALUE_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "std_normalize": (lambda v: isinstance(v, bool), "true or false"),
     "whiten": (lambda v: isinstance(v, bool), "true or false"),
     "gamma": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "lam": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
     "opmd_baseline": (lambda v: v in ("mean", "logavgexp"), "'mean' or 'logavgexp'"),
     "tau": (lambda v: _is_number(v) and v > 0, "a number > 0"),
     "clip_range": (lambda v: v is None or (_is_number(v) and v >= 0), "null or a number >= 0"),
@@ -147,6 +150,12 @@ def get_advantage_fn(name: str, args: Mapping[str, Any] | None = None) -> Callab
     return functools.partial(fn, **_check_args("advantage_fn", name, fn, args))
 
 
+def get_gae_fn(args: Mapping[str, Any] | None = None) -> Callable[..., Any]:
+    """``advantage_fn: ppo``: ``fn(token_rewards [B, L], values [B, L], mask [B, L]) ->
+    (whitened advantages, returns, metrics)``; args ``gamma``, ``lam``."""
+    return functools.partial(gae_advantages, **_check_args("advantage_fn", "ppo", gae_advantages, args))
+
+
 def get_policy_loss_fn(name: str, args: Mapping[str, Any] | None = None) -> Callable[..., Any]:
     """``fn(logprob, old_logprob, advantages, mask, *, step=0, expert_mask=None, is_weights=None)
     -> (loss, metrics)``, all ``[B, L]`` but ``expert_mask`` ``[B]``; ``loss_agg_mode`` comes
@@ -187,8 +196,9 @@ def check_loss_agg_mode(mode: str, key: str = "algorithm.loss_agg_mode") -> str:
 
 
 # kind -> (registry of names, name -> the function whose keyword-only parameters are the args)
+_ALL_ADVANTAGE_FNS = {**ADVANTAGE_FNS, "ppo": gae_advantages}
 _GETTERS: dict[str, tuple[Mapping[str, Any], Callable[[str], Callable[..., Any]]]] = {
-    "advantage_fn": (ADVANTAGE_FNS, ADVANTAGE_FNS.__getitem__),
+    "advantage_fn": (_ALL_ADVANTAGE_FNS, _ALL_ADVANTAGE_FNS.__getitem__),
     "policy_loss_fn": (POLICY_LOSS_FNS, POLICY_LOSS_FNS.__getitem__),
     "kl_loss_fn": (KL_FNS, lambda _name: kl_loss),
     "kl_penalty_fn": (KL_FNS, lambda _name: kl_penalty),
@@ -200,7 +210,7 @@ _GETTERS: dict[str, tuple[Mapping[str, Any], Callable[[str], Callable[..., Any]]
 class LossFns:
     """The algorithm's choices, resolved to functions once per run."""
 
-    advantage: Callable[..., Any] | None  # None for SFT
+    advantage: Callable[..., Any] | None  # group/batch estimators; None for SFT and GAE
     policy: Callable[..., Any]
     kl_loss: Callable[..., Any] | None
     kl_penalty: Callable[..., Any] | None
@@ -211,6 +221,8 @@ class LossFns:
     sft: bool
     # (proximal, behaviour, mask) -> (weights [B, L], CorrectionSums); None: no correction
     correction: Callable[..., Any] | None = None
+    # (token_rewards, values, mask) -> (advantages, returns, metrics): advantage_fn ppo (a critic)
+    gae: Callable[..., Any] | None = None
 
     @property
     def needs_ref(self) -> bool:
@@ -233,8 +245,9 @@ def build_loss_fns(algo: AlgorithmConfig) -> LossFns:
     kl_on = algo.kl_loss_fn not in (None, "none")
     pen_on = algo.kl_penalty_fn not in (None, "none")
     entropy_name = algo.entropy_loss_fn or "none"
+    gae = not sft and algo.advantage_fn in names.NEEDS_CRITIC
     return LossFns(
-        advantage=None if sft else get_advantage_fn(algo.advantage_fn, algo.advantage_fn_args),
+        advantage=None if sft or gae else get_advantage_fn(algo.advantage_fn, algo.advantage_fn_args),
         policy=get_policy_loss_fn(algo.policy_loss_fn, policy_args),
         kl_loss=get_kl_loss_fn(algo.kl_loss_fn, _with_agg(algo.kl_loss_fn_args, agg, algo.kl_loss_fn, get_kl_loss_fn)) if kl_on else None,
         kl_penalty=get_kl_penalty_fn(algo.kl_penalty_fn, algo.kl_penalty_fn_args) if pen_on else None,
@@ -244,6 +257,7 @@ def build_loss_fns(algo: AlgorithmConfig) -> LossFns:
         recompute_old=algo.old_logprobs == "recompute" and not sft,
         sft=sft,
         correction=get_correction_fn(algo.rollout_correction),
+        gae=get_gae_fn(algo.advantage_fn_args) if gae else None,
     )
 
 

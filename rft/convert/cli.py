@@ -5,7 +5,9 @@ path inside one (``.../global_step_N/actor``), or a bare DeepSpeed/FSDP checkpoi
 A Megatron checkpoint (Trinity's or veRL's ``actor/dist_ckpt/``) is refused up front (exit 2)
 with the commands that convert it.
 For each step the checkpoint in ``global_step_N/actor/`` (DeepSpeed ZeRO 1/2/3 or FSDP, read by
-:mod:`rft.convert.readers`) becomes ``global_step_N/actor/huggingface/``::
+:mod:`rft.convert.readers`) becomes ``global_step_N/actor/huggingface/``, and a PPO run's
+critic in ``global_step_N/critic/`` becomes ``global_step_N/critic/huggingface/`` (a value
+model: ``*ForTokenClassification`` with one label, as the trainer wrote its config)::
 
     model.safetensors (or model-0000k-of-0000n.safetensors + model.safetensors.index.json)
     config.json, generation_config.json, tokenizer files, chat template
@@ -46,7 +48,7 @@ from rft.convert.readers import (
 )
 from rft.errors import EXIT_FAILED, EXIT_OK, EXIT_USER_ERROR, CheckpointError, RftError
 from rft.models import has_tokenizer
-from rft.rundir import ACTOR_DIR, HF_DIR, STEP_RE
+from rft.rundir import ACTOR_DIR, CRITIC_DIR, HF_DIR, STEP_RE
 from rft.safetensors_io import (
     INDEX_FILE,
     SINGLE_FILE,
@@ -97,18 +99,26 @@ class Options:
 # ----------------------------------------------------------------------------- finding steps
 
 
-def _step_job(step_dir: Path, given: Path | None = None) -> Job:
-    """The job of one step folder; ``given`` is a path inside it (a role folder or a tag folder)."""
+def _step_jobs(step_dir: Path, given: Path | None = None) -> list[Job]:
+    """The jobs of one step folder: the policy's (``actor/``) and, when the run trained one,
+    the critic's (``critic/``, a value model); ``given`` is a path inside the step folder (a
+    role folder or a tag folder), which names one job."""
     rel = given.relative_to(step_dir).parts if given else ()
     if rel and rel[-1] == HF_DIR:
         rel = rel[:-1]
+    step = int(STEP_RE.match(step_dir.name).group(1))
     if rel:
         role = step_dir / rel[0]
-    else:
-        role = step_dir / ACTOR_DIR if (step_dir / ACTOR_DIR).is_dir() else step_dir
-    step = int(STEP_RE.match(step_dir.name).group(1))
-    ckpt_dir = step_dir.joinpath(*rel) if len(rel) > 1 else role
-    return Job(step_dir.name, step, ckpt_dir, role / HF_DIR)
+        label = step_dir.name if rel[0] == ACTOR_DIR else f"{step_dir.name}/{rel[0]}"
+        ckpt_dir = step_dir.joinpath(*rel) if len(rel) > 1 else role
+        return [Job(label, step, ckpt_dir, role / HF_DIR)]
+    if not (step_dir / ACTOR_DIR).is_dir():
+        return [Job(step_dir.name, step, step_dir, step_dir / HF_DIR)]
+    jobs = [Job(step_dir.name, step, step_dir / ACTOR_DIR, step_dir / ACTOR_DIR / HF_DIR)]
+    if (step_dir / CRITIC_DIR).is_dir():
+        critic = step_dir / CRITIC_DIR
+        jobs.append(Job(f"{step_dir.name}/{CRITIC_DIR}", step, critic, critic / HF_DIR))
+    return jobs
 
 
 def find_jobs(path: Path, steps: set[int] | None = None) -> list[Job]:
@@ -133,10 +143,10 @@ def find_jobs(path: Path, steps: set[int] | None = None) -> list[Job]:
 def _jobs_for(path: Path) -> list[Job]:
     for parent in [path, *path.parents]:
         if STEP_RE.match(parent.name):
-            return [_step_job(parent, path)]
+            return _step_jobs(parent, None if parent == path else path)
     found = sorted(_walk_steps(path), key=lambda p: (str(p.parent), int(STEP_RE.match(p.name).group(1))))
     if found:
-        return [_step_job(p) for p in found]
+        return [job for p in found for job in _step_jobs(p)]
     detect_format(path)  # raises a clear "not a checkpoint" error
     return [Job(path.name, None, path, path / HF_DIR)]
 

@@ -2,9 +2,10 @@
 
 Data in: the typed config (``trainer.*``, ``algorithm.optimizer``, ``model.model_path``) and
 the process environment (``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` from torchrun or srun; none
-for a single process). Data out: an :class:`Actor` (the DeepSpeed engine being trained), an
-optional frozen :class:`Reference`, per-token log-probs of micro-batches, 16-bit weights
-gathered on rank 0, and DeepSpeed checkpoints.
+for a single process). Data out: an :class:`Actor` (a DeepSpeed engine being trained: the
+policy, and with ``advantage_fn: ppo`` the critic, a token-classification model with one
+label), an optional frozen :class:`Reference`, per-token log-probs (and the critic's values)
+of micro-batches, 16-bit weights gathered on rank 0, and DeepSpeed checkpoints.
 
 Device and backend come from DeepSpeed's accelerator: CUDA + NCCL on GPU nodes, CPU + gloo
 here (``DS_ACCELERATOR=cpu`` is set when torch sees no GPU). Gradient accumulation is driven
@@ -32,7 +33,7 @@ from deepspeed.accelerator import get_accelerator  # noqa: E402
 
 from rft import placement  # noqa: E402
 from rft.algo.losses import token_entropy, token_logprobs  # noqa: E402
-from rft.config.schema import Config  # noqa: E402
+from rft.config.schema import Config, OptimizerConfig  # noqa: E402
 from rft.errors import CheckpointError, ConfigError  # noqa: E402
 from rft.safetensors_io import (  # noqa: E402
     SINGLE_FILE,
@@ -124,20 +125,24 @@ def teardown(exit_code: int = 0) -> None:
 # ----------------------------------------------------------------------------- configs
 
 def ds_config(cfg: Config, world_size: int, on_cpu: bool, *, train: bool = True,
-              offload_params: bool = False) -> dict[str, Any]:
-    """The DeepSpeed config dict of the actor (``train``) or of the reference model."""
-    t, opt = cfg.trainer, cfg.algorithm.optimizer
+              offload_params: bool = False, offload_optimizer: bool | None = None,
+              optim: OptimizerConfig | None = None, grad_clip: float | None = None) -> dict[str, Any]:
+    """The DeepSpeed config dict of the actor (``train``), of the critic (``train`` with its
+    own ``optim``, ``grad_clip`` and offload) or of the reference model."""
+    t = cfg.trainer
+    opt = optim or cfg.algorithm.optimizer
+    offload_optimizer = t.optimizer_offload if offload_optimizer is None else offload_optimizer
     zero: dict[str, Any] = {"stage": t.zero_stage}
     if t.zero_stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = True
-    if on_cpu and (offload_params or (train and t.optimizer_offload)):
+    if on_cpu and (offload_params or (train and offload_optimizer)):
         log.info("offload settings have no effect on CPU: everything already is in CPU memory")
     if offload_params and not on_cpu:
         if t.zero_stage != 3:
             raise ConfigError(f"trainer.param_offload needs trainer.zero_stage=3 (got "
                               f"{t.zero_stage}); ZeRO-1/2 keep full parameters on each GPU")
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
-    if train and t.optimizer_offload and not on_cpu:
+    if train and offload_optimizer and not on_cpu:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
     config: dict[str, Any] = {
         "train_micro_batch_size_per_gpu": 1,
@@ -151,7 +156,7 @@ def ds_config(cfg: Config, world_size: int, on_cpu: bool, *, train: bool = True,
     if train:
         config.update(
             managed_gradient_accumulation=False,
-            gradient_clipping=float(t.grad_clip),
+            gradient_clipping=float(t.grad_clip if grad_clip is None else grad_clip),
             zero_allow_untested_optimizer=True,
             zero_force_ds_cpu_optimizer=False,
             optimizer={"type": "AdamW" if opt.optimizer_type == "adamw" else "Adam",
@@ -162,14 +167,18 @@ def ds_config(cfg: Config, world_size: int, on_cpu: bool, *, train: bool = True,
     return config
 
 
-def _load_model(path: str, dtype: torch.dtype, config: dict[str, Any]):
-    """HF ``from_pretrained``; under ZeRO-3 with ``HfDeepSpeedConfig`` alive (partitioned load
+def _load_model(path: str, dtype: torch.dtype, config: dict[str, Any], *, value_head: bool = False):
+    """HF ``from_pretrained`` (a causal LM, or with ``value_head`` a token-classification model
+    with one label: a critic); under ZeRO-3 with ``HfDeepSpeedConfig`` alive (partitioned load
     with real weights; ``deepspeed.zero.Init`` alone would skip HF's weight loading)."""
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
     from transformers.integrations import HfDeepSpeedConfig
 
     keep_alive = HfDeepSpeedConfig(config) if config["zero_optimization"]["stage"] == 3 else None
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+    if value_head:  # veRL's critic: the LM body plus a freshly initialised score head [H, 1]
+        model = AutoModelForTokenClassification.from_pretrained(path, dtype=dtype, num_labels=1)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     model.config.use_cache = False
     return model, keep_alive
 
@@ -188,14 +197,37 @@ class Actor:
 
 
 def build_actor(cfg: Config, info: DistInfo, total_optimizer_steps: int | None) -> Actor:
-    """The trained model as a DeepSpeed engine with AdamW and the warm-up/decay schedule."""
+    """The policy as a DeepSpeed engine with AdamW and the warm-up/decay schedule."""
     on_cpu = info.device.type == "cpu"
     config = ds_config(cfg, info.world_size, on_cpu, offload_params=cfg.trainer.param_offload)
+    return _build_engine(cfg, cfg.model.model_path, config, cfg.algorithm.optimizer,
+                         cfg.trainer.gradient_checkpointing, total_optimizer_steps, value_head=False)
+
+
+def build_critic(cfg: Config, info: DistInfo, total_optimizer_steps: int | None) -> Actor:
+    """The critic (``model.critic_model_path`` with a one-label token-classification head) as
+    its own DeepSpeed engine: its optimizer, schedule, gradient clip, offload and gradient
+    checkpointing from ``trainer.trainer_config.critic`` (each null falls back to the policy's)."""
+    critic, t = cfg.trainer.trainer_config.critic, cfg.trainer
+    fsdp = critic.model.fsdp_config
+    param_offload = t.param_offload if fsdp.param_offload is None else fsdp.param_offload
+    on_cpu = info.device.type == "cpu"
+    config = ds_config(cfg, info.world_size, on_cpu, offload_params=param_offload and t.zero_stage == 3,
+                       offload_optimizer=fsdp.optimizer_offload, optim=critic.optim,
+                       grad_clip=critic.grad_clip)
+    checkpointing = critic.model.enable_gradient_checkpointing
+    assert cfg.model.critic_model_path is not None  # rft.config.rules: defaults to model_path
+    return _build_engine(cfg, cfg.model.critic_model_path, config, critic.optim,
+                         t.gradient_checkpointing if checkpointing is None else checkpointing,
+                         total_optimizer_steps, value_head=True)
+
+
+def _build_engine(cfg: Config, path: str, config: dict[str, Any], opt: OptimizerConfig,
+                  checkpointing: bool, total_optimizer_steps: int | None, *, value_head: bool) -> Actor:
     dtype = torch.bfloat16 if cfg.trainer.precision == "bf16" and cfg.trainer.zero_stage == 3 else torch.float32
-    model, keep_alive = _load_model(cfg.model.model_path, dtype, config)
-    if cfg.trainer.gradient_checkpointing:
+    model, keep_alive = _load_model(path, dtype, config, value_head=value_head)
+    if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    opt = cfg.algorithm.optimizer
     warmup = warmup_steps(opt.lr_warmup_steps, opt.lr_warmup_steps_ratio, total_optimizer_steps)
     factor = lr_multiplier(opt.warmup_style, warmup, total_optimizer_steps, opt.min_lr_ratio)
 
@@ -284,6 +316,14 @@ def forward_logprobs(module: Any, micro: MicroBatch, *, with_entropy: bool,
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             entropy = token_entropy(resp_logits, temperature=micro.temperature)  # [B, R]
     return logprobs, entropy
+
+
+def forward_values(module: Any, micro: MicroBatch) -> torch.Tensor:
+    """The critic's values ``[B, R]``: V of the state before each response token, read at the
+    position whose logits predict it (veRL: ``values[:, -R - 1:-1]``), in float32."""
+    values = module(input_ids=micro.input_ids, attention_mask=micro.attention_mask,
+                    use_cache=False).logits.squeeze(-1)  # [B, T]
+    return values.float().gather(1, micro.logit_positions)  # [B, R]
 
 
 @torch.no_grad()

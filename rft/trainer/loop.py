@@ -10,7 +10,8 @@ directory: ``weights/v<step>/`` every ``synchronizer.sync_interval`` steps (HF f
 vLLM reloads; with ``sync_method: nccl`` a broadcast to the explorers instead, and folders only
 at checkpoints, at the end and when a broadcast fails: :mod:`rft.trainer.broadcaster`),
 ``global_step_N/`` full checkpoints every ``trainer.save_interval`` steps and
-at the end (:mod:`rft.trainer.state`), metrics in ``monitor/trainer/``.
+at the end (:mod:`rft.trainer.state`; ``critic/`` beside ``actor/`` with ``advantage_fn: ppo``),
+metrics in ``monitor/trainer/``.
 
 Exit codes: 0 done; :data:`EXIT_REQUEUE` (143) after SIGUSR1/SIGTERM: the step in flight was
 finished and a full checkpoint saved, so a requeued job resumes there
@@ -28,6 +29,7 @@ from typing import Any
 
 from rft.algo.registry import build_loss_fns
 from rft.config.batches import updates_per_step
+from rft.config.rules import uses_critic
 from rft.config.schema import Config
 from rft.data import run_steps
 from rft.entry import config_parser, run_command, setup_logging
@@ -46,7 +48,7 @@ from rft.monitor import (
     WEIGHTS_VERSION,
 )
 from rft.placement import TRAINER_MODES
-from rft.rundir import ACTOR_DIR, HF_DIR, step_dir
+from rft.rundir import ACTOR_DIR, CRITIC_DIR, HF_DIR, step_dir
 from rft.stages import load_stage
 from rft.sync import publishes_weights
 from rft.trainer import state as ts
@@ -109,6 +111,12 @@ def resume_point(cfg: Config, run_dir: Path, world_size: int) -> tuple[int | Non
     if step is None:
         return None, {}
     meta = ts.read_meta(run_dir, step)
+    if meta.get("critic", False) != uses_critic(cfg):
+        raise RftError(f"checkpoint {step_dir(run_dir, step)} was written "
+                       f"{'with' if meta.get('critic') else 'without'} a critic but this config "
+                       f"{'trains' if uses_critic(cfg) else 'trains no'} critic "
+                       f"(algorithm.advantage_fn {cfg.algorithm.advantage_fn!r}); resume with the "
+                       "run's algorithm, or start a new run (another name)")
     if meta.get("world_size") != world_size:
         raise RftError(f"checkpoint {step_dir(run_dir, step)} was written by "
                        f"{meta.get('world_size')} ranks but this run has {world_size}; DeepSpeed "
@@ -148,27 +156,39 @@ def writes_folder(cfg: Config, step: int, last_step: int | None) -> bool:
             or bool(save and step % save == 0))
 
 
+def _save_engine(cfg: Config, engine: Any, folder: Path, step: int, rank: int, final: bool,
+                 *, rng: bool) -> None:
+    """One engine's DeepSpeed shards, the RNG states (``rng``) and its HF folder (config, and
+    the weights when ``trainer.save_hf_checkpoint`` says so) into ``folder``. Collective."""
+    from rft.sync import copy_files
+    from rft.trainer import engine as dse
+
+    dse.save_checkpoint(engine, folder, ts.ds_tag(step))
+    if rng:
+        ts.save_rng(folder, rank)
+    mode = cfg.trainer.save_hf_checkpoint
+    state = dse.gather_weights(engine) if mode == "always" or (mode == "last" and final) else None
+    dse.barrier()
+    if rank == 0:
+        dse.save_hf_folder(engine, state, folder / HF_DIR)
+        copy_files(tokenizer_files(cfg.model.model_path), folder / HF_DIR)
+
+
 def save_full_checkpoint(cfg: Config, run_dir: Path, actor: Any, source: Any, progress: Progress,
-                         rank: int, world_size: int, final: bool) -> None:
+                         rank: int, world_size: int, final: bool, critic: Any = None) -> None:
     """Every rank writes its shards; rank 0 finishes (meta, rename, pointer) and releases input."""
     from rft.trainer import engine as dse
 
     tmp = dse.broadcast_object(ts.staging_dir(run_dir, progress.step) if rank == 0 else None)
-    actor_dir = tmp / ACTOR_DIR
-    dse.save_checkpoint(actor, actor_dir, ts.ds_tag(progress.step))
-    ts.save_rng(actor_dir, rank)
-    mode = cfg.trainer.save_hf_checkpoint
-    state = dse.gather_weights(actor) if mode == "always" or (mode == "last" and final) else None
-    dse.barrier()
+    _save_engine(cfg, actor, tmp / ACTOR_DIR, progress.step, rank, final, rng=True)
+    if critic is not None:
+        _save_engine(cfg, critic, tmp / CRITIC_DIR, progress.step, rank, final, rng=False)
     if rank == 0:
-        from rft.sync import copy_files
-
-        dse.save_hf_folder(actor, state, actor_dir / HF_DIR)
-        copy_files(tokenizer_files(cfg.model.model_path), actor_dir / HF_DIR)
         meta = {"buffer_cursor": progress.cursor, "weights_version": progress.weights_version,
                 "world_size": world_size, "zero_stage": cfg.trainer.zero_stage,
                 "lr": dse.current_lr(actor), "time": time.time(),
-                "lr_scheduler": actor.engine.lr_scheduler.state_dict()}
+                "lr_scheduler": actor.engine.lr_scheduler.state_dict(),
+                "critic": critic is not None}
         ts.finish_checkpoint(run_dir, tmp, progress.step, meta, cfg.trainer.max_checkpoints_to_keep)
         source.release(progress.cursor)
         log.info("checkpoint global_step_%d saved", progress.step)
@@ -222,8 +242,12 @@ def run(cfg: Config) -> int:
     steps = dse.broadcast_object(run_steps(cfg) if rank == 0 else None)
     actor = dse.build_actor(cfg, info, None if steps is None else steps * updates_per_step(cfg))
     ref = dse.build_reference(cfg, info) if fns.needs_ref else None
+    total_updates = None if steps is None else steps * updates_per_step(cfg)
+    critic = dse.build_critic(cfg, info, total_updates) if uses_critic(cfg) else None
     if resumed is not None:
         dse.load_checkpoint(actor, step_dir(run_dir, resumed) / ACTOR_DIR)
+        if critic is not None:
+            dse.load_checkpoint(critic, step_dir(run_dir, resumed) / CRITIC_DIR)
         ts.load_rng(step_dir(run_dir, resumed) / ACTOR_DIR, rank)
         log.info("resumed from global_step_%d (weights version %d)", resumed, progress.weights_version)
     publisher = WeightsPublisher(run_dir, cfg.synchronizer.weights_versions_to_keep,
@@ -244,7 +268,7 @@ def run(cfg: Config) -> int:
             break
         t_read = time.perf_counter() - t0
         stale = staleness_metrics(batch, progress.weights_version)
-        metrics = train_step(actor, ref, batch, cfg, fns, info, step, pad_id)
+        metrics = train_step(actor, ref, batch, cfg, fns, info, step, pad_id, critic)
         progress.step = step
         progress.cursor = source.cursor() if rank == 0 else {}
         t1 = time.perf_counter()
@@ -266,12 +290,13 @@ def run(cfg: Config) -> int:
         monitor.log(step, metrics)
         if cfg.trainer.save_interval and step % cfg.trainer.save_interval == 0:
             save_full_checkpoint(cfg, run_dir, actor, source, progress, rank, info.world_size,
-                                 final=step == steps)
+                                 final=step == steps, critic=critic)
         if dse.all_reduce_max(int(stop.requested())):
             break
     exit_code = EXIT_REQUEUE if dse.all_reduce_max(int(stop.requested())) else EXIT_OK
     if progress.last_saved != progress.step and progress.step > 0:
-        save_full_checkpoint(cfg, run_dir, actor, source, progress, rank, info.world_size, final=True)
+        save_full_checkpoint(cfg, run_dir, actor, source, progress, rank, info.world_size, final=True,
+                             critic=critic)
     if broadcaster is not None:
         broadcaster.close()
     monitor.close()

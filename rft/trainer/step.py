@@ -33,7 +33,6 @@ CHORD (``sample_strategy: mix``): expert rows (``source: "expert"``) reach the l
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import torch
@@ -41,117 +40,31 @@ import torch
 from rft.algo.correction import CorrectionSums
 from rft.algo.registry import LossFns, token_level_rewards
 from rft.buffer.experience import Experience
-from rft.config.batches import groups_per_update, mini_batch_count
-from rft.config.rules import rollout_temperature
 from rft.config.schema import Config
 from rft.errors import DataError
 from rft.monitor import BATCH_TOKENS
+from rft.trainer import critic as value
 from rft.trainer import engine as dse
 from rft.trainer.batching import (
-    BatchTotals,
     MetricSums,
     MicroBatch,
-    Rows,
-    collate,
     micro_loss_scale,
     micro_source,
-    padding_micro,
-    plan_micro_batches,
-    rows_from_experiences,
     source_fractions,
-    source_totals,
-    split_by_source,
-    split_for_ranks,
-    split_mini_batches,
 )
-
-
-@dataclass
-class MiniPlan:
-    """One optimizer update: this rank's micro-batches of a mini-batch, and its loss denominators."""
-
-    micro_rows: list[list[int]]  # row indices per micro-batch; [] = zero-weight padding
-    totals: dict[bool, BatchTotals]  # per source (is expert), over the mini-batch on all ranks
-
-
-@dataclass
-class Plan:
-    """This rank's part of a step: the batch table, its mini-batches and the log-prob passes."""
-
-    rows: Rows
-    minis: list[MiniPlan]  # one optimizer update each, every epoch
-    logprob_rows: list[list[int]]  # this rank's rows (of all minis) per no-grad log-prob micro-batch
-    num_tokens: int  # prompt + response tokens of the whole batch (all ranks)
-
-    @property
-    def local_rows(self) -> list[int]:
-        """This rank's rows of all mini-batches, in batch order."""
-        return sorted({r for micro in self.logprob_rows for r in micro})
-
-
-def _micro_batches(rows: Rows, mine: Sequence[int], lengths: Sequence[int], cfg: Config,
-                   micro_batch_size: int) -> list[list[int]]:
-    """This rank's rows ``mine`` in micro-batches (rollout and expert rows apart), padded with
-    [] to the same count on every rank (a collective)."""
-    micros = [micro for part in split_by_source(mine, rows.expert)
-              for micro in plan_micro_batches(part, lengths, use_dynamic_bsz=cfg.trainer.use_dynamic_bsz,
-                                              max_token_len=cfg.trainer.max_token_len_per_gpu,
-                                              micro_batch_size=micro_batch_size)]
-    count = dse.all_reduce_max(len(micros))
-    return micros + [[] for _ in range(count - len(micros))]
-
-
-def plan_step(exps: Sequence[Experience], cfg: Config, info: dse.DistInfo) -> Plan:
-    sft = cfg.algorithm.policy_loss_fn == "sft"
-    rows = rows_from_experiences(exps, 1.0 if sft else rollout_temperature(cfg))
-    lengths = [len(ids) for ids in rows.input_ids]
-    budget = cfg.trainer.max_token_len_per_gpu
-    too_long = [n for n in lengths if n > budget]
-    if cfg.trainer.use_dynamic_bsz and too_long:
-        raise DataError(f"a sequence of {max(too_long)} tokens exceeds trainer.max_token_len_per_gpu="
-                        f"{budget}; raise it to at least model.max_model_len")
-    rollout_groups = len({g for g, e in zip(rows.group_ids, rows.expert.tolist()) if not e})
-    count = mini_batch_count(rollout_groups, groups_per_update(cfg))
-    minis, mine = [], []
-    for subset in split_mini_batches(rows.group_ids, rows.expert, count):
-        shares = split_for_ranks([rows.group_ids[i] for i in subset], [lengths[i] for i in subset],
-                                 info.world_size)
-        share = [subset[i] for i in shares[info.rank]]  # whole groups of this mini-batch
-        micros = _micro_batches(rows, share, lengths, cfg, cfg.trainer.micro_batch_size_per_gpu)
-        minis.append(MiniPlan(micros, source_totals(rows.response_mask[subset], rows.expert[subset])))
-        mine += share
-    logprob_size = cfg.trainer.log_prob_micro_batch_size_per_gpu or cfg.trainer.micro_batch_size_per_gpu
-    return Plan(rows, minis, _micro_batches(rows, sorted(mine), lengths, cfg, logprob_size), sum(lengths))
-
-
-def _micro(plan: Plan, rows: list[int], adv: torch.Tensor, old: torch.Tensor, pad_id: int,
-           device: torch.device) -> MicroBatch:
-    micro = collate(plan.rows, rows, adv, old, pad_id) if rows else padding_micro(pad_id)
-    return micro.to(device)
-
-
-@torch.no_grad()
-def _local_logprobs(fn: Callable[[MicroBatch], torch.Tensor], plan: Plan, pad_id: int,
-                    device: torch.device) -> torch.Tensor:
-    """``[N, R]`` log-probs of this rank's rows (others 0), one micro-batch at a time."""
-    out = torch.zeros_like(plan.rows.response_mask)  # [N, R]
-    zeros = torch.zeros_like(out)
-    for rows in plan.logprob_rows:
-        micro = _micro(plan, rows, zeros, zeros, pad_id, device)
-        values = fn(micro).float().cpu()  # [B, R_micro]
-        for j, row in enumerate(rows):
-            out[row, :values.shape[1]] = values[j]
-    return out
+from rft.trainer.plan import Plan, local_pass, micro_batch, plan_step
 
 
 def _advantages(plan: Plan, fns: LossFns, ref: torch.Tensor | None, old: torch.Tensor,
-                info: dse.DistInfo) -> tuple[torch.Tensor, dict[str, float]]:
-    """Advantages ``[N, R]`` of the rollout rows; expert rows (CHORD) get 0."""
+                info: dse.DistInfo, values: torch.Tensor | None = None,
+                ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
+    """Advantages ``[N, R]`` of the rollout rows (expert rows, CHORD's, get 0) and, with GAE
+    (``values`` from the critic), the returns ``[N, R]`` the critic learns (else None)."""
     rows, mask = plan.rows, plan.rows.response_mask
     adv = torch.zeros_like(mask)  # [N, R]
     rollout = [i for i in range(len(rows)) if not bool(rows.expert[i])]
-    if fns.advantage is None or not rollout:
-        return adv, {}
+    if (fns.advantage is None and fns.gae is None) or not rollout:
+        return adv, None, {}
     metrics: dict[str, float] = {}
     rewards: torch.Tensor = rows.rewards  # [N]
     if fns.kl_penalty is not None:
@@ -162,10 +75,16 @@ def _advantages(plan: Plan, fns: LossFns, ref: torch.Tensor | None, old: torch.T
         rewards = torch.zeros_like(mask)  # [N, R]
         for part_rows, part in dse.all_gather_objects((mine, local)):
             rewards[part_rows] = part
+    if fns.gae is not None:
+        assert values is not None
+        returns = torch.zeros_like(mask)  # [N, R]
+        adv[rollout], returns[rollout], gae_metrics = fns.gae(
+            token_level_rewards(rewards, mask)[rollout], values[rollout], mask[rollout])
+        return adv, returns, {**metrics, **gae_metrics}
     part, adv_metrics = fns.advantage(rewards[rollout], [rows.group_ids[i] for i in rollout],
                                       mask[rollout])  # [n, R]
     adv[rollout] = part
-    return adv, {**metrics, **adv_metrics}
+    return adv, None, {**metrics, **adv_metrics}
 
 
 def _correction_rows(plan: Plan, fns: LossFns, rows: list[int],
@@ -259,8 +178,11 @@ def _reduce_metrics(sums: MetricSums) -> dict[str, float]:
 
 
 def train_step(actor: dse.Actor, ref: dse.Reference | None, exps: Sequence[Experience], cfg: Config,
-               fns: LossFns, info: dse.DistInfo, step: int, pad_id: int) -> dict[str, float]:
-    """Prepare and apply one step's updates; return its metrics (timings included)."""
+               fns: LossFns, info: dse.DistInfo, step: int, pad_id: int,
+               critic: dse.Actor | None = None) -> dict[str, float]:
+    """Prepare and apply one step's updates; return its metrics (timings included). With a
+    ``critic`` (``advantage_fn: ppo``) its values give GAE advantages, it is updated first, and
+    the policy is left alone during the first ``critic_warmup`` steps."""
     if not exps:  # e.g. every prompt of the step was overlong and left out: nothing to learn
         return {"updates": 0, "batch_experiences": 0, BATCH_TOKENS: 0}
     t0 = time.perf_counter()
@@ -269,14 +191,14 @@ def train_step(actor: dse.Actor, ref: dse.Reference | None, exps: Sequence[Exper
     ref_lp = None
     if fns.needs_ref:
         assert ref is not None
-        ref_lp = _local_logprobs(lambda m: dse.reference_logprobs(ref, m), plan, pad_id, info.device)
+        ref_lp = local_pass(lambda m: dse.reference_logprobs(ref, m), plan, pad_id, info.device)
     updates = cfg.trainer.ppo_epochs * len(plan.minis)
     skip_old = old_pass_skippable(fns, updates)
     t_old = time.perf_counter()
     if skip_old:  # filled per micro-batch from the training forward (see _micro_loss)
         old = torch.zeros_like(mask)  # [N, R]
     elif fns.recompute_old:
-        old = _local_logprobs(lambda m: dse.forward_logprobs(actor.engine, m, with_entropy=False)[0],
+        old = local_pass(lambda m: dse.forward_logprobs(actor.engine, m, with_entropy=False)[0],
                               plan, pad_id, info.device)
     else:
         old = plan.rows.rollout_logprobs
@@ -284,7 +206,18 @@ def train_step(actor: dse.Actor, ref: dse.Reference | None, exps: Sequence[Exper
             raise DataError("algorithm.old_logprobs is 'rollout' but some experiences carry no "
                             "logprobs; use old_logprobs: recompute")
     t_old = time.perf_counter() - t_old
-    adv, metrics = _advantages(plan, fns, ref_lp, old, info)
+    values = None if critic is None else value.old_values(critic, plan, pad_id, info.device)  # [N, R]
+    adv, returns, metrics = _advantages(plan, fns, ref_lp, old, info, values)
+    if critic is not None:
+        assert values is not None and returns is not None
+        rollout_mask = mask * (~plan.rows.expert).unsqueeze(-1)  # [N, R]
+        metrics.update(value.value_metrics(values, returns, rollout_mask))
+        metrics.update(value.update_critic(critic, plan, values, returns, epochs=cfg.trainer.ppo_epochs,
+                                           cliprange_value=cfg.trainer.trainer_config.critic.cliprange_value,
+                                           pad_id=pad_id, info=info))
+    if step <= cfg.trainer.trainer_config.trainer.critic_warmup:  # the critic learns first
+        return {**metrics, "updates": 0, "critic_warmup": 1, "batch_experiences": len(exps),
+                BATCH_TOKENS: plan.num_tokens, "time_old_logprobs_s": t_old}
     is_weights, correction_metrics = (None, {}) if skip_old else _correction(plan, fns, old)  # [N, R] or None
     metrics.update(correction_metrics)
     correction_sums = CorrectionSums()  # of the skipped pass's micro-batches
@@ -297,7 +230,7 @@ def train_step(actor: dse.Actor, ref: dse.Reference | None, exps: Sequence[Exper
             t1 = time.perf_counter()
             fractions = source_fractions(mini.totals, fns.agg_mode)
             for rows in mini.micro_rows:
-                micro = _micro(plan, rows, adv, old, pad_id, info.device)
+                micro = micro_batch(plan, rows, adv, old, pad_id, info.device)
                 if ref_lp is not None:
                     micro.ref_logprobs = ref_lp[rows, :micro.response_mask.shape[1]].to(info.device) if rows \
                         else torch.zeros_like(micro.response_mask)

@@ -1,0 +1,134 @@
+"""A training step's plan: the batch table, its mini-batches over ranks, and the micro-batches.
+
+Data in: the step's experiences (identical on every rank), the config and this rank's place.
+Data out: a :class:`Plan` (this rank's rows of each mini-batch in micro-batches of
+``trainer.micro_batch_size_per_gpu`` or a token budget, the critic's micro-batches of
+``critic.ppo_micro_batch_size_per_gpu`` over the same rows, and the rows of the no-grad passes
+in micro-batches of ``trainer.log_prob_micro_batch_size_per_gpu``), and the helpers that run a
+no-grad pass over this rank's rows (:func:`local_pass`) and share its result with every rank
+(:func:`gather_rows`). Every micro-batch list has the same length on every rank (padded with
+zero-weight ``[]`` entries: a collective).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import torch
+
+from rft.buffer.experience import Experience
+from rft.config.batches import groups_per_update, mini_batch_count
+from rft.config.rules import rollout_temperature, uses_critic
+from rft.config.schema import Config
+from rft.errors import DataError
+from rft.trainer import engine as dse
+from rft.trainer.batching import (
+    BatchTotals,
+    MicroBatch,
+    Rows,
+    collate,
+    padding_micro,
+    plan_micro_batches,
+    rows_from_experiences,
+    source_totals,
+    split_by_source,
+    split_for_ranks,
+    split_mini_batches,
+)
+
+
+@dataclass
+class MiniPlan:
+    """One optimizer update: this rank's micro-batches of a mini-batch, and its loss denominators."""
+
+    micro_rows: list[list[int]]  # row indices per micro-batch; [] = zero-weight padding
+    totals: dict[bool, BatchTotals]  # per source (is expert), over the mini-batch on all ranks
+    critic_rows: list[list[int]] = field(default_factory=list)  # the critic's micro-batches (rollout rows)
+
+
+@dataclass
+class Plan:
+    """This rank's part of a step: the batch table, its mini-batches and the log-prob passes."""
+
+    rows: Rows
+    minis: list[MiniPlan]  # one optimizer update each, every epoch
+    logprob_rows: list[list[int]]  # this rank's rows (of all minis) per no-grad log-prob micro-batch
+    num_tokens: int  # prompt + response tokens of the whole batch (all ranks)
+
+    @property
+    def local_rows(self) -> list[int]:
+        """This rank's rows of all mini-batches, in batch order."""
+        return sorted({r for micro in self.logprob_rows for r in micro})
+
+
+def rank_micro_batches(rows: Rows, mine: Sequence[int], lengths: Sequence[int], cfg: Config,
+                       micro_batch_size: int) -> list[list[int]]:
+    """This rank's rows ``mine`` in micro-batches (rollout and expert rows apart), padded with
+    [] to the same count on every rank (a collective)."""
+    micros = [micro for part in split_by_source(mine, rows.expert)
+              for micro in plan_micro_batches(part, lengths, use_dynamic_bsz=cfg.trainer.use_dynamic_bsz,
+                                              max_token_len=cfg.trainer.max_token_len_per_gpu,
+                                              micro_batch_size=micro_batch_size)]
+    count = dse.all_reduce_max(len(micros))
+    return micros + [[] for _ in range(count - len(micros))]
+
+
+def plan_step(exps: Sequence[Experience], cfg: Config, info: dse.DistInfo) -> Plan:
+    """This rank's plan of the step (a collective: micro-batch counts are agreed on)."""
+    sft = cfg.algorithm.policy_loss_fn == "sft"
+    rows = rows_from_experiences(exps, 1.0 if sft else rollout_temperature(cfg))
+    lengths = [len(ids) for ids in rows.input_ids]
+    budget = cfg.trainer.max_token_len_per_gpu
+    too_long = [n for n in lengths if n > budget]
+    if cfg.trainer.use_dynamic_bsz and too_long:
+        raise DataError(f"a sequence of {max(too_long)} tokens exceeds trainer.max_token_len_per_gpu="
+                        f"{budget}; raise it to at least model.max_model_len")
+    rollout_groups = len({g for g, e in zip(rows.group_ids, rows.expert.tolist()) if not e})
+    count = mini_batch_count(rollout_groups, groups_per_update(cfg))
+    critic_size = cfg.trainer.trainer_config.critic.ppo_micro_batch_size_per_gpu or cfg.trainer.micro_batch_size_per_gpu
+    minis, mine = [], []
+    for subset in split_mini_batches(rows.group_ids, rows.expert, count):
+        shares = split_for_ranks([rows.group_ids[i] for i in subset], [lengths[i] for i in subset],
+                                 info.world_size)
+        share = [subset[i] for i in shares[info.rank]]  # whole groups of this mini-batch
+        micros = rank_micro_batches(rows, share, lengths, cfg, cfg.trainer.micro_batch_size_per_gpu)
+        mini = MiniPlan(micros, source_totals(rows.response_mask[subset], rows.expert[subset]))
+        if uses_critic(cfg):  # values are learned on rollouts only
+            rollout = [i for i in share if not bool(rows.expert[i])]
+            mini.critic_rows = rank_micro_batches(rows, rollout, lengths, cfg, critic_size)
+        minis.append(mini)
+        mine += share
+    logprob_size = cfg.trainer.log_prob_micro_batch_size_per_gpu or cfg.trainer.micro_batch_size_per_gpu
+    return Plan(rows, minis, rank_micro_batches(rows, sorted(mine), lengths, cfg, logprob_size), sum(lengths))
+
+
+def micro_batch(plan: Plan, rows: list[int], adv: torch.Tensor, old: torch.Tensor, pad_id: int,
+                device: torch.device) -> MicroBatch:
+    """The padded tensors of ``rows`` (a zero-weight one for ``[]``) on ``device``."""
+    micro = collate(plan.rows, rows, adv, old, pad_id) if rows else padding_micro(pad_id)
+    return micro.to(device)
+
+
+@torch.no_grad()
+def local_pass(fn: Callable[[MicroBatch], torch.Tensor], plan: Plan, pad_id: int,
+               device: torch.device) -> torch.Tensor:
+    """``[N, R]`` of ``fn`` (log-probs, or the critic's values) on this rank's rows (others 0),
+    one micro-batch at a time."""
+    out = torch.zeros_like(plan.rows.response_mask)  # [N, R]
+    zeros = torch.zeros_like(out)
+    for rows in plan.logprob_rows:
+        micro = micro_batch(plan, rows, zeros, zeros, pad_id, device)
+        values = fn(micro).float().cpu()  # [B, R_micro]
+        for j, row in enumerate(rows):
+            out[row, :values.shape[1]] = values[j]
+    return out
+
+
+def gather_rows(plan: Plan, local: torch.Tensor) -> torch.Tensor:
+    """``[N, R]`` with every rank's rows of ``local`` (a :func:`local_pass` result) filled in."""
+    mine = plan.local_rows
+    out = torch.zeros_like(local)  # [N, R]
+    for rows, part in dse.all_gather_objects((mine, local[mine])):
+        out[rows] = part
+    return out
