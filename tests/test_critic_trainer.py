@@ -154,7 +154,7 @@ PPO = {"algorithm": {"algorithm_type": "ppo", "repeat_times": 2, "optimizer": {"
                      "advantage_fn_args": {"gamma": 1.0, "lam": 0.95}},
        "trainer": {"zero_stage": 2, "precision": "fp32", "save_interval": 0, "use_dynamic_bsz": True,
                    "max_token_len_per_gpu": 40, "save_hf_checkpoint": "never",
-                   "trainer_config": {"critic": {"optim": {"lr": 1e-2}, "ppo_micro_batch_size_per_gpu": 2},
+                   "trainer_config": {"critic": {"optim": {"lr": 2e-3}, "ppo_micro_batch_size_per_gpu": 2},
                                       "trainer": {"critic_warmup": 1}}}}
 
 

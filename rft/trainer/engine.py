@@ -49,6 +49,7 @@ from rft.trainer.lr_schedule import lr_multiplier, warmup_steps  # noqa: E402
 log = logging.getLogger("rft.trainer")
 
 PUBLISH_SHARD_BYTES = 5 << 30  # weight files of a published folder: at most this each
+VALUE_HEAD_SEED = 0  # a critic's new value head is the same in every run (and on every rank)
 
 
 # ----------------------------------------------------------------------------- distributed
@@ -171,12 +172,16 @@ def _load_model(path: str, dtype: torch.dtype, config: dict[str, Any], *, value_
     """HF ``from_pretrained`` (a causal LM, or with ``value_head`` a token-classification model
     with one label: a critic); under ZeRO-3 with ``HfDeepSpeedConfig`` alive (partitioned load
     with real weights; ``deepspeed.zero.Init`` alone would skip HF's weight loading)."""
-    from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
     from transformers.integrations import HfDeepSpeedConfig
 
     keep_alive = HfDeepSpeedConfig(config) if config["zero_optimization"]["stage"] == 3 else None
     if value_head:  # veRL's critic: the LM body plus a freshly initialised score head [H, 1]
-        model = AutoModelForTokenClassification.from_pretrained(path, dtype=dtype, num_labels=1)
+        with torch.random.fork_rng(devices=[]):  # the run's own random state is left as it was
+            torch.manual_seed(VALUE_HEAD_SEED)
+            head_config = AutoConfig.from_pretrained(path, num_labels=1)
+            head_config.classifier_dropout = 0.0  # transformers' default before the head is 0.1; veRL's 0
+            model = AutoModelForTokenClassification.from_pretrained(path, dtype=dtype, config=head_config)
     else:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     model.config.use_cache = False
@@ -377,6 +382,7 @@ def without_tied_duplicates(state_dict: dict[str, torch.Tensor]) -> dict[str, to
 def save_hf_config(actor: Actor, folder: Path) -> None:
     """The model's ``config.json`` (and generation config) into ``folder``."""
     module = actor.module
+    module.config.architectures = [type(module).__name__]  # as save_pretrained records it (a critic's head)
     module.config.save_pretrained(folder)
     if getattr(module, "generation_config", None) is not None:
         module.generation_config.save_pretrained(folder)
