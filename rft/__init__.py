@@ -16,13 +16,13 @@ One subpackage per role, lowest layer first (a module imports only its layer and
 
     errors, atomic      exceptions and exit codes; temp + fsync + rename publishing
     rundir, placement   every run-directory name; GPUs per role, ranks, rendezvous ports
-    config/             schema, load (YAML, overrides, stages), rules (every cross-field check)
+    config/             schema, load (YAML, overrides, stages), rules (every cross-field check), auxiliary
     data, models        datasets (one loader, columns, chat messages, the step count); model folders
     sync, monitor       weights versions and their schedule, heartbeats; metrics and their names
     entry               the commands' shared argparse / logging / error handling
     algo/               names, advantages, losses (pure torch), registry
     buffer/             experience records, sealed segments, SQLite
-    explorer/           loop, tasksets, workflows, rewards, engine (the only vllm import), bench
+    explorer/           loop, tasksets, workflows, rewards, reward_model, engine (the only vllm import), bench
     trainer/            loop, step, batching, inputs, state, engine (the only deepspeed import)
     convert/            rft-convert: DeepSpeed/FSDP checkpoints -> safetensors
     launch/, status     rft-run, rft-launch, rft-add-explorer (preflight, local, slurm, worker); rft-status

@@ -7,9 +7,14 @@ This machine reaches no model hub, so real and test models come from packages:
   files with the chat template, generation_config.json) that vLLM, transformers and DeepSpeed
   load like any other;
 - :func:`make_tiny_model` builds a tiny randomly initialised causal LM (Llama, Qwen2 or
-  GPT-NeoX layout) with SmolLM2's real tokenizer, for fast tests;
+  GPT-NeoX layout) with SmolLM2's real tokenizer, for fast tests; :func:`make_tiny_reward_model`
+  the same with a score head (``LlamaForSequenceClassification``, one label);
 - :func:`check_model_dir` validates a model folder before anything is queued
-  (``rft-run --dry-run``) and says what to do when it is not usable.
+  (``rft-run --dry-run``) and says what to do when it is not usable;
+  :func:`check_reward_model_dir` a reward model's (``explorer.auxiliary_models``: a score
+  head, one label, a chat template) and :func:`check_critic_dir` a critic's (a type
+  transformers loads with a value head, the policy's vocabulary). They read files only, except
+  the critic check, which reads transformers' model table and both tokenizers.
 
 Folders are built under a temporary name and published by rename (:mod:`rft.atomic`): a
 folder that exists is complete, and building one again is a no-op.
@@ -27,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from rft.atomic import publish_dir, tmp_name
-from rft.errors import CheckpointError, DataError
+from rft.errors import CheckpointError, ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +43,8 @@ TOKENIZER_CORE_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
                    "chat_template.jinja", "chat_template.json")
+CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
+SEQUENCE_CLASSIFICATION_SUFFIX = "ForSequenceClassification"  # a reward model's architecture
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 
@@ -63,20 +70,22 @@ class ModelDirInfo:
 # ----------------------------------------------------------------------------- checks
 
 
-def check_model_dir(path: Path | str, *, need_weights: bool = True) -> ModelDirInfo:
+def check_model_dir(path: Path | str, *, need_weights: bool = True,
+                    key: str = "model.model_path") -> ModelDirInfo:
     """Validate a Hugging Face model folder: config.json, tokenizer files and (optionally) weights.
 
+    ``key``: the config key that names the folder (messages say to set it).
     Raises CheckpointError (config/weights) or DataError (tokenizer) saying what to do.
     """
     path = Path(path)
     if path.is_file():
-        raise CheckpointError(f"model folder {path} is a file, not a folder; set model.model_path to the "
+        raise CheckpointError(f"model folder {path} is a file, not a folder; set {key} to the "
                               f"Hugging Face model folder that holds config.json, the tokenizer and the "
                               f"weights (perhaps {path.parent})")
     if not path.is_dir():
-        raise CheckpointError(f"model folder {path} does not exist; set model.model_path to a Hugging Face "
+        raise CheckpointError(f"model folder {path} does not exist; set {key} to a Hugging Face "
                               "model folder (rft.models.materialize_smollm2 makes one for SmolLM2-135M)")
-    config = _read_config(path)
+    config = read_config(path, key)
     if not has_tokenizer(path):
         raise DataError(f"{path} has no tokenizer (none of {', '.join(TOKENIZER_CORE_FILES)}); copy the tokenizer "
                         "files of the base model into it (AutoTokenizer.save_pretrained)")
@@ -98,14 +107,16 @@ def tokenizer_files(model_path: Path | str) -> list[Path]:
     return [Path(model_path) / n for n in TOKENIZER_FILES if (Path(model_path) / n).is_file()]
 
 
-def _read_config(path: Path) -> dict:
+def read_config(path: Path | str, key: str = "model.model_path") -> dict:
+    """A model folder's config.json as a dict (CheckpointError saying what to do if unusable)."""
+    path = Path(path)
     cfg = path / "config.json"
     if not cfg.is_file():
         hint = ("it holds a .gguf file: make an HF folder with rft.models.materialize_smollm2"
                 if list(path.glob("*.gguf")) else
                 "it looks like a training checkpoint: run bin/rft-convert and use its huggingface/ folder"
                 if list(path.glob("*model_states.pt")) or (path / "actor").is_dir() else
-                "point model.model_path at a Hugging Face model folder")
+                f"point {key} at a Hugging Face model folder")
         raise CheckpointError(f"{path} has no config.json: {hint}")
     try:
         config = json.loads(cfg.read_text())
@@ -114,6 +125,86 @@ def _read_config(path: Path) -> dict:
     if "model_type" not in config:
         raise CheckpointError(f"{cfg} has no model_type; it is not a transformers config")
     return config
+
+
+def has_chat_template(folder: Path | str) -> bool:
+    """Whether the tokenizer in ``folder`` has a chat template (a chat_template.jinja/.json file,
+    or ``chat_template`` in tokenizer_config.json)."""
+    folder = Path(folder)
+    if any((folder / name).is_file() for name in CHAT_TEMPLATE_FILES):
+        return True
+    try:
+        return bool(json.loads((folder / "tokenizer_config.json").read_text()).get("chat_template"))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def num_labels(config: dict) -> int:
+    """Outputs of a classification head, as transformers reads config.json (``id2label``, else
+    ``num_labels``, else its default 2)."""
+    if config.get("id2label"):
+        return len(config["id2label"])
+    return int(config.get("num_labels") or 2)
+
+
+def check_reward_model_dir(path: Path | str,
+                           key: str = "explorer.auxiliary_models[0].model_path") -> ModelDirInfo:
+    """A reward model folder: a usable model folder whose ``architectures`` name a
+    ``*ForSequenceClassification`` class with one label (a scalar score), and whose tokenizer
+    has a chat template (conversations are rendered with it). ``key`` names the config key."""
+    info = check_model_dir(path, key=key)
+    if not any(a.endswith(SEQUENCE_CLASSIFICATION_SUFFIX) for a in info.architectures):
+        names = info.architectures or "no architectures"
+        raise ConfigError(f"{key}={str(path)!r}: config.json names {names}, "
+                          f"not a *{SEQUENCE_CLASSIFICATION_SUFFIX} model. rft serves auxiliary models as "
+                          "reward models with a score head; LLM-as-a-judge workflows are not supported. "
+                          "Point it at a reward model folder (e.g. FsfairX-LLaMA3-RM, Skywork-Reward) "
+                          "or use a reward function (default_reward_fn_type)")
+    labels = num_labels(read_config(info.path, key))
+    if labels != 1:
+        raise ConfigError(f"{key}={str(path)!r}: its score head has {labels} labels; a reward model "
+                          "gives one score per conversation (num_labels 1), so this is a classifier, "
+                          "not a reward model")
+    if not has_chat_template(info.path):
+        raise DataError(f"{key}={str(path)!r}: its tokenizer has no chat template, and rft renders each "
+                        "conversation with the reward model's own template; copy chat_template.jinja "
+                        "(or tokenizer_config.json's chat_template) from the reward model's release")
+    return info
+
+
+def tokenizer_length(folder: Path | str) -> int:
+    """Token ids the tokenizer in ``folder`` can produce (its vocabulary and added tokens)."""
+    from transformers import AutoTokenizer
+
+    return len(AutoTokenizer.from_pretrained(str(folder)))
+
+
+def check_critic_dir(path: Path | str, policy_path: Path | str,
+                     key: str = "model.critic_model_path") -> ModelDirInfo:
+    """A critic folder: a usable model folder whose ``model_type`` transformers loads with a
+    value head (``AutoModelForTokenClassification``), reading the policy's token ids: its
+    tokenizer as long as the policy's and its ``vocab_size`` at least that long."""
+    from transformers.models.auto.modeling_auto import (
+        MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
+    )
+
+    info = check_model_dir(path, key=key)
+    if info.model_type not in MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES:
+        raise ConfigError(f"{key}={str(path)!r}: model_type {info.model_type!r} has no token-"
+                          "classification class in transformers (AutoModelForTokenClassification, "
+                          "the critic's value head); use a critic of a type that has one, e.g. "
+                          "llama, qwen2, mistral (the policy's own folder is the default)")
+    if Path(path).resolve() == Path(policy_path).resolve():
+        return info
+    policy_len, critic_len = tokenizer_length(policy_path), tokenizer_length(path)
+    if critic_len != policy_len or (info.vocab_size is not None and info.vocab_size < policy_len):
+        raise ConfigError(f"{key}={str(path)!r}: the critic's vocabulary (tokenizer {critic_len} tokens, "
+                          f"config vocab_size {info.vocab_size}) does not match the policy's "
+                          f"model.model_path={str(policy_path)!r} (tokenizer {policy_len} tokens): the "
+                          "critic reads the policy's token ids; use a critic built from the policy's "
+                          "base model (same tokenizer), or unset model.critic_model_path to start it "
+                          "from the policy's weights")
+    return info
 
 
 def _complete(path: Path) -> bool:
@@ -232,20 +323,53 @@ def make_tiny_model(out_dir: Path | str, *, hidden_size: int = 64, num_layers: i
     out_dir = Path(out_dir)
     if _complete(out_dir):
         return out_dir
-    if arch not in TINY_ARCHS:
-        raise ValueError(f"arch {arch!r} is not one of {sorted(TINY_ARCHS)}")
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir)) if tokenizer_dir else load_smollm2_tokenizer()
-    config = AutoConfig.for_model(
-        arch, vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_layers, max_position_embeddings=1024, tie_word_embeddings=tie_word_embeddings,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-        **TINY_ARCHS[arch])
+    tok, config = _tiny_config(arch, tokenizer_dir, hidden_size=hidden_size, num_hidden_layers=num_layers,
+                               tie_word_embeddings=tie_word_embeddings)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    _publish_tiny(model, tok, out_dir, arch)
+    return out_dir
+
+
+def make_tiny_reward_model(out_dir: Path | str, *, hidden_size: int = 64, num_layers: int = 2,
+                           arch: str = "llama", seed: int = 0,
+                           tokenizer_dir: Path | str | None = None) -> Path:
+    """A tiny random reward model (``<Arch>ForSequenceClassification``, one label, the pad token
+    set) with SmolLM2's tokenizer and chat template, saved as an HF folder (no-op if present)."""
+    out_dir = Path(out_dir)
+    if _complete(out_dir):
+        return out_dir
+    import torch
+    from transformers import AutoModelForSequenceClassification
+
+    tok, config = _tiny_config(arch, tokenizer_dir, hidden_size=hidden_size, num_hidden_layers=num_layers,
+                               tie_word_embeddings=False, num_labels=1)
+    torch.manual_seed(seed)
+    model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
+    _publish_tiny(model, tok, out_dir, arch)
+    return out_dir
+
+
+def _tiny_config(arch: str, tokenizer_dir: Path | str | None, **fields: Any) -> tuple[Any, Any]:
+    """SmolLM2's tokenizer and a tiny ``arch`` config sized by ``fields``."""
+    if arch not in TINY_ARCHS:
+        raise ValueError(f"arch {arch!r} is not one of {sorted(TINY_ARCHS)}")
+    from transformers import AutoConfig, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir)) if tokenizer_dir else load_smollm2_tokenizer()
+    hidden = fields.pop("hidden_size")
+    config = AutoConfig.for_model(
+        arch, vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
+        max_position_embeddings=1024, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id, **fields, **TINY_ARCHS[arch])
+    return tok, config
+
+
+def _publish_tiny(model: Any, tok: Any, out_dir: Path, arch: str) -> None:
     extra = {"rope_theta": TINY_ARCHS[arch]["rope_theta"]} if "rope_theta" in TINY_ARCHS[arch] else {}
     _publish_model(model, tok, out_dir, extra)
-    log.info("tiny %s model (%d params) at %s", arch, sum(p.numel() for p in model.parameters()), out_dir)
-    return out_dir
+    log.info("tiny %s %s (%d params) at %s", arch, type(model).__name__,
+             sum(p.numel() for p in model.parameters()), out_dir)

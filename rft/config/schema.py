@@ -27,7 +27,7 @@ from rft.config.names import (
     SAMPLE_STRATEGIES,
 )
 from rft.config.typed_dict import field
-from rft.placement import GpuSplit, gpu_split
+from rft.placement import GpuSplit, auxiliary_gpus, gpu_split
 
 Mode = Literal["both", "explore", "train", "bench"]
 AlgorithmType = Literal[ALGORITHM_TYPES]
@@ -396,7 +396,8 @@ class Config:
         rollout = self.explorer.rollout_model
         return gpu_split(mode or self.mode, node_num=self.cluster.node_num,
                          gpu_per_node=self.cluster.gpu_per_node, engine_num=rollout.engine_num,
-                         tensor_parallel_size=rollout.tensor_parallel_size)
+                         tensor_parallel_size=rollout.tensor_parallel_size,
+                         auxiliary_gpus=auxiliary_gpus(self.explorer.auxiliary_models))
 
     def training_tasksets(self) -> list[TasksetConfig]:
         """The training tasksets, whether written as ``taskset`` or ``tasksets``."""

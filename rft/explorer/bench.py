@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
+from typing import Sequence
 
 from rft.config.load import load_config
 from rft.config.schema import Config
@@ -23,6 +24,7 @@ from rft.entry import config_parser, run_command, setup_logging
 from rft.errors import ConfigError, RftError
 from rft.explorer import loop as X
 from rft.explorer import tasksets as T
+from rft.explorer.reward_model import RewardModel, load_reward_models
 from rft.explorer.rewards import answer_extractor
 from rft.models import check_model_dir
 from rft.monitor import Monitor
@@ -83,11 +85,11 @@ def _loadable(folder: Path) -> bool:
 
 
 def evaluate_checkpoint(cfg: Config, engine: X.Engine, eval_sets: list[T.Taskset],
-                        step: int) -> dict[str, float]:
+                        step: int, reward_models: Sequence[RewardModel] = ()) -> dict[str, float]:
     metrics: dict[str, float] = {}
     for ts in eval_sets:
         items = [(i, T.Task(0, i, 0)) for i in range(len(ts))]
-        exps, _ = X.rollout(cfg, engine, [ts], items, step, step, "bench")
+        exps, _ = X.rollout(cfg, engine, [ts], items, step, step, "bench", reward_models)
         groups = [[e for e in exps if e.group_id == g] for g in dict.fromkeys(e.group_id for e in exps)]
         metrics.update(X.eval_taskset_metrics(ts.name, ts.sampling.n, groups))
     return metrics
@@ -129,6 +131,7 @@ def run_bench(cfg: Config) -> str:
     for name, extractor in extractors.items():
         log.info("%s: answer extractor: %s", name, extractor)
     engine = X.Engine(cfg)
+    reward_models = load_reward_models(cfg)
     loaded = Path(cfg.model.model_path)  # the engine starts on it: the base needs no reload
     rows = []
     with Monitor(cfg.run_dir, "bench", monitor_type=cfg.monitor.monitor_type,
@@ -137,7 +140,7 @@ def run_bench(cfg: Config) -> str:
             if not _same_folder(folder, loaded):
                 engine.reload(folder)
                 loaded = folder
-            metrics = evaluate_checkpoint(cfg, engine, eval_sets, step)
+            metrics = evaluate_checkpoint(cfg, engine, eval_sets, step, reward_models)
             monitor.log(step, metrics)
             rows.append((label, metrics))
     return format_table(rows, extractors)

@@ -4,10 +4,11 @@ One explorer task (process) owns one vLLM engine (:mod:`rft.explorer.engine`). D
 training tasksets (:mod:`rft.explorer.tasksets`), the trainer's published weights (``weights/vNNNNNN``
 through :class:`rft.sync.WeightsWatcher`). Data out: per step one sealed buffer segment
 ``buffer/<explorer.name>-<rank>/seg-<step>.jsonl`` (experiences with token ids, logprobs,
-reward and its parts, the weights version), the heartbeat ``explorers/<writer>.json``, the task
-cursor in ``explorer_meta.json``, and metrics (role ``explorer_<name>``, or
-``explorer_<name>-<rank>`` for ranks > 0) on the monitor. Evaluation results go to the
-monitor only, never to the buffer.
+reward and its parts, the weights version; with ``explorer.auxiliary_models`` the reward
+models' scores are parts too, :mod:`rft.explorer.reward_model`), the heartbeat
+``explorers/<writer>.json``, the task cursor in ``explorer_meta.json``, and metrics (role
+``explorer_<name>``, or ``explorer_<name>-<rank>`` for ranks > 0) on the monitor. Evaluation
+results go to the monitor only, never to the buffer.
 
 Steps are numbered from 1; step s is sealed as segment seq s. Weights version v is the trainer
 step that produced them; version 0 is ``model.model_path``. Before generating step s:
@@ -39,7 +40,7 @@ import signal
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 from rft import atomic
 from rft.buffer.experience import Experience
@@ -50,6 +51,7 @@ from rft.errors import EXIT_OK, ConfigError, SyncTimeoutError
 from rft.explorer import tasksets as T
 from rft.explorer.engine import Engine, Sample
 from rft.explorer.receiver import BroadcastReceiver
+from rft.explorer.reward_model import RewardModel, conversation, load_reward_models
 from rft.monitor import (
     ACCURACY,
     EVAL_WEIGHTS_VERSION,
@@ -148,6 +150,7 @@ def run_explorer(cfg: Config, engine: Engine | None = None, *, env: dict[str, st
     engine = engine or Engine(cfg)
     if engine.weights_path != cfg.model.model_path:
         engine.reload(cfg.model.model_path)  # a reused engine left with other weights
+    reward_models = load_reward_models(cfg)  # after vLLM started: this process touches CUDA only now
     receiver = BroadcastReceiver(run_dir, place.writer, engine,
                                  cfg.explorer.rollout_model.tensor_parallel_size,
                                  cfg.synchronizer.sync_timeout) if nccl else None
@@ -159,7 +162,7 @@ def run_explorer(cfg: Config, engine: Engine | None = None, *, env: dict[str, st
         """:func:`evaluate`, said in the heartbeat while it runs (a launcher waits for it)."""
         heartbeat.beat(**{EVALUATING_FIELD: True})
         try:
-            return evaluate(cfg, engine, eval_sets, monitor, step, watcher)
+            return evaluate(cfg, engine, eval_sets, monitor, step, watcher, reward_models)
         finally:
             heartbeat.beat(**{EVALUATING_FIELD: False})
     try:
@@ -174,7 +177,8 @@ def run_explorer(cfg: Config, engine: Engine | None = None, *, env: dict[str, st
             version, reload_s, wait_s = sync_weights(engine, watcher, need, sync.sync_timeout,
                                                      receiver, lead_key)
             share = T.rank_share(stream.next_batch(cursor), place.rank, place.count)
-            exps, stats = rollout(cfg, engine, train_sets, share, step, version, place.writer)
+            exps, stats = rollout(cfg, engine, train_sets, share, step, version, place.writer,
+                                  reward_models)
             writer.write(exps, seq=step)
             T.save_cursor(run_dir, place.name, place.rank, place.count, cursor)
             heartbeat.beat(steps_done=step, tasks_done=heartbeat.fields["tasks_done"] + len(share))
@@ -324,29 +328,58 @@ def generate(engine: Engine, jobs: list[PromptJob]) -> tuple[list[list[Sample]],
 
 
 def score(job: PromptJob, sample: Sample) -> dict[str, float]:
+    """The rule reward's parts of one sample (the workflow's reward function)."""
     fmt = job.taskset.config.format
     truth = job.taskset.workflow.ground_truth(job.row, fmt)
     return job.taskset.workflow.score(sample.text, truth, fmt.reply_prefix)
 
 
+def score_all(jobs: list[PromptJob], groups: list[list[Sample]], reward_models: Sequence[RewardModel] = (),
+              ) -> tuple[list[list[tuple[float, dict[str, float]]]], dict[str, float]]:
+    """(reward, parts) of every sample, grouped as ``groups``: the rule's parts, and with reward
+    models their scores, each model scoring all the samples in one call; combined by the
+    taskset's weights (:meth:`rft.explorer.workflows.Workflow.reward`)."""
+    flat = [(job, sample) for job, group in zip(jobs, groups) for sample in group]
+    scores: list[list[float]] = [[] for _ in flat]
+    stats: dict[str, float] = {}
+    if reward_models and flat:
+        start = time.monotonic()
+        prompts = {id(job): job.taskset.workflow.build_messages(job.row, job.taskset.config.format)
+                   for job in jobs}
+        conversations = [conversation(prompts[id(job)], sample.text) for job, sample in flat]
+        for model in reward_models:
+            for mine, value in zip(scores, model.score(conversations)):
+                mine.append(value)
+        stats = {"reward_model_time_s": time.monotonic() - start,
+                 "reward_model_truncated": sum(m.last_truncated for m in reward_models)}
+    rewards = [job.taskset.workflow.reward(score(job, sample), mine)
+               for (job, sample), mine in zip(flat, scores)]
+    out, first = [], 0
+    for group in groups:
+        out.append(rewards[first:first + len(group)])
+        first += len(group)
+    return out, stats
+
+
 def rollout(cfg: Config, engine: Engine, tasksets: list[T.Taskset], items: list[tuple[int, T.Task]],
-            step: int, version: int, writer: str) -> tuple[list[Experience], dict[str, float]]:
+            step: int, version: int, writer: str, reward_models: Sequence[RewardModel] = (),
+            ) -> tuple[list[Experience], dict[str, float]]:
     """Generate and score this task's share of a step: experiences (groups adjacent) + stats."""
     jobs, counts = build_prompts(cfg, engine.tokenizer, items, tasksets)
     groups, stats = generate(engine, jobs)
+    rewards, score_stats = score_all(jobs, groups, reward_models)
     exps = []
-    for job, group in zip(jobs, groups):
+    for job, group, group_rewards in zip(jobs, groups, rewards):
         group_id = f"{writer}:{step}:{job.slot}"
-        for sample in group:
-            parts = score(job, sample)
+        for sample, (reward, parts) in zip(group, group_rewards):
             exps.append(Experience(
                 task_id=f"{job.taskset.name}/{job.task.index}", group_id=group_id,
                 prompt_ids=sample.prompt_ids, response_ids=sample.response_ids,
-                logprobs=sample.logprobs, reward=float(sum(parts.values())), reward_parts=parts,
+                logprobs=sample.logprobs, reward=reward, reward_parts=parts,
                 model_version=version, temperature=job.taskset.sampling.temperature,
                 truncated=sample.truncated, response_text=sample.text,
                 info={"step": step, "epoch": job.task.epoch, "taskset": job.taskset.name}))
-    return exps, {**counts, **stats, "tasks": len(items)}
+    return exps, {**counts, **stats, **score_stats, "tasks": len(items)}
 
 
 # ----------------------------------------------------------------------------- metrics, eval
@@ -388,14 +421,15 @@ def eval_taskset_metrics(name: str, k: int, groups: list[list[Experience]]) -> d
 
 
 def evaluate(cfg: Config, engine: Engine, eval_sets: list[T.Taskset], monitor: Monitor,
-             step: int, watcher: WeightsWatcher) -> dict[str, Any]:
+             step: int, watcher: WeightsWatcher,
+             reward_models: Sequence[RewardModel] = ()) -> dict[str, Any]:
     """Every row of every eval taskset with its rollout_args; metrics to the monitor only."""
     version = watcher.loaded_version or 0
     metrics: dict[str, Any] = {EVAL_WEIGHTS_VERSION: version}
     start = time.monotonic()
     for ts in eval_sets:
         items = [(i, T.Task(0, i, 0)) for i in range(len(ts))]
-        exps, _ = rollout(cfg, engine, [ts], items, step, version, "eval")
+        exps, _ = rollout(cfg, engine, [ts], items, step, version, "eval", reward_models)
         groups = [[e for e in exps if e.group_id == g] for g in dict.fromkeys(e.group_id for e in exps)]
         metrics.update(eval_taskset_metrics(ts.name, ts.sampling.n, groups))
     metrics["eval/time_s"] = time.monotonic() - start

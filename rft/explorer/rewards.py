@@ -1,7 +1,9 @@
 """Reward functions: a response and a ground truth (strings) -> named reward parts (floats).
 
 A reward function is ``fn(response: str, truth: str, **args) -> dict[str, float]``; the reward
-of an experience is the sum of its parts, and the parts are stored with it for metrics.
+of an experience is the sum of its parts, and the parts are stored with it for metrics. With
+reward models (``explorer.auxiliary_models``, :mod:`rft.explorer.reward_model`) their scores
+are parts too, and :func:`combine_reward` weighs the two sources.
 Built-ins (``REWARD_FNS``, Trinity-RFT's names):
 
 - ``math_reward``: ``accuracy`` 1.0 if the last ``<answer>...</answer>`` equals the truth, else
@@ -35,7 +37,7 @@ import logging
 import re
 import threading
 from fractions import Fraction
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from rft.errors import ConfigError, did_you_mean
 
@@ -273,6 +275,32 @@ def answer_extractor(fn: RewardFn) -> str:
 def total_reward(parts: Mapping[str, float]) -> float:
     """The scalar reward: the sum of the parts."""
     return float(sum(parts.values()))
+
+
+REWARD_MODEL_PART = "reward_model"  # part name of a reward model's score (one model)
+
+
+def reward_model_part_names(count: int) -> list[str]:
+    """Part names of ``count`` reward models' scores: ``reward_model`` for one,
+    ``reward_model_0``, ``reward_model_1``... for several (config order)."""
+    return [REWARD_MODEL_PART] if count == 1 else [f"{REWARD_MODEL_PART}_{i}" for i in range(count)]
+
+
+def combine_reward(rule_parts: Mapping[str, float], model_scores: Sequence[float],
+                   rule_weight: float = 1.0, reward_model_weight: float = 1.0) -> tuple[float, RewardParts]:
+    """The reward of a sample scored by a rule and by reward models, and all its parts.
+
+    reward = rule_weight * sum(rule parts) + reward_model_weight * sum(model scores); the parts
+    are the rule's as it returned them plus each model's raw score
+    (:func:`reward_model_part_names`). Without model scores this is :func:`total_reward`.
+    """
+    names = reward_model_part_names(len(model_scores)) if model_scores else []
+    clash = sorted(set(names) & set(rule_parts))
+    if clash:
+        raise ConfigError(f"the rule reward returned part(s) {clash}, the name(s) of the reward "
+                          "model scores (explorer.auxiliary_models); rename them in the reward function")
+    reward = rule_weight * total_reward(rule_parts) + reward_model_weight * float(sum(model_scores))
+    return float(reward), {**rule_parts, **{n: float(s) for n, s in zip(names, model_scores)}}
 
 
 # ----------------------------------------------------------------------------- resolution

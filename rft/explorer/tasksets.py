@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from rft import atomic, data
+from rft.config.auxiliary import split_reward_weights
 from rft.config.rules import taskset_temperature
 from rft.config.schema import Config, TasksetConfig
 from rft.data import planned_steps
@@ -80,14 +81,18 @@ class Taskset:
 
 def taskset_workflow(cfg: Config, ts: TasksetConfig, label: str, is_eval: bool) -> Workflow:
     """The taskset's workflow with its reward function and ``reward_fn_args`` bound (preflight
-    calls this too, so a misspelt name fails on the login node); ConfigError naming ``label``."""
+    calls this too, so a misspelt name fails on the login node); ConfigError naming ``label``.
+    ``rule_weight``/``reward_model_weight`` are taken out of ``reward_fn_args`` first: they weigh
+    the rule against ``explorer.auxiliary_models`` (:mod:`rft.config.auxiliary`)."""
     inputs = cfg.buffer.explorer_input
     default_wf = (inputs.default_eval_workflow_type or inputs.default_workflow_type) if is_eval \
         else inputs.default_workflow_type
     wf_name = ts.default_workflow_type or default_wf or "simple_workflow"
     reward = ts.default_reward_fn_type or inputs.default_reward_fn_type
+    weights, rule_args = split_reward_weights(ts.reward_fn_args, len(cfg.explorer.auxiliary_models),
+                                              f"{label}.reward_fn_args")
     try:
-        return get_workflow(wf_name, reward, ts.reward_fn_args or None)
+        return get_workflow(wf_name, reward, rule_args or None, weights)
     except ConfigError as e:
         raise ConfigError(f"{label}: {e}") from e
 

@@ -4,8 +4,9 @@ Data in: a task row (a dict from the taskset, one row of a HF dataset) and the t
 format config (``prompt_key``, ``response_key``, ``messages_key``, ``system_prompt``,
 ``reply_prefix``: ``rft.config.FormatConfig`` or any mapping/object with those names).
 Data out: ``build_messages`` -> ``[{"role", "content"}, ...]`` for the chat template;
-``ground_truth`` -> the reference answer string; ``score`` -> reward parts (floats, summed into
-the reward).
+``ground_truth`` -> the reference answer string; ``score`` -> the rule's reward parts (floats);
+``reward`` -> the scalar reward and all parts, the rule's combined with reward model scores
+(weights from ``reward_fn_args``: :mod:`rft.config.auxiliary`).
 
 When ``reply_prefix`` is set, the last message is ``{"role": "assistant", "content":
 reply_prefix}``: a reply the model continues (render it with ``continue_final_message=True``),
@@ -23,13 +24,15 @@ Built-ins (``WORKFLOWS``, Trinity-RFT's names):
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
+from rft.config.auxiliary import RewardWeights
 from rft.data import Messages, chat_messages, column, format_field
 from rft.errors import ConfigError, did_you_mean
 from rft.explorer.rewards import (
     RewardFn,
     RewardParts,
+    combine_reward,
     extract_ground_truth,
     get_reward_fn,
 )
@@ -53,6 +56,7 @@ class Workflow:
     name: str
     system_prompt: str | None  # used when the format config sets none
     reward_fn: RewardFn  # fn(response, truth) -> reward parts
+    reward_weights: RewardWeights = RewardWeights()  # rule vs reward model scores
 
     def build_messages(self, row: Mapping[str, Any], fmt: Any) -> Messages:
         """Chat messages for generating a reply to ``row`` (:func:`rft.data.chat_messages`)."""
@@ -66,6 +70,13 @@ class Workflow:
         """Reward parts of a generated ``response`` (without the prefix) against ``truth``."""
         return self.reward_fn((reply_prefix or "") + response, truth)
 
+    def reward(self, rule_parts: RewardParts,
+               model_scores: Sequence[float] = ()) -> tuple[float, RewardParts]:
+        """The scalar reward and every part: :func:`~rft.explorer.rewards.combine_reward` with
+        this workflow's weights (``model_scores``: one per reward model, config order)."""
+        w = self.reward_weights
+        return combine_reward(rule_parts, model_scores, w.rule_weight, w.reward_model_weight)
+
 
 _BUILTIN = {
     "math_workflow": (MATH_SYSTEM_PROMPT, "math_reward"),
@@ -76,12 +87,15 @@ WORKFLOWS: tuple[str, ...] = tuple(_BUILTIN)
 
 
 def get_workflow(
-    name: str, reward_fn: str | None = None, reward_fn_args: Mapping[str, Any] | None = None
+    name: str, reward_fn: str | None = None, reward_fn_args: Mapping[str, Any] | None = None,
+    reward_weights: RewardWeights = RewardWeights(),
 ) -> Workflow:
     """The workflow ``name``; ``reward_fn`` (built-in name or ``package.module:function``)
-    replaces its default reward, ``reward_fn_args`` are bound to the reward function."""
+    replaces its default reward, ``reward_fn_args`` are bound to the reward function (without
+    the reward weights: :func:`rft.config.auxiliary.split_reward_weights`)."""
     if name not in _BUILTIN:
         raise ConfigError(f"workflow {name!r} is not one of {list(WORKFLOWS)}."
                           f"{did_you_mean(name, WORKFLOWS)}")
     system_prompt, default_reward = _BUILTIN[name]
-    return Workflow(name, system_prompt, get_reward_fn(reward_fn or default_reward, reward_fn_args))
+    return Workflow(name, system_prompt, get_reward_fn(reward_fn or default_reward, reward_fn_args),
+                    reward_weights)

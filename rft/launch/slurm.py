@@ -4,8 +4,9 @@ Input: a checked :class:`~rft.config.Config`, the config file and overrides the 
 Output: an sbatch script (``--dry-run`` prints it) and, when submitted, the job id.
 
 ``mode: both`` is one heterogeneous job: component 0 runs the explorer tasks (one per vLLM
-engine, ``tensor_parallel_size`` GPUs each), component 1 the trainer ranks (one per remaining
-GPU), each group started by its own ``srun --het-group=N`` line. ``explore`` and ``train`` are
+engine, ``tensor_parallel_size`` GPUs each, plus its reward models' with
+``explorer.auxiliary_models``: :func:`rft.placement.task_gpus`), component 1 the trainer ranks
+(one per remaining GPU), each group started by its own ``srun --het-group=N`` line. ``explore`` and ``train`` are
 one-component jobs (the asynchronous runs and added explorers). ``--signal=USR1@N`` and
 ``--requeue`` are on: the trainer checkpoints on the signal and exits 143, and the script
 requeues the job, which resumes from that checkpoint.
@@ -22,10 +23,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rft import stages
+from rft.config.auxiliary import auxiliary_tp
 from rft.config.schema import Config
 from rft.errors import EXIT_REQUEUE, SlurmError
 from rft.launch.worker import WORKER_MODULE
-from rft.placement import EXPLORER_MODES, TRAINER_MODES
+from rft.placement import EXPLORER_MODES, TRAINER_MODES, task_gpus
 from rft.rundir import LOG_DIR
 
 
@@ -47,8 +49,10 @@ def groups(cfg: Config, mode: str | None = None) -> list[Group]:
     split = cfg.gpu_split(mode)
     out = []
     if mode in EXPLORER_MODES:
-        nodes = math.ceil(split.explorer / gpn) if gpn else 1
-        out.append(Group("explorer", nodes, rollout.engine_num, rollout.tensor_parallel_size if gpn else 0))
+        per_task = task_gpus(rollout.tensor_parallel_size, auxiliary_tp(cfg))
+        # A task's GPUs are on one node (the config rules check per_task <= gpu_per_node).
+        nodes = math.ceil(rollout.engine_num / max(1, gpn // per_task)) if gpn else 1
+        out.append(Group("explorer", nodes, rollout.engine_num, per_task if gpn else 0))
     if mode in TRAINER_MODES:
         if gpn and split.trainer < 1:
             raise SlurmError(f"no GPU left for the trainer: cluster has {split.total}, explorers "

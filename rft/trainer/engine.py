@@ -172,7 +172,11 @@ def _load_model(path: str, dtype: torch.dtype, config: dict[str, Any], *, value_
     """HF ``from_pretrained`` (a causal LM, or with ``value_head`` a token-classification model
     with one label: a critic); under ZeRO-3 with ``HfDeepSpeedConfig`` alive (partitioned load
     with real weights; ``deepspeed.zero.Init`` alone would skip HF's weight loading)."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+    from transformers import (
+        AutoConfig,
+        AutoModelForCausalLM,
+        AutoModelForTokenClassification,
+    )
     from transformers.integrations import HfDeepSpeedConfig
 
     keep_alive = HfDeepSpeedConfig(config) if config["zero_optimization"]["stage"] == 3 else None
