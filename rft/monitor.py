@@ -70,10 +70,15 @@ SYNC_MEMBERS = "sync/members"  # trainer (nccl): explorers in the weight-sync gr
 SYNC_GENERATION = "sync/generation"  # trainer (nccl): the group's generation
 BUFFER_STATS_PREFIX = "buffer/"  # trainer: the buffer reader's counters (ReaderStats.as_dict)
 BUFFER_BACKLOG = f"{BUFFER_STATS_PREFIX}backlog_segments"  # trainer: sealed, not yet consumed
+CRITIC_PREFIX = "critic/"  # trainer (advantage_fn ppo): the critic's metrics
+VALUE_LOSS = f"{CRITIC_PREFIX}value_loss"  # clipped value loss of the critic's updates
+VALUE_CLIP_FRAC = f"{CRITIC_PREFIX}value_clip_frac"  # share of tokens where the value clip bound
+EXPLAINED_VARIANCE = f"{CRITIC_PREFIX}explained_variance"  # of the returns by the step's old values
+VALUES_MEAN = f"{CRITIC_PREFIX}values_mean"  # mean old value over the rollout tokens
 # What rft-run prints per step (the trainer's row merged with the explorer's of that step):
 # the pipeline at a glance, who waits for whom (READ_TIME_S: the trainer for experiences;
 # EXPLORER_WAIT_S: the explorer for weights) and the buffer's backlog.
-PROGRESS_KEYS = (POLICY_LOSS, REWARD_MEAN, ACCURACY, TOKENS_PER_S, WEIGHTS_VERSION,
+PROGRESS_KEYS = (POLICY_LOSS, VALUE_LOSS, REWARD_MEAN, ACCURACY, TOKENS_PER_S, WEIGHTS_VERSION,
                  STALENESS_MEAN, STEP_TIME_S, READ_TIME_S, EXPLORER_WAIT_S, BUFFER_BACKLOG)
 
 

@@ -188,3 +188,30 @@ def test_dry_run_of_the_sft_warmup_stages(tmp_path, monkeypatch, smollm2_dir, ca
     assert "weights via 'nccl' (broadcast from trainer rank 0" in out
     assert "10 (buffer.total_steps)" in out  # the SFT stage's total_steps
     assert f"experience_buffer  {sft} [json]: 1 rows, columns prompt, response" in out
+
+
+def test_dry_run_of_the_ppo_example_with_a_critic_and_a_reward_model(tmp_path, smollm2_dir,
+                                                                       tiny_reward_model_dir, capsys):
+    """Trinity's ppo_example.yaml as printed, its ``$HOME`` paths pointed at local folders:
+    the dry run checks the critic and reward-model folders and plans the 8 GPUs."""
+    data = tmp_path / "gsm8k"
+    data.mkdir()
+    for split in ("train", "test"):
+        (data / f"{split}.jsonl").write_text('{"prompt": "What is 2 + 3?", "answer": "#### 5"}\n')
+    paths = {"model.model_path": smollm2_dir, "model.critic_model_path": smollm2_dir,
+             "explorer.auxiliary_models.0.model_path": tiny_reward_model_dir,
+             "buffer.explorer_input.tasksets.0.path": data, "buffer.explorer_input.tasksets.1.path": data,
+             "buffer.explorer_input.eval_tasksets.0.path": data,
+             "buffer.explorer_input.eval_tasksets.1.path": data, "checkpoint_root_dir": tmp_path}
+    args = ["--config", str(TRINITY / "ppo_example.yaml"), "--dry-run"]
+    code = run_main(args + [f"{key}={value}" for key, value in paths.items()])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "'explorer': 2 vLLM task(s) x TP 1 + 2 for reward models = 4 GPU(s)" in out
+    assert "4 DeepSpeed rank(s)" in out
+    assert f"critic            {smollm2_dir} + a value head" in out
+    assert "reward part 'reward_model'" in out
+    # a reward model without a score head is refused at the dry run, naming the key
+    code = run_main(args + [f"{key}={smollm2_dir if key.startswith('explorer') else value}"
+                            for key, value in paths.items()])
+    assert code == 2 and "explorer.auxiliary_models[0].model_path" in capsys.readouterr().err

@@ -17,13 +17,9 @@ from __future__ import annotations
 
 import torch
 
-Metrics = dict[str, float]
+from rft.monitor import VALUE_CLIP_FRAC, VALUE_LOSS
 
-PREFIX = "critic/"  # the critic's metrics
-VALUE_LOSS = PREFIX + "value_loss"
-VALUE_CLIP_FRAC = PREFIX + "value_clip_frac"
-EXPLAINED_VARIANCE = PREFIX + "explained_variance"
-VALUES_MEAN = PREFIX + "values_mean"
+Metrics = dict[str, float]
 
 
 def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *,

@@ -257,6 +257,13 @@ def _role_lines(cfg: Config, devices: Devices) -> list[tuple[str, str]]:
         per_step = batches.rollouts_per_step(cfg) if batches.splits_steps(cfg) else b.train_batch_size
         lines.append(("trainer", f"{split.trainer} DeepSpeed rank(s), ZeRO-{t.zero_stage}, {t.precision}; "
                       f"{per_step} experiences per step, {batches.describe(cfg)}"))
+        if uses_critic(cfg):
+            critic = t.trainer_config.critic
+            warmup = t.trainer_config.trainer.critic_warmup
+            lines.append(("critic", f"{cfg.model.critic_model_path} + a value head: its own DeepSpeed "
+                          f"engine on the trainer's ranks, lr {critic.optim.lr:g}, cliprange_value "
+                          f"{critic.cliprange_value:g}" + (f"; the first {warmup} step(s) train only "
+                                                           "the critic" if warmup else "")))
     if devices.gpus == 0:
         scorers = (", reward models on CPU in each explorer process"
                    if cfg.mode in ENGINE_MODES and cfg.explorer.auxiliary_models else "")

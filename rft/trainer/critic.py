@@ -14,19 +14,14 @@ from __future__ import annotations
 
 import torch
 
-from rft.algo.critic import (
-    EXPLAINED_VARIANCE,
-    PREFIX,
-    VALUES_MEAN,
-    explained_variance,
-    value_loss,
-)
+from rft.algo.critic import explained_variance, value_loss
+from rft.monitor import CRITIC_PREFIX, EXPLAINED_VARIANCE, VALUES_MEAN
 from rft.trainer import engine as dse
 from rft.trainer.batching import MetricSums, micro_loss_scale
 from rft.trainer.plan import Plan, gather_rows, local_pass, micro_batch
 
-GRAD_NORM = PREFIX + "grad_norm"
-LR = PREFIX + "lr"
+GRAD_NORM = f"{CRITIC_PREFIX}grad_norm"
+LR = f"{CRITIC_PREFIX}lr"
 
 
 def old_values(critic: dse.Actor, plan: Plan, pad_id: int, device: torch.device) -> torch.Tensor:

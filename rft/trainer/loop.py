@@ -249,7 +249,8 @@ def run(cfg: Config) -> int:
         if critic is not None:
             dse.load_checkpoint(critic, step_dir(run_dir, resumed) / CRITIC_DIR)
         ts.load_rng(step_dir(run_dir, resumed) / ACTOR_DIR, rank)
-        log.info("resumed from global_step_%d (weights version %d)", resumed, progress.weights_version)
+        log.info("resumed from global_step_%d (weights version %d)%s", resumed, progress.weights_version,
+                 " with its critic" if critic is not None else "")
     publisher = WeightsPublisher(run_dir, cfg.synchronizer.weights_versions_to_keep,
                                  heartbeat_live_s=cfg.explorer.heartbeat_timeout_s) if rank == 0 else None
     broadcaster = open_broadcaster(cfg, run_dir, info.device) if rank == 0 else None
