@@ -15,7 +15,14 @@ import pytest
 
 from rft.monitor import VALUE_LOSS, read_metrics
 from tests.test_local_run import rft_run
-from tests.test_slurm_e2e import requeue_now, show_logs, submit, trainer_steps, wait_job, wait_until
+from tests.test_slurm_e2e import (
+    requeue_now,
+    show_logs,
+    submit,
+    trainer_steps,
+    wait_job,
+    wait_until,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs" / "cpu" / "verl_ppo.yaml"
