@@ -83,8 +83,10 @@ def check_model_dir(path: Path | str, *, need_weights: bool = True,
                               f"Hugging Face model folder that holds config.json, the tokenizer and the "
                               f"weights (perhaps {path.parent})")
     if not path.is_dir():
+        maker = ("make_tiny_reward_model makes a tiny random one for tests" if "auxiliary_models" in key
+                 else "materialize_smollm2 makes one for SmolLM2-135M")
         raise CheckpointError(f"model folder {path} does not exist; set {key} to a Hugging Face "
-                              "model folder (rft.models.materialize_smollm2 makes one for SmolLM2-135M)")
+                              f"model folder (rft.models.{maker})")
     config = read_config(path, key)
     if not has_tokenizer(path):
         raise DataError(f"{path} has no tokenizer (none of {', '.join(TOKENIZER_CORE_FILES)}); copy the tokenizer "
