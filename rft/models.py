@@ -45,6 +45,8 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
                    "chat_template.jinja", "chat_template.json")
 CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 SEQUENCE_CLASSIFICATION_SUFFIX = "ForSequenceClassification"  # a reward model's architecture
+ADAPTER_CONFIG = "adapter_config.json"  # a PEFT LoRA adapter folder: its config...
+ADAPTER_WEIGHTS = "adapter_model.safetensors"  # ...and its weights (names without the adapter name)
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 
@@ -97,6 +99,12 @@ def check_model_dir(path: Path | str, *, need_weights: bool = True,
                               "checkpoint's huggingface/ folder, run bin/rft-convert on the step first")
     return ModelDirInfo(path, str(config.get("model_type", "")), list(config.get("architectures") or []),
                         config.get("vocab_size"), has_weights)
+
+
+def is_adapter_folder(folder: Path | str) -> bool:
+    """Whether ``folder`` holds a PEFT adapter (``model.lora_configs`` runs publish these as
+    ``weights/vN/`` and as a checkpoint's ``actor/huggingface/``), not a full model."""
+    return (Path(folder) / ADAPTER_CONFIG).is_file()
 
 
 def has_tokenizer(folder: Path | str) -> bool:

@@ -14,7 +14,7 @@ from rft.config.auxiliary import check_auxiliary_models
 from rft.config.batches import check_train_batch_size
 from rft.config.mix import mix_counts
 from rft.config.names import NEEDS_CRITIC, TIS_THRESHOLD
-from rft.config.schema import Config, TasksetConfig
+from rft.config.schema import Config, LoRAConfig, TasksetConfig
 from rft.errors import ConfigError, NotSupportedError
 
 log = logging.getLogger("rft.config")
@@ -45,6 +45,7 @@ def apply(cfg: Config, seen: set[str]) -> None:
     _apply_preset(cfg)
     _apply_verl_trainer_config(cfg, seen)
     _derive_critic(cfg, seen)
+    _check_lora(cfg)
     _derive_zero_stage(cfg, seen)
     _derive_totals(cfg)
     _derive_lengths(cfg)
@@ -140,6 +141,32 @@ def _apply_verl_trainer_config(cfg: Config, seen: set[str]) -> None:
     ]
     for verl_key, value, ours in pairs:
         _set_from_verl(cfg, verl_key, value, ours, seen)
+
+
+def lora_config(cfg: Config) -> LoRAConfig | None:
+    """The run's LoRA adapter (``model.lora_configs``, one entry), or None: full fine-tuning."""
+    return cfg.model.lora_configs[0] if cfg.model.lora_configs else None
+
+
+def _check_lora(cfg: Config) -> None:
+    configs = cfg.model.lora_configs
+    if configs is None:
+        return
+    if len(configs) != 1:
+        raise NotSupportedError(f"model.lora_configs: {len(configs)} adapters is not supported yet; "
+                                "rft trains one adapter (as Trinity): keep one entry" if configs else
+                                "model.lora_configs: [] is empty; give one adapter or remove the key")
+    lora = configs[0]
+    if lora.train_embeddings:
+        raise NotSupportedError("model.lora_configs[0].train_embeddings: true is not supported yet: "
+                                "vLLM serves adapters of linear layers only; set it to false")
+    if cfg.synchronizer.sync_method == "nccl":
+        raise NotSupportedError("model.lora_configs with synchronizer.sync_method 'nccl' is not "
+                                "supported yet: an adapter is megabytes, so use 'checkpoint' (the "
+                                "adapter folder through the shared filesystem, milliseconds)")
+    if lora.base_model_name is not None:
+        log.info("model.lora_configs[0].base_model_name has no effect: the base model is "
+                 "model.model_path")
 
 
 def uses_critic(cfg: Config) -> bool:

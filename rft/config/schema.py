@@ -83,6 +83,20 @@ class AlgorithmConfig:
 
 
 @dataclass
+class LoRAConfig:
+    # Trinity-RFT's model.lora_configs entry (its spelling), plus rft's lora_dropout and train_embeddings.
+    name: Optional[str] = None  # the adapter's name (vLLM's lora_name); null: "lora"
+    path: Optional[str] = None  # a PEFT adapter folder to start from; null: a new adapter (B = 0)
+    base_model_name: Optional[str] = None  # no effect: the base model is model.model_path
+    lora_rank: int = field(32, ge=1)  # r
+    lora_alpha: int = field(32, ge=1)  # scaling alpha / r
+    lora_dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"  # vLLM's lora_dtype
+    target_modules: Union[str, list[str]] = "all-linear"  # PEFT's target_modules
+    lora_dropout: float = field(0.0, ge=0, le=0.99)  # rft: dropout on the adapter's input
+    train_embeddings: bool = False  # rft: true refused (vLLM serves adapters of linear layers only)
+
+
+@dataclass
 class ModelConfig:
     model_path: str = ""  # local Hugging Face model folder (config.json + tokenizer)
     critic_model_path: Optional[str] = None  # critic (advantage_fn ppo = GAE); null: model_path
@@ -97,6 +111,9 @@ class ModelConfig:
     logprobs: int = field(0, ge=0)  # extra top log-probs per token (the sampled one is always kept)
     enable_thinking: Optional[bool] = None  # chat-template switch for thinking models (Qwen3)
     custom_chat_template: Optional[str] = None  # Jinja chat template replacing the tokenizer's
+    lora_configs: Optional[list[LoRAConfig]] = None  # train a LoRA adapter (one), sync only the adapter
+    fully_sharded_loras: bool = False  # vLLM's fully_sharded_loras (tensor-parallel engines)
+    max_cpu_loras: Optional[int] = field(None, ge=1)  # vLLM's max_cpu_loras
 
 
 @dataclass
