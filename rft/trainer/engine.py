@@ -33,7 +33,8 @@ from deepspeed.accelerator import get_accelerator  # noqa: E402
 
 from rft import placement  # noqa: E402
 from rft.algo.losses import token_entropy, token_logprobs  # noqa: E402
-from rft.config.schema import Config, OptimizerConfig  # noqa: E402
+from rft.config.rules import lora_config  # noqa: E402
+from rft.config.schema import Config, LoRAConfig, OptimizerConfig  # noqa: E402
 from rft.errors import CheckpointError, ConfigError  # noqa: E402
 from rft.safetensors_io import (  # noqa: E402
     SINGLE_FILE,
@@ -199,6 +200,7 @@ class Actor:
     engine: Any  # deepspeed.DeepSpeedEngine
     zero_stage: int
     hf_ds_config: Any  # HfDeepSpeedConfig kept alive for ZeRO-3 (None otherwise)
+    lora: bool = False  # a PEFT model: only the adapter trains, publishes and is checkpointed
 
     @property
     def module(self) -> torch.nn.Module:
@@ -210,7 +212,8 @@ def build_actor(cfg: Config, info: DistInfo, total_optimizer_steps: int | None) 
     on_cpu = info.device.type == "cpu"
     config = ds_config(cfg, info.world_size, on_cpu, offload_params=cfg.trainer.param_offload)
     return _build_engine(cfg, cfg.model.model_path, config, cfg.algorithm.optimizer,
-                         cfg.trainer.gradient_checkpointing, total_optimizer_steps, value_head=False)
+                         cfg.trainer.gradient_checkpointing, total_optimizer_steps, value_head=False,
+                         lora=lora_config(cfg))
 
 
 def build_critic(cfg: Config, info: DistInfo, total_optimizer_steps: int | None) -> Actor:
@@ -232,21 +235,30 @@ def build_critic(cfg: Config, info: DistInfo, total_optimizer_steps: int | None)
 
 
 def _build_engine(cfg: Config, path: str, config: dict[str, Any], opt: OptimizerConfig,
-                  checkpointing: bool, total_optimizer_steps: int | None, *, value_head: bool) -> Actor:
+                  checkpointing: bool, total_optimizer_steps: int | None, *, value_head: bool,
+                  lora: LoRAConfig | None = None) -> Actor:
     dtype = torch.bfloat16 if cfg.trainer.precision == "bf16" and cfg.trainer.zero_stage == 3 else torch.float32
     model, keep_alive = _load_model(path, dtype, config, value_head=value_head)
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if lora is not None:
+        from rft.trainer.lora import wrap
+
+        model = wrap(model, lora, path)
+        trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        log.info("LoRA r=%d alpha=%d on %s: %d trainable parameters", lora.lora_rank,
+                 lora.lora_alpha, lora.target_modules, trained)
     warmup = warmup_steps(opt.lr_warmup_steps, opt.lr_warmup_steps_ratio, total_optimizer_steps)
     factor = lr_multiplier(opt.warmup_style, warmup, total_optimizer_steps, opt.min_lr_ratio)
 
     def scheduler(optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
         return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=model.parameters(),
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    engine, *_ = deepspeed.initialize(model=model, model_parameters=trainable,
                                       config=config, lr_scheduler=scheduler)
     engine.train()
-    return Actor(engine, cfg.trainer.zero_stage, keep_alive)
+    return Actor(engine, cfg.trainer.zero_stage, keep_alive, lora=lora is not None)
 
 
 def current_lr(actor: Actor) -> float:
@@ -269,14 +281,18 @@ def optimizer_step(actor: Actor) -> float:
 
 @dataclass
 class Reference:
-    module: Any  # a plain module (ZeRO 0-2) or a DeepSpeed inference engine (ZeRO-3)
+    module: Any  # a plain module (ZeRO 0-2), a DeepSpeed inference engine (ZeRO-3), or LoRA's policy
     offload: bool  # kept in CPU memory, moved to the device for each use (ZeRO 0-2 on GPU)
     device: torch.device
     hf_ds_config: Any
+    adapter_off: bool = False  # LoRA: the policy's module with its adapter disabled (the base)
 
 
-def build_reference(cfg: Config, info: DistInfo) -> Reference:
-    """The frozen initial policy for KL terms (partitioned like the actor under ZeRO-3)."""
+def build_reference(cfg: Config, info: DistInfo, actor: Actor | None = None) -> Reference:
+    """The frozen initial policy for KL terms (partitioned like the actor under ZeRO-3); with
+    LoRA the ``actor``'s own base model (its adapter disabled): no second copy."""
+    if actor is not None and actor.lora:
+        return Reference(actor.module, False, info.device, None, adapter_off=True)
     on_cpu = info.device.type == "cpu"
     dtype = torch.bfloat16 if cfg.trainer.precision == "bf16" else torch.float32
     # ZeRO-3 offloads the reference model's partitions; ZeRO 0-2 move it per use (below).
@@ -338,6 +354,11 @@ def forward_values(module: Any, micro: MicroBatch) -> torch.Tensor:
 @torch.no_grad()
 def reference_logprobs(ref: Reference, micro: MicroBatch) -> torch.Tensor:
     """Reference log-probs ``[B, R]`` (the module visits the device only for this call)."""
+    if ref.adapter_off:
+        from rft.trainer.lora import adapter_disabled
+
+        with adapter_disabled(ref.module):
+            return forward_logprobs(ref.module, micro, with_entropy=False)[0]
     if ref.offload:
         ref.module.to(ref.device)
     try:
@@ -450,15 +471,28 @@ def _write_weight_files(folder: Path, specs: list[FileTensor],
     write_index(folder, shards, names)
 
 
+def gather_adapter(actor: Actor) -> dict[str, torch.Tensor] | None:
+    """A LoRA policy's adapter tensors (live names) on rank 0, None elsewhere. Collective."""
+    params = [(name, p) for name, p in actor.module.named_parameters() if p.requires_grad]
+    if actor.zero_stage == 3:
+        with deepspeed.zero.GatheredParameters([p for _, p in params]):
+            state = {name: p.detach().to("cpu", copy=True) for name, p in params}
+    else:
+        state = {name: p.detach().cpu() for name, p in params}
+    return state if dist.get_rank() == 0 else None
+
+
 def save_checkpoint(actor: Actor, folder: Path, tag: str) -> None:
-    """DeepSpeed's model and optimizer shards (every rank writes its own). Collective."""
-    actor.engine.save_checkpoint(str(folder), tag=tag)
+    """DeepSpeed's model and optimizer shards (every rank writes its own); a LoRA policy's
+    adapter only (the frozen base is ``model.model_path``). Collective."""
+    actor.engine.save_checkpoint(str(folder), tag=tag, exclude_frozen_parameters=actor.lora)
 
 
 def load_checkpoint(actor: Actor, folder: Path) -> None:
     """Restore model, optimizer and lr scheduler from ``folder`` (its ``latest`` tag)."""
     path, _client = actor.engine.load_checkpoint(str(folder), load_optimizer_states=True,
-                                                 load_lr_scheduler_states=True)
+                                                 load_lr_scheduler_states=True,
+                                                 load_module_strict=not actor.lora)
     if path is None:
         raise CheckpointError(f"DeepSpeed found no checkpoint in {folder}; delete the damaged "
                               "global_step folder (and fix latest_checkpointed_iteration.txt) to "

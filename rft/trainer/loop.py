@@ -133,7 +133,13 @@ def publish_weights(actor: Any, publisher: Any, broadcaster: Any, version: int, 
     gathered."""
     from rft.trainer import engine as dse
 
-    if not by_broadcast:
+    if actor.lora:  # an adapter: megabytes, gathered whole, no tokenizer (the base has it)
+        from rft.trainer.lora import save_adapter_folder
+
+        state = dse.gather_adapter(actor)
+        if rank == 0:
+            publisher.publish(version, lambda tmp: save_adapter_folder(actor.module, state, tmp))
+    elif not by_broadcast:
         if rank == 0:
             publisher.publish(version, lambda tmp: dse.stream_hf_folder(actor, tmp),
                               extra_files=tokenizer_files(model_path))
@@ -166,6 +172,13 @@ def _save_engine(cfg: Config, engine: Any, folder: Path, step: int, rank: int, f
     dse.save_checkpoint(engine, folder, ts.ds_tag(step))
     if rng:
         ts.save_rng(folder, rank)
+    if engine.lora:  # the adapter folder, always: it is small
+        from rft.trainer.lora import save_adapter_folder
+
+        state = dse.gather_adapter(engine)
+        if rank == 0:
+            save_adapter_folder(engine.module, state, folder / HF_DIR)
+        return
     mode = cfg.trainer.save_hf_checkpoint
     state = dse.gather_weights(engine) if mode == "always" or (mode == "last" and final) else None
     dse.barrier()
@@ -241,7 +254,7 @@ def run(cfg: Config) -> int:
     source = open_source(cfg, run_dir, progress.cursor or None) if rank == 0 else None
     steps = dse.broadcast_object(run_steps(cfg) if rank == 0 else None)
     actor = dse.build_actor(cfg, info, None if steps is None else steps * updates_per_step(cfg))
-    ref = dse.build_reference(cfg, info) if fns.needs_ref else None
+    ref = dse.build_reference(cfg, info, actor) if fns.needs_ref else None
     total_updates = None if steps is None else steps * updates_per_step(cfg)
     critic = dse.build_critic(cfg, info, total_updates) if uses_critic(cfg) else None
     if resumed is not None:

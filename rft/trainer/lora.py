@@ -1,0 +1,70 @@
+"""LoRA on the policy (``model.lora_configs``): the PEFT wrap, and the adapter folder it publishes.
+
+Data in: the base causal LM (loaded by :mod:`rft.trainer.engine`) and the run's
+:class:`~rft.config.schema.LoRAConfig`. Data out: the model wrapped by PEFT (only the adapter's
+``lora_A``/``lora_B`` matrices trainable; B starts at 0, so step 0 is the base model), or the
+adapter of ``LoRAConfig.path`` loaded trainable; and, from the adapter's gathered tensors, a
+PEFT adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``, PEFT's names
+without the adapter's name) that vLLM, PEFT and ``rft-convert --merge`` load. The reference
+policy of a KL term is the same module with the adapter disabled (:func:`adapter_disabled`):
+no second copy of the model.
+
+``peft`` is imported here only (and by ``rft-convert`` for ``--merge``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+
+from rft.config.schema import LoRAConfig
+from rft.models import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from rft.safetensors_io import TensorSpec, write_safetensors
+
+ADAPTER = "default"  # PEFT's name of the one adapter, inside parameter names (".default.")
+
+
+def wrap(model: torch.nn.Module, lora: LoRAConfig, base_path: str) -> torch.nn.Module:
+    """``model`` with a trainable LoRA adapter: a new one (PEFT's init: A random, B = 0) or
+    the one in ``lora.path``; every base parameter frozen."""
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    if lora.path:
+        return PeftModel.from_pretrained(model, lora.path, is_trainable=True)
+    config = LoraConfig(r=lora.lora_rank, lora_alpha=lora.lora_alpha, lora_dropout=lora.lora_dropout,
+                        target_modules=lora.target_modules, task_type="CAUSAL_LM", bias="none")
+    wrapped = get_peft_model(model, config)
+    wrapped.peft_config[ADAPTER].base_model_name_or_path = base_path
+    return wrapped
+
+
+def trainable_names(module: torch.nn.Module) -> list[str]:
+    """The adapter's parameter names in ``module`` (the only trainable ones)."""
+    return [name for name, p in module.named_parameters() if p.requires_grad]
+
+
+def saved_name(name: str) -> str:
+    """A live parameter name as PEFT saves it: without the adapter's name
+    (``...q_proj.lora_A.default.weight`` -> ``...q_proj.lora_A.weight``)."""
+    return name.replace(f".{ADAPTER}.", ".")
+
+
+@contextlib.contextmanager
+def adapter_disabled(module: Any) -> Iterator[None]:
+    """The base model inside the block: the reference policy of a LoRA run."""
+    with module.disable_adapter():
+        yield
+
+
+def save_adapter_folder(module: Any, state: dict[str, torch.Tensor], folder: Path) -> None:
+    """``folder`` as a PEFT adapter folder: the config of ``module``'s adapter and ``state``
+    (live names -> gathered tensors), each tensor written under PEFT's saved name."""
+    folder.mkdir(parents=True, exist_ok=True)
+    module.peft_config[ADAPTER].save_pretrained(folder)  # adapter_config.json, as PEFT writes it
+    assert (folder / ADAPTER_CONFIG).is_file()
+    tensors = {saved_name(name): tensor for name, tensor in state.items()}
+    specs = [TensorSpec(name, tuple(t.shape), t.dtype) for name, t in tensors.items()]
+    write_safetensors(folder / ADAPTER_WEIGHTS, specs, lambda spec: tensors[spec.name].cpu())
