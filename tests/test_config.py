@@ -43,7 +43,7 @@ def test_shipped_configs_exist():
     names = {p.relative_to(REPO / "configs").as_posix() for p in CONFIGS}
     for seed in ("grpo_gsm8k.yaml", "async/explorer.yaml", "async/trainer.yaml",
                  "async/explorer_new.yaml", "sft_warmup.yaml", "verl_ppo.yaml", "verl_grpo.yaml",
-                 "chord.yaml"):
+                 "chord.yaml", "lora_gsm8k.yaml"):
         assert seed in names
         assert f"cpu/{seed}" in names, f"{seed} has no tiny CPU twin"
 
