@@ -107,6 +107,12 @@ def is_adapter_folder(folder: Path | str) -> bool:
     return (Path(folder) / ADAPTER_CONFIG).is_file()
 
 
+def adapter_saved_name(name: str, adapter: str) -> str:
+    """A live PEFT parameter name as PEFT saves it in :data:`ADAPTER_WEIGHTS`: without the
+    adapter's name (``...q_proj.lora_A.default.weight`` -> ``...q_proj.lora_A.weight``)."""
+    return name.replace(f".{adapter}.", ".").removesuffix(f".{adapter}")
+
+
 def has_tokenizer(folder: Path | str) -> bool:
     """Whether ``folder`` holds a tokenizer (one of :data:`TOKENIZER_CORE_FILES`)."""
     return any((Path(folder) / name).is_file() for name in TOKENIZER_CORE_FILES)

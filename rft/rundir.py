@@ -10,6 +10,7 @@
                                        sync_method nccl (WEIGHTS_GROUP; rft.broadcast)
     global_step_N/actor/[huggingface/] full checkpoints (step_dir; rft.trainer.state), with
     global_step_N/critic/[huggingface/] the critic's beside the policy's (advantage_fn ppo)
+    global_step_N/actor/huggingface_merged/  a LoRA run's base + adapter (rft-convert --merge)
     latest_checkpointed_iteration.txt  newest complete full checkpoint (CHECKPOINT_POINTER)
     trainer_meta.json                  the newest checkpoint's metadata (TRAINER_META)
     explorers/<writer>.json            explorer heartbeats (EXPLORERS_DIR)
@@ -52,7 +53,8 @@ STAGE_FINISHED = "stage_finished.json"  # in a stage's run directory: the stage 
 STAGE_FAILED = "stage_failed.json"  # in a stage's run directory: its main role failed
 ACTOR_DIR = "actor"  # inside global_step_N: the policy's checkpoint
 CRITIC_DIR = "critic"  # inside global_step_N: the critic's checkpoint (advantage_fn ppo)
-HF_DIR = "huggingface"  # inside global_step_N/actor: the Hugging Face folder
+HF_DIR = "huggingface"  # inside global_step_N/actor: the Hugging Face folder (a LoRA run: the adapter)
+MERGED_HF_DIR = "huggingface_merged"  # beside it, a LoRA run's: base + adapter merged (rft-convert --merge)
 STEP_RE = re.compile(r"^global_step_(\d+)$")
 
 # Keys two launches into one run directory must agree on (roles may differ in everything else:

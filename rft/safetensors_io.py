@@ -9,7 +9,8 @@ Data enters as a list of :class:`TensorSpec` plus a callback that produces each 
 leaves as ``model.safetensors`` or ``model-0000k-of-0000n.safetensors`` files and
 ``model.safetensors.index.json``. :func:`weights_complete` tells whether a folder's weight
 files are all present and whole (it reads headers only); :func:`is_weights_file` recognises
-those names (a reconversion replaces them; any other file in the folder is the user's).
+those names (a reconversion replaces them; any other file in the folder is the user's);
+:func:`weight_shapes` lists a folder's tensor names and shapes from the headers.
 """
 
 from __future__ import annotations
@@ -179,3 +180,17 @@ def weights_complete(folder: Path) -> bool:
             return False
         return bool(files) and all(file_complete(folder / name) for name in files)
     return file_complete(folder / SINGLE_FILE)
+
+
+def weight_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
+    """Tensor names and shapes of the safetensors weights in ``folder`` (headers only; {} if none)."""
+    index = folder / INDEX_FILE
+    if index.is_file():
+        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+    else:
+        files = [SINGLE_FILE] if (folder / SINGLE_FILE).is_file() else []
+    shapes = {}
+    for name in files:
+        header = read_header(folder / name)
+        shapes.update({k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"})
+    return shapes

@@ -15,6 +15,7 @@ import torch
 from tests.test_trainer import (
     STEPS,
     metrics,
+    objective,
     run_interrupted,
     run_ok,
     torchrun_cmd,
@@ -34,7 +35,8 @@ def lora_cfg(**fields):
 def test_wrap_trains_only_the_adapter_and_starts_at_the_base(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from rft.trainer.lora import saved_name, trainable_names, wrap
+    from rft.models import adapter_saved_name
+    from rft.trainer.lora import ADAPTER, trainable_names, wrap
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
@@ -44,7 +46,7 @@ def test_wrap_trains_only_the_adapter_and_starts_at_the_base(tiny_model_dir):
     names = trainable_names(model)
     assert names and all(".lora_A.default." in n or ".lora_B.default." in n for n in names)
     assert {n.split(".")[-4] for n in names} >= {"q_proj", "k_proj", "v_proj", "o_proj", "down_proj"}
-    assert saved_name(names[0]) == names[0].replace(".default.", ".")
+    assert adapter_saved_name(names[0], ADAPTER) == names[0].replace(".default.", ".")
     with torch.no_grad():
         assert torch.equal(model(input_ids=IDS).logits, expected)  # B = 0: the base model
 
@@ -130,7 +132,6 @@ def test_lora_starts_at_the_reference_and_learns(lora_runs):
     rows = metrics(lora_runs["full"])
     assert rows[1]["kl_loss"] == pytest.approx(0.0, abs=1e-9)  # adapter B = 0: policy = reference
     assert rows[STEPS]["kl_loss"] > 1e-6  # the adapter moved the policy away from the base
-    assert rows[STEPS]["pg_loss"] < rows[1]["pg_loss"]  # the same batch every step
 
 
 @pytest.mark.integration
@@ -154,6 +155,7 @@ def test_published_versions_and_checkpoints_are_the_adapter(lora_runs):
     base = AutoModelForCausalLM.from_pretrained(lora_runs["model"], dtype=torch.float32).eval()
     with torch.no_grad():
         assert not torch.allclose(model(input_ids=IDS).logits, base(input_ids=IDS).logits, atol=1e-4)
+    assert objective(model) > objective(base) + 1e-3  # GRPO's objective on the batch it trained on
 
 
 @pytest.mark.integration

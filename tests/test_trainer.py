@@ -588,13 +588,17 @@ def _objective(model_dir: Path) -> float:
     """Advantage-weighted token log-likelihood of the fixed batch (what GRPO increases)."""
     from transformers import AutoModelForCausalLM
 
+    return objective(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval())
+
+
+def objective(model: torch.nn.Module) -> float:
+    """:func:`_objective` of a loaded model."""
     from rft.algo.losses import token_logprobs
     from rft.trainer.batching import collate
 
     exps = make_batch(1)
     rows = rows_from_experiences(exps)
     adv = torch.tensor([e.reward - 0.5 for e in exps]).unsqueeze(-1) * rows.response_mask
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     micro = collate(rows, list(range(len(exps))), adv, adv)
     with torch.no_grad():
         logits = model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits

@@ -21,6 +21,17 @@ over. A step whose folder already holds whole weights is skipped unless ``--forc
 stream one at a time from the shards into the output files (:mod:`rft.safetensors_io`),
 and the CRC-32 of every record read is checked (:mod:`rft.convert.torchfile`). A summary table
 ends the run; the exit code is 1 if a step failed.
+
+LoRA checkpoints (``model.lora_configs``: the DeepSpeed shards hold only the adapter's
+``lora_A``/``lora_B`` tensors) are recognised by those names and handled by
+:mod:`rft.convert.adapter`: ``actor/huggingface/`` becomes (is rebuilt as) a PEFT adapter folder,
+``adapter_config.json`` + ``adapter_model.safetensors`` with PEFT's names, the config kept from
+the old folder or rebuilt from the shapes and the run's ``config.yaml`` (``--base-model-dir``,
+``--lora-alpha``). ``--merge`` also writes ``actor/huggingface_merged/``: the base model
+(``--base-model-dir``, else the adapter's ``base_model_name_or_path``) with the adapter merged
+in, as a full Hugging Face folder (safetensors, config, generation config, tokenizer; dtype as
+the base's config unless ``--dtype``). Both are swapped in like a full conversion's folder and
+skipped when complete unless ``--force``. On a full checkpoint ``--merge`` does nothing.
 """
 
 from __future__ import annotations
@@ -32,12 +43,12 @@ import os
 import shutil
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from rft.atomic import is_tmp, tmp_name
+from rft.convert.adapter import convert_lora, is_lora_checkpoint
 from rft.convert.output import carry_user_files, publish_replacing, recover
 from rft.convert.readers import (
     CheckpointContents,
@@ -46,17 +57,16 @@ from rft.convert.readers import (
     open_checkpoint,
     refuse_megatron,
 )
+from rft.convert.types import DTYPE_JSON, DTYPES, Job, Options, Outcome, resolve_dtype
 from rft.errors import EXIT_FAILED, EXIT_OK, EXIT_USER_ERROR, CheckpointError, RftError
 from rft.models import has_tokenizer
-from rft.rundir import ACTOR_DIR, CRITIC_DIR, HF_DIR, STEP_RE
+from rft.rundir import ACTOR_DIR, CRITIC_DIR, HF_DIR, MERGED_HF_DIR, STEP_RE
 from rft.safetensors_io import (
-    INDEX_FILE,
-    SINGLE_FILE,
     TensorSpec,
     parse_size,
     plan_shards,
-    read_header,
     shard_file_names,
+    weight_shapes,
     weights_complete,
     write_index,
     write_safetensors,
@@ -64,36 +74,7 @@ from rft.safetensors_io import (
 
 log = logging.getLogger("rft.convert")
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
-DTYPE_JSON = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".ckpt", ".index.json")
-
-
-@dataclass(frozen=True)
-class Job:
-    """One checkpoint to convert: its label, the folder with the shards, where the output goes."""
-
-    label: str
-    step: int | None
-    ckpt_dir: Path  # actor/ (or a DeepSpeed tag folder inside it)
-    out_dir: Path  # .../actor/huggingface
-
-
-@dataclass
-class Outcome:
-    label: str
-    status: str  # converted | skipped | failed
-    note: str = ""
-    seconds: float = 0.0
-    nbytes: int = 0
-
-
-@dataclass(frozen=True)
-class Options:
-    base_model_dir: Path | None
-    dtype: str  # auto | fp32 | bf16 | fp16
-    max_shard_bytes: int
-    force: bool
 
 
 # ----------------------------------------------------------------------------- finding steps
@@ -104,7 +85,7 @@ def _step_jobs(step_dir: Path, given: Path | None = None) -> list[Job]:
     the critic's (``critic/``, a value model); ``given`` is a path inside the step folder (a
     role folder or a tag folder), which names one job."""
     rel = given.relative_to(step_dir).parts if given else ()
-    if rel and rel[-1] == HF_DIR:
+    if rel and rel[-1] in (HF_DIR, MERGED_HF_DIR):
         rel = rel[:-1]
     step = int(STEP_RE.match(step_dir.name).group(1))
     if rel:
@@ -223,14 +204,6 @@ def copy_side_files(job: Job, base: Path | None, dest: Path) -> dict:
         raise CheckpointError(f"{dest / 'config.json'} is not valid JSON ({e})") from e
 
 
-def resolve_dtype(choice: str, config: dict) -> torch.dtype:
-    """``auto``: the dtype config.json declares (fp32 when it declares none)."""
-    if choice != "auto":
-        return DTYPES[choice]
-    declared = str(config.get("torch_dtype") or config.get("dtype") or "float32").replace("torch.", "")
-    return {v: k for k, v in DTYPE_JSON.items()}.get(declared, torch.float32)
-
-
 def write_configs(dest: Path, config: dict, dtype: torch.dtype) -> None:
     """Record the output dtype in config.json; add a generation_config.json if none came along."""
     keys = [k for k in ("dtype", "torch_dtype") if k in config] or ["torch_dtype"]  # new and old spelling
@@ -259,23 +232,9 @@ def output_tensors(contents: CheckpointContents, config: dict) -> tuple[list[Sou
     return contents.tensors, copies
 
 
-def reference_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
-    """Tensor names and shapes of the safetensors weights in ``folder`` (headers only; {} if none)."""
-    index = folder / INDEX_FILE
-    if index.is_file():
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    else:
-        files = [SINGLE_FILE] if (folder / SINGLE_FILE).is_file() else []
-    shapes = {}
-    for name in files:
-        header = read_header(folder / name)
-        shapes.update({k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"})
-    return shapes
-
-
 def check_against_reference(contents: CheckpointContents, base: Path | None) -> None:
     """Refuse a --base-model-dir whose weights have other names or shapes than the checkpoint."""
-    ref = reference_shapes(base) if base else {}
+    ref = weight_shapes(base) if base else {}
     if not ref:
         return
     ours = {t.name: t.shape for t in contents.tensors}
@@ -351,12 +310,16 @@ def convert_job(job: Job, opts: Options) -> Outcome:
     start = time.monotonic()
     tmp = tmp_name(job.out_dir)
     try:
+        if is_lora_checkpoint(job):
+            return convert_lora(job, opts)  # the adapter folder, and --merge (rft.convert.adapter)
         recover(job.out_dir)  # first, so that a skipped step leaves no debris either
         if weights_complete(job.out_dir) and not opts.force:
             return Outcome(job.label, "skipped", f"{job.out_dir} is complete (--force redoes it)")
         shutil.rmtree(tmp, ignore_errors=True)
         nbytes, note = build_folder(job, opts, tmp)
         publish_replacing(tmp, job.out_dir)
+        if opts.merge or opts.lora_alpha is not None:
+            note += " (not a LoRA checkpoint: --merge and --lora-alpha do nothing)"
     except RftError as e:
         return Outcome(job.label, "failed", str(e), time.monotonic() - start)
     except Exception as e:  # an unexpected bug must not stop the other steps
@@ -387,16 +350,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="rft-convert",
         description="Convert DeepSpeed ZeRO / FSDP checkpoints to Hugging Face safetensors "
-                    "(written to global_step_N/actor/huggingface/).")
+                    "(written to global_step_N/actor/huggingface/). LoRA checkpoints become a PEFT "
+                    "adapter folder there and, with --merge, a merged model in huggingface_merged/.")
     p.add_argument("--checkpoint-dir", required=True, type=Path,
                    help="run directory, one global_step_N, a path inside one, or a bare checkpoint folder")
     p.add_argument("--base-model-dir", type=Path, default=None,
-                   help="HF model folder for config/tokenizer when the checkpoint lacks them")
+                   help="HF model folder for config/tokenizer when the checkpoint lacks them; LoRA "
+                        "checkpoints: the base model (overrides adapter_config.json's "
+                        "base_model_name_or_path)")
     p.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
-                   help="output dtype of floating tensors (auto: as config.json declares)")
+                   help="output dtype of floating tensors (auto: as config.json declares; a LoRA "
+                        "adapter: as the shards hold it; a merged model: as the base's config)")
     p.add_argument("--steps", default=None, help="comma-separated step numbers to convert, e.g. 100,200")
     p.add_argument("--max-shard-size", default="5GB", help="largest safetensors file before sharding")
-    p.add_argument("--force", action="store_true", help="reconvert steps whose huggingface/ is complete")
+    p.add_argument("--force", action="store_true",
+                   help="reconvert steps whose huggingface/ (and huggingface_merged/) is complete")
+    p.add_argument("--merge", action="store_true",
+                   help="LoRA checkpoints: also write actor/huggingface_merged/, the base model with "
+                        "the adapter merged in (a full HF model; the base model from "
+                        "adapter_config.json's base_model_name_or_path or --base-model-dir)")
+    p.add_argument("--lora-alpha", type=int, default=None,
+                   help="LoRA checkpoints without adapter_config.json and without the run's "
+                        "config.yaml: the run's model.lora_configs[0].lora_alpha, to rebuild it")
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p.parse_args(argv)
 
@@ -417,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         opts = Options(args.base_model_dir.resolve() if args.base_model_dir else None, args.dtype,
-                       parse_size(args.max_shard_size), args.force)
+                       parse_size(args.max_shard_size), args.force, args.merge, args.lora_alpha)
         check_base_model(opts.base_model_dir)
         jobs = find_jobs(args.checkpoint_dir, _parse_steps(args.steps))
     except (RftError, ValueError) as e:

@@ -30,6 +30,7 @@ import os
 import shutil
 import socket
 from pathlib import Path
+from typing import Callable
 
 from rft.atomic import (
     TMP_MARK,
@@ -55,8 +56,9 @@ def backup_path(final: Path) -> Path:
     return final.with_name(final.name + BACKUP_SUFFIX)
 
 
-def recover(final: Path) -> None:
-    """Undo or finish an interrupted swap of ``final`` and delete dead temporaries (see above)."""
+def recover(final: Path, complete: Callable[[Path], bool] = weights_complete) -> None:
+    """Undo or finish an interrupted swap of ``final`` and delete dead temporaries (see above);
+    ``complete`` tells whether a folder is whole (an adapter folder has other files than a model's)."""
     if not final.parent.is_dir():
         return
     _restore_legacy_backup(final)
@@ -66,7 +68,7 @@ def recover(final: Path) -> None:
             os.rename(backup, final)
             fsync_dir(final.parent)
             log.warning("%s restored from %s: a conversion was killed while replacing it", final, backup.name)
-        elif weights_complete(final):
+        elif complete(final):
             shutil.rmtree(backup)
             log.info("removed %s: a conversion was killed after publishing %s", backup, final)
         else:

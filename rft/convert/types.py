@@ -1,4 +1,5 @@
-"""Shared types of the checkpoint readers: what a reader returns, and the rank-file check.
+"""Shared types of ``rft-convert``: one conversion's job, options and outcome, the output dtypes,
+what a checkpoint reader returns, and the rank-file check.
 
 A reader (:mod:`rft.convert.ds_reader`, :mod:`rft.convert.fsdp_reader`) returns a :class:`CheckpointContents`:
 the model's full-size tensors as :class:`SourceTensor` records whose ``load()`` assembles the
@@ -16,6 +17,46 @@ from typing import Callable
 import torch
 
 from rft.errors import CheckpointError
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # --dtype choices
+DTYPE_JSON = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+def resolve_dtype(choice: str, config: dict) -> torch.dtype:
+    """``auto``: the dtype config.json declares (fp32 when it declares none)."""
+    if choice != "auto":
+        return DTYPES[choice]
+    declared = str(config.get("torch_dtype") or config.get("dtype") or "float32").replace("torch.", "")
+    return {v: k for k, v in DTYPE_JSON.items()}.get(declared, torch.float32)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One checkpoint to convert: its label, the folder with the shards, where the output goes."""
+
+    label: str
+    step: int | None
+    ckpt_dir: Path  # actor/ (or a DeepSpeed tag folder inside it)
+    out_dir: Path  # .../actor/huggingface
+
+
+@dataclass
+class Outcome:
+    label: str
+    status: str  # converted | skipped | failed
+    note: str = ""
+    seconds: float = 0.0
+    nbytes: int = 0
+
+
+@dataclass(frozen=True)
+class Options:
+    base_model_dir: Path | None
+    dtype: str  # auto | fp32 | bf16 | fp16
+    max_shard_bytes: int
+    force: bool
+    merge: bool = False  # LoRA checkpoints: also write the merged model (rft.convert.adapter)
+    lora_alpha: int | None = None  # LoRA: alpha for an adapter_config.json rebuilt from the shards
 
 
 @dataclass

@@ -21,22 +21,25 @@ from typing import Any, Iterator
 import torch
 
 from rft.config.schema import LoRAConfig
-from rft.models import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from rft.models import ADAPTER_CONFIG, ADAPTER_WEIGHTS, adapter_saved_name
 from rft.safetensors_io import TensorSpec, write_safetensors
 
 ADAPTER = "default"  # PEFT's name of the one adapter, inside parameter names (".default.")
+INIT_SEED = 0  # a new adapter's A is the same in every run and on every rank
 
 
 def wrap(model: torch.nn.Module, lora: LoRAConfig, base_path: str) -> torch.nn.Module:
-    """``model`` with a trainable LoRA adapter: a new one (PEFT's init: A random, B = 0) or
-    the one in ``lora.path``; every base parameter frozen."""
+    """``model`` with a trainable LoRA adapter: a new one (PEFT's init: A random, seeded, B = 0)
+    or the one in ``lora.path``; every base parameter frozen."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
     if lora.path:
         return PeftModel.from_pretrained(model, lora.path, is_trainable=True)
     config = LoraConfig(r=lora.lora_rank, lora_alpha=lora.lora_alpha, lora_dropout=lora.lora_dropout,
                         target_modules=lora.target_modules, task_type="CAUSAL_LM", bias="none")
-    wrapped = get_peft_model(model, config)
+    with torch.random.fork_rng(devices=[]):  # the run's own random state is left as it was
+        torch.manual_seed(INIT_SEED)
+        wrapped = get_peft_model(model, config)
     wrapped.peft_config[ADAPTER].base_model_name_or_path = base_path
     return wrapped
 
@@ -44,12 +47,6 @@ def wrap(model: torch.nn.Module, lora: LoRAConfig, base_path: str) -> torch.nn.M
 def trainable_names(module: torch.nn.Module) -> list[str]:
     """The adapter's parameter names in ``module`` (the only trainable ones)."""
     return [name for name, p in module.named_parameters() if p.requires_grad]
-
-
-def saved_name(name: str) -> str:
-    """A live parameter name as PEFT saves it: without the adapter's name
-    (``...q_proj.lora_A.default.weight`` -> ``...q_proj.lora_A.weight``)."""
-    return name.replace(f".{ADAPTER}.", ".")
 
 
 @contextlib.contextmanager
@@ -65,6 +62,6 @@ def save_adapter_folder(module: Any, state: dict[str, torch.Tensor], folder: Pat
     folder.mkdir(parents=True, exist_ok=True)
     module.peft_config[ADAPTER].save_pretrained(folder)  # adapter_config.json, as PEFT writes it
     assert (folder / ADAPTER_CONFIG).is_file()
-    tensors = {saved_name(name): tensor for name, tensor in state.items()}
+    tensors = {adapter_saved_name(name, ADAPTER): tensor for name, tensor in state.items()}
     specs = [TensorSpec(name, tuple(t.shape), t.dtype) for name, t in tensors.items()]
     write_safetensors(folder / ADAPTER_WEIGHTS, specs, lambda spec: tensors[spec.name].cpu())

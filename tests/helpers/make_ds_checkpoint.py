@@ -4,6 +4,11 @@ Run under torchrun (1 or more ranks, gloo). Writes ``<step-dir>/actor/`` with De
 (in a tag folder named by ``latest``, or with ``--flat`` directly in actor/), optionally the HF
 side files in ``actor/huggingface/`` (config + tokenizer, no weights, as a trainer writes them),
 and ``<step-dir>/reference_logits.pt``: the engine's logits on a fixed batch after training.
+
+With ``--lora R`` the model is wrapped by PEFT (LoRA rank R on all linear layers, only the
+adapter trainable) and saved like rft's LoRA trainer: ``exclude_frozen_parameters=True`` (the
+shards hold the adapter only) and, with ``--hf-files``, ``actor/huggingface/`` as the PEFT
+adapter folder (``save_pretrained``, base_model_name_or_path = ``--model-dir``).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--freeze", default=None, help="freeze parameters whose name contains this")
     p.add_argument("--seq-len", type=int, default=16)
     p.add_argument("--lr", type=float, default=1e-2, help="large by default so that weights visibly move")
+    p.add_argument("--lora", type=int, default=0, help="train a LoRA adapter of this rank (0: full model)")
     return p.parse_args()
 
 
@@ -52,12 +58,32 @@ def ds_config(stage: int, bf16: bool, world_size: int, lr: float) -> dict:
     }
 
 
+def wrap_lora(model: torch.nn.Module, rank: int, base_dir: str) -> torch.nn.Module:
+    """The model with a LoRA adapter on every linear layer (PEFT's init: B = 0), base frozen."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", task_type="CAUSAL_LM")
+    wrapped = get_peft_model(model, config)
+    wrapped.peft_config["default"].base_model_name_or_path = base_dir
+    return wrapped
+
+
+def save_adapter(engine, folder: Path, rank: int) -> None:
+    """The PEFT adapter folder of the engine's module (gathered first under ZeRO-3)."""
+    trainable = [p for p in engine.module.parameters() if p.requires_grad]
+    with deepspeed.zero.GatheredParameters(trainable, enabled=engine.zero_optimization_stage() == 3):
+        if rank == 0:
+            engine.module.save_pretrained(str(folder))
+
+
 def main() -> None:
     args = parse_args()
     deepspeed.init_distributed(dist_backend="gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(args.model_dir, dtype=torch.float32)
+    if args.lora:
+        model = wrap_lora(model, args.lora, args.model_dir)
     if args.freeze:
         for name, p in model.named_parameters():
             if args.freeze in name:
@@ -78,7 +104,10 @@ def main() -> None:
         logits = engine(input_ids=eval_ids).logits.float()
     step_dir = Path(args.step_dir)
     actor = step_dir / "actor"
-    engine.save_checkpoint(str(actor), tag=f"global_step{args.train_steps}")
+    engine.save_checkpoint(str(actor), tag=f"global_step{args.train_steps}",
+                           exclude_frozen_parameters=bool(args.lora))
+    if args.lora and args.hf_files:
+        save_adapter(engine, actor / "huggingface", rank)
     dist.barrier()
     if rank == 0:
         torch.save({"input_ids": eval_ids, "logits": logits}, step_dir / "reference_logits.pt")
@@ -88,7 +117,7 @@ def main() -> None:
                 shutil.move(str(f), actor / f.name)
             tag_dir.rmdir()
             (actor / "latest").unlink()
-        if args.hf_files:
+        if args.hf_files and not args.lora:
             hf = actor / "huggingface"
             hf.mkdir(exist_ok=True)
             model.config.save_pretrained(hf)
