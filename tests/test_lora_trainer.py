@@ -165,3 +165,31 @@ def test_a_lora_run_resumes_exactly(lora_runs):
     for step in range(1, STEPS + 1):
         for key in ("pg_loss", "kl_loss", "grad_norm", "logprob_mean"):
             assert stopped[step][key] == pytest.approx(full[step][key], abs=1e-5), (step, key)
+
+
+@pytest.mark.integration
+def test_rft_convert_merges_the_trained_adapter(lora_runs):
+    """The trainer's last checkpoint through ``rft-convert --merge``: the adapter folder (PEFT)
+    and the merged model (plain transformers) generate the same tokens, the trained ones."""
+    import subprocess
+
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from tests.test_trainer import PY, REPO
+
+    step_dir = lora_runs["full"] / f"global_step_{STEPS}"
+    proc = subprocess.run([PY, str(REPO / "bin" / "rft-convert"), "--checkpoint-dir", str(step_dir),
+                           "--merge", "--force"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    actor = step_dir / "actor"
+    adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(lora_runs["model"], dtype=torch.float32),
+                                        actor / "huggingface").eval()
+    merged = AutoModelForCausalLM.from_pretrained(actor / "huggingface_merged", dtype=torch.float32).eval()
+    base = AutoModelForCausalLM.from_pretrained(lora_runs["model"], dtype=torch.float32).eval()
+    kwargs = {"max_new_tokens": 8, "do_sample": False, "pad_token_id": 0}
+    with torch.no_grad():
+        tokens = adapter.generate(input_ids=IDS, **kwargs)
+        assert torch.equal(merged.generate(input_ids=IDS, **kwargs), tokens)
+        assert torch.allclose(merged(input_ids=IDS).logits, adapter(input_ids=IDS).logits, atol=1e-4)
+        assert not torch.allclose(base(input_ids=IDS).logits, merged(input_ids=IDS).logits, atol=1e-4)

@@ -2,7 +2,8 @@
 
 The registries in :mod:`rft.algo.registry` map these names to the pure functions of
 :mod:`rft.algo.advantages` and :mod:`rft.algo.losses`, and check at import that they cover
-exactly these names (less :data:`NEEDS_CRITIC`, which the config refuses as not supported).
+exactly these names (less :data:`NEEDS_CRITIC`: GAE, resolved apart as it needs a critic's
+values). Also the engine limits a config is checked against on the login node.
 """
 
 ADVANTAGE_FN_NAMES = ("grpo", "rloo", "reinforce", "reinforceplusplus", "opmd", "ppo")
@@ -16,3 +17,6 @@ ALGORITHM_TYPES = ("grpo", "ppo", "rloo", "reinforce", "reinforceplusplus", "opm
 ROLLOUT_CORRECTION_MODES = ("none", "tis", "decoupled")  # algorithm.rollout_correction.mode
 TIS_THRESHOLD = 2.0  # rollout_correction.rollout_is_threshold when unset (veRL's default)
 NEEDS_CRITIC = frozenset({"ppo"})  # advantage_fn names that need a critic model (GAE)
+# LoRA: the max_lora_rank values vLLM 0.32 accepts (vllm.config.lora.MaxLoRARanks); the engine
+# rounds lora_rank up to the next one, the config rules refuse a rank above the last.
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

@@ -13,7 +13,7 @@ import logging
 from rft.config.auxiliary import check_auxiliary_models
 from rft.config.batches import check_train_batch_size
 from rft.config.mix import mix_counts
-from rft.config.names import NEEDS_CRITIC, TIS_THRESHOLD
+from rft.config.names import NEEDS_CRITIC, TIS_THRESHOLD, VLLM_LORA_RANKS
 from rft.config.schema import Config, LoRAConfig, TasksetConfig
 from rft.errors import ConfigError, NotSupportedError
 
@@ -157,6 +157,9 @@ def _check_lora(cfg: Config) -> None:
                                 "rft trains one adapter (as Trinity): keep one entry" if configs else
                                 "model.lora_configs: [] is empty; give one adapter or remove the key")
     lora = configs[0]
+    if lora.lora_rank > VLLM_LORA_RANKS[-1]:
+        raise ConfigError(f"model.lora_configs[0].lora_rank={lora.lora_rank}: vLLM serves adapters "
+                          f"up to rank {VLLM_LORA_RANKS[-1]}; lower it")
     if lora.train_embeddings:
         raise NotSupportedError("model.lora_configs[0].train_embeddings: true is not supported yet: "
                                 "vLLM serves adapters of linear layers only; set it to false")

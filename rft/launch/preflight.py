@@ -32,15 +32,17 @@ from rft.algo.registry import build_loss_fns
 from rft.config import batches
 from rft.config.auxiliary import auxiliary_tp, scoring_max_len
 from rft.config.load import stage_config, stage_label
-from rft.config.rules import uses_critic
+from rft.config.rules import lora_config, uses_critic
 from rft.config.schema import Config, ExperienceBufferConfig
 from rft.errors import ConfigError, RftError
 from rft.explorer.rewards import reward_model_part_names
 from rft.explorer.tasksets import taskset_workflow
 from rft.models import (
+    ADAPTER_CONFIG,
     check_critic_dir,
     check_model_dir,
     check_reward_model_dir,
+    is_adapter_folder,
     read_config,
 )
 from rft.monitor import check_packages
@@ -84,6 +86,7 @@ def check_config(cfg: Config, prefix: str = "") -> list[DatasetInfo]:
         check_reward_models(cfg)
     if cfg.mode in TRAINER_MODES and uses_critic(cfg):
         check_critic_dir(cfg.model.critic_model_path or cfg.model.model_path, cfg.model.model_path)
+    _check_lora_path(cfg)
     build_loss_fns(cfg.algorithm)
     check_packages(cfg.monitor.monitor_type)
     infos = []
@@ -98,6 +101,17 @@ def check_config(cfg: Config, prefix: str = "") -> list[DatasetInfo]:
                               data.expert_columns(buf.format, label),
                               training=label.endswith("experience_buffer")))
     return infos
+
+
+def _check_lora_path(cfg: Config) -> None:
+    """An initial adapter (``model.lora_configs[0].path``) must be a PEFT adapter folder."""
+    lora = lora_config(cfg)
+    if lora is None or lora.path is None:
+        return
+    if not is_adapter_folder(lora.path):
+        raise ConfigError(f"model.lora_configs[0].path: {lora.path} is not a PEFT adapter folder "
+                          f"(no {ADAPTER_CONFIG}); give the folder PEFT's save_pretrained wrote, "
+                          "or null to start a new adapter")
 
 
 def check_run_root(cfg: Config) -> None:
@@ -257,6 +271,13 @@ def _role_lines(cfg: Config, devices: Devices) -> list[tuple[str, str]]:
         per_step = batches.rollouts_per_step(cfg) if batches.splits_steps(cfg) else b.train_batch_size
         lines.append(("trainer", f"{split.trainer} DeepSpeed rank(s), ZeRO-{t.zero_stage}, {t.precision}; "
                       f"{per_step} experiences per step, {batches.describe(cfg)}"))
+        lora = lora_config(cfg)
+        if lora is not None:
+            start = f"from {lora.path}" if lora.path else "new (B = 0: the base model at step 0)"
+            lines.append(("lora", f"adapter r={lora.lora_rank} alpha={lora.lora_alpha} on "
+                          f"{lora.target_modules}, {start}; only the adapter trains, is published "
+                          "(weights/vN adapter folders) and checkpointed; the KL reference is the "
+                          "base (adapter off)"))
         if uses_critic(cfg):
             critic = t.trainer_config.critic
             warmup = t.trainer_config.trainer.critic_warmup
