@@ -14,14 +14,7 @@ import pytest
 from rft.models import is_adapter_folder
 from rft.monitor import read_metrics
 from tests.test_local_run import rft_run
-from tests.test_slurm_e2e import (
-    requeue_now,
-    show_logs,
-    submit,
-    trainer_steps,
-    wait_job,
-    wait_until,
-)
+from tests.test_slurm_e2e import run_requeued, trainer_steps
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs" / "cpu" / "lora_gsm8k.yaml"
@@ -59,12 +52,8 @@ def test_a_lora_run_syncs_adapters_only(vllm_model_dir, tmp_path):
 def test_a_lora_run_resumes_after_a_requeue(slurm_cluster, vllm_model_dir, tmp_path):
     out = tmp_path / "job.out"
     overrides = lora_overrides(vllm_model_dir, tmp_path, "buffer.total_steps=4", "trainer.save_interval=1")
-    job = submit(slurm_cluster, REPO / "jobs" / "grpo_gsm8k.sbatch", CONFIG, overrides, OUT=str(out))
     run_dir = tmp_path.joinpath(*RUN)
-    wait_until(lambda: len(trainer_steps(run_dir)) >= 2, 900, "two trainer steps")
-    requeue_now(slurm_cluster, job)
-    state = wait_job(slurm_cluster, job)
-    assert state == "COMPLETED", show_logs(out, run_dir)
+    run_requeued(slurm_cluster, CONFIG, overrides, run_dir, out)
     steps = trainer_steps(run_dir)
     assert steps[-1] == 4 and set(steps) == {1, 2, 3, 4}, steps
     log = out.read_text() + "".join(p.read_text(errors="replace") for p in (run_dir / "log").glob("*"))

@@ -15,14 +15,7 @@ import pytest
 
 from rft.monitor import VALUE_LOSS, read_metrics
 from tests.test_local_run import rft_run
-from tests.test_slurm_e2e import (
-    requeue_now,
-    show_logs,
-    submit,
-    trainer_steps,
-    wait_job,
-    wait_until,
-)
+from tests.test_slurm_e2e import run_requeued, trainer_steps
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs" / "cpu" / "verl_ppo.yaml"
@@ -72,12 +65,8 @@ def test_the_ppo_example_resumes_policy_and_critic_after_a_requeue(slurm_cluster
     out = tmp_path / "job.out"
     overrides = ppo_overrides(vllm_model_dir, tiny_reward_model_dir, tmp_path, "buffer.total_steps=4",
                               "trainer.save_interval=1", "synchronizer.sync_method=checkpoint")
-    job = submit(slurm_cluster, REPO / "jobs" / "grpo_gsm8k.sbatch", CONFIG, overrides, OUT=str(out))
     run_dir = tmp_path.joinpath(*RUN)
-    wait_until(lambda: len(trainer_steps(run_dir)) >= 2, 900, "two trainer steps")
-    requeue_now(slurm_cluster, job)
-    state = wait_job(slurm_cluster, job)
-    assert state == "COMPLETED", show_logs(out, run_dir)
+    run_requeued(slurm_cluster, CONFIG, overrides, run_dir, out)
     steps = trainer_steps(run_dir)
     assert steps[-1] == 4 and set(steps) == {1, 2, 3, 4}, steps
     rows = {row["step"]: row for row in read_metrics(run_dir, "trainer")}

@@ -75,6 +75,18 @@ def requeue_now(env: dict, job: str) -> None:
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, timeout=30)
 
 
+def run_requeued(env: dict, config: Path, overrides: list[str], run_dir: Path, out: Path,
+                 after_steps: int = 2) -> None:
+    """The heterogeneous job on ``config``, requeued once ``after_steps`` trainer steps are
+    logged; returns when it completed (the job's and the roles' logs shown otherwise)."""
+    job = submit(env, REPO / "jobs" / "grpo_gsm8k.sbatch", config, overrides, OUT=str(out))
+    wait_until(lambda: len(trainer_steps(run_dir)) >= after_steps, JOB_TIMEOUT_S,
+               f"{after_steps} trainer steps")
+    requeue_now(env, job)
+    state = wait_job(env, job)
+    assert state == "COMPLETED", show_logs(out, run_dir)
+
+
 def trainer_steps(run_dir: Path) -> list[int]:
     return [row["step"] for row in read_metrics(run_dir, "trainer")]
 
