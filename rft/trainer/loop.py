@@ -165,7 +165,8 @@ def writes_folder(cfg: Config, step: int, last_step: int | None) -> bool:
 def _save_engine(cfg: Config, engine: Any, folder: Path, step: int, rank: int, final: bool,
                  *, rng: bool) -> None:
     """One engine's DeepSpeed shards, the RNG states (``rng``) and its HF folder (config, and
-    the weights when ``trainer.save_hf_checkpoint`` says so) into ``folder``. Collective."""
+    the weights when ``trainer.save_hf_checkpoint`` says so; a LoRA policy's adapter folder,
+    always) into ``folder``. Collective."""
     from rft.sync import copy_files
     from rft.trainer import engine as dse
 

@@ -6,16 +6,18 @@ the model updated once per mini-batch and epoch (:mod:`rft.config.batches`: ``mo
 splits a step larger than ``buffer.train_batch_size`` into mini-batches of whole groups, as
 veRL's ``ppo_mini_batch_size``) and a metrics dict over the whole batch (meaningful on rank 0).
 
-Order of work: tabulate rows -> mini-batches (whole groups) -> per mini-batch, its groups over
-ranks -> micro-batches (same count on every rank, padded with zero-weight ones; rollout and
-expert rows apart) -> reference log-probs (if a KL term is on) and old log-probs (rollout's,
-or one forward pass before the first update: ``recompute``) over the whole step, in
-micro-batches of ``trainer.log_prob_micro_batch_size_per_gpu`` -> advantages over the step's
-rollout rows (KL-in-reward first, gathered from all ranks; expert rows get 0) -> off-policy
-correction weights from the recomputed old and vLLM's behaviour log-probs
-(``algorithm.rollout_correction``, :mod:`rft.algo.correction`) -> per epoch, per mini-batch,
-per micro-batch: forward, loss x its share of its source's mini-batch loss, backward; then
-one optimizer step.
+Order of work: the plan (:mod:`rft.trainer.plan`: tabulate rows -> mini-batches of whole
+groups -> per mini-batch, its groups over ranks -> micro-batches, the same count on every rank,
+padded with zero-weight ones; rollout and expert rows apart) -> reference log-probs (if a KL
+term is on) and old log-probs (rollout's, or one forward pass before the first update:
+``recompute``) over the whole step, in micro-batches of
+``trainer.log_prob_micro_batch_size_per_gpu`` -> with a critic (``advantage_fn: ppo``), its
+values of every row (:mod:`rft.trainer.critic`) -> advantages over the step's rollout rows
+(KL-in-reward first, gathered from all ranks; GAE from the values and its returns; expert rows
+get 0) -> the critic's own updates -> off-policy correction weights from the recomputed old
+and vLLM's behaviour log-probs (``algorithm.rollout_correction``, :mod:`rft.algo.correction`)
+-> per epoch, per mini-batch, per micro-batch: forward, loss x its share of its source's mini-batch loss, backward; then
+one optimizer step (none during the first ``critic_warmup`` steps: only the critic learns).
 
 On-policy skip (:func:`old_pass_skippable`): with ``recompute`` and exactly one update (one
 mini-batch, one epoch) and no KL penalty in the reward, the old log-probs are the training
