@@ -16,8 +16,9 @@ values of every row (:mod:`rft.trainer.critic`) -> advantages over the step's ro
 (KL-in-reward first, gathered from all ranks; GAE from the values and its returns; expert rows
 get 0) -> the critic's own updates -> off-policy correction weights from the recomputed old
 and vLLM's behaviour log-probs (``algorithm.rollout_correction``, :mod:`rft.algo.correction`)
--> per epoch, per mini-batch, per micro-batch: forward, loss x its share of its source's mini-batch loss, backward; then
-one optimizer step (none during the first ``critic_warmup`` steps: only the critic learns).
+-> per epoch, per mini-batch, per micro-batch: forward, loss x its share of its source's
+mini-batch loss, backward; then one optimizer step (none during the first ``critic_warmup``
+steps: only the critic learns).
 
 On-policy skip (:func:`old_pass_skippable`): with ``recompute`` and exactly one update (one
 mini-batch, one epoch) and no KL penalty in the reward, the old log-probs are the training
