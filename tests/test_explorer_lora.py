@@ -62,6 +62,25 @@ def test_engine_kwargs_with_lora(tmp_path):
         vllm_lora_rank(513)
 
 
+def test_a_broadcast_adapters_config_comes_from_its_tensors(tmp_path):
+    """Rank and target modules from the received names and shapes; alpha from the config, or
+    from the initial adapter the run started from."""
+    from rft.config.schema import LoRAConfig
+    from rft.explorer.engine import received_adapter_config
+
+    slots = [("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", (8, 64)),
+             ("base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight", (64, 8)),
+             ("base_model.model.model.layers.0.mlp.down_proj.lora_A.weight", (8, 128)),
+             ("base_model.model.model.layers.0.mlp.down_proj.lora_B.weight", (64, 8))]
+    config = received_adapter_config(slots, LoRAConfig(lora_rank=8, lora_alpha=16), "/base")
+    assert (config["r"], config["lora_alpha"], config["target_modules"]) == (8, 16, ["down_proj", "q_proj"])
+    assert config["base_model_name_or_path"] == "/base" and config["peft_type"] == "LORA"
+    (tmp_path / "adapter_config.json").write_text('{"r": 8, "lora_alpha": 4}')
+    assert received_adapter_config(slots, LoRAConfig(lora_rank=8, path=str(tmp_path)), "/b")["lora_alpha"] == 4
+    with pytest.raises(CheckpointError, match="no lora_A tensors"):
+        received_adapter_config(slots[1::2], LoRAConfig(), "/b")
+
+
 def test_adapter_rank_reads_r_and_rank_pattern(tmp_path):
     (tmp_path / ADAPTER_CONFIG).write_text(json.dumps({"r": 8, "rank_pattern": {"q_proj": 24}}))
     assert adapter_rank(tmp_path) == 24

@@ -36,8 +36,12 @@ def check_adapters_reached_the_explorer(run_dir: Path, last: int) -> None:
 
 
 @pytest.mark.integration
-def test_a_lora_run_syncs_adapters_only(vllm_model_dir, tmp_path):
-    proc = rft_run("--config", str(CONFIG), *lora_overrides(vllm_model_dir, tmp_path, "buffer.total_steps=3"))
+@pytest.mark.parametrize("sync_method", ["checkpoint", "nccl"])
+def test_a_lora_run_syncs_adapters_only(vllm_model_dir, tmp_path, sync_method):
+    """By folder (every version an adapter folder) and by broadcast (the adapter's tensors,
+    written to a local folder by the explorer; folders only at the last step)."""
+    proc = rft_run("--config", str(CONFIG), *lora_overrides(
+        vllm_model_dir, tmp_path, "buffer.total_steps=3", f"synchronizer.sync_method={sync_method}"))
     run_dir = tmp_path.joinpath(*RUN)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = {row["step"]: row for row in read_metrics(run_dir, "trainer")}
@@ -45,7 +49,11 @@ def test_a_lora_run_syncs_adapters_only(vllm_model_dir, tmp_path):
     assert rows[1]["kl_loss"] == pytest.approx(0.0, abs=1e-9)  # step 1: the base, adapter B = 0
     check_adapters_reached_the_explorer(run_dir, 3)
     explorer_log = (run_dir / "log" / "explorer-0.log").read_text()
-    assert "adapter" in explorer_log.lower()
+    if sync_method == "nccl":
+        assert [rows[s]["sync/broadcast_ok"] for s in (1, 2)] == [1.0, 1.0], rows
+        assert "received adapter version 2 by broadcast" in explorer_log
+    else:
+        assert "reloaded adapter from" in explorer_log
 
 
 @pytest.mark.slurm

@@ -163,10 +163,6 @@ def _check_lora(cfg: Config) -> None:
     if lora.train_embeddings:
         raise NotSupportedError("model.lora_configs[0].train_embeddings: true is not supported yet: "
                                 "vLLM serves adapters of linear layers only; set it to false")
-    if cfg.synchronizer.sync_method == "nccl":
-        raise NotSupportedError("model.lora_configs with synchronizer.sync_method 'nccl' is not "
-                                "supported yet: an adapter is megabytes, so use 'checkpoint' (the "
-                                "adapter folder through the shared filesystem, milliseconds)")
     if lora.base_model_name is not None:
         log.info("model.lora_configs[0].base_model_name has no effect: the base model is "
                  "model.model_path")

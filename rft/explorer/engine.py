@@ -29,7 +29,9 @@ weights watcher's check that the folder was not pruned meanwhile), removes the p
 ``lora_request``. Version 0 is the base model alone, or with the adapter of
 ``model.lora_configs[0].path`` when set (:meth:`Engine.load_initial`). Loading a full model
 folder into a LoRA engine replaces the base weights and drops the adapter (vLLM's in-place
-reload removes every adapter too).
+reload removes every adapter too). With ``sync_method: nccl`` the trainer broadcasts the
+adapter's tensors; the worker writes them to a local temporary folder with a config derived
+from their names and shapes (:func:`received_adapter_config`), added the same way.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ import itertools
 import json
 import logging
 import os
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,12 +49,13 @@ from typing import Any, Sequence
 
 import torch
 
+from rft.broadcast import buckets_from_json
 from rft.config.names import VLLM_LORA_RANKS
 from rft.config.rules import lora_config
 from rft.config.schema import Config, LoRAConfig
 from rft.errors import CheckpointError, ConfigError
 from rft.explorer.tasksets import SamplingArgs
-from rft.models import ADAPTER_CONFIG, is_adapter_folder
+from rft.models import ADAPTER_CONFIG, ADAPTER_WEIGHTS, is_adapter_folder
 from rft.placement import local_devices
 
 log = logging.getLogger(__name__)
@@ -164,6 +169,25 @@ def vllm_lora_rank(rank: int) -> int:
                       "in path)")
 
 
+def received_adapter_config(slots: Sequence[tuple[str, Sequence[int]]], lora: LoRAConfig,
+                            base_path: str) -> dict[str, Any]:
+    """The ``adapter_config.json`` of an adapter received by broadcast (tensors only): rank and
+    target modules from the tensors' names and shapes (``...<module>.lora_A.weight`` [r, in]),
+    alpha from ``lora.path``'s config when the run started from one, else ``lora_alpha``."""
+    ranks = {shape[0] for name, shape in slots if name.endswith(".lora_A.weight")}
+    if not ranks:
+        raise CheckpointError("the broadcast adapter has no lora_A tensors: the trainer and this "
+                              "explorer disagree on model.lora_configs")
+    alpha = lora.lora_alpha
+    if lora.path:
+        alpha = json.loads((Path(lora.path) / ADAPTER_CONFIG).read_text()).get("lora_alpha", alpha)
+    targets = sorted({name.split(".")[-3] for name, _ in slots if name.endswith(".lora_A.weight")})
+    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_path,
+            "r": max(ranks), "lora_alpha": alpha, "target_modules": targets, "lora_dropout": 0.0,
+            "bias": "none", "fan_in_fan_out": False, "modules_to_save": None,
+            "use_rslora": False, "use_dora": False}
+
+
 def adapter_rank(folder: Path | str) -> int:
     """The largest rank in a PEFT adapter folder's config (``r``, or a ``rank_pattern`` value)."""
     path = Path(folder) / ADAPTER_CONFIG
@@ -205,6 +229,7 @@ class Engine:
         self.base_path = cfg.model.model_path  # folder of the base weights now loaded
         self.lora_request: Any = None  # vLLM's LoRARequest every generate uses; None: no adapter
         self._lora_ids = itertools.count(1)  # vLLM's adapter ids: a new one per load
+        self._received: Path | None = None  # local folder of the adapter received by broadcast
         self.tokenizer = self.llm.get_tokenizer()
         hf_config = self.llm.llm_engine.model_config.hf_config
         self.tied_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
@@ -289,6 +314,9 @@ class Engine:
         previous, self.lora_request = self.lora_request, request
         if previous is not None:
             self.llm.llm_engine.remove_lora(previous.lora_int_id)
+        if self._received is not None:  # a broadcast adapter's local copy, now replaced
+            shutil.rmtree(self._received, ignore_errors=True)
+            self._received = None
 
     def _drop_adapter(self) -> None:
         """Generate with the base model alone again."""
@@ -305,8 +333,11 @@ class Engine:
                                                         world_size, backend, timeout_s))
 
     def receive(self, layout: list[Any], version: int) -> str:
-        """Receive weights ``version`` broadcast with bucket ``layout`` and load them in place.
-        Returns "" when loaded, else why the receive failed (weights unchanged)."""
+        """Receive weights ``version`` broadcast with bucket ``layout`` and load them in place
+        (with LoRA: the adapter, :meth:`_receive_adapter`). Returns "" when loaded, else why
+        the receive failed (weights unchanged)."""
+        if self.lora is not None:
+            return self._receive_adapter(layout, version)
         start = time.monotonic()
         try:
             errors = [e for e in self.llm.collective_rpc(
@@ -320,6 +351,29 @@ class Engine:
         self.base_path, self.lora_request = f"broadcast:v{version}", None
         log.info("received weights version %d by broadcast in %.2fs", version,
                  time.monotonic() - start)
+        return ""
+
+    def _receive_adapter(self, layout: list[Any], version: int) -> str:
+        """A broadcast adapter: its tensors into a local temporary folder with the config
+        :func:`received_adapter_config` writes, then added as from a published folder (which
+        deletes the previous received folder: one on disk at a time)."""
+        start = time.monotonic()
+        folder = Path(tempfile.mkdtemp(prefix=f"rft-adapter-v{version:06d}-"))
+        slots = [(t.name, t.shape) for bucket in buckets_from_json(layout) for t in bucket.tensors]
+        (folder / ADAPTER_CONFIG).write_text(json.dumps(
+            received_adapter_config(slots, self.lora, self.base_path), indent=2) + "\n")
+        try:
+            errors = [e for e in self.llm.collective_rpc(
+                "rft_receive", args=(layout, False, str(folder / ADAPTER_WEIGHTS))) if e]
+            if errors:
+                shutil.rmtree(folder, ignore_errors=True)
+                return errors[0]
+            self._load_adapter(folder)  # deletes the previous received folder
+        except Exception:
+            shutil.rmtree(folder, ignore_errors=True)
+            raise
+        self._received = folder
+        log.info("received adapter version %d by broadcast in %.2fs", version, time.monotonic() - start)
         return ""
 
     def confirm(self, ok: bool) -> bool:

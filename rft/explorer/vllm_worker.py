@@ -7,7 +7,8 @@ each worker process on GPUs, and import neither vLLM nor the explorer.
   old weights on CPU);
 - ``rft_join_group`` / ``rft_receive`` / ``rft_confirm`` / ``rft_leave_group``: this worker's
   member of the weight-sync group (:mod:`rft.broadcast`). ``rft_receive`` takes in every bucket
-  of a version before it touches the model, so a broadcast that fails midway leaves the engine
+  of a version (or a LoRA adapter's, which it writes to a file for the engine) before it
+  touches the model, so a broadcast that fails midway leaves the engine
   with its previous weights; the price is one copy of the weights in the worker's memory while
   it receives.
 """
@@ -48,9 +49,11 @@ class WeightSyncExtension:
         self._rft_store = store
         return rank
 
-    def rft_receive(self, layout: list[Any], tied_embeddings: bool) -> str:
-        """Receive one version's buckets, then load them in place. Returns "" when loaded, or
-        why the receive failed (the model is then untouched). A failing load raises."""
+    def rft_receive(self, layout: list[Any], tied_embeddings: bool, adapter_file: str | None = None) -> str:
+        """Receive one version's buckets, then load them in place, or with ``adapter_file``
+        (a LoRA adapter's tensors) write them there (worker 0; the engine then adds the
+        adapter). Returns "" when done, or why the receive failed (the model is then
+        untouched). A failing load raises."""
         if self._rft_group is None:
             return "this worker is in no weight-sync group"
         device = self._rft_device()
@@ -63,6 +66,12 @@ class WeightSyncExtension:
         except RuntimeError as e:  # torch.distributed errors: a member left, a timeout
             return str(e) or type(e).__name__
         weights = (item for bucket, flat in received for item in B.unpack(bucket, flat))
+        if adapter_file is not None:
+            if int(self.rank) == 0:  # type: ignore[attr-defined]
+                from safetensors.torch import save_file
+
+                save_file({name: t.contiguous().cpu() for name, t in weights}, adapter_file)
+            return ""
         self.reload_weights(weights_iterator=weights)  # type: ignore[attr-defined]
         if tied_embeddings:
             self.rft_refresh_tied_lm_head()

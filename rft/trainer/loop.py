@@ -134,10 +134,11 @@ def publish_weights(actor: Any, publisher: Any, broadcaster: Any, version: int, 
     from rft.trainer import engine as dse
 
     if actor.lora:  # an adapter: megabytes, gathered whole, no tokenizer (the base has it)
-        from rft.trainer.lora import save_adapter_folder
+        from rft.trainer.lora import save_adapter_folder, saved_state
 
         state = dse.gather_adapter(actor)
-        if rank == 0:
+        if rank == 0 and (not by_broadcast or not broadcaster.broadcast(version, saved_state(state))
+                          or folder):
             publisher.publish(version, lambda tmp: save_adapter_folder(actor.module, state, tmp))
     elif not by_broadcast:
         if rank == 0:

@@ -3,8 +3,8 @@
 Data in: the base causal LM (loaded by :mod:`rft.trainer.engine`) and the run's
 :class:`~rft.config.schema.LoRAConfig`. Data out: the model wrapped by PEFT (only the adapter's
 ``lora_A``/``lora_B`` matrices trainable; B starts at 0, so step 0 is the base model), or the
-adapter of ``LoRAConfig.path`` loaded trainable; and, from the adapter's gathered tensors, a
-PEFT adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``, PEFT's names
+adapter of ``LoRAConfig.path`` loaded trainable; and, from the adapter's gathered tensors, the
+tensors a broadcast sends (``sync_method: nccl``) or a PEFT adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``, PEFT's names
 without the adapter's name) that vLLM, PEFT and ``rft-convert --merge`` load. The reference
 policy of a KL term is the same module with the adapter disabled (:func:`adapter_disabled`):
 no second copy of the model.
@@ -56,12 +56,18 @@ def adapter_disabled(module: Any) -> Iterator[None]:
         yield
 
 
+def saved_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The adapter's tensors under PEFT's saved names (what a broadcast sends, what
+    ``adapter_model.safetensors`` holds)."""
+    return {adapter_saved_name(name, ADAPTER): tensor for name, tensor in state.items()}
+
+
 def save_adapter_folder(module: Any, state: dict[str, torch.Tensor], folder: Path) -> None:
     """``folder`` as a PEFT adapter folder: the config of ``module``'s adapter and ``state``
     (live names -> gathered tensors), each tensor written under PEFT's saved name."""
     folder.mkdir(parents=True, exist_ok=True)
     module.peft_config[ADAPTER].save_pretrained(folder)  # adapter_config.json, as PEFT writes it
     assert (folder / ADAPTER_CONFIG).is_file()
-    tensors = {adapter_saved_name(name, ADAPTER): tensor for name, tensor in state.items()}
+    tensors = saved_state(state)
     specs = [TensorSpec(name, tuple(t.shape), t.dtype) for name, t in tensors.items()]
     write_safetensors(folder / ADAPTER_WEIGHTS, specs, lambda spec: tensors[spec.name].cpu())
