@@ -7,6 +7,7 @@ step once)."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -52,6 +53,8 @@ def test_a_lora_run_syncs_adapters_only(vllm_model_dir, tmp_path, sync_method):
     if sync_method == "nccl":
         assert [rows[s]["sync/broadcast_ok"] for s in (1, 2)] == [1.0, 1.0], rows
         assert "received adapter version 2 by broadcast" in explorer_log
+        folders = re.findall(r"by broadcast in \S+ into (\S+)", explorer_log)
+        assert folders and not any(Path(f).exists() for f in folders)  # none left in /tmp
     else:
         assert "reloaded adapter from" in explorer_log
 

@@ -373,8 +373,16 @@ class Engine:
             shutil.rmtree(folder, ignore_errors=True)
             raise
         self._received = folder
-        log.info("received adapter version %d by broadcast in %.2fs", version, time.monotonic() - start)
+        log.info("received adapter version %d by broadcast in %.2fs into %s", version,
+                 time.monotonic() - start, folder)
         return ""
+
+    def discard_received(self) -> None:
+        """Delete the local folder of the adapter last received by broadcast (the explorer's
+        loop ends; vLLM read it when it was added)."""
+        if self._received is not None:
+            shutil.rmtree(self._received, ignore_errors=True)
+            self._received = None
 
     def confirm(self, ok: bool) -> bool:
         """Report the load to the group; True when every member loaded (raises if it failed)."""

@@ -203,6 +203,7 @@ def run_explorer(cfg: Config, engine: Engine | None = None, *, env: dict[str, st
     finally:
         if receiver is not None:
             receiver.close()
+            engine.discard_received()
         heartbeat.stop()
         monitor.close()
     return result
