@@ -83,7 +83,7 @@ def test_the_adapter_folder_loads_in_peft_with_the_same_logits(tiny_model_dir, t
 def test_lora_config_rules():
     from rft.config.load import config_from_dict
     from rft.config.rules import lora_config
-    from rft.errors import NotSupportedError
+    from rft.errors import ConfigError, NotSupportedError
 
     base = {"model": {"model_path": "/m"}, "buffer": {"batch_size": 2, "explorer_input": {"taskset": {"path": "/d"}}},
             "algorithm": {"algorithm_type": "grpo", "repeat_times": 2}}
@@ -96,6 +96,8 @@ def test_lora_config_rules():
     cfg = load({"name": "lora", "lora_rank": 16, "lora_alpha": 16})  # Trinity's example, as printed
     assert lora_config(cfg).lora_rank == 16 and lora_config(cfg).target_modules == "all-linear"
     assert lora_config(config_from_dict(base)) is None
+    with pytest.raises(ConfigError, match=r"\[\] names no adapter"):
+        load()
     with pytest.raises(NotSupportedError, match="2 adapters"):
         load({"lora_rank": 8}, {"lora_rank": 8})
     with pytest.raises(NotSupportedError, match="train_embeddings: true"):

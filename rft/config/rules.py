@@ -152,10 +152,12 @@ def _check_lora(cfg: Config) -> None:
     configs = cfg.model.lora_configs
     if configs is None:
         return
-    if len(configs) != 1:
+    if not configs:
+        raise ConfigError("model.lora_configs: [] names no adapter; give one entry (lora_rank, "
+                          "lora_alpha...) or remove the key to train the whole model")
+    if len(configs) > 1:
         raise NotSupportedError(f"model.lora_configs: {len(configs)} adapters is not supported yet; "
-                                "rft trains one adapter (as Trinity): keep one entry" if configs else
-                                "model.lora_configs: [] is empty; give one adapter or remove the key")
+                                "rft trains one adapter (as Trinity): keep one entry")
     lora = configs[0]
     if lora.lora_rank > VLLM_LORA_RANKS[-1]:
         raise ConfigError(f"model.lora_configs[0].lora_rank={lora.lora_rank}: vLLM serves adapters "
