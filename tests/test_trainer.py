@@ -593,7 +593,7 @@ def _objective(model_dir: Path) -> float:
 
 def objective(model: torch.nn.Module) -> float:
     """:func:`_objective` of a loaded model."""
-    from rft.algo.losses import token_logprobs
+    from rft.algo.logprobs import token_logprobs
     from rft.trainer.batching import collate
 
     exps = make_batch(1)

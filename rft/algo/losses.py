@@ -1,4 +1,4 @@
-"""Policy, KL and entropy losses, loss aggregation and log-prob/entropy helpers (pure torch).
+"""Policy, KL and entropy losses and loss aggregation (pure torch; log-probs: ``rft.algo.logprobs``).
 
 Data in: per-token tensors of one micro-batch, all ``[B, L]`` over response tokens
 (``logprob`` from the model being trained, ``old_logprob`` from the behaviour policy or a
@@ -432,71 +432,3 @@ ENTROPY_LOSS_FNS: dict[str, Callable[..., LossOut]] = {
     "default": _entropy_default,  # term added to the loss: -entropy_coef * agg(entropy)
     "none": _entropy_none,
 }
-
-
-# ----------------------------------------------------------------------------- logits helpers
-
-def _tempered(chunk: torch.Tensor, temperature: torch.Tensor | float) -> torch.Tensor:
-    """A chunk of logits in float32, divided by the sampling temperature (when not 1): one
-    number, or one per position (``[c]``)."""
-    chunk = chunk.float()  # [c, V]
-    if isinstance(temperature, torch.Tensor):
-        return chunk / temperature.unsqueeze(-1)  # [c, V] / [c, 1]
-    return chunk if temperature == 1.0 else chunk / temperature
-
-
-def _per_position(temperature: torch.Tensor | float, shape: torch.Size) -> torch.Tensor | float:
-    """A temperature per row (``[B]``) spread over the positions of ``shape`` (``[B, L]``) and
-    flattened (``[B*L]``); a number stays a number."""
-    if not isinstance(temperature, torch.Tensor):
-        return float(temperature)
-    per_row = temperature.float().reshape(-1, *([1] * (len(shape) - 1)))  # [B, 1]
-    return per_row.expand(shape).reshape(-1)  # [B*L]
-
-
-def _rows_per_chunk(vocab: int, max_chunk_elems: int) -> int:
-    return max(1, max_chunk_elems // max(vocab, 1))
-
-
-def token_logprobs(
-    logits: torch.Tensor, labels: torch.Tensor, *, temperature: torch.Tensor | float = 1.0,
-    max_chunk_elems: int = 1 << 26,
-) -> torch.Tensor:
-    """log softmax(logits / temperature)[label] per position: ``[B, L, V]``, ``[B, L]`` ->
-    ``[B, L]`` float32; ``temperature`` one number or one per row (``[B]``).
-
-    Computed as ``logit[label] - logsumexp(logits)`` in float32 (the division too, as vLLM's
-    sampler does), ``max_chunk_elems`` logits at a time, so the forward never holds a full
-    float32 copy of ``[B, L, V]`` (with gradients, each chunk's float32 copy is kept for the
-    backward: wrap the call in activation checkpointing to avoid that). Labels must be valid
-    ids; mask padding afterwards.
-    """
-    flat_logits = logits.reshape(-1, logits.shape[-1])  # [B*L, V]
-    flat_labels = labels.reshape(-1)  # [B*L]
-    step = _rows_per_chunk(flat_logits.shape[-1], max_chunk_elems)
-    temps = _per_position(temperature, labels.shape)  # [B*L] or a number
-    parts = [flat_logits.new_zeros(0, dtype=torch.float32)]  # an empty batch gives an empty result
-    for start in range(0, flat_logits.shape[0], step):
-        t = temps[start:start + step] if isinstance(temps, torch.Tensor) else temps
-        chunk = _tempered(flat_logits[start:start + step], t)  # [c, V]
-        picked = chunk.gather(-1, flat_labels[start:start + step].unsqueeze(-1)).squeeze(-1)  # [c]
-        parts.append(picked - torch.logsumexp(chunk, dim=-1))  # [c]
-    return torch.cat(parts).reshape(labels.shape)  # [B, L]
-
-
-def token_entropy(logits: torch.Tensor, *, temperature: torch.Tensor | float = 1.0,
-                  max_chunk_elems: int = 1 << 26) -> torch.Tensor:
-    """Entropy of softmax(logits / temperature) per position: ``[B, L, V]`` -> ``[B, L]``
-    float32, chunked like ``token_logprobs``. H = logsumexp(z) - sum softmax(z) * z (logits
-    must be finite)."""
-    flat_logits = logits.reshape(-1, logits.shape[-1])  # [B*L, V]
-    step = _rows_per_chunk(flat_logits.shape[-1], max_chunk_elems)
-    temps = _per_position(temperature, logits.shape[:-1])  # [B*L] or a number
-    parts = [flat_logits.new_zeros(0, dtype=torch.float32)]
-    for start in range(0, flat_logits.shape[0], step):
-        t = temps[start:start + step] if isinstance(temps, torch.Tensor) else temps
-        chunk = _tempered(flat_logits[start:start + step], t)  # [c, V]
-        log_z = torch.logsumexp(chunk, dim=-1)  # [c]
-        probs = torch.softmax(chunk, dim=-1)  # [c, V]
-        parts.append(log_z - (probs * chunk).sum(-1))  # [c]
-    return torch.cat(parts).reshape(logits.shape[:-1])  # [B, L]

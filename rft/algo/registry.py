@@ -34,6 +34,7 @@ from rft.algo.advantages import (
 )
 from rft.algo.correction import CORRECTIONS, correction_weights
 from rft.algo.critic import gae_advantages
+from rft.algo.logprobs import token_entropy, token_logprobs
 from rft.algo.losses import (
     ENTROPY_LOSS_FNS,
     KL_FNS,
@@ -44,8 +45,6 @@ from rft.algo.losses import (
     kl,
     kl_loss,
     kl_penalty,
-    token_entropy,
-    token_logprobs,
 )
 from rft.config import names
 from rft.config.schema import AlgorithmConfig, RolloutCorrectionConfig

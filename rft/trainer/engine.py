@@ -32,7 +32,7 @@ import torch.distributed as dist  # noqa: E402
 from deepspeed.accelerator import get_accelerator  # noqa: E402
 
 from rft import placement  # noqa: E402
-from rft.algo.losses import token_entropy, token_logprobs  # noqa: E402
+from rft.algo.logprobs import logprobs_from_hidden, logprobs_from_logits  # noqa: E402
 from rft.config.rules import lora_config  # noqa: E402
 from rft.config.schema import Config, LoRAConfig, OptimizerConfig  # noqa: E402
 from rft.errors import CheckpointError, ConfigError  # noqa: E402
@@ -311,12 +311,37 @@ def build_reference(cfg: Config, info: DistInfo, actor: Actor | None = None) -> 
 
 # ----------------------------------------------------------------------------- forward
 
+# Model types whose causal-LM forward is the decoder, then a bias-free ``lm_head`` on its last
+# hidden states (no logit scaling or soft-capping): their log-probs can be taken from the hidden
+# states (``logprobs_from_hidden``). Others go through the model's own forward and its logits.
+PLAIN_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi3"})
+
+
+def plain_head(module: Any) -> tuple[torch.nn.Module, torch.Tensor] | None:
+    """The decoder and the LM head's weight of ``module`` (a DeepSpeed engine, a PEFT model or a
+    plain causal LM) when its log-probs may be computed from the decoder's hidden states: a
+    model type in :data:`PLAIN_HEAD_MODEL_TYPES` whose head weight is whole on this rank (not
+    ZeRO-3 partitioned: its gather belongs to the head's own forward)."""
+    model = getattr(module, "module", module)  # a DeepSpeed engine's model
+    model = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT
+    if getattr(getattr(model, "config", None), "model_type", None) not in PLAIN_HEAD_MODEL_TYPES:
+        return None
+    head = model.get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear) or head.bias is not None or hasattr(head.weight, "ds_id"):
+        return None
+    return model.get_decoder(), head.weight
+
+
 def forward_logprobs(module: Any, micro: MicroBatch, *, with_entropy: bool,
                      entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs ``[B, R]`` of the response tokens (and their entropies) under ``module``.
+    """Log-probs ``[B, R]`` of the response tokens (and their entropies) under ``module``; 0
+    where ``micro.response_mask`` is 0 (padding and tokens the loss does not count).
 
-    Only the logits at response positions are turned into float32 log-softmax; the entropy is
-    computed without a graph unless ``entropy_grad`` (an entropy term in the loss).
+    Only counted positions are scored, in float32 chunks that are recomputed in the backward
+    (:mod:`rft.algo.logprobs`): with a :func:`plain_head` model from the decoder's hidden states
+    and the head's weight, so no ``[tokens, vocab]`` logits exist at all; otherwise from the
+    model's logits on the window that holds responses. The entropy has no graph unless
+    ``entropy_grad`` (an entropy term in the loss).
 
     The logits are divided by ``micro.temperature`` (in float32, as veRL's actor does), one
     per row: for a rollout the temperature it was sampled at (``Experience.temperature``, via
@@ -326,20 +351,33 @@ def forward_logprobs(module: Any, micro: MicroBatch, *, with_entropy: bool,
     behaviour log-probs all describe the distribution sampled from (top-p/top-k truncation
     aside, which only vLLM applies). Expert/SFT rows are data, not samples: temperature 1.
     """
-    counted = micro.logit_positions[micro.response_mask > 0]
-    first = int(counted.min()) if counted.numel() else 0
-    last = int(counted.max()) if counted.numel() else 0
-    # The LM head runs only on the window that holds responses (prompt logits are never used).
-    keep = torch.arange(first, last + 1, device=micro.input_ids.device)  # [K]
-    logits = module(input_ids=micro.input_ids, attention_mask=micro.attention_mask,
-                    use_cache=False, logits_to_keep=keep).logits  # [B, K, V]
-    rel = (micro.logit_positions - first).clamp(0, last - first)  # [B, R]
-    resp_logits = logits[torch.arange(rel.shape[0], device=rel.device).unsqueeze(-1), rel]  # [B, R, V]
-    logprobs = token_logprobs(resp_logits, micro.response_ids, temperature=micro.temperature)  # [B, R]
-    entropy = None
-    if with_entropy:
-        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-            entropy = token_entropy(resp_logits, temperature=micro.temperature)  # [B, R]
+    rows, cols = (micro.response_mask > 0).nonzero(as_tuple=True)  # [M] each
+    positions = micro.logit_positions[rows, cols]  # [M] position whose logits predict the token
+    labels = micro.response_ids[rows, cols]  # [M]
+    temperature = micro.temperature
+    if isinstance(temperature, torch.Tensor):
+        temperature = temperature.to(rows.device)[rows]  # [M]
+    entropy_wanted = with_entropy and entropy_grad and torch.is_grad_enabled()
+    head = plain_head(module)
+    if head is not None:
+        decoder, weight = head
+        hidden = decoder(input_ids=micro.input_ids, attention_mask=micro.attention_mask,
+                         use_cache=False).last_hidden_state  # [B, T, H]
+        logprob, entropy = logprobs_from_hidden(hidden[rows, positions], weight, labels,
+                                                temperature=temperature, with_entropy=with_entropy)
+    else:
+        first = int(positions.min()) if positions.numel() else 0
+        last = int(positions.max()) if positions.numel() else 0
+        # The LM head runs only on the window that holds responses (prompt logits are never used).
+        keep = torch.arange(first, last + 1, device=micro.input_ids.device)  # [K]
+        logits = module(input_ids=micro.input_ids, attention_mask=micro.attention_mask,
+                        use_cache=False, logits_to_keep=keep).logits  # [B, K, V]
+        logprob, entropy = logprobs_from_logits(logits[rows, positions - first], labels,
+                                                temperature=temperature, with_entropy=with_entropy)
+    out = torch.zeros(micro.response_mask.shape, dtype=torch.float32, device=logprob.device)
+    logprobs = out.index_put((rows, cols), logprob)  # [B, R]
+    if entropy is not None:
+        entropy = out.index_put((rows, cols), entropy if entropy_wanted else entropy.detach())
     return logprobs, entropy
 
 
