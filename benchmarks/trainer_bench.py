@@ -1,18 +1,27 @@
-"""Trainer throughput: rft's DeepSpeed step vs a plain single-process torch loop, same run.
+"""Trainer throughput: rft's DeepSpeed step vs a naive padded torch loop, same run, same device.
 
-Both sides train the same model on the same batch of synthetic experiences (GRPO advantages,
-PPO loss, one update per step so the old log-probs are the training forward's own, detached:
-rft skips the no-grad pass there, and so does the baseline; AdamW) on the same device (CUDA
-when torch sees a GPU, else CPU): rft through ``rft.trainer.step.train_step`` on a DeepSpeed
-ZeRO engine (one process), the baseline as a hand-written loop over the same micro-batches and
-the same forward function (so the difference is DeepSpeed's engine, ZeRO bookkeeping and rft's
-batching). The baseline runs first and is freed before rft's engine is built. Prints tokens/s,
-peak memory (CUDA: ``max_memory_allocated``; CPU: the process's peak resident memory so far,
-which only grows, so rft's row includes the baseline's peak) and the ratio, then rft's step
-anatomy from its step metrics (``time_*``) and the weights gather of a publish.
+Both sides train the same model on the same batch of synthetic GRPO experiences (PPO loss,
+one update per step, AdamW) on one device (CUDA when torch sees a GPU, else CPU):
+
+* baseline, the straightforward loop: padded micro-batches by the same token budget, a no-grad
+  pass for the old log-probs, then forward + backward, log-probs from the full float32
+  ``log_softmax`` of the logits, torch's AdamW (fused on CUDA);
+* rft: ``rft.trainer.step.train_step`` on a DeepSpeed ZeRO engine (one process) as configured
+  by the flags: the old-log-prob pass skipped on-policy, log-probs in float32 chunks from the
+  hidden states, ``--packed`` (``trainer.padding_free``), ``--compile``
+  (``trainer.compile_layers``), ``--gradient-checkpointing``.
+
+Each side is timed after a warm-up step (which also compiles), with the device synchronised
+before every clock read; the baseline is freed before rft's engine is built. Prints tokens/s,
+MFU (6 x parameters x tokens/s over the whole step / the device's peak: ``--peak-tflops``, by
+default the bf16 dense peak of a recognised GPU, none on CPU), peak memory (CUDA:
+``max_memory_allocated`` per side; CPU: the process's peak RSS so far, which only grows), the
+ratio to the baseline, and rft's step anatomy (log-prob pass, forward+backward, optimizer, and
+a publish: the ``weights/vN`` folder written by the trainer's streaming writer, fsynced, with a
+raw write + fsync of the same bytes beside it).
 
     DS_ACCELERATOR=cpu OMP_NUM_THREADS=2 .venv/bin/python benchmarks/trainer_bench.py \\
-        --model .cache/models/smollm2-135m-instruct --precision bf16
+        --model .cache/models/smollm2-135m-instruct --precision fp32
 """
 
 from __future__ import annotations
@@ -22,7 +31,9 @@ import gc
 import os
 import random
 import resource
+import shutil
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -58,11 +69,22 @@ def bench_config(args: argparse.Namespace):
         "buffer": {"batch_size": args.groups, "total_steps": args.steps},
         "trainer": {"zero_stage": args.zero_stage, "precision": args.precision,
                     "gradient_checkpointing": args.gradient_checkpointing,
+                    "padding_free": args.packed, "compile_layers": args.compile,
                     "use_dynamic_bsz": True, "max_token_len_per_gpu": args.max_token_len},
     })
 
 
 ANATOMY = ("time_prepare_s", "time_old_logprobs_s", "time_forward_backward_s", "time_optimizer_s")
+
+# bf16 dense peak TFLOP/s of GPUs by the name torch reports (the MFU denominator)
+PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0, "L40S": 362.0, "GH200": 989.0}
+
+
+def peak_tflops(device: torch.device, given: float | None) -> float | None:
+    if given is not None or device.type != "cuda":
+        return given
+    name = torch.cuda.get_device_name(device)
+    return next((v for k, v in sorted(PEAK_TFLOPS.items(), key=lambda kv: -len(kv[0])) if k in name), None)
 
 
 def sync(device: torch.device) -> None:
@@ -84,6 +106,32 @@ def peak_memory_gib(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
 
 
+def publish_times(actor, device: torch.device) -> tuple[float, float, int]:
+    """Seconds of the trainer's publish (streamed ``weights/vN`` folder, fsynced) and of a raw
+    write + fsync of as many bytes, in a temporary folder; and the bytes."""
+    from rft.trainer import engine as dse
+
+    root = Path(tempfile.mkdtemp(prefix="rft-trainer-bench-"))
+    try:
+        sync(device)
+        t0 = time.perf_counter()
+        dse.stream_hf_folder(actor, root / "published")  # what the trainer's publish writes
+        for path in (root / "published").iterdir():
+            with open(path, "rb+") as f:
+                os.fsync(f.fileno())
+        published = time.perf_counter() - t0
+        size = sum(p.stat().st_size for p in (root / "published").iterdir())
+        payload = os.urandom(1 << 20) * (size >> 20)
+        t0 = time.perf_counter()
+        with open(root / "raw.bin", "wb") as f:
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+        return published, time.perf_counter() - t0, size
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def time_rft(cfg, batch, steps: int) -> tuple[float, int, float, dict[str, float]]:
     """Seconds for ``steps`` steps, tokens per step, peak memory (GiB) and the mean step anatomy."""
     from rft.algo.registry import build_loss_fns
@@ -94,7 +142,7 @@ def time_rft(cfg, batch, steps: int) -> tuple[float, int, float, dict[str, float
     reset_peak(info.device)
     actor = dse.build_actor(cfg, info, steps + 1)
     fns = build_loss_fns(cfg.algorithm)
-    train_step(actor, None, batch, cfg, fns, info, 0, 0)  # warm-up
+    train_step(actor, None, batch, cfg, fns, info, 0, 0)  # warm-up (and compilation)
     sync(info.device)
     anatomy = dict.fromkeys(ANATOMY, 0.0)
     t0 = time.perf_counter()
@@ -104,22 +152,21 @@ def time_rft(cfg, batch, steps: int) -> tuple[float, int, float, dict[str, float
             anatomy[key] += metrics[key] / steps
     sync(info.device)
     seconds = time.perf_counter() - t0
-    t1 = time.perf_counter()
-    dse.gather_weights(actor)  # what a publish gathers before writing
-    sync(info.device)
-    anatomy["publish_gather_s"] = time.perf_counter() - t1
-    anatomy["old_logprobs_skipped"] = metrics["old_logprobs_skipped"]
-    return seconds, int(metrics["batch_tokens"]), peak_memory_gib(info.device), anatomy
+    peak = peak_memory_gib(info.device)
+    published, raw, size = publish_times(actor, info.device)
+    anatomy.update(publish_s=published, raw_write_s=raw, publish_vs_raw=published / raw,
+                   published_mib=size / 2**20, old_logprobs_skipped=metrics["old_logprobs_skipped"])
+    return seconds, int(metrics["batch_tokens"]), peak, anatomy
 
 
-def time_plain(cfg, batch, steps: int, device: torch.device) -> tuple[float, float]:
-    """The baseline: same micro-batches, PPO loss at ratio 1 (old = this forward, detached),
-    AdamW, no DeepSpeed, on ``device``. Seconds for ``steps`` steps and peak memory (GiB)."""
+def time_plain(cfg, batch, steps: int, device: torch.device) -> tuple[float, float, int]:
+    """The naive baseline on ``device``: padded micro-batches, a no-grad old-log-prob pass,
+    full float32 log-softmax, torch AdamW, no DeepSpeed. Seconds for ``steps`` steps, peak
+    memory (GiB) and the model's parameter count."""
     from transformers import AutoModelForCausalLM
 
     from rft.algo.advantages import grpo_advantages
     from rft.algo.losses import ppo_loss
-    from rft.trainer import engine as dse
     from rft.trainer.batching import (
         batch_totals,
         collate,
@@ -131,45 +178,48 @@ def time_plain(cfg, batch, steps: int, device: torch.device) -> tuple[float, flo
     dtype = torch.bfloat16 if cfg.trainer.precision == "bf16" else torch.float32
     reset_peak(device)
     model = AutoModelForCausalLM.from_pretrained(cfg.model.model_path, dtype=dtype).to(device)
+    params = sum(p.numel() for p in model.parameters())  # tied weights counted once
     if cfg.trainer.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01, fused=device.type == "cuda")
     rows = rows_from_experiences(batch)
     lengths = [len(x) for x in rows.input_ids]
-    micros = plan_micro_batches(range(len(rows)), lengths, use_dynamic_bsz=True,
-                                max_token_len=cfg.trainer.max_token_len_per_gpu, micro_batch_size=1)
+    plans = plan_micro_batches(range(len(rows)), lengths, use_dynamic_bsz=True,
+                               max_token_len=cfg.trainer.max_token_len_per_gpu, micro_batch_size=1)
     adv, _ = grpo_advantages(rows.rewards, rows.group_ids, rows.response_mask)
     totals = batch_totals(rows.response_mask)
+    micros = [collate(rows, m, adv, torch.zeros_like(adv)).to(device) for m in plans]
 
-    def logprobs(model, micro, entropy: bool = False):
-        # the same forward as rft's (LM head on the response window, entropy as a metric)
-        return dse.forward_logprobs(model, micro, with_entropy=entropy, entropy_grad=False)[0]
+    def logprobs(micro):
+        logits = model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits  # [B, T, V]
+        index = torch.arange(len(micro.rows), device=device).unsqueeze(-1)
+        logsm = logits[index, micro.logit_positions].float().log_softmax(-1)  # [B, R, V]
+        return logsm.gather(-1, micro.response_ids.unsqueeze(-1)).squeeze(-1)  # [B, R]
 
-    old = torch.zeros_like(rows.response_mask)  # unused: one update, old = the forward's own
-
-    def one_step(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
-        for m in micros:
-            micro = collate(rows, m, adv, old).to(device)
-            logprob = logprobs(model, micro, entropy=True)  # [B, R]
-            loss, _ = ppo_loss(logprob, logprob.detach(), micro.advantages, micro.response_mask)
+    def one_step() -> None:
+        with torch.no_grad():
+            old = [logprobs(micro) for micro in micros]
+        for micro, old_lp in zip(micros, old):
+            lp = logprobs(micro)
+            loss, _ = ppo_loss(lp, old_lp, micro.advantages, micro.response_mask)
             (loss * micro_loss_scale(micro.response_mask, totals, "token-mean", 1)).backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    one_step(model, opt)  # warm-up
+    one_step()  # warm-up
     sync(device)
     t0 = time.perf_counter()
     for _ in range(steps):
-        one_step(model, opt)
+        one_step()
     sync(device)
     seconds = time.perf_counter() - t0
     peak = peak_memory_gib(device)
-    del model, opt  # freed before rft's engine is built
+    model = opt = micros = None  # freed before rft's engine is built
     gc.collect()
     reset_peak(device)
-    return seconds, peak
+    return seconds, peak, params
 
 
 def main() -> None:
@@ -184,6 +234,10 @@ def main() -> None:
     p.add_argument("--response-len", type=int, default=128)
     p.add_argument("--max-token-len", type=int, default=1024)
     p.add_argument("--gradient-checkpointing", action="store_true")
+    p.add_argument("--packed", action="store_true", help="trainer.padding_free")
+    p.add_argument("--compile", action="store_true", help="trainer.compile_layers")
+    p.add_argument("--peak-tflops", type=float, default=None,
+                   help="the device's peak (TFLOP/s) for MFU; default: known GPUs' bf16 dense peak")
     args = p.parse_args()
     cfg = bench_config(args)
     from transformers import AutoConfig
@@ -191,21 +245,26 @@ def main() -> None:
     vocab = AutoConfig.from_pretrained(args.model).vocab_size
     batch = make_batch(args.groups, args.repeat, args.prompt_len, args.response_len, vocab)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
+    peak = peak_tflops(device, args.peak_tflops)
     torch.manual_seed(0)
-    plain_s, plain_peak = time_plain(cfg, batch, args.steps, device)
+    plain_s, plain_peak, params = time_plain(cfg, batch, args.steps, device)
     rft_s, tokens, rft_peak, anatomy = time_rft(cfg, batch, args.steps)
-    rows = [("plain torch loop (1 process)", plain_s, plain_peak),
-            (f"rft trainer (DeepSpeed ZeRO-{args.zero_stage}, 1 rank)", rft_s, rft_peak)]
+    flags = [f for f, on in (("packed", args.packed), ("compiled", args.compile),
+                             ("grad ckpt", args.gradient_checkpointing)) if on]
+    table = [("naive padded torch loop (1 process)", plain_s, plain_peak),
+             (f"rft trainer (ZeRO-{args.zero_stage}, 1 rank{', ' if flags else ''}{', '.join(flags)})",
+              rft_s, rft_peak)]
     memory = "peak alloc GiB" if device.type == "cuda" else "peak RSS GiB"
-    print(f"\nmodel={Path(args.model).name} precision={args.precision} device={device} batch={len(batch)} "
-          f"seqs, {tokens} tokens/step, steps={args.steps}, threads={torch.get_num_threads()}, "
-          f"grad_ckpt={args.gradient_checkpointing}")
-    print(f"| {'loop':44} | {'s/step':>7} | {'tokens/s':>9} | {memory:>14} | {'vs plain':>8} |")
-    print(f"|{'-' * 46}|{'-' * 9}|{'-' * 11}|{'-' * 16}|{'-' * 10}|")
-    for name, seconds, peak in rows:
+    print(f"\nmodel={Path(args.model).name} ({params / 1e6:.0f}M params) precision={args.precision} "
+          f"device={torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'} "
+          f"batch={len(batch)} seqs, {tokens} tokens/step, steps={args.steps}, threads={torch.get_num_threads()}")
+    print(f"| {'loop':52} | {'s/step':>7} | {'tokens/s':>9} | {'MFU':>5} | {memory:>14} | {'vs naive':>8} |")
+    print(f"|{'-' * 54}|{'-' * 9}|{'-' * 11}|{'-' * 7}|{'-' * 16}|{'-' * 10}|")
+    for name, seconds, mem in table:
         per_step = seconds / args.steps
-        print(f"| {name:44} | {per_step:7.2f} | {tokens / per_step:9.0f} | {peak:14.2f} | "
-              f"{plain_s / seconds:8.2f} |")
+        rate = tokens / per_step
+        mfu = f"{6 * params * rate / (peak * 1e12):5.3f}" if peak else "    -"
+        print(f"| {name:52} | {per_step:7.3f} | {rate:9.0f} | {mfu} | {mem:14.2f} | {plain_s / seconds:8.2f} |")
     print("rft step anatomy (mean s/step; no buffer read here): "
           + " ".join(f"{k}={v:.3f}" for k, v in anatomy.items()))
     from rft.trainer import engine as dse

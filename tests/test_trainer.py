@@ -195,6 +195,24 @@ def test_micro_loss_scale_splits_ones_over_ranks_and_micro_batches(mode, whole):
     assert total / 2 == pytest.approx(whole)
 
 
+def test_gpu_optimizer_is_torchs_fused_adamw_unless_states_are_offloaded(tmp_path):
+    """No JIT-compiled optimizer op on a GPU job's first step: torch's fused AdamW through
+    DeepSpeed's ``torch_adam``; offloaded optimizer states keep DeepSpeed's CPU Adam; CPU runs
+    take torch's AdamW unfused."""
+    from rft.config.load import config_from_dict
+    from rft.trainer.engine import ds_config
+
+    def params(on_cpu: bool, **trainer) -> dict:
+        cfg = config_from_dict({"mode": "train", "checkpoint_root_dir": str(tmp_path),
+                                "model": {"model_path": str(tmp_path)}, "trainer": trainer})
+        return ds_config(cfg, 1, on_cpu)["optimizer"]["params"]
+
+    assert params(on_cpu=False)["torch_adam"] and params(on_cpu=False)["fused"]
+    assert not params(on_cpu=False, optimizer_offload=True)["torch_adam"]
+    cpu = params(on_cpu=True, optimizer_offload=True)
+    assert cpu["torch_adam"] and "fused" not in cpu
+
+
 def test_lr_schedule_warmup_constant_and_cosine():
     assert warmup_steps(-1, 0.25, 8) == 2 and warmup_steps(3, 0.5, 8) == 3
     f = lr_multiplier("constant", 2, None, 0.0)
@@ -537,6 +555,28 @@ def test_an_off_policy_correction_over_two_ranks_gives_the_one_rank_step(tmp_pat
     assert rows[1]["rollout_correction/is_weight_mean"] < 0.5  # the weights do act
     for key in keys:
         assert rows[2][key] == pytest.approx(rows[1][key], rel=1e-4, abs=1e-12), key
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_packed_micro_batches_give_the_padded_step(tmp_path, tiny_model_dir, zero_stage):
+    """``trainer.padding_free`` on two DeepSpeed ranks: the same step's loss, entropy and
+    gradient norm as padded micro-batches (ZeRO-2 scores from the hidden states, ZeRO-3 from the
+    logits), with micro-batches of several ragged rows."""
+    rows = {}
+    for packed in (False, True):
+        extra = {"algorithm": {"algorithm_type": "grpo", "repeat_times": 2, "kl_loss_fn": "none",
+                               "optimizer": {"lr": 1e-3}},
+                 "buffer": {"batch_size": 4, "total_steps": 1,
+                            "explorer_input": {"taskset": {"path": "unused-by-the-trainer"}}},
+                 "trainer": {"zero_stage": zero_stage, "padding_free": packed, "max_token_len_per_gpu": 64}}
+        name = f"packed{int(packed)}"
+        config = write_config(tmp_path, name, tiny_model_dir, **extra)
+        write_segments(tmp_path / "t" / name, [1])
+        run_ok(torchrun_cmd(config), tmp_path / f"{name}.log")
+        rows[packed] = metrics(tmp_path / "t" / name)[1]
+    for key in ("pg_loss", "entropy", "grad_norm"):
+        assert rows[True][key] == pytest.approx(rows[False][key], rel=1e-4, abs=1e-7), key
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["zero2", "zero3"])

@@ -80,6 +80,10 @@ def check_not_supported(cfg: Config) -> None:
     if cfg.trainer.ulysses_sequence_parallel_size != 1:
         raise _unsupported("trainer.ulysses_sequence_parallel_size",
                            cfg.trainer.ulysses_sequence_parallel_size, "Set it to 1.")
+    if cfg.trainer.compile_layers and cfg.trainer.zero_stage == 3:
+        raise NotSupportedError("trainer.compile_layers with trainer.zero_stage 3 is not supported yet: "
+                                "ZeRO-3 gathers each parameter in hooks inside the layers, which "
+                                "break compiled graphs. Use zero_stage 2 (or 1), or compile_layers: false")
 
 
 def _check_monitor(cfg: Config) -> None:
@@ -125,6 +129,7 @@ def _apply_verl_trainer_config(cfg: Config, seen: set[str]) -> None:
         log.info("trainer.trainer_type 'verl': rft trains with DeepSpeed ZeRO; veRL-style "
                  "trainer.trainer_config keys are mapped onto trainer.*")
     pairs = [
+        ("actor_rollout_ref.model.use_remove_padding", arr.model.use_remove_padding, "trainer.padding_free"),
         ("actor_rollout_ref.model.enable_gradient_checkpointing",
          arr.model.enable_gradient_checkpointing, "trainer.gradient_checkpointing"),
         ("actor_rollout_ref.actor.fsdp_config.param_offload",

@@ -257,7 +257,7 @@ class VerlFsdpConfig:
 
 @dataclass
 class VerlModelConfig:
-    use_remove_padding: Optional[bool] = None  # no effect: rft pads only inside a micro-batch
+    use_remove_padding: Optional[bool] = None  # -> trainer.padding_free
     enable_gradient_checkpointing: Optional[bool] = None  # -> trainer.gradient_checkpointing
 
 
@@ -289,7 +289,7 @@ class VerlActorRolloutRefConfig:
 @dataclass
 class VerlCriticModelConfig:
     path: Optional[str] = None  # -> model.critic_model_path
-    use_remove_padding: Optional[bool] = None  # no effect: rft pads only inside a micro-batch
+    use_remove_padding: Optional[bool] = None  # no effect: the critic packs as the actor (trainer.padding_free)
     enable_gradient_checkpointing: Optional[bool] = None  # critic's (null: trainer.gradient_checkpointing)
     fsdp_config: VerlFsdpConfig = field(factory=VerlFsdpConfig)  # critic's offload (null: the trainer's)
 
@@ -322,6 +322,7 @@ class TrainerConfig:
     grad_clip: float = field(1.0, ge=0)  # max gradient norm (0: no clipping)
     use_dynamic_bsz: bool = True  # micro-batches by token budget instead of fixed size
     max_token_len_per_gpu: int = field(16384, ge=1)  # token budget per micro-batch
+    padding_free: bool = False  # pack each micro-batch's sequences into one row (no padding)
     micro_batch_size_per_gpu: int = field(1, ge=1)  # fixed micro-batch size (use_dynamic_bsz false)
     log_prob_micro_batch_size_per_gpu: Optional[int] = field(None, ge=1)  # log-prob passes (None: as above)
     ppo_epochs: int = field(1, ge=1)  # optimisation passes over each batch
@@ -331,6 +332,7 @@ class TrainerConfig:
     optimizer_offload: bool = False  # optimizer states in CPU memory
     ref_offload: bool = True  # reference model kept in CPU memory between uses
     gradient_checkpointing: bool = True  # recompute activations in backward
+    compile_layers: bool = False  # torch.compile each decoder layer of the trained models (not ZeRO-3)
     precision: Literal["bf16", "fp32"] = "bf16"  # training dtype (fp16 is refused on CPU)
     save_hf_checkpoint: Literal["last", "always", "never"] = "last"  # write actor/huggingface/
     max_checkpoints_to_keep: Optional[int] = field(None, ge=1)  # older global_step_* removed

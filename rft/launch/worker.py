@@ -47,7 +47,7 @@ def thread_env(env: dict[str, str]) -> dict[str, str]:
 
 
 CACHE_VARS = {  # compile and extension caches: node-local under SLURM (see cache_env)
-    "TORCH_EXTENSIONS_DIR": "torch_extensions",  # DeepSpeed's JIT ops (FusedAdam...)
+    "TORCH_EXTENSIONS_DIR": "torch_extensions",  # DeepSpeed's JIT ops (CPU Adam with optimizer offload)
     "TRITON_CACHE_DIR": "triton",
     "TORCHINDUCTOR_CACHE_DIR": "inductor",
 }

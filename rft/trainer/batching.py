@@ -11,9 +11,10 @@ Steps, each a function here (torch and the stdlib only, no distributed calls):
    :class:`Rows` table ``[N, R]`` (R = longest response of the batch);
 2. :func:`split_for_ranks` - whole groups to ranks, balancing token counts (deterministic);
 3. :func:`plan_micro_batches` - a rank's rows into micro-batches by a token budget (padded
-   size B * T <= budget) or a fixed row count; with expert rows in the batch (CHORD), rollout
+   size B * T, or packed size sum(T), <= budget) or a fixed row count; with expert rows in the batch (CHORD), rollout
    and expert rows never share a micro-batch (:func:`split_by_source`);
-4. :func:`collate` - one micro-batch as padded tensors (padding only inside it);
+4. :func:`collate` - one micro-batch as padded tensors (padding only inside it), or packed
+   into one row (``trainer.padding_free``: no padding, position ids restart per sequence);
 5. :func:`micro_loss_scale` - the factor that turns a micro-batch's aggregated loss into its
    share of the batch loss (DeepSpeed divides summed gradients by the world size). Each source
    (rollout, expert) has its own totals (:func:`source_totals`): ``mix_chord`` aggregates its
@@ -161,26 +162,28 @@ def split_for_ranks(group_ids: Sequence[str], lengths: Sequence[int], world_size
 
 def plan_micro_batches(
     rows: Sequence[int], lengths: Sequence[int], *, use_dynamic_bsz: bool,
-    max_token_len: int, micro_batch_size: int,
+    max_token_len: int, micro_batch_size: int, packed: bool = False,
 ) -> list[list[int]]:
     """Group a rank's rows into micro-batches.
 
-    Dynamic: rows sorted by length (less padding), packed while rows * longest <= max_token_len;
-    a single row longer than the budget gets a micro-batch of its own. Fixed: chunks of
-    ``micro_batch_size`` rows in batch order.
+    Dynamic: rows sorted by length (less padding), added while the micro-batch's size stays
+    within ``max_token_len``: rows * longest padded, the sum of lengths ``packed`` (see
+    :func:`collate`); a single row longer than the budget gets a micro-batch of its own.
+    Fixed: chunks of ``micro_batch_size`` rows in batch order.
     """
     if not use_dynamic_bsz:
         return [list(rows[i:i + micro_batch_size]) for i in range(0, len(rows), micro_batch_size)]
     micros: list[list[int]] = []
     current: list[int] = []
-    longest = 0
+    longest = total = 0
     for i in sorted(rows, key=lambda r: (-lengths[r], r)):
         grown = max(longest, lengths[i])
-        if current and grown * (len(current) + 1) > max_token_len:
+        size = total + lengths[i] if packed else grown * (len(current) + 1)
+        if current and size > max_token_len:
             micros.append(current)
-            current, grown = [], lengths[i]
+            current, grown, total = [], lengths[i], 0
         current.append(i)
-        longest = grown
+        longest, total = grown, total + lengths[i]
     if current:
         micros.append(current)
     return micros
@@ -188,10 +191,17 @@ def plan_micro_batches(
 
 @dataclass
 class MicroBatch:
-    """Padded tensors of one micro-batch; response tensors are aligned with the response."""
+    """Tensors of one micro-batch, padded or packed; response tensors are aligned with the
+    response (``[B, R]``, right-padded) either way.
 
-    input_ids: torch.Tensor  # [B, T] right-padded
-    attention_mask: torch.Tensor  # [B, T]
+    Padded: ``input_ids`` ``[B, T]`` right-padded with ``attention_mask``. Packed: the B
+    sequences back to back in one row ``[1, S]``, ``position_ids`` restarting at 0 with each
+    (the model's attention keeps sequences apart from them: no mask is passed), and
+    ``logit_positions`` index into that row.
+    """
+
+    input_ids: torch.Tensor  # [B, T] right-padded, or [1, S] packed
+    attention_mask: torch.Tensor  # [B, T] (packed: [1, S] of ones)
     logit_positions: torch.Tensor  # [B, R] position whose logits predict each response token
     response_ids: torch.Tensor  # [B, R]
     response_mask: torch.Tensor  # [B, R] 1 on response tokens that count
@@ -202,37 +212,67 @@ class MicroBatch:
     ref_logprobs: torch.Tensor | None = None  # [B, R], filled when KL needs it
     is_weights: torch.Tensor | None = None  # [B, R] off-policy correction weights, when on
     temperature: torch.Tensor | float = 1.0  # [B] logits are divided by it, per row (Rows.temperatures)
+    position_ids: torch.Tensor | None = None  # [1, S] when packed
 
     @property
     def num_tokens(self) -> int:
         return int(self.attention_mask.sum().item())
+
+    @property
+    def packed(self) -> bool:
+        return self.position_ids is not None
+
+    def model_inputs(self) -> dict[str, torch.Tensor]:
+        """Keyword arguments of the model's forward for these tokens."""
+        if self.position_ids is not None:
+            return {"input_ids": self.input_ids, "position_ids": self.position_ids}
+        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+
+    def sequence_index(self) -> torch.Tensor:
+        """``[B, 1]``: the row of ``input_ids`` that holds each sequence (all 0 when packed),
+        to index per-position model outputs with ``logit_positions``."""
+        return _sequence_rows(self.logit_positions.shape[0], self.packed).to(self.logit_positions.device)
 
     def to(self, device: torch.device | str) -> "MicroBatch":
         moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in vars(self).items()}
         return MicroBatch(**moved)
 
 
+def _sequence_rows(b: int, packed: bool) -> torch.Tensor:
+    """``[B, 1]``: the row of ``input_ids`` that holds each of B sequences."""
+    return (torch.zeros(b, dtype=torch.long) if packed else torch.arange(b)).unsqueeze(-1)
+
+
 def collate(batch: Rows, rows: Sequence[int], advantages: torch.Tensor,
-            old_logprobs: torch.Tensor, pad_id: int = 0) -> MicroBatch:
-    """Pad the chosen rows to the micro-batch's own longest sequence and response.
+            old_logprobs: torch.Tensor, pad_id: int = 0, *, packed: bool = False) -> MicroBatch:
+    """The chosen rows padded to the micro-batch's own longest sequence, or ``packed`` into one
+    row without padding; responses padded to the micro-batch's longest.
 
     ``advantages`` and ``old_logprobs`` are the batch's ``[N, R_batch]`` tensors.
     """
-    seq_len = max(len(batch.input_ids[i]) for i in rows)
+    lengths = [len(batch.input_ids[i]) for i in rows]
     resp_len = max(batch.response_lens[i] for i in rows)
     b = len(rows)
-    input_ids = torch.full((b, seq_len), pad_id, dtype=torch.long)  # [B, T]
-    attention = torch.zeros(b, seq_len, dtype=torch.long)  # [B, T]
+    if packed:
+        input_ids = torch.cat([batch.input_ids[i].long() for i in rows]).unsqueeze(0)  # [1, S]
+        attention = torch.ones_like(input_ids)  # [1, S]
+        position_ids = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)  # [1, S]
+        starts = [sum(lengths[:j]) for j in range(b)]  # each sequence's offset in the row
+    else:
+        input_ids = torch.full((b, max(lengths)), pad_id, dtype=torch.long)  # [B, T]
+        attention = torch.zeros(b, max(lengths), dtype=torch.long)  # [B, T]
+        position_ids, starts = None, [0] * b
+        for j, i in enumerate(rows):
+            input_ids[j, :lengths[j]] = batch.input_ids[i]
+            attention[j, :lengths[j]] = 1
     positions = torch.zeros(b, resp_len, dtype=torch.long)  # [B, R]
     for j, i in enumerate(rows):
-        ids, p = batch.input_ids[i], batch.prompt_lens[i]
-        input_ids[j, :len(ids)] = ids
-        attention[j, :len(ids)] = 1
-        n_resp = len(ids) - p
+        p, n_resp = batch.prompt_lens[i], lengths[j] - batch.prompt_lens[i]
         # logits at position t predict token t + 1; a response at p.. is predicted from p - 1..
-        positions[j, :n_resp] = torch.arange(p - 1, p - 1 + n_resp)
+        positions[j, :n_resp] = torch.arange(p - 1, p - 1 + n_resp) + starts[j]
+        positions[j, n_resp:] = starts[j]  # padding: any position inside the row
     index = torch.tensor(list(rows), dtype=torch.long)  # [B]
-    resp_ids = input_ids.gather(1, (positions + 1).clamp(max=seq_len - 1))  # [B, R]
+    resp_ids = input_ids[_sequence_rows(b, packed), (positions + 1).clamp(max=input_ids.shape[1] - 1)]  # [B, R]
     mask = batch.response_mask[index, :resp_len]  # [B, R]
     return MicroBatch(
         input_ids=input_ids, attention_mask=attention, logit_positions=positions,
@@ -241,6 +281,7 @@ def collate(batch: Rows, rows: Sequence[int], advantages: torch.Tensor,
         old_logprobs=old_logprobs[index, :resp_len].float(),  # [B, R]
         expert=batch.expert[index], rows=list(rows),
         temperature=batch.temperatures[index],  # [B]
+        position_ids=position_ids,
     )
 
 

@@ -156,23 +156,48 @@ def ds_config(cfg: Config, world_size: int, on_cpu: bool, *, train: bool = True,
         "wall_clock_breakdown": False,
     }
     if train:
+        params: dict[str, Any] = {"lr": opt.lr, "betas": list(opt.betas), "weight_decay": opt.weight_decay,
+                                  "adam_w_mode": opt.optimizer_type == "adamw"}
+        # torch's Adam(W) ("torch_adam"), fused kernels on GPUs: DeepSpeed's own FusedAdam is
+        # JIT-compiled on each node's first step (~1 min); optimizer states offloaded to the CPU
+        # keep DeepSpeed's CPU Adam (a compiled op, vectorised; its build cache is node-local).
+        params["torch_adam"] = on_cpu or not offload_optimizer
+        if params["torch_adam"] and not on_cpu:
+            params["fused"] = True
         config.update(
             managed_gradient_accumulation=False,
             gradient_clipping=float(t.grad_clip if grad_clip is None else grad_clip),
             zero_allow_untested_optimizer=True,
             zero_force_ds_cpu_optimizer=False,
-            optimizer={"type": "AdamW" if opt.optimizer_type == "adamw" else "Adam",
-                       "params": {"lr": opt.lr, "betas": list(opt.betas),
-                                  "weight_decay": opt.weight_decay, "torch_adam": on_cpu,
-                                  "adam_w_mode": opt.optimizer_type == "adamw"}},
+            optimizer={"type": "AdamW" if opt.optimizer_type == "adamw" else "Adam", "params": params},
         )
     return config
 
 
-def _load_model(path: str, dtype: torch.dtype, config: dict[str, Any], *, value_head: bool = False):
+def attention_implementation(cfg: Config) -> str | None:
+    """The attention kernels the trainer's models load with (None: transformers' default,
+    SDPA). Packed micro-batches (``trainer.padding_free``) on GPUs take FlashAttention-2's
+    variable-length kernels when ``flash_attn`` is installed; through SDPA transformers builds
+    a block-diagonal mask from the position ids, which loses SDPA's causal fast path."""
+    if not cfg.trainer.padding_free or not torch.cuda.is_available():
+        return None
+    import importlib.util
+
+    if importlib.util.find_spec("flash_attn") is not None:
+        return "flash_attention_2"
+    log.warning("trainer.padding_free without the flash_attn package: packed sequences go through "
+                "SDPA with a block-diagonal mask, which can be slower than padding; install "
+                "flash-attn or set trainer.padding_free: false")
+    return None
+
+
+def _load_model(path: str, dtype: torch.dtype, config: dict[str, Any], *, value_head: bool = False,
+                attention: str | None = None):
     """HF ``from_pretrained`` (a causal LM, or with ``value_head`` a token-classification model
-    with one label: a critic); under ZeRO-3 with ``HfDeepSpeedConfig`` alive (partitioned load
-    with real weights; ``deepspeed.zero.Init`` alone would skip HF's weight loading)."""
+    with one label: a critic) with ``attention`` kernels (None: the default); under ZeRO-3 with
+    ``HfDeepSpeedConfig`` alive (partitioned load with real weights; ``deepspeed.zero.Init``
+    alone would skip HF's weight loading)."""
+    kernels = {"attn_implementation": attention} if attention else {}
     from transformers import (
         AutoConfig,
         AutoModelForCausalLM,
@@ -186,9 +211,10 @@ def _load_model(path: str, dtype: torch.dtype, config: dict[str, Any], *, value_
             torch.manual_seed(VALUE_HEAD_SEED)
             head_config = AutoConfig.from_pretrained(path, num_labels=1)
             head_config.classifier_dropout = 0.0  # transformers' default before the head is 0.1; veRL's 0
-            model = AutoModelForTokenClassification.from_pretrained(path, dtype=dtype, config=head_config)
+            model = AutoModelForTokenClassification.from_pretrained(path, dtype=dtype, config=head_config,
+                                                                    **kernels)
     else:
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kernels)
     model.config.use_cache = False
     return model, keep_alive
 
@@ -234,13 +260,32 @@ def build_critic(cfg: Config, info: DistInfo, total_optimizer_steps: int | None)
                          total_optimizer_steps, value_head=True)
 
 
+def compile_layers(model: torch.nn.Module) -> int:
+    """``torch.compile`` each decoder layer in place (``trainer.compile_layers``): the classes
+    transformers keeps whole when it shards a model (``_no_split_modules``). Parameter names,
+    checkpoints and published weights are unchanged; each layer compiles on its first call
+    (and again for new shapes, until torch marks them dynamic). Returns the layers compiled."""
+    kinds = set(getattr(model, "_no_split_modules", None) or ())
+    layers = [m for m in model.modules() if type(m).__name__ in kinds]
+    if not layers:
+        raise ConfigError(f"trainer.compile_layers: {type(model).__name__} names no decoder layer class "
+                          "(transformers' _no_split_modules); set trainer.compile_layers: false")
+    for layer in layers:
+        layer.compile()
+    log.info("torch.compile: %d %s layers (compiled on the first step)", len(layers), "/".join(sorted(kinds)))
+    return len(layers)
+
+
 def _build_engine(cfg: Config, path: str, config: dict[str, Any], opt: OptimizerConfig,
                   checkpointing: bool, total_optimizer_steps: int | None, *, value_head: bool,
                   lora: LoRAConfig | None = None) -> Actor:
     dtype = torch.bfloat16 if cfg.trainer.precision == "bf16" and cfg.trainer.zero_stage == 3 else torch.float32
-    model, keep_alive = _load_model(path, dtype, config, value_head=value_head)
+    model, keep_alive = _load_model(path, dtype, config, value_head=value_head,
+                                    attention=attention_implementation(cfg))
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    if cfg.trainer.compile_layers:
+        compile_layers(model)
     if lora is not None:
         from rft.trainer.lora import wrap
 
@@ -298,7 +343,7 @@ def build_reference(cfg: Config, info: DistInfo, actor: Actor | None = None) -> 
     # ZeRO-3 offloads the reference model's partitions; ZeRO 0-2 move it per use (below).
     config = ds_config(cfg, info.world_size, on_cpu, train=False,
                        offload_params=cfg.trainer.ref_offload and cfg.trainer.zero_stage == 3)
-    model, keep_alive = _load_model(cfg.model.model_path, dtype, config)
+    model, keep_alive = _load_model(cfg.model.model_path, dtype, config, attention=attention_implementation(cfg))
     model.eval().requires_grad_(False)
     if cfg.trainer.zero_stage == 3:
         engine, *_ = deepspeed.initialize(model=model, config=config)
@@ -352,6 +397,7 @@ def forward_logprobs(module: Any, micro: MicroBatch, *, with_entropy: bool,
     aside, which only vLLM applies). Expert/SFT rows are data, not samples: temperature 1.
     """
     rows, cols = (micro.response_mask > 0).nonzero(as_tuple=True)  # [M] each
+    seqs = micro.sequence_index()[rows, 0]  # [M] the input row that holds the token
     positions = micro.logit_positions[rows, cols]  # [M] position whose logits predict the token
     labels = micro.response_ids[rows, cols]  # [M]
     temperature = micro.temperature
@@ -361,18 +407,16 @@ def forward_logprobs(module: Any, micro: MicroBatch, *, with_entropy: bool,
     head = plain_head(module)
     if head is not None:
         decoder, weight = head
-        hidden = decoder(input_ids=micro.input_ids, attention_mask=micro.attention_mask,
-                         use_cache=False).last_hidden_state  # [B, T, H]
-        logprob, entropy = logprobs_from_hidden(hidden[rows, positions], weight, labels,
+        hidden = decoder(**micro.model_inputs(), use_cache=False).last_hidden_state  # [B, T, H]
+        logprob, entropy = logprobs_from_hidden(hidden[seqs, positions], weight, labels,
                                                 temperature=temperature, with_entropy=with_entropy)
     else:
         first = int(positions.min()) if positions.numel() else 0
         last = int(positions.max()) if positions.numel() else 0
         # The LM head runs only on the window that holds responses (prompt logits are never used).
         keep = torch.arange(first, last + 1, device=micro.input_ids.device)  # [K]
-        logits = module(input_ids=micro.input_ids, attention_mask=micro.attention_mask,
-                        use_cache=False, logits_to_keep=keep).logits  # [B, K, V]
-        logprob, entropy = logprobs_from_logits(logits[rows, positions - first], labels,
+        logits = module(**micro.model_inputs(), use_cache=False, logits_to_keep=keep).logits  # [B, K, V]
+        logprob, entropy = logprobs_from_logits(logits[seqs, positions - first], labels,
                                                 temperature=temperature, with_entropy=with_entropy)
     out = torch.zeros(micro.response_mask.shape, dtype=torch.float32, device=logprob.device)
     logprobs = out.index_put((rows, cols), logprob)  # [B, R]
@@ -384,9 +428,8 @@ def forward_logprobs(module: Any, micro: MicroBatch, *, with_entropy: bool,
 def forward_values(module: Any, micro: MicroBatch) -> torch.Tensor:
     """The critic's values ``[B, R]``: V of the state before each response token, read at the
     position whose logits predict it (veRL: ``values[:, -R - 1:-1]``), in float32."""
-    values = module(input_ids=micro.input_ids, attention_mask=micro.attention_mask,
-                    use_cache=False).logits.squeeze(-1)  # [B, T]
-    return values.float().gather(1, micro.logit_positions)  # [B, R]
+    values = module(**micro.model_inputs(), use_cache=False).logits.squeeze(-1)  # [B, T] (packed [1, S])
+    return values.float()[micro.sequence_index(), micro.logit_positions]  # [B, R]
 
 
 @torch.no_grad()

@@ -55,6 +55,7 @@ class Plan:
     minis: list[MiniPlan]  # one optimizer update each, every epoch
     logprob_rows: list[list[int]]  # this rank's rows (of all minis) per no-grad log-prob micro-batch
     num_tokens: int  # prompt + response tokens of the whole batch (all ranks)
+    packed: bool = False  # micro-batches packed into one row each (trainer.padding_free)
 
     @property
     def local_rows(self) -> list[int]:
@@ -69,7 +70,8 @@ def rank_micro_batches(rows: Rows, mine: Sequence[int], lengths: Sequence[int], 
     micros = [micro for part in split_by_source(mine, rows.expert)
               for micro in plan_micro_batches(part, lengths, use_dynamic_bsz=cfg.trainer.use_dynamic_bsz,
                                               max_token_len=cfg.trainer.max_token_len_per_gpu,
-                                              micro_batch_size=micro_batch_size)]
+                                              micro_batch_size=micro_batch_size,
+                                              packed=cfg.trainer.padding_free)]
     count = dse.all_reduce_max(len(micros))
     return micros + [[] for _ in range(count - len(micros))]
 
@@ -100,13 +102,15 @@ def plan_step(exps: Sequence[Experience], cfg: Config, info: dse.DistInfo) -> Pl
         minis.append(mini)
         mine += share
     logprob_size = cfg.trainer.log_prob_micro_batch_size_per_gpu or cfg.trainer.micro_batch_size_per_gpu
-    return Plan(rows, minis, rank_micro_batches(rows, sorted(mine), lengths, cfg, logprob_size), sum(lengths))
+    return Plan(rows, minis, rank_micro_batches(rows, sorted(mine), lengths, cfg, logprob_size), sum(lengths),
+                packed=cfg.trainer.padding_free)
 
 
 def micro_batch(plan: Plan, rows: list[int], adv: torch.Tensor, old: torch.Tensor, pad_id: int,
                 device: torch.device) -> MicroBatch:
-    """The padded tensors of ``rows`` (a zero-weight one for ``[]``) on ``device``."""
-    micro = collate(plan.rows, rows, adv, old, pad_id) if rows else padding_micro(pad_id)
+    """The tensors of ``rows`` (a zero-weight micro-batch for ``[]``) on ``device``, packed
+    with ``trainer.padding_free``."""
+    micro = collate(plan.rows, rows, adv, old, pad_id, packed=plan.packed) if rows else padding_micro(pad_id)
     return micro.to(device)
 
 
