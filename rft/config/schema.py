@@ -332,6 +332,7 @@ class TrainerConfig:
     optimizer_offload: bool = False  # optimizer states in CPU memory
     ref_offload: bool = True  # reference model kept in CPU memory between uses
     gradient_checkpointing: bool = True  # recompute activations in backward
+    gradient_checkpointing_every: int = field(1, ge=1)  # of those, every k-th decoder layer (1: all)
     compile_layers: bool = False  # torch.compile each decoder layer of the trained models (not ZeRO-3)
     precision: Literal["bf16", "fp32"] = "bf16"  # training dtype (fp16 is refused on CPU)
     save_hf_checkpoint: Literal["last", "always", "never"] = "last"  # write actor/huggingface/

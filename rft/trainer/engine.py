@@ -260,6 +260,19 @@ def build_critic(cfg: Config, info: DistInfo, total_optimizer_steps: int | None)
                          total_optimizer_steps, value_head=True)
 
 
+def checkpoint_every(model: torch.nn.Module, every: int) -> int:
+    """Keep activation checkpointing (enabled by ``gradient_checkpointing_enable``) on every
+    ``every``-th decoder layer only, the first included (``trainer.gradient_checkpointing_every``):
+    the others keep their activations, trading memory for one forward less. Returns the layers
+    that recompute."""
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+    for i, layer in enumerate(layers):
+        layer.gradient_checkpointing = layer.gradient_checkpointing and i % every == 0
+    return sum(layer.gradient_checkpointing for layer in layers)
+
+
 def compile_layers(model: torch.nn.Module) -> int:
     """``torch.compile`` each decoder layer in place (``trainer.compile_layers``): the classes
     transformers keeps whole when it shards a model (``_no_split_modules``). Parameter names,
@@ -284,6 +297,7 @@ def _build_engine(cfg: Config, path: str, config: dict[str, Any], opt: Optimizer
                                     attention=attention_implementation(cfg))
     if checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        checkpoint_every(model, cfg.trainer.gradient_checkpointing_every)
     if cfg.trainer.compile_layers:
         compile_layers(model)
     if lora is not None:

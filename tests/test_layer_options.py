@@ -1,5 +1,6 @@
-"""``trainer.compile_layers``: decoder layers compiled in place train as the eager model does,
-under the same parameter names; ZeRO-3 is refused before a job starts."""
+"""Per-layer trainer options: ``trainer.compile_layers`` (decoder layers compiled in place train
+as the eager model does, under the same parameter names; ZeRO-3 is refused before a job
+starts) and ``trainer.gradient_checkpointing_every`` (which layers recompute)."""
 
 from __future__ import annotations
 
@@ -52,3 +53,33 @@ def test_compile_layers_with_zero3_is_refused_on_the_login_node(tmp_path):
     assert load(2).trainer.compile_layers
     with pytest.raises(NotSupportedError, match="zero_stage 2"):
         load(3)
+
+
+def test_checkpointing_every_second_layer_recomputes_only_those(tiny_model_dir):
+    """``trainer.gradient_checkpointing_every: 2``: the first of two layers runs again in the
+    backward, the second keeps its activations; gradients equal an uncheckpointed model's."""
+    from transformers import AutoModelForCausalLM
+
+    from rft.trainer.engine import checkpoint_every
+
+    ids = torch.tensor([[1, 5, 9, 2, 7, 3]])
+
+    def grads_and_calls(every: int | None):
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).train()
+        if every is not None:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            assert checkpoint_every(model, every) == len(range(0, len(model.model.layers), every))
+        calls = [0] * len(model.model.layers)
+        for i, layer in enumerate(model.model.layers):
+            # a pre-hook: the backward's recompute stops once it has what it needs (no post-hook)
+            layer.register_forward_pre_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+        model(input_ids=ids).logits.pow(2).mean().backward()
+        return {n: p.grad for n, p in model.named_parameters()}, calls
+
+    plain, calls = grads_and_calls(None)
+    assert calls == [1, 1]
+    for every, recomputed in ((1, [2, 2]), (2, [2, 1])):
+        grads, calls = grads_and_calls(every)
+        assert calls == recomputed, every
+        for name, grad in plain.items():
+            torch.testing.assert_close(grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)
