@@ -20,7 +20,7 @@ One subpackage per role, lowest layer first (a module imports only its layer and
     data, models        datasets (one loader, columns, chat messages, the step count); model folders
     sync, monitor       weights versions and their schedule, heartbeats; metrics and their names
     entry               the commands' shared argparse / logging / error handling
-    algo/               names, advantages, losses (pure torch), registry
+    algo/               names, advantages, losses, logprobs (pure torch), registry
     buffer/             experience records, sealed segments, SQLite
     explorer/           loop, tasksets, workflows, rewards, reward_model, engine (the only vllm import), bench
     trainer/            loop, step, batching, inputs, state, engine (the only deepspeed import)

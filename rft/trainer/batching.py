@@ -11,8 +11,8 @@ Steps, each a function here (torch and the stdlib only, no distributed calls):
    :class:`Rows` table ``[N, R]`` (R = longest response of the batch);
 2. :func:`split_for_ranks` - whole groups to ranks, balancing token counts (deterministic);
 3. :func:`plan_micro_batches` - a rank's rows into micro-batches by a token budget (padded
-   size B * T, or packed size sum(T), <= budget) or a fixed row count; with expert rows in the batch (CHORD), rollout
-   and expert rows never share a micro-batch (:func:`split_by_source`);
+   size B * T, or packed size sum(T), <= budget) or a fixed row count; with expert rows in the
+   batch (CHORD), rollout and expert rows never share a micro-batch (:func:`split_by_source`);
 4. :func:`collate` - one micro-batch as padded tensors (padding only inside it), or packed
    into one row (``trainer.padding_free``: no padding, position ids restart per sequence);
 5. :func:`micro_loss_scale` - the factor that turns a micro-batch's aggregated loss into its
@@ -28,6 +28,7 @@ so every rank issues the same collectives.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -257,7 +258,7 @@ def collate(batch: Rows, rows: Sequence[int], advantages: torch.Tensor,
         input_ids = torch.cat([batch.input_ids[i].long() for i in rows]).unsqueeze(0)  # [1, S]
         attention = torch.ones_like(input_ids)  # [1, S]
         position_ids = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)  # [1, S]
-        starts = [sum(lengths[:j]) for j in range(b)]  # each sequence's offset in the row
+        starts = [0, *itertools.accumulate(lengths[:-1])]  # each sequence's offset in the row
     else:
         input_ids = torch.full((b, max(lengths)), pad_id, dtype=torch.long)  # [B, T]
         attention = torch.zeros(b, max(lengths), dtype=torch.long)  # [B, T]

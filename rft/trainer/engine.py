@@ -177,17 +177,18 @@ def ds_config(cfg: Config, world_size: int, on_cpu: bool, *, train: bool = True,
 def attention_implementation(cfg: Config) -> str | None:
     """The attention kernels the trainer's models load with (None: transformers' default,
     SDPA). Packed micro-batches (``trainer.padding_free``) on GPUs take FlashAttention-2's
-    variable-length kernels when ``flash_attn`` is installed; through SDPA transformers builds
-    a block-diagonal mask from the position ids, which loses SDPA's causal fast path."""
+    variable-length kernels when ``flash_attn`` is installed and the precision is bf16 (its
+    kernels take no float32); through SDPA transformers builds a block-diagonal mask from the
+    position ids, which loses SDPA's causal fast path."""
     if not cfg.trainer.padding_free or not torch.cuda.is_available():
         return None
     import importlib.util
 
-    if importlib.util.find_spec("flash_attn") is not None:
+    if importlib.util.find_spec("flash_attn") is not None and cfg.trainer.precision == "bf16":
         return "flash_attention_2"
-    log.warning("trainer.padding_free without the flash_attn package: packed sequences go through "
-                "SDPA with a block-diagonal mask, which can be slower than padding; install "
-                "flash-attn or set trainer.padding_free: false")
+    log.warning("trainer.padding_free without FlashAttention-2 (the flash_attn package, bf16): packed "
+                "sequences go through SDPA with a block-diagonal mask, which can be slower than "
+                "padding; install flash-attn or set trainer.padding_free: false")
     return None
 
 
