@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import torch
 
-# Logits per chunk: 2^27 float32 values (512 MiB), 883 tokens of Qwen2.5's 151,936-word vocabulary.
-MAX_CHUNK_ELEMS = 1 << 27
+# Logits per chunk: 2^26 float32 values (256 MiB; two such buffers in a chunk's backward), 441
+# tokens of Qwen2.5's 151,936-word vocabulary.
+MAX_CHUNK_ELEMS = 1 << 26
 
 
 def _rows_per_chunk(vocab: int, max_chunk_elems: int) -> int:
@@ -40,28 +41,33 @@ def _inverse_temperature(temperature: torch.Tensor | float, n: int, device: torc
 
 def _chunk_stats(z: torch.Tensor, labels: torch.Tensor, with_entropy: bool
                  ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-prob of ``labels`` and entropy per row of one float32 chunk ``z [c, V]``."""
+    """Log-prob of ``labels`` and entropy per row of one float32 chunk ``z [c, V]`` (one
+    ``[c, V]`` temporary at most)."""
     log_z = torch.logsumexp(z, dim=-1)  # [c]
     logprob = z.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - log_z  # [c]
     if not with_entropy:
         return logprob, None
-    probs = torch.exp(z - log_z.unsqueeze(-1))  # [c, V]
-    return logprob, log_z - (probs * z).sum(-1)
+    probs = torch.softmax(z, dim=-1)  # [c, V]
+    return logprob, log_z - torch.linalg.vecdot(probs, z)  # H = log Z - E[z]
 
 
 def _chunk_grad(z: torch.Tensor, labels: torch.Tensor, inv_t: torch.Tensor,
                 g_logprob: torch.Tensor | None, g_entropy: torch.Tensor | None) -> torch.Tensor:
-    """d loss / d raw logits of one chunk (float32 ``[c, V]``), from the upstream gradients of
-    its log-probs and entropies (either may be None: not used by the loss)."""
+    """d loss / d raw logits of one chunk, from the upstream gradients of its log-probs and
+    entropies (either may be None: not used by the loss). ``z`` (float32 ``[c, V]``, the
+    caller's own) is overwritten; the result takes the softmax's memory: two ``[c, V]`` in all.
+
+    grad_z = p * (-g_lp - g_H * (z - E[z])) + onehot(label) * g_lp."""
     probs = torch.softmax(z, dim=-1)  # [c, V]
-    grad = torch.zeros_like(z)
-    if g_logprob is not None:
-        grad -= probs * g_logprob.unsqueeze(-1)
-        grad.scatter_add_(-1, labels.unsqueeze(-1), g_logprob.unsqueeze(-1))
-    if g_entropy is not None:
-        expected = (probs * z).sum(-1, keepdim=True)  # [c, 1]
-        grad -= probs * (z - expected) * g_entropy.unsqueeze(-1)
-    return grad * inv_t.unsqueeze(-1)
+    g_lp = torch.zeros_like(z[:, 0]) if g_logprob is None else g_logprob.float()  # [c]
+    if g_entropy is None:
+        grad = probs.mul_(-g_lp.unsqueeze(-1))
+    else:
+        expected = torch.linalg.vecdot(probs, z)  # [c]
+        factor = z.sub_(expected.unsqueeze(-1)).mul_(-g_entropy.float().unsqueeze(-1)).sub_(g_lp.unsqueeze(-1))
+        grad = probs.mul_(factor)
+    grad.scatter_add_(-1, labels.unsqueeze(-1), g_lp.unsqueeze(-1))
+    return grad.mul_(inv_t.unsqueeze(-1))
 
 
 class _FromLogits(torch.autograd.Function):
