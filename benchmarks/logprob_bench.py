@@ -12,7 +12,8 @@ sampling temperature) and the gradient of a loss of both into the hidden states 
   rft's path for Llama/Qwen/Mistral models with ZeRO 0-2).
 
 Each method runs in its own process (so peak memory is its own): CUDA reports
-``max_memory_allocated`` above the inputs, CPU the peak resident memory above the inputs'.
+``max_memory_allocated`` above the inputs, CPU the peak resident memory above what the process
+held once the inputs were built (built in place, so that no earlier high-water mark hides it).
 Prints the median seconds of ``--trials`` timed runs after a warm-up, the peak, and both
 relative to ``full``.
 
@@ -44,6 +45,14 @@ def peak_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
 
 
+def current_bytes(device: torch.device) -> int:
+    """Memory held now: CUDA's allocated bytes, or the process's resident set (Linux)."""
+    if device.type == "cuda":
+        return torch.cuda.memory_allocated(device)
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * resource.getpagesize()
+
+
 def run_one(method: str, args: argparse.Namespace) -> dict[str, float]:
     """One method in this process: median seconds of forward + backward, and peak bytes above
     what the inputs hold."""
@@ -52,8 +61,9 @@ def run_one(method: str, args: argparse.Namespace) -> dict[str, float]:
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     g = torch.Generator().manual_seed(0)
-    hidden = (torch.randn(args.tokens, args.hidden, generator=g) * 0.5).to(device, dtype).requires_grad_()
-    weight = (torch.randn(args.vocab, args.hidden, generator=g) * 0.02).to(device, dtype).requires_grad_()
+    # built in place: no transient second copy of the head raises the process's high-water mark
+    hidden = torch.randn(args.tokens, args.hidden, generator=g).mul_(0.5).to(device, dtype).requires_grad_()
+    weight = torch.randn(args.vocab, args.hidden, generator=g).mul_(0.02).to(device, dtype).requires_grad_()
     labels = torch.randint(0, args.vocab, (args.tokens,), generator=g).to(device)
     temps = torch.full((args.tokens,), 0.8, device=device)
 
@@ -76,7 +86,10 @@ def run_one(method: str, args: argparse.Namespace) -> dict[str, float]:
     sync()
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    base = torch.cuda.memory_allocated(device) if device.type == "cuda" else peak_bytes(device)
+    base = current_bytes(device)  # the inputs (and, on CPU, the interpreter and libraries)
+    if device.type == "cpu" and peak_bytes(device) > base + (64 << 20):
+        raise SystemExit("the process's peak memory is already above what it holds: the CPU peak "
+                         "would be understated; build the inputs without temporaries")
     step()  # warm-up, and the peak
     sync()
     peak = peak_bytes(device) - base

@@ -45,14 +45,18 @@ def test_compile_layers_with_zero3_is_refused_on_the_login_node(tmp_path):
     from rft.config.load import config_from_dict
     from rft.errors import NotSupportedError
 
-    def load(zero_stage: int):
+    def load(**trainer):
         return config_from_dict({"mode": "train", "checkpoint_root_dir": str(tmp_path),
                                  "model": {"model_path": str(tmp_path)},
-                                 "trainer": {"compile_layers": True, "zero_stage": zero_stage}})
+                                 "trainer": {"compile_layers": True, **trainer}})
 
-    assert load(2).trainer.compile_layers
+    assert load(zero_stage=2).trainer.compile_layers
     with pytest.raises(NotSupportedError, match="zero_stage 2"):
-        load(3)
+        load(zero_stage=3)
+    with pytest.raises(NotSupportedError, match="param_offload"):  # offload selects ZeRO-3
+        load(param_offload=True)
+    with pytest.raises(NotSupportedError, match="param_offload"):  # so does veRL's key
+        load(trainer_config={"actor_rollout_ref": {"actor": {"fsdp_config": {"param_offload": True}}}})
 
 
 def test_checkpointing_every_second_layer_recomputes_only_those(tiny_model_dir):
@@ -60,15 +64,13 @@ def test_checkpointing_every_second_layer_recomputes_only_those(tiny_model_dir):
     backward, the second keeps its activations; gradients equal an uncheckpointed model's."""
     from transformers import AutoModelForCausalLM
 
-    from rft.trainer.engine import checkpoint_every
-
     ids = torch.tensor([[1, 5, 9, 2, 7, 3]])
 
     def grads_and_calls(every: int | None):
         model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).train()
-        if every is not None:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-            assert checkpoint_every(model, every) == len(range(0, len(model.model.layers), every))
+        if every is not None:  # as rft.trainer.engine._build_engine enables it
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False},
+                                                every_n_layers=every)
         calls = [0] * len(model.model.layers)
         for i, layer in enumerate(model.model.layers):
             # a pre-hook: the backward's recompute stops once it has what it needs (no post-hook)

@@ -140,3 +140,63 @@ def test_forward_from_hidden_states_equals_the_models_logits(tiny_model_dir):
     assert set(grads_h) == set(grads_l)
     for name in grads_h:
         torch.testing.assert_close(grads_h[name], grads_l[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
+ENGINE_SCRIPT = """
+import sys, torch
+from rft.buffer.experience import Experience
+from rft.config.load import config_from_dict
+from rft.trainer import engine as dse
+from rft.trainer.batching import collate, rows_from_experiences
+
+cfg = config_from_dict({"mode": "train", "checkpoint_root_dir": sys.argv[2], "model": {"model_path": sys.argv[1]},
+                        "trainer": {"zero_stage": 2, "precision": "fp32", "gradient_checkpointing_every": 2}})
+actor = dse.build_actor(cfg, dse.init_distributed(), 4)
+assert dse.plain_head(actor.engine) is not None  # the hidden-state path
+print("checkpointed", [layer.gradient_checkpointing for layer in actor.module.model.layers])
+calls = []
+prologue = actor.engine._backward_prologue
+actor.engine._backward_prologue = lambda *a, **k: (calls.append(1), prologue(*a, **k))[1]
+exps = [Experience("t", "g", [1, 2, 3], [5, 6, 7], logprobs=[-1.0] * 3)]
+rows = rows_from_experiences(exps)
+micro = collate(rows, [0], torch.zeros_like(rows.response_mask), rows.rollout_logprobs)
+for step in range(2):
+    logprob, _ = dse.forward_logprobs(actor.engine, micro, with_entropy=False)
+    dse.backward(actor, logprob.sum())
+    dse.optimizer_step(actor)
+print("prologues", len(calls))
+dse.teardown(0)
+"""
+
+
+@pytest.mark.integration
+def test_the_hidden_state_path_goes_through_the_engines_forward(tiny_model_dir, tmp_path):
+    """DeepSpeed sets up each backward in its engine's forward (ZeRO's gradient-accumulation
+    boundary among it): log-probs from hidden states must come from that forward, one
+    backward prologue per micro-batch. The engine's model checkpoints every second layer
+    with ``trainer.gradient_checkpointing_every: 2``."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run([sys.executable, "-c", ENGINE_SCRIPT, str(tiny_model_dir), str(tmp_path)],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert "prologues 2" in out.stdout, out.stdout[-2000:] + out.stderr[-4000:]
+    assert "checkpointed [True, False]" in out.stdout  # trainer.gradient_checkpointing_every: 2
+
+
+def test_bf16_head_gradient_is_summed_over_chunks_in_float32():
+    """Many chunks of a bfloat16 head: the weight's gradient is as close to the float64 one as
+    a single-chunk computation's (the chunks' sum is not rounded to bf16 at each addition)."""
+    hidden, weight, labels, temps = inputs(torch.bfloat16)
+    lp, _ = naive(hidden.double(), weight.double(), labels, temps)
+    (want,) = torch.autograd.grad(lp.sum(), weight)
+
+    def error(chunk_elems: int) -> float:
+        got, _ = logprobs_from_hidden(hidden, weight, labels, temperature=temps, max_chunk_elems=chunk_elems)
+        (grad,) = torch.autograd.grad(got.sum(), weight)
+        assert grad.dtype == torch.bfloat16
+        return float((grad.double() - want.double()).abs().max())
+
+    assert error(V) <= 1.25 * error(1 << 20)  # one token per chunk vs all in one (bf16 sums: 2x)

@@ -11,7 +11,8 @@ the backward, so only one chunk is ever in float32:
   backward) -> log-probs ``[N]`` and entropies ``[N]``;
 - :func:`logprobs_from_hidden`: the final hidden states ``[N, H]`` and the LM head's weight
   ``[V, H]`` -> the same, computing ``hidden @ weight.T`` per chunk in the forward and again in
-  the backward: the logits are never materialised, not even in bfloat16.
+  the backward: the logits exist one chunk at a time, never whole (in any dtype). The head's
+  gradient is accumulated over chunks in float32.
 
 Gradients, with ``p = softmax(z)`` and ``E = sum(p * z)``: ``d logp[y] / dz = onehot(y) - p``;
 ``dH / dz = -p * (z - E)``; ``dz / dlogits = 1 / temperature``.
@@ -23,8 +24,8 @@ from __future__ import annotations
 
 import torch
 
-# Logits per chunk: 2^26 float32 values (256 MiB; two such buffers in a chunk's backward), 441
-# tokens of Qwen2.5's 151,936-word vocabulary.
+# Logits per chunk: 2^26 float32 values (256 MiB; a chunk's forward or backward holds a few such
+# buffers), 441 tokens of Qwen2.5's 151,936-word vocabulary.
 MAX_CHUNK_ELEMS = 1 << 26
 
 
@@ -55,7 +56,7 @@ def _chunk_grad(z: torch.Tensor, labels: torch.Tensor, inv_t: torch.Tensor,
                 g_logprob: torch.Tensor | None, g_entropy: torch.Tensor | None) -> torch.Tensor:
     """d loss / d raw logits of one chunk, from the upstream gradients of its log-probs and
     entropies (either may be None: not used by the loss). ``z`` (float32 ``[c, V]``, the
-    caller's own) is overwritten; the result takes the softmax's memory: two ``[c, V]`` in all.
+    caller's own) is overwritten and the result takes the softmax's memory.
 
     grad_z = p * (-g_lp - g_H * (z - E[z])) + onehot(label) * g_lp."""
     probs = torch.softmax(z, dim=-1)  # [c, V]
@@ -121,7 +122,8 @@ class _FromHidden(torch.autograd.Function):
         hidden, weight, labels, inv_t = ctx.saved_tensors
         want_hidden, want_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_hidden = torch.empty_like(hidden) if want_hidden else None
-        grad_weight = torch.zeros_like(weight) if want_weight else None
+        # summed over chunks in float32 (in bf16 each chunk's addition would round the total)
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if want_weight else None
         for s in range(0, hidden.shape[0], ctx.step):
             h = hidden[s:s + ctx.step]  # [c, H]
             z = (h @ weight.T).float() * inv_t[s:s + ctx.step].unsqueeze(-1)
@@ -130,8 +132,12 @@ class _FromHidden(torch.autograd.Function):
                               part(g_logprob), part(g_entropy)).to(weight.dtype)  # [c, V]
             if grad_hidden is not None:
                 grad_hidden[s:s + ctx.step] = g_z @ weight
-            if grad_weight is not None:
-                grad_weight.addmm_(g_z.T, h)  # [V, H]
+            if grad_weight is not None and weight.dtype == torch.float32:
+                grad_weight.addmm_(g_z.T, h)  # [V, H], in place
+            elif grad_weight is not None:  # the product in the weight's dtype (fast), the sum in float32
+                grad_weight += g_z.T @ h
+        if grad_weight is not None:
+            grad_weight = grad_weight.to(weight.dtype)
         return grad_hidden, grad_weight, None, None, None, None
 
 

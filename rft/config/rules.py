@@ -80,10 +80,6 @@ def check_not_supported(cfg: Config) -> None:
     if cfg.trainer.ulysses_sequence_parallel_size != 1:
         raise _unsupported("trainer.ulysses_sequence_parallel_size",
                            cfg.trainer.ulysses_sequence_parallel_size, "Set it to 1.")
-    if cfg.trainer.compile_layers and cfg.trainer.zero_stage == 3:
-        raise NotSupportedError("trainer.compile_layers with trainer.zero_stage 3 is not supported yet: "
-                                "ZeRO-3 gathers each parameter in hooks inside the layers, which "
-                                "break compiled graphs. Use zero_stage 2 (or 1), or compile_layers: false")
 
 
 def _check_monitor(cfg: Config) -> None:
@@ -320,6 +316,11 @@ def _check_experience_buffer(cfg: Config) -> None:
 
 def _check_trainer(cfg: Config) -> None:
     t = cfg.trainer
+    if t.compile_layers and t.zero_stage == 3:  # after _derive_zero_stage: param_offload selects 3
+        raise NotSupportedError("trainer.compile_layers with ZeRO-3 (trainer.zero_stage 3, or "
+                                "param_offload) is not supported yet: ZeRO-3 gathers each parameter "
+                                "in hooks inside the layers, which break compiled graphs. Use "
+                                "zero_stage 2 (or 1) without param_offload, or compile_layers: false")
     if t.param_offload and t.zero_stage != 3:
         raise ConfigError(f"trainer.param_offload needs trainer.zero_stage=3, but trainer.zero_stage="
                           f"{t.zero_stage} is set: ZeRO-1/2 keep whole parameters on each GPU; "

@@ -261,19 +261,6 @@ def build_critic(cfg: Config, info: DistInfo, total_optimizer_steps: int | None)
                          total_optimizer_steps, value_head=True)
 
 
-def checkpoint_every(model: torch.nn.Module, every: int) -> int:
-    """Keep activation checkpointing (enabled by ``gradient_checkpointing_enable``) on every
-    ``every``-th decoder layer only, the first included (``trainer.gradient_checkpointing_every``):
-    the others keep their activations, trading memory for one forward less. Returns the layers
-    that recompute."""
-    from transformers.modeling_layers import GradientCheckpointingLayer
-
-    layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
-    for i, layer in enumerate(layers):
-        layer.gradient_checkpointing = layer.gradient_checkpointing and i % every == 0
-    return sum(layer.gradient_checkpointing for layer in layers)
-
-
 def compile_layers(model: torch.nn.Module) -> int:
     """``torch.compile`` each decoder layer in place (``trainer.compile_layers``): the classes
     transformers keeps whole when it shards a model (``_no_split_modules``). Parameter names,
@@ -296,9 +283,9 @@ def _build_engine(cfg: Config, path: str, config: dict[str, Any], opt: Optimizer
     dtype = torch.bfloat16 if cfg.trainer.precision == "bf16" and cfg.trainer.zero_stage == 3 else torch.float32
     model, keep_alive = _load_model(path, dtype, config, value_head=value_head,
                                     attention=attention_implementation(cfg))
-    if checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        checkpoint_every(model, cfg.trainer.gradient_checkpointing_every)
+    if checkpointing:  # every k-th decoder layer recomputes, the first included
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False},
+                                            every_n_layers=cfg.trainer.gradient_checkpointing_every)
     if cfg.trainer.compile_layers:
         compile_layers(model)
     if lora is not None:
@@ -377,19 +364,23 @@ def build_reference(cfg: Config, info: DistInfo, actor: Actor | None = None) -> 
 PLAIN_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi3"})
 
 
-def plain_head(module: Any) -> tuple[torch.nn.Module, torch.Tensor] | None:
-    """The decoder and the LM head's weight of ``module`` (a DeepSpeed engine, a PEFT model or a
-    plain causal LM) when its log-probs may be computed from the decoder's hidden states: a
-    model type in :data:`PLAIN_HEAD_MODEL_TYPES` whose head weight is whole on this rank (not
-    ZeRO-3 partitioned: its gather belongs to the head's own forward)."""
+def plain_head(module: Any) -> torch.Tensor | None:
+    """The LM head's weight of ``module`` (a DeepSpeed engine, a PEFT model or a plain causal
+    LM) when its log-probs may be computed from the decoder's last hidden states: a model type
+    in :data:`PLAIN_HEAD_MODEL_TYPES` whose ``hidden_states[-1]`` output is the normalised last
+    hidden state (transformers' default) and whose head weight is whole on this rank (not ZeRO-3
+    partitioned: its gather belongs to the head's own forward)."""
     model = getattr(module, "module", module)  # a DeepSpeed engine's model
     model = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT
-    if getattr(getattr(model, "config", None), "model_type", None) not in PLAIN_HEAD_MODEL_TYPES:
+    config = getattr(model, "config", None)
+    if getattr(config, "model_type", None) not in PLAIN_HEAD_MODEL_TYPES:
+        return None
+    if getattr(config, "tie_last_hidden_states", True) is False:
         return None
     head = model.get_output_embeddings()
     if not isinstance(head, torch.nn.Linear) or head.bias is not None or hasattr(head.weight, "ds_id"):
         return None
-    return model.get_decoder(), head.weight
+    return head.weight
 
 
 def forward_logprobs(module: Any, micro: MicroBatch, *, with_entropy: bool,
@@ -399,8 +390,8 @@ def forward_logprobs(module: Any, micro: MicroBatch, *, with_entropy: bool,
 
     Only counted positions are scored, in float32 chunks that are recomputed in the backward
     (:mod:`rft.algo.logprobs`): with a :func:`plain_head` model from the decoder's hidden states
-    and the head's weight, so no ``[tokens, vocab]`` logits exist at all; otherwise from the
-    model's logits on the window that holds responses. The entropy has no graph unless
+    and the head's weight, so ``[tokens, vocab]`` logits exist one chunk at a time; otherwise
+    from the model's logits at the counted positions only. The entropy has no graph unless
     ``entropy_grad`` (an entropy term in the loss).
 
     The logits are divided by ``micro.temperature`` (in float32, as veRL's actor does), one
@@ -419,19 +410,20 @@ def forward_logprobs(module: Any, micro: MicroBatch, *, with_entropy: bool,
     if isinstance(temperature, torch.Tensor):
         temperature = temperature.to(rows.device)[rows]  # [M]
     entropy_wanted = with_entropy and entropy_grad and torch.is_grad_enabled()
-    head = plain_head(module)
-    if head is not None:
-        decoder, weight = head
-        hidden = decoder(**micro.model_inputs(), use_cache=False).last_hidden_state  # [B, T, H]
-        logprob, entropy = logprobs_from_hidden(hidden[seqs, positions], weight, labels,
+    weight = plain_head(module)
+    if weight is not None:
+        # Through the module's own forward (a DeepSpeed engine's sets up its backward there),
+        # the head on one position only; the last hidden state is what the head would read.
+        out = module(**micro.model_inputs(), use_cache=False, output_hidden_states=True, logits_to_keep=1)
+        hidden = out.hidden_states[-1][seqs, positions]  # [M, H]
+        del out
+        logprob, entropy = logprobs_from_hidden(hidden, weight, labels,
                                                 temperature=temperature, with_entropy=with_entropy)
     else:
-        first = int(positions.min()) if positions.numel() else 0
-        last = int(positions.max()) if positions.numel() else 0
-        # The LM head runs only on the window that holds responses (prompt logits are never used).
-        keep = torch.arange(first, last + 1, device=micro.input_ids.device)  # [K]
+        # The LM head runs only on positions that predict a counted token (never on prompts).
+        keep = positions.unique() if positions.numel() else positions.new_zeros(1)  # [K] sorted
         logits = module(**micro.model_inputs(), use_cache=False, logits_to_keep=keep).logits  # [B, K, V]
-        logprob, entropy = logprobs_from_logits(logits[seqs, positions - first], labels,
+        logprob, entropy = logprobs_from_logits(logits[seqs, torch.searchsorted(keep, positions)], labels,
                                                 temperature=temperature, with_entropy=with_entropy)
     out = torch.zeros(micro.response_mask.shape, dtype=torch.float32, device=logprob.device)
     logprobs = out.index_put((rows, cols), logprob)  # [B, R]
