@@ -85,3 +85,12 @@ def test_checkpointing_every_second_layer_recomputes_only_those(tiny_model_dir):
         assert calls == recomputed, every
         for name, grad in plain.items():
             torch.testing.assert_close(grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)
+
+
+def test_checkpointing_every_without_checkpointing_is_said_to_have_no_effect(tmp_path, caplog):
+    from rft.config.load import config_from_dict
+
+    with caplog.at_level("WARNING"):
+        config_from_dict({"mode": "train", "checkpoint_root_dir": str(tmp_path), "model": {"model_path": str(tmp_path)},
+                          "trainer": {"gradient_checkpointing": False, "gradient_checkpointing_every": 2}})
+    assert "gradient_checkpointing_every=2: no effect" in caplog.text

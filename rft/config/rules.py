@@ -316,6 +316,9 @@ def _check_experience_buffer(cfg: Config) -> None:
 
 def _check_trainer(cfg: Config) -> None:
     t = cfg.trainer
+    if t.gradient_checkpointing_every > 1 and not t.gradient_checkpointing:
+        log.warning("trainer.gradient_checkpointing_every=%d: no effect, trainer.gradient_checkpointing "
+                    "is false (no layer recomputes)", t.gradient_checkpointing_every)
     if t.compile_layers and t.zero_stage == 3:  # after _derive_zero_stage: param_offload selects 3
         raise NotSupportedError("trainer.compile_layers with ZeRO-3 (trainer.zero_stage 3, or "
                                 "param_offload) is not supported yet: ZeRO-3 gathers each parameter "
