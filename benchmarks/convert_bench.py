@@ -140,7 +140,7 @@ def main() -> None:
     p.add_argument("--stages", default="2,3")
     args = p.parse_args()
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    from rft.models import materialize_smollm2
+    from rft.devtools import materialize_smollm2
 
     model_dir = materialize_smollm2(REPO / ".cache" / "models" / "smollm2-135m-instruct")
     start = time.monotonic()

@@ -26,10 +26,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 
-from rft.buffer.experience import Experience, split_groups  # noqa: E402
+from rft.buffer.experience import Experience  # noqa: E402
 from rft.config.load import config_from_dict  # noqa: E402
 from rft.explorer.loop import run_explorer  # noqa: E402
-from rft.models import materialize_smollm2  # noqa: E402
+from rft.devtools import materialize_smollm2  # noqa: E402
 
 
 def make_cfg(root: Path, model: Path, args: argparse.Namespace):
@@ -53,7 +53,7 @@ def make_cfg(root: Path, model: Path, args: argparse.Namespace):
 def step_prompts(run_dir: Path, step: int) -> list[list[int]]:
     seg = run_dir / "buffer" / "explorer-0" / f"seg-{step:06d}.jsonl"
     records = [Experience.from_dict(json.loads(line)) for line in seg.read_text().splitlines()[1:]]
-    return [group[0].prompt_ids for group in split_groups(records)]
+    return list({r.group_id: r.prompt_ids for r in records}.values())  # one per group
 
 
 def bare_generate(engine, prompts: list[list[int]], sampling) -> tuple[int, float]:

@@ -47,7 +47,8 @@ from safetensors.torch import load_file  # noqa: E402
 
 from rft.config.load import config_from_dict  # noqa: E402
 from rft.explorer.tasksets import SamplingArgs  # noqa: E402
-from rft.models import materialize_smollm2, tokenizer_files  # noqa: E402
+from rft.devtools import materialize_smollm2  # noqa: E402
+from rft.models import tokenizer_files  # noqa: E402
 from rft.sync import WeightsPublisher, WeightsWatcher  # noqa: E402
 
 PROMPT = "What is 2 + 3?"

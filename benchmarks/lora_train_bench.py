@@ -60,7 +60,7 @@ def run_side(args: argparse.Namespace) -> dict:
         sync,
     )
 
-    from rft.algo.registry import build_loss_fns
+    from rft.trainer.algorithm import build_loss_fns
     from rft.trainer import engine as dse
     from rft.trainer.step import train_step
 

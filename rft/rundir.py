@@ -1,30 +1,9 @@
 """The run directory on the shared filesystem: every name in it, and the config it was started with.
 
-``<checkpoint_root_dir>/<project>/<name>/`` holds everything of a run (see DESIGN.md)::
-
-    config.yaml                        resolved config of the first launch (CONFIG_FILE)
-    buffer/<writer>/seg-NNNNNN.jsonl   experiences (BUFFER_DIR; rft.buffer.segments)
-    weights/vNNNNNN/                   published weights (WEIGHTS_DIR; rft.sync)
-    latest_state_dict_iteration.txt    newest complete weights version (WEIGHTS_POINTER)
-    weights_group.json                 where the trainer's weight-sync store listens, with
-                                       sync_method nccl (WEIGHTS_GROUP; rft.broadcast)
-    global_step_N/actor/[huggingface/] full checkpoints (step_dir; rft.trainer.state), with
-    global_step_N/critic/[huggingface/] the critic's beside the policy's (advantage_fn ppo)
-    global_step_N/actor/huggingface_merged/  a LoRA run's base + adapter (rft-convert --merge)
-    latest_checkpointed_iteration.txt  newest complete full checkpoint (CHECKPOINT_POINTER)
-    trainer_meta.json                  the newest checkpoint's metadata (TRAINER_META)
-    explorers/<writer>.json            explorer heartbeats (EXPLORERS_DIR)
-    explorer_meta.json                 task cursors (EXPLORER_META)
-    monitor/                           metrics.jsonl and the monitors (MONITOR_DIR; rft.monitor)
-    log/                               process logs, configs of each launch (LOG_DIR)
-    <stage_name>/                      one such directory per stage of a staged config,
-                                       with stage_finished.json once done (STAGE_FINISHED)
-
-Every module that reads or writes one of these names imports it from here. The first launch
-records the resolved config (atomic, no-clobber, so concurrent workers agree on one); every
-later launch, of any role, is compared against it on the keys that define the run, and a
-mismatch is refused before anything is written: two different experiments must not share
-one buffer and one set of checkpoints.
+``<checkpoint_root_dir>/<project>/<name>/`` holds everything of a run; every module that reads
+or writes a name in it imports the name from here. :func:`prepare` records the first launch's
+resolved config (atomic, no-clobber) and refuses a later launch whose config differs on the
+keys that define the run: two experiments must never share one buffer and one set of checkpoints.
 """
 
 from __future__ import annotations
@@ -38,19 +17,22 @@ import yaml
 from rft import atomic
 from rft.errors import ConfigError
 
-CONFIG_FILE = "config.yaml"
-BUFFER_DIR = "buffer"
-WEIGHTS_DIR = "weights"
-WEIGHTS_POINTER = "latest_state_dict_iteration.txt"
-WEIGHTS_GROUP = "weights_group.json"
-CHECKPOINT_POINTER = "latest_checkpointed_iteration.txt"
-TRAINER_META = "trainer_meta.json"
-EXPLORERS_DIR = "explorers"
-EXPLORER_META = "explorer_meta.json"
-MONITOR_DIR = "monitor"
-LOG_DIR = "log"
+CONFIG_FILE = "config.yaml"  # resolved config of the first launch
+BUFFER_DIR = "buffer"  # buffer/<writer>/seg-NNNNNN.jsonl: experiences (rft.buffer.segments)
+WEIGHTS_DIR = "weights"  # weights/vNNNNNN/: published weights (rft.sync)
+WEIGHTS_POINTER = "latest_state_dict_iteration.txt"  # newest complete weights version
+WEIGHTS_GROUP = "weights_group.json"  # where the trainer's weight-sync store listens (nccl; rft.broadcast)
+CHECKPOINT_POINTER = "latest_checkpointed_iteration.txt"  # newest complete full checkpoint
+TRAINER_META = "trainer_meta.json"  # the newest checkpoint's metadata
+EXPLORERS_DIR = "explorers"  # explorers/<writer>.json: explorer heartbeats
+EXPLORER_META = "explorer_meta.json"  # explorer task cursors
+MONITOR_DIR = "monitor"  # metrics.jsonl and the monitors' files (rft.monitor)
+LOG_DIR = "log"  # process logs, the configs of each launch
+SUBMITIT_DIR = "submitit"  # inside LOG_DIR: submitit's job files and logs (rft-launch's default path)
+# A staged config runs each stage in <run_dir>/<stage name>/, a run directory of its own.
 STAGE_FINISHED = "stage_finished.json"  # in a stage's run directory: the stage ended normally
 STAGE_FAILED = "stage_failed.json"  # in a stage's run directory: its main role failed
+# global_step_N/{actor,critic}/[huggingface/]: full checkpoints (rft.trainer.state)
 ACTOR_DIR = "actor"  # inside global_step_N: the policy's checkpoint
 CRITIC_DIR = "critic"  # inside global_step_N: the critic's checkpoint (advantage_fn ppo)
 HF_DIR = "huggingface"  # inside global_step_N/actor: the Hugging Face folder (a LoRA run: the adapter)
@@ -124,7 +106,15 @@ def prepare(run_dir: Path, config_yaml: str, role: str) -> Path:
     return run_dir
 
 
-def _lookup(data: dict, path: tuple[str, ...]):
+def tail_log(path: Path, lines: int = 30) -> str:
+    """The last ``lines`` lines of a log file, for failure messages (a note when it is missing)."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return f"(no log at {path})"
+
+
+def _lookup(data: dict, path: tuple[str, ...]) -> object:
     for key in path:
         data = (data or {}).get(key)
     return data

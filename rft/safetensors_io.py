@@ -1,16 +1,9 @@
 """Streaming safetensors writer and completeness checks for Hugging Face weight folders.
 
-The safetensors format is an 8-byte little-endian header length, a JSON header naming every
-tensor's dtype, shape and byte range, then the raw bytes. Because a checkpoint reader knows all
-names and shapes before reading any data, :func:`write_safetensors` writes the header first and
-then each tensor as it is produced, so memory holds one tensor at a time, never a whole shard.
-
-Data enters as a list of :class:`TensorSpec` plus a callback that produces each tensor; it
-leaves as ``model.safetensors`` or ``model-0000k-of-0000n.safetensors`` files and
-``model.safetensors.index.json``. :func:`weights_complete` tells whether a folder's weight
-files are all present and whole (it reads headers only); :func:`is_weights_file` recognises
-those names (a reconversion replaces them; any other file in the folder is the user's);
-:func:`weight_shapes` lists a folder's tensor names and shapes from the headers.
+:func:`write_safetensors` takes :class:`TensorSpec` s and a callback that produces each tensor,
+and writes ``model.safetensors`` (or ``model-0000k-of-0000n.safetensors`` and the index) holding
+one tensor in memory at a time. :func:`weights_complete`, :func:`weight_shapes` and
+:func:`is_weights_file` read headers and names only.
 """
 
 from __future__ import annotations
@@ -93,7 +86,8 @@ def shard_file_names(n_shards: int) -> list[str]:
 
 
 def is_weights_file(name: str) -> bool:
-    """Whether ``name`` is a weight file of a Hugging Face folder as this module writes them."""
+    """Whether ``name`` is a weight file of a Hugging Face folder as this module writes them
+    (a reconversion replaces these; any other file in the folder is the user's)."""
     return name in (SINGLE_FILE, INDEX_FILE) or _SHARD_RE.match(name) is not None
 
 
@@ -121,6 +115,9 @@ def _write_tensor(f, tensor: torch.Tensor) -> None:
 def write_safetensors(path: Path, specs: list[TensorSpec], produce: Callable[[TensorSpec], torch.Tensor],
                       metadata: dict[str, str] | None = None) -> None:
     """Write one safetensors file, producing each tensor only when its turn comes; fsynced."""
+    # The format: an 8-byte little-endian header length, a JSON header naming every tensor's
+    # dtype, shape and byte range, then the raw bytes. The specs know all of it before any
+    # tensor exists, so the header goes first and each tensor follows as it is produced.
     with open(path, "wb") as f:
         f.write(_header(specs, metadata or {"format": "pt"}))
         for spec in specs:

@@ -1,17 +1,9 @@
 """A config's ``stages`` (Trinity's SFT warm-up, then RFT), run in order on every launch path.
 
-Stage ``i`` is the base config with the stage's keys merged (:func:`rft.config.load.stage_config`),
-in its own run directory ``<run_dir>/<stage_name>``. Stage ``i > 0`` starts from stage ``i-1``'s
-newest published weights (``weights/vN`` of its run directory). A stage is finished once its
-run directory holds :data:`~rft.rundir.STAGE_FINISHED`, written after the stage's main role
-(the trainer, or the explorers of an explore-only stage) ended normally; a rerun or a requeued
-SLURM job skips finished stages and resumes the first unfinished one from its checkpoint.
-
-The launchers use this module: :mod:`rft.launch.local` (``rft-run``) and the SLURM worker
-(:mod:`rft.launch.worker`), which runs the stages itself inside one job, so ``rft-launch``, the
-rendered script and ``jobs/*.sbatch`` need no stage logic of their own. A role started for one
-stage (``python -m rft.launch.worker ROLE --config F --stage I``) loads its config with
-:func:`load_stage`.
+Owns the stage rules: stage ``i`` is :func:`rft.config.load.stage_config` in its own run
+directory, started from stage ``i-1``'s newest published weights; it is finished once its main
+role ended normally (:data:`~rft.rundir.STAGE_FINISHED`), and reruns skip finished stages. The
+local launcher and the SLURM worker call it; it starts no process itself.
 """
 
 from __future__ import annotations
@@ -37,8 +29,14 @@ def roles(mode: str) -> tuple[str, ...]:
 
 
 def main_role(mode: str) -> str:
-    """The role whose normal end finishes a stage: the trainer when there is one."""
+    """The main role of a mode, the trainer when there is one: its normal end finishes a stage,
+    its exit code is the run's (local runs, SLURM jobs)."""
     return "trainer" if mode in TRAINER_MODES else "explorer"
+
+
+def starts_from(index: int) -> str:
+    """Where stage ``index``'s model comes from, as the plan and the sbatch script say it."""
+    return "model.model_path" if index == 0 else "the previous stage's final weights"
 
 
 def modes(cfg: Config) -> list[str]:
@@ -55,7 +53,7 @@ def job_mode(cfg: Config) -> str:
 
 
 def resolve(cfg: Config, index: int, chain: bool = True) -> Config:
-    """Stage ``index``'s config; with ``chain``, its model is the previous stage's final weights."""
+    """Stage ``index``'s config; with ``chain``, its model is :func:`starts_from` ``index``."""
     stage = stage_config(cfg, index)
     if chain and index > 0:
         previous = stage_config(cfg, index - 1)

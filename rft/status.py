@@ -1,14 +1,10 @@
-"""``rft-status RUN_DIR``: where a run stands, read from its files only (no SLURM query needed).
+"""``rft-status RUN_DIR``: where a run stands, read from its files only (no SLURM query).
 
-Reads the trainer's ``metrics.jsonl`` (step, throughput), the weights pointer, the explorers'
-heartbeats (live or dead by age), the buffer backlog (sealed segments not yet consumed, from
-the newest checkpoint's cursor), and the newest full checkpoint. Per buffer writer: its sealed
-segments and the seqs missing among them (file names only: no segment is opened), how far the
-checkpoint's cursor has consumed it, and the fault counters the trainer's reader logged in its
-newest metrics row (corrupt records, incomplete groups, misplaced segments, missing segments;
-counted since the trainer process started). The pipeline: the share of recent wall time the
-trainer spent waiting for experiences and each explorer waiting for weights, how many versions
-the live explorers trail the newest weights, and advice when one side idles (who to scale).
+Reads the trainer's metrics, the weights pointer, the explorers' heartbeats, the newest full
+checkpoint and, per buffer writer, its sealed segments (by file name: none is opened), how far
+the checkpoint's cursor consumed them and the fault counters the trainer's reader logged. Prints
+where the pipeline waits (trainer on experiences, explorers on weights) and which side to
+scale. Writes nothing.
 """
 
 from __future__ import annotations

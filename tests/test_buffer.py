@@ -20,14 +20,13 @@ from pathlib import Path
 import pytest
 
 from rft.buffer.experience import Experience, decode_line, encode_line
+from rft.buffer.segment_file import unsealed_writers
 from rft.buffer.segments import (
     SegmentReader,
     SegmentWriter,
     open_archive,
     open_buffer_reader,
     open_buffer_writer,
-    sealed_for_step,
-    unsealed_writers,
 )
 from rft.buffer.sqlite import check_sql_transport
 from rft.errors import ConfigError, DataError, NotSupportedError
@@ -217,14 +216,13 @@ def test_a_joining_writer_is_not_starved_by_a_backlog(tmp_path):
     assert "b0-0" in taken[::GROUP]
 
 
-def test_sealed_for_step_and_read_step(tmp_path):
+def test_unsealed_writers_and_read_step(tmp_path):
     writers = ["explorer-0", "explorer-1"]
     w0, w1 = (SegmentWriter(tmp_path, w) for w in writers)
     w0.write(make_batch("r0s1", 2), seq=1)
-    assert not sealed_for_step(tmp_path, writers, 1)
     assert unsealed_writers(tmp_path, writers, 1) == ["explorer-1"]
     w1.write([], seq=1)  # an empty share still seals the step
-    assert sealed_for_step(tmp_path, writers, 1)
+    assert unsealed_writers(tmp_path, writers, 1) == []
     reader = SegmentReader(tmp_path)
     assert ids(reader.read_step(1, writers)) == ids(make_batch("r0s1", 2))
     assert reader.cursor()["segments"]["explorer-1"] == {"seq": 2, "offset": 0}
@@ -254,13 +252,21 @@ def test_corrupt_and_truncated_lines_are_skipped_and_logged(tmp_path, caplog):
     assert "truncated" in caplog.text and "a-0, a-1, a-4" in caplog.text
 
 
-def test_handwritten_segment_without_header_and_newer_format(tmp_path):
+def test_corrupt_header_is_skipped_with_the_first_group(tmp_path, caplog):
+    SegmentWriter(tmp_path, "w").write(make_batch("a", 3))
+    path = tmp_path / "w" / "seg-000000.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0][:10]] + lines[1:]) + "\n")  # a torn header
+    caplog.set_level(logging.WARNING)
+    reader = SegmentReader(tmp_path)
+    assert ids(reader.read()) == ids(make_batch("a", 3)[GROUP:])  # a-0 may have lost a sample
+    assert reader.stats.corrupt_records == 1 and reader.stats.incomplete_groups == 1
+    assert f"corrupt header {path} line 1" in caplog.text
+
+
+def test_a_segment_of_a_newer_format_is_refused(tmp_path):
     (tmp_path / "w").mkdir()
-    records = make_batch("h", 1)
-    (tmp_path / "w" / "seg-000000.jsonl").write_text(
-        "".join(json.dumps(r.to_dict()) + "\n" for r in records))
-    assert ids(SegmentReader(tmp_path).read()) == ids(records)
-    (tmp_path / "w" / "seg-000001.jsonl").write_text('{"format": 2, "writer": "w"}\n')
+    (tmp_path / "w" / "seg-000000.jsonl").write_text('{"format": 2, "writer": "w"}\n')
     with pytest.raises(DataError, match="newer rft.*upgrade"):
         SegmentReader(tmp_path).read()
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from rft.algo import losses
 from rft.algo.losses import chord_mu
 from rft.buffer.experience import Experience
 from rft.buffer.segments import SegmentWriter
@@ -20,7 +21,7 @@ from rft.config.batches import mini_batches_per_step, updates_per_step
 from rft.config.load import load_config
 from rft.config.mix import expert_samples_per_step, mix_counts
 from rft.errors import ConfigError
-from rft.monitor import STALENESS_MEAN
+from rft.monitor import POLICY_LOSS, STALENESS_MEAN
 from rft.trainer.batching import (
     MetricSums,
     collate,
@@ -202,12 +203,12 @@ def test_single_source_micro_batches_add_up_to_mix_chord_of_the_whole_batch(mode
                                    micro.response_mask, step=1, expert_mask=micro.expert)
                 scale = micro_loss_scale(micro.response_mask, totals[source], mode, world)
                 total += scale * loss.item()
-                sums.add(metrics, scale / world, fractions[source])
+                sums.add({**metrics, POLICY_LOSS: loss.item()}, scale / world, fractions[source])
     assert total / world == pytest.approx(whole.item(), abs=1e-6)
     result = sums.result()
-    assert result["pg_loss"] == pytest.approx(whole.item(), abs=1e-6)
-    assert result["mu"] == pytest.approx(0.3)
-    for key in ("usual/pg_loss", "expert/sft_loss") if mode != "seq-mean-token-sum-norm" else ():
+    assert result[POLICY_LOSS] == pytest.approx(whole.item(), abs=1e-6)
+    assert result[losses.MU] == pytest.approx(0.3)
+    for key in (losses.ROLLOUT_PART_LOSS, losses.EXPERT_PART + losses.SFT_LOSS) if mode != "seq-mean-token-sum-norm" else ():
         assert result[key] == pytest.approx(whole_metrics[key], abs=1e-6), key
 
 
@@ -223,7 +224,7 @@ def test_metric_sums_match_the_plain_weighted_mean_without_expert_rows():
 
 
 def test_expert_rows_get_zero_advantage_and_leave_rollout_advantages_alone():
-    from rft.algo.registry import build_loss_fns
+    from rft.trainer.algorithm import build_loss_fns
     from rft.trainer.plan import MiniPlan, Plan
     from rft.trainer.step import _advantages
 

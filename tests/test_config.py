@@ -298,8 +298,8 @@ def test_trainer_and_sampling_options_that_cannot_work(tmp_path):
     with pytest.raises(NotSupportedError, match="top-k log-probs"):
         load_dict(tmp_path, minimal(model={"model_path": "/m", "logprobs": 5}))
     data = minimal()
-    data["buffer"]["explorer_input"]["taskset"]["workflow_args"] = {"x": 1}
-    with pytest.raises(NotSupportedError, match="taskset.workflow_args is not supported yet"):
+    data["explorer"] = {"rollout_model": {"enable_auto_tool_choice": True}}
+    with pytest.raises(ConfigError, match="needs explorer.rollout_model.tool_call_parser"):
         load_dict(tmp_path, data)
 
 
@@ -334,19 +334,40 @@ def test_rollout_correction_modes_keys_and_conflicts(tmp_path):
         load_dict(tmp_path, sft)
 
 
-def test_rollout_temperature_is_the_training_tasksets_one(tmp_path):
-    from rft.config.rules import rollout_temperature
+def test_a_tasksets_temperature_and_its_scoring_temperature(tmp_path):
+    from rft.config.rules import scoring_temperature, taskset_temperature
 
-    assert rollout_temperature(load_dict(tmp_path, minimal())) == 1.0
-    assert rollout_temperature(load_dict(tmp_path, minimal(model={"model_path": "/m", "temperature": 0.7}))) == 0.7
     data = minimal(model={"model_path": "/m", "temperature": 0.7})
+    cfg = load_dict(tmp_path, data)
+    assert taskset_temperature(cfg, cfg.training_tasksets()[0]) == 0.7  # model.temperature
     data["buffer"]["explorer_input"]["taskset"]["rollout_args"] = {"temperature": 0.5}
-    data["buffer"]["explorer_input"]["eval_tasksets"] = [{"path": "/e", "rollout_args": {"temperature": 0}}]
-    assert rollout_temperature(load_dict(tmp_path, data)) == 0.5  # the taskset's; eval ones do not count
-    data["buffer"]["explorer_input"]["taskset"]["rollout_args"] = {"temperature": 0}
-    assert rollout_temperature(load_dict(tmp_path, data)) == 1.0  # greedy: vLLM reports T=1 log-probs
-    # Tasksets at different temperatures: each rollout records its own; records without one
-    # (an earlier rft) cannot be told apart, so there is no run-wide value.
-    inputs = {"tasksets": [{"path": "/a"}, {"path": "/b", "rollout_args": {"temperature": 0.6}}]}
-    assert rollout_temperature(load_dict(tmp_path, minimal(buffer={"batch_size": 2,
-                                                                   "explorer_input": inputs}))) is None
+    cfg = load_dict(tmp_path, data)
+    assert taskset_temperature(cfg, cfg.training_tasksets()[0]) == 0.5  # the taskset's own
+    assert scoring_temperature(0.5) == 0.5
+    assert scoring_temperature(0.0) == 1.0  # greedy: vLLM reports T=1 log-probs
+
+
+def test_micro_batch_sizes_are_resolved_once(tmp_path):
+    cfg = load_dict(tmp_path, minimal(trainer={"micro_batch_size_per_gpu": 3}))
+    assert cfg.trainer.log_prob_micro_batch_size_per_gpu == 3
+    assert cfg.trainer.trainer_config.critic.ppo_micro_batch_size_per_gpu == 3
+    cfg = load_dict(tmp_path, minimal(trainer={"micro_batch_size_per_gpu": 3,
+                                               "log_prob_micro_batch_size_per_gpu": 5}))
+    assert cfg.trainer.log_prob_micro_batch_size_per_gpu == 5
+
+
+def test_a_stage_re_derives_what_the_rules_derived_for_the_base(tmp_path):
+    """A stage merges onto what the user wrote, not onto the base's derived values."""
+    data = minimal(trainer={"micro_batch_size_per_gpu": 2})
+    data["stages"] = [{"stage_name": "a", "buffer": {"batch_size": 1},
+                       "trainer": {"micro_batch_size_per_gpu": 4}}]
+    stage = stage_config(load_dict(tmp_path, data), 0)
+    assert stage.buffer.train_batch_size == 4  # 1 task x 4 samples, not the base's 2 x 4
+    assert stage.trainer.log_prob_micro_batch_size_per_gpu == 4
+
+
+def test_preset_keys_are_every_key_a_preset_fills():
+    from rft.config.rules import _COMMON, PRESET_KEYS, PRESETS
+
+    assert set(PRESET_KEYS) == {key for preset in (*PRESETS.values(), _COMMON) for key in preset}
+    assert {"advantage_fn", "policy_loss_fn", "loss_agg_mode", "sample_strategy"} <= set(PRESET_KEYS)

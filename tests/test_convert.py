@@ -179,7 +179,7 @@ def _torchrun(script: str, nproc: int, *args: str) -> None:
 @pytest.fixture(scope="session")
 def untied_model_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_tokenizer_dir: Path) -> Path:
     """A GPT-NeoX layout with separate input/output embeddings: other names than Llama's."""
-    from rft.models import make_tiny_model
+    from rft.devtools import make_tiny_model
 
     return make_tiny_model(tmp_path_factory.mktemp("models") / "neox", arch="gpt_neox",
                            tie_word_embeddings=False, tokenizer_dir=smollm2_tokenizer_dir)

@@ -162,16 +162,6 @@ def test_backup_is_deleted_only_after_the_new_folder_is_complete(tmp_path: Path)
     assert backup.is_dir()
 
 
-def test_folder_of_an_older_rft_convert_killed_mid_swap_is_restored(tmp_path: Path) -> None:
-    """Older versions moved the old folder to ``huggingface.old.tmp.<host>.<pid>`` first."""
-    step = tmp_path / "global_step_1"
-    expected = make_checkpoint(step)
-    hf = step / "actor" / "huggingface"
-    hf.rename(hf.with_name(f"huggingface.old.tmp.{socket.gethostname()}.{_dead_pid()}"))
-    assert main(["--checkpoint-dir", str(step), "--dtype", "fp32"]) == 0
-    assert_converted(hf, expected, user_files=False)
-
-
 # ----------------------------------------------------------------------------- user files, debris
 
 

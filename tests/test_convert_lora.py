@@ -217,7 +217,7 @@ def test_merge_writes_a_full_model_equal_to_base_plus_adapter(run_copy: Path, ti
 @pytest.mark.integration
 def test_merge_needs_a_base_model_that_fits(run_copy: Path, tiny_model_dir: Path, tmp_path: Path,
                                             capsys: pytest.CaptureFixture) -> None:
-    from rft.models import make_tiny_model
+    from rft.devtools import make_tiny_model
 
     step1 = run_copy / "global_step_1"
     config_path = _adapter_dir(run_copy, 1) / ADAPTER_CONFIG

@@ -8,7 +8,15 @@ import math
 import pytest
 import torch
 
-from rft.algo.critic import explained_variance, gae, gae_advantages, value_loss, whiten
+from rft.algo.critic import (
+    ADVANTAGE_RAW_MEAN,
+    VALUE_MEAN,
+    explained_variance,
+    gae,
+    gae_advantages,
+    value_loss,
+    whiten,
+)
 
 V = torch.tensor([[0.5, 0.6, 0.7, 0.8, 9.0]])  # the last token is padding: its value is unused
 R = torch.tensor([[0.0, 0.0, 0.0, 1.0, 5.0]])  # terminal reward on the last response token
@@ -49,8 +57,8 @@ def test_gae_advantages_are_whitened_over_masked_tokens_returns_are_not():
     expect = (raw - 0.35) / math.sqrt(0.05 / 3 + 1e-8)
     assert adv.tolist()[0][:4] == pytest.approx(expect.tolist(), rel=1e-5) and adv[0, 4] == 0
     assert ret.tolist()[0] == pytest.approx([1.0, 1.0, 1.0, 1.0, 0.0])
-    assert metrics["advantage_raw_mean"] == pytest.approx(0.35)
-    assert metrics["value_mean"] == pytest.approx(0.65)
+    assert metrics[ADVANTAGE_RAW_MEAN] == pytest.approx(0.35)
+    assert metrics[VALUE_MEAN] == pytest.approx(0.65)
     assert whiten(torch.tensor([[2.0, 4.0]]), torch.tensor([[1, 1]])).tolist()[0] == pytest.approx(
         [-1 / math.sqrt(2), 1 / math.sqrt(2)], rel=1e-5)
 
@@ -60,12 +68,12 @@ def test_value_loss_clips_against_the_old_values():
     new = torch.tensor([[1.5, 0.9, 3.0, 7.0]])
     returns = torch.tensor([[2.0, 0.0, 0.0, 0.0]])
     mask = torch.tensor([[1, 1, 1, 0]])
-    loss, metrics = value_loss(new, old, returns, mask, cliprange_value=0.2)
+    loss, clip_frac = value_loss(new, old, returns, mask, cliprange_value=0.2)
     # t0: new 1.5 -> clipped 1.2; (1.5-2)^2 = 0.25, (1.2-2)^2 = 0.64 -> 0.64 (clipped larger)
     # t1: new 0.9 inside the range: both 0.81 -> 0.81 (not counted as clipped)
     # t2: new 3.0 -> clipped 1.2; 9.0 vs 1.44 -> 9.0 (unclipped larger)
     assert loss.item() == pytest.approx(0.5 * (0.64 + 0.81 + 9.0) / 3)
-    assert metrics["critic/value_clip_frac"] == pytest.approx(1 / 3)
+    assert clip_frac == pytest.approx(1 / 3)
     new_g = new.clone().requires_grad_()
     value_loss(new_g, old, returns, mask, cliprange_value=0.2)[0].backward()
     # t0's larger term is the clipped one, whose clamp is saturated: no gradient reaches t0

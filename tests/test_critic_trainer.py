@@ -58,20 +58,20 @@ def ppo_cfg(**trainer_config):
 
 
 def one_step(monkeypatch, cfg, step: int = 1):
-    from rft.algo.registry import build_loss_fns
-    from rft.trainer import engine as dse
+    from rft.trainer.algorithm import build_loss_fns
+    from rft.trainer import engine
     from rft.trainer.step import train_step
 
-    monkeypatch.setattr(dse, "all_reduce_max", lambda value: value)  # one process: no collectives
-    monkeypatch.setattr(dse, "all_gather_objects", lambda obj: [obj])
+    monkeypatch.setattr(engine, "all_reduce_max", lambda value: value)  # one process: no collectives
+    monkeypatch.setattr(engine, "all_gather_objects", lambda obj: [obj])
     # prompt [1, 2], response [3, 4]: values read at positions 1, 2 -> tokens 2, 3 -> 0.2, 0.3
     # prompt [4], response [1, 2, 0]: positions 0, 1, 2 -> tokens 4, 1, 2 -> 0.4, 0.1, 0.2
     exps = [Experience("a", "a", [1, 2], [3, 4], logprobs=[-1.0, -1.0], reward=1.0),
             Experience("b", "b", [4], [1, 2, 0], logprobs=[-1.0] * 3, reward=0.0)]
     policy, critic = BigramLM(), TokenValues()
-    info = dse.DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
-    out = train_step(dse.Actor(SGDEngine(policy), 2, None), None, exps, cfg, build_loss_fns(cfg.algorithm),
-                     info, step=step, pad_id=0, critic=dse.Actor(SGDEngine(critic), 2, None))
+    info = engine.DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
+    out = train_step(engine.Actor(SGDEngine(policy), 2, None), None, exps, cfg, build_loss_fns(cfg.algorithm),
+                     info, step=step, pad_id=0, critic=engine.Actor(SGDEngine(critic), 2, None))
     return out, policy, critic
 
 
@@ -142,7 +142,7 @@ def test_config_rules_for_the_critic(caplog):
                           "model": {"model_path": "/m", "critic_model_path": "/c"}})
     assert "model.critic_model_path: no effect, advantage_fn 'grpo' trains no critic" in caplog.text
     with pytest.raises(ConfigError, match="advantage_fn_args.lam: got 2"):
-        from rft.algo.registry import build_loss_fns
+        from rft.trainer.algorithm import build_loss_fns
 
         build_loss_fns(config_from_dict({**base, "algorithm": {
             "algorithm_type": "ppo", "advantage_fn_args": {"lam": 2}}}).algorithm)

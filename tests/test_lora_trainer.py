@@ -36,7 +36,8 @@ def test_wrap_trains_only_the_adapter_and_starts_at_the_base(tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
     from rft.models import adapter_saved_name
-    from rft.trainer.lora import ADAPTER, trainable_names, wrap
+    from rft.trainer.lora import ADAPTER, wrap
+    from tests.helpers.trainer import trainable_names
 
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     with torch.no_grad():

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from rft.devtools import TINY_ARCHS, make_tiny_model
 from rft.errors import CheckpointError, DataError
-from rft.models import TINY_ARCHS, check_model_dir, make_tiny_model
+from rft.models import check_model_dir
 
 
 def test_tiny_model_loads_with_transformers(tiny_model_dir: Path) -> None:
@@ -74,7 +75,7 @@ def test_smollm2_folder_is_a_working_chat_model(smollm2_dir: Path) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from rft.models import materialize_smollm2
+    from rft.devtools import materialize_smollm2
 
     start = time.monotonic()
     assert materialize_smollm2(smollm2_dir) == smollm2_dir and time.monotonic() - start < 2  # idempotent

@@ -52,7 +52,7 @@ def test_packed_log_probs_losses_and_gradients_equal_the_padded(tiny_model_dir, 
     from transformers import AutoModelForCausalLM
 
     from rft.algo.losses import ppo_loss
-    from rft.trainer import engine as dse
+    from rft.trainer import engine
 
     rows = ragged_rows()
     adv = torch.tensor([-1.0, 0.5, 2.0]).unsqueeze(-1) * rows.response_mask
@@ -60,12 +60,12 @@ def test_packed_log_probs_losses_and_gradients_equal_the_padded(tiny_model_dir, 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
     if via_logits:  # the model's own forward and logits (the ZeRO-3 path)
         model.config.model_type = "not-listed"
-    assert (dse.plain_head(model) is None) == via_logits
+    assert (engine.plain_head(model) is None) == via_logits
 
     def run(packed: bool):
         model.zero_grad()
         micro = collate(rows, [0, 1, 2], adv, old, packed=packed)
-        lp, ent = dse.forward_logprobs(model, micro, with_entropy=True)
+        lp, ent = engine.forward_logprobs(model, micro, with_entropy=True)
         loss, _ = ppo_loss(lp, micro.old_logprobs, micro.advantages, micro.response_mask)
         (loss - 0.01 * ent.sum()).backward()
         return lp.detach(), ent.detach(), loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
@@ -82,15 +82,15 @@ def test_packed_log_probs_losses_and_gradients_equal_the_padded(tiny_model_dir, 
 def test_packed_critic_values_equal_the_padded(tiny_model_dir):
     from transformers import AutoModelForTokenClassification
 
-    from rft.trainer import engine as dse
+    from rft.trainer import engine
 
     torch.manual_seed(0)
     critic = AutoModelForTokenClassification.from_pretrained(tiny_model_dir, dtype=torch.float32, num_labels=1)
     rows = ragged_rows()
     zeros = torch.zeros_like(rows.response_mask)
     with torch.no_grad():
-        padded = dse.forward_values(critic.eval(), collate(rows, [0, 1, 2], zeros, zeros))
-        packed = dse.forward_values(critic, collate(rows, [0, 1, 2], zeros, zeros, packed=True))
+        padded = engine.forward_values(critic.eval(), collate(rows, [0, 1, 2], zeros, zeros))
+        packed = engine.forward_values(critic, collate(rows, [0, 1, 2], zeros, zeros, packed=True))
     mask = rows.response_mask > 0
     torch.testing.assert_close(packed[mask], padded[mask], rtol=0, atol=1e-5)
 

@@ -220,7 +220,7 @@ def test_missing_stage_dataset_names_the_path_and_the_stage(tiny_model_dir):
 def test_every_stage_is_checked_and_planned(tiny_model_dir):
     staged = REPO / "configs" / "cpu" / "sft_warmup.yaml"
     text = dry_run(load_config(staged, _paths(tiny_model_dir, staged)), str(staged))
-    assert "stage 0: sft_warmup (mode train" in text and "stage 1: rft (mode both" in text
+    assert "stages[0] (sft_warmup): mode train" in text and "stages[1] (rft): mode both" in text
     assert "starts from the previous stage's final weights" in text
     msg = _preflight_error(tiny_model_dir, "stages.1.algorithm.kl_loss_fn_args.kl_cof=0.1", config=staged)
     assert msg.startswith("stages[1] (rft): ") and "Did you mean 'kl_coef'?" in msg

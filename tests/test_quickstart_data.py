@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from rft.data import load_split
-from rft.explorer.rewards import extract_ground_truth
+from rft.workflow.rewards import extract_ground_truth
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "data" / "arithmetic" / "generate.py"

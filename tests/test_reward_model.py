@@ -26,8 +26,8 @@ from rft.explorer.reward_model import (
     micro_batches,
     pad_right,
 )
-from rft.explorer.rewards import combine_reward, reward_model_part_names
-from rft.explorer.workflows import get_workflow
+from rft.workflow.rewards import combine_reward, reward_model_part_names
+from rft.workflow.single_turn import get_workflow
 from rft.launch import slurm
 from rft.launch.cli import dry_run
 from rft.launch.preflight import _role_lines
@@ -191,8 +191,9 @@ def test_score_all_scores_a_step_in_one_call_per_model():
     fmt = FormatConfig(prompt_key="question", response_key="answer")
     ts = T.Taskset("t", "t", TasksetConfig(format=fmt),
                    [{"question": "1 + 1?", "answer": "#### 2"}, {"question": "2 + 2?", "answer": "#### 4"}],
-                   workflow, T.SamplingArgs(n=2))
-    jobs = [PromptJob(0, T.Task(0, 0, 0), ts, ts.rows[0], [1]), PromptJob(1, T.Task(0, 1, 0), ts, ts.rows[1], [1])]
+                   workflow, T.SamplingArgs(n=2), resolve=lambda name, reward: workflow)
+    jobs = [PromptJob(0, T.Task(0, 0, 0), ts, ts.rows[0], [1], workflow),
+            PromptJob(1, T.Task(0, 1, 0), ts, ts.rows[1], [1], workflow)]
     groups = [[Sample([1], [2], [0.0], "stop", "2"), Sample([1], [2], [0.0], "stop", "22")],
               [Sample([1], [2], [0.0], "stop", "4"), Sample([1], [2], [0.0], "stop", "no")]]
     models = [FakeScorer(1.0), FakeScorer(-0.5)]

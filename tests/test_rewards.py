@@ -9,8 +9,8 @@ import threading
 import pytest
 
 from rft.errors import ConfigError, DataError
-from rft.explorer import rewards as R
-from rft.explorer.workflows import MATH_SYSTEM_PROMPT, WORKFLOWS, get_workflow
+from rft.workflow import rewards as R
+from rft.workflow.single_turn import ALIASES, MATH_SYSTEM_PROMPT, WORKFLOWS, get_workflow
 
 
 def think_answer(answer: str) -> str:
@@ -257,7 +257,8 @@ def test_boxed_and_simple_workflows(user_module):
 
 def test_answer_extractor_of_each_workflow_and_user_functions(user_module):
     assert set(R.ANSWER_EXTRACTORS) == set(R.REWARD_FNS)
-    by_workflow = {name: R.answer_extractor(get_workflow(name).reward_fn) for name in WORKFLOWS}
+    by_workflow = {name: R.answer_extractor(get_workflow(name).reward_fn) for name in WORKFLOWS
+                   if name not in ALIASES}
     assert by_workflow == {
         "math_workflow": "last <answer>...</answer> tag",
         "math_boxed_workflow": "last \\boxed{...}",
@@ -272,7 +273,8 @@ def test_answer_extractor_of_each_workflow_and_user_functions(user_module):
 def test_unknown_workflow():
     with pytest.raises(ConfigError, match="Did you mean 'math_workflow'"):
         get_workflow("math_workfow")
-    assert set(WORKFLOWS) == {"math_workflow", "math_boxed_workflow", "simple_workflow"}
+    assert set(WORKFLOWS) - set(ALIASES) == {"math_workflow", "math_boxed_workflow", "simple_workflow"}
+    assert get_workflow("async_math_workflow").system_prompt == MATH_SYSTEM_PROMPT
 
 
 @pytest.mark.parametrize("reply, accuracy, fmt", [

@@ -179,8 +179,8 @@ def test_a_staged_config_is_one_job_holding_every_stages_roles(tmp_path):
     cfg = load_config(staged, [f"checkpoint_root_dir={tmp_path}"])
     assert launch_mode(cfg) == "both"  # SFT (trainer) then GRPO (explorer and trainer)
     script = slurm.render(cfg, staged, [], mode="both")
-    assert "#   0 sft_warmup: mode train (trainer), from model.model_path" in script
-    assert "#   1 rft: mode both (explorer and trainer), from the previous stage's final weights" in script
+    assert "#   stages[0] (sft_warmup): mode train (trainer), from model.model_path" in script
+    assert "#   stages[1] (rft): mode both (explorer and trainer), from the previous stage's final weights" in script
     assert script.count(" -m rft.launch.worker ") == 2  # the workers run the stages themselves
     with pytest.raises(ConfigError, match=r"stages\[0\] \(sft_warmup\) changes the cluster"):
         launch_mode(load_config(staged, ["stages.0.cluster={node_num: 1, gpu_per_node: 4}"]))
@@ -195,7 +195,7 @@ def test_submitit_job_keeps_memory_cpus_and_extra_sbatch_lines(tmp_path):
     cfg = load_config(REPO / "configs" / "grpo_gsm8k.yaml",
                       [f"checkpoint_root_dir={tmp_path}", "slurm.mem=64G", "slurm.cpus_per_gpu=8",
                        "slurm.extra_sbatch_args=['--exclusive', '--comment=rft']"])
-    executor = slurm.submitit_executor(cfg, "both", tmp_path / "submitit")
+    executor = slurm.submitit_executor(cfg, "both")
     text = executor._make_submission_file_text("python -c pass", "uid")
     head, _, tail = text.partition("#SBATCH hetjob")
     assert "#SBATCH --mem=64G" in head and "#SBATCH --cpus-per-gpu=8" in head

@@ -32,7 +32,6 @@ from rft.sync import (
     is_complete,
     latest_weights,
     list_versions,
-    live_explorers,
     read_heartbeats,
     read_marker,
 )
@@ -40,6 +39,10 @@ from tests.helpers.faults import fault_seed
 
 WORKER = str(Path(__file__).parent / "sync_worker.py")
 SIZE_MB = 8
+
+
+def live_explorers(run_dir: Path, live_threshold_s: float) -> list[str]:
+    return [s.name for s in read_heartbeats(run_dir, live_threshold_s) if s.live]
 
 
 def write_tiny(folder: Path) -> None:

@@ -24,7 +24,6 @@ from rft.algo.losses import aggregate
 from rft.buffer.experience import Experience
 from rft.errors import EXIT_REQUEUE
 from rft.trainer.batching import (
-    batch_totals,
     collate,
     micro_loss_scale,
     plan_micro_batches,
@@ -34,6 +33,7 @@ from rft.trainer.batching import (
 )
 from rft.trainer.lr_schedule import lr_multiplier, warmup_steps
 from tests.helpers.synthetic import rollout_groups
+from tests.helpers.trainer import batch_totals
 
 REPO = Path(__file__).resolve().parent.parent
 PY = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv").is_dir() else sys.executable
@@ -310,18 +310,19 @@ def test_one_step_scores_at_the_temperature_and_weights_the_loss(monkeypatch):
         IS_RATIO_MEAN,
         IS_WEIGHT_MEAN,
     )
-    from rft.algo.registry import build_loss_fns
+    from rft.trainer.algorithm import build_loss_fns
     from rft.config.load import config_from_dict
-    from rft.trainer import engine as dse
+    from rft.trainer import engine
     from rft.trainer.step import train_step
 
-    monkeypatch.setattr(dse, "all_reduce_max", lambda value: value)  # one process: no collectives
-    monkeypatch.setattr(dse, "all_gather_objects", lambda obj: [obj])
+    monkeypatch.setattr(engine, "all_reduce_max", lambda value: value)  # one process: no collectives
+    monkeypatch.setattr(engine, "all_gather_objects", lambda obj: [obj])
     model = BigramLM()
     # groups: rewards [1, 0] -> GRPO advantages +-A, A = 0.5 / (std 0.7071068 + 1e-6) = 0.7071063
     shapes = [("g0", [1, 2], [3, 4, 0], 1.0), ("g0", [1, 2], [2, 2], 0.0),
               ("g1", [4], [1, 3], 1.0), ("g1", [4], [0, 1, 2, 3], 0.0)]
-    exps = [Experience(g, g, p, r, logprobs=tempered_logprobs(model, p, r), reward=rw) for g, p, r, rw in shapes]
+    exps = [Experience(g, g, p, r, logprobs=tempered_logprobs(model, p, r), reward=rw, temperature=TEMPERATURE)
+            for g, p, r, rw in shapes]
     exps[0].logprobs[0] -= math.log(4.0)  # pi_old / pi_behaviour = 4 -> TIS weight 2
     exps[3].logprobs[1] += math.log(2.0)  # 0.5
     cfg = config_from_dict({
@@ -331,8 +332,8 @@ def test_one_step_scores_at_the_temperature_and_weights_the_loss(monkeypatch):
         "buffer": {"batch_size": 2, "explorer_input": {"taskset": {"path": "/d"}}},
         "trainer": {"precision": "fp32"},
     })
-    info = dse.DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
-    metrics = train_step(dse.Actor(FakeEngine(model), 2, None), None, exps, cfg,
+    info = engine.DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
+    metrics = train_step(engine.Actor(FakeEngine(model), 2, None), None, exps, cfg,
                          build_loss_fns(cfg.algorithm), info, step=1, pad_id=0)
     # 11 tokens: nine ratios 1, one 4, one 0.5
     assert metrics[IS_RATIO_MEAN] == pytest.approx(13.5 / 11, abs=1e-5)
@@ -365,14 +366,14 @@ def test_on_policy_step_skips_the_old_logprob_pass_with_the_same_update(monkeypa
     """One update with recomputed old log-probs: the no-grad pass is skipped (old = the training
     forward's log-probs, detached), and loss, gradient, weights and correction metrics equal a
     step that makes the pass, over several micro-batches at a temperature."""
-    from rft.algo.registry import build_loss_fns
+    from rft.trainer.algorithm import build_loss_fns
     from rft.config.load import config_from_dict
-    from rft.trainer import engine as dse
+    from rft.trainer import engine
     from rft.trainer import step as st
 
     skippable = st.old_pass_skippable
-    monkeypatch.setattr(dse, "all_reduce_max", lambda value: value)
-    monkeypatch.setattr(dse, "all_gather_objects", lambda obj: [obj])
+    monkeypatch.setattr(engine, "all_reduce_max", lambda value: value)
+    monkeypatch.setattr(engine, "all_gather_objects", lambda obj: [obj])
     shapes = [("g0", [1, 2], [3, 4, 0], 1.0), ("g0", [1, 2], [2, 2], 0.0),
               ("g1", [4], [1, 3], 1.0), ("g1", [4], [0, 1, 2, 3], 0.0)]
     base = tempered_logprobs(BigramLM(), [1, 2], [3, 4, 0])
@@ -384,14 +385,14 @@ def test_on_policy_step_skips_the_old_logprob_pass_with_the_same_update(monkeypa
         "trainer": {"precision": "fp32", "use_dynamic_bsz": False, "micro_batch_size_per_gpu": 2,
                     "log_prob_micro_batch_size_per_gpu": 3},
     })
-    info = dse.DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
+    info = engine.DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
 
     def one_step(skip: bool) -> tuple[dict, torch.Tensor]:
         monkeypatch.setattr(st, "old_pass_skippable", lambda fns, updates: skip)
         model = BigramLM()
         exps = [Experience(g, g, p, r, logprobs=[x - 0.3 for x in base[:len(r)]], reward=rw)
                 for g, p, r, rw in shapes]
-        out = st.train_step(dse.Actor(SGDEngine(model), 2, None), None, exps, cfg,
+        out = st.train_step(engine.Actor(SGDEngine(model), 2, None), None, exps, cfg,
                             build_loss_fns(cfg.algorithm), info, step=1, pad_id=0)
         return out, model.table.detach()
 
@@ -745,7 +746,7 @@ def test_vllm_and_the_trainer_score_samples_at_the_sampling_temperature(vllm_mod
     from rft.config.load import config_from_dict
     from rft.explorer.engine import Engine
     from rft.explorer.tasksets import SamplingArgs
-    from rft.trainer import engine as dse
+    from rft.trainer import engine
 
     cfg = config_from_dict({"mode": "explore", "model": {"model_path": str(vllm_model_dir), "max_model_len": 64},
                             "cluster": {"gpu_per_node": 0}, "explorer": {"rollout_model": {"dtype": "float32"}},
@@ -761,9 +762,9 @@ def test_vllm_and_the_trainer_score_samples_at_the_sampling_temperature(vllm_mod
     model = AutoModelForCausalLM.from_pretrained(vllm_model_dir, dtype=torch.float32).eval()
     mask = micro.response_mask > 0
     with torch.no_grad():
-        tempered = dse.forward_logprobs(model, micro, with_entropy=False)[0]
+        tempered = engine.forward_logprobs(model, micro, with_entropy=False)[0]
         micro.temperature = 1.0
-        raw = dse.forward_logprobs(model, micro, with_entropy=False)[0]
+        raw = engine.forward_logprobs(model, micro, with_entropy=False)[0]
     torch.testing.assert_close(tempered[mask], micro.old_logprobs[mask], rtol=0, atol=2e-3)
     assert (raw[mask] - micro.old_logprobs[mask]).abs().max() > 0.05
 

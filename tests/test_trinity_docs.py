@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rft.algo.registry import build_loss_fns
+from rft.trainer.algorithm import build_loss_fns
 from rft.config.load import config_from_dict, load_config, read_raw
 from rft.errors import NotSupportedError
 from rft.launch.cli import run_main
@@ -184,7 +184,7 @@ def test_dry_run_of_the_sft_warmup_stages(tmp_path, monkeypatch, smollm2_dir, ca
                      f"stages.0.buffer.trainer_input.experience_buffer.path={sft}"])
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert "stage 0: sft_warmup (mode train" in out and "stage 1: rft (mode both" in out
+    assert "stages[0] (sft_warmup): mode train" in out and "stages[1] (rft): mode both" in out
     assert "weights via 'nccl' (broadcast from trainer rank 0" in out
     assert "10 (buffer.total_steps)" in out  # the SFT stage's total_steps
     assert f"experience_buffer  {sft} [json]: 1 rows, columns prompt, response" in out

@@ -1,7 +1,5 @@
-"""The RL math, pure torch: advantage estimators, policy/KL/entropy losses, token log-probs
-and entropies, off-policy correction weights, and their registry.
+"""The RL math, pure torch: advantages, policy/KL/entropy losses, token log-probs and entropies,
+off-policy correction weights, the critic's GAE and value loss; ``registry`` maps names to them.
 
-``advantages``, ``losses``, ``logprobs`` and ``correction`` are pure functions of tensors;
-``registry`` maps the names that :mod:`rft.config.names` declares to them and checks their
-arguments.
+Every module here imports only torch, the stdlib, its siblings and (the registry) ``rft.errors``.
 """

@@ -1,20 +1,8 @@
 """Advantage estimators (pure torch): rewards of a batch of responses -> token-level advantages.
 
-Data in:
-- ``rewards``: ``[B]`` one scalar reward per response, or ``[B, L]`` token-level rewards (for
-  example after ``rft.algo.losses.kl_penalty``); group estimators use the masked sum per row;
-- ``group_ids``: ``[B]`` tensor or sequence of hashable ids; the responses sampled for one task
-  (``repeat_times`` of them) share an id;
-- ``mask``: ``[B, L]``, 1 on response tokens.
-
-Data out: ``(advantages [B, L] float32, metrics)``; every estimator here but
-``reinforceplusplus`` gives one value per response, broadcast over its tokens; both are zero
-off the mask. ``ADVANTAGE_FNS`` maps Trinity-RFT's names to the functions; keyword arguments
-are ``algorithm.advantage_fn_args`` (validated in ``rft.algo.registry``).
-
-Conventions, shared by every group estimator: the group standard deviation is the unbiased one
-(``torch.std``, as Trinity and veRL), and a group of one response gets advantage 0 (it has no
-baseline to be compared with; Trinity and veRL instead pass its raw reward through).
+Data in: ``rewards`` ``[B]`` (or ``[B, L]`` token rewards), ``group_ids`` ``[B]`` (the responses
+of one task share an id) and ``mask`` ``[B, L]``. Data out: ``(advantages [B, L] float32,
+metrics)``, zero off the mask. ``ADVANTAGE_FNS`` maps Trinity-RFT's names to the functions.
 """
 
 from __future__ import annotations
@@ -57,6 +45,8 @@ def _group_stats(
     mean = torch.zeros(n_groups, device=scores.device).index_add_(0, index, scores) / count  # [G]
     sq_dev = (scores - mean[index]).square()  # [B]
     sum_sq = torch.zeros(n_groups, device=scores.device).index_add_(0, index, sq_dev)  # [G]
+    # unbiased, as Trinity and veRL (torch.std); a group of one gets advantage 0 from its callers
+    # (no baseline to compare with; Trinity and veRL pass its raw reward through instead)
     std = torch.sqrt(sum_sq / (count - 1).clamp(min=1))  # [G]
     return count, mean, std
 

@@ -1,29 +1,11 @@
 """Off-policy correction of rollouts: per-token importance weights and their metrics (pure torch).
 
-Per response token the trainer holds three log-probs of the sampled token, all at the
-sampling temperature (see ``rft.trainer.engine.forward_logprobs``):
-
-- ``behaviour``: vLLM's (``Experience.logprobs``), from the weights that generated the sample,
-  of the distribution it actually sampled from (``logprobs_mode: processed_logprobs``);
-- ``proximal``: recomputed by the trainer at its current weights before the step's first
-  update (``algorithm.old_logprobs: recompute``); the PPO ratio is clipped around it;
-- ``logprob``: the policy being updated (only the loss sees it).
-
-In an asynchronous run the behaviour weights are older than the proximal ones, and the PPO
-ratio ``pi / pi_prox`` alone ignores that. :func:`correction_weights` turns (proximal,
-behaviour) into one weight per token, which the policy losses of :mod:`rft.algo.losses`
-multiply into the per-token loss (``is_weights``; no gradient flows through it), chosen by
-``algorithm.rollout_correction.mode`` (:data:`rft.config.names.ROLLOUT_CORRECTION_MODES`):
-
-- ``none``: weight 1, the plain PPO loss;
-- ``tis``: truncated importance sampling, ``min(pi_prox / pi_behav, rollout_is_threshold)``
-  (veRL's ``rollout_correction.rollout_is: token`` with ``rollout_is_threshold``);
-- ``decoupled``: AReaL's decoupled PPO, ``pi_prox / pi_behav`` unbounded; with
-  ``behav_imp_weight_cap`` set, tokens whose weight exceeds it get weight 0 (dropped, as
-  AReaL's ``behav_imp_weight_cap``), the rest keep their full weight.
-
-:class:`CorrectionSums` carries the step's metrics (sums that add up over ranks); the metric
-names below are defined here and nowhere else.
+Data in: the sampled tokens' ``proximal`` log-probs (the trainer's, before the step's first
+update) and ``behaviour`` log-probs (vLLM's), ``[B, L]``. Data out: weights the policy losses
+multiply into the per-token loss (``is_weights``, no gradient) and :class:`CorrectionSums`, whose
+metric names are defined here only. Modes: ``none``; ``tis`` (veRL's truncated IS,
+``min(ratio, rollout_is_threshold)``); ``decoupled`` (AReaL: the ratio, tokens over
+``behav_imp_weight_cap`` dropped).
 """
 
 from __future__ import annotations
@@ -33,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from rft.algo.losses import _MAX_LOG_RATIO
+from rft.algo.losses import MAX_LOG_RATIO
 
 IS_RATIO_MEAN = "rollout_correction/is_ratio_mean"  # mean pi_prox / pi_behav over counted tokens
 IS_RATIO_MAX = "rollout_correction/is_ratio_max"  # its largest value in the step
@@ -106,7 +88,7 @@ def correction_weights(
     masks them out)."""
     assert mode in CORRECTIONS, f"unknown correction mode {mode!r} (validated by the config schema)"
     with torch.no_grad():
-        log_ratio = (proximal.float() - behaviour.float()).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+        log_ratio = (proximal.float() - behaviour.float()).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
         ratio = torch.exp(log_ratio)  # [B, L]
         weights, capped = CORRECTIONS[mode](ratio, rollout_is_threshold, behav_imp_weight_cap)
         counted = mask > 0  # [B, L]

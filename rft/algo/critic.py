@@ -1,25 +1,22 @@
-"""PPO's critic math (pure torch): GAE advantages and returns, the clipped value loss, and the
-critic's metrics.
+"""PPO's critic math (pure torch, no rft imports): GAE advantages and returns, the clipped value
+loss, explained variance.
 
-Data in: ``token_rewards`` ``[B, L]`` (a scalar reward on each response's last token, see
-``rft.algo.advantages.token_level_rewards``, plus any per-token KL penalty), ``values``
-``[B, L]`` (the critic's value of the state before each response token) and ``mask`` ``[B, L]``
-(1 on response tokens the policy generated). Tokens off the mask (padding, or tool/environment
-tokens inside a multi-turn response) are skipped: they neither earn, nor are valued, nor
-discount, as in veRL's ``compute_gae_advantage_return``.
-
-Data out: advantages (whitened over the batch's masked tokens, as veRL and Trinity's ``ppo``
-advantage) and returns (advantage + value, not whitened: the critic's regression target);
-the value loss and its metrics.
+Data in: ``token_rewards``, ``values`` and ``mask``, each ``[B, L]``; tokens off the mask
+(padding, tool tokens inside a multi-turn response) neither earn, nor are valued, nor discount,
+as in veRL's ``compute_gae_advantage_return``. Data out: whitened advantages, raw returns (the
+critic's regression target), the value loss and its clip fraction (named by the trainer).
 """
 
 from __future__ import annotations
 
 import torch
 
-from rft.monitor import VALUE_CLIP_FRAC, VALUE_LOSS
-
 Metrics = dict[str, float]
+
+# Metric names gae_advantages writes (defined here only).
+ADVANTAGE_RAW_MEAN = "advantage_raw_mean"  # mean GAE advantage over the masked tokens, before whitening
+RETURN_MEAN = "return_mean"  # mean return (advantage + value) over the masked tokens
+VALUE_MEAN = "value_mean"  # mean value over the masked tokens
 
 
 def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *,
@@ -59,17 +56,18 @@ def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, mask: torc
     """PPO's advantage (``advantage_fn: ppo``): whitened GAE advantages, raw returns, metrics."""
     advantages, returns = gae(token_rewards, values, mask, gamma=gamma, lam=lam)
     n = mask.float().sum().clamp(min=1)
-    metrics = {"advantage_raw_mean": (advantages.sum() / n).item(),
-               "return_mean": (returns.sum() / n).item(),
-               "value_mean": ((values.float() * mask.float()).sum() / n).item()}
+    metrics = {ADVANTAGE_RAW_MEAN: (advantages.sum() / n).item(),
+               RETURN_MEAN: (returns.sum() / n).item(),
+               VALUE_MEAN: ((values.float() * mask.float()).sum() / n).item()}
     return whiten(advantages, mask), returns, metrics
 
 
 def value_loss(new_values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-               mask: torch.Tensor, *, cliprange_value: float) -> tuple[torch.Tensor, Metrics]:
-    """Clipped value loss: 0.5 * mean over masked tokens of max((V - R)^2, (V_clip - R)^2),
-    V_clip = old + clamp(V - old, +-cliprange_value); the clip fraction is the share of tokens
-    where the clipped term is the larger (PPO2, veRL's ``compute_value_loss``)."""
+               mask: torch.Tensor, *, cliprange_value: float) -> tuple[torch.Tensor, float]:
+    """``(loss, clip fraction)``. Clipped value loss: 0.5 * mean over masked tokens of
+    max((V - R)^2, (V_clip - R)^2), V_clip = old + clamp(V - old, +-cliprange_value); the clip
+    fraction is the share of tokens where the clipped term is the larger (PPO2, veRL's
+    ``compute_value_loss``)."""
     mask_f = mask.float()
     n = mask_f.sum().clamp(min=1)
     clipped = old_values + (new_values - old_values).clamp(-cliprange_value, cliprange_value)
@@ -77,7 +75,7 @@ def value_loss(new_values: torch.Tensor, old_values: torch.Tensor, returns: torc
     clipped_loss = (clipped - returns).square()  # [B, L]
     loss = 0.5 * (torch.maximum(unclipped_loss, clipped_loss) * mask_f).sum() / n
     clip_frac = ((clipped_loss > unclipped_loss).float() * mask_f).sum() / n
-    return loss, {VALUE_LOSS: loss.item(), VALUE_CLIP_FRAC: clip_frac.item()}
+    return loss, clip_frac.item()
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:

@@ -1,30 +1,10 @@
-"""Policy, KL and entropy losses and loss aggregation (pure torch; log-probs: ``rft.algo.logprobs``).
+"""Policy, KL and entropy losses and their aggregation over tokens (pure torch, no rft imports).
 
-Data in: per-token tensors of one micro-batch, all ``[B, L]`` over response tokens
-(``logprob`` from the model being trained, ``old_logprob`` from the behaviour policy or a
-recompute, ``ref_logprob`` from the reference model, ``advantages``, ``mask`` with 1 on
-response tokens the loss counts). Data out: a scalar loss (a 0-dim tensor that carries the
-graph) and a metrics dict of Python floats.
-
-Registries (plain dicts, name -> function); ``rft.algo.registry`` validates names and arguments:
-
-- ``POLICY_LOSS_FNS``: ``ppo``, ``gspo``, ``sft``, ``mix_chord``, ``opmd``. Every one has the
-  signature ``fn(logprob, old_logprob, advantages, mask, *, loss_agg_mode, step, expert_mask,
-  is_weights, **args) -> (loss, metrics)``; ``step`` (global training step) and
-  ``expert_mask`` (``[B]`` bool, rows that are expert/SFT data) are context from the trainer,
-  used by ``mix_chord`` only; ``is_weights`` (``[B, L]``, no gradient, or None) are the
-  off-policy correction weights of :mod:`rft.algo.correction`, which multiply the per-token
-  loss before aggregation (``sft`` has no rollouts and ignores them); ``**args`` are
-  ``algorithm.policy_loss_fn_args``.
-- ``KL_FNS``: ``none``, ``k1``, ``k2``, ``k3``, ``low_var_kl``, ``abs``: ``fn(logprob,
-  ref_logprob) -> [B, L]`` per-token estimates of KL(pi || pi_ref); ``kl_loss`` and
-  ``kl_penalty`` scale them by ``kl_coef``.
-- ``ENTROPY_LOSS_FNS``: ``default`` (``-entropy_coef * agg(entropy)``), ``none``.
-- ``LOSS_AGG_MODES``: ``token-mean``, ``seq-mean-token-mean``, ``seq-mean-token-sum``,
-  ``seq-mean-token-sum-norm``.
-
-Names and meanings follow Trinity-RFT / veRL (``clip_range*``, ``clip_ratio_c``,
-``loss_agg_mode``, ``kl_coef``, ``entropy_coef``, CHORD's ``mu_*``).
+Data in: per-token tensors ``[B, L]`` of one micro-batch (log-probs, advantages, a mask of the
+tokens the loss counts). Data out: a 0-dim loss that carries the graph and a dict of Python-float
+metrics under the names below. Registries map Trinity-RFT/veRL names to the functions;
+``rft.algo.registry`` checks names and arguments. The policy loss's own value is named by the
+trainer (``rft.monitor.POLICY_LOSS``), which this module must not import.
 """
 
 from __future__ import annotations
@@ -38,7 +18,23 @@ Metrics = dict[str, float]
 LossOut = tuple[torch.Tensor, Metrics]
 
 # exp() of a log-ratio beyond this overflows float16/bfloat16 ratios into inf; veRL clamps too.
-_MAX_LOG_RATIO = 20.0
+MAX_LOG_RATIO = 20.0
+
+# Metric names the losses write (each defined here only; the trainer logs them as they come).
+CLIP_FRAC = "pg_clipfrac"  # share of counted tokens where the clipped PPO term is the larger
+CLIP_FRAC_LOWER = "pg_clipfrac_lower"  # share where the dual clip capped a negative advantage
+PPO_KL = "ppo_kl"  # masked mean of log(pi_old / pi): how far the update moved from the old policy
+SFT_LOSS = "sft_loss"  # negative log-likelihood of the SFT (expert) tokens
+MU = "mu"  # mix_chord: the step's SFT weight (chord_mu)
+OPMD_LOSS = "opmd_loss"  # opmd: agg(-A * logprob) / (1 + tau)
+KL_LOSS = "kl_loss"  # agg(kl) before kl_coef, the KL term of the loss
+KL_PENALTY = "kl_penalty"  # masked mean KL subtracted (times kl_coef) from the token rewards
+KL_COEF = "kl_coef"  # the coefficient of either KL use
+ENTROPY = "entropy"  # agg(entropy) of the policy over the counted tokens
+ROLLOUT_PART = "usual/"  # mix_chord: prefix of the PPO part's metrics (rollout rows)
+EXPERT_PART = "expert/"  # mix_chord: prefix of the SFT part's metrics (expert rows)
+# mix_chord: the PPO part's loss before its (1 - mu) weight; the whole loss is the trainer's.
+ROLLOUT_PART_LOSS = f"{ROLLOUT_PART}pg_loss"
 
 
 # ----------------------------------------------------------------------------- aggregation
@@ -104,7 +100,7 @@ def _ratio_and_kl(
     logprob: torch.Tensor, old_logprob: torch.Tensor, mask: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Importance ratio ``pi/pi_old`` ``[B, L]`` and the masked-mean k1 estimate of KL(old||new)."""
-    log_ratio = (logprob - old_logprob).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)  # [B, L]
+    log_ratio = (logprob - old_logprob).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)  # [B, L]
     ratio = torch.exp(log_ratio)  # [B, L]; exactly 1 where logprob == old_logprob
     ppo_kl = _masked_mean(-log_ratio.detach(), mask.to(log_ratio.dtype))
     return ratio, ppo_kl
@@ -127,14 +123,14 @@ def _clipped_surrogate(
     unclipped = -advantages * ratio  # [B, L]
     clipped = -advantages * ratio.clamp(1.0 - low, 1.0 + high)  # [B, L]
     loss = torch.maximum(unclipped, clipped)  # [B, L]
-    metrics = {"pg_clipfrac": _masked_mean((clipped > unclipped).to(ratio.dtype), mask_f).item()}
+    metrics = {CLIP_FRAC: _masked_mean((clipped > unclipped).to(ratio.dtype), mask_f).item()}
     lower_frac = 0.0
     if clip_ratio_c is not None:
         cap = -advantages * clip_ratio_c  # [B, L]
         negative = advantages < 0  # [B, L]
         lower_frac = _masked_mean(((loss > cap) & negative).to(ratio.dtype), mask_f).item()
         loss = torch.where(negative, torch.minimum(loss, cap), loss)  # [B, L]
-    metrics["pg_clipfrac_lower"] = lower_frac
+    metrics[CLIP_FRAC_LOWER] = lower_frac
     return loss, metrics
 
 
@@ -178,7 +174,7 @@ def ppo_loss(
     low, high = _clip_bounds(clip_range, clip_range_low, clip_range_high, (0.2, 0.2))
     loss_mat, metrics = _clipped_surrogate(ratio, advantages, mask, low, high, clip_ratio_c)
     loss = aggregate(_weighted(loss_mat, is_weights), mask, loss_agg_mode)
-    metrics.update(pg_loss=loss.item(), ppo_kl=ppo_kl.item())
+    metrics[PPO_KL] = ppo_kl.item()
     return loss, metrics
 
 
@@ -204,14 +200,14 @@ def gspo_loss(
     mask_f = mask.to(logprob.dtype)
     log_ratio = logprob - old_logprob  # [B, L]
     seq_log_ratio = (log_ratio * mask_f).sum(-1) / mask_f.sum(-1).clamp(min=1)  # [B]
-    seq_log_ratio = seq_log_ratio.clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    seq_log_ratio = seq_log_ratio.clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     token_log_ratio = logprob - logprob.detach() + seq_log_ratio.detach().unsqueeze(-1)  # [B, L]
     ratio = torch.exp(token_log_ratio)  # [B, L]
     low, high = _clip_bounds(clip_range, clip_range_low, clip_range_high, (3e-4, 4e-4))
     loss_mat, metrics = _clipped_surrogate(ratio, advantages, mask, low, high, None)
     loss = aggregate(_weighted(loss_mat, is_weights), mask, loss_agg_mode)
     ppo_kl = _masked_mean(-log_ratio.detach(), mask_f)
-    metrics.update(pg_loss=loss.item(), ppo_kl=ppo_kl.item())
+    metrics[PPO_KL] = ppo_kl.item()
     return loss, metrics
 
 
@@ -229,7 +225,7 @@ def sft_loss(
     """Negative log-likelihood of the masked tokens (``old_logprob``/``advantages``/``is_weights``
     unused: SFT rows are data, not samples)."""
     loss = aggregate(-logprob, mask, loss_agg_mode)
-    return loss, {"sft_loss": loss.item()}
+    return loss, {SFT_LOSS: loss.item()}
 
 
 def _phi_sft_loss(logprob: torch.Tensor, mask: torch.Tensor, loss_agg_mode: str) -> LossOut:
@@ -237,7 +233,7 @@ def _phi_sft_loss(logprob: torch.Tensor, mask: torch.Tensor, loss_agg_mode: str)
     through phi), which down-weights tokens the model already finds certain or hopeless."""
     prob = torch.exp(logprob.detach())  # [B, L]
     loss = aggregate(-logprob * prob * (1.0 - prob), mask, loss_agg_mode)
-    return loss, {"sft_loss": loss.item()}
+    return loss, {SFT_LOSS: loss.item()}
 
 
 def chord_mu(step: int, mu_warmup_steps: int, mu_decay_steps: int, mu_peak: float, mu_valley: float) -> float:
@@ -285,7 +281,7 @@ def mix_chord_loss(
     expert = expert_mask.to(device=logprob.device, dtype=torch.bool)  # [B]
     mu = chord_mu(step, mu_warmup_steps, mu_decay_steps, mu_peak, mu_valley)
     zero = logprob.sum() * 0.0  # keeps the graph when a part is empty
-    metrics: Metrics = {"mu": mu}
+    metrics: Metrics = {MU: mu}
     ppo_part, sft_part = zero, zero
     if (~expert).any():
         ppo_part, ppo_metrics = ppo_loss(
@@ -294,14 +290,13 @@ def mix_chord_loss(
             clip_range=clip_range, clip_range_low=clip_range_low,
             clip_range_high=clip_range_high, clip_ratio_c=clip_ratio_c,
         )
-        metrics.update({f"usual/{k}": v for k, v in ppo_metrics.items()})
+        metrics.update({f"{ROLLOUT_PART}{k}": v for k, v in ppo_metrics.items()})
+        metrics[ROLLOUT_PART_LOSS] = ppo_part.item()
     if expert.any():
         sft_fn = _phi_sft_loss if enable_phi_function else _plain_sft
         sft_part, sft_metrics = sft_fn(logprob[expert], mask[expert], loss_agg_mode)
-        metrics.update({f"expert/{k}": v for k, v in sft_metrics.items()})
-    loss = (1.0 - mu) * ppo_part + mu * sft_part
-    metrics["pg_loss"] = loss.item()
-    return loss, metrics
+        metrics.update({f"{EXPERT_PART}{k}": v for k, v in sft_metrics.items()})
+    return (1.0 - mu) * ppo_part + mu * sft_part, metrics
 
 
 def _plain_sft(logprob: torch.Tensor, mask: torch.Tensor, loss_agg_mode: str) -> LossOut:
@@ -324,9 +319,12 @@ def opmd_loss(
     mirror-descent regularisation strength towards the current policy. No ratio, no clip;
     ``is_weights`` multiply the per-token loss."""
     loss = aggregate(_weighted(-advantages * logprob, is_weights), mask, loss_agg_mode) / (1.0 + tau)
-    return loss, {"pg_loss": loss.item(), "opmd_loss": loss.item()}
+    return loss, {OPMD_LOSS: loss.item()}
 
 
+# Each: fn(logprob, old_logprob, advantages, mask, *, loss_agg_mode, step, expert_mask, is_weights,
+# **algorithm.policy_loss_fn_args) -> (loss, metrics). step (the global step) and expert_mask ([B]
+# bool) are mix_chord's; is_weights ([B, L], rft.algo.correction) multiply the per-token loss.
 POLICY_LOSS_FNS: dict[str, Callable[..., LossOut]] = {
     "ppo": ppo_loss,
     "gspo": gspo_loss,
@@ -362,7 +360,7 @@ def _kl_k3(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
 
 def _kl_low_var(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
     # k3 clamped so a single token with a huge ratio cannot dominate the batch.
-    log_r = (ref_logprob - logprob).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
+    log_r = (ref_logprob - logprob).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)
     return (torch.exp(log_r) - 1.0 - log_r).clamp(-10.0, 10.0)
 
 
@@ -392,7 +390,7 @@ def kl_loss(
 ) -> LossOut:
     """KL regulariser added to the policy loss: ``kl_coef * agg(kl)`` (0 for ``none``)."""
     kl_mean = aggregate(kl(name, logprob, ref_logprob, mask), mask, loss_agg_mode)
-    return kl_coef * kl_mean, {"kl_loss": kl_mean.item(), "kl_coef": kl_coef}
+    return kl_coef * kl_mean, {KL_LOSS: kl_mean.item(), KL_COEF: kl_coef}
 
 
 def kl_penalty(
@@ -409,7 +407,7 @@ def kl_penalty(
         per_token = kl(name, logprob, ref_logprob, mask)  # [B, L]
         penalised = token_rewards - kl_coef * per_token  # [B, L]
         kl_mean = _masked_mean(per_token, mask.to(per_token.dtype))
-    return penalised, {"kl_penalty": kl_mean.item(), "kl_coef": kl_coef}
+    return penalised, {KL_PENALTY: kl_mean.item(), KL_COEF: kl_coef}
 
 
 # ----------------------------------------------------------------------------- entropy
@@ -418,7 +416,7 @@ def _entropy_default(
     entropy: torch.Tensor, mask: torch.Tensor, *, loss_agg_mode: str = "token-mean", entropy_coef: float = 0.0
 ) -> LossOut:
     mean_entropy = aggregate(entropy, mask, loss_agg_mode)
-    return -entropy_coef * mean_entropy, {"entropy": mean_entropy.item()}
+    return -entropy_coef * mean_entropy, {ENTROPY: mean_entropy.item()}
 
 
 def _entropy_none(

@@ -1,28 +1,10 @@
 """The experience record: one sampled response with its prompt, logprobs, reward and ids.
 
-Explorers build :class:`Experience` objects and hand them to a buffer writer; the trainer gets
-them back from a buffer reader. On disk (a JSONL segment line, an SQLite row) a record is a
-JSON object: :meth:`Experience.to_dict` gives the readable form (plain lists), and
-:func:`encode_record` the compact form the buffer writes, where the long arrays are packed as
-``"i32:<base64>"`` / ``"f32:<base64>"`` strings (little-endian int32 / float32; about 5x faster
-to encode than JSON numbers, and exact for vLLM's float32 logprobs). :meth:`Experience.from_dict`
-reads both forms and rejects invalid records (``DataError`` naming the experience and the field),
-which readers count as corrupt and skip; :func:`encode_record` refuses them too, so a writer never
-seals one. Valid means: ids and texts are strings, token ids ints in [0, 2**31), logprobs finite
-float32 numbers (one per response token), reward and reward parts finite numbers,
-``model_version`` an int >= 0 (not a bool), ``temperature`` null or a finite number >= 0,
-``truncated``/``eval`` real bools. The checks cost
-little: a packed array is typed by construction, so only its raw bytes are checked (sign bytes
-for ids, exponent bytes for logprobs); a plain list is checked element by element.
-
-A decoded record keeps its arrays as the checked packed bytes: ``exp.response_ids`` becomes a
-list on first read, and :meth:`Experience.array_bytes` hands the bytes to the trainer, which
-makes tensors of them without ever building a list of 1,280 Python ints (a third of the read).
-
-A group is the ``repeat_times`` samples of one task (same ``group_id``); the buffer keeps a
-group's records next to each other and never splits one. This module also holds what every
-buffer reader shares: splitting records into groups, taking whole groups up to a budget, and
-the staleness filter with its counters.
+Explorers build :class:`Experience` objects for a buffer writer; the trainer gets them back from
+a buffer reader. On disk a record is one JSON object (:func:`encode_record`, arrays packed as
+``"i32:<base64>"``/``"f32:<base64>"``, little-endian); :meth:`Experience.from_dict` reads it and
+refuses an invalid one with a DataError (readers skip it as corrupt; writers never seal one).
+Also here: what every buffer reader shares (whole groups up to a budget, staleness, counters).
 """
 
 from __future__ import annotations
@@ -37,13 +19,14 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from rft.errors import DataError
 
 SOURCES = ("rollout", "expert")
 _PACKED_CODES = {"i32": "i", "f32": "f"}
-_ARRAY_FIELDS = {"prompt_ids": "i32", "response_ids": "i32", "logprobs": "f32"}
+# Packed arrays encode about 5x faster than JSON numbers, and float32 is exact for vLLM's logprobs.
+_ARRAY_FIELDS = {"prompt_ids": "i32", "response_ids": "i32", "logprobs": "f32", "action_mask": "i32"}
 _LITTLE_ENDIAN = sys.byteorder == "little"  # packed arrays are little-endian on disk
 
 
@@ -53,7 +36,11 @@ def new_experience_id() -> str:
 
 
 class _Packed(bytes):
-    """An array field's checked values as native-order int32/float32 bytes (decoded records)."""
+    """An array field's checked values as native-order int32/float32 bytes (decoded records).
+
+    A decoded record keeps these until the field is read, so the trainer makes tensors of them
+    (:meth:`Experience.array_bytes`) without a list of ~1,000 Python ints (a third of the read).
+    """
 
 
 class _ArrayField:
@@ -70,7 +57,7 @@ class _ArrayField:
     def __set_name__(self, owner: type, name: str) -> None:
         self.name, self.code, self.slot = name, _ARRAY_FIELDS[name], f"_{name}"
 
-    def __get__(self, obj: Any, owner: type | None = None) -> Any:
+    def __get__(self, obj: Experience | None, owner: type | None = None) -> list | tuple[()]:
         if obj is None:
             if self.required:
                 raise AttributeError(self.name)
@@ -80,7 +67,7 @@ class _ArrayField:
             value = obj.__dict__[self.slot] = _native_list(self.code, value)
         return value
 
-    def __set__(self, obj: Any, value: Any) -> None:
+    def __set__(self, obj: Experience, value: Sequence[int] | Sequence[float] | _Packed) -> None:
         obj.__dict__[self.slot] = list(value) if isinstance(value, tuple) else value
 
 
@@ -93,6 +80,9 @@ class Experience:
     prompt_ids: list[int] = _ArrayField(required=True)  # tokenised prompt (chat template applied)
     response_ids: list[int] = _ArrayField(required=True)  # generated tokens
     logprobs: list[float] = _ArrayField(required=False)  # one per response token (rollouts)
+    # One per response token, 1 where the model generated it, 0 where a tool, the environment
+    # or the chat template added it (multi-turn); empty: every response token is the model's.
+    action_mask: list[int] = _ArrayField(required=False)
     reward: float = 0.0  # total reward
     reward_parts: dict[str, float] = field(default_factory=dict)  # name -> value, e.g. accuracy
     model_version: int = 0  # weights version that generated it (0: the initial model)
@@ -170,6 +160,12 @@ class Experience:
                 f"{who}: {num_logprobs} logprobs for {num_tokens} response tokens (need one per "
                 "token)"
             )
+        num_mask = self.array_len("action_mask")
+        if num_mask and num_mask != num_tokens:
+            raise DataError(f"{who}: {num_mask} action_mask values for {num_tokens} response "
+                            "tokens (need one per token, or none)")
+        if num_mask and any(v not in (0, 1) for v in self.action_mask):
+            raise DataError(f"{who}: action_mask values must be 0 or 1")
         if not _finite_number(self.reward):
             raise DataError(f"{who}: reward must be a finite number, got {self.reward!r}")
         if not isinstance(self.reward_parts, dict):
@@ -195,7 +191,7 @@ _FIELD_NAMES = tuple(f.name for f in fields(Experience))
 _SCALAR_FIELDS = tuple(name for name in _FIELD_NAMES if name not in _ARRAY_FIELDS)
 
 
-def _finite_number(value: Any) -> bool:
+def _finite_number(value: object) -> bool:
     """An int or float (not a bool) that is neither nan nor +-inf."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return False
@@ -252,7 +248,7 @@ def _to_bytes(who: str, name: str, code: str, values: Sequence[int] | Sequence[f
 _ELEMENT_TYPES = {"i32": (int,), "f32": (int, float)}
 
 
-def _check_list(who: str, name: str, code: str, values: Any) -> None:
+def _check_list(who: str, name: str, code: str, values: object) -> None:
     """A plain list: every element of the right type (bools refused), then the packed checks."""
     if not isinstance(values, list):
         raise DataError(f"{who}: {name} must be a list, got {type(values).__name__}")
@@ -277,7 +273,7 @@ def _native_list(code: str, raw: bytes) -> list:
     return memoryview(raw).cast(_PACKED_CODES[code]).tolist()
 
 
-def _unpack(who: str, name: str, value: Any) -> list | _Packed:
+def _unpack(who: str, name: str, value: object) -> list | _Packed:
     """A packed ``"i32:..."`` string -> its checked native-order bytes, a plain list -> itself,
     checked (DataError either way if invalid)."""
     code = _ARRAY_FIELDS[name]
@@ -341,17 +337,6 @@ def decode_line(line: str | bytes) -> Experience:
         return Experience.from_dict(d)
     except TypeError as e:  # wrong value types reaching the dataclass
         raise DataError(f"bad field types ({e})") from e
-
-
-def split_groups(records: Iterable[Experience]) -> list[list[Experience]]:
-    """Consecutive records with one group_id form a group (writers keep groups contiguous)."""
-    groups: list[list[Experience]] = []
-    for exp in records:
-        if groups and groups[-1][0].group_id == exp.group_id:
-            groups[-1].append(exp)
-        else:
-            groups.append([exp])
-    return groups
 
 
 def contiguous_groups(records: Sequence[Experience]) -> list[Experience]:

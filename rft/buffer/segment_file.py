@@ -1,14 +1,10 @@
 """One buffer segment file and the buffer's folder layout (no reader or writer state).
 
-The layout: ``buffer/<writer>/seg-<seq:06d>.jsonl``, one folder per explorer task
-(:func:`list_writers`, :func:`list_segments`, :func:`sealed_for_step`). A sealed segment's first
-line is a header ``{"format", "writer", "seq", "num_records"}``; the other lines are records
-(:func:`rft.buffer.experience.encode_record`). :func:`load_segment` reads one file into its valid
-records and the line indices it lost (corrupt, or cut short), checking that the header's writer
-and seq match the folder and file name (:func:`misplaced_reason`: a copy never passes for its
-original); :func:`whole_groups` turns the records into the groups a trainer may use, dropping
-any group that may have lost a record. :class:`rft.buffer.segments.SegmentReader` and
-``rft-status`` build on these.
+Layout: ``buffer/<writer>/seg-<seq:06d>.jsonl``, one folder per explorer task. A sealed segment's
+first line is its header ``{"format", "writer", "seq", "num_records"}``, every other line one
+record (:func:`rft.buffer.experience.encode_record`). :func:`load_segment` reads a file into its
+valid records and the lines it lost; :func:`whole_groups` keeps the groups a trainer may use.
+Nothing here writes or deletes a segment.
 """
 
 from __future__ import annotations
@@ -26,10 +22,11 @@ from rft import atomic
 from rft.buffer.experience import Experience, ReaderStats, decode_line
 from rft.errors import ConfigError, DataError
 
-log = logging.getLogger("rft.buffer.segments")  # one logger for the buffer's reading and writing
+log = logging.getLogger(__name__)
 
 
 SEGMENT_FORMAT = 1  # bump when a reader of the old format could misread the new one
+_HEADER_LINES = 1  # file lines before the first record
 _SEGMENT_RE = re.compile(r"^seg-(\d{6,})\.jsonl$")
 _WRITER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
@@ -112,11 +109,6 @@ def unsealed_writers(buffer_dir: Path | str, writers: Iterable[str], step: int) 
     return [w for w in writers if not (buffer_dir / w / segment_name(step)).exists()]
 
 
-def sealed_for_step(buffer_dir: Path | str, writers: Iterable[str], step: int) -> bool:
-    """True once every writer (explorer rank) has sealed its segment for ``step``."""
-    return not unsealed_writers(buffer_dir, writers, step)
-
-
 MISPLACED_ADVICE = (": a copy of another writer's segments (e.g. a backup folder) in the buffer "
                     "would be trained on twice; move copies out of the run directory")
 
@@ -128,7 +120,6 @@ class SegmentContent:
     records: list[tuple[Experience, int]]  # valid records from the offset on, with line index
     damaged: list[int]  # record line indices lost (corrupt; the first missing one if cut short)
     num_lines: int  # record lines present
-    header_lines: int = 0  # file lines before the first record (the header: 1)
     misplaced: str | None = None  # why the header does not match the path (then nothing read)
 
 
@@ -143,8 +134,8 @@ def load_segment(path: Path, offset: int, stats: ReaderStats) -> SegmentContent:
     try:
         with open(path, "rb") as f:
             head = f.readline()
-            header, first = _parse_header(path, head.rstrip(b"\n"))
-            misplaced = misplaced_reason(path, header)
+            header = _parse_header(path, head.rstrip(b"\n"))
+            misplaced = misplaced_reason(path, header or {})
             rest = b"" if misplaced else f.read()
     except OSError as e:
         raise _read_error(path, e) from e
@@ -156,32 +147,30 @@ def load_segment(path: Path, offset: int, stats: ReaderStats) -> SegmentContent:
                     "was damaged (an interrupted copy, a full disk?); counted as corrupt", path)
         stats.count(writer, "corrupt_records")
         return SegmentContent([], [], 0)
-    body = ([head.rstrip(b"\n")] if first == 0 else []) + rest.split(b"\n")
+    damaged: list[int] = []
+    if header is None:
+        log.warning("skipped corrupt header %s line 1: the records are read without checking the "
+                    "segment's writer and seq", path)
+        stats.count(writer, "corrupt_records")
+        damaged.append(-1)  # record 0 may be torn into it (a lost newline): its group goes too
+        header = {}
+    body = rest.split(b"\n")
     if body[-1] == b"":
         body.pop()
-    records, damaged = [], []
+    records = []
     for index in range(offset, len(body)):
         try:
             records.append((decode_line(body[index]), index))
         except DataError as e:
             stats.count(writer, "corrupt_records")
             damaged.append(index)
-            log.warning("skipped corrupt record %s line %d: %s", path, index + first + 1, e)
+            log.warning("skipped corrupt record %s line %d: %s", path, index + _HEADER_LINES + 1, e)
     declared = header.get("num_records")
     if isinstance(declared, int) and len(body) < declared:
         log.warning("%s is truncated: %d of %d records present", path, len(body), declared)
         stats.count(writer, "corrupt_records", declared - max(len(body), offset))
         damaged.append(len(body))
-    return SegmentContent(records, damaged, len(body), first)
-
-
-def read_segment(path: Path, offset: int, stats: ReaderStats) -> list[tuple[Experience, int]]:
-    """Valid records of a sealed segment from record line ``offset`` on, each with its index
-    (:func:`load_segment`; no group is dropped here, a misplaced segment gives none)."""
-    content = load_segment(path, offset, stats)
-    if content.misplaced:
-        log.warning("%s: %s. Skipped%s", path, content.misplaced, MISPLACED_ADVICE)
-    return content.records
+    return SegmentContent(records, damaged, len(body))
 
 
 def whole_groups(path: Path, content: SegmentContent,
@@ -205,7 +194,7 @@ def whole_groups(path: Path, content: SegmentContent,
         stats.count(path.parent.name, "incomplete_groups", len(dropped))
         log.warning("%s: dropped %d group(s) next to damaged lines %s (any of them may lack a "
                     "sample, which would skew its advantages): %s%s", path, len(dropped),
-                    [d + content.header_lines + 1 for d in damaged], ", ".join(dropped[:5]),
+                    [d + _HEADER_LINES + 1 for d in damaged], ", ".join(dropped[:5]),
                     " ..." if len(dropped) > 5 else "")
     ends = [lo for _, lo in kept[1:]] + [content.num_lines]
     return deque((g, end) for (g, _), end in zip(kept, ends))
@@ -226,24 +215,24 @@ def read_header(path: Path) -> dict[str, Any]:
         return {}
     except OSError as e:
         raise _read_error(path, e) from e
-    return _parse_header(path, head.rstrip(b"\n"))[0]
+    return _parse_header(path, head.rstrip(b"\n")) or {}
 
 
-def _parse_header(path: Path, line: bytes) -> tuple[dict[str, Any], int]:
-    """(header, index of the first record line); a missing header means format 1."""
+def _parse_header(path: Path, line: bytes) -> dict[str, Any] | None:
+    """The header on a segment's first line; None if that line is damaged (or empty)."""
     try:
         header = json.loads(line)
     except ValueError:
-        return {}, 0  # a torn first line: counted as a corrupt record by the caller
+        return None
     if not isinstance(header, dict) or "format" not in header:
-        return {}, 0  # a hand-written segment without a header: its first line is a record
+        return None
     version = header["format"]
     if not isinstance(version, int) or version > SEGMENT_FORMAT:
         raise DataError(
             f"{path} has segment format {version!r}, written by a newer rft (this one reads "
             f"format {SEGMENT_FORMAT}); upgrade rft to read this buffer"
         )
-    return header, 1
+    return header
 
 
 def misplaced_reason(path: Path, header: dict[str, Any]) -> str | None:

@@ -1,39 +1,11 @@
 """The experience buffer: sealed JSONL segments on the shared filesystem (no locks, no appends).
 
-Data enters through a :class:`SegmentWriter`, one per explorer task: each ``write(batch)``
-publishes ``buffer/<writer>/seg-<seq:06d>.jsonl`` atomically (temp name, fsync, rename), so a
-segment is either absent or complete and never changes. Its first line is a header
-(``{"format": 1, "writer", "seq", "num_records", ...}``); every other line is one experience
-(:func:`rft.buffer.experience.encode_record`), the records of a group always adjacent.
-
-Data leaves through a :class:`SegmentReader` (the trainer): it reads sealed segments in seq
-order per writer, taking writers round-robin, and returns whole groups only. Its cursor
-(``reader.cursor()``, a small JSON dict ``{"segments": {writer: {"seq", "offset"}}}``: the
-segment to read next and how many of its lines are consumed) is saved in the trainer's
-checkpoint; a reader opened with it consumes every experience exactly once. Consumed segments
-are deleted only by ``reader.release(cursor_saved_in_a_checkpoint)``.
-
-Faults the reader survives, each counted in :class:`~rft.buffer.experience.ReaderStats` (in
-total and per writer) and logged with the path:
-
-- a corrupt line (torn, invalid) is skipped, and so is every group it may have belonged to: the
-  group it sits inside, or both neighbours when it sits between two groups (which one lost a
-  sample cannot be known), or the last group when the file is cut short (``incomplete_groups``);
-  a group missing a sample would skew its advantages. A zero-byte segment is damage too (a
-  sealed one always has its header) and counts as one corrupt record;
-- a segment whose header names another writer or seq than its folder and file name (a
-  ``buffer/explorer-0.bak/`` copy, a file moved between folders) is never read and never
-  deleted (``misplaced_segments``; one warning per folder). A segment without a header (a
-  hand-written format-1 file) carries no identity and is read as before: a copy of it would be
-  read twice, but writers always write headers, so only copies of hand-written files can be;
-- a writer whose next sealed segment is beyond its cursor (``seg-3`` then ``seg-5``, or a
-  resume from a cursor whose segments were already released) is read on from there, with the
-  skipped seqs reported (``missing_segments``): a gap never blocks the reader.
-
-Trinity's ``storage_type`` spellings map here through :func:`open_buffer_writer` and
-:func:`open_buffer_reader`: ``queue`` (alias ``jsonl``) is this buffer, optionally archived to
-SQLite by the trainer (:func:`open_archive`); ``sql`` uses SQLite as the transport
-(:mod:`rft.buffer.sqlite`, one node only).
+Data enters through a :class:`SegmentWriter` (one per explorer task), which publishes each batch
+as one segment atomically (temp, fsync, rename): a segment is absent or complete, and never
+changes. Data leaves through a :class:`SegmentReader` (the trainer) as whole groups, exactly
+once across restarts by way of a cursor saved in the trainer's checkpoint. Damage (corrupt
+lines, copied or misplaced segments, seq gaps) is skipped, counted and logged, never fatal.
+Only ``release(cursor)`` deletes segments, and never a writer's newest or a misplaced one.
 """
 
 from __future__ import annotations
@@ -43,7 +15,7 @@ import logging
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Sequence
 
 from rft import atomic
 from rft.buffer.experience import (
@@ -66,9 +38,7 @@ from rft.buffer.segment_file import (
     load_segment,
     misplaced_reason,
     read_header,
-    sealed_for_step,
     segment_name,
-    unsealed_writers,
     whole_groups,
 )
 from rft.buffer.sqlite import (
@@ -81,19 +51,8 @@ from rft.buffer.sqlite import (
 from rft.errors import ConfigError, DataError, NotSupportedError
 from rft.rundir import BUFFER_DIR
 
-__all__ = [
-    "Experience",
-    "SegmentWriter",
-    "SegmentReader",
-    "SqliteArchive",
-    "sealed_for_step",
-    "unsealed_writers",
-    "open_buffer_writer",
-    "open_buffer_reader",
-    "open_archive",
-]
-
 log = logging.getLogger(__name__)
+
 
 class SegmentWriter:
     """Publishes batches of one explorer task as sealed segments in ``buffer/<writer>/``.
@@ -179,7 +138,8 @@ class SegmentReader:
         self._warned_folders: set[str] = set()
 
     def cursor(self) -> dict[str, Any]:
-        """JSON-serialisable position: per writer, the segment to read next and lines consumed."""
+        """JSON-serialisable position, ``{"segments": {writer: {"seq", "offset"}}}``: per writer,
+        the segment to read next and how many of its record lines are consumed."""
         return {"segments": {w: {"seq": s, "offset": o} for w, (s, o) in sorted(self._pos.items())}}
 
     def read(
@@ -203,14 +163,11 @@ class SegmentReader:
         self.stats.backlog_segments = opened + sum(map(len, self._pending.values()))
         return experiences
 
-    def sealed_for_step(self, writers: Iterable[str], step: int) -> bool:
-        return sealed_for_step(self.buffer_dir, writers, step)
-
     def read_step(self, step: int, writers: Sequence[str],
                   current_version: int | None = None) -> list[Experience]:
         """Every remaining record of each writer's segment ``step`` (synchronous mode).
 
-        Call once :meth:`sealed_for_step` is true. Writers already past ``step`` (a resumed
+        Call once :func:`~rft.buffer.segment_file.unsealed_writers` is empty. Writers already past ``step`` (a resumed
         trainer) contribute nothing; unread segments before ``step`` are an error, because
         skipping them would lose experiences.
         """
@@ -383,6 +340,8 @@ def _parse_cursor(cursor: dict[str, Any] | None) -> dict[str, tuple[int, int]]:
 
 
 # --- Trinity's storage_type spellings -----------------------------------------------------
+# ``queue`` (alias ``jsonl``) is this buffer, optionally archived to SQLite by the trainer;
+# ``sql`` uses SQLite as the transport (rft.buffer.sqlite, one node only).
 
 QUEUE_TYPES = ("queue", "jsonl")
 

@@ -1,17 +1,10 @@
 """SQLite for the buffer: the trainer's archive of consumed experiences, and the ``sql`` transport.
 
-Two uses, both keyed by Trinity's ``buffer.trainer_input.experience_buffer.path:
-sqlite:///<file>.db`` (a relative file is relative to the run directory):
-
-* :class:`SqliteArchive` (``storage_type: queue`` with a sqlite path): the trainer, the file's
-  only writer, records every experience it consumes (one row per experience, with the step),
-  a queryable history of the run. Re-recording an experience after a resume replaces its row.
-* :class:`SqlBufferWriter` / :class:`SqlBufferReader` (``storage_type: sql``): explorers insert
-  each batch in one transaction (so a group's rows have consecutive rowids) and the trainer
-  reads with a cursor on rowid. SQLite's locking is unreliable on network filesystems, so this
-  is allowed on one node only (:func:`check_sql_transport`).
-
-Records are stored as :func:`rft.buffer.experience.encode_line` text, as in JSONL segments.
+Both are named by ``buffer.trainer_input.experience_buffer.path: sqlite:///<file>.db``.
+:class:`SqliteArchive` (``storage_type: queue``) is written by the trainer alone: one row per
+experience it consumed, with the step. :class:`SqlBufferWriter` / :class:`SqlBufferReader`
+(``storage_type: sql``) carry experiences from explorers to the trainer on one node only
+(:func:`check_sql_transport`). Rows hold :func:`rft.buffer.experience.encode_line` text.
 """
 
 from __future__ import annotations
@@ -67,7 +60,8 @@ def slurm_num_nodes() -> int:
 
 
 def check_sql_transport(num_nodes: int | None = None) -> None:
-    """Refuse ``storage_type: sql`` when the run spans several nodes (given or from SLURM)."""
+    """Refuse ``storage_type: sql`` when the run spans several nodes (given or from SLURM):
+    SQLite's locking is unreliable on network filesystems."""
     nodes = max(num_nodes or 1, slurm_num_nodes())
     if nodes > 1:
         raise ConfigError(
@@ -149,7 +143,7 @@ class SqliteArchive:
     def experiences(self, step: int | None = None) -> list[Experience]:
         """Archived experiences (of one step if given), in consumption order."""
         query = f'SELECT data FROM "{self.table}"'
-        args: tuple[Any, ...] = ()
+        args: tuple[int, ...] = ()
         if step is not None:
             query, args = query + " WHERE step = ?", (step,)
         return [decode_line(d) for (d,) in self._conn.execute(query + " ORDER BY rowid", args)]
@@ -180,7 +174,8 @@ class SqlBufferWriter:
         _create_transport_table(self._conn, self.table)
 
     def write(self, experiences: Sequence[Experience], seq: int | None = None) -> int:
-        """Insert a batch (whole groups) in one transaction; ``seq`` is accepted and unused."""
+        """Insert a batch (whole groups) in one transaction, so a group's rows have consecutive
+        rowids (the reader's cursor); ``seq`` is accepted and unused."""
         rows = []
         for e in contiguous_groups(experiences):  # encode_line validates
             rows.append((self.writer, e.group_id, e.model_version, encode_line(e, self.writer)))

@@ -1,9 +1,7 @@
 """The run configuration: Trinity-RFT's YAML keys as typed dataclasses.
 
-``names`` (every algorithm choice, declared once), ``schema`` (the dataclasses, one commented
-field each), ``typed_dict`` (dicts <-> dataclasses
-with full key paths in errors), ``load`` (YAML, ``${oc.env:...}``, ``key=value`` overrides,
-stages), ``rules`` (presets, derived values, every cross-field check), ``auxiliary`` (the
-reward models of ``explorer.auxiliary_models``: their checks, GPUs and reward weights).
-Entry points: :func:`rft.config.load.load_config`, :func:`rft.config.load.config_to_yaml`.
+``names`` (every algorithm choice), ``schema`` (the dataclasses), ``typed_dict`` (dicts <->
+dataclasses, errors with key paths), ``load`` (YAML, overrides, stages), ``rules`` (presets,
+derived values, every cross-field check), ``auxiliary`` (reward models), ``batches`` and ``mix``
+(a step's counts). Entry points: :func:`rft.config.load.load_config`, ``config_to_yaml``.
 """

@@ -1,20 +1,10 @@
 """Reward models served next to the explorers (``explorer.auxiliary_models``): their rules.
 
-Trinity-RFT lists reward models as ``explorer.auxiliary_models`` (``model_path``,
-``engine_num``, ``tensor_parallel_size``...). rft serves each as a scorer inside every explorer
-task (:mod:`rft.explorer.reward_model`): an explorer task holds its vLLM engine's GPUs, then one
-scorer's GPUs per reward model (:mod:`rft.placement`), so a reward model's ``engine_num`` must
-be the rollout model's. The reward of an experience combines both sources:
-
-    reward = rule_weight * sum(rule parts) + reward_model_weight * sum(reward model scores)
-
-with ``rule_weight`` and ``reward_model_weight`` (default 1.0) read from each taskset's
-``reward_fn_args`` and removed from them before the rest reach the rule reward function
-(:func:`split_reward_weights`). Without reward models those two keys are errors.
-
-Input: a typed :class:`~rft.config.schema.Config`. :func:`check_auxiliary_models` is one of
-the rules :func:`rft.config.rules.apply` runs; the rest are pure helpers that the placement,
-the launchers and the explorer read here.
+Owns each reward model's checks (:func:`check_auxiliary_models`, run by
+:func:`rft.config.rules.apply`) and the reward weights a taskset's ``reward_fn_args`` carry
+(:func:`split_reward_weights`). Pure functions of a typed :class:`~rft.config.schema.Config`,
+read by the rules, the launchers and the explorer; the GPU split is not here
+(:func:`rft.config.rules.check_gpu_split`).
 """
 
 from __future__ import annotations
@@ -25,7 +15,7 @@ from typing import Any, Mapping, Optional
 
 from rft.config.schema import AuxiliaryModelConfig, Config
 from rft.errors import ConfigError
-from rft.placement import ENGINE_MODES, auxiliary_gpus, gpu_split, task_gpus
+from rft.placement import ENGINE_MODES
 
 RULE_WEIGHT_KEY = "rule_weight"  # reward_fn_args key: weight of the rule reward's parts
 REWARD_MODEL_WEIGHT_KEY = "reward_model_weight"  # reward_fn_args key: weight of the model scores
@@ -34,7 +24,8 @@ REWARD_WEIGHT_KEYS = (RULE_WEIGHT_KEY, REWARD_MODEL_WEIGHT_KEY)
 
 @dataclass(frozen=True)
 class RewardWeights:
-    """How a taskset's reward combines its rule parts and its reward model scores."""
+    """How a taskset's reward combines its parts: ``rule_weight * sum(rule parts) +
+    reward_model_weight * sum(reward model scores)``."""
 
     rule_weight: float = 1.0  # times the sum of the rule reward's parts
     reward_model_weight: float = 1.0  # times the sum of the reward models' scores
@@ -80,12 +71,12 @@ def split_reward_weights(args: Mapping[str, Any], reward_models: int,
 
 def check_auxiliary_models(cfg: Config) -> None:
     """Each reward model: a folder path, the rollout model's ``engine_num`` (one scorer per
-    explorer task), consistent length limits; each explorer task's GPUs fit on one node and
-    leave the trainer some; reward weights in ``reward_fn_args`` only with reward models."""
-    models, rollout, cluster = cfg.explorer.auxiliary_models, cfg.explorer.rollout_model, cfg.cluster
+    explorer task), consistent length limits; reward weights in ``reward_fn_args`` only with
+    reward models."""
+    models, rollout = cfg.explorer.auxiliary_models, cfg.explorer.rollout_model
     if cfg.mode in ENGINE_MODES:
-        for label, ts in cfg.labelled_tasksets():
-            split_reward_weights(ts.reward_fn_args, len(models), f"{label}.reward_fn_args")
+        for label, taskset in cfg.labelled_tasksets():
+            split_reward_weights(taskset.reward_fn_args, len(models), f"{label}.reward_fn_args")
     for i, model in enumerate(models):
         key = f"explorer.auxiliary_models[{i}]"
         if not model.model_path:
@@ -100,24 +91,3 @@ def check_auxiliary_models(cfg: Config) -> None:
         if None not in (prompt, response, total) and prompt + response > total:
             raise ConfigError(f"{key}: max_prompt_tokens + max_response_tokens = {prompt + response} "
                               f"exceeds max_model_len={total}; lower one or unset max_model_len")
-    if not models or cluster.gpu_per_node == 0:
-        return  # CPU-only cluster description: scorers run on the explorer's CPUs
-    per_task = task_gpus(rollout.tensor_parallel_size, auxiliary_tp(cfg))
-    if per_task > cluster.gpu_per_node:
-        raise ConfigError(f"an explorer task needs {per_task} GPUs (explorer.rollout_model."
-                          f"tensor_parallel_size {rollout.tensor_parallel_size} plus its reward "
-                          f"models' tensor_parallel_size) but cluster.gpu_per_node="
-                          f"{cluster.gpu_per_node}: a task's GPUs must be on one node; lower the "
-                          "tensor_parallel_size of the rollout or reward models")
-    split = gpu_split(cfg.mode, node_num=cluster.node_num, gpu_per_node=cluster.gpu_per_node,
-                      engine_num=rollout.engine_num, tensor_parallel_size=rollout.tensor_parallel_size,
-                      auxiliary_gpus=auxiliary_gpus(models))
-    if cfg.mode == "both" and split.trainer < 1:
-        raise ConfigError(f"explorers take {split.explorer} GPUs ({split.auxiliary} of them for "
-                          f"explorer.auxiliary_models), leaving none of cluster.node_num x "
-                          f"gpu_per_node = {split.total} for the trainer; lower engine_num or "
-                          "raise cluster.gpu_per_node/node_num")
-    if cfg.mode == "explore" and split.explorer > split.total:
-        raise ConfigError(f"explorers need {split.explorer} GPUs ({split.auxiliary} of them for "
-                          f"explorer.auxiliary_models) but the cluster section has {split.total}; "
-                          "lower explorer.rollout_model.engine_num")

@@ -1,21 +1,9 @@
 """How a trainer step divides into optimizer updates: ``buffer.train_batch_size`` as veRL's mini-batch.
 
-veRL generates ``data.train_batch_size`` prompts per step and updates the policy once per
-``ppo_mini_batch_size`` of them (times ``ppo_epochs``). Trinity names the same two numbers
-``buffer.batch_size`` (tasks per explore step) and ``buffer.train_batch_size`` (experiences per
-gradient step). rft follows both:
-
-- ``mode: both``: step ``s`` trains on the explorer's whole step, ``batch_size x
-  repeat_times`` rollouts. When ``train_batch_size`` (its rollout part, with CHORD's mix) is
-  smaller, the step's groups are split into ``ceil(step / train_batch_size)`` mini-batches of
-  whole groups, as even as possible, one optimizer update each, every epoch; the old and
-  reference log-probs and the advantages are computed once, over the whole step, before the
-  first update (as veRL does). ``train_batch_size`` larger than the step is an error.
-- ``mode: train`` (asynchronous) and SFT: a step reads ``train_batch_size`` experiences, one
-  update per epoch.
-
-Pure functions of a checked :class:`~rft.config.schema.Config`; the config rules, the dry-run
-plan and the trainer (:mod:`rft.trainer.step`) all read them here.
+Owns the counts of one step: rollouts per step (``buffer.batch_size x repeat_times``), per
+update (``train_batch_size``, its rollout part with CHORD's mix) and updates per step. Pure
+functions of a checked :class:`~rft.config.schema.Config`, read by the config rules, the
+dry-run plan and the trainer (:mod:`rft.trainer.step`).
 """
 
 from __future__ import annotations
@@ -57,7 +45,12 @@ def mini_batch_count(groups: int, per_update: int) -> int:
 
 
 def mini_batches_per_step(cfg: Config) -> int:
-    """Optimizer updates per step and epoch (the trainer counts the groups that came)."""
+    """Optimizer updates per step and epoch (the trainer counts the groups that came).
+
+    ``mode: both`` (as veRL): step ``s`` trains on the explorer's whole step, its groups split
+    into mini-batches of whole groups, as even as possible, one update each, every epoch; the
+    old and reference log-probs and the advantages are computed once, over the whole step.
+    Elsewhere (asynchronous ``train``, SFT) a step reads one mini-batch."""
     if not splits_steps(cfg):
         return 1
     return mini_batch_count(cfg.buffer.batch_size, groups_per_update(cfg))

@@ -1,10 +1,9 @@
 """Reading and writing config files: YAML -> OmegaConf (env interpolation, overrides) -> typed.
 
-:func:`load_config` reads the file with OmegaConf so ``${oc.env:VAR,default}`` works,
-merges ``key=value`` overrides, resolves interpolations, builds the typed :class:`Config`
-(recording which keys the user set), then applies :mod:`rft.config.rules`. Each ``stages``
-entry is a partial config merged onto the base and checked the same way. The dump writes the
-resolved config back as YAML that loads to an equal config (:func:`config_to_yaml`).
+:func:`load_config` reads a file (``${oc.env:VAR,default}``), merges ``key=value`` overrides,
+builds the typed :class:`Config`, recording the keys the user set, and applies
+:mod:`rft.config.rules`; each ``stages`` entry is merged onto the base and checked the same way.
+:func:`config_to_yaml` writes YAML that loads back to an equal config. Owns a stage's name.
 """
 
 from __future__ import annotations
@@ -14,20 +13,20 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rft.config import rules as config_rules
 from rft.config.schema import Config, StageConfig
 from rft.config.typed_dict import from_dict, to_dict
-from rft.errors import ConfigError, nearest
+from rft.errors import ConfigError
 
 _STAGE_KEYS = {"stage_name", "mode"}
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
     """Read ``path``, apply ``key=value`` overrides, and return the checked config."""
-    return config_from_dict(read_raw(path, overrides), str(path))
+    return config_from_dict(read_raw(path, overrides))
 
 
 def read_raw(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> dict[str, Any]:
@@ -39,7 +38,7 @@ def read_raw(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> d
         base = OmegaConf.load(path)
     except (OmegaConfBaseException, yaml.YAMLError) as e:
         raise ConfigError(f"{path}: not valid YAML: {e}") from e
-    if not isinstance(base, type(OmegaConf.create({}))):
+    if not isinstance(base, DictConfig):
         raise ConfigError(f"{path}: the top level must be a mapping of keys, not a list")
     _apply_overrides(base, overrides)
     try:
@@ -49,7 +48,7 @@ def read_raw(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> d
     return data or {}
 
 
-def _apply_overrides(cfg: Any, overrides: list[str] | tuple[str, ...]) -> None:
+def _apply_overrides(cfg: DictConfig, overrides: list[str] | tuple[str, ...]) -> None:
     """Apply ``key.path=value`` items; list items are addressed by index (``tasksets.0.split``)."""
     for item in overrides:
         key, sep, text = item.partition("=")
@@ -78,20 +77,20 @@ def _interpolation_message(e: OmegaConfBaseException) -> str:
     return f"{where}{text}"
 
 
-def config_from_dict(data: dict[str, Any], source: str = "config") -> Config:
+def config_from_dict(data: dict[str, Any]) -> Config:
     """Typed config from a resolved mapping: schema check, stages, then the rules."""
     data = copy.deepcopy(data)
     stages = _split_stages(data.pop("stages", None) or [])
     seen: set[str] = set()
     cfg = from_dict(Config, data, "", seen)
-    cfg.stages = stages
+    cfg.stages, cfg.written = stages, data
     config_rules.apply(cfg, seen)
-    for index, stage in enumerate(stages):
-        stage_config(cfg, index, base=data)  # each stage must be valid on its own
+    for index in range(len(stages)):
+        stage_config(cfg, index)  # each stage must be valid on its own
     return cfg
 
 
-def _split_stages(raw: Any) -> list[StageConfig]:
+def _split_stages(raw: object) -> list[StageConfig]:
     if not isinstance(raw, list):
         raise ConfigError("stages: expected a list of stages, each with a stage_name")
     stages = []
@@ -109,26 +108,32 @@ def _split_stages(raw: Any) -> list[StageConfig]:
     return stages
 
 
+def stage_name(cfg: Config, index: int) -> str:
+    """Stage ``index``'s name, also its folder under the base run directory: its
+    ``stage_name``, else ``stage<index>``."""
+    return cfg.stages[index].stage_name or f"stage{index}"
+
+
 def stage_label(cfg: Config, index: int) -> str:
-    """``stages[i] (name)``: how messages and the plan name stage ``index``."""
-    return f"stages[{index}] ({cfg.stages[index].stage_name or 'unnamed'})"
+    """``stages[i] (name)``: how messages, the plan and the sbatch script name stage ``index``."""
+    return f"stages[{index}] ({stage_name(cfg, index)})"
 
 
-def stage_config(cfg: Config, index: int, base: dict[str, Any] | None = None) -> Config:
+def stage_config(cfg: Config, index: int) -> Config:
     """The full config of stage ``index``: its keys merged onto the base config, with its own
-    run directory ``<run_dir>/<stage_name>`` (``stage<i>`` when unnamed).
+    run directory ``<run_dir>/<stage_name(cfg, index)>``.
 
     A stage that changes ``algorithm.algorithm_type`` does not inherit the base's loss and
     advantage choices: they come from the stage itself or from its algorithm's preset.
     """
     stage = cfg.stages[index]
-    base = copy.deepcopy(base if base is not None else _base_dict(cfg))
+    base = copy.deepcopy(cfg.written or _base_dict(cfg))
     _drop_inherited_algorithm(base, stage.overrides)
     _drop_inherited_storage(base, stage.overrides)
     merged = OmegaConf.to_container(OmegaConf.merge(base, stage.overrides))
     if stage.mode:
         merged["mode"] = stage.mode
-    merged["name"] = f"{merged.get('name', cfg.name)}/{stage.stage_name or f'stage{index}'}"
+    merged["name"] = f"{merged.get('name', cfg.name)}/{stage_name(cfg, index)}"
     try:
         seen: set[str] = set()
         sub = from_dict(Config, merged, "", seen)
@@ -176,7 +181,3 @@ def _stage_to_dict(stage: StageConfig) -> dict[str, Any]:
     out.update(stage.overrides)
     return out
 
-
-def suggest_section(key: str) -> str | None:
-    """Nearest top-level section for a misplaced key (used in error hints)."""
-    return nearest(key, [f for f in Config.__dataclass_fields__ if f != "stages"])

@@ -1,19 +1,9 @@
 """CHORD mixing (``algorithm.sample_strategy: mix``): how many rollouts and expert samples a step takes.
 
-Pure checks on a :class:`~rft.config.schema.Config`, run by :mod:`rft.config.rules` when the
-config is loaded (so ``rft-run --dry-run`` and ``rft-launch`` catch them on the login node); the
-trainer's :mod:`rft.trainer.mix` reads the counts.
-
-How the counts reconcile (:func:`mix_counts`, checked before anything starts):
-
-- ``buffer.train_batch_size`` counts both kinds: ``expert = round(train_batch_size *
-  expert_data_ratio)`` (halves round up) expert samples, ``rollout = train_batch_size - expert``;
-- ``rollout`` must be whole groups (a multiple of ``algorithm.repeat_times``, at least one);
-- ``mode: both`` trains step ``s`` on exactly the explorer's segments of step ``s``
-  (``batch_size x repeat_times`` rollouts), split into mini-batches of at most ``rollout``
-  rollouts (:mod:`rft.config.batches`); each mini-batch takes ``expert`` expert samples.
-  ``mode: train`` reads up to ``rollout`` rollouts in whole groups, as many as arrive within
-  ``synchronizer.sync_timeout``, plus ``expert`` expert samples.
+Owns :func:`mix_counts`: ``buffer.train_batch_size`` counts both kinds, ``expert =
+round(train_batch_size x expert_data_ratio)`` (halves up) and ``rollout`` the rest, in whole
+groups. Pure checks on a :class:`~rft.config.schema.Config`, run by :mod:`rft.config.rules` at
+load (so the login node catches them); the trainer's :mod:`rft.trainer.mix` reads the counts.
 """
 
 from __future__ import annotations
@@ -71,10 +61,12 @@ def expert_buffer(cfg: Config) -> ExperienceBufferConfig:
 
 
 def mix_counts(cfg: Config) -> MixCounts:
-    """Validate a ``sample_strategy: mix`` config and return the per-step counts.
+    """Validate a ``sample_strategy: mix`` config and return the per-mini-batch counts.
 
-    Pure (no I/O): the trainer calls it on every rank at startup and preflight calls it before
-    anything is queued; raises ConfigError naming the keys to change.
+    ``mode: both`` splits the explorer's step into mini-batches of at most ``rollout`` rollouts
+    (:mod:`rft.config.batches`), each with ``expert`` expert samples; ``mode: train`` reads up to
+    ``rollout`` rollouts in whole groups (as many as arrive within ``synchronizer.sync_timeout``)
+    plus ``expert``. Raises ConfigError naming the keys to change.
     """
     algo, buf = cfg.algorithm, cfg.buffer
     if algo.policy_loss_fn != "mix_chord":

@@ -1,7 +1,7 @@
 """Every algorithm choice a config can name, declared once: the schema's choices (no torch).
 
 The registries in :mod:`rft.algo.registry` map these names to the pure functions of
-:mod:`rft.algo.advantages` and :mod:`rft.algo.losses`, and check at import that they cover
+:mod:`rft.algo.advantages` and :mod:`rft.algo.losses`; :mod:`rft.trainer.algorithm` checks at import that they cover
 exactly these names (less :data:`NEEDS_CRITIC`: GAE, resolved apart as it needs a critic's
 values). Also the engine limits a config is checked against on the login node.
 """

@@ -1,23 +1,24 @@
 """Rules applied after a config is parsed: presets, derived values, conflicts, unsupported keys.
 
-Input: a typed :class:`~rft.config.Config` and the set of key paths the user wrote. Output: the
-same object completed in place. A derived value is filled only where the user left the key
-unset; where the user's values contradict each other, a :class:`ConfigError` names both keys.
-Options rft recognises but does not implement raise :class:`NotSupportedError`.
+Input: a typed :class:`~rft.config.Config` and the key paths the user wrote; output: the same
+object completed in place, every default a consumer needs resolved here. A derived value fills
+only a key the user left unset; contradicting values raise :class:`ConfigError` naming both
+keys; options rft recognises but does not implement raise :class:`NotSupportedError`.
 """
 
 from __future__ import annotations
 
 import logging
 
-from rft.config.auxiliary import check_auxiliary_models
+from rft.config.auxiliary import auxiliary_tp, check_auxiliary_models
 from rft.config.batches import check_train_batch_size
 from rft.config.mix import mix_counts
 from rft.config.names import NEEDS_CRITIC, TIS_THRESHOLD, VLLM_LORA_RANKS
 from rft.config.schema import Config, LoRAConfig, TasksetConfig
 from rft.errors import ConfigError, NotSupportedError
+from rft.placement import task_gpus
 
-log = logging.getLogger("rft.config")
+log = logging.getLogger(__name__)
 
 # algorithm_type -> the function choices it implies ("ppo": GAE advantages from a critic, as Trinity).
 PRESETS: dict[str, dict[str, str]] = {
@@ -35,8 +36,8 @@ PRESETS: dict[str, dict[str, str]] = {
                       kl_penalty_fn="none", sample_strategy="mix"),
 }
 _COMMON = dict(entropy_loss_fn="none", sample_strategy="default", loss_agg_mode="token-mean")
-PRESET_KEYS = ("advantage_fn", "policy_loss_fn", "kl_loss_fn", "kl_penalty_fn", "entropy_loss_fn",
-               "sample_strategy", "loss_agg_mode")
+# Every algorithm key a preset may fill (a stage changing algorithm_type drops the base's).
+PRESET_KEYS = tuple(dict.fromkeys(key for preset in (*PRESETS.values(), _COMMON) for key in preset))
 
 
 def apply(cfg: Config, seen: set[str]) -> None:
@@ -47,6 +48,7 @@ def apply(cfg: Config, seen: set[str]) -> None:
     _derive_critic(cfg, seen)
     _check_lora(cfg)
     _derive_zero_stage(cfg, seen)
+    _derive_micro_batch_sizes(cfg)
     _derive_totals(cfg)
     _derive_lengths(cfg)
     _derive_runner_num(cfg, seen)
@@ -55,8 +57,8 @@ def apply(cfg: Config, seen: set[str]) -> None:
     _check_trainer(cfg)
     _check_rollout_correction(cfg)
     _check_lead(cfg)
-    check_auxiliary_models(cfg)  # before _check_resources: its messages name the reward models
-    _check_resources(cfg)
+    check_auxiliary_models(cfg)
+    check_gpu_split(cfg)
     _check_monitor(cfg)
     if cfg.algorithm.sample_strategy == "mix":
         mix_counts(cfg)  # rollouts + expert samples of a mini-batch
@@ -211,6 +213,16 @@ def _derive_zero_stage(cfg: Config, seen: set[str]) -> None:
         t.zero_stage = 3
 
 
+def _derive_micro_batch_sizes(cfg: Config) -> None:
+    """The log-prob passes and the critic take ``trainer.micro_batch_size_per_gpu`` where unset."""
+    t = cfg.trainer
+    critic = t.trainer_config.critic
+    if t.log_prob_micro_batch_size_per_gpu is None:
+        t.log_prob_micro_batch_size_per_gpu = t.micro_batch_size_per_gpu
+    if critic.ppo_micro_batch_size_per_gpu is None:
+        critic.ppo_micro_batch_size_per_gpu = t.micro_batch_size_per_gpu
+
+
 def _infer_file_storage(cfg: Config, seen: set[str]) -> None:
     """Trinity's SFT stages give the experience buffer a dataset path and no storage_type."""
     buf = cfg.buffer.trainer_input.experience_buffer
@@ -279,8 +291,8 @@ def _check_inputs(cfg: Config) -> None:
     if cfg.mode == "bench" and not inputs.eval_tasksets:
         raise ConfigError("mode 'bench' evaluates checkpoints on buffer.explorer_input."
                           "eval_tasksets, which is empty")
-    for label, ts in cfg.labelled_tasksets():
-        if not ts.path:
+    for label, taskset in cfg.labelled_tasksets():
+        if not taskset.path:
             raise ConfigError(f"{label}.path is empty: set it to a dataset folder or file")
     _check_experience_buffer(cfg)
 
@@ -329,20 +341,26 @@ def _check_trainer(cfg: Config) -> None:
                           f"{t.zero_stage} is set: ZeRO-1/2 keep whole parameters on each GPU; "
                           "leave zero_stage unset (param_offload then selects 3) or use "
                           "optimizer_offload with ZeRO-1/2")
-    if cfg.model.logprobs or any(ts.rollout_args.logprobs for _, ts in cfg.labelled_tasksets()):
+    tasksets = [taskset for _, taskset in cfg.labelled_tasksets()]
+    if cfg.model.logprobs or any(taskset.rollout_args.logprobs for taskset in tasksets):
         raise NotSupportedError("model.logprobs / rollout_args.logprobs > 0: extra top-k log-probs "
                                 "are not supported yet; rft keeps the sampled token's log-prob "
                                 "(always on). Remove the key or set it to 0")
-    for label, ts in cfg.labelled_tasksets():
-        if ts.workflow_args:
-            raise NotSupportedError(f"{label}.workflow_args is not supported yet: the built-in "
-                                    "workflows take no arguments (reward_fn_args reach the reward)")
+    rollout = cfg.explorer.rollout_model
+    if rollout.enable_auto_tool_choice and not rollout.tool_call_parser:
+        raise ConfigError("explorer.rollout_model.enable_auto_tool_choice needs "
+                          "explorer.rollout_model.tool_call_parser (a vLLM tool parser, e.g. hermes)")
+    if rollout.tool_call_parser and not rollout.enable_auto_tool_choice:
+        log.warning("explorer.rollout_model.tool_call_parser=%s: no effect without "
+                    "enable_auto_tool_choice: true (replies are not parsed for tool calls)",
+                    rollout.tool_call_parser)
 
 
-def taskset_temperature(cfg: Config, ts: TasksetConfig) -> float:
+def taskset_temperature(cfg: Config, taskset: TasksetConfig) -> float:
     """The sampling temperature of a taskset: its ``rollout_args.temperature``, else
     ``model.temperature`` (the one rule the explorer samples by and the trainer scores by)."""
-    return cfg.model.temperature if ts.rollout_args.temperature is None else ts.rollout_args.temperature
+    own = taskset.rollout_args.temperature
+    return cfg.model.temperature if own is None else own
 
 
 def scoring_temperature(sampling_temperature: float) -> float:
@@ -350,16 +368,6 @@ def scoring_temperature(sampling_temperature: float) -> float:
     ``sampling_temperature``, so that its log-probs and vLLM's describe the same distribution:
     the same, but 1 for greedy (0), the temperature of vLLM's greedy log-probs."""
     return sampling_temperature if sampling_temperature > 0 else 1.0
-
-
-def rollout_temperature(cfg: Config) -> float | None:
-    """The scoring temperature of rollouts that do not record theirs (written by an earlier
-    rft): that of the training tasksets (``rollout_args.temperature``, else
-    ``model.temperature``; ``model.temperature`` when the config lists none). None when the
-    training tasksets sample at different temperatures (such rollouts cannot be scored)."""
-    temps = {taskset_temperature(cfg, ts) for _, ts in cfg.labelled_tasksets(evaluation=False)}
-    values = temps or {cfg.model.temperature}
-    return scoring_temperature(values.pop()) if len(values) == 1 else None
 
 
 def _check_rollout_correction(cfg: Config) -> None:
@@ -407,20 +415,28 @@ def _check_lead(cfg: Config) -> None:
                     buf.train_batch_size, -(-buf.train_batch_size // cfg.algorithm.repeat_times))
 
 
-def _check_resources(cfg: Config) -> None:
+def check_gpu_split(cfg: Config, mode: str | None = None) -> None:
+    """The GPUs of ``mode`` (default: the config's) fit the cluster section: an explorer task
+    (its engine and one scorer per reward model) on one node, the explorers within the cluster,
+    and at least one GPU left for a trainer. The config rules and the SLURM job sizing call it."""
+    mode = mode or cfg.mode
     rollout, cluster = cfg.explorer.rollout_model, cfg.cluster
-    split = cfg.gpu_split()
     if cluster.gpu_per_node == 0:
         return  # CPU-only cluster description: the local runner decides
-    if cfg.mode == "both" and split.trainer < 1:
-        raise ConfigError(
-            f"explorer.rollout_model uses engine_num x tensor_parallel_size = {split.explorer} "
-            f"GPUs, leaving none of cluster.node_num x gpu_per_node = {split.total} for the "
-            "trainer; lower engine_num or raise cluster.gpu_per_node/node_num")
-    if cfg.mode == "explore" and split.explorer > split.total:
-        raise ConfigError(f"explorer needs {split.explorer} GPUs but the cluster section has "
-                          f"{split.total}; lower explorer.rollout_model.engine_num")
-    if rollout.tensor_parallel_size > cluster.gpu_per_node:
-        raise ConfigError(f"explorer.rollout_model.tensor_parallel_size="
-                          f"{rollout.tensor_parallel_size} exceeds cluster.gpu_per_node="
-                          f"{cluster.gpu_per_node}: an engine must fit on one node")
+    split = cfg.gpu_split(mode)
+    per_task = task_gpus(rollout.tensor_parallel_size, auxiliary_tp(cfg))
+    scorers = " plus one scorer of each reward model" if cfg.explorer.auxiliary_models else ""
+    if per_task > cluster.gpu_per_node:
+        raise ConfigError(f"an explorer task needs {per_task} GPUs (explorer.rollout_model."
+                          f"tensor_parallel_size {rollout.tensor_parallel_size}{scorers}) but "
+                          f"cluster.gpu_per_node={cluster.gpu_per_node}: a task's GPUs must be on "
+                          "one node; lower the tensor_parallel_size of the rollout or reward models")
+    whose = (f"{split.auxiliary} of them for explorer.auxiliary_models" if split.auxiliary else
+             "explorer.rollout_model.engine_num x tensor_parallel_size")
+    if mode == "both" and split.trainer < 1:
+        raise ConfigError(f"explorers take {split.explorer} GPUs ({whose}), leaving none of "
+                          f"cluster.node_num x gpu_per_node = {split.total} for the trainer; lower "
+                          "engine_num or raise cluster.gpu_per_node/node_num")
+    if mode == "explore" and split.explorer > split.total:
+        raise ConfigError(f"explorers need {split.explorer} GPUs ({whose}) but the cluster section "
+                          f"has {split.total}; lower explorer.rollout_model.engine_num")

@@ -1,17 +1,14 @@
-"""The run configuration: Trinity-RFT's YAML keys as typed dataclasses.
+"""The run configuration: Trinity-RFT's YAML keys as typed dataclasses, one commented field each.
 
-A YAML file (with ``${oc.env:VAR,default}`` interpolation, via OmegaConf) plus ``key=value``
-overrides becomes a :class:`Config`. Unknown keys, wrong types and out-of-range values raise
-:class:`~rft.errors.ConfigError` naming the full key path; recognised Trinity options that rft
-does not implement raise :class:`~rft.errors.NotSupportedError`. Derived values (the run
-directory, ``buffer.train_batch_size``, the algorithm preset's functions) are filled only where
-the user left them unset (see :mod:`rft.config.rules`); a conflict raises.
-
-Loading and dumping: :mod:`rft.config.load`; the rules: :mod:`rft.config.rules`.
+Owns every key, its type, default and range; :mod:`rft.config.typed_dict` turns a dict into
+these classes (unknown keys and bad values raise :class:`~rft.errors.ConfigError` naming the
+key path). Derived values and cross-field checks are not here: :mod:`rft.config.rules` fills and
+checks them; :mod:`rft.config.load` reads and writes the YAML.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional, Union
@@ -129,6 +126,8 @@ class FormatConfig:
     messages_key: Optional[str] = None  # column holding chat messages (instead of prompt/response)
     system_prompt: Optional[str] = None  # replaces the workflow's system prompt
     reply_prefix: Optional[str] = None  # text the reply starts with (no effect on SFT/expert rows)
+    workflow_key: Optional[str] = None  # column naming each row's workflow (overrides the taskset's)
+    reward_fn_key: Optional[str] = None  # column naming each row's reward function
 
 
 @dataclass
@@ -211,6 +210,10 @@ class RolloutModelConfig:
     seed: int = 42  # sampling seed
     max_model_len: Optional[int] = field(None, ge=1)  # defaults to model.max_model_len
     enable_thinking: Optional[bool] = None  # chat-template switch for thinking models
+    enable_auto_tool_choice: bool = False  # parse tool calls in chat replies (needs tool_call_parser)
+    tool_call_parser: Optional[str] = None  # vLLM tool parser for chat replies, e.g. hermes
+    reasoning_parser: Optional[str] = None  # no effect yet: replies keep their reasoning text
+    enable_history: bool = False  # no effect: workflow model calls are always recorded
 
 
 @dataclass
@@ -227,8 +230,9 @@ class AuxiliaryModelConfig:
 @dataclass
 class ExplorerConfig:
     name: str = "explorer"  # explorer job name; another name joins a run as a new explorer
-    runner_per_model: int = field(8, ge=1)  # no effect: a step's tasks go to vLLM as one batch
-    runner_num: Optional[int] = field(None, ge=1)  # no effect: older spelling of runner_per_model
+    runner_per_model: int = field(8, ge=1)  # workflow runs in flight per engine (workflow classes)
+    runner_num: Optional[int] = field(None, ge=1)  # older spelling of runner_per_model
+    max_timeout: float = field(900.0, gt=0)  # seconds one workflow run may take; then it is stopped
     rollout_model: RolloutModelConfig = field(factory=RolloutModelConfig)  # vLLM engines
     auxiliary_models: list[AuxiliaryModelConfig] = field(factory=list)  # reward models next to the explorers
     eval_interval: int = field(100, ge=0)  # evaluate every N steps; 0: never
@@ -392,6 +396,9 @@ class Config:
     trainer: TrainerConfig = field(factory=TrainerConfig)  # DeepSpeed trainer
     monitor: MonitorConfig = field(factory=MonitorConfig)  # metrics sinks
     slurm: SlurmConfig = field(factory=SlurmConfig)  # sbatch resources
+    # Not a key: the mapping the user wrote (overrides merged), onto which each stage merges its
+    # keys, so that a stage re-derives what the rules derived for the base (rft.config.load).
+    written: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)
 
     @property
     def run_dir(self) -> Path:
@@ -405,10 +412,11 @@ class Config:
         out = []
         if training:
             out += [("buffer.explorer_input.taskset", inputs.taskset)] if inputs.taskset else []
-            out += [(f"buffer.explorer_input.tasksets[{i}]", ts) for i, ts in enumerate(inputs.tasksets)]
+            out += [(f"buffer.explorer_input.tasksets[{i}]", taskset)
+                    for i, taskset in enumerate(inputs.tasksets)]
         if evaluation:
-            out += [(f"buffer.explorer_input.eval_tasksets[{i}]", ts)
-                    for i, ts in enumerate(inputs.eval_tasksets)]
+            out += [(f"buffer.explorer_input.eval_tasksets[{i}]", taskset)
+                    for i, taskset in enumerate(inputs.eval_tasksets)]
         return out
 
     def gpu_split(self, mode: Optional[str] = None) -> GpuSplit:
@@ -421,5 +429,5 @@ class Config:
 
     def training_tasksets(self) -> list[TasksetConfig]:
         """The training tasksets, whether written as ``taskset`` or ``tasksets``."""
-        return [ts for _, ts in self.labelled_tasksets(evaluation=False)]
+        return [taskset for _, taskset in self.labelled_tasksets(evaluation=False)]
 

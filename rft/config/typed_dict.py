@@ -12,11 +12,12 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
-from typing import Any, Literal, Union
+from typing import Any, Literal, TypeVar, Union
 
 from rft.errors import ConfigError, nearest
 
 _MISSING = dataclasses.MISSING
+Schema = TypeVar("Schema")  # the dataclass from_dict builds
 
 
 def field(default: Any = _MISSING, *, factory: Any = _MISSING, ge: float | None = None,
@@ -36,7 +37,7 @@ def _join(path: str, key: str | int) -> str:
     return f"{path}.{key}" if path else key
 
 
-def from_dict(cls: type, data: Any, path: str = "", seen: set[str] | None = None) -> Any:
+def from_dict(cls: type[Schema], data: object, path: str = "", seen: set[str] | None = None) -> Schema:
     """Build dataclass ``cls`` from ``data``; ``seen`` collects the key paths present."""
     if data is None:
         data = {}
@@ -66,7 +67,7 @@ def _unknown_key_message(key_path: str, key: str, fields: dict) -> str:
     return f"unknown config key '{key_path}'.{did_you_mean} Valid keys here: {', '.join(valid)}"
 
 
-def _check_bounds(f: dataclasses.Field, value: Any, key_path: str) -> None:
+def _check_bounds(f: dataclasses.Field, value: object, key_path: str) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return
     checks = (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
@@ -149,7 +150,7 @@ def _convert_scalar(tp: type, value: Any, path: str) -> Any:
     raise AssertionError(f"unsupported type {tp!r} in config schema at {path}")
 
 
-def _to_float(value: Any, path: str) -> float:
+def _to_float(value: object, path: str) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
     if isinstance(value, str):  # YAML 1.1 reads `1e-5` (no dot) as a string
@@ -160,7 +161,7 @@ def _to_float(value: Any, path: str) -> float:
     raise ConfigError(f"{path}: expected a number, got {_show(value)}")
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     text = repr(value)
     text = text if len(text) <= 60 else text[:57] + "..."
     return f"{text} ({type(value).__name__})"

@@ -1,27 +1,11 @@
 """LoRA checkpoints in ``rft-convert``: the PEFT adapter folder from the shards, and ``--merge``.
 
-A ``model.lora_configs`` run trains a PEFT LoRA adapter on the DeepSpeed engine and saves only
-the trainable parameters (``exclude_frozen_parameters``): the shards of ``global_step_N/actor/``
-hold the adapter alone, under the engine module's names
-(``base_model.model.model.layers.0.self_attn.q_proj.lora_A.default.weight``). Such a checkpoint
-is recognised by those names (:func:`is_lora_checkpoint`) and becomes::
-
-    actor/huggingface/          adapter_config.json + adapter_model.safetensors (PEFT's names:
-                                without the adapter's name); other files of the old folder kept
-    actor/huggingface_merged/   with --merge: the base model with the adapter merged in, a full
-                                HF model (safetensors, config, generation config, tokenizer)
-
-The adapter's tensors stream from the shards (as stored: the fp32 master weights; ``--dtype``
-casts) and the CRC of every record read is checked, as in a full conversion.
-``adapter_config.json`` is kept from the old folder; when it is missing or damaged it is rebuilt
-from the shapes (r, target modules) and the run's ``config.yaml`` (``model.model_path``,
-``model.lora_configs[0]``), which ``--base-model-dir`` and ``--lora-alpha`` override or replace.
-The shapes are checked against the config's ``r`` (``rank_pattern``) and, when the base model's
-weights are at hand, against its layers. The merge loads the base model (``--base-model-dir``,
-else the config's ``base_model_name_or_path``) in the output dtype (fp32 when it differs from
-the base's), applies the adapter with PEFT, ``merge_and_unload``s and saves. Each folder is
-built under a temporary name and swapped in (:mod:`rft.convert.output`); a complete one is
-skipped unless ``--force``. ``peft`` and ``transformers`` are imported only when needed.
+A ``model.lora_configs`` run saves only the adapter (``exclude_frozen_parameters``), under the
+engine module's names (``base_model.model....q_proj.lora_A.default.weight``). Such a checkpoint
+(:func:`is_lora_checkpoint`) becomes ``actor/huggingface/`` (``adapter_config.json`` +
+``adapter_model.safetensors``, PEFT's names) and, with ``--merge``, ``actor/huggingface_merged/``
+(the base model with the adapter merged in). Tensors stream CRC-checked, and both folders are
+swapped in like a full conversion's. ``peft`` and ``transformers`` are imported only when needed.
 """
 
 from __future__ import annotations
@@ -71,7 +55,7 @@ from rft.safetensors_io import (
     write_safetensors,
 )
 
-log = logging.getLogger("rft.convert")
+log = logging.getLogger(__name__)
 
 LORA_MARKS = (".lora_A.", ".lora_B.")  # in the names of a LoRA adapter's two matrices
 RANK_DIM = {".lora_A.": 0, ".lora_B.": 1}  # A: [r, in], B: [out, r]
@@ -270,7 +254,9 @@ def write_adapter_config(job: Job, opts: Options, tensors: list[SourceTensor], d
 
 def rebuild_adapter_config(job: Job, opts: Options, tensors: list[SourceTensor], dest: Path,
                            why: str) -> tuple[dict, str]:
-    """adapter_config.json from the shapes and the run's settings (see the module docstring)."""
+    """adapter_config.json from the shapes (r, target modules) and the run's ``config.yaml``
+    (``model.model_path``, ``model.lora_configs[0]``), which ``--base-model-dir`` and
+    ``--lora-alpha`` override or replace."""
     run, run_config = run_lora_settings(job)
     base = opts.base_model_dir or run.get("model_path")
     start = Path(run["path"]) if run.get("path") else None

@@ -1,37 +1,11 @@
 """``rft-convert``: training checkpoints -> Hugging Face safetensors folders, in place.
 
-Input is a path: a run directory (every ``global_step_N`` below it), one ``global_step_N``, a
-path inside one (``.../global_step_N/actor``), or a bare DeepSpeed/FSDP checkpoint folder.
-A Megatron checkpoint (Trinity's or veRL's ``actor/dist_ckpt/``) is refused up front (exit 2)
-with the commands that convert it.
-For each step the checkpoint in ``global_step_N/actor/`` (DeepSpeed ZeRO 1/2/3 or FSDP, read by
-:mod:`rft.convert.readers`) becomes ``global_step_N/actor/huggingface/``, and a PPO run's
-critic in ``global_step_N/critic/`` becomes ``global_step_N/critic/huggingface/`` (a value
-model: ``*ForTokenClassification`` with one label, as the trainer wrote its config)::
-
-    model.safetensors (or model-0000k-of-0000n.safetensors + model.safetensors.index.json)
-    config.json, generation_config.json, tokenizer files, chat template
-
-Config and tokenizer come from the checkpoint's own ``huggingface/`` files (a trainer may
-have written them there), else from ``--base-model-dir``. The folder is built under a
-temporary name and swapped in by renames (:mod:`rft.convert.output`): an interrupted conversion
-leaves nothing that looks complete, the old folder stays recoverable until the new one is
-durable, and files in it that a conversion does not write (an adapter, ``eval/``) are carried
-over. A step whose folder already holds whole weights is skipped unless ``--force``. Tensors
-stream one at a time from the shards into the output files (:mod:`rft.safetensors_io`),
-and the CRC-32 of every record read is checked (:mod:`rft.convert.torchfile`). A summary table
-ends the run; the exit code is 1 if a step failed.
-
-LoRA checkpoints (``model.lora_configs``: the DeepSpeed shards hold only the adapter's
-``lora_A``/``lora_B`` tensors) are recognised by those names and handled by
-:mod:`rft.convert.adapter`: ``actor/huggingface/`` becomes (is rebuilt as) a PEFT adapter folder,
-``adapter_config.json`` + ``adapter_model.safetensors`` with PEFT's names, the config kept from
-the old folder or rebuilt from the shapes and the run's ``config.yaml`` (``--base-model-dir``,
-``--lora-alpha``). ``--merge`` also writes ``actor/huggingface_merged/``: the base model
-(``--base-model-dir``, else the adapter's ``base_model_name_or_path``) with the adapter merged
-in, as a full Hugging Face folder (safetensors, config, generation config, tokenizer; dtype as
-the base's config unless ``--dtype``). Both are swapped in like a full conversion's folder and
-skipped when complete unless ``--force``. On a full checkpoint ``--merge`` does nothing.
+For each step that the given path names (:func:`find_jobs`), ``actor/`` (DeepSpeed ZeRO 1/2/3 or
+FSDP, :mod:`rft.convert.readers`) becomes ``actor/huggingface/``, and a PPO critic's ``critic/``
+``critic/huggingface/``; LoRA checkpoints go to :mod:`rft.convert.adapter`. Tensors stream one
+at a time into the shards, CRC-checked; the folder is swapped in atomically
+(:mod:`rft.convert.output`), a complete one skipped unless ``--force``. One failed step never
+stops the others: a summary table ends the run, and the exit code is 1 if a step failed.
 """
 
 from __future__ import annotations
@@ -72,7 +46,7 @@ from rft.safetensors_io import (
     write_safetensors,
 )
 
-log = logging.getLogger("rft.convert")
+log = logging.getLogger(__name__)
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".ckpt", ".index.json")
 
@@ -103,7 +77,10 @@ def _step_jobs(step_dir: Path, given: Path | None = None) -> list[Job]:
 
 
 def find_jobs(path: Path, steps: set[int] | None = None) -> list[Job]:
-    """The checkpoints that ``path`` names (see the module docstring), filtered by ``steps``."""
+    """The checkpoints that ``path`` names, filtered by ``steps``: a run directory (every
+    ``global_step_N`` below it), one ``global_step_N``, a path inside one
+    (``.../global_step_N/actor``), or a bare DeepSpeed/FSDP checkpoint folder. A Megatron
+    checkpoint (``actor/dist_ckpt/``) is refused before anything is written."""
     path = path.resolve()
     problem = folder_problem(path, "", "pass a run directory, a global_step_N folder or a checkpoint folder")
     if problem:
@@ -185,8 +162,9 @@ def check_base_model(base: Path | None) -> None:
 def copy_side_files(job: Job, base: Path | None, dest: Path) -> dict:
     """Copy config, tokenizer and template files into ``dest``; return the parsed config.json.
 
-    The old ``job.out_dir`` is a source (the trainer's files live there), which is why replacing
-    it must never lose it (:mod:`rft.convert.output`).
+    They come from the checkpoint's own ``huggingface/`` folder (the trainer's files live there,
+    which is why replacing it must never lose it: :mod:`rft.convert.output`), else from
+    ``--base-model-dir``.
     """
     check_base_model(base)
     for folder in _hf_sources(job, base):

@@ -1,17 +1,9 @@
 """Reader for DeepSpeed ZeRO 0-3 checkpoints (own implementation; DeepSpeed is not imported).
 
-Files of one tag folder (``<actor>/<tag>/`` named by ``latest``, or ``actor/`` itself):
-  - ``mp_rank_00_model_states.pt`` (ZeRO-0/1/2) or ``zero_pp_rank_{r}_mp_rank_00_model_states.pt``
-    (ZeRO-3) give parameter names and shapes (``param_shapes``), ``shared_params`` (tied
-    weights), buffers, frozen parameters and ``dp_world_size``;
-  - ``[bf16_]zero_pp_rank_{r}_mp_rank_00_optim_states.pt`` hold each rank's slice of the fp32
-    master weights: ZeRO-1/2 partition each parameter group's flat vector into equal
-    contiguous slices (rank order, padded at the end), ZeRO-3 splits every parameter into
-    ``ceil(numel / world_size)``-element pieces laid end to end in each rank's flat groups.
-The files are read with :mod:`rft.convert.torchfile`, so only the fp32 bytes of the parameter being
-assembled are in memory (read straight into the output tensor); Adam moments are never read. The
-CRC of every record read is checked (the returned contents' ``verify()`` finishes the check).
-Data leaves as a :class:`rft.convert.types.CheckpointContents`.
+A tag folder (``<actor>/<tag>/`` named by ``latest``, or ``actor/`` itself) enters; a
+:class:`rft.convert.types.CheckpointContents` leaves, each parameter assembled from the ranks'
+fp32 master weights straight into the output tensor when loaded (Adam moments are never read).
+Files are read with :mod:`rft.convert.torchfile`, CRC-checked.
 """
 
 from __future__ import annotations
@@ -20,7 +12,7 @@ import logging
 import math
 import re
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -63,7 +55,7 @@ class FlatView:
         return out
 
 
-def _open(contents: CheckpointContents, path: Path) -> Any:
+def _open(contents: CheckpointContents, path: Path) -> Any:  # the unpickled tree
     archive, tree = open_torch_file(path)
     contents.stack.callback(archive.close)
     contents.checks.append(archive.verify)
@@ -89,11 +81,11 @@ def _rank_files(folder: Path, pattern: re.Pattern, what: str) -> dict[int, Path]
 
 
 
-def _numel(shape: Any) -> int:
+def _numel(shape: Sequence[int]) -> int:
     return math.prod(int(s) for s in shape)
 
 
-def _shape(shape: Any) -> tuple[int, ...]:
+def _shape(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(int(s) for s in shape)
 
 
@@ -154,6 +146,11 @@ def _buffers(model_states: dict, path: Path) -> list[SourceTensor]:
 
 
 def _read_zero12(folder: Path, optim_files: dict[int, Path], contents: CheckpointContents) -> None:
+    """ZeRO-0/1/2: ``mp_rank_00_model_states.pt`` gives names and shapes (``param_shapes``),
+    ``shared_params`` (tied weights), buffers, frozen parameters and ``dp_world_size``; each
+    ``[bf16_]zero_pp_rank_{r}_mp_rank_00_optim_states.pt`` holds rank r's slice of the fp32
+    master weights: each parameter group's flat vector split into equal contiguous slices in
+    rank order, padded at the end."""
     path = folder / "mp_rank_00_model_states.pt"
     if not path.is_file():
         raise CheckpointError(f"{folder}: missing {path.name}; not a complete DeepSpeed checkpoint")
@@ -233,12 +230,15 @@ def _check_consumed(used: int, avail: int, world_size: int, folder: Path, group:
                               f"hold {avail}; the model states and optimizer shards do not belong together")
 
 
-def _flat_loader(flat: FlatView, offset: int, shape: Any) -> Callable[[], torch.Tensor]:
+def _flat_loader(flat: FlatView, offset: int, shape: Sequence[int]) -> Callable[[], torch.Tensor]:
     return lambda: flat.read(offset, _numel(shape)).view(_shape(shape))
 
 
 def _read_zero3(folder: Path, model_files: dict[int, Path], optim_files: dict[int, Path],
                 contents: CheckpointContents) -> None:
+    """ZeRO-3: ``zero_pp_rank_{r}_mp_rank_00_model_states.pt`` per rank (names, shapes, frozen
+    fragments); every parameter split into ``ceil(numel / world_size)``-element pieces laid end
+    to end in each rank's ``fp32_flat_groups``."""
     ms0 = _open(contents, model_files[min(model_files)])
     world_size = int(ms0.get("dp_world_size") or len(model_files))
     paths = check_ranks(model_files, world_size, folder, "zero_pp_rank_{}_mp_rank_00_model_states.pt")
@@ -268,7 +268,7 @@ def _read_zero3(folder: Path, model_files: dict[int, Path], optim_files: dict[in
     contents.tensors = [tensors[n] for n in _module_order(list(tensors), list((ms0.get("module") or {}).keys()))]
 
 
-def _z3_loader(flats: list[FlatView], offset: int, shape: Any, world_size: int) -> Callable[[], torch.Tensor]:
+def _z3_loader(flats: list[FlatView], offset: int, shape: Sequence[int], world_size: int) -> Callable[[], torch.Tensor]:
     n = _numel(shape)
     part = math.ceil(n / world_size)
 

@@ -1,13 +1,10 @@
 """Open a training checkpoint folder, whatever wrote it: DeepSpeed ZeRO 0-3 or FSDP.
 
-:func:`detect_format` looks at the file names (``latest`` and ``*_model_states.pt`` for
-DeepSpeed, ``model_world_size_W_rank_R.pt`` for FSDP) and :func:`open_checkpoint` hands the
-folder to :mod:`rft.convert.ds_reader` or :mod:`rft.convert.fsdp_reader`. Both return a
-:class:`CheckpointContents` (:mod:`rft.convert.types`): full-size tensors in module order, each
-assembled from the rank shards only when loaded, and tied aliases. Nothing is hard-coded about
-architectures or parameter names; everything comes from the checkpoint's own metadata.
-Megatron checkpoints (veRL's and Trinity's ``dist_ckpt/``, Megatron-LM's ``iter_*/``) are
-recognised and refused with the command that converts them (:func:`refuse_megatron`).
+:func:`detect_format` looks at the file names and :func:`open_checkpoint` hands the folder to
+:mod:`rft.convert.ds_reader` or :mod:`rft.convert.fsdp_reader`, which return a
+:class:`CheckpointContents`. Nothing is hard-coded about architectures or parameter names.
+Megatron checkpoints are recognised and refused with the command that converts them
+(:func:`refuse_megatron`).
 """
 
 from __future__ import annotations

@@ -1,22 +1,11 @@
 """Lazy, read-only access to files written by ``torch.save`` (the zip format), without torch.load.
 
-A checkpoint shard holds far more than a converter needs (Adam moments next to the fp32 master
-weights), so :func:`open_torch_file` unpickles only the object tree: every tensor becomes a
-:class:`LazyTensor` that records where its bytes lie in the zip, and bytes are read on demand,
-range by range, with ``pread``. Memory therefore stays at what the caller asks for.
-
-Every record read is checked against the CRC-32 its zip directory stores: the bytes are folded
-into a running CRC as they arrive (no second read when records are read front to back), the
-comparison happens when a record's last byte has been seen, and :meth:`TorchArchive.verify`
-finishes records that were read only in part. A flipped bit therefore fails the conversion
-with the file and record named instead of turning into a wrong weight.
-
-Unpickling resolves only a short list of safe globals (containers, torch storage types, dtypes,
-``torch.Size``); any other class in the file (optimizer enums, client state) becomes an inert
-:class:`Opaque` record, so reading a checkpoint never runs code from it.
-
-Data enters as a path; it leaves as nested dicts/lists of plain values and LazyTensors, whose
-:meth:`LazyTensor.read` returns ordinary CPU tensors.
+:func:`open_torch_file` unpickles only the object tree: each tensor becomes a :class:`LazyTensor`
+that reads its bytes on demand with ``pread`` (a shard's Adam moments are never read), and every
+record read is checked against the CRC-32 in the zip directory (:meth:`TorchArchive.verify`
+finishes partly read ones), so a flipped bit fails naming file and record. Only a short list of
+safe globals is resolved; any other class becomes an inert :class:`Opaque`: reading a checkpoint
+never runs code from it.
 """
 
 from __future__ import annotations
@@ -32,7 +21,7 @@ import zipfile
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Callable, Sequence
 
 import torch
 
@@ -194,7 +183,7 @@ class TorchArchive:
     def __enter__(self) -> TorchArchive:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def record_offset(self, name: str) -> int:
@@ -287,15 +276,17 @@ class TorchArchive:
                 raise CheckpointError(f"{self.path}: cannot unpickle its data.pkl ({e})") from e
 
 
-def _rebuild_tensor(storage: LazyStorage, offset: int, size: Any, stride: Any, *_: Any) -> LazyTensor:
+def _rebuild_tensor(storage: LazyStorage, offset: int, size: Sequence[int], stride: Sequence[int],
+                    *_: object) -> LazyTensor:
     return LazyTensor(storage, int(offset), tuple(int(s) for s in size), tuple(int(s) for s in stride))
 
 
-def _rebuild_parameter(data: Any, *_: Any) -> Any:
+def _rebuild_parameter(data: LazyTensor, *_: object) -> LazyTensor:
     return data
 
 
-def _rebuild_from_type(func: Any, _new_type: Any, args: Any, _state: Any) -> Any:
+def _rebuild_from_type(func: Callable[..., LazyTensor], _new_type: object, args: tuple,
+                       _state: object) -> LazyTensor:
     return func(*args)
 
 
@@ -309,7 +300,7 @@ _TENSOR_BUILDERS = {
 
 
 class _LazyUnpickler(pickle.Unpickler):
-    def __init__(self, f: Any, archive: TorchArchive) -> None:
+    def __init__(self, f: IO[bytes], archive: TorchArchive) -> None:
         super().__init__(f)
         self.archive = archive
         self.storages: dict[str, LazyStorage] = {}

@@ -25,7 +25,7 @@ from rft.errors import ConfigError, RftError
 from rft.explorer import loop as X
 from rft.explorer import tasksets as T
 from rft.explorer.reward_model import RewardModel, load_reward_models
-from rft.explorer.rewards import answer_extractor
+from rft.workflow.rewards import answer_extractor
 from rft.models import check_model_dir
 from rft.monitor import Monitor
 from rft.rundir import hf_dir, step_of, weights_dir
@@ -100,7 +100,7 @@ def format_table(rows: list[tuple[str, dict[str, float]]],
     """One line per model and taskset, then how each taskset's accuracy was read.
 
     ``rows``: (label, bench metrics ``eval/<taskset>/...``); ``extractors``: taskset name ->
-    answer extractor (:func:`rft.explorer.rewards.answer_extractor`)."""
+    answer extractor (:func:`rft.workflow.rewards.answer_extractor`)."""
     lines = [f"{'checkpoint':<34} {'taskset':<20} {'accuracy':>8} {'pass@k':>8} {'reward':>8} {'length':>7}"]
     for label, metrics in rows:
         names = sorted({k.split("/")[1] for k in metrics if k.startswith("eval/")})

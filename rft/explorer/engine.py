@@ -238,6 +238,11 @@ class Engine:
         log.info("vLLM engine ready in %.1fs", self.startup_s)
 
     @property
+    def max_model_len(self) -> int:
+        """Prompt + response tokens one sequence may hold in this engine."""
+        return int(self.llm.llm_engine.model_config.max_model_len)
+
+    @property
     def weights_path(self) -> str:
         """Folder of the weights now generating: the adapter's, else the base model's."""
         return self.lora_request.lora_path if self.lora_request is not None else self.base_path
@@ -324,6 +329,26 @@ class Engine:
             self.llm.llm_engine.remove_lora(self.lora_request.lora_int_id)
             self.lora_request = None
 
+    def parse_tool_calls(self, text: str, tools: list, parser: str) -> tuple[str, list[dict]]:
+        """OpenAI-style tool calls in a reply, by vLLM's tool parser ``parser`` (e.g. hermes):
+        (the content without the calls, the calls). A reply the parser cannot read has none."""
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+        from vllm.tool_parsers import ToolParserManager
+
+        request = ChatCompletionRequest(model="rft", messages=[], tools=tools)
+        try:  # a parser reads its tokens from the tokenizer: one made per call holds no state
+            reader = ToolParserManager.get_tool_parser(parser)(self.tokenizer, request.tools)
+        except Exception as e:
+            raise ConfigError(f"explorer.rollout_model.tool_call_parser={parser!r} does not work "
+                              f"with this model's tokenizer: {e}") from e
+        info = reader.extract_tool_calls(text, request)
+        if not info.tools_called:
+            return text, []
+        calls = [{"id": c.id, "type": "function",
+                  "function": {"name": c.function.name, "arguments": c.function.arguments}}
+                 for c in info.tool_calls]
+        return info.content or "", calls
+
     # -- weights by broadcast (sync_method nccl): rft.explorer.receiver drives these
 
     def join_group(self, host: str, port: int, generation: int, first_rank: int,
@@ -399,7 +424,8 @@ def _same_path(a: Path | str, b: Path | str) -> bool:
 def _params(sampling_params_cls: Any, a: SamplingArgs, n: int) -> Any:
     return sampling_params_cls(n=n, temperature=a.temperature, top_p=a.top_p,
                                top_k=0 if a.top_k < 0 else a.top_k, max_tokens=a.max_tokens,
-                               min_tokens=a.min_tokens, logprobs=a.logprobs)
+                               min_tokens=a.min_tokens, logprobs=a.logprobs,
+                               stop=list(a.stop) or None, include_stop_str_in_output=True)
 
 
 def _sample(prompt_ids: list[int], completion: Any) -> Sample:

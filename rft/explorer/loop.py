@@ -50,6 +50,7 @@ from rft.entry import config_parser, run_command, setup_logging
 from rft.errors import EXIT_OK, ConfigError, SyncTimeoutError
 from rft.explorer import tasksets as T
 from rft.explorer.engine import Engine, Sample
+from rft.explorer.episodes import EpisodeJob, episode_jobs, run_episodes, to_record
 from rft.explorer.receiver import BroadcastReceiver
 from rft.explorer.reward_model import RewardModel, conversation, load_reward_models
 from rft.monitor import (
@@ -59,15 +60,25 @@ from rft.monitor import (
     EXPLORER_STEP_S,
     EXPLORER_WAIT_S,
     GENERATE_TIME_S,
+    GENERATE_TOKENS_PER_S,
     GENERATED_TOKENS,
+    LOOP_TOKENS_PER_S,
     RESPONSE_LENGTH_MAX,
     REWARD_MEAN,
+    TOOL_CALLS,
+    TOOL_ERRORS,
+    TOOL_TIMEOUTS,
     WEIGHTS_VERSION,
     Monitor,
 )
 from rft.placement import EXPLORER_MODES, explorer_rank
 from rft.rundir import EXPLORER_META, explorer_role, writer_name
 from rft.stages import load_stage
+from rft.workflow import tools
+from rft.workflow.conversation import ChatTemplate
+from rft.workflow.single_turn import Recipe
+from rft.workflow.task import GenerationArgs
+from rft.workflow.task import Task as WorkflowTask
 from rft.sync import (
     EVALUATING_FIELD,
     FINISHED_FIELD,
@@ -184,7 +195,7 @@ def run_explorer(cfg: Config, engine: Engine | None = None, *, env: dict[str, st
             metrics = {**stats, **step_metrics(exps), WEIGHTS_VERSION: version,
                        EXPLORER_RELOAD_S: reload_s, EXPLORER_WAIT_S: wait_s,
                        EXPLORER_STEP_S: time.monotonic() - step_start}
-            metrics["loop_tokens_per_s"] = stats[GENERATED_TOKENS] / metrics[EXPLORER_STEP_S]
+            metrics[LOOP_TOKENS_PER_S] = stats[GENERATED_TOKENS] / metrics[EXPLORER_STEP_S]
             monitor.log(step, metrics)
             result.steps.append(step)
             result.metrics.append(metrics)
@@ -288,6 +299,7 @@ class PromptJob:
     taskset: T.Taskset
     row: dict
     ids: list[int]
+    recipe: Recipe  # the row's single-turn workflow
 
 
 def build_prompts(cfg: Config, tokenizer: Any, items: list[tuple[int, T.Task]],
@@ -296,20 +308,20 @@ def build_prompts(cfg: Config, tokenizer: Any, items: list[tuple[int, T.Task]],
     left out (its task yields no experiences), counted in ``prompts_filtered`` and logged."""
     counts = {"prompts_filtered": 0}
     limit = T.prompt_token_limit(cfg)
-    thinking = cfg.model.enable_thinking if cfg.model.enable_thinking is not None \
-        else cfg.explorer.rollout_model.enable_thinking
+    thinking = enable_thinking(cfg)
     jobs = []
     for slot, task in items:
         ts = tasksets[task.taskset]
         row = ts.rows[task.index]
         fmt = ts.config.format
-        ids = T.prompt_ids(tokenizer, ts.workflow.build_messages(row, fmt),
+        recipe = ts.workflow_of(row)
+        ids = T.prompt_ids(tokenizer, recipe.build_messages(row, fmt),
                            reply_prefix=fmt.reply_prefix, enable_thinking=thinking,
                            chat_template=cfg.model.custom_chat_template)
         if limit is not None and len(ids) > limit:
             counts["prompts_filtered"] += 1
             continue
-        jobs.append(PromptJob(slot, task, ts, row, ids))
+        jobs.append(PromptJob(slot, task, ts, row, ids, recipe))
     if counts["prompts_filtered"]:
         log.warning("%d of %d prompts are longer than %d tokens and were left out "
                     "(model.enable_prompt_truncation=%s)", counts["prompts_filtered"], len(items),
@@ -324,27 +336,27 @@ def generate(engine: Engine, jobs: list[PromptJob]) -> tuple[list[list[Sample]],
     seconds = time.monotonic() - start
     tokens = sum(len(s.response_ids) for g in groups for s in g)
     return groups, {GENERATED_TOKENS: tokens, GENERATE_TIME_S: seconds,
-                    "tokens_per_s": tokens / seconds if seconds > 0 else 0.0}
+                    GENERATE_TOKENS_PER_S: tokens / seconds if seconds > 0 else 0.0}
 
 
 def score(job: PromptJob, sample: Sample) -> dict[str, float]:
     """The rule reward's parts of one sample (the workflow's reward function)."""
     fmt = job.taskset.config.format
-    truth = job.taskset.workflow.ground_truth(job.row, fmt)
-    return job.taskset.workflow.score(sample.text, truth, fmt.reply_prefix)
+    truth = job.recipe.ground_truth(job.row, fmt)
+    return job.recipe.score(sample.text, truth, fmt.reply_prefix)
 
 
 def score_all(jobs: list[PromptJob], groups: list[list[Sample]], reward_models: Sequence[RewardModel] = (),
               ) -> tuple[list[list[tuple[float, dict[str, float]]]], dict[str, float]]:
     """(reward, parts) of every sample, grouped as ``groups``: the rule's parts, and with reward
     models their scores, each model scoring all the samples in one call; combined by the
-    taskset's weights (:meth:`rft.explorer.workflows.Workflow.reward`)."""
+    taskset's weights (:meth:`rft.workflow.single_turn.Recipe.reward`)."""
     flat = [(job, sample) for job, group in zip(jobs, groups) for sample in group]
     scores: list[list[float]] = [[] for _ in flat]
     stats: dict[str, float] = {}
     if reward_models and flat:
         start = time.monotonic()
-        prompts = {id(job): job.taskset.workflow.build_messages(job.row, job.taskset.config.format)
+        prompts = {id(job): job.recipe.build_messages(job.row, job.taskset.config.format)
                    for job in jobs}
         conversations = [conversation(prompts[id(job)], sample.text) for job, sample in flat]
         for model in reward_models:
@@ -352,7 +364,7 @@ def score_all(jobs: list[PromptJob], groups: list[list[Sample]], reward_models: 
                 mine.append(value)
         stats = {"reward_model_time_s": time.monotonic() - start,
                  "reward_model_truncated": sum(m.last_truncated for m in reward_models)}
-    rewards = [job.taskset.workflow.reward(score(job, sample), mine)
+    rewards = [job.recipe.reward(score(job, sample), mine)
                for (job, sample), mine in zip(flat, scores)]
     out, first = [], 0
     for group in groups:
@@ -364,7 +376,18 @@ def score_all(jobs: list[PromptJob], groups: list[list[Sample]], reward_models: 
 def rollout(cfg: Config, engine: Engine, tasksets: list[T.Taskset], items: list[tuple[int, T.Task]],
             step: int, version: int, writer: str, reward_models: Sequence[RewardModel] = (),
             ) -> tuple[list[Experience], dict[str, float]]:
-    """Generate and score this task's share of a step: experiences (groups adjacent) + stats."""
+    """Generate and score this task's share of a step: experiences (groups adjacent) + stats.
+    Tasks of single-turn recipes go to the engine in one call; tasks of workflow classes run
+    as concurrent episodes (:func:`rollout_episodes`)."""
+    by_class = [(slot, t) for slot, t in items
+                if isinstance(tasksets[t.taskset].workflow_of(tasksets[t.taskset].rows[t.index]),
+                              T.WorkflowClass)]
+    if by_class:
+        episode_exps, episode_stats = rollout_episodes(cfg, engine, tasksets, by_class, step,
+                                                       version, writer)
+        items = [item for item in items if item not in by_class]
+    else:
+        episode_exps, episode_stats = [], {}
     jobs, counts = build_prompts(cfg, engine.tokenizer, items, tasksets)
     groups, stats = generate(engine, jobs)
     rewards, score_stats = score_all(jobs, groups, reward_models)
@@ -379,7 +402,77 @@ def rollout(cfg: Config, engine: Engine, tasksets: list[T.Taskset], items: list[
                 model_version=version, temperature=job.taskset.sampling.temperature,
                 truncated=sample.truncated, response_text=sample.text,
                 info={"step": step, "epoch": job.task.epoch, "taskset": job.taskset.name}))
-    return exps, {**counts, **stats, **score_stats, "tasks": len(items)}
+    generated = stats[GENERATED_TOKENS] + episode_stats.get(GENERATED_TOKENS, 0)
+    return exps + episode_exps, {**counts, **stats, **score_stats, **episode_stats,
+                                 GENERATED_TOKENS: generated, "tasks": len(items) + len(by_class)}
+
+
+def enable_thinking(cfg: Config) -> bool | None:
+    """The chat template's thinking switch: ``model.enable_thinking``, else the rollout model's."""
+    return cfg.model.enable_thinking if cfg.model.enable_thinking is not None \
+        else cfg.explorer.rollout_model.enable_thinking
+
+
+_TEMPLATES: dict[tuple[str, str | None], ChatTemplate] = {}
+
+
+def episode_template(cfg: Config) -> ChatTemplate:
+    """The chat template episodes render with: a tokenizer of their own (the engine's is used by
+    the engine's thread meanwhile), loaded once per model folder."""
+    key = (cfg.model.model_path, cfg.model.custom_chat_template)
+    if key not in _TEMPLATES:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(cfg.model.model_path)
+        _TEMPLATES[key] = ChatTemplate(tokenizer, cfg.model.custom_chat_template)
+    template = _TEMPLATES[key]
+    template.extra = {} if enable_thinking(cfg) is None else {"enable_thinking": enable_thinking(cfg)}
+    return template
+
+
+def rollout_episodes(cfg: Config, engine: Engine, tasksets: list[T.Taskset],
+                     items: list[tuple[int, T.Task]], step: int, version: int, writer: str,
+                     ) -> tuple[list[Experience], dict[str, float]]:
+    """Run the workflow classes of ``items`` (``explorer.runner_per_model`` episodes at once,
+    each stopped at ``explorer.max_timeout``); their experiences, one group per task."""
+    jobs: list[EpisodeJob] = []
+    where: dict[int, tuple[T.Taskset, T.Task]] = {}
+    for slot, task in items:
+        ts = tasksets[task.taskset]
+        row = dict(ts.rows[task.index])
+        choice = ts.workflow_of(row)
+        s = ts.sampling
+        workflow_task = WorkflowTask(
+            workflow=choice.cls, repeat_times=s.n, format_args=ts.config.format,
+            rollout_args=GenerationArgs(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
+                                        logprobs=s.logprobs, max_tokens=s.max_tokens),
+            workflow_args=dict(ts.config.workflow_args), reward_fn_args=dict(ts.config.reward_fn_args),
+            is_eval=writer == "eval", reward_fn=choice.reward_fn, raw_task=row, batch_id=step,
+            task_id=f"{ts.name}/{task.index}")
+        jobs += episode_jobs(slot, workflow_task, choice.cls)
+        where[slot] = (ts, task)
+    rollout = cfg.explorer.rollout_model
+    parser = rollout.tool_call_parser if rollout.enable_auto_tool_choice else None
+    before = tools.COUNTS.snapshot()
+    results, stats = run_episodes(jobs, engine, episode_template(cfg), version,
+                                  concurrency=cfg.explorer.runner_per_model,
+                                  timeout_s=cfg.explorer.max_timeout,
+                                  max_model_len=engine.max_model_len, tool_parser=parser)
+    used = tools.counts_since(before)
+    stats.update({TOOL_CALLS: used["calls"], TOOL_ERRORS: used["errors"],
+                  TOOL_TIMEOUTS: used["timeouts"],
+                  GENERATED_TOKENS: sum(sum(e.action_mask) if e.action_mask else len(e.response_ids)
+                                        for r in results for e in r.experiences)})
+    exps: list[Experience] = []
+    for result in sorted(results, key=lambda r: r.job.slot):  # groups adjacent
+        ts, task = where[result.job.slot]
+        info = {"step": step, "epoch": task.epoch, "taskset": ts.name}
+        for exp in result.experiences:
+            record = to_record(exp, result.job.task, f"{writer}:{step}:{result.job.slot}", version,
+                               ts.sampling.temperature, info)
+            if record is not None:
+                exps.append(record)
+    return exps, stats
 
 
 # ----------------------------------------------------------------------------- metrics, eval

@@ -34,16 +34,20 @@ import random
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional, Union
 
 from rft import atomic, data
 from rft.config.auxiliary import split_reward_weights
 from rft.config.rules import taskset_temperature
 from rft.config.schema import Config, TasksetConfig
 from rft.data import planned_steps
-from rft.errors import ConfigError, DataError
-from rft.explorer.workflows import Workflow, get_workflow
+from rft.errors import ConfigError, DataError, WorkflowError
 from rft.rundir import EXPLORER_META
+from rft.workflow import single_turn
+from rft.workflow.registry import workflow_class
+from rft.workflow.rewards import get_reward_fn
+from rft.workflow.single_turn import Recipe, get_workflow
+from rft.workflow.task import reward_fn_class
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +65,23 @@ class SamplingArgs:
     top_k: int = -1  # -1: disabled
     max_tokens: int = 128  # response token limit
     min_tokens: int = 0  # response token floor
+    stop: tuple[str, ...] = ()  # stop strings (kept at the end of the response)
     logprobs: int = 0  # extra top log-probs (the sampled token's is always returned)
+
+
+@dataclass(frozen=True)
+class WorkflowClass:
+    """A ``rft.workflow.Workflow`` subclass a taskset runs, with the reward its tasks carry."""
+
+    cls: type
+    reward_fn: Optional[type] = None  # Trinity's RewardFn shape (Task.reward_fn), or None
+
+    @property
+    def name(self) -> str:
+        return f"{self.cls.__module__}.{self.cls.__qualname__}"
+
+
+WorkflowChoice = Union[Recipe, WorkflowClass]  # the explorer batches recipes, runs classes
 
 
 @dataclass
@@ -72,38 +92,80 @@ class Taskset:
     name: str  # for task ids and metrics
     config: TasksetConfig
     rows: Any  # datasets.Dataset (row i: rows[i], a dict)
-    workflow: Workflow
+    workflow: WorkflowChoice  # the taskset's workflow (a row may name another: format.workflow_key)
     sampling: SamplingArgs  # n = repeat_times
+    resolve: Callable[[Optional[str], Optional[str]], WorkflowChoice]  # per-row names -> choice
+    _chosen: dict = field(default_factory=dict)  # (workflow, reward) names -> choice
 
     def __len__(self) -> int:
         return len(self.rows)
 
+    def workflow_of(self, row: dict) -> WorkflowChoice:
+        """The row's workflow: its ``format.workflow_key`` / ``reward_fn_key`` columns when set
+        and not empty, else the taskset's."""
+        fmt = self.config.format
+        name = row.get(fmt.workflow_key) if fmt.workflow_key else None
+        reward = row.get(fmt.reward_fn_key) if fmt.reward_fn_key else None
+        if not name and not reward:
+            return self.workflow
+        key = (name or "", reward or "")
+        if key not in self._chosen:
+            self._chosen[key] = self.resolve(name or None, reward or None)
+        return self._chosen[key]
 
-def taskset_workflow(cfg: Config, ts: TasksetConfig, label: str, is_eval: bool) -> Workflow:
-    """The taskset's workflow with its reward function and ``reward_fn_args`` bound (preflight
-    calls this too, so a misspelt name fails on the login node); ConfigError naming ``label``.
-    ``rule_weight``/``reward_model_weight`` are taken out of ``reward_fn_args`` first: they weigh
-    the rule against ``explorer.auxiliary_models`` (:mod:`rft.config.auxiliary`)."""
+
+def workflow_names(cfg: Config, ts: TasksetConfig, is_eval: bool) -> tuple[str, Optional[str]]:
+    """The taskset's workflow and reward function names (its own, else explorer_input's)."""
     inputs = cfg.buffer.explorer_input
     default_wf = (inputs.default_eval_workflow_type or inputs.default_workflow_type) if is_eval \
         else inputs.default_workflow_type
-    wf_name = ts.default_workflow_type or default_wf or "simple_workflow"
-    reward = ts.default_reward_fn_type or inputs.default_reward_fn_type
+    return (ts.default_workflow_type or default_wf or "simple_workflow",
+            ts.default_reward_fn_type or inputs.default_reward_fn_type)
+
+
+def resolve_workflow(cfg: Config, ts: TasksetConfig, label: str, name: str,
+                     reward: Optional[str]) -> WorkflowChoice:
+    """A single-turn recipe with its reward and ``reward_fn_args`` bound, or a workflow class
+    (imported: plugins too), checked; ConfigError naming ``label``. ``rule_weight`` /
+    ``reward_model_weight`` are taken out of ``reward_fn_args`` first: they weigh the rule
+    against ``explorer.auxiliary_models`` (:mod:`rft.config.auxiliary`)."""
     weights, rule_args = split_reward_weights(ts.reward_fn_args, len(cfg.explorer.auxiliary_models),
                                               f"{label}.reward_fn_args")
     try:
-        return get_workflow(wf_name, reward, rule_args or None, weights)
-    except ConfigError as e:
+        if name in single_turn.WORKFLOWS:
+            if ts.workflow_args:
+                raise ConfigError(f"workflow_args {sorted(ts.workflow_args)}: the single-turn "
+                                  f"workflow {name!r} takes none (reward_fn_args reach the reward)")
+            return get_workflow(name, reward, rule_args or None, weights)
+        if cfg.explorer.auxiliary_models:
+            raise ConfigError(f"workflow {name!r}: explorer.auxiliary_models score single-turn "
+                              "workflows only; a workflow class sets its own rewards")
+        cls = workflow_class(name, single_turn.WORKFLOWS)
+        reward_cls = reward_fn_class(get_reward_fn(reward, rule_args or None), reward) \
+            if reward else None
+        return WorkflowClass(cls, reward_cls)
+    except (ConfigError, WorkflowError) as e:
         raise ConfigError(f"{label}: {e}") from e
+
+
+def taskset_workflow(cfg: Config, ts: TasksetConfig, label: str, is_eval: bool) -> WorkflowChoice:
+    """The taskset's workflow (preflight calls this too, so a misspelt name, a missing plugin
+    module or a bad workflow signature fails on the login node)."""
+    return resolve_workflow(cfg, ts, label, *workflow_names(cfg, ts, is_eval))
 
 
 def open_taskset(cfg: Config, ts: TasksetConfig, label: str, is_eval: bool) -> Taskset:
     """Load one taskset and resolve its workflow, reward and sampling settings."""
     workflow = taskset_workflow(cfg, ts, label, is_eval)
-    rows = data.load_split(ts.path, ts.split, ts.subset_name, label, data.task_columns(ts.format, label))
+    columns = data.task_columns(ts.format, label) if isinstance(workflow, Recipe) else {}
+    rows = data.load_split(ts.path, ts.split, ts.subset_name, label, columns)
     name = ts.name or Path(ts.path).name
-    log.info("%s: %d tasks from %s (%s), workflow %s", label, len(rows), ts.path, ts.split, workflow.name)
-    return Taskset(label, name, ts, rows, workflow, sampling_args(cfg, ts))
+    log.info("%s: %d tasks from %s (%s), workflow %s", label, len(rows), ts.path, ts.split,
+             workflow.name)
+    resolve = lambda wf, reward: resolve_workflow(  # noqa: E731
+        cfg, ts, label, wf or workflow_names(cfg, ts, is_eval)[0],
+        reward or workflow_names(cfg, ts, is_eval)[1])
+    return Taskset(label, name, ts, rows, workflow, sampling_args(cfg, ts), resolve)
 
 
 def sampling_args(cfg: Config, ts: TasksetConfig) -> SamplingArgs:

@@ -1,17 +1,10 @@
 """The entry points of ``bin/rft-run``, ``bin/rft-launch`` and ``bin/rft-add-explorer``.
 
-- ``rft-run --config FILE [--dry-run] [key=value ...]``: with ``--dry-run`` validate the config
-  and everything it points at (:mod:`rft.launch.preflight`), print the resolved config and the
-  plan, and exit; without, check the same, then run the config on this machine
-  (:mod:`rft.launch.local`).
-- ``rft-launch --config FILE [--dry-run] [--sbatch] [--wait] [--partition P ...]``: the same
-  checks, then submit to SLURM (:mod:`rft.launch.submit`); ``--dry-run`` only renders the
-  sbatch script (use ``rft-run --dry-run`` for the checks). After submitting it prints the job
-  id, the run directory and the TensorBoard tunnel.
-- ``rft-add-explorer --config FILE --name NAME [--nodes N]``: an explorer-only job that joins
-  a running asynchronous run.
-
-Errors a user can cause print as one ``error: ...`` line (exit 2), without a traceback.
+``rft-run`` checks a config and everything it points at (:mod:`rft.launch.preflight`), then
+prints the plan (``--dry-run``) or runs it here (:mod:`rft.launch.local`); ``rft-launch`` makes
+the same checks and submits it to SLURM (:mod:`rft.launch.submit`; ``--dry-run`` prints the
+sbatch script); ``rft-add-explorer`` submits an explorer-only job joining a running asynchronous
+run. A user error prints one ``error: ...`` line and exits 2, without a traceback.
 """
 
 from __future__ import annotations
@@ -28,6 +21,7 @@ from rft.errors import EXIT_OK, ConfigError
 from rft.launch import slurm, submit
 from rft.launch.preflight import describe, preflight
 from rft.placement import local_devices
+from rft.rundir import LOG_DIR
 
 SLURM_FLAGS = ("partition", "account", "qos", "time", "constraint")
 
@@ -85,7 +79,7 @@ def _submit(args: argparse.Namespace, overrides: list[str], mode_of: Callable[[C
     preflight(cfg)  # everything a role checks at start, before anything is queued
     job_id = submit.submit(cfg, config_path, overrides, mode, use_sbatch=args.sbatch)
     print(f"submitted job {job_id} ({mode})\nrun directory: {cfg.run_dir}\n"
-          f"logs: {cfg.run_dir / 'log'}\nstatus: bin/rft-status {cfg.run_dir}\n"
+          f"logs: {cfg.run_dir / LOG_DIR}\nstatus: bin/rft-status {cfg.run_dir}\n"
           f"{submit.tunnel_hint(cfg)}", flush=True)
     return submit.wait_for(job_id, cfg, args.sbatch) if args.wait else EXIT_OK
 
@@ -113,7 +107,7 @@ def add_explorer_main(argv: list[str] | None = None) -> int:
             if args.nodes < 1:
                 raise ConfigError(f"--nodes must be at least 1, got {args.nodes}")
             base = load_config(args.config, list(args.overrides))
-            per_node = max(1, base.cluster.gpu_per_node // base.explorer.rollout_model.tensor_parallel_size)
+            per_node = slurm.explorer_tasks_per_node(base)
             extra += [f"cluster.node_num={args.nodes}",
                       f"explorer.rollout_model.engine_num={args.nodes * per_node}"]
         return _submit(args, [*args.overrides, *extra], submit.explorer_mode)

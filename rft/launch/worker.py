@@ -1,21 +1,10 @@
 """One worker process of a run: ``python -m rft.launch.worker {explorer,trainer} --config F [k=v ...]``.
 
-The same entry runs under ``srun`` (SLURM job steps), ``torchrun`` and the local launcher. It
-translates the launcher's environment into what the roles read, then hands over:
-
-- trainer: ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``, ``MASTER_ADDR``, ``MASTER_PORT`` from
-  ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_LOCALID`` and the step's first node (left alone
-  when torchrun already set them);
-- explorer: its task rank and count come from ``SLURM_PROCID``/``SLURM_NTASKS`` of its step (or
-  ``RFT_EXPLORER_RANK``/``RFT_EXPLORER_COUNT`` locally), read by :mod:`rft.explorer.loop`.
-
-Before either starts, the run directory is prepared and checked (:func:`rft.rundir.prepare`), on the
-first rank only.
-
-A config with ``stages`` runs them in order inside the same task (:func:`run_stages`): each
-stage's role as a child ``--stage I`` process, the tasks a stage does not use waiting for it
-(an SFT stage is trainer-only), finished stages skipped after a requeue. So the SLURM job of a
-staged config is the same script as any other: its roles' tasks, each running every stage.
+The same entry under ``srun``, ``torchrun`` and the local launcher: it turns the launcher's
+environment into the rank variables the roles read (:mod:`rft.placement`), prepares the run
+directory on the first rank (:func:`rft.rundir.prepare`), and hands over to the role's ``main``.
+A staged config runs its stages in order inside the same task (:func:`run_stages`), so the SLURM
+script of a staged config is the same as any other.
 """
 
 from __future__ import annotations
@@ -29,10 +18,11 @@ import sys
 import time
 
 from rft import placement, stages
+from rft.config.schema import Config
 from rft.entry import run_command, setup_logging
 from rft.errors import EXIT_FAILED, EXIT_OK, EXIT_REQUEUE, EXIT_USER_ERROR, RftError
 
-log = logging.getLogger("rft.worker")
+log = logging.getLogger(__name__)
 
 ROLES = ("explorer", "trainer")
 STOPPED = (EXIT_REQUEUE, 128 + signal.SIGUSR1, 128 + signal.SIGTERM)  # a signal, not a failure
@@ -159,7 +149,7 @@ def run_stages(role: str, args: list[str]) -> int:
     return EXIT_OK
 
 
-def _wait_for(stage, label: str, since: float, forward: Forwarder, poll_s: float = 2.0) -> int:
+def _wait_for(stage: Config, label: str, since: float, forward: Forwarder, poll_s: float = 2.0) -> int:
     """Wait until the stage is finished (EXIT_OK), failed, or a signal came."""
     log.info("%s: waiting for its %s to finish", label, stages.main_role(stage.mode))
     while not stages.is_finished(stage):
@@ -176,13 +166,12 @@ def _wait_for(stage, label: str, since: float, forward: Forwarder, poll_s: float
 def het_task(role_by_group: list[str], args: list[str]) -> int:
     """Entry of every task of one ``srun --het-group=0,1`` step (submitit's hetjob launch).
 
-    SLURM numbers the tasks of such a step globally; ``SLURM_NTASKS_HET_GROUP_<g>`` tells which
-    group, hence which role, a task belongs to and its rank inside the group. The role runs as
-    a child process (the roles leave through ``os._exit``), with SIGUSR1/SIGTERM forwarded to
-    it; when the trainer stopped for a signal after checkpointing (exit 143), rank 0 requeues.
+    The task's role (:func:`rft.placement.het_group_task`) runs as a child process, since the
+    roles leave through ``os._exit``, with SIGUSR1/SIGTERM forwarded to it; when the trainer
+    stopped for a signal after checkpointing (exit 143), rank 0 requeues the job.
     """
     env = dict(os.environ)
-    task = placement.het_task_placement(role_by_group, env)
+    task = placement.het_group_task(role_by_group, env)
     role, rank = task.role, task.rank
     if role == "trainer":
         nodes = env.get(f"SLURM_JOB_NODELIST_HET_GROUP_{task.group}", env.get("SLURM_JOB_NODELIST", ""))

@@ -82,6 +82,8 @@ def rows_from_experiences(exps: Sequence[Experience],
     has_logprobs = torch.zeros(n, dtype=torch.bool)  # [N]
     for i, (exp, length) in enumerate(zip(exps, response_lens)):
         mask[i, :length] = 1.0
+        if exp.array_len("action_mask"):  # multi-turn: tokens the model did not generate
+            mask[i, :length] = packed_tensor(exp.array_bytes("action_mask"), torch.int32).float()
         if num_logprobs := exp.array_len("logprobs"):
             logprobs[i, :num_logprobs] = packed_tensor(exp.array_bytes("logprobs"), torch.float32)
             has_logprobs[i] = True
@@ -304,11 +306,6 @@ class BatchTotals:
     tokens: int  # response tokens that count
     sequences: int  # rows with at least one such token
     response_width: int  # R of the whole batch (the seq-mean-token-sum-norm constant)
-
-
-def batch_totals(mask: torch.Tensor) -> BatchTotals:
-    """Totals of a ``[N, R]`` response mask."""
-    return BatchTotals(int(mask.sum().item()), int((mask.sum(-1) > 0).sum().item()), mask.shape[-1])
 
 
 def micro_loss_scale(mask: torch.Tensor, totals: BatchTotals, mode: str, world_size: int) -> float:

@@ -32,7 +32,7 @@ from rft.monitor import (
 from rft.rundir import WEIGHTS_GROUP
 from rft.sync import read_heartbeats
 
-log = logging.getLogger("rft.trainer")
+log = logging.getLogger(__name__)
 
 
 class Cancelled(Exception):

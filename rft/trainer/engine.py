@@ -47,7 +47,7 @@ from rft.safetensors_io import TensorSpec as FileTensor  # noqa: E402
 from rft.trainer.batching import MicroBatch  # noqa: E402
 from rft.trainer.lr_schedule import lr_multiplier, warmup_steps  # noqa: E402
 
-log = logging.getLogger("rft.trainer")
+log = logging.getLogger(__name__)
 
 PUBLISH_SHARD_BYTES = 5 << 30  # weight files of a published folder: at most this each
 VALUE_HEAD_SEED = 0  # a critic's new value head is the same in every run (and on every rank)

@@ -26,14 +26,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rft.buffer.experience import Experience
-from rft.buffer.segments import open_archive, open_buffer_reader, unsealed_writers
+from rft.buffer.segment_file import unsealed_writers
+from rft.buffer.segments import open_archive, open_buffer_reader
 from rft.config.schema import Config
 from rft.errors import DataError, NotSupportedError
 from rft.rundir import writer_name
 from rft.sync import explorers_finished
 from rft.trainer.sft import SftSource
 
-log = logging.getLogger("rft.trainer")
+log = logging.getLogger(__name__)
 POLL_S = 0.5
 WAIT_SLICE_S = 5.0  # a waiting read checks for a stop request this often
 

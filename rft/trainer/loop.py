@@ -1,21 +1,11 @@
 """The trainer: read a batch, update the policy with DeepSpeed ZeRO, publish weights, checkpoint.
 
-Run as ``python -m rft.trainer --config FILE [key=value ...]``, alone or under
-``torchrun --nproc_per_node=N`` / ``srun`` (one process per GPU; CPU + gloo without GPUs).
-
-Data in: experiences from the run directory's buffer (``mode: both`` / ``train``) or an SFT
-dataset (``storage_type: file``), or both mixed (``sample_strategy: mix``, CHORD: see
-:mod:`rft.trainer.mix`), read on rank 0 and broadcast. Data out, in the run
-directory: ``weights/v<step>/`` every ``synchronizer.sync_interval`` steps (HF folders that
-vLLM reloads; with ``sync_method: nccl`` a broadcast to the explorers instead, and folders only
-at checkpoints, at the end and when a broadcast fails: :mod:`rft.trainer.broadcaster`),
-``global_step_N/`` full checkpoints every ``trainer.save_interval`` steps and
-at the end (:mod:`rft.trainer.state`; ``critic/`` beside ``actor/`` with ``advantage_fn: ppo``),
-metrics in ``monitor/trainer/``.
-
-Exit codes: 0 done; :data:`EXIT_REQUEUE` (143) after SIGUSR1/SIGTERM: the step in flight was
-finished and a full checkpoint saved, so a requeued job resumes there
-(``continue_from_checkpoint: true``); 2 for a user error (message printed, no traceback).
+Run as ``python -m rft.trainer --config FILE`` (one process per GPU under torchrun/srun).
+Data in: a batch per step from the buffer, an SFT dataset or CHORD's mix (read on rank 0,
+broadcast). Data out: weights every ``sync_interval`` steps (folders or an NCCL broadcast),
+full checkpoints every ``save_interval`` steps and at the end, ``monitor/trainer/``. Exit
+codes: 0 done, ``EXIT_REQUEUE`` after SIGUSR1/SIGTERM (the step in flight finished and
+checkpointed, so a requeued job resumes there), 2 for a user error.
 """
 
 from __future__ import annotations
@@ -25,9 +15,10 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
-from rft.algo.registry import build_loss_fns
+from rft.trainer.algorithm import build_loss_fns
 from rft.config.batches import updates_per_step
 from rft.config.rules import uses_critic
 from rft.config.schema import Config
@@ -51,9 +42,29 @@ from rft.placement import TRAINER_MODES
 from rft.rundir import ACTOR_DIR, CRITIC_DIR, HF_DIR, step_dir
 from rft.stages import load_stage
 from rft.sync import publishes_weights
-from rft.trainer import state as ts
+from rft.trainer.state import (
+    ds_tag,
+    finish_checkpoint,
+    load_rng,
+    newest_complete,
+    read_meta,
+    save_rng,
+    staging_dir,
+)
 
-log = logging.getLogger("rft.trainer")
+if TYPE_CHECKING:
+    import torch
+
+    from rft.buffer.experience import Experience
+    from rft.sync import WeightsPublisher
+    from rft.trainer import engine
+    from rft.trainer.broadcaster import WeightBroadcaster
+    from rft.trainer.inputs import BufferSource, FileSource
+    from rft.trainer.mix import MixSource
+
+    Source = BufferSource | FileSource | MixSource  # the trainer's input (rank 0)
+
+log = logging.getLogger(__name__)
 
 
 class StopFlag:
@@ -69,14 +80,14 @@ class StopFlag:
     def requested(self) -> bool:
         return self.signum is not None
 
-    def _handle(self, signum: int, _frame: Any) -> None:
+    def _handle(self, signum: int, _frame: FrameType | None) -> None:
         self.signum = signum
         log.warning("received %s: finishing the current step, then checkpoint and exit",
                     signal.Signals(signum).name)
 
 
 @dataclass
-class Progress:
+class LoopPosition:
     """What a checkpoint records besides the engine: where the loop is."""
 
     step: int = 0  # last completed step
@@ -85,7 +96,7 @@ class Progress:
     last_saved: int = -1
 
 
-def open_source(cfg: Config, run_dir: Path, cursor: dict[str, Any] | None) -> Any:
+def open_trainer_input(cfg: Config, run_dir: Path, cursor: dict[str, Any] | None) -> Source:
     """The trainer's input (rank 0): CHORD's mix, an SFT dataset, or the rollout buffer."""
     from rft.trainer.inputs import BufferSource, FileSource
     from rft.trainer.mix import MixSource
@@ -107,10 +118,10 @@ def resume_point(cfg: Config, run_dir: Path, world_size: int) -> tuple[int | Non
     """(step, metadata) of the newest complete checkpoint, or (None, {}) for a fresh start."""
     if not cfg.continue_from_checkpoint:
         return None, {}
-    step = ts.newest_complete(run_dir)
+    step = newest_complete(run_dir)
     if step is None:
         return None, {}
-    meta = ts.read_meta(run_dir, step)
+    meta = read_meta(run_dir, step)
     if meta.get("critic", False) != uses_critic(cfg):
         raise RftError(f"checkpoint {step_dir(run_dir, step)} was written "
                        f"{'with' if meta.get('critic') else 'without'} a critic but this config "
@@ -124,37 +135,38 @@ def resume_point(cfg: Config, run_dir: Path, world_size: int) -> tuple[int | Non
     return step, meta
 
 
-def publish_weights(actor: Any, publisher: Any, broadcaster: Any, version: int, model_path: str,
+def publish_weights(actor: engine.Actor, publisher: WeightsPublisher | None,
+                    broadcaster: WeightBroadcaster | None, version: int, model_path: str,
                     rank: int, folder: bool, by_broadcast: bool) -> None:
     """Weights ``version`` to the explorers. Collective (every rank gathers). With
     ``by_broadcast`` (``sync_method: nccl``; ``broadcaster`` on rank 0): gather the state dict,
     broadcast it, and publish ``weights/v<version>/`` too when ``folder`` or when the broadcast
     did not reach every explorer. Otherwise publish the folder, each tensor written as it is
     gathered."""
-    from rft.trainer import engine as dse
+    from rft.trainer import engine
 
     if actor.lora:  # an adapter: megabytes, gathered whole, no tokenizer (the base has it)
         from rft.trainer.lora import save_adapter_folder, saved_state
 
-        state = dse.gather_adapter(actor)
+        state = engine.gather_adapter(actor)
         if rank == 0 and (not by_broadcast or not broadcaster.broadcast(version, saved_state(state))
                           or folder):
             publisher.publish(version, lambda tmp: save_adapter_folder(actor.module, state, tmp))
     elif not by_broadcast:
         if rank == 0:
-            publisher.publish(version, lambda tmp: dse.stream_hf_folder(actor, tmp),
+            publisher.publish(version, lambda tmp: engine.stream_hf_folder(actor, tmp),
                               extra_files=tokenizer_files(model_path))
         else:
-            dse.stream_hf_folder(actor, None)  # the gathers rank 0 writes from
+            engine.stream_hf_folder(actor, None)  # the gathers rank 0 writes from
     else:  # a broadcast sends the whole state dict
-        state = dse.gather_weights(actor)
+        state = engine.gather_weights(actor)
         if rank == 0 and (not broadcaster.broadcast(version, state) or folder):
-            publisher.publish(version, lambda tmp: dse.save_hf_folder(actor, state, tmp),
+            publisher.publish(version, lambda tmp: engine.save_hf_folder(actor, state, tmp),
                               extra_files=tokenizer_files(model_path))
-    dse.barrier()
+    engine.barrier()
 
 
-def writes_folder(cfg: Config, step: int, last_step: int | None) -> bool:
+def needs_weights_folder(cfg: Config, step: int, last_step: int | None) -> bool:
     """Whether a published version also goes to ``weights/`` as a folder: always with
     ``sync_method: checkpoint``; with ``nccl`` at each full checkpoint and the last step (for
     late joiners, resume and conversion), besides the fallback when a broadcast fails."""
@@ -163,55 +175,56 @@ def writes_folder(cfg: Config, step: int, last_step: int | None) -> bool:
             or bool(save and step % save == 0))
 
 
-def _save_engine(cfg: Config, engine: Any, folder: Path, step: int, rank: int, final: bool,
+def _save_engine(cfg: Config, model: engine.Actor, folder: Path, step: int, rank: int, final: bool,
                  *, rng: bool) -> None:
     """One engine's DeepSpeed shards, the RNG states (``rng``) and its HF folder (config, and
     the weights when ``trainer.save_hf_checkpoint`` says so; a LoRA policy's adapter folder,
     always) into ``folder``. Collective."""
     from rft.sync import copy_files
-    from rft.trainer import engine as dse
+    from rft.trainer import engine
 
-    dse.save_checkpoint(engine, folder, ts.ds_tag(step))
+    engine.save_checkpoint(model, folder, ds_tag(step))
     if rng:
-        ts.save_rng(folder, rank)
-    if engine.lora:  # the adapter folder, always: it is small
+        save_rng(folder, rank)
+    if model.lora:  # the adapter folder, always: it is small
         from rft.trainer.lora import save_adapter_folder
 
-        state = dse.gather_adapter(engine)
+        state = engine.gather_adapter(model)
         if rank == 0:
-            save_adapter_folder(engine.module, state, folder / HF_DIR)
+            save_adapter_folder(model.module, state, folder / HF_DIR)
         return
     mode = cfg.trainer.save_hf_checkpoint
-    state = dse.gather_weights(engine) if mode == "always" or (mode == "last" and final) else None
-    dse.barrier()
+    state = engine.gather_weights(model) if mode == "always" or (mode == "last" and final) else None
+    engine.barrier()
     if rank == 0:
-        dse.save_hf_folder(engine, state, folder / HF_DIR)
+        engine.save_hf_folder(model, state, folder / HF_DIR)
         copy_files(tokenizer_files(cfg.model.model_path), folder / HF_DIR)
 
 
-def save_full_checkpoint(cfg: Config, run_dir: Path, actor: Any, source: Any, progress: Progress,
-                         rank: int, world_size: int, final: bool, critic: Any = None) -> None:
+def save_full_checkpoint(cfg: Config, run_dir: Path, actor: engine.Actor, source: Source | None,
+                         progress: LoopPosition, rank: int, world_size: int, final: bool,
+                         critic: engine.Actor | None = None) -> None:
     """Every rank writes its shards; rank 0 finishes (meta, rename, pointer) and releases input."""
-    from rft.trainer import engine as dse
+    from rft.trainer import engine
 
-    tmp = dse.broadcast_object(ts.staging_dir(run_dir, progress.step) if rank == 0 else None)
+    tmp = engine.broadcast_object(staging_dir(run_dir, progress.step) if rank == 0 else None)
     _save_engine(cfg, actor, tmp / ACTOR_DIR, progress.step, rank, final, rng=True)
     if critic is not None:
         _save_engine(cfg, critic, tmp / CRITIC_DIR, progress.step, rank, final, rng=False)
     if rank == 0:
         meta = {"buffer_cursor": progress.cursor, "weights_version": progress.weights_version,
                 "world_size": world_size, "zero_stage": cfg.trainer.zero_stage,
-                "lr": dse.current_lr(actor), "time": time.time(),
+                "lr": engine.current_lr(actor), "time": time.time(),
                 "lr_scheduler": actor.engine.lr_scheduler.state_dict(),
                 "critic": critic is not None}
-        ts.finish_checkpoint(run_dir, tmp, progress.step, meta, cfg.trainer.max_checkpoints_to_keep)
+        finish_checkpoint(run_dir, tmp, progress.step, meta, cfg.trainer.max_checkpoints_to_keep)
         source.release(progress.cursor)
         log.info("checkpoint global_step_%d saved", progress.step)
     progress.last_saved = progress.step
-    dse.barrier()
+    engine.barrier()
 
 
-def open_broadcaster(cfg: Config, run_dir: Path, device: Any) -> Any:
+def open_broadcaster(cfg: Config, run_dir: Path, device: torch.device) -> WeightBroadcaster | None:
     """Rank 0's :class:`~rft.trainer.broadcaster.WeightBroadcaster` with ``sync_method: nccl``."""
     if cfg.synchronizer.sync_method != "nccl":
         return None
@@ -221,7 +234,7 @@ def open_broadcaster(cfg: Config, run_dir: Path, device: Any) -> Any:
                              cfg.explorer.heartbeat_timeout_s)
 
 
-def staleness_metrics(batch: list[Any], version: int) -> dict[str, float]:
+def staleness_metrics(batch: list[Experience], version: int) -> dict[str, float]:
     """Weight versions between the rollouts and the trainer (expert samples have none): mean,
     max, and a histogram, the count of rollouts per age from 0 to the max (zeros included)."""
     ages = [version - e.model_version for e in batch if e.source != "expert"]
@@ -241,29 +254,29 @@ def run(cfg: Config) -> int:
     stop.install()
     from rft.monitor import Monitor
     from rft.sync import WeightsPublisher
-    from rft.trainer import engine as dse
+    from rft.trainer import engine
     from rft.trainer.step import train_step
 
-    info = dse.init_distributed(max(1800.0, cfg.synchronizer.sync_timeout + 600.0))
+    info = engine.init_distributed(max(1800.0, cfg.synchronizer.sync_timeout + 600.0))
     rank = info.rank
     run_dir = cfg.run_dir
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
     fns = build_loss_fns(cfg.algorithm)
-    resumed, meta = dse.broadcast_object(resume_point(cfg, run_dir, info.world_size) if rank == 0 else None)
-    progress = Progress(step=resumed or 0, weights_version=meta.get("weights_version", 0),
+    resumed, meta = engine.broadcast_object(resume_point(cfg, run_dir, info.world_size) if rank == 0 else None)
+    progress = LoopPosition(step=resumed or 0, weights_version=meta.get("weights_version", 0),
                         cursor=meta.get("buffer_cursor", {}), last_saved=resumed or -1)
-    source = open_source(cfg, run_dir, progress.cursor or None) if rank == 0 else None
-    steps = dse.broadcast_object(run_steps(cfg) if rank == 0 else None)
-    actor = dse.build_actor(cfg, info, None if steps is None else steps * updates_per_step(cfg))
-    ref = dse.build_reference(cfg, info, actor) if fns.needs_ref else None
-    total_updates = None if steps is None else steps * updates_per_step(cfg)
-    critic = dse.build_critic(cfg, info, total_updates) if uses_critic(cfg) else None
+    source = open_trainer_input(cfg, run_dir, progress.cursor or None) if rank == 0 else None
+    steps = engine.broadcast_object(run_steps(cfg) if rank == 0 else None)
+    total_updates = None if steps is None else steps * updates_per_step(cfg)  # the LR schedule's length
+    actor = engine.build_actor(cfg, info, total_updates)
+    ref = engine.build_reference(cfg, info, actor) if fns.needs_ref else None
+    critic = engine.build_critic(cfg, info, total_updates) if uses_critic(cfg) else None
     if resumed is not None:
-        dse.load_checkpoint(actor, step_dir(run_dir, resumed) / ACTOR_DIR)
+        engine.load_checkpoint(actor, step_dir(run_dir, resumed) / ACTOR_DIR)
         if critic is not None:
-            dse.load_checkpoint(critic, step_dir(run_dir, resumed) / CRITIC_DIR)
-        ts.load_rng(step_dir(run_dir, resumed) / ACTOR_DIR, rank)
+            engine.load_checkpoint(critic, step_dir(run_dir, resumed) / CRITIC_DIR)
+        load_rng(step_dir(run_dir, resumed) / ACTOR_DIR, rank)
         log.info("resumed from global_step_%d (weights version %d)%s", resumed, progress.weights_version,
                  " with its critic" if critic is not None else "")
     publisher = WeightsPublisher(run_dir, cfg.synchronizer.weights_versions_to_keep,
@@ -278,7 +291,7 @@ def run(cfg: Config) -> int:
     while steps is None or progress.step < steps:
         step = progress.step + 1
         t0 = time.perf_counter()
-        batch = dse.broadcast_object(source.next_batch(step, progress.weights_version, stop.requested)
+        batch = engine.broadcast_object(source.next_batch(step, progress.weights_version, stop.requested)
                                      if rank == 0 else None)
         if batch is None:
             break
@@ -290,7 +303,7 @@ def run(cfg: Config) -> int:
         t1 = time.perf_counter()
         if publishes_weights(step, cfg.synchronizer.sync_interval, steps):
             publish_weights(actor, publisher, broadcaster, step, cfg.model.model_path, rank,
-                            folder=writes_folder(cfg, step, steps),
+                            folder=needs_weights_folder(cfg, step, steps),
                             by_broadcast=cfg.synchronizer.sync_method == "nccl")
             progress.weights_version = step
             if broadcaster is not None:
@@ -307,9 +320,9 @@ def run(cfg: Config) -> int:
         if cfg.trainer.save_interval and step % cfg.trainer.save_interval == 0:
             save_full_checkpoint(cfg, run_dir, actor, source, progress, rank, info.world_size,
                                  final=step == steps, critic=critic)
-        if dse.all_reduce_max(int(stop.requested())):
+        if engine.all_reduce_max(int(stop.requested())):
             break
-    exit_code = EXIT_REQUEUE if dse.all_reduce_max(int(stop.requested())) else EXIT_OK
+    exit_code = EXIT_REQUEUE if engine.all_reduce_max(int(stop.requested())) else EXIT_OK
     if progress.last_saved != progress.step and progress.step > 0:
         save_full_checkpoint(cfg, run_dir, actor, source, progress, rank, info.world_size, final=True,
                              critic=critic)
@@ -324,6 +337,6 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging()
     args = config_parser("python -m rft.trainer", __doc__.split("\n")[0], stage=True).parse_args(argv)
     code = run_command(lambda: run(load_stage(args.config, args.overrides, args.stage)))
-    from rft.trainer import engine as dse
+    from rft.trainer import engine
 
-    dse.teardown(code)
+    engine.teardown(code)

@@ -44,11 +44,6 @@ def wrap(model: torch.nn.Module, lora: LoRAConfig, base_path: str) -> torch.nn.M
     return wrapped
 
 
-def trainable_names(module: torch.nn.Module) -> list[str]:
-    """The adapter's parameter names in ``module`` (the only trainable ones)."""
-    return [name for name, p in module.named_parameters() if p.requires_grad]
-
-
 @contextlib.contextmanager
 def adapter_disabled(module: Any) -> Iterator[None]:
     """The base model inside the block: the reference policy of a LoRA run."""

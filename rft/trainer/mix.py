@@ -30,7 +30,7 @@ from rft.config.schema import Config
 from rft.trainer.inputs import BufferSource
 from rft.trainer.sft import SftSource
 
-log = logging.getLogger("rft.trainer")
+log = logging.getLogger(__name__)
 
 EXPERT_CURSOR_KEY = "expert"  # the expert dataset's position inside the checkpoint's buffer_cursor
 def split_cursor(cursor: dict[str, Any] | None) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:

@@ -19,10 +19,10 @@ import torch
 
 from rft.buffer.experience import Experience
 from rft.config.batches import groups_per_update, mini_batch_count
-from rft.config.rules import rollout_temperature, uses_critic
+from rft.config.rules import uses_critic
 from rft.config.schema import Config
 from rft.errors import DataError
-from rft.trainer import engine as dse
+from rft.trainer import engine
 from rft.trainer.batching import (
     BatchTotals,
     MicroBatch,
@@ -72,14 +72,13 @@ def rank_micro_batches(rows: Rows, mine: Sequence[int], lengths: Sequence[int], 
                                               max_token_len=cfg.trainer.max_token_len_per_gpu,
                                               micro_batch_size=micro_batch_size,
                                               packed=cfg.trainer.padding_free)]
-    count = dse.all_reduce_max(len(micros))
+    count = engine.all_reduce_max(len(micros))
     return micros + [[] for _ in range(count - len(micros))]
 
 
-def plan_step(exps: Sequence[Experience], cfg: Config, info: dse.DistInfo) -> Plan:
+def plan_step(exps: Sequence[Experience], cfg: Config, info: engine.DistInfo) -> Plan:
     """This rank's plan of the step (a collective: micro-batch counts are agreed on)."""
-    sft = cfg.algorithm.policy_loss_fn == "sft"
-    rows = rows_from_experiences(exps, 1.0 if sft else rollout_temperature(cfg))
+    rows = rows_from_experiences(exps)
     lengths = [len(ids) for ids in rows.input_ids]
     budget = cfg.trainer.max_token_len_per_gpu
     too_long = [n for n in lengths if n > budget]
@@ -88,7 +87,7 @@ def plan_step(exps: Sequence[Experience], cfg: Config, info: dse.DistInfo) -> Pl
                         f"{budget}; raise it to at least model.max_model_len")
     rollout_groups = len({g for g, e in zip(rows.group_ids, rows.expert.tolist()) if not e})
     count = mini_batch_count(rollout_groups, groups_per_update(cfg))
-    critic_size = cfg.trainer.trainer_config.critic.ppo_micro_batch_size_per_gpu or cfg.trainer.micro_batch_size_per_gpu
+    critic_size = cfg.trainer.trainer_config.critic.ppo_micro_batch_size_per_gpu
     minis, mine = [], []
     for subset in split_mini_batches(rows.group_ids, rows.expert, count):
         shares = split_for_ranks([rows.group_ids[i] for i in subset], [lengths[i] for i in subset],
@@ -101,7 +100,7 @@ def plan_step(exps: Sequence[Experience], cfg: Config, info: dse.DistInfo) -> Pl
             mini.critic_rows = rank_micro_batches(rows, rollout, lengths, cfg, critic_size)
         minis.append(mini)
         mine += share
-    logprob_size = cfg.trainer.log_prob_micro_batch_size_per_gpu or cfg.trainer.micro_batch_size_per_gpu
+    logprob_size = cfg.trainer.log_prob_micro_batch_size_per_gpu
     return Plan(rows, minis, rank_micro_batches(rows, sorted(mine), lengths, cfg, logprob_size), sum(lengths),
                 packed=cfg.trainer.padding_free)
 
@@ -133,6 +132,6 @@ def gather_rows(plan: Plan, local: torch.Tensor) -> torch.Tensor:
     """``[N, R]`` with every rank's rows of ``local`` (a :func:`local_pass` result) filled in."""
     mine = plan.local_rows
     out = torch.zeros_like(local)  # [N, R]
-    for rows, part in dse.all_gather_objects((mine, local[mine])):
+    for rows, part in engine.all_gather_objects((mine, local[mine])):
         out[rows] = part
     return out

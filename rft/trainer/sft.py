@@ -18,7 +18,7 @@ from rft.config.schema import ExperienceBufferConfig
 from rft.data import chat_messages, expert_columns, load_split
 from rft.errors import DataError
 
-log = logging.getLogger("rft.trainer")
+log = logging.getLogger(__name__)
 
 
 def load_rows(buf: ExperienceBufferConfig) -> list[dict[str, Any]]:

@@ -38,7 +38,7 @@ from rft.rundir import (
     step_of,
 )
 
-log = logging.getLogger("rft.trainer")
+log = logging.getLogger(__name__)
 
 META_FORMAT = 1
 

@@ -1,36 +1,11 @@
 """One training step of the policy on this rank's share of a batch (data-parallel over ranks).
 
-Data in: the step's experiences (identical on every rank), the :class:`~rft.trainer.engine.Actor`,
-an optional reference model, and the algorithm's pure functions (:class:`LossFns`). Data out:
-the model updated once per mini-batch and epoch (:mod:`rft.config.batches`: ``mode: both``
-splits a step larger than ``buffer.train_batch_size`` into mini-batches of whole groups, as
-veRL's ``ppo_mini_batch_size``) and a metrics dict over the whole batch (meaningful on rank 0).
-
-Order of work: the plan (:mod:`rft.trainer.plan`: tabulate rows -> mini-batches of whole
-groups -> per mini-batch, its groups over ranks -> micro-batches, the same count on every rank,
-padded with zero-weight ones; rollout and expert rows apart) -> reference log-probs (if a KL
-term is on) and old log-probs (rollout's, or one forward pass before the first update:
-``recompute``) over the whole step, in micro-batches of
-``trainer.log_prob_micro_batch_size_per_gpu`` -> with a critic (``advantage_fn: ppo``), its
-values of every row (:mod:`rft.trainer.critic`) -> advantages over the step's rollout rows
-(KL-in-reward first, gathered from all ranks; GAE from the values and its returns; expert rows
-get 0) -> the critic's own updates -> off-policy correction weights from the recomputed old
-and vLLM's behaviour log-probs (``algorithm.rollout_correction``, :mod:`rft.algo.correction`)
--> per epoch, per mini-batch, per micro-batch: forward, loss x its share of its source's
-mini-batch loss, backward; then one optimizer step (none during the first ``critic_warmup``
-steps: only the critic learns).
-
-On-policy skip (:func:`old_pass_skippable`): with ``recompute`` and exactly one update (one
-mini-batch, one epoch) and no KL penalty in the reward, the old log-probs are the training
-forward's own, detached, so the no-grad pass is skipped and each micro-batch takes them (and
-its correction weights, proximal = old) from its forward; metric ``old_logprobs_skipped``.
-
-Every log-prob pass scores each rollout row at the sampling temperature it records (the logits
-divided by it, see ``rft.trainer.engine.forward_logprobs``; tasksets may differ), expert rows
-at 1.
-
-CHORD (``sample_strategy: mix``): expert rows (``source: "expert"``) reach the loss as
-``expert_mask``, with the step number for ``mix_chord``'s mu schedule.
+Data in: the step's experiences (identical on every rank), the actor, an optional reference model
+and critic, and the algorithm's functions (:class:`LossFns`). Data out: the model updated once
+per mini-batch and epoch, and the step's metrics over the whole batch (meaningful on rank 0).
+Order of work (:func:`train_step`): plan -> reference and old log-probs -> critic values ->
+advantages -> critic updates -> correction weights -> per epoch, mini- and micro-batch: forward,
+loss x its share, backward; one optimizer step per mini-batch. The math stays in ``rft.algo``.
 """
 
 from __future__ import annotations
@@ -41,13 +16,22 @@ from typing import Callable, Sequence
 import torch
 
 from rft.algo.correction import CorrectionSums
-from rft.algo.registry import LossFns, token_level_rewards
+from rft.algo.advantages import token_level_rewards
+from rft.algo.losses import ENTROPY
 from rft.buffer.experience import Experience
 from rft.config.schema import Config
 from rft.errors import DataError
-from rft.monitor import BATCH_TOKENS
-from rft.trainer import critic as value
-from rft.trainer import engine as dse
+from rft.monitor import (
+    BATCH_EXPERIENCES,
+    BATCH_TOKENS,
+    CRITIC_WARMUP,
+    OLD_LOGPROBS_TIME_S,
+    POLICY_LOSS,
+    UPDATES,
+)
+from rft.trainer.algorithm import LossFns
+from rft.trainer.critic import old_values, update_critic, value_metrics
+from rft.trainer import engine
 from rft.trainer.batching import (
     MetricSums,
     MicroBatch,
@@ -59,7 +43,7 @@ from rft.trainer.plan import Plan, local_pass, micro_batch, plan_step
 
 
 def _advantages(plan: Plan, fns: LossFns, ref: torch.Tensor | None, old: torch.Tensor,
-                info: dse.DistInfo, values: torch.Tensor | None = None,
+                info: engine.DistInfo, values: torch.Tensor | None = None,
                 ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
     """Advantages ``[N, R]`` of the rollout rows (expert rows, CHORD's, get 0) and, with GAE
     (``values`` from the critic), the returns ``[N, R]`` the critic learns (else None)."""
@@ -76,7 +60,7 @@ def _advantages(plan: Plan, fns: LossFns, ref: torch.Tensor | None, old: torch.T
         local, metrics = fns.kl_penalty(token_level_rewards(rows.rewards, mask)[mine],
                                         old[mine], ref[mine], mask[mine])  # [n, R]
         rewards = torch.zeros_like(mask)  # [N, R]
-        for part_rows, part in dse.all_gather_objects((mine, local)):
+        for part_rows, part in engine.all_gather_objects((mine, local)):
             rewards[part_rows] = part
     if fns.gae is not None:
         assert values is not None
@@ -106,7 +90,7 @@ def _correction_rows(plan: Plan, fns: LossFns, rows: list[int],
 def _gather_correction(sums: CorrectionSums) -> dict[str, float]:
     """The step's correction metrics over all ranks."""
     total = CorrectionSums()
-    for part in dse.all_gather_objects(sums):
+    for part in engine.all_gather_objects(sums):
         total.merge(part)
     return total.metrics()
 
@@ -127,29 +111,34 @@ def _correction(plan: Plan, fns: LossFns, old: torch.Tensor) -> tuple[torch.Tens
 def old_pass_skippable(fns: LossFns, updates: int) -> bool:
     """Whether the no-grad old-log-prob pass can be skipped: recomputed old log-probs, one
     update (one mini-batch, one epoch) and nothing that needs them before the update (a KL
-    penalty in the reward). Then they equal the training forward's own log-probs, detached."""
+    penalty in the reward). Then they equal the training forward's own log-probs, detached,
+    and each micro-batch takes them (and its correction weights, proximal = old) from its
+    forward; metric ``old_logprobs_skipped``."""
     return fns.recompute_old and updates == 1 and fns.kl_penalty is None
 
 
-def _micro_loss(actor: dse.Actor, micro: MicroBatch, fns: LossFns, step: int,
+def _micro_loss(actor: engine.Actor, micro: MicroBatch, fns: LossFns, step: int,
                 on_policy: Callable[[MicroBatch, torch.Tensor], None] | None = None,
                 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The micro-batch's loss; ``on_policy`` (the skipped old-log-prob pass) first fills its
     old log-probs (and correction weights) from this forward's log-probs, detached."""
-    logprob, entropy = dse.forward_logprobs(actor.engine, micro, with_entropy=True,
+    logprob, entropy = engine.forward_logprobs(actor.engine, micro, with_entropy=True,
                                             entropy_grad=fns.entropy_in_loss)  # [B, R] each
     assert entropy is not None
     if on_policy is not None:
         on_policy(micro, logprob.detach())
     mask = micro.response_mask
     loss, metrics = fns.policy(logprob, micro.old_logprobs, micro.advantages, mask,
-                               step=step, expert_mask=micro.expert, is_weights=micro.is_weights)
+                               step=step, expert_mask=micro.expert,  # mix_chord's mu schedule and SFT rows
+                               is_weights=micro.is_weights)
+    if not fns.sft:  # SFT's loss is its own metric (rft.algo.losses.SFT_LOSS)
+        metrics[POLICY_LOSS] = loss.item()
     if fns.entropy_in_loss:
         ent_loss, ent_metrics = fns.entropy(entropy, mask)
         loss = loss + ent_loss
         metrics.update(ent_metrics)
     else:
-        metrics["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
+        metrics[ENTROPY] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
     if fns.kl_loss is not None:
         assert micro.ref_logprobs is not None
         kl_term, kl_metrics = fns.kl_loss(logprob, micro.ref_logprobs, mask)
@@ -175,33 +164,33 @@ def _on_policy_filler(plan: Plan, fns: LossFns, rows: list[int],
 def _reduce_metrics(sums: MetricSums) -> dict[str, float]:
     """Combine the metric sums of all ranks into the step's metrics."""
     total = MetricSums()
-    for part in dse.all_gather_objects(sums):
+    for part in engine.all_gather_objects(sums):
         total.merge(part)
     return total.result()
 
 
-def train_step(actor: dse.Actor, ref: dse.Reference | None, exps: Sequence[Experience], cfg: Config,
-               fns: LossFns, info: dse.DistInfo, step: int, pad_id: int,
-               critic: dse.Actor | None = None) -> dict[str, float]:
+def train_step(actor: engine.Actor, ref: engine.Reference | None, exps: Sequence[Experience], cfg: Config,
+               fns: LossFns, info: engine.DistInfo, step: int, pad_id: int,
+               critic: engine.Actor | None = None) -> dict[str, float]:
     """Prepare and apply one step's updates; return its metrics (timings included). With a
     ``critic`` (``advantage_fn: ppo``) its values give GAE advantages, it is updated first, and
     the policy is left alone during the first ``critic_warmup`` steps."""
     if not exps:  # e.g. every prompt of the step was overlong and left out: nothing to learn
-        return {"updates": 0, "batch_experiences": 0, BATCH_TOKENS: 0}
+        return {UPDATES: 0, BATCH_EXPERIENCES: 0, BATCH_TOKENS: 0}
     t0 = time.perf_counter()
     plan = plan_step(exps, cfg, info)
     mask = plan.rows.response_mask  # [N, R]
     ref_lp = None
     if fns.needs_ref:
         assert ref is not None
-        ref_lp = local_pass(lambda m: dse.reference_logprobs(ref, m), plan, pad_id, info.device)
+        ref_lp = local_pass(lambda m: engine.reference_logprobs(ref, m), plan, pad_id, info.device)
     updates = cfg.trainer.ppo_epochs * len(plan.minis)
     skip_old = old_pass_skippable(fns, updates)
     t_old = time.perf_counter()
     if skip_old:  # filled per micro-batch from the training forward (see _micro_loss)
         old = torch.zeros_like(mask)  # [N, R]
     elif fns.recompute_old:
-        old = local_pass(lambda m: dse.forward_logprobs(actor.engine, m, with_entropy=False)[0],
+        old = local_pass(lambda m: engine.forward_logprobs(actor.engine, m, with_entropy=False)[0],
                               plan, pad_id, info.device)
     else:
         old = plan.rows.rollout_logprobs
@@ -209,18 +198,18 @@ def train_step(actor: dse.Actor, ref: dse.Reference | None, exps: Sequence[Exper
             raise DataError("algorithm.old_logprobs is 'rollout' but some experiences carry no "
                             "logprobs; use old_logprobs: recompute")
     t_old = time.perf_counter() - t_old
-    values = None if critic is None else value.old_values(critic, plan, pad_id, info.device)  # [N, R]
+    values = None if critic is None else old_values(critic, plan, pad_id, info.device)  # [N, R]
     adv, returns, metrics = _advantages(plan, fns, ref_lp, old, info, values)
     if critic is not None:
         assert values is not None and returns is not None
         rollout_mask = mask * (~plan.rows.expert).unsqueeze(-1)  # [N, R]
-        metrics.update(value.value_metrics(values, returns, rollout_mask))
-        metrics.update(value.update_critic(critic, plan, values, returns, epochs=cfg.trainer.ppo_epochs,
+        metrics.update(value_metrics(values, returns, rollout_mask))
+        metrics.update(update_critic(critic, plan, values, returns, epochs=cfg.trainer.ppo_epochs,
                                            cliprange_value=cfg.trainer.trainer_config.critic.cliprange_value,
                                            pad_id=pad_id, info=info))
     if step <= cfg.trainer.trainer_config.trainer.critic_warmup:  # the critic learns first
-        return {**metrics, "updates": 0, "critic_warmup": 1, "batch_experiences": len(exps),
-                BATCH_TOKENS: plan.num_tokens, "time_old_logprobs_s": t_old}
+        return {**metrics, UPDATES: 0, CRITIC_WARMUP: 1, BATCH_EXPERIENCES: len(exps),
+                BATCH_TOKENS: plan.num_tokens, OLD_LOGPROBS_TIME_S: t_old}
     is_weights, correction_metrics = (None, {}) if skip_old else _correction(plan, fns, old)  # [N, R] or None
     metrics.update(correction_metrics)
     correction_sums = CorrectionSums()  # of the skipped pass's micro-batches
@@ -244,10 +233,10 @@ def train_step(actor: dse.Actor, ref: dse.Reference | None, exps: Sequence[Exper
                 scale = micro_loss_scale(micro.response_mask, mini.totals[source], fns.agg_mode, info.world_size)
                 on_policy = _on_policy_filler(plan, fns, rows, correction_sums) if skip_old else None
                 loss, micro_metrics = _micro_loss(actor, micro, fns, step, on_policy)
-                dse.backward(actor, loss * scale)
+                engine.backward(actor, loss * scale)
                 sums.add(micro_metrics, scale / info.world_size / updates, fractions[source])
             t2 = time.perf_counter()
-            grad_norms.append(dse.optimizer_step(actor))
+            grad_norms.append(engine.optimizer_step(actor))
             t_fb += t2 - t1
             t_opt += time.perf_counter() - t2
     metrics.update(_reduce_metrics(sums))
@@ -258,14 +247,14 @@ def train_step(actor: dse.Actor, ref: dse.Reference | None, exps: Sequence[Exper
     if bool(plan.rows.expert.any()) and not fns.sft:
         metrics["batch_expert_samples"] = int(plan.rows.expert.sum())
     metrics.update(
-        grad_norm=sum(grad_norms) / len(grad_norms), lr=dse.current_lr(actor), updates=updates,
+        grad_norm=sum(grad_norms) / len(grad_norms), lr=engine.current_lr(actor),
         advantages_mean=float(adv_rows.mean()) if len(adv_rows) else 0.0,
         advantages_std=float(adv_rows.std()) if len(adv_rows) > 1 else 0.0,
         response_length_mean=float(mask.sum(-1).mean()), response_length_max=float(mask.sum(-1).max()),
-        batch_experiences=len(exps),
         micro_batches=sum(len(mini.micro_rows) for mini in plan.minis),
-        time_prepare_s=t_prep, time_old_logprobs_s=t_old, old_logprobs_skipped=int(skip_old),
+        time_prepare_s=t_prep, old_logprobs_skipped=int(skip_old),
         time_forward_backward_s=t_fb, time_optimizer_s=t_opt,
     )
-    metrics[BATCH_TOKENS] = plan.num_tokens
+    metrics.update({UPDATES: updates, BATCH_EXPERIENCES: len(exps), BATCH_TOKENS: plan.num_tokens,
+                    OLD_LOGPROBS_TIME_S: t_old})
     return metrics

@@ -29,7 +29,7 @@ from typing import Any, Mapping, Sequence
 from rft.config.auxiliary import RewardWeights
 from rft.data import Messages, chat_messages, column, format_field
 from rft.errors import ConfigError, did_you_mean
-from rft.explorer.rewards import (
+from rft.workflow.rewards import (
     RewardFn,
     RewardParts,
     combine_reward,
@@ -50,8 +50,9 @@ MATH_BOXED_SYSTEM_PROMPT = (
 
 
 @dataclasses.dataclass(frozen=True)
-class Workflow:
-    """A named prompt recipe and reward; the methods are the whole workflow."""
+class Recipe:
+    """A named single-turn prompt recipe and reward; the methods are the whole workflow (the
+    explorer generates all of a step's recipe prompts in one engine call)."""
 
     name: str
     system_prompt: str | None  # used when the format config sets none
@@ -72,7 +73,7 @@ class Workflow:
 
     def reward(self, rule_parts: RewardParts,
                model_scores: Sequence[float] = ()) -> tuple[float, RewardParts]:
-        """The scalar reward and every part: :func:`~rft.explorer.rewards.combine_reward` with
+        """The scalar reward and every part: :func:`~rft.workflow.rewards.combine_reward` with
         this workflow's weights (``model_scores``: one per reward model, config order)."""
         w = self.reward_weights
         return combine_reward(rule_parts, model_scores, w.rule_weight, w.reward_model_weight)
@@ -83,19 +84,22 @@ _BUILTIN = {
     "math_boxed_workflow": (MATH_BOXED_SYSTEM_PROMPT, "math_boxed_reward"),
     "simple_workflow": (None, "accuracy_reward"),
 }
-WORKFLOWS: tuple[str, ...] = tuple(_BUILTIN)
+# Trinity's async twins: the same recipe (the explorer batches every prompt of a step anyway).
+ALIASES = {"async_simple_workflow": "simple_workflow", "async_math_workflow": "math_workflow",
+           "async_math_boxed_workflow": "math_boxed_workflow"}
+WORKFLOWS: tuple[str, ...] = (*_BUILTIN, *ALIASES)
 
 
 def get_workflow(
     name: str, reward_fn: str | None = None, reward_fn_args: Mapping[str, Any] | None = None,
     reward_weights: RewardWeights = RewardWeights(),
-) -> Workflow:
-    """The workflow ``name``; ``reward_fn`` (built-in name or ``package.module:function``)
+) -> Recipe:
+    """The single-turn workflow ``name``; ``reward_fn`` (built-in name or ``package.module:function``)
     replaces its default reward, ``reward_fn_args`` are bound to the reward function (without
     the reward weights: :func:`rft.config.auxiliary.split_reward_weights`)."""
-    if name not in _BUILTIN:
+    if name not in WORKFLOWS:
         raise ConfigError(f"workflow {name!r} is not one of {list(WORKFLOWS)}."
                           f"{did_you_mean(name, WORKFLOWS)}")
-    system_prompt, default_reward = _BUILTIN[name]
-    return Workflow(name, system_prompt, get_reward_fn(reward_fn or default_reward, reward_fn_args),
+    system_prompt, default_reward = _BUILTIN[ALIASES.get(name, name)]
+    return Recipe(name, system_prompt, get_reward_fn(reward_fn or default_reward, reward_fn_args),
                     reward_weights)

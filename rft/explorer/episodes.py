@@ -1,0 +1,309 @@
+"""Running workflow episodes concurrently against one engine.
+
+Data in: a step's tasks whose taskset names a workflow class, the engine. Each episode (one
+workflow run) runs in its own thread with its own model handle; their model calls meet in
+:class:`BatchingService`, which the calling thread serves: it sends every waiting call to the
+engine in one batch, as soon as every running episode waits or ``BATCH_WAIT_S`` passed, so a
+slow tool never idles the engine. Data out: scored buffer records, one group per task, and
+the step's episode metrics. An episode that raises or runs past ``explorer.max_timeout`` is
+counted and left out; it never stops the explorer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, Optional, Sequence
+
+from rft.buffer.experience import Experience as Record
+from rft.errors import WorkflowError
+from rft.explorer.engine import Engine
+from rft.explorer.tasksets import SamplingArgs
+from rft.monitor import (
+    EPISODE_FAILED,
+    EPISODE_PREFIX_BREAKS,
+    EPISODE_SAMPLES,
+    EPISODE_TIMEOUTS,
+    EPISODE_TURNS,
+    EPISODES,
+    GENERATE_BATCHES,
+)
+from rft.workflow.conversation import ChatTemplate, Completion
+from rft.workflow.experience import Experience
+from rft.workflow.model import EpisodeCancelled, ModelWrapper
+from rft.workflow.task import GenerationArgs, Task
+
+log = logging.getLogger(__name__)
+
+BATCH_WAIT_S = 0.05  # longest a model call waits for others to join its batch
+JOIN_GRACE_S = 5.0  # after an episode's deadline, how long its thread may take to notice
+
+
+@dataclass
+class _Request:
+    episode: int
+    prompt_ids: list[int]
+    args: SamplingArgs
+    future: Future
+    since: float = field(default_factory=time.monotonic)
+
+
+class BatchingService:
+    """Model calls of concurrent episodes, generated in batches by one engine (the thread that
+    calls :meth:`serve` is the only one that touches the engine)."""
+
+    def __init__(self, engine: Engine, version: int, max_model_len: Optional[int],
+                 tool_parser: Optional[str] = None):
+        self.engine = engine
+        self.version = version
+        self.max_model_len = max_model_len
+        self.tool_parser = tool_parser
+        self.batches = 0
+        self._pending: list[_Request] = []
+        self._running: set[int] = set()
+        self._lock = threading.Condition()
+
+    def channel(self, episode: int) -> "_Channel":
+        return _Channel(self, episode)
+
+    def submit(self, episode: int, prompt_ids: list[int], args: GenerationArgs,
+               stop: Sequence[str]) -> Future:
+        sampling = SamplingArgs(n=args.n, temperature=args.temperature, top_p=args.top_p,
+                                top_k=args.top_k, max_tokens=args.max_tokens,
+                                logprobs=args.logprobs, stop=tuple(stop))
+        request = _Request(episode, list(prompt_ids), sampling, Future())
+        with self._lock:
+            self._pending.append(request)
+            self._lock.notify_all()
+        return request.future
+
+    def started(self, episode: int) -> None:
+        with self._lock:
+            self._running.add(episode)
+
+    def ended(self, episode: int) -> None:
+        """The episode's thread is done or abandoned: its waiting calls fail, it holds no batch."""
+        with self._lock:
+            self._running.discard(episode)
+            for r in [r for r in self._pending if r.episode == episode]:
+                self._pending.remove(r)
+                r.future.set_exception(EpisodeCancelled(f"episode {episode} ended"))
+            self._lock.notify_all()
+
+    def serve_once(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for a batch to be due, then generate it."""
+        with self._lock:
+            deadline = time.monotonic() + timeout_s
+            while not self._due():
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return
+                self._lock.wait(min(left, BATCH_WAIT_S))
+            batch, self._pending = self._pending, []
+        try:
+            groups = self.engine.generate([r.prompt_ids for r in batch], [r.args for r in batch])
+        except Exception as e:  # the engine failed: fail the calls, the explorer reports it
+            for r in batch:
+                r.future.set_exception(e)
+            raise
+        self.batches += 1
+        for r, group in zip(batch, groups):
+            r.future.set_result([Completion(s.prompt_ids, s.response_ids, s.logprobs,
+                                            s.finish_reason, s.text, self.version) for s in group])
+
+    def _due(self) -> bool:
+        if not self._pending:
+            return False
+        waiting = {r.episode for r in self._pending}
+        oldest = min(r.since for r in self._pending)
+        return waiting >= self._running or time.monotonic() - oldest >= BATCH_WAIT_S
+
+    def parse_tool_calls(self, text: str, tools: list) -> tuple[str, list[dict]]:
+        if self.tool_parser is None:
+            return text, []
+        return self.engine.parse_tool_calls(text, tools, self.tool_parser)
+
+
+@dataclass
+class _Channel:
+    """One episode's end of the service (what its model handle calls)."""
+
+    service: BatchingService
+    episode: int
+
+    @property
+    def max_model_len(self) -> Optional[int]:
+        return self.service.max_model_len
+
+    def submit(self, prompt_ids: list[int], args: GenerationArgs, stop: Sequence[str]) -> Future:
+        return self.service.submit(self.episode, prompt_ids, args, stop)
+
+    def parse_tool_calls(self, text: str, tools: list) -> tuple[str, list[dict]]:
+        return self.service.parse_tool_calls(text, tools)
+
+
+@dataclass
+class EpisodeJob:
+    """One workflow run to do: which task, which run of its group."""
+
+    slot: int  # the task's slot in the step (its group)
+    task: Task
+    repeat: int  # runs this episode does itself (can_repeat workflows), else 1
+
+
+@dataclass
+class EpisodeResult:
+    job: EpisodeJob
+    experiences: list[Experience] = field(default_factory=list)
+    error: Optional[str] = None
+    timed_out: bool = False
+    turns: int = 0
+    prefix_breaks: int = 0
+    seconds: float = 0.0
+
+
+def episode_jobs(slot: int, task: Task, workflow_cls: type) -> list[EpisodeJob]:
+    """The episodes of one task: one doing every run (``can_repeat``), else one per run."""
+    if getattr(workflow_cls, "can_repeat", False):
+        return [EpisodeJob(slot, task, task.repeat_times)]
+    return [EpisodeJob(slot, _with_run(task, i), 1) for i in range(task.repeat_times)]
+
+
+def _with_run(task: Task, run_id: int) -> Task:
+    return dataclasses.replace(task, run_id=run_id)
+
+
+def _run_workflow(job: EpisodeJob, model: ModelWrapper) -> list[Experience]:
+    workflow = job.task.to_workflow(model)
+    if job.repeat > 1 or getattr(workflow, "can_repeat", False):
+        workflow.set_repeat_times(job.repeat, job.task.run_id)
+    else:
+        workflow.run_id_base = job.task.run_id
+    result = asyncio.run(workflow.run_async()) if workflow.is_async else workflow.run()
+    if not isinstance(result, list) or not all(isinstance(e, Experience) for e in result):
+        raise WorkflowError(f"{type(workflow).__name__}.run returned {type(result).__name__}: it "
+                            "must return a list of rft.workflow.Experience")
+    for exp in result:
+        exp.check(type(workflow).__name__)
+    return result
+
+
+def run_episodes(jobs: list[EpisodeJob], engine: Engine, template: ChatTemplate, version: int,
+                 *, concurrency: int, timeout_s: Optional[float], max_model_len: Optional[int],
+                 tool_parser: Optional[str] = None) -> tuple[list[EpisodeResult], dict[str, float]]:
+    """Run ``jobs``, at most ``concurrency`` at once, serving their model calls meanwhile."""
+    service = BatchingService(engine, version, max_model_len, tool_parser)
+    results = [EpisodeResult(job) for job in jobs]
+    threads: dict[int, tuple[threading.Thread, float, ModelWrapper]] = {}
+    finished: set[int] = set()
+    done_lock = threading.Lock()
+    next_job = 0
+
+    def body(i: int, model: ModelWrapper) -> None:
+        start = time.monotonic()
+        try:
+            results[i].experiences = _run_workflow(jobs[i], model)
+        except Exception as e:  # a workflow's failure ends its episode, never the explorer
+            results[i].error = f"{type(e).__name__}: {e}"
+            if not isinstance(e, EpisodeCancelled):
+                log.warning("episode of task %s failed: %s", jobs[i].task.task_id, results[i].error,
+                            exc_info=not isinstance(e, WorkflowError))
+        finally:
+            results[i].seconds = time.monotonic() - start
+            results[i].turns = model.model_calls
+            results[i].prefix_breaks = model.history.prefix_breaks
+            service.ended(i)
+            with done_lock:
+                finished.add(i)
+
+    def running() -> int:
+        with done_lock:
+            return len(threads) - len(finished)
+
+    def all_done() -> bool:
+        with done_lock:
+            return len(finished) == len(jobs)
+
+    while not all_done():
+        while next_job < len(jobs) and running() < concurrency:
+            i = next_job
+            model = ModelWrapper(service.channel(i), template, jobs[i].task.rollout_args)
+            service.started(i)
+            thread = threading.Thread(target=body, args=(i, model), daemon=True,
+                                      name=f"rft-episode-{i}")
+            threads[i] = (thread, time.monotonic(), model)
+            thread.start()
+            next_job += 1
+        service.serve_once(BATCH_WAIT_S)
+        if timeout_s is not None:
+            _enforce_deadlines(threads, finished, done_lock, results, service, timeout_s)
+    return results, {GENERATE_BATCHES: service.batches, **episode_metrics(results)}
+
+
+def _enforce_deadlines(threads: dict, finished: set[int], done_lock: threading.Lock,
+                       results: list[EpisodeResult], service: BatchingService,
+                       timeout_s: float) -> None:
+    now = time.monotonic()
+    for i, (thread, start, model) in threads.items():
+        with done_lock:
+            if i in finished or now - start < timeout_s:
+                continue
+        if model.cancelled is None:
+            model.cancelled = (f"episode of task {results[i].job.task.task_id} ran past "
+                               f"explorer.max_timeout={timeout_s:g}s")
+            results[i].timed_out = True
+            log.warning("%s: stopping it", model.cancelled)
+            service.ended(i)  # its waiting call fails now
+        elif now - start > timeout_s + JOIN_GRACE_S:  # stuck outside model calls: abandon it
+            results[i].error = results[i].error or model.cancelled
+            with done_lock:
+                finished.add(i)
+
+
+def episode_metrics(results: list[EpisodeResult]) -> dict[str, float]:
+    ok = [r for r in results if r.error is None and not r.timed_out]
+    return {EPISODES: len(results), EPISODE_FAILED: sum(r.error is not None and not r.timed_out
+                                                       for r in results),
+            EPISODE_TIMEOUTS: sum(r.timed_out for r in results),
+            EPISODE_TURNS: sum(r.turns for r in ok) / max(len(ok), 1),
+            EPISODE_SAMPLES: sum(len(r.experiences) for r in ok),
+            EPISODE_PREFIX_BREAKS: sum(r.prefix_breaks for r in results)}
+
+
+def to_record(exp: Experience, task: Task, group_id: str, version: int,
+              temperature: float, info: dict[str, Any]) -> Optional[Record]:
+    """The buffer record of a workflow's experience; None when it has no response tokens."""
+    if len(exp.tokens) <= exp.prompt_length:
+        return None
+    mask = exp.action_mask or []
+    return Record(
+        task_id=str(task.task_id), group_id=group_id, prompt_ids=exp.prompt_ids,
+        response_ids=exp.response_ids, logprobs=exp.logprobs or [],
+        action_mask=mask if 0 in mask else [],
+        reward=float(exp.reward), reward_parts=_numbers(exp.metrics),
+        model_version=version if exp.model_version is None else exp.model_version,
+        temperature=temperature, truncated=exp.truncate_status is not None,
+        eval=task.is_eval, response_text=exp.response_text,
+        info={**_json_safe(exp.info), **info, "run": exp.eid.run, "env_step": exp.eid.step})
+
+
+def _numbers(values: dict) -> dict[str, float]:
+    return {str(k): float(v) for k, v in (values or {}).items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def _json_safe(info: dict) -> dict[str, Any]:
+    out = {}
+    for k, v in (info or {}).items():
+        try:
+            json.dumps(v)
+            out[str(k)] = v
+        except (TypeError, ValueError):
+            out[str(k)] = repr(v)
+    return out

@@ -1,0 +1,100 @@
+"""The run's ``algorithm`` section resolved to functions once (:class:`LossFns`), for the trainer
+to train with and for preflight to check a config on the login node. Data in: the typed config;
+data out: functions of tensors from ``rft.algo``. ``ConfigError`` for a bad name or argument.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from rft.algo.advantages import ADVANTAGE_FNS
+from rft.algo.correction import CORRECTIONS, correction_weights
+from rft.algo.losses import ENTROPY_LOSS_FNS, KL_FNS, LOSS_AGG_MODES, POLICY_LOSS_FNS
+from rft.algo.registry import (
+    get_advantage_fn,
+    get_entropy_loss_fn,
+    get_gae_fn,
+    get_kl_loss_fn,
+    get_kl_penalty_fn,
+    get_policy_loss_fn,
+    valid_args,
+)
+from rft.config import names
+from rft.config.schema import AlgorithmConfig, RolloutCorrectionConfig
+
+# The registries implement exactly the names the config declares (GAE, which needs values, apart).
+assert set(ADVANTAGE_FNS) == set(names.ADVANTAGE_FN_NAMES) - names.NEEDS_CRITIC
+assert names.NEEDS_CRITIC == {"ppo"}
+assert set(POLICY_LOSS_FNS) == set(names.POLICY_LOSS_FN_NAMES)
+assert set(KL_FNS) == set(names.KL_FN_NAMES)
+assert set(ENTROPY_LOSS_FNS) == set(names.ENTROPY_LOSS_FN_NAMES)
+assert set(LOSS_AGG_MODES) == set(names.LOSS_AGG_MODES)
+assert set(CORRECTIONS) == set(names.ROLLOUT_CORRECTION_MODES)
+
+
+@dataclass
+class LossFns:
+    """The algorithm's choices, resolved to functions once per run."""
+
+    advantage: Callable[..., Any] | None  # group/batch estimators; None for SFT and GAE
+    policy: Callable[..., Any]
+    kl_loss: Callable[..., Any] | None
+    kl_penalty: Callable[..., Any] | None
+    entropy: Callable[..., Any]
+    entropy_in_loss: bool
+    agg_mode: str
+    recompute_old: bool
+    sft: bool
+    # (proximal, behaviour, mask) -> (weights [B, L], CorrectionSums); None: no correction
+    correction: Callable[..., Any] | None = None
+    # (token_rewards, values, mask) -> (advantages, returns, metrics): advantage_fn ppo (a critic)
+    gae: Callable[..., Any] | None = None
+
+    @property
+    def needs_ref(self) -> bool:
+        return self.kl_loss is not None or self.kl_penalty is not None
+
+
+def _with_agg(args: dict[str, Any], agg_mode: str, fn_name: str, getter: Callable[..., Any]) -> dict[str, Any]:
+    """Add the run's loss_agg_mode to the function's args when it takes one and none is given."""
+    kind = getter.__name__.removeprefix("get_")
+    if "loss_agg_mode" in valid_args(kind, fn_name) and "loss_agg_mode" not in args:
+        return {**args, "loss_agg_mode": agg_mode}
+    return args
+
+
+def build_loss_fns(algo: AlgorithmConfig) -> LossFns:
+    """The ``algorithm`` section's choices as functions; ConfigError for a bad name or argument."""
+    agg = algo.loss_agg_mode or "token-mean"
+    policy_args = _with_agg(algo.policy_loss_fn_args, agg, algo.policy_loss_fn, get_policy_loss_fn)
+    sft = algo.policy_loss_fn == "sft"
+    kl_on = algo.kl_loss_fn not in (None, "none")
+    pen_on = algo.kl_penalty_fn not in (None, "none")
+    entropy_name = algo.entropy_loss_fn or "none"
+    gae = not sft and algo.advantage_fn in names.NEEDS_CRITIC
+    return LossFns(
+        advantage=None if sft or gae else get_advantage_fn(algo.advantage_fn, algo.advantage_fn_args),
+        policy=get_policy_loss_fn(algo.policy_loss_fn, policy_args),
+        kl_loss=get_kl_loss_fn(algo.kl_loss_fn, _with_agg(algo.kl_loss_fn_args, agg, algo.kl_loss_fn, get_kl_loss_fn)) if kl_on else None,
+        kl_penalty=get_kl_penalty_fn(algo.kl_penalty_fn, algo.kl_penalty_fn_args) if pen_on else None,
+        entropy=get_entropy_loss_fn(entropy_name, _with_agg(algo.entropy_loss_fn_args, agg, entropy_name, get_entropy_loss_fn)),
+        entropy_in_loss=entropy_name != "none",
+        agg_mode=policy_args.get("loss_agg_mode", agg),
+        recompute_old=algo.old_logprobs == "recompute" and not sft,
+        sft=sft,
+        correction=get_correction_fn(algo.rollout_correction),
+        gae=get_gae_fn(algo.advantage_fn_args) if gae else None,
+    )
+
+
+def get_correction_fn(rc: RolloutCorrectionConfig) -> Callable[..., Any] | None:
+    """``fn(proximal, behaviour, mask) -> (weights [B, L], CorrectionSums)`` for
+    ``algorithm.rollout_correction``, or None for mode ``none`` (which and how the keys combine
+    with the rest of the config is checked in :mod:`rft.config.rules`)."""
+    if rc.mode == "none":
+        return None
+    threshold = names.TIS_THRESHOLD if rc.rollout_is_threshold is None else rc.rollout_is_threshold
+    return functools.partial(correction_weights, mode=rc.mode, rollout_is_threshold=threshold,
+                             behav_imp_weight_cap=rc.behav_imp_weight_cap)

@@ -1,0 +1,180 @@
+"""The model handle a workflow talks to (Trinity-RFT's ``ModelWrapper``): ``chat``/``generate``
+and their async twins, answered by the explorer's engine with the current weights.
+
+Data in: messages or prompt strings from one episode. Data out: Trinity-shaped
+:class:`~rft.workflow.experience.Experience` replies, and the episode's token-faithful samples
+(:class:`~rft.workflow.conversation.History`). Requests go to a :class:`GenerationService`
+(the explorer batches the calls of every running episode into one engine call).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from concurrent.futures import Future
+from typing import Any, Callable, Optional, Protocol, Sequence
+
+from rft.errors import WorkflowError
+from rft.workflow.conversation import ChatTemplate, Completion, History, Messages, Thread
+from rft.workflow.experience import Experience
+from rft.workflow.task import GenerationArgs
+
+CALL_KEYS = frozenset(f.name for f in dataclasses.fields(GenerationArgs)) | {"stop", "tools"}
+
+
+class EpisodeCancelled(WorkflowError):
+    """The episode ran past its time (``explorer.max_timeout``) or the explorer is stopping."""
+
+
+class GenerationService(Protocol):
+    """What the handle needs from the explorer."""
+
+    max_model_len: Optional[int]  # prompt + response tokens the engine holds
+
+    def submit(self, prompt_ids: list[int], args: GenerationArgs,
+               stop: Sequence[str]) -> "Future[list[Completion]]": ...
+
+    def parse_tool_calls(self, text: str, tools: list) -> tuple[str, list[dict]]: ...
+
+
+class ModelWrapper:
+    """One episode's view of the rollout model."""
+
+    enable_history = True  # Trinity's flag: calls are recorded (always, here)
+
+    def __init__(self, service: GenerationService, template: ChatTemplate,
+                 defaults: GenerationArgs, on_call: Optional[Callable[[], None]] = None):
+        self.service = service
+        self.template = template
+        self.defaults = defaults  # the task's rollout_args
+        self.history = History(template)
+        self.calls: list[Experience] = []  # every reply, for extract_experience_from_history
+        self.model_calls = 0
+        self.cancelled: Optional[str] = None  # why the episode was stopped
+        self._on_call = on_call  # the runner's check before each call (time limits)
+
+    # -- chat
+
+    def chat(self, messages: Messages, **kwargs: Any) -> list[Experience]:
+        """``n`` replies to ``messages`` (OpenAI-style dicts; ``tools=`` OpenAI tool schemas)."""
+        future, finish = self._submit_chat(messages, kwargs)
+        return finish(future.result())
+
+    async def chat_async(self, messages: Messages, **kwargs: Any) -> list[Experience]:
+        future, finish = self._submit_chat(messages, kwargs)
+        return finish(await asyncio.wrap_future(future))
+
+    def generate(self, prompts: Sequence[str], **kwargs: Any) -> list[Experience]:
+        """Replies to raw prompt strings (no chat template), ``n`` per prompt, in order."""
+        pending = [self._submit_text(p, kwargs) for p in prompts]
+        return [e for future, finish in pending for e in finish(future.result())]
+
+    async def generate_async(self, prompts: Sequence[str], **kwargs: Any) -> list[Experience]:
+        pending = [self._submit_text(p, kwargs) for p in prompts]
+        results = await asyncio.gather(*(asyncio.wrap_future(f) for f, _ in pending))
+        return [e for (_, finish), r in zip(pending, results) for e in finish(r)]
+
+    def get_openai_client(self) -> Any:
+        raise WorkflowError("model.get_openai_client(): rft has no OpenAI-compatible endpoint per "
+                            "explorer yet; call model.chat(messages, tools=...) instead")
+
+    get_openai_async_client = get_openai_client
+
+    # -- what the episode produced
+
+    def extract_experience_from_history(self, clear_history: bool = True) -> list[Experience]:
+        """The replies since the last call (Trinity's step-wise workflows: one step's replies)."""
+        out = list(self.calls)
+        if clear_history:
+            self.calls.clear()
+        return out
+
+    def samples(self) -> list[Thread]:
+        return self.history.samples()
+
+    # -- internals
+
+    def _args(self, kwargs: dict[str, Any]) -> tuple[GenerationArgs, list[str], Optional[list]]:
+        unknown = sorted(set(kwargs) - CALL_KEYS)
+        if unknown:
+            raise WorkflowError(f"model call with unknown argument(s) {unknown}; the model handle "
+                                f"takes {sorted(CALL_KEYS)}")
+        fields = {k: v for k, v in kwargs.items() if k not in ("stop", "tools") and v is not None}
+        stop = kwargs.get("stop") or []
+        return (dataclasses.replace(self.defaults, **fields),
+                [stop] if isinstance(stop, str) else list(stop), kwargs.get("tools") or None)
+
+    def _check(self) -> None:
+        if self._on_call is not None:
+            self._on_call()
+        if self.cancelled:
+            raise EpisodeCancelled(self.cancelled)
+        self.model_calls += 1
+
+    def _room(self, prompt_ids: list[int], args: GenerationArgs) -> Optional[GenerationArgs]:
+        """``args`` with max_tokens cut to what fits in max_model_len; None if nothing fits."""
+        limit = self.service.max_model_len
+        if limit is None:
+            return args
+        room = limit - len(prompt_ids)
+        return None if room < 1 else dataclasses.replace(args, max_tokens=min(args.max_tokens, room))
+
+    def _submit_chat(self, messages: Messages, kwargs: dict[str, Any]):
+        self._check()
+        args, stop, tools = self._args(kwargs)
+        messages = [dict(m) for m in messages]
+        continue_final = bool(messages) and messages[-1].get("role") == "assistant"
+        prompt_ids, parent = self.history.prompt_for(messages, tools, continue_final)
+        fitted = self._room(prompt_ids, args)
+        future = _overlong(args.n) if fitted is None else self.service.submit(prompt_ids, fitted, stop)
+
+        def finish(completions: list[Completion]) -> list[Experience]:
+            if fitted is None:
+                return [_prompt_truncated(prompt_ids) for _ in range(args.n)]
+            replies = []
+            for completion in completions:
+                content, calls = completion.text, []
+                if tools:
+                    content, calls = self.service.parse_tool_calls(completion.text, tools)
+                reply = {"role": "assistant", "content": completion.text}
+                self.history.record(messages, tools, prompt_ids, parent, completion, reply)
+                replies.append(_reply(completion, calls))
+            self.calls.extend(replies)
+            return replies
+        return future, finish
+
+    def _submit_text(self, prompt: str, kwargs: dict[str, Any]):
+        self._check()
+        args, stop, _ = self._args(kwargs)
+        prompt_ids = self.template.encode(prompt)
+        fitted = self._room(prompt_ids, args)
+        future = _overlong(args.n) if fitted is None else self.service.submit(prompt_ids, fitted, stop)
+
+        def finish(completions: list[Completion]) -> list[Experience]:
+            if fitted is None:
+                return [_prompt_truncated(prompt_ids) for _ in range(args.n)]
+            replies = [_reply(c, []) for c in completions]
+            self.calls.extend(replies)
+            return replies
+        return future, finish
+
+
+def _overlong(n: int) -> "Future[list[Completion]]":
+    future: Future = Future()
+    future.set_result([])
+    return future
+
+
+def _prompt_truncated(prompt_ids: list[int]) -> Experience:
+    """Trinity's reply to a prompt with no room left: no response, ``prompt_truncated``."""
+    exp = Experience(tokens=prompt_ids, prompt_length=len(prompt_ids), logprobs=[], action_mask=[],
+                     response_text="", truncate_status="prompt_truncated", finish_reason="length")
+    return exp
+
+
+def _reply(c: Completion, tool_calls: list[dict]) -> Experience:
+    return Experience(tokens=c.prompt_ids + c.response_ids, prompt_length=len(c.prompt_ids),
+                      logprobs=c.logprobs, action_mask=[1] * len(c.response_ids),
+                      response_text=c.text, model_version=c.model_version, tool_calls=tool_calls,
+                      finish_reason=c.finish_reason,
+                      truncate_status="response_truncated" if c.finish_reason == "length" else None)

@@ -1,0 +1,154 @@
+"""Finding a workflow class: by registered name, Trinity's dotted path ``pkg.module.Class``, or
+``pkg.module:Class``; user modules come from plugin directories.
+
+Data in: a name from the config, plugin directories (``--plugin-dir``, ``RFT_PLUGIN_DIRS``,
+Trinity's ``TRINITY_PLUGIN_DIRS``). Data out: the class, checked
+(:func:`~rft.workflow.base.workflow_signature_problem`), or a WorkflowError saying what to do.
+Importing a plugin directory runs its modules: the launchers pass the directories on through
+the environment, so every node imports the same ones.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Iterable, Optional
+
+from rft.errors import WorkflowError, did_you_mean
+from rft.workflow.base import workflow_signature_problem
+
+log = logging.getLogger(__name__)
+
+PLUGIN_DIRS_ENV = "RFT_PLUGIN_DIRS"  # os.pathsep-separated plugin directories
+TRINITY_PLUGIN_DIRS_ENV = "TRINITY_PLUGIN_DIRS"  # Trinity's spelling, read too
+SHIPPED_MODULES = ("rft.workflow.envs.calculator", "rft.workflow.envs.guess_number",
+                   "rft.workflow.math_eval")
+
+# Trinity-RFT workflows that drive an environment rft does not ship: what to bring instead.
+OUTSIDE_ENVIRONMENTS = {
+    "alfworld_workflow": "the ALFWorld environment (pip package alfworld and its data)",
+    "webshop_workflow": "the WebShop environment (its server and product data)",
+    "sciworld_workflow": "the ScienceWorld environment (pip package scienceworld, a JVM)",
+    "agentscope_react_workflow": "AgentScope (pip package agentscope)",
+    "agentscopev1_react_workflow": "AgentScope (pip package agentscope)",
+    "as_react_workflow": "AgentScope (pip package agentscope)",
+    "email_search_workflow": "the email-search environment (its SQLite corpus)",
+}
+
+
+class Registry:
+    """Workflow classes by name (Trinity's ``Registry``: ``register_module(name)``)."""
+
+    def __init__(self, kind: str):
+        self.kind = kind
+        self.classes: dict[str, type] = {}
+
+    def register_module(self, name: str, force: bool = False) -> Callable[[type], type]:
+        def add(cls: type) -> type:
+            known = self.classes.get(name)
+            if known is not None and known is not cls and not force:
+                raise WorkflowError(f"{self.kind} name {name!r} is taken by "
+                                    f"{known.__module__}.{known.__qualname__}; pick another name")
+            self.classes[name] = cls
+            return cls
+        return add
+
+    def get(self, name: str) -> Optional[type]:
+        return self.classes.get(name)
+
+
+WORKFLOWS = Registry("workflow")
+
+
+def register_workflow(name: str) -> Callable[[type], type]:
+    """Class decorator: the workflow answers to ``name`` in configs."""
+    return WORKFLOWS.register_module(name)
+
+
+def plugin_dirs(extra: Iterable[str] = ()) -> list[Path]:
+    """Plugin directories: ``extra`` (``--plugin-dir``), then both environment variables."""
+    found: list[Path] = []
+    for spec in [*extra, os.environ.get(PLUGIN_DIRS_ENV, ""),
+                 os.environ.get(TRINITY_PLUGIN_DIRS_ENV, "")]:
+        for part in str(spec).split(os.pathsep):
+            if part and Path(part).absolute() not in found:
+                found.append(Path(part).absolute())
+    return found
+
+
+_loaded: set[Path] = set()
+
+
+def load_plugins(extra: Iterable[str] = ()) -> list[str]:
+    """Import every ``*.py`` module (and package) of each plugin directory, once; the modules
+    imported. A missing directory or a module that fails to import is a WorkflowError."""
+    imported = []
+    for folder in plugin_dirs(extra):
+        if folder in _loaded:
+            continue
+        if not folder.is_dir():
+            raise WorkflowError(f"plugin directory {folder} does not exist (from --plugin-dir, "
+                                f"{PLUGIN_DIRS_ENV} or {TRINITY_PLUGIN_DIRS_ENV}); fix the path")
+        if str(folder) not in sys.path:
+            sys.path.insert(0, str(folder))
+        for entry in sorted(folder.iterdir()):
+            is_package = entry.is_dir() and (entry / "__init__.py").exists()
+            if not (is_package or (entry.suffix == ".py" and entry.name != "__init__.py")):
+                continue
+            name = entry.stem if not is_package else entry.name
+            try:
+                importlib.import_module(name)
+            except Exception as e:
+                raise WorkflowError(f"plugin module {entry} failed to import: "
+                                    f"{type(e).__name__}: {e}") from e
+            imported.append(name)
+        _loaded.add(folder)
+        log.info("plugins from %s: %s", folder, imported or "none")
+    return imported
+
+
+def _import_class(spec: str) -> type:
+    module_name, sep, attr = spec.partition(":")
+    if not sep:
+        module_name, _, attr = spec.rpartition(".")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise WorkflowError(f"workflow {spec!r}: cannot import module {module_name!r} ({e}); put "
+                            f"its folder in a plugin directory (--plugin-dir or {PLUGIN_DIRS_ENV}) "
+                            "or on PYTHONPATH") from e
+    cls = getattr(module, attr, None)
+    if cls is None:
+        names = [n for n in vars(module) if not n.startswith("_")]
+        raise WorkflowError(f"workflow {spec!r}: module {module_name!r} "
+                            f"({getattr(module, '__file__', '?')}) has no {attr!r}."
+                            f"{did_you_mean(attr, names)}")
+    return cls
+
+
+def workflow_class(spec: str, builtin_names: Iterable[str] = ()) -> type:
+    """The workflow class named ``spec`` (registered name, ``pkg.module.Class`` or
+    ``pkg.module:Class``), plugins loaded first and the class checked."""
+    load_plugins()
+    for module in SHIPPED_MODULES:
+        importlib.import_module(module)
+    cls = WORKFLOWS.get(spec)
+    if cls is None and spec in OUTSIDE_ENVIRONMENTS:
+        raise WorkflowError(
+            f"workflow {spec!r} is Trinity-RFT's and drives {OUTSIDE_ENVIRONMENTS[spec]}, which "
+            "rft does not ship. Bring it as a plugin: a module with a rft.workflow.Workflow "
+            f"subclass registered as @register_workflow({spec!r}) in a --plugin-dir / "
+            f"{PLUGIN_DIRS_ENV} folder, with the environment installed on the compute nodes")
+    if cls is None and ("." in spec or ":" in spec):
+        cls = _import_class(spec)
+    if cls is None:
+        known = sorted([*builtin_names, *WORKFLOWS.classes])
+        raise WorkflowError(f"workflow {spec!r} is not a known name ({known}) nor a "
+                            f"'pkg.module.Class' path.{did_you_mean(spec, known)}")
+    problem = workflow_signature_problem(cls)
+    if problem:
+        raise WorkflowError(f"workflow {spec!r}: {problem}")
+    return cls

@@ -1,0 +1,163 @@
+"""Tools a workflow offers the model: Python functions, each call run in a fresh subprocess
+with a time limit, so a tool that raises, hangs, crashes or returns garbage becomes an error
+observation for the model, never a hung or dead explorer.
+
+Data in: functions (importable: defined at a module's top level) or ``"pkg.module:function"``
+specs, and the model's OpenAI-style tool calls. Data out: OpenAI tool schemas for
+``model.chat(tools=...)``, ``{"role": "tool", ...}`` messages, and process-wide counters
+(:data:`COUNTS`) the explorer turns into metrics.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence, Union
+
+from rft.errors import WorkflowError
+
+_JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array",
+               dict: "object"}
+MAX_RESULT_CHARS = 4000  # longer tool output is cut (the model's context is finite)
+
+
+class _Counts:
+    """Tool calls, errors and timeouts of this process (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.calls = self.errors = self.timeouts = 0
+
+    def add(self, error: bool, timed_out: bool) -> None:
+        with self._lock:
+            self.calls += 1
+            self.errors += error and not timed_out
+            self.timeouts += timed_out
+
+    def snapshot(self) -> tuple[int, int, int]:
+        with self._lock:
+            return self.calls, self.errors, self.timeouts
+
+
+COUNTS = _Counts()
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    content: str  # what the model reads
+    ok: bool
+    timed_out: bool = False
+
+
+@dataclass(frozen=True)
+class Tool:
+    name: str
+    spec: str  # "pkg.module:function"
+    schema: dict  # OpenAI function schema
+
+
+def _tool(fn: Union[Callable, str]) -> Tool:
+    if isinstance(fn, str):
+        module_name, _, attr = fn.partition(":")
+        try:
+            fn = getattr(importlib.import_module(module_name), attr)
+        except (ImportError, AttributeError) as e:
+            raise WorkflowError(f"tool {fn!r}: cannot import it ({e})") from e
+    module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not module or module == "__main__" or "." in name or "<" in name:
+        raise WorkflowError(f"tool {fn!r} must be a function at the top level of an importable "
+                            "module (the call runs in a fresh process that imports it)")
+    params = {}
+    for p in inspect.signature(fn).parameters.values():
+        kind = _JSON_TYPES.get(p.annotation if isinstance(p.annotation, type) else str, "string")
+        params[p.name] = {"type": kind}
+    required = [p.name for p in inspect.signature(fn).parameters.values()
+                if p.default is inspect.Parameter.empty]
+    schema = {"type": "function", "function": {
+        "name": fn.__name__, "description": inspect.getdoc(fn) or fn.__name__,
+        "parameters": {"type": "object", "properties": params, "required": required}}}
+    return Tool(fn.__name__, f"{module}:{fn.__name__}", schema)
+
+
+class ToolBox:
+    """A workflow's tools: ``call`` runs one in a subprocess with ``call_timeout_s``; after
+    ``episode_timeout_s`` of tool time in this toolbox, every further call fails at once."""
+
+    def __init__(self, functions: Sequence[Union[Callable, str]], *, call_timeout_s: float = 10.0,
+                 episode_timeout_s: Optional[float] = None):
+        self.tools = {t.name: t for t in map(_tool, functions)}
+        self.call_timeout_s = call_timeout_s
+        self.episode_timeout_s = episode_timeout_s
+        self.spent_s = 0.0
+
+    def schemas(self) -> list[dict]:
+        return [t.schema for t in self.tools.values()]
+
+    def call(self, name: str, arguments: Union[str, dict, None]) -> ToolResult:
+        result = self._call(name, arguments)
+        COUNTS.add(error=not result.ok, timed_out=result.timed_out)
+        return result
+
+    def _call(self, name: str, arguments: Union[str, dict, None]) -> ToolResult:
+        tool = self.tools.get(name)
+        if tool is None:
+            return ToolResult(f"error: no tool named {name!r}; tools: {sorted(self.tools)}", False)
+        try:
+            args = json.loads(arguments) if isinstance(arguments, str) else dict(arguments or {})
+            if not isinstance(args, dict):
+                raise ValueError("arguments must be a JSON object")
+        except ValueError as e:
+            return ToolResult(f"error: the arguments are not a JSON object ({e})", False)
+        limit = self.call_timeout_s
+        if self.episode_timeout_s is not None:
+            limit = min(limit, self.episode_timeout_s - self.spent_s)
+            if limit <= 0:
+                return ToolResult("error: this episode's tool time is used up", False, True)
+        return self._run(tool, args, limit)
+
+    def _run(self, tool: Tool, args: dict, limit_s: float) -> ToolResult:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        start = time.monotonic()
+        try:
+            done = subprocess.run([sys.executable, "-m", "rft.workflow.tool_worker", tool.spec],
+                                  input=json.dumps(args), capture_output=True, text=True,
+                                  timeout=limit_s, env=env)
+        except subprocess.TimeoutExpired:
+            return ToolResult(f"error: {tool.name} took longer than {limit_s:g}s and was stopped",
+                              False, True)
+        finally:
+            self.spent_s += time.monotonic() - start
+        try:
+            out = json.loads(done.stdout)
+        except ValueError:
+            why = (done.stderr.strip().splitlines() or [f"exit code {done.returncode}"])[-1]
+            return ToolResult(f"error: {tool.name} crashed ({why[:200]})", False)
+        if not out.get("ok"):
+            return ToolResult(f"error: {out.get('error', 'unknown')}"[:MAX_RESULT_CHARS], False)
+        result = out["result"]
+        text = result if isinstance(result, str) else json.dumps(result)
+        return ToolResult(text[:MAX_RESULT_CHARS], True)
+
+    def run_calls(self, tool_calls: Sequence[dict]) -> list[dict]:
+        """Tool messages answering the model's OpenAI-style ``tool_calls``, in order."""
+        messages = []
+        for call in tool_calls:
+            fn = call.get("function", {})
+            result = self.call(fn.get("name", ""), fn.get("arguments"))
+            messages.append({"role": "tool", "tool_call_id": call.get("id", ""),
+                             "content": result.content})
+        return messages
+
+
+def counts_since(before: tuple[int, int, int]) -> dict[str, int]:
+    """Tool calls, errors and timeouts since ``before`` (a :data:`COUNTS` snapshot)."""
+    now = COUNTS.snapshot()
+    return {"calls": now[0] - before[0], "errors": now[1] - before[1],
+            "timeouts": now[2] - before[2]}

