@@ -13,4 +13,9 @@ elif ! command -v slurmctld >/dev/null; then
 fi
 export HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export TORCH_EXTENSIONS_DIR="${TORCH_EXTENSIONS_DIR:-$repo/.cache/torch_extensions}"
-exec "${RFT_VENV:-$repo/.venv}/bin/python" -m pytest "$@"
+python="${RFT_VENV:-$repo/.venv}/bin/python"
+# One style for the tree (pyproject.toml [tool.ruff]): `ruff format .` and
+# `ruff check --select I --fix .` fix what these two report.
+"$python" -m ruff format --check --quiet . || { echo "[rft test] run: $python -m ruff format ." >&2; exit 1; }
+"$python" -m ruff check --quiet . || { echo "[rft test] run: $python -m ruff check --fix ." >&2; exit 1; }
+exec "$python" -m pytest "$@"

@@ -22,7 +22,9 @@ One subpackage per role, lowest layer first (a module imports only its layer and
     entry               the commands' shared argparse / logging / error handling
     algo/               names, advantages, losses, logprobs (pure torch), registry
     buffer/             experience records, sealed segments, SQLite
-    explorer/           loop, tasksets, workflows, rewards, reward_model, engine (the only vllm import), bench
+    workflow/           the API workflow authors import: Workflow, Task, Experience, the model handle,
+                        token-faithful turns, tools, rewards, the built-in workflows and environments
+    explorer/           loop, tasksets, episodes, reward_model, engine (the only vllm import), bench, debug
     trainer/            loop, step, batching, inputs, state, engine (the only deepspeed import)
     convert/            rft-convert: DeepSpeed/FSDP checkpoints -> safetensors
     launch/, status     rft-run, rft-launch, rft-add-explorer (preflight, local, slurm, worker); rft-status

@@ -16,6 +16,9 @@ from typing import Callable
 from rft.errors import EXIT_OK, EXIT_USER_ERROR, RftError
 from rft.placement import process_rank
 
+PLUGIN_DIRS_ENV = "RFT_PLUGIN_DIRS"  # os.pathsep-separated folders of workflow plugin modules
+TRINITY_PLUGIN_DIRS_ENV = "TRINITY_PLUGIN_DIRS"  # Trinity's spelling, read too
+
 
 def config_parser(prog: str, description: str, epilog: str | None = None,
                   stage: bool = False) -> argparse.ArgumentParser:
@@ -27,9 +30,23 @@ def config_parser(prog: str, description: str, epilog: str | None = None,
                          "buffer.explorer_input.taskset.split=test")
     parser.add_argument("--config", required=True, help="YAML config (Trinity-RFT keys)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    parser.add_argument("--plugin-dir", action="append", default=[], type=_plugin_dir,
+                        metavar="DIR", help="a folder of workflow modules to import (repeatable; "
+                                            f"also {PLUGIN_DIRS_ENV} / {TRINITY_PLUGIN_DIRS_ENV})")
     if stage:
         parser.add_argument("--stage", type=int, default=None, help="run this stage of the config")
     return parser
+
+
+def _plugin_dir(path: str) -> str:
+    """``--plugin-dir``: prepended to :data:`PLUGIN_DIRS_ENV`, so every process this command
+    starts (roles, SLURM tasks) imports the same plugins."""
+    folder = os.path.abspath(path)
+    if not os.path.isdir(folder):
+        raise argparse.ArgumentTypeError(f"plugin directory {folder} does not exist")
+    os.environ[PLUGIN_DIRS_ENV] = os.pathsep.join(
+        p for p in (folder, os.environ.get(PLUGIN_DIRS_ENV, "")) if p)
+    return folder
 
 
 def setup_logging(timestamps: bool = True) -> None:

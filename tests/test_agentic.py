@@ -19,6 +19,8 @@ from rft.trainer.batching import rows_from_experiences
 from rft.workflow import registry
 from rft.workflow.conversation import ChatTemplate, Completion, History
 from rft.workflow.tools import ToolBox
+from tests.test_explorer import read_segments
+from tests.test_local_run import rft_run
 
 PLUGINS = Path(__file__).resolve().parent / "fixtures" / "plugins"
 sys.path.insert(0, str(PLUGINS))  # the scripted workflows' tools import from here
@@ -227,7 +229,6 @@ def plugins(monkeypatch):
 
 def explore(engine, cfg):
     from rft.explorer.loop import run_explorer
-    from tests.test_explorer import read_segments
 
     result = run_explorer(cfg, engine)
     [records] = read_segments(cfg.run_dir)[f"{cfg.explorer.name}-0"].values()
@@ -299,3 +300,161 @@ def test_a_workflow_from_trinitys_guide_and_the_shipped_environments_run(engine,
     metrics, records = explore(engine, agent_cfg(tmp_path / "n", vllm_model_dir, guess, "guess_number_workflow",
                                                  workflow_args={"max_env_steps": 2}))
     assert len(records) == 2 and metrics["episodes/model_calls_mean"] >= 1
+
+
+def test_step_wise_grpo_broadcasts_each_runs_last_reward():
+    from rft.algo.advantages import step_wise_grpo_advantages
+
+    # Task g: run 0 has steps 0 and 1 (last reward 1), run 1 one step (reward 0); task h: one run.
+    rewards = torch.tensor([0.0, 1.0, 0.0, 5.0])
+    mask = torch.ones(4, 3)
+    runs = [(0, 0), (0, 1), (1, 0), (0, 0)]
+    adv, metrics = step_wise_grpo_advantages(rewards, ["g", "g", "g", "h"], mask, runs=runs)
+    # run scores 1 and 0: mean 0.5, unbiased std sqrt(0.5); a group of one run gets 0.
+    expected = 0.5 / (0.5 ** 0.5 + 1e-6)
+    assert adv[:, 0].tolist() == pytest.approx([expected, expected, -expected, 0.0])
+    assert metrics["runs"] == 3
+    adv, _ = step_wise_grpo_advantages(rewards, ["g", "g", "g", "h"], mask, runs=runs, enable_step_norm=True)
+    assert adv[:, 0].tolist() == pytest.approx([expected / 2, expected / 2, -expected, 0.0])
+
+
+def test_multi_step_grpo_preset_and_rows_carry_runs(tmp_path):
+    from rft.config.load import config_from_dict
+    from rft.trainer.algorithm import build_loss_fns
+
+    cfg = config_from_dict({"mode": "train", "algorithm": {"algorithm_type": "multi_step_grpo", "repeat_times": 2},
+                            "model": {"model_path": "m"}, "cluster": {"gpu_per_node": 0}})
+    assert cfg.algorithm.advantage_fn == "step_wise_grpo" and build_loss_fns(cfg.algorithm).advantage_by_run
+    rec = Record("t", "g", [1], [2], logprobs=[0.0], info={"run": 3, "env_step": 1})
+    assert rows_from_experiences([rec]).runs == [(3, 1)]
+
+
+def test_plugin_dir_flag_reaches_the_environment(monkeypatch):
+    from rft.entry import PLUGIN_DIRS_ENV, config_parser
+
+    monkeypatch.setenv(PLUGIN_DIRS_ENV, "")  # recorded, so the flag's setting is undone after
+    config_parser("x", "y").parse_args(["--config", "c.yaml", "--plugin-dir", str(PLUGINS)])
+    assert registry.plugin_dirs() == [PLUGINS]
+    with pytest.raises(SystemExit):
+        config_parser("x", "y").parse_args(["--config", "c.yaml", "--plugin-dir", "/no/such/dir"])
+
+
+def test_dry_run_of_a_class_workflow_needs_no_prompt_columns(tmp_path, tiny_model_dir, monkeypatch, capsys):
+    from rft.launch.cli import run_main
+
+    rows_file(tmp_path / "guess" / "train.jsonl", [{"target": 2, "low": 1, "high": 4}])
+    config = tmp_path / "c.yaml"
+    config.write_text(json.dumps({
+        "mode": "explore", "checkpoint_root_dir": str(tmp_path / "ck"),
+        "model": {"model_path": str(tiny_model_dir), "max_model_len": 256}, "cluster": {"gpu_per_node": 0},
+        "buffer": {"explorer_input": {"taskset": {"path": str(tmp_path / "guess"),
+                                                  "default_workflow_type": "guess_number_workflow"}}}}))
+    assert run_main(["--config", str(config), "--dry-run"]) == 0
+    config.write_text(config.read_text().replace("guess_number_workflow", "scripted.Nope"))
+    monkeypatch.setenv(registry.PLUGIN_DIRS_ENV, str(PLUGINS))
+    assert run_main(["--config", str(config), "--dry-run"]) == 2
+    assert "has no 'Nope'" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+def test_step_wise_runs_and_the_debugger(engine, vllm_model_dir, tmp_path, plugins, capsys):
+    from rft.explorer.debug import debug
+
+    data = rows_file(tmp_path / "d" / "train.jsonl", [{"question": "q", "answer": "x"}])
+    cfg = agent_cfg(tmp_path / "s", vllm_model_dir, data, "scripted_steps")
+    metrics, records = explore(engine, cfg)
+    assert sorted((r.info["run"], r.info["env_step"], r.reward) for r in records) == \
+        [(0, 0, 0.0), (0, 1, 1.0), (1, 0, 1.0), (1, 1, 2.0)]
+    cfg = agent_cfg(tmp_path / "c", vllm_model_dir, data, "scripted_turns", workflow_args={"turns": 2})
+    exps = debug(cfg, 1, False, tmp_path / "out.jsonl", engine)
+    printed = capsys.readouterr().out
+    assert "[model turn 2," in printed and "masked]" in printed and "reward 1.000" in printed
+    assert len((tmp_path / "out.jsonl").read_text().splitlines()) == len(exps) == 2
+
+
+@pytest.mark.integration
+def test_rft_run_trains_a_plugin_workflow_end_to_end(vllm_model_dir, tmp_path):
+    """rft-run with --plugin-dir: the explorer role imports the plugin (through the environment),
+    the trainer trains on the multi-turn, masked records, both in mode both."""
+    from rft.monitor import read_metrics
+
+    done = rft_run("--config", "configs/agent_calculator_cpu.yaml", "--plugin-dir", str(PLUGINS),
+                   f"model.model_path={vllm_model_dir}", f"checkpoint_root_dir={tmp_path}",
+                   "buffer.total_steps=2", "buffer.batch_size=2", "algorithm.repeat_times=2",
+                   "buffer.explorer_input.default_workflow_type=scripted_turns",
+                   "buffer.explorer_input.taskset.workflow_args.turns=2",
+                   "explorer.eval_on_startup=false", "explorer.eval_interval=0",
+                   "model.max_response_tokens=6", "trainer.precision=fp32")
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_dir = tmp_path / "agent" / "smollm2-135m-calculator"
+    explored = read_metrics(run_dir, "explorer_explorer")
+    assert [m["episodes/model_calls_mean"] for m in explored] == [2, 2]
+    assert [m["step"] for m in read_metrics(run_dir, "trainer")] == [1, 2]
+
+
+class _OneReply:
+    """The explorer's side of the model handle, answering every call with one fixed reply."""
+
+    max_model_len = 64
+
+    def __init__(self, text: str):
+        self.text, self.tool_texts = text, []
+
+    def submit(self, prompt_ids, args, stop):
+        from concurrent.futures import Future
+
+        future = Future()
+        future.set_result([Completion(list(prompt_ids), [5, 6], [-1.0, -2.0], "stop", self.text)] * args.n)
+        return future
+
+    def parse_reasoning(self, text):
+        return text.split("|")[0], text.split("|")[1]
+
+    def parse_tool_calls(self, text, tools):
+        self.tool_texts.append(text)
+        return "", [{"id": "c1", "type": "function", "function": {"name": "echo", "arguments": '{"text": "x"}'}}]
+
+
+def test_model_handle_replies_limits_and_parsed_calls(template):
+    from rft.workflow.model import EpisodeCancelled, ModelWrapper
+    from rft.workflow.task import GenerationArgs
+
+    service = _OneReply("thinking|[echo(text='x')]")
+    model = ModelWrapper(service, template, GenerationArgs(max_tokens=8))
+    [reply] = model.chat([{"role": "user", "content": "hi"}], tools=ToolBox([scripted.echo]).schemas())
+    assert reply.reasoning_content == "thinking" and service.tool_texts == ["[echo(text='x')]"]
+    assert reply.tool_calls[0]["function"]["name"] == "echo" and reply.response_text == "thinking|[echo(text='x')]"
+    assert reply.response_ids == [5, 6] and reply.logprobs == [-1.0, -2.0] and reply.action_mask == [1, 1]
+    assert len(model.generate(["a", "b"], n=2)) == 4 and len(model.extract_experience_from_history()) == 5
+    with pytest.raises(WorkflowError, match="unknown argument"):
+        model.chat([{"role": "user", "content": "hi"}], best_of=3)
+    long = [{"role": "user", "content": "word " * 80}]  # over max_model_len: no room for a reply
+    [cut] = model.chat(long)
+    assert cut.truncate_status == "prompt_truncated" and cut.response_ids == []
+    model.cancelled = "ran past explorer.max_timeout"
+    with pytest.raises(EpisodeCancelled, match="max_timeout"):
+        model.chat(long)
+
+
+@pytest.mark.integration
+def test_vllm_tool_and_reasoning_parsers_read_replies(engine):
+    tools = ToolBox([scripted.echo]).schemas()
+    content, calls = engine.parse_tool_calls('[echo(text="hi")]', tools, "pythonic")
+    assert calls[0]["function"]["name"] == "echo" and json.loads(calls[0]["function"]["arguments"]) == {"text": "hi"}
+    assert engine.parse_tool_calls("no call here", tools, "pythonic") == ("no call here", [])
+    assert engine.parse_reasoning("<think>hmm</think>ans", "qwen3") == ("hmm", "ans")
+    engine.check_parsers("pythonic", "qwen3")
+    with pytest.raises(ConfigError, match="reasoning_parser='deepseek_r1'"):
+        engine.check_parsers(None, "deepseek_r1")
+
+
+def test_sbatch_script_exports_the_plugin_dirs(monkeypatch):
+    from rft.config.load import load_config
+    from rft.launch import slurm
+
+    cfg = load_config(Path(__file__).resolve().parent.parent / "configs" / "async" / "trainer.yaml")
+    monkeypatch.delenv(registry.PLUGIN_DIRS_ENV, raising=False)
+    assert registry.PLUGIN_DIRS_ENV not in slurm.render(cfg, Path("/c.yaml"), [], python="py", workdir=Path("/w"))
+    monkeypatch.setenv(registry.PLUGIN_DIRS_ENV, "/site/my plugins")
+    text = slurm.render(cfg, Path("/c.yaml"), [], python="py", workdir=Path("/w"))
+    assert "export RFT_PLUGIN_DIRS='/site/my plugins'" in text.splitlines()

@@ -19,7 +19,7 @@ from rft.errors import ConfigError, DataError, SyncTimeoutError
 from rft.explorer import tasksets as T
 from rft.explorer.loop import (
     eval_taskset_metrics,
-    placement,
+    explorer_task,
     required_version,
     resume_cursor,
     step_metrics,
@@ -136,7 +136,7 @@ def test_cursor_saved_per_rank_and_replayed_past_sealed_segments(tmp_path):
     meta = json.loads((tmp_path / EXPLORER_META).read_text())
     assert set(meta) == {"explorer", "other"} and meta["explorer"]["ranks"]["1"]["count"] == 3
     T.save_cursor(tmp_path, "explorer", 1, 2, cursor)
-    place = placement(cfg, {"RFT_EXPLORER_RANK": "1", "RFT_EXPLORER_COUNT": "2"})
+    place = explorer_task(cfg, {"RFT_EXPLORER_RANK": "1", "RFT_EXPLORER_COUNT": "2"})
     # Segments up to seq 3 are sealed but the saved cursor says step 1: replay steps 2 and 3.
     resumed = resume_cursor(tmp_path, place, stream, next_seq=4)
     assert resumed == T.Cursor(3, [9], 0)
@@ -148,15 +148,15 @@ def test_cursor_saved_per_rank_and_replayed_past_sealed_segments(tmp_path):
 def test_placement_from_env(tmp_path):
     cfg = make_cfg(tmp_path, tmp_path, [taskset_dict(tmp_path, "x")],
                    explorer={"rollout_model": {"engine_num": 2}})
-    assert placement(cfg, {"SLURM_PROCID": "1", "SLURM_NTASKS": "2"}).writer == "explorer-1"
-    assert placement(cfg, {"RFT_EXPLORER_RANK": "0", "RFT_EXPLORER_COUNT": "2",
+    assert explorer_task(cfg, {"SLURM_PROCID": "1", "SLURM_NTASKS": "2"}).writer == "explorer-1"
+    assert explorer_task(cfg, {"RFT_EXPLORER_RANK": "0", "RFT_EXPLORER_COUNT": "2",
                            "SLURM_PROCID": "5", "SLURM_NTASKS": "9"}).role == "explorer_explorer"
     with pytest.raises(ConfigError, match="outside"):
-        placement(cfg, {"RFT_EXPLORER_RANK": "2", "RFT_EXPLORER_COUNT": "2"})
+        explorer_task(cfg, {"RFT_EXPLORER_RANK": "2", "RFT_EXPLORER_COUNT": "2"})
     both = make_cfg(tmp_path, tmp_path, [taskset_dict(tmp_path, "x")], mode="both",
                     explorer={"rollout_model": {"engine_num": 2}})
     with pytest.raises(ConfigError, match="engine_num"):
-        placement(both, {})
+        explorer_task(both, {})
 
 
 def test_required_version():

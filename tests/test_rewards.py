@@ -289,3 +289,30 @@ def test_unknown_workflow():
 def test_final_number_reward_reads_the_last_number(reply, accuracy, fmt):
     assert R.final_number_reward(reply, "19") == {"accuracy": accuracy, "format_score": fmt}
     assert R.get_reward_fn("final_number_reward") is R.final_number_reward
+
+
+def test_countdown_reward_checks_numbers_and_target():
+    truth = '{"target": 16, "numbers": [2, 3, 5]}'
+    assert R.countdown_reward("<answer>(3 + 5) * 2</answer>", truth) == {"score": 1.0}
+    assert R.countdown_reward("<answer>3 + 5 + 2</answer>", truth) == {"score": 0.1}  # misses
+    assert R.countdown_reward("<answer>(3 + 5) * 2 * 2</answer>", truth) == {"score": 0.1}  # 2 twice
+    assert R.countdown_reward("<answer>9**9**9</answer>", '{"target": 1, "numbers": [9, 9, 9]}') == {"score": 0.1}
+    assert R.countdown_reward("16", truth) == {"score": 0.0}
+    assert R.countdown_reward("<answer>16</answer>", "{'target': 16, 'numbers': [16]}") == {"score": 1.0}
+
+
+def test_math_dapo_reward_and_its_overlong_penalty():
+    assert R.math_dapo_reward("so\nAnswer: 42", "42") == {"accuracy": 1.0, "wrong_answer": 0.0, "format_score": 0.0}
+    assert R.math_dapo_reward("Answer: 41", "42")["wrong_answer"] == -1.0
+    fn = R.get_reward_fn("math_dapo_reward", {"enable_overlong_penalty": True, "penalty_factor": 1.0,
+                                              "max_response_length": 100, "cache_length": 20})
+    assert fn("Answer: 42", "42", response_length=80)["format_score"] == 0.0
+    assert fn("Answer: 42", "42", response_length=90)["format_score"] == pytest.approx(-0.5)
+    assert fn("Answer: 42", "42", response_length=150)["format_score"] == -1.0
+    with pytest.raises(ConfigError, match="needs penalty_factor"):
+        R.get_reward_fn("math_dapo_reward", {"enable_overlong_penalty": True})
+    with pytest.raises(ConfigError, match="Did you mean 'cache_length'"):
+        R.get_reward_fn("math_dapo_reward", {"cache_lenght": 2})
+    recipe = get_workflow("simple_workflow", "math_dapo_reward", {"enable_overlong_penalty": True,
+                          "penalty_factor": 1.0, "max_response_length": 10, "cache_length": 5})
+    assert recipe.score("Answer: 3", "3", response_length=20)["format_score"] == -1.0

@@ -200,7 +200,46 @@ def _group_logavgexp(
     return tau * (group_max + torch.log(sum_exp / count))  # [G]
 
 
+def step_wise_grpo_advantages(
+    rewards: torch.Tensor,
+    group_ids: GroupIds,
+    mask: torch.Tensor,
+    *,
+    runs: Sequence[tuple[int, int]],
+    epsilon: float = 1e-6,
+    enable_step_norm: bool = False,
+) -> AdvantageOut:
+    """Multi-step GRPO (Trinity's ``step_wise_grpo``): each run of a task (``runs[i]`` = (run,
+    env step) of row i) scores the reward of its last step; runs of one group are compared as
+    GRPO, (score - mean_g) / (std_g + epsilon); every step of a run gets its run's advantage,
+    divided by the run's step count with ``enable_step_norm``. A group of one run gets 0."""
+    scores = _scores(rewards, mask)  # [B]
+    keys = group_ids.tolist() if isinstance(group_ids, torch.Tensor) else list(group_ids)
+    run_of = [(g, run) for g, (run, _) in zip(keys, runs)]
+    last: dict[tuple, tuple[int, float]] = {}  # run -> (its last env step, that step's score)
+    steps: dict[tuple, int] = {}
+    for key, (_, step), score in zip(run_of, runs, scores.tolist()):
+        steps[key] = steps.get(key, 0) + 1
+        if key not in last or step >= last[key][0]:
+            last[key] = (step, score)
+    run_keys = list(last)
+    run_scores = torch.tensor([last[k][1] for k in run_keys], dtype=torch.float32)  # [R]
+    index, n_groups = group_index([k[0] for k in run_keys])
+    count, mean, std = _group_stats(run_scores, index, n_groups)  # [G] each
+    run_adv = (run_scores - mean[index]) / (std[index] + epsilon)  # [R]
+    run_adv = torch.where(count[index] > 1, run_adv, torch.zeros_like(run_adv))
+    if enable_step_norm:
+        run_adv = run_adv / torch.tensor([float(steps[k]) for k in run_keys])
+    by_run = dict(zip(run_keys, run_adv.tolist()))
+    adv = torch.tensor([by_run[k] for k in run_of], dtype=torch.float32, device=scores.device)  # [B]
+    metrics = _batch_metrics(scores, adv)
+    metrics["runs"] = float(len(run_keys))
+    metrics["steps_per_run_mean"] = len(run_of) / max(len(run_keys), 1)
+    return _broadcast(adv, mask), metrics
+
+
 ADVANTAGE_FNS: dict[str, Callable[..., AdvantageOut]] = {
+    "step_wise_grpo": step_wise_grpo_advantages,
     "grpo": grpo_advantages,
     "rloo": rloo_advantages,
     "reinforce": reinforce_advantages,

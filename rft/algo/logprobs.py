@@ -1,23 +1,10 @@
 """Token log-probs and entropies without a float32 copy of the logits (pure torch).
 
-The trainer needs, for each response token, ``log softmax(z)[label]`` and optionally the
-entropy of ``softmax(z)``, where ``z = logits / temperature`` in float32 (as vLLM's sampler and
-veRL's actor compute them). Written naively, autograd keeps a float32 ``[tokens, vocab]`` copy
-for the backward (8192 x 151,936 x 4 B = 5 GB for a Qwen2.5 batch). Here two autograd
-functions work on chunks of ``max_chunk_elems`` logits and recompute each chunk's softmax in
-the backward, so only one chunk is ever in float32:
-
-- :func:`logprobs_from_logits`: ``logits [N, V]`` (any float dtype, kept as given for the
-  backward) -> log-probs ``[N]`` and entropies ``[N]``;
-- :func:`logprobs_from_hidden`: the final hidden states ``[N, H]`` and the LM head's weight
-  ``[V, H]`` -> the same, computing ``hidden @ weight.T`` per chunk in the forward and again in
-  the backward: the logits exist one chunk at a time, never whole (in any dtype). The head's
-  gradient is accumulated over chunks in float32.
-
-Gradients, with ``p = softmax(z)`` and ``E = sum(p * z)``: ``d logp[y] / dz = onehot(y) - p``;
-``dH / dz = -p * (z - E)``; ``dz / dlogits = 1 / temperature``.
-
-:func:`token_logprobs` and :func:`token_entropy` are the ``[B, L, V]`` forms of the first.
+Data in: logits ``[N, V]`` (:func:`logprobs_from_logits`), or final hidden states and the LM
+head's weight (:func:`logprobs_from_hidden`), with labels and a temperature. Data out:
+``log softmax(logits / temperature)[label]`` and entropies, float32, differentiable.
+Must never hold a float32 ``[tokens, vocab]`` tensor: it works on chunks of ``max_chunk_elems``
+logits. :func:`token_logprobs` and :func:`token_entropy` are the ``[B, L, V]`` forms.
 """
 
 from __future__ import annotations
@@ -72,6 +59,15 @@ def _chunk_grad(z: torch.Tensor, labels: torch.Tensor, inv_t: torch.Tensor,
 
 
 class _FromLogits(torch.autograd.Function):
+    """Chunked log-probs of logits, recomputing each chunk's softmax in the backward so only one
+    chunk is ever in float32. Written naively, autograd keeps a float32 ``[tokens, vocab]`` copy
+    for the backward (8192 x 151,936 x 4 B = 5 GB for a Qwen2.5 batch). ``z = logits /
+    temperature`` in float32, as vLLM's sampler and veRL's actor compute it.
+
+    Gradients, with ``p = softmax(z)`` and ``E = sum(p * z)``: ``d logp[y] / dz = onehot(y) - p``;
+    ``dH / dz = -p * (z - E)``; ``dz / dlogits = 1 / temperature``.
+    """
+
     @staticmethod
     def forward(ctx, logits, labels, inv_t, step: int, with_entropy: bool):
         n = logits.shape[0]
@@ -101,6 +97,10 @@ class _FromLogits(torch.autograd.Function):
 
 
 class _FromHidden(torch.autograd.Function):
+    """As :class:`_FromLogits` of ``hidden @ weight.T``, computing that product per chunk in the
+    forward and again in the backward: the logits exist one chunk at a time, never whole (in
+    any dtype). The head's gradient is accumulated over chunks in float32."""
+
     @staticmethod
     def forward(ctx, hidden, weight, labels, inv_t, step: int, with_entropy: bool):
         n = hidden.shape[0]
@@ -145,8 +145,9 @@ def logprobs_from_logits(
     logits: torch.Tensor, labels: torch.Tensor, *, temperature: torch.Tensor | float = 1.0,
     with_entropy: bool = False, max_chunk_elems: int = MAX_CHUNK_ELEMS,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``logits [N, V]``, ``labels [N]`` (valid ids), ``temperature`` one number or ``[N]`` ->
-    log-probs ``[N]`` and (``with_entropy``) entropies ``[N]``, float32, differentiable."""
+    """``logits [N, V]`` (any float dtype, kept as given for the backward), ``labels [N]``
+    (valid ids), ``temperature`` one number or ``[N]`` -> log-probs ``[N]`` and
+    (``with_entropy``) entropies ``[N]``, float32, differentiable."""
     inv_t = _inverse_temperature(temperature, logits.shape[0], logits.device)
     step = _rows_per_chunk(logits.shape[-1], max_chunk_elems)
     return _FromLogits.apply(logits, labels, inv_t, step, with_entropy)

@@ -24,7 +24,7 @@ from rft.algo.losses import (
 from rft.errors import ConfigError, did_you_mean
 
 # Supplied by the trainer on each call, never by the config.
-_CONTEXT_PARAMS = frozenset({"step", "expert_mask", "is_weights"})
+_CONTEXT_PARAMS = frozenset({"step", "expert_mask", "is_weights", "runs"})
 
 
 def _is_number(v: Any) -> bool:

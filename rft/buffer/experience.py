@@ -24,6 +24,8 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 from rft.errors import DataError
 
 SOURCES = ("rollout", "expert")
+RUN_KEY = "run"  # info key: which of its task's runs a workflow experience came from
+ENV_STEP_KEY = "env_step"  # info key: which step of that run (step-wise workflows)
 _PACKED_CODES = {"i32": "i", "f32": "f"}
 # Packed arrays encode about 5x faster than JSON numbers, and float32 is exact for vLLM's logprobs.
 _ARRAY_FIELDS = {"prompt_ids": "i32", "response_ids": "i32", "logprobs": "f32", "action_mask": "i32"}

@@ -34,6 +34,9 @@ PRESETS: dict[str, dict[str, str]] = {
     "sft": dict(policy_loss_fn="sft", kl_loss_fn="none", kl_penalty_fn="none"),
     "mix_chord": dict(advantage_fn="grpo", policy_loss_fn="mix_chord", kl_loss_fn="none",
                       kl_penalty_fn="none", sample_strategy="mix"),
+    # Trinity's: one experience per step of a workflow's run, the run's last reward broadcast.
+    "multi_step_grpo": dict(advantage_fn="step_wise_grpo", policy_loss_fn="ppo", kl_loss_fn="k2",
+                            kl_penalty_fn="none", entropy_loss_fn="default"),
 }
 _COMMON = dict(entropy_loss_fn="none", sample_strategy="default", loss_agg_mode="token-mean")
 # Every algorithm key a preset may fill (a stage changing algorithm_type drops the base's).
@@ -103,7 +106,8 @@ def _apply_preset(cfg: Config) -> None:
     if algo.policy_loss_fn == "mix_chord" and algo.sample_strategy != "mix":
         raise ConfigError("algorithm.policy_loss_fn 'mix_chord' needs expert data: set "
                           "algorithm.sample_strategy=mix (and buffer.trainer_input.auxiliary_buffers)")
-    if algo.algorithm_type in ("grpo", "rloo", "opmd", "gspo") and algo.repeat_times < 2:
+    if algo.algorithm_type in ("grpo", "rloo", "opmd", "gspo", "multi_step_grpo") \
+            and algo.repeat_times < 2:
         log.warning("algorithm.repeat_times=1 with %s: every group has one sample, so all "
                     "advantages are 0 and nothing is learned", algo.algorithm_type)
 

@@ -212,7 +212,7 @@ class RolloutModelConfig:
     enable_thinking: Optional[bool] = None  # chat-template switch for thinking models
     enable_auto_tool_choice: bool = False  # parse tool calls in chat replies (needs tool_call_parser)
     tool_call_parser: Optional[str] = None  # vLLM tool parser for chat replies, e.g. hermes
-    reasoning_parser: Optional[str] = None  # no effect yet: replies keep their reasoning text
+    reasoning_parser: Optional[str] = None  # vLLM reasoning parser: chat replies get reasoning_content
     enable_history: bool = False  # no effect: workflow model calls are always recorded
 
 

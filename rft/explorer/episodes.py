@@ -1,12 +1,9 @@
 """Running workflow episodes concurrently against one engine.
 
-Data in: a step's tasks whose taskset names a workflow class, the engine. Each episode (one
-workflow run) runs in its own thread with its own model handle; their model calls meet in
-:class:`BatchingService`, which the calling thread serves: it sends every waiting call to the
-engine in one batch, as soon as every running episode waits or ``BATCH_WAIT_S`` passed, so a
-slow tool never idles the engine. Data out: scored buffer records, one group per task, and
-the step's episode metrics. An episode that raises or runs past ``explorer.max_timeout`` is
-counted and left out; it never stops the explorer.
+Data in: a step's tasks whose taskset names a workflow class, and the engine. Each episode (one
+workflow run) runs in its own thread with its own model handle; only the calling thread touches
+the engine (:class:`BatchingService`). Data out: scored buffer records, one group per task, and
+the step's episode metrics. A failed episode must never stop the explorer (:func:`run_episodes`).
 """
 
 from __future__ import annotations
@@ -21,6 +18,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Optional, Sequence
 
+from rft.buffer.experience import ENV_STEP_KEY, RUN_KEY
 from rft.buffer.experience import Experience as Record
 from rft.errors import WorkflowError
 from rft.explorer.engine import Engine
@@ -56,14 +54,17 @@ class _Request:
 
 class BatchingService:
     """Model calls of concurrent episodes, generated in batches by one engine (the thread that
-    calls :meth:`serve` is the only one that touches the engine)."""
+    calls :meth:`serve_once` is the only one that touches the engine). Every waiting call goes
+    to the engine in one batch as soon as every running episode waits or ``BATCH_WAIT_S``
+    passed, so a slow tool never idles the engine."""
 
     def __init__(self, engine: Engine, version: int, max_model_len: Optional[int],
-                 tool_parser: Optional[str] = None):
+                 tool_parser: Optional[str] = None, reasoning_parser: Optional[str] = None):
         self.engine = engine
         self.version = version
         self.max_model_len = max_model_len
         self.tool_parser = tool_parser
+        self.reasoning_parser = reasoning_parser
         self.batches = 0
         self._pending: list[_Request] = []
         self._running: set[int] = set()
@@ -129,6 +130,11 @@ class BatchingService:
             return text, []
         return self.engine.parse_tool_calls(text, tools, self.tool_parser)
 
+    def parse_reasoning(self, text: str) -> Optional[tuple[Optional[str], Optional[str]]]:
+        if self.reasoning_parser is None:
+            return None
+        return self.engine.parse_reasoning(text, self.reasoning_parser)
+
 
 @dataclass
 class _Channel:
@@ -146,6 +152,9 @@ class _Channel:
 
     def parse_tool_calls(self, text: str, tools: list) -> tuple[str, list[dict]]:
         return self.service.parse_tool_calls(text, tools)
+
+    def parse_reasoning(self, text: str) -> Optional[tuple[Optional[str], Optional[str]]]:
+        return self.service.parse_reasoning(text)
 
 
 @dataclass
@@ -166,6 +175,11 @@ class EpisodeResult:
     turns: int = 0
     prefix_breaks: int = 0
     seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        """Finished in time without raising: its experiences are kept."""
+        return self.error is None and not self.timed_out
 
 
 def episode_jobs(slot: int, task: Task, workflow_cls: type) -> list[EpisodeJob]:
@@ -196,9 +210,12 @@ def _run_workflow(job: EpisodeJob, model: ModelWrapper) -> list[Experience]:
 
 def run_episodes(jobs: list[EpisodeJob], engine: Engine, template: ChatTemplate, version: int,
                  *, concurrency: int, timeout_s: Optional[float], max_model_len: Optional[int],
-                 tool_parser: Optional[str] = None) -> tuple[list[EpisodeResult], dict[str, float]]:
-    """Run ``jobs``, at most ``concurrency`` at once, serving their model calls meanwhile."""
-    service = BatchingService(engine, version, max_model_len, tool_parser)
+                 tool_parser: Optional[str] = None, reasoning_parser: Optional[str] = None,
+                 ) -> tuple[list[EpisodeResult], dict[str, float]]:
+    """Run ``jobs``, at most ``concurrency`` at once, serving their model calls meanwhile. An
+    episode that raises or runs past ``timeout_s`` (``explorer.max_timeout``) is counted and
+    left out; it never stops the explorer."""
+    service = BatchingService(engine, version, max_model_len, tool_parser, reasoning_parser)
     results = [EpisodeResult(job) for job in jobs]
     threads: dict[int, tuple[threading.Thread, float, ModelWrapper]] = {}
     finished: set[int] = set()
@@ -267,7 +284,7 @@ def _enforce_deadlines(threads: dict, finished: set[int], done_lock: threading.L
 
 
 def episode_metrics(results: list[EpisodeResult]) -> dict[str, float]:
-    ok = [r for r in results if r.error is None and not r.timed_out]
+    ok = [r for r in results if r.ok]
     return {EPISODES: len(results), EPISODE_FAILED: sum(r.error is not None and not r.timed_out
                                                        for r in results),
             EPISODE_TIMEOUTS: sum(r.timed_out for r in results),
@@ -290,7 +307,7 @@ def to_record(exp: Experience, task: Task, group_id: str, version: int,
         model_version=version if exp.model_version is None else exp.model_version,
         temperature=temperature, truncated=exp.truncate_status is not None,
         eval=task.is_eval, response_text=exp.response_text,
-        info={**_json_safe(exp.info), **info, "run": exp.eid.run, "env_step": exp.eid.step})
+        info={**_json_safe(exp.info), **info, RUN_KEY: exp.eid.run, ENV_STEP_KEY: exp.eid.step})
 
 
 def _numbers(values: dict) -> dict[str, float]:

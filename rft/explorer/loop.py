@@ -1,35 +1,11 @@
 """The explorer: generate rollouts with vLLM, score them, publish them to the buffer.
 
 One explorer task (process) owns one vLLM engine (:mod:`rft.explorer.engine`). Data in: the
-training tasksets (:mod:`rft.explorer.tasksets`), the trainer's published weights (``weights/vNNNNNN``
-through :class:`rft.sync.WeightsWatcher`). Data out: per step one sealed buffer segment
-``buffer/<explorer.name>-<rank>/seg-<step>.jsonl`` (experiences with token ids, logprobs,
-reward and its parts, the weights version; with ``explorer.auxiliary_models`` the reward
-models' scores are parts too, :mod:`rft.explorer.reward_model`), the heartbeat
-``explorers/<writer>.json``, the task cursor in ``explorer_meta.json``, and metrics (role
-``explorer_<name>``, or ``explorer_<name>-<rank>`` for ranks > 0) on the monitor. Evaluation
-results go to the monitor only, never to the buffer.
-
-Steps are numbered from 1; step s is sealed as segment seq s. Weights version v is the trainer
-step that produced them; version 0 is ``model.model_path``. Before generating step s:
-
-- ``mode: both``: wait until the published version is at least
-  ``required_version(s) = ((s - 1 - sync_offset) // sync_interval) * sync_interval`` (never
-  below 0: no wait while s <= 1 + sync_offset), i.e. the newest version the trainer publishes
-  after its step s - 1 - sync_offset. Waiting longer than ``synchronizer.sync_timeout`` raises
-  :class:`~rft.errors.SyncTimeoutError`;
-- ``mode: explore``: the same wait with ``synchronizer.max_lead_steps`` for ``sync_offset``
-  when it is set (a bound on how stale this explorer's rollouts get), else never wait;
-- in both modes, load the newest published version if it differs from the loaded one.
-
-Entry: ``python -m rft.explorer --config FILE [key=value ...]``; the task's rank and count come
-from ``RFT_EXPLORER_RANK``/``RFT_EXPLORER_COUNT``, else ``SLURM_PROCID``/``SLURM_NTASKS``.
-With ``synchronizer.sync_method: nccl`` the weights also arrive by broadcast
-(:class:`~rft.explorer.receiver.BroadcastReceiver`), looked for at the same points; folders then
-only bring versions newer than the loaded one (published at checkpoints, at the end, or when a
-broadcast failed).
-
-SIGTERM or SIGUSR1 exits at once: the unsealed batch is lost, sealed segments stay.
+training tasksets and the trainer's weights (``weights/vNNNNNN`` folders, or a broadcast).
+Data out: per step s one sealed segment ``buffer/<explorer.name>-<rank>/seg-<s>.jsonl``, the
+heartbeat ``explorers/<writer>.json``, the task cursor in ``explorer_meta.json``, and metrics
+on the monitor. Evaluation results go to the monitor only, never to the buffer.
+Entry: ``python -m rft.explorer --config FILE [key=value ...]`` (:func:`main`).
 """
 
 from __future__ import annotations
@@ -97,7 +73,7 @@ WEIGHTS_POLL_S = 1.0  # pointer checks while waiting for weights (mode both)
 
 
 @dataclass(frozen=True)
-class Placement:
+class ExplorerTask:
     """Which explorer task this process is."""
 
     name: str  # explorer.name
@@ -110,18 +86,21 @@ class Placement:
 
     @property
     def role(self) -> str:
+        """Monitor role: ``explorer_<name>``, or ``explorer_<name>-<rank>`` for ranks > 0."""
         return explorer_role(self.name, self.rank)
 
 
-def placement(cfg: Config, env: Optional[dict[str, str]] = None) -> Placement:
-    """This task's rank and count (:func:`rft.placement.explorer_rank`), checked against the run."""
+def explorer_task(cfg: Config, env: Optional[dict[str, str]] = None) -> ExplorerTask:
+    """This task's rank and count (:func:`rft.placement.explorer_rank`: from
+    ``RFT_EXPLORER_RANK``/``RFT_EXPLORER_COUNT``, else ``SLURM_PROCID``/``SLURM_NTASKS``),
+    checked against the run."""
     task = explorer_rank(dict(os.environ) if env is None else env)
     engine_num = cfg.explorer.rollout_model.engine_num
     if task.count != engine_num and cfg.mode == "both":
         raise ConfigError(f"explorer.rollout_model.engine_num={engine_num} but {task.count} explorer "
                           f"task(s) run ({task.count_var}); in mode 'both' the trainer waits for "
                           "engine_num segments per step: launch engine_num tasks")
-    return Placement(cfg.explorer.name, task.rank, task.count)
+    return ExplorerTask(cfg.explorer.name, task.rank, task.count)
 
 
 # ----------------------------------------------------------------------------- the loop
@@ -140,28 +119,34 @@ class ExplorerResult:
 def run_explorer(cfg: Config, engine: Engine | None = None, *, env: dict[str, str] | None = None,
                  max_steps: int | None = None, handle_signals: bool = False) -> ExplorerResult:
     """Explore until the tasks (or ``buffer.total_steps``) are done, or ``max_steps`` more steps."""
-    place = placement(cfg, env)
+    explorer = explorer_task(cfg, env)
     run_dir = cfg.run_dir
     train_sets = T.training_tasksets(cfg)
-    eval_sets = T.eval_tasksets(cfg) if place.rank == 0 else []
+    eval_sets = T.eval_tasksets(cfg) if explorer.rank == 0 else []
     stream = T.TaskStream(train_sets, cfg.buffer.batch_size, cfg.buffer.total_epochs,
                           cfg.buffer.total_steps)
     buf = cfg.buffer.trainer_input.experience_buffer
-    writer = open_buffer_writer(run_dir, place.writer, buf.storage_type, buf.path or "", buf.name,
+    writer = open_buffer_writer(run_dir, explorer.writer, buf.storage_type, buf.path or "", buf.name,
                                 cfg.cluster.node_num)
-    cursor = resume_cursor(run_dir, place, stream, getattr(writer, "next_seq", 0))
-    heartbeat = Heartbeat(run_dir, place.writer, cfg.explorer.heartbeat_interval_s).start()
+    cursor = resume_cursor(run_dir, explorer, stream, getattr(writer, "next_seq", 0))
+    heartbeat = Heartbeat(run_dir, explorer.writer, cfg.explorer.heartbeat_interval_s).start()
     if handle_signals:
         install_exit_handlers(heartbeat)
     nccl = cfg.synchronizer.sync_method == "nccl"
+    # with nccl the weights also arrive by broadcast (BroadcastReceiver), looked for at the same
+    # points; folders then only bring versions newer than the loaded one (published at
+    # checkpoints, at the end, or when a broadcast failed)
     watcher = WeightsWatcher(run_dir, loaded_version=0, heartbeat=heartbeat, newer_only=nccl)
-    monitor = Monitor(run_dir, place.role, monitor_type=cfg.monitor.monitor_type,
+    monitor = Monitor(run_dir, explorer.role, monitor_type=cfg.monitor.monitor_type,
                       flush_interval_s=cfg.monitor.flush_interval_s, project=cfg.project,
                       name=cfg.name)
     engine = engine or Engine(cfg)
     engine.load_initial(cfg)  # a reused engine left with other weights goes back to version 0
+    rollout_model = cfg.explorer.rollout_model
+    engine.check_parsers(rollout_model.tool_call_parser if rollout_model.enable_auto_tool_choice
+                         else None, rollout_model.reasoning_parser)
     reward_models = load_reward_models(cfg)  # after vLLM started: this process touches CUDA only now
-    receiver = BroadcastReceiver(run_dir, place.writer, engine,
+    receiver = BroadcastReceiver(run_dir, explorer.writer, engine,
                                  cfg.explorer.rollout_model.tensor_parallel_size,
                                  cfg.synchronizer.sync_timeout) if nccl else None
     result = ExplorerResult()
@@ -183,14 +168,22 @@ def run_explorer(cfg: Config, engine: Engine | None = None, *, env: dict[str, st
         while not stream.finished(cursor) and (max_steps is None or len(result.steps) < max_steps):
             step_start = time.monotonic()
             step = cursor.step + 1
+            # Steps are numbered from 1; weights version v is the trainer step that produced
+            # them, version 0 is model.model_path. mode both: wait for
+            # ((s - 1 - sync_offset) // sync_interval) * sync_interval, never below 0 (no wait
+            # while s <= 1 + sync_offset): the newest version the trainer publishes after its
+            # step s - 1 - sync_offset. mode explore: the same with max_lead_steps for
+            # sync_offset when set (bounds how stale the rollouts get), else never wait.
             need = 0 if lead is None else required_version(step, lead, sync.sync_interval)
             version, reload_s, wait_s = sync_weights(engine, watcher, need, sync.sync_timeout,
                                                      receiver, lead_key)
-            share = T.rank_share(stream.next_batch(cursor), place.rank, place.count)
-            exps, stats = rollout(cfg, engine, train_sets, share, step, version, place.writer,
+            share = T.rank_share(stream.next_batch(cursor), explorer.rank, explorer.count)
+            exps, stats = rollout(cfg, engine, train_sets, share, step, version, explorer.writer,
                                   reward_models)
+            # step s is sealed as segment seq s: experiences with token ids, logprobs, reward and
+            # its parts (with explorer.auxiliary_models the reward models' scores too), version
             writer.write(exps, seq=step)
-            T.save_cursor(run_dir, place.name, place.rank, place.count, cursor)
+            T.save_cursor(run_dir, explorer.name, explorer.rank, explorer.count, cursor)
             heartbeat.beat(steps_done=step, tasks_done=heartbeat.fields["tasks_done"] + len(share))
             metrics = {**stats, **step_metrics(exps), WEIGHTS_VERSION: version,
                        EXPLORER_RELOAD_S: reload_s, EXPLORER_WAIT_S: wait_s,
@@ -228,17 +221,17 @@ def evaluates_final(cfg: Config, has_eval_sets: bool) -> bool:
     return has_eval_sets and cfg.mode == "both" and cfg.explorer.eval_interval > 0
 
 
-def resume_cursor(run_dir: Any, place: Placement, stream: T.TaskStream, next_seq: int) -> T.Cursor:
+def resume_cursor(run_dir: Any, explorer: ExplorerTask, stream: T.TaskStream, next_seq: int) -> T.Cursor:
     """This rank's saved cursor (or a new one), replayed forward past steps it already sealed."""
-    cursor = T.load_cursor(run_dir, place.name, place.rank, place.count) or stream.new_cursor()
+    cursor = T.load_cursor(run_dir, explorer.name, explorer.rank, explorer.count) or stream.new_cursor()
     if len(cursor.positions) != len(stream.selectors):
-        raise ConfigError(f"{EXPLORER_META}: the cursor of {place.name} has "
+        raise ConfigError(f"{EXPLORER_META}: the cursor of {explorer.name} has "
                           f"{len(cursor.positions)} tasksets but the config has "
                           f"{len(stream.selectors)}; delete its entry to restart the tasks")
     while cursor.step < next_seq - 1:  # sealed after the cursor was saved: skip those steps
         stream.next_batch(cursor)
     if cursor.step:
-        log.info("%s resumes after step %d (task positions %s)", place.writer, cursor.step,
+        log.info("%s resumes after step %d (task positions %s)", explorer.writer, cursor.step,
                  cursor.positions)
     return cursor
 
@@ -248,6 +241,9 @@ def sync_weights(engine: Engine, watcher: WeightsWatcher, need: int, timeout_s: 
                  lead_key: str = "synchronizer.sync_offset") -> tuple[int, float, float]:
     """Load the newest weights, waiting until version >= ``need``: from the trainer's broadcast
     (``receiver``, with ``sync_method: nccl``) or from a published folder, whichever comes.
+    In every mode the newest published version is loaded if it differs from the loaded one;
+    waiting longer than ``timeout_s`` (``synchronizer.sync_timeout``) raises
+    :class:`~rft.errors.SyncTimeoutError`.
 
     A load whose folder the trainer pruned or republished meanwhile is void
     (:meth:`WeightsWatcher.load`) and retried at once with the newest version; until one
@@ -343,7 +339,7 @@ def score(job: PromptJob, sample: Sample) -> dict[str, float]:
     """The rule reward's parts of one sample (the workflow's reward function)."""
     fmt = job.taskset.config.format
     truth = job.recipe.ground_truth(job.row, fmt)
-    return job.recipe.score(sample.text, truth, fmt.reply_prefix)
+    return job.recipe.score(sample.text, truth, fmt.reply_prefix, len(sample.response_ids))
 
 
 def score_all(jobs: list[PromptJob], groups: list[list[Sample]], reward_models: Sequence[RewardModel] = (),
@@ -377,17 +373,30 @@ def rollout(cfg: Config, engine: Engine, tasksets: list[T.Taskset], items: list[
             step: int, version: int, writer: str, reward_models: Sequence[RewardModel] = (),
             ) -> tuple[list[Experience], dict[str, float]]:
     """Generate and score this task's share of a step: experiences (groups adjacent) + stats.
-    Tasks of single-turn recipes go to the engine in one call; tasks of workflow classes run
-    as concurrent episodes (:func:`rollout_episodes`)."""
+    Tasks of single-turn recipes go to the engine in one call (:func:`rollout_recipes`); tasks
+    of workflow classes run as concurrent episodes (:func:`rollout_episodes`)."""
     by_class = [(slot, t) for slot, t in items
                 if isinstance(tasksets[t.taskset].workflow_of(tasksets[t.taskset].rows[t.index]),
                               T.WorkflowClass)]
+    recipes = [item for item in items if item not in by_class]
+    exps: list[Experience] = []
+    stats: dict[str, float] = {GENERATED_TOKENS: 0}
+    if recipes or not by_class:
+        exps, stats = rollout_recipes(cfg, engine, tasksets, recipes, step, version, writer,
+                                      reward_models)
     if by_class:
         episode_exps, episode_stats = rollout_episodes(cfg, engine, tasksets, by_class, step,
                                                        version, writer)
-        items = [item for item in items if item not in by_class]
-    else:
-        episode_exps, episode_stats = [], {}
+        generated = stats[GENERATED_TOKENS] + episode_stats[GENERATED_TOKENS]
+        exps, stats = exps + episode_exps, {**stats, **episode_stats, GENERATED_TOKENS: generated}
+    return exps, {**stats, "tasks": len(items)}
+
+
+def rollout_recipes(cfg: Config, engine: Engine, tasksets: list[T.Taskset],
+                    items: list[tuple[int, T.Task]], step: int, version: int, writer: str,
+                    reward_models: Sequence[RewardModel] = (),
+                    ) -> tuple[list[Experience], dict[str, float]]:
+    """The single-turn tasks of a step: every prompt in one engine call, then scored."""
     jobs, counts = build_prompts(cfg, engine.tokenizer, items, tasksets)
     groups, stats = generate(engine, jobs)
     rewards, score_stats = score_all(jobs, groups, reward_models)
@@ -402,9 +411,7 @@ def rollout(cfg: Config, engine: Engine, tasksets: list[T.Taskset], items: list[
                 model_version=version, temperature=job.taskset.sampling.temperature,
                 truncated=sample.truncated, response_text=sample.text,
                 info={"step": step, "epoch": job.task.epoch, "taskset": job.taskset.name}))
-    generated = stats[GENERATED_TOKENS] + episode_stats.get(GENERATED_TOKENS, 0)
-    return exps + episode_exps, {**counts, **stats, **score_stats, **episode_stats,
-                                 GENERATED_TOKENS: generated, "tasks": len(items) + len(by_class)}
+    return exps, {**counts, **stats, **score_stats}
 
 
 def enable_thinking(cfg: Config) -> bool | None:
@@ -457,14 +464,15 @@ def rollout_episodes(cfg: Config, engine: Engine, tasksets: list[T.Taskset],
     results, stats = run_episodes(jobs, engine, episode_template(cfg), version,
                                   concurrency=cfg.explorer.runner_per_model,
                                   timeout_s=cfg.explorer.max_timeout,
-                                  max_model_len=engine.max_model_len, tool_parser=parser)
+                                  max_model_len=engine.max_model_len, tool_parser=parser,
+                                  reasoning_parser=rollout.reasoning_parser)
     used = tools.counts_since(before)
     stats.update({TOOL_CALLS: used["calls"], TOOL_ERRORS: used["errors"],
                   TOOL_TIMEOUTS: used["timeouts"],
                   GENERATED_TOKENS: sum(sum(e.action_mask) if e.action_mask else len(e.response_ids)
                                         for r in results for e in r.experiences)})
     exps: list[Experience] = []
-    for result in sorted(results, key=lambda r: r.job.slot):  # groups adjacent
+    for result in sorted((r for r in results if r.ok), key=lambda r: r.job.slot):  # groups adjacent
         ts, task = where[result.job.slot]
         info = {"step": step, "epoch": task.epoch, "taskset": ts.name}
         for exp in result.experiences:
@@ -548,6 +556,8 @@ def install_exit_handlers(heartbeat: Heartbeat) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m rft.explorer``; SIGTERM or SIGUSR1 exits at once: the unsealed batch is lost,
+    sealed segments stay (:func:`install_exit_handlers`)."""
     setup_logging()
     args = config_parser("python -m rft.explorer", "Run one explorer task (one vLLM engine).",
                          stage=True).parse_args(argv)

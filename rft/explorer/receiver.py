@@ -1,17 +1,9 @@
 """The explorer's side of ``sync_method: nccl``: register with the trainer's weight-sync store,
 join each group generation this explorer is a member of, receive the versions broadcast to it.
 
-The explorer loop calls :meth:`BroadcastReceiver.poll` wherever it would check the weights
-folder (before each step, and while it waits for a version in ``mode: both``); nothing runs in
-the background, so a broadcast never lands in the middle of a generation. The trainer blocks in
-a broadcast until its members take part: with ``sync_offset`` > 0 or in async mode, up to the
-rest of an explorer step.
-
-Everything that can go wrong on the way is a reason to start over, never to stop: no rendezvous
-file yet (the trainer is starting), a store that does not answer (the trainer was requeued: the
-file's session changes and the receiver reconnects at once), a group that failed (a member
-died; the trainer publishes that version as a folder, which the explorer loads like any other).
-Then the receiver leaves its group and registers again, with a new token, for the next one.
+Data in: the trainer's rendezvous file and store events (:mod:`rft.broadcast`). Data out:
+weights loaded into the engine, and the version (:meth:`BroadcastReceiver.poll`). Nothing runs
+in the background, and a failure must never stop the explorer: it starts over.
 """
 
 from __future__ import annotations
@@ -29,7 +21,15 @@ RECONNECT_S = 30.0  # retry an unanswered rendezvous this often (at once when it
 
 
 class BroadcastReceiver:
-    """Weights by broadcast into ``engine`` (an :class:`rft.explorer.engine.Engine`)."""
+    """Weights by broadcast into ``engine`` (an :class:`rft.explorer.engine.Engine`).
+
+    Everything that can go wrong on the way is a reason to start over, never to stop: no
+    rendezvous file yet (the trainer is starting), a store that does not answer (the trainer was
+    requeued: the file's session changes and the receiver reconnects at once), a group that
+    failed (a member died; the trainer publishes that version as a folder, which the explorer
+    loads like any other). Then the receiver leaves its group and registers again, with a new
+    token, for the next one (:meth:`_start_over`).
+    """
 
     def __init__(self, run_dir: Path | str, name: str, engine: Any, tp: int, timeout_s: float):
         self.run_dir = Path(run_dir)
@@ -49,7 +49,14 @@ class BroadcastReceiver:
 
     def poll(self, wait_s: float = 0.0) -> int | None:
         """Handle the trainer's events, waiting up to ``wait_s`` for the first one; return the
-        weights version loaded by a broadcast, if any (several: the newest)."""
+        weights version loaded by a broadcast, if any (several: the newest).
+
+        The explorer loop calls this wherever it would check the weights folder (before each
+        step, and while it waits for a version in ``mode: both``); nothing runs in the
+        background, so a broadcast never lands in the middle of a generation. The trainer
+        blocks in a broadcast until its members take part: with ``sync_offset`` > 0 or in async
+        mode, up to the rest of an explorer step.
+        """
         if not self._connect():
             time.sleep(wait_s)
             return None

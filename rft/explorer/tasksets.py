@@ -2,29 +2,9 @@
 
 Data in: ``buffer.explorer_input`` tasksets (local datasets found by :func:`rft.data.resolve`,
 loaded with ``datasets``), ``buffer.batch_size``/``total_epochs``/``total_steps``, and the
-explorer task's rank and task count. Data out: per step, this task's share of the step's
-tasks (:class:`Task`), and a :class:`Cursor` (small JSON) saved in the run directory's
-``explorer_meta.json`` so a restarted explorer resumes where it stopped.
-
-Order of tasks (every explorer task computes the same stream, so no coordination is needed):
-
-- several training tasksets are interleaved round-robin in config order, one task from each in
-  turn; a taskset that has run out (after ``total_epochs`` passes) drops out of the rotation;
-  with ``buffer.total_steps`` set, tasksets cycle past their epochs until that step;
-- within a taskset, ``task_selector.selector_type``: ``sequential`` (row order), ``shuffle`` (a
-  new seeded permutation each epoch, every row once per epoch) or ``random`` (seeded draws with
-  replacement; an "epoch" is as many draws as rows);
-- a step takes ``batch_size`` tasks (the last step of a finite run may take fewer); with
-  ``engine_num`` > 1 the task of rank r takes slots r, r + count, r + 2*count... of each step.
-
-Prompts: the workflow's chat messages rendered with the tokenizer's chat template (or
-``model.custom_chat_template``), never cut. :func:`prompt_token_limit` says which are too long
-to generate from: with ``model.enable_prompt_truncation`` true (the default; veRL's
-``data.filter_overlong_prompts``) those longer than ``model.max_prompt_tokens``, with false
-(as Trinity, no prompt limit) only those vLLM refuses (no room for one response token in
-``max_model_len``). The explorer leaves such a task out of its step and counts it; the task
-stream (and so the cursor and every step boundary) is unchanged, so resuming replays the same
-decision.
+explorer task's rank and count. Data out: per step, this task's share of the step's tasks
+(:class:`Task`), and a :class:`Cursor` saved in ``explorer_meta.json`` to resume from.
+Every explorer task computes the same stream, so no coordination is needed (:class:`TaskStream`).
 """
 
 from __future__ import annotations
@@ -154,11 +134,22 @@ def taskset_workflow(cfg: Config, ts: TasksetConfig, label: str, is_eval: bool) 
     return resolve_workflow(cfg, ts, label, *workflow_names(cfg, ts, is_eval))
 
 
+def required_columns(ts: TasksetConfig, workflow: Optional[WorkflowChoice],
+                     label: str) -> dict[str, str]:
+    """Columns the taskset must have (config key -> column): a recipe's prompt and answer
+    (:func:`rft.data.task_columns`; also when the workflow is not resolved here), else the
+    per-row workflow/reward columns that are set (a workflow class reads the row its own way)."""
+    if workflow is None or isinstance(workflow, Recipe):
+        return data.task_columns(ts.format, label)
+    keys = {"workflow_key": ts.format.workflow_key, "reward_fn_key": ts.format.reward_fn_key}
+    return {f"{label}.format.{k}": column for k, column in keys.items() if column}
+
+
 def open_taskset(cfg: Config, ts: TasksetConfig, label: str, is_eval: bool) -> Taskset:
     """Load one taskset and resolve its workflow, reward and sampling settings."""
     workflow = taskset_workflow(cfg, ts, label, is_eval)
-    columns = data.task_columns(ts.format, label) if isinstance(workflow, Recipe) else {}
-    rows = data.load_split(ts.path, ts.split, ts.subset_name, label, columns)
+    rows = data.load_split(ts.path, ts.split, ts.subset_name, label,
+                           required_columns(ts, workflow, label))
     name = ts.name or Path(ts.path).name
     log.info("%s: %d tasks from %s (%s), workflow %s", label, len(rows), ts.path, ts.split,
              workflow.name)
@@ -224,7 +215,10 @@ class Cursor:
 
 
 class TaskSelector:
-    """Row order of one taskset: position in its stream -> (row index, epoch)."""
+    """Row order of one taskset (``task_selector.selector_type``): position in its stream ->
+    (row index, epoch). ``sequential``: row order; ``shuffle``: a new seeded permutation each
+    epoch, every row once per epoch; ``random``: seeded draws with replacement, an "epoch" being
+    as many draws as rows."""
 
     def __init__(self, kind: str, seed: int, num_rows: int):
         if kind not in ("sequential", "shuffle", "random"):
@@ -247,7 +241,13 @@ class TaskSelector:
 
 
 class TaskStream:
-    """The training tasks in order, step by step, from a :class:`Cursor`."""
+    """The training tasks in order, step by step, from a :class:`Cursor`; every explorer task
+    computes the same stream, so no coordination is needed.
+
+    Several training tasksets are interleaved round-robin in config order, one task from each in
+    turn; a taskset that has run out (after ``total_epochs`` passes) drops out of the rotation;
+    with ``buffer.total_steps`` set, tasksets cycle past their epochs until that step.
+    """
 
     def __init__(self, tasksets: list[Taskset], batch_size: int, total_epochs: int,
                  total_steps: Optional[int]):
@@ -281,7 +281,8 @@ class TaskStream:
         return None
 
     def next_batch(self, cursor: Cursor) -> list[Task]:
-        """The next step's tasks (all ranks); advances ``cursor`` (its step included)."""
+        """The next step's ``batch_size`` tasks (all ranks; the last step of a finite run may
+        take fewer); advances ``cursor`` (its step included)."""
         assert len(cursor.positions) == len(self.selectors), "cursor matches the tasksets"
         batch: list[Task] = []
         while len(batch) < self.batch_size:
@@ -315,8 +316,7 @@ def load_cursor(run_dir: Path | str, name: str, rank: int, count: int) -> Cursor
     ranks = entry.get("ranks", {}) if isinstance(entry, dict) else {}
     if str(rank) in ranks:
         return Cursor.from_dict(ranks[str(rank)]["cursor"])
-    legacy_count = entry.get("rank_count")  # one count per entry, in files of earlier rft
-    old_layout = [r for r in ranks.values() if r.get("count", legacy_count) != count]
+    old_layout = [r for r in ranks.values() if r.get("count") != count]
     if not old_layout:
         return None
     other = min(old_layout, key=lambda r: r["cursor"]["step"])
@@ -363,7 +363,8 @@ def _read_meta(path: Path) -> dict[str, Any]:
 
 def prompt_ids(tokenizer: Any, messages: list[dict[str, str]], *, reply_prefix: str | None = None,
                chat_template: str | None = None, enable_thinking: bool | None = None) -> list[int]:
-    """Token ids of ``messages`` rendered with the chat template (a reply prefix is continued)."""
+    """Token ids of ``messages`` rendered with the tokenizer's chat template (or
+    ``chat_template``: ``model.custom_chat_template``), never cut; a reply prefix is continued."""
     extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
     text = tokenizer.apply_chat_template(
         messages, tokenize=False, chat_template=chat_template,
@@ -379,7 +380,10 @@ def prompt_token_limit(cfg: Config) -> int | None:
     placeholder experience for it, which trains on nothing either). ``false``: the prompt is not
     held to ``max_prompt_tokens`` (as Trinity); only a prompt vLLM would refuse, with no room
     for a response token in ``max_model_len``, is left out (under true too, when no
-    ``max_prompt_tokens`` is set).
+    ``max_prompt_tokens`` is set). ``true`` is the default.
+
+    The explorer leaves such a task out of its step and counts it; the task stream (and so the
+    cursor and every step boundary) is unchanged, so resuming replays the same decision.
     """
     max_model_len = cfg.explorer.rollout_model.max_model_len or cfg.model.max_model_len  # as the engine's
     room = None if max_model_len is None else max_model_len - 1

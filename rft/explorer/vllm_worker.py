@@ -1,16 +1,8 @@
 """Methods rft adds to each vLLM worker (``worker_extension_cls``), called by name through
 ``LLM.collective_rpc``: they run where the model lives, in the engine's process on CPU and in
-each worker process on GPUs, and import neither vLLM nor the explorer.
-
-- :meth:`WeightSyncExtension.rft_refresh_tied_lm_head`: after an in-place reload of a model with
-  tied input/output embeddings, re-derive the output layer (DESIGN.md: otherwise it keeps the
-  old weights on CPU);
-- ``rft_join_group`` / ``rft_receive`` / ``rft_confirm`` / ``rft_leave_group``: this worker's
-  member of the weight-sync group (:mod:`rft.broadcast`). ``rft_receive`` takes in every bucket
-  of a version (or a LoRA adapter's, which it writes to a file for the engine) before it
-  touches the model, so a broadcast that fails midway leaves the engine
-  with its previous weights; the price is one copy of the weights in the worker's memory while
-  it receives.
+each worker process on GPUs. Data in: RPC arguments and the weight-sync group's broadcasts
+(:mod:`rft.broadcast`); data out: the worker's model, changed in place. Must import neither
+vLLM nor the explorer.
 """
 
 from __future__ import annotations
@@ -32,6 +24,8 @@ class WeightSyncExtension:
         return next(self.model_runner.get_model().parameters()).device  # type: ignore[attr-defined]
 
     def rft_refresh_tied_lm_head(self) -> None:
+        """After an in-place reload of a model with tied input/output embeddings, re-derive the
+        output layer (DESIGN.md: otherwise it keeps the old weights on CPU)."""
         model = self.model_runner.get_model()  # type: ignore[attr-defined]
         lm_head = getattr(model, "lm_head", None)
         method = getattr(lm_head, "quant_method", None)
@@ -53,7 +47,11 @@ class WeightSyncExtension:
         """Receive one version's buckets, then load them in place, or with ``adapter_file``
         (a LoRA adapter's tensors) write them there (worker 0; the engine then adds the
         adapter). Returns "" when done, or why the receive failed (the model is then
-        untouched). A failing load raises."""
+        untouched). A failing load raises.
+
+        Every bucket is taken in before the model is touched, so a broadcast that fails midway
+        leaves the engine with its previous weights; the price is one copy of the weights in the
+        worker's memory while it receives."""
         if self._rft_group is None:
             return "this worker is in no weight-sync group"
         device = self._rft_device()

@@ -23,7 +23,7 @@ from rft.config.rules import lora_config, uses_critic
 from rft.config.schema import Config, ExperienceBufferConfig
 from rft.errors import ConfigError, RftError
 from rft.workflow.rewards import reward_model_part_names
-from rft.explorer.tasksets import taskset_workflow
+from rft.explorer.tasksets import required_columns, taskset_workflow
 from rft.models import (
     ADAPTER_CONFIG,
     check_critic_dir,
@@ -79,10 +79,10 @@ def check_config(cfg: Config, prefix: str = "") -> list[DatasetInfo]:
     infos = []
     for label, taskset in cfg.labelled_tasksets():
         is_eval = label.startswith("buffer.explorer_input.eval_tasksets")
-        if cfg.mode in ENGINE_MODES:
-            taskset_workflow(cfg, taskset, label, is_eval)
+        workflow = taskset_workflow(cfg, taskset, label, is_eval) if cfg.mode in ENGINE_MODES \
+            else None
         infos.append(_inspect(prefix + label, taskset.path, taskset.split, taskset.subset_name,
-                              data.task_columns(taskset.format, label), training=not is_eval))
+                              required_columns(taskset, workflow, label), training=not is_eval))
     for label, buf in _file_buffers(cfg):
         infos.append(_inspect(prefix + label, buf.path or "", buf.split, buf.subset_name,
                               data.expert_columns(buf.format, label),

@@ -9,6 +9,7 @@ ranks); ``explore`` and ``train`` are one-component jobs. Checks nothing the con
 from __future__ import annotations
 
 import math
+import os
 import shlex
 import shutil
 import subprocess
@@ -22,6 +23,7 @@ from rft.config.auxiliary import auxiliary_tp
 from rft.config.load import stage_label
 from rft.config.rules import check_gpu_split
 from rft.config.schema import Config
+from rft.entry import PLUGIN_DIRS_ENV
 from rft.errors import EXIT_REQUEUE, SlurmError
 from rft.launch.worker import WORKER_MODULE
 from rft.placement import EXPLORER_MODES, TRAINER_MODES, task_gpus
@@ -114,6 +116,8 @@ def render(cfg: Config, config_path: Path, overrides: list[str], *, python: str 
     lines += _stage_lines(cfg)
     lines += ["set -euo pipefail", *cfg.slurm.setup,
               f"cd {shlex.quote(str(workdir or Path.cwd()))}"]
+    if os.environ.get(PLUGIN_DIRS_ENV):  # also where sites submit with --export=NONE
+        lines.append(f"export {PLUGIN_DIRS_ENV}={shlex.quote(os.environ[PLUGIN_DIRS_ENV])}")
     args = " ".join(shlex.quote(a) for a in ["--config", str(config_path), *overrides])
     py = shlex.quote(python or sys.executable)
     het = len(parts) > 1

@@ -27,6 +27,7 @@ from rft.config.schema import AlgorithmConfig, RolloutCorrectionConfig
 # The registries implement exactly the names the config declares (GAE, which needs values, apart).
 assert set(ADVANTAGE_FNS) == set(names.ADVANTAGE_FN_NAMES) - names.NEEDS_CRITIC
 assert names.NEEDS_CRITIC == {"ppo"}
+assert names.BY_RUN <= set(ADVANTAGE_FNS)
 assert set(POLICY_LOSS_FNS) == set(names.POLICY_LOSS_FN_NAMES)
 assert set(KL_FNS) == set(names.KL_FN_NAMES)
 assert set(ENTROPY_LOSS_FNS) == set(names.ENTROPY_LOSS_FN_NAMES)
@@ -51,6 +52,7 @@ class LossFns:
     correction: Callable[..., Any] | None = None
     # (token_rewards, values, mask) -> (advantages, returns, metrics): advantage_fn ppo (a critic)
     gae: Callable[..., Any] | None = None
+    advantage_by_run: bool = False  # the advantage takes each row's (run, env step): runs=...
 
     @property
     def needs_ref(self) -> bool:
@@ -86,6 +88,7 @@ def build_loss_fns(algo: AlgorithmConfig) -> LossFns:
         sft=sft,
         correction=get_correction_fn(algo.rollout_correction),
         gae=get_gae_fn(algo.advantage_fn_args) if gae else None,
+        advantage_by_run=algo.advantage_fn in names.BY_RUN,
     )
 
 

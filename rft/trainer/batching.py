@@ -1,29 +1,11 @@
 """Pure batching for the trainer: experiences -> per-rank micro-batches of padded tensors.
 
-Data in: the ``train_batch_size`` :class:`~rft.buffer.experience.Experience` records of one step (the
-same list on every rank). Data out, per rank: a list of :class:`MicroBatch` (padded tensors)
-plus the loss weight of each, so that gradient accumulation over micro-batches and averaging
-over data-parallel ranks give exactly the loss of the whole batch under ``loss_agg_mode``.
-
-Steps, each a function here (torch and the stdlib only, no distributed calls):
-
-1. :func:`rows_from_experiences` - token ids, response masks and rewards as one
-   :class:`Rows` table ``[N, R]`` (R = longest response of the batch);
-2. :func:`split_for_ranks` - whole groups to ranks, balancing token counts (deterministic);
-3. :func:`plan_micro_batches` - a rank's rows into micro-batches by a token budget (padded
-   size B * T, or packed size sum(T), <= budget) or a fixed row count; with expert rows in the
-   batch (CHORD), rollout and expert rows never share a micro-batch (:func:`split_by_source`);
-4. :func:`collate` - one micro-batch as padded tensors (padding only inside it), or packed
-   into one row (``trainer.padding_free``: no padding, position ids restart per sequence);
-5. :func:`micro_loss_scale` - the factor that turns a micro-batch's aggregated loss into its
-   share of the batch loss (DeepSpeed divides summed gradients by the world size). Each source
-   (rollout, expert) has its own totals (:func:`source_totals`): ``mix_chord`` aggregates its
-   PPO part over rollout rows and its SFT part over expert rows, so with single-source
-   micro-batches the scaled sum is exactly ``mix_chord`` of the whole batch;
-6. :class:`MetricSums` - per-step metrics from the micro-batches' metrics.
-
-A rank with fewer micro-batches than the others runs zero-weight ones (:func:`padding_micro`),
-so every rank issues the same collectives.
+Data in: the ``train_batch_size`` :class:`~rft.buffer.experience.Experience` records of one
+step (the same list on every rank). Data out, per rank: a list of :class:`MicroBatch` plus the
+loss weight of each, so that gradient accumulation and data-parallel averaging give exactly the
+loss of the whole batch under ``loss_agg_mode``. Order: :func:`rows_from_experiences`,
+:func:`split_for_ranks`, :func:`plan_micro_batches`, :func:`collate`, :func:`micro_loss_scale`.
+Torch and the stdlib only: no distributed calls, and every rank computes the same plan.
 """
 
 from __future__ import annotations
@@ -34,7 +16,7 @@ from typing import Sequence
 
 import torch
 
-from rft.buffer.experience import Experience
+from rft.buffer.experience import ENV_STEP_KEY, RUN_KEY, Experience
 from rft.config.rules import scoring_temperature
 from rft.errors import DataError
 from rft.monitor import POLICY_LOSS
@@ -42,11 +24,13 @@ from rft.monitor import POLICY_LOSS
 
 @dataclass
 class Rows:
-    """One step's batch as a table: token tensors per row plus response-aligned tensors."""
+    """One step's batch as a table: token tensors per row plus response-aligned tensors
+    ``[N, R]`` (R = the longest response of the batch)."""
 
     input_ids: list[torch.Tensor]  # [L] int32 per row: prompt + response
     prompt_lens: list[int]
     group_ids: list[str]
+    runs: list[tuple[int, int]]  # (run of its task, env step): workflow runs with several steps
     rewards: torch.Tensor  # [N] float32
     response_mask: torch.Tensor  # [N, R] 1 on response tokens
     rollout_logprobs: torch.Tensor  # [N, R] from vLLM (0 where absent)
@@ -92,6 +76,7 @@ def rows_from_experiences(exps: Sequence[Experience],
                                  torch.int32) for e in exps],
         prompt_lens=[e.array_len("prompt_ids") for e in exps],
         group_ids=[e.group_id for e in exps],
+        runs=[(int(e.info.get(RUN_KEY, 0)), int(e.info.get(ENV_STEP_KEY, 0))) for e in exps],
         rewards=torch.tensor([float(e.reward) for e in exps], dtype=torch.float32),  # [N]
         response_mask=mask,
         rollout_logprobs=logprobs,
@@ -248,8 +233,9 @@ def _sequence_rows(b: int, packed: bool) -> torch.Tensor:
 
 def collate(batch: Rows, rows: Sequence[int], advantages: torch.Tensor,
             old_logprobs: torch.Tensor, pad_id: int = 0, *, packed: bool = False) -> MicroBatch:
-    """The chosen rows padded to the micro-batch's own longest sequence, or ``packed`` into one
-    row without padding; responses padded to the micro-batch's longest.
+    """The chosen rows padded to the micro-batch's own longest sequence (padding only inside
+    it), or ``packed`` into one row without padding (``trainer.padding_free``: position ids
+    restart per sequence); responses padded to the micro-batch's longest.
 
     ``advantages`` and ``old_logprobs`` are the batch's ``[N, R_batch]`` tensors.
     """
@@ -289,7 +275,9 @@ def collate(batch: Rows, rows: Sequence[int], advantages: torch.Tensor,
 
 
 def padding_micro(pad_id: int = 0) -> MicroBatch:
-    """A zero-weight micro-batch (two tokens, empty mask) that keeps ranks in lockstep."""
+    """A zero-weight micro-batch (two tokens, empty mask) that keeps ranks in lockstep: a rank
+    with fewer micro-batches than the others runs these, so every rank issues the same
+    collectives."""
     zeros = torch.zeros(1, 1)  # [1, 1]
     return MicroBatch(
         input_ids=torch.full((1, 2), pad_id, dtype=torch.long), attention_mask=torch.ones(1, 2, dtype=torch.long),
@@ -312,7 +300,8 @@ def micro_loss_scale(mask: torch.Tensor, totals: BatchTotals, mode: str, world_s
     """Multiplier for a micro-batch loss aggregated with ``mode`` over its own ``[B, R]`` mask.
 
     Sum over all ranks' micro-batches of scale * micro_loss, divided by ``world_size`` (the
-    data-parallel gradient average), equals the loss of the whole batch: for token-mean the
+    data-parallel gradient average: DeepSpeed divides summed gradients by the world size),
+    equals the loss of the whole batch: for token-mean the
     micro mean is weighted by its token share; the seq-mean modes by their sequence share;
     seq-mean-token-sum-norm (a total token sum / the padded width, no mean) by R_micro / R_batch
     alone, which swaps the micro-batch's width for the batch's.
@@ -327,7 +316,8 @@ def micro_loss_scale(mask: torch.Tensor, totals: BatchTotals, mode: str, world_s
 
 
 def split_by_source(rows: Sequence[int], expert: torch.Tensor) -> list[list[int]]:
-    """A rank's rows as [rollout rows, expert rows] (each in order, empty parts left out)."""
+    """A rank's rows as [rollout rows, expert rows] (each in order, empty parts left out): with
+    expert rows in the batch (CHORD), rollout and expert rows never share a micro-batch."""
     parts = [[i for i in rows if not bool(expert[i])], [i for i in rows if bool(expert[i])]]
     return [part for part in parts if part]
 
@@ -336,6 +326,8 @@ def source_totals(mask: torch.Tensor, expert: torch.Tensor) -> dict[bool, BatchT
     """Totals per source (key: is expert) of a ``[N, R]`` mask; an absent source counts 0.
 
     ``response_width`` stays the whole batch's R, as when the loss sees the whole batch.
+    ``mix_chord`` aggregates its PPO part over rollout rows and its SFT part over expert rows,
+    so with single-source micro-batches the scaled sum is exactly ``mix_chord`` of the batch.
     """
     out = {}
     for is_expert in (False, True):

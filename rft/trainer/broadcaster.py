@@ -1,13 +1,9 @@
 """Trainer rank 0's side of ``sync_method: nccl``: broadcast each new weights version to the
 explorers that registered for it (protocol: :mod:`rft.broadcast`).
 
-:meth:`WeightBroadcaster.broadcast` is called where the checkpoint method publishes a folder.
-Its members are the explorers whose newest registration is not retired and whose heartbeat is
-live; when they differ from the current group's (an explorer joined, left or re-registered), a
-new generation is formed first. It returns False when the version did not reach every member
-(no member yet, a member died or timed out: the group is then aborted and its registrations
-retired), and the trainer publishes the version as a folder instead, so no explorer waits
-forever and those that re-register join the next generation.
+Data in: a version's state dict, explorers' registrations and heartbeats. Data out: the
+rendezvous file, store events and the broadcast tensors, and whether every member loaded the
+version (else the trainer publishes it as a folder). Must never make an explorer wait forever.
 """
 
 from __future__ import annotations
@@ -67,7 +63,16 @@ class WeightBroadcaster:
         self.last: dict[str, float] = {}  # metrics of the last broadcast (trainer monitor)
 
     def broadcast(self, version: int, state: dict[str, torch.Tensor]) -> bool:
-        """Send ``version`` to every live registered explorer; True when all loaded it."""
+        """Send ``version`` to every live registered explorer; True when all loaded it.
+
+        Called where the checkpoint method publishes a folder. Members: the explorers whose
+        newest registration is not retired and whose heartbeat is live; when they differ from
+        the current group's (an explorer joined, left or re-registered), a new generation is
+        formed first. False when the version did not reach every member (no member yet, a
+        member died or timed out: the group is then aborted and its registrations retired); the
+        trainer then publishes the version as a folder, so no explorer waits forever, and those
+        that re-register join the next generation.
+        """
         start = time.monotonic()
         self.last = {SYNC_BROADCAST_OK: 0.0, SYNC_MEMBERS: 0.0}
         try:

@@ -1,16 +1,10 @@
 """DeepSpeed ZeRO for the trainer: the only module that imports ``deepspeed``.
 
 Data in: the typed config (``trainer.*``, ``algorithm.optimizer``, ``model.model_path``) and
-the process environment (``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` from torchrun or srun; none
-for a single process). Data out: an :class:`Actor` (a DeepSpeed engine being trained: the
-policy, and with ``advantage_fn: ppo`` the critic, a token-classification model with one
-label), an optional frozen :class:`Reference`, per-token log-probs (and the critic's values)
-of micro-batches, 16-bit weights gathered on rank 0, and DeepSpeed checkpoints.
-
-Device and backend come from DeepSpeed's accelerator: CUDA + NCCL on GPU nodes, CPU + gloo
-here (``DS_ACCELERATOR=cpu`` is set when torch sees no GPU). Gradient accumulation is driven
-by the caller (``managed_gradient_accumulation: false``): every ``backward`` adds to the
-gradients, every ``step`` is one optimizer update, so micro-batch counts may vary per step.
+``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` from torchrun or srun (none: a single process). Data out:
+an :class:`Actor` (the policy, and with ``advantage_fn: ppo`` the critic), an optional frozen
+:class:`Reference`, per-token log-probs (and values) of micro-batches, 16-bit weights gathered
+on rank 0, and DeepSpeed checkpoints. CUDA + NCCL on GPU nodes, CPU + gloo without a GPU.
 """
 
 from __future__ import annotations
@@ -24,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-if not torch.cuda.is_available():
+if not torch.cuda.is_available():  # device and backend come from DeepSpeed's accelerator
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import deepspeed  # noqa: E402
@@ -165,6 +159,8 @@ def ds_config(cfg: Config, world_size: int, on_cpu: bool, *, train: bool = True,
         if params["torch_adam"] and not on_cpu:
             params["fused"] = True
         config.update(
+            # the caller drives accumulation: every backward adds to the gradients, every step
+            # is one optimizer update, so micro-batch counts may vary per step
             managed_gradient_accumulation=False,
             gradient_clipping=float(t.grad_clip if grad_clip is None else grad_clip),
             zero_allow_untested_optimizer=True,
@@ -224,6 +220,8 @@ def _load_model(path: str, dtype: torch.dtype, config: dict[str, Any], *, value_
 
 @dataclass
 class Actor:
+    """A DeepSpeed engine being trained: the policy, or the critic (:func:`build_critic`)."""
+
     engine: Any  # deepspeed.DeepSpeedEngine
     zero_stage: int
     hf_ds_config: Any  # HfDeepSpeedConfig kept alive for ZeRO-3 (None otherwise)

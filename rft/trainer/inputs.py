@@ -1,21 +1,10 @@
 """Where the trainer's experiences come from, one step's batch at a time (rank 0 only).
 
-Data in: the run directory's buffer (sealed segments, or SQLite with ``storage_type: sql``)
-or, for SFT, a dataset (``storage_type: file``). Data out: ``next_batch(step, version)`` ->
-the step's list of :class:`~rft.buffer.experience.Experience` (None when the input is exhausted),
+Data in: the run directory's buffer (:class:`BufferSource`: sealed segments, or SQLite with
+``storage_type: sql``) or, for SFT, a dataset (:class:`FileSource`; CHORD's ``mix``:
+:class:`~rft.trainer.mix.MixSource`). Data out: ``next_batch(step, version)`` -> the step's
+list of :class:`~rft.buffer.experience.Experience` (None when the input is exhausted),
 ``cursor()`` for the checkpoint, ``release(cursor)`` after one, and read statistics.
-
-- ``mode: both``: step ``s`` trains on exactly the segments ``seq == s`` of every explorer
-  rank (``<explorer.name>-<rank>`` for rank < ``engine_num``), waiting up to
-  ``synchronizer.sync_timeout`` for them to be sealed;
-- ``mode: train``: up to ``buffer.train_batch_size`` experiences in whole groups, whatever is
-  available within ``sync_timeout``; groups older than ``trainer.max_staleness_versions``
-  weight versions are dropped (and counted). Without ``total_steps`` the input ends once every
-  explorer that joined the run has finished (heartbeat ``finished``) and the buffer is
-  drained; an explorer still running keeps it open;
-- ``storage_type: file``: :class:`~rft.trainer.sft.SftSource`;
-- ``algorithm.sample_strategy: mix`` (CHORD): :class:`~rft.trainer.mix.MixSource`, the
-  rollouts above plus expert samples from ``buffer.trainer_input.auxiliary_buffers``.
 """
 
 from __future__ import annotations
@@ -74,6 +63,11 @@ class BufferSource:
         return batch
 
     def _read_available(self, current_version: int, stop: Callable[[], bool]) -> list[Experience] | None:
+        """``mode: train``: up to ``rollouts_per_step`` experiences in whole groups, whatever is
+        available within ``sync_timeout``; groups older than ``trainer.max_staleness_versions``
+        weight versions are dropped (and counted) by the reader. Without ``total_steps`` the
+        input ends once every explorer that joined the run has finished (heartbeat
+        ``finished``) and the buffer is drained; an explorer still running keeps it open."""
         want = self.rollouts_per_step
         deadline = time.monotonic() + self.cfg.synchronizer.sync_timeout
         out: list[Experience] = []
@@ -95,6 +89,9 @@ class BufferSource:
         return out or None
 
     def _read_step(self, step: int, current_version: int, stop: Callable[[], bool]) -> list[Experience] | None:
+        """``mode: both``: exactly the segments ``seq == step`` of every explorer rank
+        (``<explorer.name>-<rank>`` for rank < ``engine_num``), waiting up to
+        ``synchronizer.sync_timeout`` for them to be sealed."""
         if not hasattr(self.reader, "read_step"):
             raise NotSupportedError("mode 'both' reads the buffer step by step, which needs "
                                     "buffer.trainer_input.experience_buffer.storage_type: queue")

@@ -1,15 +1,10 @@
 """LoRA on the policy (``model.lora_configs``): the PEFT wrap, and the adapter folder it publishes.
 
 Data in: the base causal LM (loaded by :mod:`rft.trainer.engine`) and the run's
-:class:`~rft.config.schema.LoRAConfig`. Data out: the model wrapped by PEFT (only the adapter's
-``lora_A``/``lora_B`` matrices trainable; B starts at 0, so step 0 is the base model), or the
-adapter of ``LoRAConfig.path`` loaded trainable; and, from the adapter's gathered tensors, the
-tensors a broadcast sends (``sync_method: nccl``) or a PEFT adapter folder (``adapter_config.json`` + ``adapter_model.safetensors``, PEFT's names
-without the adapter's name) that vLLM, PEFT and ``rft-convert --merge`` load. The reference
-policy of a KL term is the same module with the adapter disabled (:func:`adapter_disabled`):
-no second copy of the model.
-
-``peft`` is imported here only (and by ``rft-convert`` for ``--merge``).
+:class:`~rft.config.schema.LoRAConfig`. Data out: the model wrapped by PEFT (:func:`wrap`), and
+from the adapter's gathered tensors, what a broadcast sends (:func:`saved_state`) or a PEFT
+adapter folder (:func:`save_adapter_folder`). ``peft`` is imported here only (and by
+``rft-convert`` for ``--merge``).
 """
 
 from __future__ import annotations
@@ -29,8 +24,9 @@ INIT_SEED = 0  # a new adapter's A is the same in every run and on every rank
 
 
 def wrap(model: torch.nn.Module, lora: LoRAConfig, base_path: str) -> torch.nn.Module:
-    """``model`` with a trainable LoRA adapter: a new one (PEFT's init: A random, seeded, B = 0)
-    or the one in ``lora.path``; every base parameter frozen."""
+    """``model`` with a trainable LoRA adapter: a new one (PEFT's init: A random, seeded, B = 0,
+    so step 0 is the base model) or the one in ``lora.path``; every base parameter frozen,
+    only the adapter's ``lora_A``/``lora_B`` matrices train."""
     from peft import LoraConfig, PeftModel, get_peft_model
 
     if lora.path:
@@ -46,7 +42,8 @@ def wrap(model: torch.nn.Module, lora: LoRAConfig, base_path: str) -> torch.nn.M
 
 @contextlib.contextmanager
 def adapter_disabled(module: Any) -> Iterator[None]:
-    """The base model inside the block: the reference policy of a LoRA run."""
+    """The base model inside the block: the reference policy of a LoRA run's KL term, the same
+    module with the adapter disabled (no second copy of the model)."""
     with module.disable_adapter():
         yield
 
@@ -59,7 +56,8 @@ def saved_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def save_adapter_folder(module: Any, state: dict[str, torch.Tensor], folder: Path) -> None:
     """``folder`` as a PEFT adapter folder: the config of ``module``'s adapter and ``state``
-    (live names -> gathered tensors), each tensor written under PEFT's saved name."""
+    (live names -> gathered tensors), each tensor written under PEFT's saved name (without the
+    adapter's name), as vLLM, PEFT and ``rft-convert --merge`` load it."""
     folder.mkdir(parents=True, exist_ok=True)
     module.peft_config[ADAPTER].save_pretrained(folder)  # adapter_config.json, as PEFT writes it
     assert (folder / ADAPTER_CONFIG).is_file()

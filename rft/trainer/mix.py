@@ -1,20 +1,9 @@
 """CHORD mixing (``algorithm.sample_strategy: mix``): each step's batch = rollouts + expert data.
 
-Data in: the run's rollout buffer (through :class:`~rft.trainer_input.BufferSource`) and one
+Data in: the run's rollout buffer (through :class:`~rft.trainer.inputs.BufferSource`) and one
 SFT-style dataset, ``buffer.trainer_input.auxiliary_buffers.<name>`` (``storage_type: file``,
 tokenised by :mod:`rft.trainer.sft`). Data out: ``next_batch(step, version)`` -> the step's
-rollouts followed by its expert experiences (``source: "expert"``, no logprobs, reward 0), which
-the trainer turns into an ``expert_mask`` for the ``mix_chord`` loss.
-
-How many of each a mini-batch takes is :func:`rft.config.mix.mix_counts` (checked when the
-config is loaded); a step of several mini-batches (:mod:`rft.config.batches`) takes the expert
-count once per mini-batch.
-
-The expert dataset is read in order and wraps around at its end (epoch after epoch). Its
-position is saved in the trainer checkpoint's ``buffer_cursor`` under the key ``"expert"``
-(``{"row": n}``: rows served so far) beside the rollout buffer's own keys, so a resumed run
-continues with the next expert row. The SQLite archive (``path: sqlite:///x.db``) records the
-rollouts only: expert rows are a fixed dataset, reproducible from it and the saved cursor.
+rollouts followed by its expert experiences, and a cursor holding both positions.
 """
 
 from __future__ import annotations
@@ -32,7 +21,9 @@ from rft.trainer.sft import SftSource
 
 log = logging.getLogger(__name__)
 
-EXPERT_CURSOR_KEY = "expert"  # the expert dataset's position inside the checkpoint's buffer_cursor
+# The expert dataset's position inside the checkpoint's buffer_cursor ({"row": n}: rows served
+# so far), beside the rollout buffer's own keys, so a resumed run continues with the next row.
+EXPERT_CURSOR_KEY = "expert"
 def split_cursor(cursor: dict[str, Any] | None) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """A checkpoint's ``buffer_cursor`` -> (rollout buffer's cursor, expert cursor)."""
     rest = dict(cursor or {})
@@ -41,7 +32,12 @@ def split_cursor(cursor: dict[str, Any] | None) -> tuple[dict[str, Any] | None, 
 
 
 class MixSource:
-    """The trainer's input in mix mode: the rollout buffer plus the expert dataset (rank 0)."""
+    """The trainer's input in mix mode: the rollout buffer plus the expert dataset (rank 0).
+
+    The expert dataset is read in order and wraps around at its end (epoch after epoch). The
+    SQLite archive (``path: sqlite:///x.db``) records the rollouts only: expert rows are a fixed
+    dataset, reproducible from it and the saved cursor.
+    """
 
     def __init__(self, cfg: Config, run_dir: Path, cursor: dict[str, Any] | None,
                  tokenizer: Any = None):
@@ -60,10 +56,15 @@ class MixSource:
 
     def next_batch(self, step: int, current_version: int,
                    stop: Callable[[], bool] = lambda: False) -> list[Experience] | None:
-        """The step's rollouts, then its expert samples; None when the rollouts end."""
+        """The step's rollouts, then its expert samples (``source: "expert"``, no logprobs,
+        reward 0; the trainer turns them into an ``expert_mask`` for the ``mix_chord`` loss);
+        None when the rollouts end. How many of each a mini-batch takes is
+        :func:`rft.config.mix.mix_counts` (checked when the config is loaded)."""
         rollouts = self.rollouts.next_batch(step, current_version, stop)
         if rollouts is None:
             return None
+        # a step of several mini-batches (rft.config.batches) takes the expert count once per
+        # mini-batch
         minis = mini_batch_count(len({e.group_id for e in rollouts}), self.groups_per_update)
         return rollouts + self.experts.next_batch(self.counts.expert * minis)
 

@@ -1,13 +1,10 @@
 """A training step's plan: the batch table, its mini-batches over ranks, and the micro-batches.
 
 Data in: the step's experiences (identical on every rank), the config and this rank's place.
-Data out: a :class:`Plan` (this rank's rows of each mini-batch in micro-batches of
-``trainer.micro_batch_size_per_gpu`` or a token budget, the critic's micro-batches of
-``critic.ppo_micro_batch_size_per_gpu`` over the same rows, and the rows of the no-grad passes
-in micro-batches of ``trainer.log_prob_micro_batch_size_per_gpu``), and the helpers that run a
-no-grad pass over this rank's rows (:func:`local_pass`) and share its result with every rank
-(:func:`gather_rows`). Every micro-batch list has the same length on every rank (padded with
-zero-weight ``[]`` entries: a collective).
+Data out: a :class:`Plan` (this rank's micro-batches per mini-batch, the critic's, and those of
+the no-grad passes), and the helpers that run a no-grad pass over this rank's rows
+(:func:`local_pass`) and share its result with every rank (:func:`gather_rows`). Every
+micro-batch list has the same length on every rank (padded with zero-weight ``[]`` entries).
 """
 
 from __future__ import annotations
@@ -65,7 +62,8 @@ class Plan:
 
 def rank_micro_batches(rows: Rows, mine: Sequence[int], lengths: Sequence[int], cfg: Config,
                        micro_batch_size: int) -> list[list[int]]:
-    """This rank's rows ``mine`` in micro-batches (rollout and expert rows apart), padded with
+    """This rank's rows ``mine`` in micro-batches of ``micro_batch_size`` rows or, with
+    ``trainer.use_dynamic_bsz``, a token budget (rollout and expert rows apart), padded with
     [] to the same count on every rank (a collective)."""
     micros = [micro for part in split_by_source(mine, rows.expert)
               for micro in plan_micro_batches(part, lengths, use_dynamic_bsz=cfg.trainer.use_dynamic_bsz,

@@ -1,19 +1,9 @@
 """The trainer's durable state in the run directory: full checkpoints, their metadata, resume.
 
-Layout written here (all on the shared filesystem)::
-
-    global_step_N/actor/<tag>/...           DeepSpeed model + optimizer shards (every rank)
-    global_step_N/actor/latest              the tag (DeepSpeed's own pointer)
-    global_step_N/actor/huggingface/        config + tokenizer (+ weights: save_hf_checkpoint)
-    global_step_N/actor/rng_state_rank{r}.pt  RNG states per rank
-    global_step_N/trainer_meta.json         step, buffer cursor, weights version, lr, world size
-    latest_checkpointed_iteration.txt       N, written last: the checkpoint is complete
-    trainer_meta.json                       copy of the newest checkpoint's metadata
-
-A checkpoint is filled under ``global_step_N.tmp.<host>.<pid>`` (the name chosen on rank 0 and
-shared), renamed by rank 0 once every rank has written, and only then is the pointer replaced;
-a crash at any point leaves the previous checkpoint as the newest complete one. This module
-holds no deepspeed import: the engine calls go through :mod:`rft.trainer.engine`.
+Data in: what every rank wrote into a staging folder, the step's metadata. Data out: complete
+``global_step_N`` checkpoints on the shared filesystem, the pointer, pruning, and what resume
+reads back. A crash at any point must leave the previous checkpoint as the newest complete one.
+Holds no deepspeed import: the engine calls go through :mod:`rft.trainer.engine`.
 """
 
 from __future__ import annotations
@@ -41,6 +31,15 @@ from rft.rundir import (
 log = logging.getLogger(__name__)
 
 META_FORMAT = 1
+
+# Layout written here (all on the shared filesystem):
+#   global_step_N/actor/<tag>/...             DeepSpeed model + optimizer shards (every rank)
+#   global_step_N/actor/latest                the tag (DeepSpeed's own pointer)
+#   global_step_N/actor/huggingface/          config + tokenizer (+ weights: save_hf_checkpoint)
+#   global_step_N/actor/rng_state_rank{r}.pt  RNG states per rank
+#   global_step_N/trainer_meta.json           step, buffer cursor, weights version, lr, world size
+#   latest_checkpointed_iteration.txt         N, written last: the checkpoint is complete
+#   trainer_meta.json                         copy of the newest checkpoint's metadata
 
 
 def ds_tag(step: int) -> str:
@@ -114,7 +113,8 @@ def load_rng(actor_dir: Path, rank: int) -> None:
 
 
 def staging_dir(run_dir: Path, step: int) -> Path:
-    """Rank 0's temporary name for a checkpoint being written (broadcast to the other ranks)."""
+    """Rank 0's temporary name for a checkpoint being written (broadcast to the other ranks):
+    ``global_step_N.tmp.<host>.<pid>``."""
     final = step_dir(run_dir, step)
     for path in atomic.remove_stale_tmp(run_dir, prefix=final.name):
         log.info("removed %s (checkpoint left by a dead trainer)", path)
@@ -126,7 +126,9 @@ def staging_dir(run_dir: Path, step: int) -> Path:
 
 def finish_checkpoint(run_dir: Path, tmp: Path, step: int, meta: dict[str, Any],
                       keep: int | None) -> Path:
-    """Rank 0, after every rank wrote into ``tmp``: metadata, rename, pointer, pruning."""
+    """Rank 0, after every rank wrote into ``tmp``: metadata, rename, pointer, pruning. The
+    pointer is replaced only after the rename, so a crash at any point leaves the previous
+    checkpoint as the newest complete one."""
     meta = {"format": META_FORMAT, **meta, "step": step}
     atomic.write_json(tmp / TRAINER_META, meta)
     final = step_dir(run_dir, step)

@@ -68,8 +68,9 @@ def _advantages(plan: Plan, fns: LossFns, ref: torch.Tensor | None, old: torch.T
         adv[rollout], returns[rollout], gae_metrics = fns.gae(
             token_level_rewards(rewards, mask)[rollout], values[rollout], mask[rollout])
         return adv, returns, {**metrics, **gae_metrics}
+    by_run = {"runs": [rows.runs[i] for i in rollout]} if fns.advantage_by_run else {}
     part, adv_metrics = fns.advantage(rewards[rollout], [rows.group_ids[i] for i in rollout],
-                                      mask[rollout])  # [n, R]
+                                      mask[rollout], **by_run)  # [n, R]
     adv[rollout] = part
     return adv, None, {**metrics, **adv_metrics}
 

@@ -48,6 +48,10 @@ class Experience:
     eid: EID = field(default_factory=EID)
     model_version: Optional[int] = None  # weights version that generated the response tokens
     tool_calls: list = field(default_factory=list)  # parsed OpenAI-style calls of a chat reply
+    # With explorer.rollout_model.reasoning_parser: a chat reply's reasoning and its answer
+    # (response_text stays whole: it is what the model generated and what is trained).
+    reasoning_content: Optional[str] = None
+    content: Optional[str] = None  # the reply less its reasoning and tool calls
     finish_reason: Optional[str] = None  # "stop", "length", ...
 
     def __post_init__(self) -> None:

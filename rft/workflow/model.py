@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from concurrent.futures import Future
-from typing import Any, Callable, Optional, Protocol, Sequence
+from typing import Any, Optional, Protocol, Sequence
 
 from rft.errors import WorkflowError
 from rft.workflow.conversation import ChatTemplate, Completion, History, Messages, Thread
@@ -36,6 +36,8 @@ class GenerationService(Protocol):
 
     def parse_tool_calls(self, text: str, tools: list) -> tuple[str, list[dict]]: ...
 
+    def parse_reasoning(self, text: str) -> Optional[tuple[Optional[str], Optional[str]]]: ...
+
 
 class ModelWrapper:
     """One episode's view of the rollout model."""
@@ -43,15 +45,14 @@ class ModelWrapper:
     enable_history = True  # Trinity's flag: calls are recorded (always, here)
 
     def __init__(self, service: GenerationService, template: ChatTemplate,
-                 defaults: GenerationArgs, on_call: Optional[Callable[[], None]] = None):
+                 defaults: GenerationArgs):
         self.service = service
         self.template = template
         self.defaults = defaults  # the task's rollout_args
         self.history = History(template)
         self.calls: list[Experience] = []  # every reply, for extract_experience_from_history
         self.model_calls = 0
-        self.cancelled: Optional[str] = None  # why the episode was stopped
-        self._on_call = on_call  # the runner's check before each call (time limits)
+        self.cancelled: Optional[str] = None  # why the explorer stopped the episode
 
     # -- chat
 
@@ -105,8 +106,6 @@ class ModelWrapper:
                 [stop] if isinstance(stop, str) else list(stop), kwargs.get("tools") or None)
 
     def _check(self) -> None:
-        if self._on_call is not None:
-            self._on_call()
         if self.cancelled:
             raise EpisodeCancelled(self.cancelled)
         self.model_calls += 1
@@ -126,19 +125,21 @@ class ModelWrapper:
         continue_final = bool(messages) and messages[-1].get("role") == "assistant"
         prompt_ids, parent = self.history.prompt_for(messages, tools, continue_final)
         fitted = self._room(prompt_ids, args)
-        future = _overlong(args.n) if fitted is None else self.service.submit(prompt_ids, fitted, stop)
+        future = _nothing_to_wait_for() if fitted is None else self.service.submit(prompt_ids, fitted, stop)
 
         def finish(completions: list[Completion]) -> list[Experience]:
             if fitted is None:
                 return [_prompt_truncated(prompt_ids) for _ in range(args.n)]
             replies = []
             for completion in completions:
-                content, calls = completion.text, []
+                split = self.service.parse_reasoning(completion.text)
+                reasoning, content = split if split is not None else (None, completion.text)
+                calls: list[dict] = []
                 if tools:
-                    content, calls = self.service.parse_tool_calls(completion.text, tools)
+                    content, calls = self.service.parse_tool_calls(content or "", tools)
                 reply = {"role": "assistant", "content": completion.text}
                 self.history.record(messages, tools, prompt_ids, parent, completion, reply)
-                replies.append(_reply(completion, calls))
+                replies.append(_reply(completion, calls, reasoning, content))
             self.calls.extend(replies)
             return replies
         return future, finish
@@ -148,7 +149,7 @@ class ModelWrapper:
         args, stop, _ = self._args(kwargs)
         prompt_ids = self.template.encode(prompt)
         fitted = self._room(prompt_ids, args)
-        future = _overlong(args.n) if fitted is None else self.service.submit(prompt_ids, fitted, stop)
+        future = _nothing_to_wait_for() if fitted is None else self.service.submit(prompt_ids, fitted, stop)
 
         def finish(completions: list[Completion]) -> list[Experience]:
             if fitted is None:
@@ -159,7 +160,8 @@ class ModelWrapper:
         return future, finish
 
 
-def _overlong(n: int) -> "Future[list[Completion]]":
+def _nothing_to_wait_for() -> "Future[list[Completion]]":
+    """The call's prompt leaves no room for a reply: it is answered without the engine."""
     future: Future = Future()
     future.set_result([])
     return future
@@ -167,14 +169,16 @@ def _overlong(n: int) -> "Future[list[Completion]]":
 
 def _prompt_truncated(prompt_ids: list[int]) -> Experience:
     """Trinity's reply to a prompt with no room left: no response, ``prompt_truncated``."""
-    exp = Experience(tokens=prompt_ids, prompt_length=len(prompt_ids), logprobs=[], action_mask=[],
-                     response_text="", truncate_status="prompt_truncated", finish_reason="length")
-    return exp
+    return Experience(tokens=prompt_ids, prompt_length=len(prompt_ids), logprobs=[],
+                      action_mask=[], response_text="", truncate_status="prompt_truncated",
+                      finish_reason="length")
 
 
-def _reply(c: Completion, tool_calls: list[dict]) -> Experience:
+def _reply(c: Completion, tool_calls: list[dict], reasoning: Optional[str] = None,
+           content: Optional[str] = None) -> Experience:
     return Experience(tokens=c.prompt_ids + c.response_ids, prompt_length=len(c.prompt_ids),
                       logprobs=c.logprobs, action_mask=[1] * len(c.response_ids),
                       response_text=c.text, model_version=c.model_version, tool_calls=tool_calls,
+                      reasoning_content=reasoning, content=c.text if content is None else content,
                       finish_reason=c.finish_reason,
                       truncate_status="response_truncated" if c.finish_reason == "length" else None)

@@ -17,13 +17,12 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+from rft.entry import PLUGIN_DIRS_ENV, TRINITY_PLUGIN_DIRS_ENV
 from rft.errors import WorkflowError, did_you_mean
 from rft.workflow.base import workflow_signature_problem
 
 log = logging.getLogger(__name__)
 
-PLUGIN_DIRS_ENV = "RFT_PLUGIN_DIRS"  # os.pathsep-separated plugin directories
-TRINITY_PLUGIN_DIRS_ENV = "TRINITY_PLUGIN_DIRS"  # Trinity's spelling, read too
 SHIPPED_MODULES = ("rft.workflow.envs.calculator", "rft.workflow.envs.guess_number",
                    "rft.workflow.math_eval")
 

@@ -1,39 +1,21 @@
 """Reward functions: a response and a ground truth (strings) -> named reward parts (floats).
 
 A reward function is ``fn(response: str, truth: str, **args) -> dict[str, float]``; the reward
-of an experience is the sum of its parts, and the parts are stored with it for metrics. With
-reward models (``explorer.auxiliary_models``, :mod:`rft.explorer.reward_model`) their scores
-are parts too, and :func:`combine_reward` weighs the two sources.
-Built-ins (``REWARD_FNS``, Trinity-RFT's names):
-
-- ``math_reward``: ``accuracy`` 1.0 if the last ``<answer>...</answer>`` equals the truth, else
-  0.0; ``format_score`` +0.1 for one ``<think>...</think>`` followed by one
-  ``<answer>...</answer>`` and nothing else, else -0.1;
-- ``math_boxed_reward``: ``accuracy`` from the last ``\\boxed{...}``; ``format_score`` +0.1 if
-  there is a complete box, else -0.1;
-- ``accuracy_reward``: ``accuracy`` only, from the last ``<answer>``, else the last box, else
-  the whole response;
-- ``format_reward``: ``format_score`` only (the think/answer structure);
-- ``final_number_reward`` (rft's, for the quick start): ``accuracy`` from the last number in
-  the reply, ``format_score`` +0.1 if that number ends the reply, else -0.1.
-
-``get_reward_fn`` resolves a built-in name or a user's ``package.module:function``;
-``answer_extractor`` says where a reward function reads the answer (``ANSWER_EXTRACTORS``).
-
-Equality of answers: a fast exact path first (numbers after stripping ``$``, thousands commas,
-units and ``%``; integers, decimals and fractions compared as exact rationals), then
-``math_verify`` (parse + verify) for anything else. math_verify's timeouts use
-``signal.alarm``, which works only in the main thread: there it runs with timeouts, elsewhere
-without (it cannot hang on the fast path's numbers, but a pathological expression could be
-slow). Any math_verify error or timeout counts as a wrong answer, never an exception.
+of an experience is the sum of its parts, stored with it for metrics. Reward model scores
+(:mod:`rft.explorer.reward_model`) are parts too, weighed in by :func:`combine_reward`.
+Built-ins: ``REWARD_FNS``; a user's ``package.module:function`` via :func:`get_reward_fn`.
+:func:`answer_extractor` says where a reward function reads the answer (``ANSWER_EXTRACTORS``).
 """
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib
 import inspect
+import json
 import logging
+import operator
 import re
 import threading
 from fractions import Fraction
@@ -145,7 +127,9 @@ def to_number(text: str) -> Fraction | None:
 
 
 def answers_match(predicted: str, truth: str) -> bool:
-    """True if the predicted answer equals the truth: exact numbers first, then math_verify."""
+    """True if the predicted answer equals the truth: a fast exact path first (numbers after
+    stripping ``$``, thousands commas, units and ``%``; integers, decimals and fractions compared
+    as exact rationals), then ``math_verify`` (parse + verify) for anything else."""
     if not predicted.strip() or not truth.strip():
         return False
     pred_num, truth_num = to_number(predicted), to_number(truth)
@@ -173,11 +157,14 @@ def _math_verify_equal(predicted: str, truth: str) -> bool:
     from math_verify import verify
     from math_verify.errors import TimeoutException
 
-    # signal.alarm-based timeouts raise ValueError outside the main thread.
+    # signal.alarm-based timeouts raise ValueError outside the main thread: there it runs with
+    # timeouts, elsewhere without (it cannot hang on the fast path's numbers, but a
+    # pathological expression could be slow).
     timeout_s = MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
     try:
         gold, pred = _mv_parse(truth, timeout_s), _mv_parse(predicted, timeout_s)
         return bool(gold and pred and verify(gold, pred, timeout_seconds=timeout_s))
+    # any math_verify error or timeout counts as a wrong answer, never an exception
     except (Exception, TimeoutException):  # TimeoutException is a BaseException
         log.debug("math_verify failed on %r vs %r; counted as wrong", predicted, truth, exc_info=True)
         return False
@@ -243,7 +230,101 @@ def format_reward(response: str, truth: str) -> RewardParts:
     return {"format_score": _format_part(has_think_answer_format(response))}
 
 
+_EQUATION_CHARS = re.compile(r"^[\d+\-*/().\s]+$")
+_DAPO_ANSWER = re.compile(r"(?i)answer\s*:\s*([^\n]+)")
+
+
+_ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+               ast.Div: operator.truediv, ast.USub: operator.neg, ast.UAdd: operator.pos}
+
+
+def arithmetic_value(expression: str) -> float:
+    """The value of an expression of numbers, + - * / and parentheses (nothing else: no names,
+    no powers); ValueError or ZeroDivisionError otherwise."""
+    def value(node: ast.AST) -> float:
+        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) \
+                and not isinstance(node.value, bool):
+            return node.value
+        if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
+            return _ARITHMETIC[type(node.op)](value(node.left), value(node.right))
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _ARITHMETIC:
+            return _ARITHMETIC[type(node.op)](value(node.operand))
+        raise ValueError("only numbers and + - * / ( ) are allowed")
+    try:
+        return float(value(ast.parse(expression.strip(), mode="eval").body))
+    except SyntaxError as e:
+        raise ValueError(f"not an arithmetic expression: {expression!r}") from e
+
+
+def _countdown_truth(truth: str) -> tuple[float, list[int]] | None:
+    """``{"target": T, "numbers": [...]}`` (JSON or a Python literal) -> (T, numbers)."""
+    for parse in (json.loads, ast.literal_eval):
+        try:
+            value = parse(truth)
+            return float(value["target"]), sorted(int(n) for n in value["numbers"])
+        except (ValueError, SyntaxError, TypeError, KeyError):
+            continue
+    return None
+
+
+def countdown_reward(response: str, truth: str) -> RewardParts:
+    """Trinity's (TinyZero's) countdown: the last ``<answer>`` is an equation using each of the
+    truth's ``numbers`` exactly once (+ - * / and parentheses) that equals its ``target``:
+    ``score`` 1.0; a well-formed equation that misses: 0.1; no equation: 0. The truth column holds
+    ``{"target": T, "numbers": [...]}``; DataError-free: an unreadable truth scores 0."""
+    parsed = _countdown_truth(truth)
+    equation = last_answer_tag(response)
+    if parsed is None or equation is None or not _EQUATION_CHARS.match(equation):
+        return {"score": 0.0}
+    target, numbers = parsed
+    if sorted(int(n) for n in re.findall(r"\d+", equation)) != numbers:
+        return {"score": FORMAT_SCORE}
+    try:
+        value = arithmetic_value(equation)
+    except (ValueError, ZeroDivisionError):
+        return {"score": FORMAT_SCORE}
+    return {"score": 1.0 if abs(value - target) < 1e-5 else FORMAT_SCORE}
+
+
+def math_dapo_reward(response: str, truth: str, *, response_length: int = 0,
+                     enable_overlong_penalty: bool = False, penalty_factor: float | None = None,
+                     max_response_length: int | None = None,
+                     cache_length: int | None = None) -> RewardParts:
+    """DAPO's math reward (Trinity's ``math_dapo_reward``): +1 for a right last ``Answer: X``
+    line, -1 otherwise (``accuracy`` 1/0 plus ``wrong_answer`` 0/-1), and with
+    ``enable_overlong_penalty`` the soft overlong penalty in ``format_score``: 0 up to
+    ``max_response_length - cache_length`` response tokens, then down linearly to
+    ``-penalty_factor`` at ``max_response_length`` (and beyond)."""
+    found = _DAPO_ANSWER.findall(response)
+    correct = bool(found) and answers_match(found[-1].strip(), truth)
+    penalty = 0.0
+    if enable_overlong_penalty:
+        if None in (penalty_factor, max_response_length, cache_length) \
+                or max_response_length <= cache_length:
+            raise ConfigError("math_dapo_reward with enable_overlong_penalty needs penalty_factor, "
+                              "max_response_length and cache_length (max_response_length > "
+                              "cache_length) in reward_fn_args")
+        expected = max_response_length - cache_length
+        if response_length > max_response_length:
+            penalty = -float(penalty_factor)
+        elif response_length > expected:
+            penalty = (expected - response_length) / cache_length * penalty_factor
+    return {"accuracy": float(correct), "wrong_answer": 0.0 if correct else -1.0,
+            "format_score": penalty}
+
+
+def takes_response_length(fn: RewardFn) -> bool:
+    """Whether a reward function wants the response's token count (``response_length=``)."""
+    try:
+        return "response_length" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+# Trinity-RFT's names; final_number_reward is rft's own, for the quick start.
 REWARD_FNS: dict[str, RewardFn] = {
+    "countdown_reward": countdown_reward,
+    "math_dapo_reward": math_dapo_reward,
     "math_reward": math_reward,
     "math_boxed_reward": math_boxed_reward,
     "accuracy_reward": accuracy_reward,
@@ -258,6 +339,8 @@ ANSWER_EXTRACTORS: dict[str, str] = {
     "accuracy_reward": "last <answer>...</answer> tag, else last \\boxed{...}, else the whole response",
     "format_reward": "none (format_score only, no accuracy part)",
     "final_number_reward": "last number in the reply",
+    "countdown_reward": "last <answer>...</answer> tag, an equation of the task's numbers",
+    "math_dapo_reward": "last 'Answer: ...' line",
 }
 
 
@@ -358,12 +441,19 @@ def get_reward_fn(name_or_path: str, args: Mapping[str, Any] | None = None) -> R
     ``reward_fn_args``) as keyword arguments. Returns ``fn(response, truth) -> parts``."""
     args = dict(args or {})
     if name_or_path in REWARD_FNS:
-        if args:
+        fn = REWARD_FNS[name_or_path]
+        if not args:
+            return fn
+        takes = [p.name for p in inspect.signature(fn).parameters.values()
+                 if p.kind is p.KEYWORD_ONLY and p.name != "response_length"]
+        unknown = sorted(set(args) - set(takes))
+        if unknown:
             raise ConfigError(
-                f"reward_fn_args: the built-in reward {name_or_path!r} takes no arguments; got "
-                f"{sorted(args)}. Remove them."
-            )
-        return REWARD_FNS[name_or_path]
+                f"reward_fn_args {unknown}: the built-in reward {name_or_path!r} takes "
+                f"{takes or 'no arguments'}.{did_you_mean(unknown[0], takes)}")
+        bound = functools.partial(fn, **args)
+        bound("", "")  # a bad combination of arguments fails here, at load (the login node)
+        return bound
     user_fn = _import_user_fn(name_or_path)
     _check_user_args(name_or_path, user_fn, args)
     return functools.partial(_as_parts(name_or_path, user_fn), **args)

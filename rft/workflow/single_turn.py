@@ -1,24 +1,9 @@
 """Workflows: how one task row becomes chat messages for generation, and how replies are scored.
 
-Data in: a task row (a dict from the taskset, one row of a HF dataset) and the taskset's
-format config (``prompt_key``, ``response_key``, ``messages_key``, ``system_prompt``,
-``reply_prefix``: ``rft.config.FormatConfig`` or any mapping/object with those names).
-Data out: ``build_messages`` -> ``[{"role", "content"}, ...]`` for the chat template;
-``ground_truth`` -> the reference answer string; ``score`` -> the rule's reward parts (floats);
-``reward`` -> the scalar reward and all parts, the rule's combined with reward model scores
-(weights from ``reward_fn_args``: :mod:`rft.config.auxiliary`).
-
-When ``reply_prefix`` is set, the last message is ``{"role": "assistant", "content":
-reply_prefix}``: a reply the model continues (render it with ``continue_final_message=True``),
-and ``score`` is given ``reply_prefix + response`` so tags opened in the prefix count.
-
-Built-ins (``WORKFLOWS``, Trinity-RFT's names):
-- ``math_workflow``: R1-style system prompt (reason in ``<think>``, answer in ``<answer>``),
-  reward ``math_reward``;
-- ``math_boxed_workflow``: system prompt asking for the final answer in ``\\boxed{}``, reward
-  ``math_boxed_reward``;
-- ``simple_workflow``: the format's system prompt only, reward given by name or dotted path
-  (``default_reward_fn_type``), ``accuracy_reward`` if none.
+Data in: a task row (a dict from the taskset) and the taskset's format config. Data out:
+:meth:`Recipe.build_messages` -> chat messages; :meth:`Recipe.ground_truth` -> the reference
+answer; :meth:`Recipe.score` -> the rule's reward parts; :meth:`Recipe.reward` -> the scalar
+reward and all parts, with reward model scores. Built-ins: ``WORKFLOWS`` (:func:`get_workflow`).
 """
 
 from __future__ import annotations
@@ -35,6 +20,7 @@ from rft.workflow.rewards import (
     combine_reward,
     extract_ground_truth,
     get_reward_fn,
+    takes_response_length,
 )
 
 MATH_SYSTEM_PROMPT = (
@@ -60,15 +46,28 @@ class Recipe:
     reward_weights: RewardWeights = RewardWeights()  # rule vs reward model scores
 
     def build_messages(self, row: Mapping[str, Any], fmt: Any) -> Messages:
-        """Chat messages for generating a reply to ``row`` (:func:`rft.data.chat_messages`)."""
+        """Chat messages for generating a reply to ``row`` (:func:`rft.data.chat_messages`).
+
+        ``fmt``: ``rft.config.FormatConfig`` or any mapping/object with its names
+        (``prompt_key``, ``response_key``, ``messages_key``, ``system_prompt``,
+        ``reply_prefix``). With ``reply_prefix`` the last message is ``{"role": "assistant",
+        "content": reply_prefix}``, a reply the model continues: render it with
+        ``continue_final_message=True``.
+        """
         return chat_messages(row, fmt, self.system_prompt)
 
     def ground_truth(self, row: Mapping[str, Any], fmt: Any) -> str:
         """The reference answer of ``row`` (GSM8K ``####`` number, last ``\\boxed{}``, or text)."""
         return extract_ground_truth(str(column(row, format_field(fmt, "response_key") or "response")))
 
-    def score(self, response: str, truth: str, reply_prefix: str | None = None) -> RewardParts:
-        """Reward parts of a generated ``response`` (without the prefix) against ``truth``."""
+    def score(self, response: str, truth: str, reply_prefix: str | None = None,
+              response_length: int = 0) -> RewardParts:
+        """Reward parts of a generated ``response`` (without the prefix) against ``truth``;
+        ``response_length`` (tokens) reaches a reward that takes it (math_dapo_reward). The
+        reward function is given ``reply_prefix + response``, so tags opened in the prefix count."""
+        if takes_response_length(self.reward_fn):
+            return self.reward_fn((reply_prefix or "") + response, truth,
+                                  response_length=response_length)
         return self.reward_fn((reply_prefix or "") + response, truth)
 
     def reward(self, rule_parts: RewardParts,
@@ -79,9 +78,12 @@ class Recipe:
         return combine_reward(rule_parts, model_scores, w.rule_weight, w.reward_model_weight)
 
 
+# Trinity-RFT's names: (system prompt, default reward).
 _BUILTIN = {
-    "math_workflow": (MATH_SYSTEM_PROMPT, "math_reward"),
+    "math_workflow": (MATH_SYSTEM_PROMPT, "math_reward"),  # R1-style <think>/<answer>
     "math_boxed_workflow": (MATH_BOXED_SYSTEM_PROMPT, "math_boxed_reward"),
+    # the format's system prompt only; the reward given by name or dotted path
+    # (default_reward_fn_type), accuracy_reward if none
     "simple_workflow": (None, "accuracy_reward"),
 }
 # Trinity's async twins: the same recipe (the explorer batches every prompt of a step anyway).

@@ -2,47 +2,34 @@
 
 A task row holds ``question`` and ``answer``. The model writes ``<calc>expression</calc>``
 (generation stops there), the tool's result comes back as ``<result>...</result>``, and the
-reply with ``<answer>N</answer>`` ends the episode; reward 1 for a right answer. With
+reply with ``<answer>N</answer>`` (or any reply without a call) ends the episode; reward 1 for
+a right answer, 0 when the turns run out on a calculator call. With
 ``explorer.rollout_model.enable_auto_tool_choice`` the model's native tool calls work too.
 ``workflow_args``: ``max_env_steps`` (model turns, default 4), ``tool_timeout_s`` (5).
 """
 
 from __future__ import annotations
 
-import ast
-import operator
 import re
 
 from rft.workflow.base import MultiTurnWorkflow
 from rft.workflow.experience import Experience
 from rft.workflow.registry import register_workflow
-from rft.workflow.rewards import answers_match, last_answer_tag, last_number
+from rft.workflow.rewards import answers_match, arithmetic_value, last_answer_tag, last_number
 from rft.workflow.tools import ToolBox
 
 SYSTEM_PROMPT = (
-    "You have a calculator. To compute something, write <calc>expression</calc>, for example "
-    "<calc>23*47</calc>, and you will get <result>value</result>. Then write the final answer "
-    "as <answer>number</answer>."
+    "You have a calculator. Use it like this.\n"
+    "User: What is 23 * 47?\nAssistant: <calc>23*47</calc>\nUser: <result>1081</result>\n"
+    "Assistant: <answer>1081</answer>"
 )
 _CALC = re.compile(r"<calc>(.*?)</calc>\s*$", re.DOTALL)
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-        ast.Div: operator.truediv, ast.USub: operator.neg, ast.UAdd: operator.pos}
-
-
-def _value(node: ast.AST) -> float:
-    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
-        return node.value
-    if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-        return _OPS[type(node.op)](_value(node.left), _value(node.right))
-    if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
-        return _OPS[type(node.op)](_value(node.operand))
-    raise ValueError("only numbers and + - * / ( ) are allowed")
 
 
 def evaluate(expression: str) -> str:
     """Evaluate an arithmetic expression with + - * / and parentheses."""
-    value = _value(ast.parse(expression.replace("x", "*").replace("×", "*"), mode="eval").body)
-    return str(int(value)) if float(value).is_integer() else f"{value:.6g}"
+    value = arithmetic_value(expression.replace("x", "*").replace("×", "*"))
+    return str(int(value)) if value.is_integer() else f"{value:.6g}"
 
 
 @register_workflow("calculator_workflow")
@@ -54,7 +41,7 @@ class CalculatorWorkflow(MultiTurnWorkflow):
         tools = ToolBox([evaluate], call_timeout_s=float(args.get("tool_timeout_s", 5)))
         system = self.task.format_args.system_prompt or SYSTEM_PROMPT
         messages = [{"role": "system", "content": system},
-                    {"role": "user", "content": self.task.task_desc or ""}]
+                    {"role": "user", "content": f"{self.task.task_desc or ''} Use the calculator."}]
         calls = 0
         for _ in range(int(args.get("max_env_steps", 4))):
             reply = self.model.chat(messages, stop=["</calc>"])[0]
@@ -72,7 +59,8 @@ class CalculatorWorkflow(MultiTurnWorkflow):
             messages.append({"role": "user", "content": f"<result>{result.content}</result>"})
             calls += 1
         final = next(m["content"] for m in reversed(messages) if m["role"] == "assistant")
-        answer = last_answer_tag(final) or last_number(final) or ""
+        # An episode that ends on a calculator call (the turns ran out) has no answer.
+        answer = last_answer_tag(final) or ("" if _CALC.search(final) else last_number(final)) or ""
         correct = answers_match(answer, self.task.truth or "")
         return [self.process_messages_to_experience(
             messages, float(correct), info={"accuracy": float(correct), "calculator_calls": calls})]
