@@ -35,9 +35,14 @@ def measure(cfg, engine, sets, tasks: int, concurrency: int) -> dict[str, float]
     start = time.monotonic()
     exps, stats = rollout(cfg, engine, sets, items, 1, 0, "bench")
     seconds = time.monotonic() - start
-    return {"seconds": seconds, "episodes": len(exps), "episodes_per_s": len(exps) / seconds,
-            "tokens_per_s": stats[GENERATED_TOKENS] / seconds, "batches": stats[GENERATE_BATCHES],
-            "calls": stats[EPISODE_TURNS]}
+    return {
+        "seconds": seconds,
+        "episodes": len(exps),
+        "episodes_per_s": len(exps) / seconds,
+        "tokens_per_s": stats[GENERATED_TOKENS] / seconds,
+        "batches": stats[GENERATE_BATCHES],
+        "calls": stats[EPISODE_TURNS],
+    }
 
 
 def main() -> int:
@@ -50,15 +55,23 @@ def main() -> int:
     sets = tasksets.training_tasksets(cfg)
     engine = Engine(cfg)
     measure(cfg, engine, sets, 2, args.concurrency)  # warm-up: the first generates are slow
-    rows = [("one by one (baseline)", measure(cfg, engine, sets, args.tasks, 1)),
-            (f"{args.concurrency} in flight", measure(cfg, engine, sets, args.tasks, args.concurrency))]
-    print(f"{args.tasks} tasks x {cfg.algorithm.repeat_times} episodes, {args.config}, "
-          f"{os.cpu_count()} CPUs")
-    print(f"{'mode':<24} {'seconds':>8} {'episodes/s':>11} {'tokens/s':>9} {'batches':>8} "
-          f"{'calls/ep':>9}")
+    rows = [
+        ("one by one (baseline)", measure(cfg, engine, sets, args.tasks, 1)),
+        (f"{args.concurrency} in flight", measure(cfg, engine, sets, args.tasks, args.concurrency)),
+    ]
+    print(
+        f"{args.tasks} tasks x {cfg.algorithm.repeat_times} episodes, {args.config}, "
+        f"{os.cpu_count()} CPUs"
+    )
+    print(
+        f"{'mode':<24} {'seconds':>8} {'episodes/s':>11} {'tokens/s':>9} {'batches':>8} "
+        f"{'calls/ep':>9}"
+    )
     for label, m in rows:
-        print(f"{label:<24} {m['seconds']:>8.1f} {m['episodes_per_s']:>11.2f} "
-              f"{m['tokens_per_s']:>9.1f} {m['batches']:>8.0f} {m['calls']:>9.2f}")
+        print(
+            f"{label:<24} {m['seconds']:>8.1f} {m['episodes_per_s']:>11.2f} "
+            f"{m['tokens_per_s']:>9.1f} {m['batches']:>8.0f} {m['calls']:>9.2f}"
+        )
     print(f"speed-up: {rows[1][1]['episodes_per_s'] / rows[0][1]['episodes_per_s']:.2f}x")
     return 0
 

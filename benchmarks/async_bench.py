@@ -105,10 +105,28 @@ from rft.monitor import (  # noqa: E402
 )
 from rft.rundir import explorer_role  # noqa: E402
 
-TRAINER_KEYS = ("step", "time", STEP_TIME_S, READ_TIME_S, PUBLISH_TIME_S, BATCH_TOKENS,
-                STALENESS_MEAN, WEIGHTS_VERSION)
-EXPLORER_KEYS = ("step", "time", EXPLORER_STEP_S, EXPLORER_WAIT_S, EXPLORER_RELOAD_S, GENERATE_TIME_S, GENERATED_TOKENS,
-                 RESPONSE_LENGTH_MAX, REWARD_MEAN, WEIGHTS_VERSION)
+TRAINER_KEYS = (
+    "step",
+    "time",
+    STEP_TIME_S,
+    READ_TIME_S,
+    PUBLISH_TIME_S,
+    BATCH_TOKENS,
+    STALENESS_MEAN,
+    WEIGHTS_VERSION,
+)
+EXPLORER_KEYS = (
+    "step",
+    "time",
+    EXPLORER_STEP_S,
+    EXPLORER_WAIT_S,
+    EXPLORER_RELOAD_S,
+    GENERATE_TIME_S,
+    GENERATED_TOKENS,
+    RESPONSE_LENGTH_MAX,
+    REWARD_MEAN,
+    WEIGHTS_VERSION,
+)
 # mode -> the rft-run processes (each a list of overrides) that make it; "{batch2}" and
 # "{half_steps}": twice the config's batch_size, half the steps (rounded up): async-batch2's
 # explorer generates the same tasks in half as many steps of twice the size.
@@ -117,8 +135,10 @@ RUNS = {
     "one-step-off": [["mode=both", "synchronizer.sync_offset=1"]],
     "async": [["mode=explore"], ["mode=train"]],
     "async-lead1": [["mode=explore", "synchronizer.max_lead_steps=1"], ["mode=train"]],
-    "async-batch2": [["mode=explore", "buffer.batch_size={batch2}", "buffer.total_steps={half_steps}"],
-                     ["mode=train"]],
+    "async-batch2": [
+        ["mode=explore", "buffer.batch_size={batch2}", "buffer.total_steps={half_steps}"],
+        ["mode=train"],
+    ],
 }
 CLUSTER_SHAPE = Shape(explorers=4, trainers=2)
 CLUSTER_RUN = Schedule(steps=30, batch_size=128, repeat_times=8)  # configs/grpo_gsm8k.yaml's step
@@ -142,8 +162,11 @@ def cpu_by_role(run_dir: Path, seen: dict[int, tuple[str, float]]) -> dict[str, 
             continue
         if WORKER_MODULE not in args or not any(str(run_dir) in a for a in args):
             continue
-        after = stat[stat.rindex(")") + 2:].split()  # fields from 3 (state) on
-        seen[int(proc.name)] = (args[args.index(WORKER_MODULE) + 1], (int(after[11]) + int(after[12])) / tick)
+        after = stat[stat.rindex(")") + 2 :].split()  # fields from 3 (state) on
+        seen[int(proc.name)] = (
+            args[args.index(WORKER_MODULE) + 1],
+            (int(after[11]) + int(after[12])) / tick,
+        )
     out = {"explorer": 0.0, "trainer": 0.0}
     for role, seconds in seen.values():
         out[role] = out.get(role, 0.0) + seconds
@@ -152,8 +175,14 @@ def cpu_by_role(run_dir: Path, seen: dict[int, tuple[str, float]]) -> dict[str, 
 
 def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     """Start the mode's rft-run processes, print progress, sample CPU; return rows and samples."""
-    common = [f"checkpoint_root_dir={args.out}", f"name={mode}", f"buffer.total_steps={args.steps}",
-              "explorer.eval_interval=0", "explorer.eval_on_startup=false", *args.overrides]
+    common = [
+        f"checkpoint_root_dir={args.out}",
+        f"name={mode}",
+        f"buffer.total_steps={args.steps}",
+        "explorer.eval_interval=0",
+        "explorer.eval_on_startup=false",
+        *args.overrides,
+    ]
     base = load_config(args.config, common)
     sizes = {"batch2": 2 * base.buffer.batch_size, "half_steps": -(-args.steps // 2)}
     runs = [[o.format(**sizes) for o in run] for run in RUNS[mode]]
@@ -162,29 +191,55 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     if run_dir.exists():
         raise SystemExit(f"{run_dir} exists: give another --out (every mode needs a fresh run)")
     env = dict(os.environ)
-    for key, value in {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-                       "TORCH_EXTENSIONS_DIR": str(REPO / ".cache" / "torch_extensions")}.items():
+    for key, value in {
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "TORCH_EXTENSIONS_DIR": str(REPO / ".cache" / "torch_extensions"),
+    }.items():
         env.setdefault(key, value)
     procs = []
     start = time.time()
     for i, extra in enumerate(runs):
         log = args.out / f"{mode}-{i}.log"
         with log.open("w") as sink:
-            procs.append((log, subprocess.Popen(
-                [sys.executable, str(REPO / "bin" / "rft-run"), "--config", args.config, *common, *extra],
-                cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT)))
-    print(f"[{mode}] started ({', '.join(str(log) for log, _ in procs)}), run dir {run_dir}", flush=True)
+            procs.append(
+                (
+                    log,
+                    subprocess.Popen(
+                        [
+                            sys.executable,
+                            str(REPO / "bin" / "rft-run"),
+                            "--config",
+                            args.config,
+                            *common,
+                            *extra,
+                        ],
+                        cwd=REPO,
+                        env=env,
+                        stdout=sink,
+                        stderr=subprocess.STDOUT,
+                    ),
+                )
+            )
+    print(
+        f"[{mode}] started ({', '.join(str(log) for log, _ in procs)}), run dir {run_dir}",
+        flush=True,
+    )
     seen: dict[int, tuple[str, float]] = {}
     samples, printed = [], {"trainer": 0, role: 0}
     while any(p.poll() is None for _, p in procs):
         samples.append((time.time(), cpu_by_role(run_dir, seen)))
         for who in printed:
             rows = read_metrics(run_dir, who)
-            for row in rows[printed[who]:]:
+            for row in rows[printed[who] :]:
                 name = "trainer" if who == "trainer" else "explorer"
                 took = row.get(STEP_TIME_S, row.get(EXPLORER_STEP_S, 0.0))
-                print(f"[{mode}] {name} step {row['step']}/{args.steps} ({took:.1f} s, "
-                      f"{time.time() - start:.0f} s since start)", flush=True)
+                print(
+                    f"[{mode}] {name} step {row['step']}/{args.steps} ({took:.1f} s, "
+                    f"{time.time() - start:.0f} s since start)",
+                    flush=True,
+                )
             printed[who] = len(rows)
         if time.time() - start > args.timeout_min * 60:
             for _, p in procs:
@@ -196,13 +251,21 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
             tail = log.read_text()[-3000:]
             raise SystemExit(f"[{mode}] {log} exited {p.returncode}:\n{tail}")
     trainer = [{k: r[k] for k in TRAINER_KEYS if k in r} for r in read_metrics(run_dir, "trainer")]
-    explorer = [{k: r[k] for k in EXPLORER_KEYS if k in r} for r in read_metrics(run_dir, role)
-                if EXPLORER_STEP_S in r]
+    explorer = [
+        {k: r[k] for k in EXPLORER_KEYS if k in r}
+        for r in read_metrics(run_dir, role)
+        if EXPLORER_STEP_S in r
+    ]
     print(f"[{mode}] done in {(time.time() - start) / 60:.1f} min", flush=True)
     if not args.keep_runs:  # weights and checkpoints: several GB a mode, not needed once read
         shutil.rmtree(run_dir, ignore_errors=True)
-    return {"run_dir": str(run_dir), "wall_min": (time.time() - start) / 60, "trainer": trainer,
-            "explorer": explorer, "cpu_samples": [[t, c["explorer"], c["trainer"]] for t, c in samples]}
+    return {
+        "run_dir": str(run_dir),
+        "wall_min": (time.time() - start) / 60,
+        "trainer": trainer,
+        "explorer": explorer,
+        "cpu_samples": [[t, c["explorer"], c["trainer"]] for t, c in samples],
+    }
 
 
 # ----------------------------------------------------------------------------- measurements
@@ -226,7 +289,9 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     later = trainer[1:]
     e_later = explorer[1:]
     trainer_busy = sum(r[STEP_TIME_S] - r[READ_TIME_S] for r in later)
-    explorer_busy = sum(r[EXPLORER_STEP_S] - r[EXPLORER_WAIT_S] for r in explorer if t0 < r["time"] <= t1)
+    explorer_busy = sum(
+        r[EXPLORER_STEP_S] - r[EXPLORER_WAIT_S] for r in explorer if t0 < r["time"] <= t1
+    )
     samples = run["cpu_samples"]
     cpu_e = cpu_at(samples, t1, 1) - cpu_at(samples, t0, 1)
     cpu_t = cpu_at(samples, t1, 2) - cpu_at(samples, t0, 2)
@@ -235,9 +300,12 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
         "steps_per_min": 60.0 * (len(ends) - 1) / (t1 - t0),
         "reward_per_step": [r.get(REWARD_MEAN) for r in explorer],
         "reward_mean": statistics.fmean(r[REWARD_MEAN] for r in explorer if REWARD_MEAN in r),
-        "trainer_wait_share": sum(r[READ_TIME_S] for r in later) / sum(r[STEP_TIME_S] for r in later),
-        "explorer_wait_share": (sum(r[EXPLORER_WAIT_S] for r in e_later)
-                                / max(sum(r[EXPLORER_STEP_S] for r in e_later), 1e-9)),
+        "trainer_wait_share": sum(r[READ_TIME_S] for r in later)
+        / sum(r[STEP_TIME_S] for r in later),
+        "explorer_wait_share": (
+            sum(r[EXPLORER_WAIT_S] for r in e_later)
+            / max(sum(r[EXPLORER_STEP_S] for r in e_later), 1e-9)
+        ),
         "staleness_mean": statistics.fmean(r.get(STALENESS_MEAN, 0.0) for r in trainer),
         "explorer_cores": cpu_e / explorer_busy if explorer_busy > 0 else None,
         "trainer_cores": cpu_t / trainer_busy if trainer_busy > 0 else None,
@@ -251,11 +319,18 @@ def step_records(run: dict[str, Any]) -> list[StepRecord]:
     out = []
     for t in run["trainer"]:
         e = by_step[t["step"]]
-        out.append(StepRecord(
-            step=t["step"], gen_tokens=int(e[GENERATED_TOKENS]), max_len=int(e[RESPONSE_LENGTH_MAX]),
-            explore_s=e[EXPLORER_STEP_S] - e[EXPLORER_WAIT_S] - e[EXPLORER_RELOAD_S], load_s=e[EXPLORER_RELOAD_S],
-            train_tokens=int(t[BATCH_TOKENS]),
-            train_s=t[STEP_TIME_S] - t[READ_TIME_S] - t[PUBLISH_TIME_S], publish_s=t[PUBLISH_TIME_S]))
+        out.append(
+            StepRecord(
+                step=t["step"],
+                gen_tokens=int(e[GENERATED_TOKENS]),
+                max_len=int(e[RESPONSE_LENGTH_MAX]),
+                explore_s=e[EXPLORER_STEP_S] - e[EXPLORER_WAIT_S] - e[EXPLORER_RELOAD_S],
+                load_s=e[EXPLORER_RELOAD_S],
+                train_tokens=int(t[BATCH_TOKENS]),
+                train_s=t[STEP_TIME_S] - t[READ_TIME_S] - t[PUBLISH_TIME_S],
+                publish_s=t[PUBLISH_TIME_S],
+            )
+        )
     return out
 
 
@@ -267,43 +342,65 @@ def local_prediction(results: dict[str, Any]) -> tuple[dict[str, Result], dict[s
     sync = results["modes"]["sync"]
     records = [StepRecord(**r) for r in sync["sim_records"]]
     costs = calibrate(records)
-    share = share_from_cores(sync["summary"]["explorer_cores"], sync["summary"]["trainer_cores"],
-                             results["machine"]["cores"])
+    share = share_from_cores(
+        sync["summary"]["explorer_cores"],
+        sync["summary"]["trainer_cores"],
+        results["machine"]["cores"],
+    )
     run = results["run"]
-    schedule = Schedule(steps=len(records), batch_size=run["batch_size"],
-                        repeat_times=run["repeat_times"], sync_interval=run["sync_interval"])
+    schedule = Schedule(
+        steps=len(records),
+        batch_size=run["batch_size"],
+        repeat_times=run["repeat_times"],
+        sync_interval=run["sync_interval"],
+    )
     shape = Shape(explorers=run["explorers"], trainers=1, shared=True, share=share)
-    return predict(schedule, shape, costs, ReplayWorkload(tuple(records), run["batch_size"])), \
-        {"costs": asdict(costs), "share": share, "shape": asdict(shape), "schedule": asdict(schedule)}
+    return predict(schedule, shape, costs, ReplayWorkload(tuple(records), run["batch_size"])), {
+        "costs": asdict(costs),
+        "share": share,
+        "shape": asdict(shape),
+        "schedule": asdict(schedule),
+    }
 
 
 def analyze(results: dict[str, Any]) -> None:
     """Print the measured table, predicted vs measured, cluster predictions; fill ``results``."""
     modes = results["modes"]
     sync_spm = modes["sync"]["summary"]["steps_per_min"]
-    print(f"\nmeasured on this machine ({results['machine']['cores']} cores, "
-          f"{results['run']['steps']} steps of {results['run']['batch_size']} tasks x "
-          f"{results['run']['repeat_times']} samples):")
-    print("| mode | steps/min | speed-up vs sync | reward (mean) | trainer waiting | explorer waiting "
-          "| staleness | wall min |")
+    print(
+        f"\nmeasured on this machine ({results['machine']['cores']} cores, "
+        f"{results['run']['steps']} steps of {results['run']['batch_size']} tasks x "
+        f"{results['run']['repeat_times']} samples):"
+    )
+    print(
+        "| mode | steps/min | speed-up vs sync | reward (mean) | trainer waiting | explorer waiting "
+        "| staleness | wall min |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, m in modes.items():
         s = m["summary"]
-        print(f"| {name} | {s['steps_per_min']:.3f} | {s['steps_per_min'] / sync_spm:.2f}x | "
-              f"{s['reward_mean']:.3f} | {s['trainer_wait_share']:.0%} | {s['explorer_wait_share']:.0%} | "
-              f"{s['staleness_mean']:.2f} | {s['wall_min']:.1f} |")
+        print(
+            f"| {name} | {s['steps_per_min']:.3f} | {s['steps_per_min'] / sync_spm:.2f}x | "
+            f"{s['reward_mean']:.3f} | {s['trainer_wait_share']:.0%} | {s['explorer_wait_share']:.0%} | "
+            f"{s['staleness_mean']:.2f} | {s['wall_min']:.1f} |"
+        )
     for name, m in modes.items():
-        print(f"reward per step, {name}: " + " ".join(f"{r:.3f}" for r in m["summary"]["reward_per_step"]))
+        print(
+            f"reward per step, {name}: "
+            + " ".join(f"{r:.3f}" for r in m["summary"]["reward_per_step"])
+        )
 
     predicted, calibration = local_prediction(results)
     results["calibration"] = calibration
     c = calibration["costs"]
-    print(f"\ncalibrated from the sync run: generation {c['gen_overhead_s']:.2f} s + "
-          f"{c['gen_s_per_token'] * 1e3:.2f} ms/token + {c['gen_s_per_decode_step'] * 1e3:.1f} ms x max length; "
-          f"training {c['train_overhead_s']:.2f} s + {c['train_s_per_token'] * 1e3:.2f} ms/token; "
-          f"publish {c['publish_s']:.2f} s, load {c['load_s']:.2f} s; cores busy alone: explorer "
-          f"{modes['sync']['summary']['explorer_cores']:.2f}, trainer {modes['sync']['summary']['trainer_cores']:.2f} "
-          f"-> share {calibration['share']:.2f}")
+    print(
+        f"\ncalibrated from the sync run: generation {c['gen_overhead_s']:.2f} s + "
+        f"{c['gen_s_per_token'] * 1e3:.2f} ms/token + {c['gen_s_per_decode_step'] * 1e3:.1f} ms x max length; "
+        f"training {c['train_overhead_s']:.2f} s + {c['train_s_per_token'] * 1e3:.2f} ms/token; "
+        f"publish {c['publish_s']:.2f} s, load {c['load_s']:.2f} s; cores busy alone: explorer "
+        f"{modes['sync']['summary']['explorer_cores']:.2f}, trainer {modes['sync']['summary']['trainer_cores']:.2f} "
+        f"-> share {calibration['share']:.2f}"
+    )
     print("| mode | measured steps/min | predicted | error | measured speed-up | predicted |")
     print("|---|---:|---:|---:|---:|---:|")
     results["predicted"] = {}
@@ -316,31 +413,55 @@ def analyze(results: dict[str, Any]) -> None:
         error = r.steps_per_min / measured - 1
         results["predicted"][name] = {**asdict(r), "error": error}
         ok = "" if abs(error) <= TOLERANCE else f" (over {TOLERANCE:.0%})"
-        print(f"| {name} | {measured:.3f} | {r.steps_per_min:.3f} | {error:+.1%}{ok} | "
-              f"{measured / sync_spm:.2f}x | {speedup:.2f}x |")
+        print(
+            f"| {name} | {measured:.3f} | {r.steps_per_min:.3f} | {error:+.1%}{ok} | "
+            f"{measured / sync_spm:.2f}x | {speedup:.2f}x |"
+        )
 
-    records = ReplayWorkload(tuple(StepRecord(**r) for r in modes["sync"]["sim_records"]),
-                             results["run"]["batch_size"])
+    records = ReplayWorkload(
+        tuple(StepRecord(**r) for r in modes["sync"]["sim_records"]), results["run"]["batch_size"]
+    )
     costs, shape = Costs(**calibration["costs"]), Shape(**calibration["shape"])
     longer = replace(Schedule(**calibration["schedule"]), steps=LONG_STEPS)
     results["longer"] = {}
-    for label, where in (("this machine", shape), ("separate machines", replace(shape, shared=False))):
+    for label, where in (
+        ("this machine", shape),
+        ("separate machines", replace(shape, shared=False)),
+    ):
         res = predict(longer, where, costs, records)
         results["longer"][label] = {n: asdict(r) for n, r in res.items()}
-        print(f"\n{LONG_STEPS} steps, explorer and trainer on {label} (predicted): " + ", ".join(
-            f"{n} {r.steps_per_min:.3f} steps/min ({r.steps_per_min / res['sync'].steps_per_min:.2f}x, "
-            f"staleness {r.staleness_mean:.1f})" for n, r in res.items()))
-    results["cluster"] = {"shape": asdict(CLUSTER_SHAPE), "schedule": asdict(CLUSTER_RUN),
-                          "costs": asdict(CLUSTER_COSTS)}
-    print(f"\ncluster (predicted): {CLUSTER_SHAPE.explorers} explorers + {CLUSTER_SHAPE.trainers} trainer "
-          f"nodes, {CLUSTER_RUN.batch_size} tasks x {CLUSTER_RUN.repeat_times} samples, "
-          f"reference costs {asdict(CLUSTER_COSTS)}")
+        print(
+            f"\n{LONG_STEPS} steps, explorer and trainer on {label} (predicted): "
+            + ", ".join(
+                f"{n} {r.steps_per_min:.3f} steps/min ({r.steps_per_min / res['sync'].steps_per_min:.2f}x, "
+                f"staleness {r.staleness_mean:.1f})"
+                for n, r in res.items()
+            )
+        )
+    results["cluster"] = {
+        "shape": asdict(CLUSTER_SHAPE),
+        "schedule": asdict(CLUSTER_RUN),
+        "costs": asdict(CLUSTER_COSTS),
+    }
+    print(
+        f"\ncluster (predicted): {CLUSTER_SHAPE.explorers} explorers + {CLUSTER_SHAPE.trainers} trainer "
+        f"nodes, {CLUSTER_RUN.batch_size} tasks x {CLUSTER_RUN.repeat_times} samples, "
+        f"reference costs {asdict(CLUSTER_COSTS)}"
+    )
     for name, lengths in LENGTHS.items():
         res = predict(CLUSTER_RUN, CLUSTER_SHAPE, CLUSTER_COSTS, SampledWorkload(lengths))
         sync = res["sync"].steps_per_min
-        results["cluster"][name] = {n: asdict(r) | {"speedup": r.steps_per_min / sync} for n, r in res.items()}
-        print(f"  {name}: " + ", ".join(f"{n} {r.steps_per_min:.3f} steps/min ({r.steps_per_min / sync:.2f}x, "
-                                        f"staleness {r.staleness_mean:.2f})" for n, r in res.items()))
+        results["cluster"][name] = {
+            n: asdict(r) | {"speedup": r.steps_per_min / sync} for n, r in res.items()
+        }
+        print(
+            f"  {name}: "
+            + ", ".join(
+                f"{n} {r.steps_per_min:.3f} steps/min ({r.steps_per_min / sync:.2f}x, "
+                f"staleness {r.staleness_mean:.2f})"
+                for n, r in res.items()
+            )
+        )
 
 
 def save(path: Path, results: dict[str, Any]) -> None:
@@ -353,14 +474,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default="configs/quickstart_cpu.yaml")
     parser.add_argument("--steps", type=int, default=8, help="buffer.total_steps of every run")
     parser.add_argument("--out", type=Path, default=Path("/tmp/rft-async-bench"))
-    parser.add_argument("--results", type=Path, default=REPO / "benchmarks" / "results" / "async_bench_cpu.json")
+    parser.add_argument(
+        "--results", type=Path, default=REPO / "benchmarks" / "results" / "async_bench_cpu.json"
+    )
     parser.add_argument("--modes", nargs="+", choices=list(RUNS), default=list(RUNS))
     parser.add_argument("--timeout-min", type=float, default=20.0, help="per mode")
-    parser.add_argument("--analyze", action="store_true", help="only redo the analysis of --results")
-    parser.add_argument("--keep-runs", action="store_true",
-                        help="keep each mode's run directory under --out (several GB each)")
-    parser.add_argument("--add", action="store_true",
-                        help="run --modes and add them to --results (same config, steps, machine)")
+    parser.add_argument(
+        "--analyze", action="store_true", help="only redo the analysis of --results"
+    )
+    parser.add_argument(
+        "--keep-runs",
+        action="store_true",
+        help="keep each mode's run directory under --out (several GB each)",
+    )
+    parser.add_argument(
+        "--add",
+        action="store_true",
+        help="run --modes and add them to --results (same config, steps, machine)",
+    )
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
     args = parser.parse_args(argv)
     if args.analyze:
@@ -370,20 +501,31 @@ def main(argv: list[str] | None = None) -> int:
         args.out.mkdir(parents=True, exist_ok=True)
         cfg = load_config(args.config, args.overrides)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        results = {"config": args.config, "overrides": args.overrides,
-                   "machine": {"cores": cores, "load_avg_at_start": os.getloadavg()[0],
-                               "trainer_ranks": int(os.environ.get("RFT_LOCAL_TRAINER_RANKS", "2"))},
-                   "run": {"steps": args.steps, "batch_size": cfg.buffer.batch_size,
-                           "repeat_times": cfg.algorithm.repeat_times,
-                           "sync_interval": cfg.synchronizer.sync_interval,
-                           "explorers": cfg.explorer.rollout_model.engine_num},
-                   "modes": {}}
+        results = {
+            "config": args.config,
+            "overrides": args.overrides,
+            "machine": {
+                "cores": cores,
+                "load_avg_at_start": os.getloadavg()[0],
+                "trainer_ranks": int(os.environ.get("RFT_LOCAL_TRAINER_RANKS", "2")),
+            },
+            "run": {
+                "steps": args.steps,
+                "batch_size": cfg.buffer.batch_size,
+                "repeat_times": cfg.algorithm.repeat_times,
+                "sync_interval": cfg.synchronizer.sync_interval,
+                "explorers": cfg.explorer.rollout_model.engine_num,
+            },
+            "modes": {},
+        }
         if args.add:
             before = json.loads(args.results.read_text())
             same = {k: before[k] for k in ("config", "overrides", "run")}
             if same != {k: results[k] for k in same} or before["machine"]["cores"] != cores:
-                parser.error(f"--add: {args.results} was measured with another config, steps or "
-                             f"machine ({same}); run all modes into a new --results")
+                parser.error(
+                    f"--add: {args.results} was measured with another config, steps or "
+                    f"machine ({same}); run all modes into a new --results"
+                )
             results = {**before, "modes": {**before["modes"]}}
         elif "sync" not in args.modes:
             parser.error("the sync run is the baseline and the calibration: keep it in --modes")
@@ -391,10 +533,13 @@ def main(argv: list[str] | None = None) -> int:
             if mode in args.modes:
                 run = run_mode(mode, args)
                 summary = summarize(run)  # the CPU samples' use: cores per side, kept there
-                results["modes"][mode] = {**{k: v for k, v in run.items() if k != "cpu_samples"},
-                                          "summary": summary,
-                                          "sim_records": [asdict(r) for r in step_records(run)]
-                                          if mode == "sync" else None}
+                results["modes"][mode] = {
+                    **{k: v for k, v in run.items() if k != "cpu_samples"},
+                    "summary": summary,
+                    "sim_records": [asdict(r) for r in step_records(run)]
+                    if mode == "sync"
+                    else None,
+                }
                 save(args.results, results)  # the measurements are kept if the analysis fails
     analyze(results)
     save(args.results, results)

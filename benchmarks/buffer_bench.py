@@ -48,20 +48,30 @@ from rft.trainer.batching import rows_from_experiences  # noqa: E402
 POOL = 32  # distinct token/logprob arrays, reused (content does not change the cost)
 
 
-def make_batches(num: int, tokens: int, prompt_tokens: int, batch: int, group: int
-                 ) -> list[list[Experience]]:
+def make_batches(
+    num: int, tokens: int, prompt_tokens: int, batch: int, group: int
+) -> list[list[Experience]]:
     """Lists of ``batch`` experiences (groups of ``group``), ``num`` in all (built untimed)."""
     rng = random.Random(0)
     prompts = [[rng.randrange(150_000) for _ in range(prompt_tokens)] for _ in range(POOL)]
     responses = [[rng.randrange(150_000) for _ in range(tokens)] for _ in range(POOL)]
     logprobs = [[-rng.random() * 5 for _ in range(tokens)] for _ in range(POOL)]
-    return [[
-            Experience(task_id=f"t{i // group}", group_id=f"g{i // group}",
-                       prompt_ids=prompts[i % POOL], response_ids=responses[i % POOL],
-                       logprobs=logprobs[i % POOL], reward=1.0, reward_parts={"accuracy": 1.0},
-                       model_version=3)
+    return [
+        [
+            Experience(
+                task_id=f"t{i // group}",
+                group_id=f"g{i // group}",
+                prompt_ids=prompts[i % POOL],
+                response_ids=responses[i % POOL],
+                logprobs=logprobs[i % POOL],
+                reward=1.0,
+                reward_parts={"accuracy": 1.0},
+                model_version=3,
+            )
             for i in range(start, min(start + batch, num))
-    ] for start in range(0, num, batch)]
+        ]
+        for start in range(0, num, batch)
+    ]
 
 
 def disk_bytes(path: Path) -> int:
@@ -87,10 +97,14 @@ def timed(trial: Trial, phase: str, fn: Callable[[], int], expect: int) -> None:
     assert count == expect, (phase, count, expect)
 
 
-def time_reads(trial: Trial, new_reader: Callable[[], Callable[[int], list[Experience]]],
-               args: argparse.Namespace) -> None:
+def time_reads(
+    trial: Trial,
+    new_reader: Callable[[], Callable[[int], list[Experience]]],
+    args: argparse.Namespace,
+) -> None:
     """Read everything back with a fresh reader (read), then again with another, tabulating
     each batch as the trainer does (read+rows)."""
+
     def read(tabulate: bool) -> int:
         read_batch, n = new_reader(), 0
         while records := read_batch(args.batch):
@@ -144,11 +158,13 @@ def bench_sqlite_pickle(root: Path, args: argparse.Namespace) -> Trial:
 
         def read(batch: int) -> list[Experience]:
             nonlocal cursor
-            rows = conn.execute("SELECT id, data FROM experiences WHERE id > ? ORDER BY id "
-                                "LIMIT ?", (cursor, batch)).fetchall()
+            rows = conn.execute(
+                "SELECT id, data FROM experiences WHERE id > ? ORDER BY id LIMIT ?", (cursor, batch)
+            ).fetchall()
             if rows:
                 cursor = rows[-1][0]
             return [Experience(**pickle.loads(data)) for _id, data in rows]
+
         return read
 
     trial = Trial()
@@ -173,25 +189,37 @@ def best(trials: list[Trial]) -> Trial:
 
 def print_tables(results: dict[str, Trial], args: argparse.Namespace) -> None:
     n = args.num
-    print(f"{n} experiences, {args.tokens} response + {args.prompt_tokens} prompt tokens, "
-          f"batches of {args.batch}, best of {args.trials} trials")
-    print(f"{'storage':<14} {'write exp/s':>12} {'read exp/s':>11} {'read MB/s':>10} "
-          f"{'MB on disk':>11} {'write exp/cpu-s':>16} {'read exp/cpu-s':>15} "
-          f"{'read+rows exp/cpu-s':>20}")
+    print(
+        f"{n} experiences, {args.tokens} response + {args.prompt_tokens} prompt tokens, "
+        f"batches of {args.batch}, best of {args.trials} trials"
+    )
+    print(
+        f"{'storage':<14} {'write exp/s':>12} {'read exp/s':>11} {'read MB/s':>10} "
+        f"{'MB on disk':>11} {'write exp/cpu-s':>16} {'read exp/cpu-s':>15} "
+        f"{'read+rows exp/cpu-s':>20}"
+    )
     for name, t in results.items():
         mb = t.disk_bytes / 1e6
         per_cpu = "".join(f"{n / t.cpu_s[p]:>{w},.0f}" for p, w in zip(PHASES, (17, 16, 21)))
-        print(f"{name:<14} {n / t.wall_s['write']:>12,.0f} {n / t.wall_s['read']:>11,.0f} "
-              f"{mb / t.wall_s['read']:>10.1f} {mb:>11.1f}{per_cpu}")
-    print(f"{'storage':<14} {'write wall s':>12} {'write cpu s':>11} {'read wall s':>11} "
-          f"{'read cpu s':>10} {'read+rows cpu s':>15}")
+        print(
+            f"{name:<14} {n / t.wall_s['write']:>12,.0f} {n / t.wall_s['read']:>11,.0f} "
+            f"{mb / t.wall_s['read']:>10.1f} {mb:>11.1f}{per_cpu}"
+        )
+    print(
+        f"{'storage':<14} {'write wall s':>12} {'write cpu s':>11} {'read wall s':>11} "
+        f"{'read cpu s':>10} {'read+rows cpu s':>15}"
+    )
     for name, t in results.items():
-        print(f"{name:<14} {t.wall_s['write']:>12.2f} {t.cpu_s['write']:>11.2f} "
-              f"{t.wall_s['read']:>11.2f} {t.cpu_s['read']:>10.2f} {t.cpu_s['read+rows']:>15.2f}")
+        print(
+            f"{name:<14} {t.wall_s['write']:>12.2f} {t.cpu_s['write']:>11.2f} "
+            f"{t.wall_s['read']:>11.2f} {t.cpu_s['read']:>10.2f} {t.cpu_s['read+rows']:>15.2f}"
+        )
     mine, base = results["jsonl"], results["sqlite-pickle"]
     ratios = [base.cpu_s[p] / mine.cpu_s[p] for p in PHASES]
-    print("jsonl / sqlite-pickle, experiences per CPU-second: write x{:.2f}, read x{:.2f}, "
-          "read+rows x{:.2f}".format(*ratios))
+    print(
+        "jsonl / sqlite-pickle, experiences per CPU-second: write x{:.2f}, read x{:.2f}, "
+        "read+rows x{:.2f}".format(*ratios)
+    )
 
 
 def main() -> None:
@@ -201,8 +229,12 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=256, help="prompt tokens each")
     parser.add_argument("--batch", type=int, default=256, help="experiences per segment/read")
     parser.add_argument("--group", type=int, default=8, help="repeat_times (group size)")
-    parser.add_argument("--trials", type=int, default=3, help="rounds over the storages (best kept)")
-    parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir)")
+    parser.add_argument(
+        "--trials", type=int, default=3, help="rounds over the storages (best kept)"
+    )
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="where to write (default: a temp dir)"
+    )
     args = parser.parse_args()
     args.batches = make_batches(args.num, args.tokens, args.prompt_tokens, args.batch, args.group)
     root = Path(tempfile.mkdtemp(prefix="rft-buffer-bench-", dir=args.dir))

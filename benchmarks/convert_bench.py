@@ -59,12 +59,16 @@ convert_zero_checkpoint_to_fp32_state_dict(sys.argv[1], sys.argv[2], safe_serial
 
 def measure(cmd: list[str], env: dict[str, str]) -> dict:
     """Run ``cmd`` in a fresh wrapper process; return wall and CPU seconds, peak RSS (MiB), exit code."""
-    wrapper = ("import json, resource, subprocess, sys, time; t = time.monotonic(); "
-               "rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode; "
-               "ru = resource.getrusage(resource.RUSAGE_CHILDREN); "
-               "print(json.dumps({'wall_s': time.monotonic() - t, 'rc': rc, 'cpu_s': ru.ru_utime + ru.ru_stime, "
-               "'peak_mib': ru.ru_maxrss / 1024}))")
-    out = subprocess.run([PY, "-c", wrapper, *cmd], env=env, capture_output=True, text=True, check=True)
+    wrapper = (
+        "import json, resource, subprocess, sys, time; t = time.monotonic(); "
+        "rc = subprocess.run(sys.argv[1:], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode; "
+        "ru = resource.getrusage(resource.RUSAGE_CHILDREN); "
+        "print(json.dumps({'wall_s': time.monotonic() - t, 'rc': rc, 'cpu_s': ru.ru_utime + ru.ru_stime, "
+        "'peak_mib': ru.ru_maxrss / 1024}))"
+    )
+    out = subprocess.run(
+        [PY, "-c", wrapper, *cmd], env=env, capture_output=True, text=True, check=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -74,10 +78,32 @@ def build_checkpoint(model_dir: Path, stage: int, env: dict[str, str]) -> Path:
         return step
     shutil.rmtree(step, ignore_errors=True)
     print(f"training SmolLM2-135M one step with ZeRO-{stage} on 2 ranks ...", flush=True)
-    subprocess.run([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                    str(REPO / "tests" / "helpers" / "make_ds_checkpoint.py"), "--model-dir", str(model_dir),
-                    "--step-dir", str(step), "--stage", str(stage), "--bf16", "--train-steps", "1", "--lr", "1e-5",
-                    "--hf-files"], env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    subprocess.run(
+        [
+            PY,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(REPO / "tests" / "helpers" / "make_ds_checkpoint.py"),
+            "--model-dir",
+            str(model_dir),
+            "--step-dir",
+            str(step),
+            "--stage",
+            str(stage),
+            "--bf16",
+            "--train-steps",
+            "1",
+            "--lr",
+            "1e-5",
+            "--hf-files",
+        ],
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     return step
 
 
@@ -100,8 +126,15 @@ def bench_stage(model_dir: Path, stage: int, reps: int, env: dict[str, str]) -> 
     actor = step / "actor"
     out_ds, out_cli = CACHE / "out-ds", CACHE / "out-cli"
     tools = {
-        "rft-convert": [PY, str(REPO / "bin" / "rft-convert"), "--checkpoint-dir", str(step), "--dtype", "fp32",
-                        "--force"],
+        "rft-convert": [
+            PY,
+            str(REPO / "bin" / "rft-convert"),
+            "--checkpoint-dir",
+            str(step),
+            "--dtype",
+            "fp32",
+            "--force",
+        ],
         "ds get_fp32+save_file": [PY, "-c", DS_SAVE_FILE, str(actor), str(out_ds)],
         "ds zero_to_fp32 CLI": [PY, "-c", DS_CLI, str(actor), str(out_cli)],
     }
@@ -114,24 +147,39 @@ def bench_stage(model_dir: Path, stage: int, reps: int, env: dict[str, str]) -> 
     ok = same_tensors(actor / "huggingface" / "model.safetensors", out_ds / "model.safetensors")
     rows = []
     for name, rs in runs.items():
-        rows.append({"stage": stage, "tool": name, "rc": max(r["rc"] for r in rs),
-                     "wall_s": statistics.median(r["wall_s"] for r in rs),
-                     "cpu_s": statistics.median(r["cpu_s"] for r in rs),
-                     "peak_mib": statistics.median(r["peak_mib"] for r in rs), "same": ok})
+        rows.append(
+            {
+                "stage": stage,
+                "tool": name,
+                "rc": max(r["rc"] for r in rs),
+                "wall_s": statistics.median(r["wall_s"] for r in rs),
+                "cpu_s": statistics.median(r["cpu_s"] for r in rs),
+                "peak_mib": statistics.median(r["peak_mib"] for r in rs),
+                "same": ok,
+            }
+        )
     return rows
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"\n{'ZeRO':>4}  {'tool':<22} {'wall s':>7} {'CPU s':>6} {'peak RSS MiB':>13} {'wall vs rft':>12} "
-          f"{'CPU vs rft':>11} {'mem vs rft':>11}  note")
+    print(
+        f"\n{'ZeRO':>4}  {'tool':<22} {'wall s':>7} {'CPU s':>6} {'peak RSS MiB':>13} {'wall vs rft':>12} "
+        f"{'CPU vs rft':>11} {'mem vs rft':>11}  note"
+    )
     for stage in sorted({r["stage"] for r in rows}):
         group = [r for r in rows if r["stage"] == stage]
         rft = next(r for r in group if r["tool"] == "rft-convert")
         for r in group:
-            note = "FAILED (exit %d)" % r["rc"] if r["rc"] else ("outputs identical" if r["same"] else "OUTPUTS DIFFER")
-            print(f"{stage:>4}  {r['tool']:<22} {r['wall_s']:>7.2f} {r['cpu_s']:>6.2f} {r['peak_mib']:>13.0f} "
-                  f"{r['wall_s'] / rft['wall_s']:>11.2f}x {r['cpu_s'] / rft['cpu_s']:>10.2f}x "
-                  f"{r['peak_mib'] / rft['peak_mib']:>10.2f}x  {note}")
+            note = (
+                "FAILED (exit %d)" % r["rc"]
+                if r["rc"]
+                else ("outputs identical" if r["same"] else "OUTPUTS DIFFER")
+            )
+            print(
+                f"{stage:>4}  {r['tool']:<22} {r['wall_s']:>7.2f} {r['cpu_s']:>6.2f} {r['peak_mib']:>13.0f} "
+                f"{r['wall_s'] / rft['wall_s']:>11.2f}x {r['cpu_s'] / rft['cpu_s']:>10.2f}x "
+                f"{r['peak_mib'] / rft['peak_mib']:>10.2f}x  {note}"
+            )
 
 
 def main() -> None:
@@ -139,14 +187,25 @@ def main() -> None:
     p.add_argument("--reps", type=int, default=2)
     p.add_argument("--stages", default="2,3")
     args = p.parse_args()
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {
+        **os.environ,
+        "DS_ACCELERATOR": "cpu",
+        "OMP_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
     from rft.devtools import materialize_smollm2
 
     model_dir = materialize_smollm2(REPO / ".cache" / "models" / "smollm2-135m-instruct")
     start = time.monotonic()
-    rows = [row for s in args.stages.split(",") for row in bench_stage(model_dir, int(s), args.reps, env)]
+    rows = [
+        row
+        for s in args.stages.split(",")
+        for row in bench_stage(model_dir, int(s), args.reps, env)
+    ]
     print_table(rows)
-    print(f"\n(median of {args.reps} runs each; SmolLM2-135M, fp32 output; {time.monotonic() - start:.0f}s total)")
+    print(
+        f"\n(median of {args.reps} runs each; SmolLM2-135M, fp32 output; {time.monotonic() - start:.0f}s total)"
+    )
 
 
 if __name__ == "__main__":

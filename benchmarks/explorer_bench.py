@@ -28,26 +28,46 @@ os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 
 from rft.buffer.experience import Experience  # noqa: E402
 from rft.config.load import config_from_dict  # noqa: E402
-from rft.explorer.loop import run_explorer  # noqa: E402
 from rft.devtools import materialize_smollm2  # noqa: E402
+from rft.explorer.loop import run_explorer  # noqa: E402
 
 
 def make_cfg(root: Path, model: Path, args: argparse.Namespace):
-    return config_from_dict({
-        "project": "bench", "name": "explorer", "checkpoint_root_dir": str(root), "mode": "explore",
-        "algorithm": {"repeat_times": args.repeat},
-        "model": {"model_path": str(model), "max_response_tokens": args.tokens, "max_model_len": 512,
-                  "temperature": 1.0},
-        "cluster": {"gpu_per_node": 0},
-        "buffer": {"batch_size": args.batch, "explorer_input": {
-            "taskset": {"name": "arithmetic", "path": str(REPO / "data" / "arithmetic"),
-                        "subset_name": "main", "split": "train",
-                        "format": {"prompt_key": "question", "response_key": "answer"}},
-            "default_workflow_type": "math_workflow"}},
-        "explorer": {"eval_on_startup": False, "eval_interval": 0,
-                     "rollout_model": {"dtype": args.dtype}},
-        "monitor": {"monitor_type": "console"},
-    })
+    return config_from_dict(
+        {
+            "project": "bench",
+            "name": "explorer",
+            "checkpoint_root_dir": str(root),
+            "mode": "explore",
+            "algorithm": {"repeat_times": args.repeat},
+            "model": {
+                "model_path": str(model),
+                "max_response_tokens": args.tokens,
+                "max_model_len": 512,
+                "temperature": 1.0,
+            },
+            "cluster": {"gpu_per_node": 0},
+            "buffer": {
+                "batch_size": args.batch,
+                "explorer_input": {
+                    "taskset": {
+                        "name": "arithmetic",
+                        "path": str(REPO / "data" / "arithmetic"),
+                        "subset_name": "main",
+                        "split": "train",
+                        "format": {"prompt_key": "question", "response_key": "answer"},
+                    },
+                    "default_workflow_type": "math_workflow",
+                },
+            },
+            "explorer": {
+                "eval_on_startup": False,
+                "eval_interval": 0,
+                "rollout_model": {"dtype": args.dtype},
+            },
+            "monitor": {"monitor_type": "console"},
+        }
+    )
 
 
 def step_prompts(run_dir: Path, step: int) -> list[list[int]]:
@@ -65,8 +85,9 @@ def bare_generate(engine, prompts: list[list[int]], sampling) -> tuple[int, floa
 
     params = _params(SamplingParams, sampling, n=sampling.n)
     start = time.monotonic()
-    outputs = engine.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
-                                  [params] * len(prompts), use_tqdm=False)
+    outputs = engine.llm.generate(
+        [TokensPrompt(prompt_token_ids=p) for p in prompts], [params] * len(prompts), use_tqdm=False
+    )
     seconds = time.monotonic() - start
     return sum(len(c.token_ids) for o in outputs for c in o.outputs), seconds
 
@@ -78,9 +99,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16, help="tasks per step")
     parser.add_argument("--repeat", type=int, default=8, help="samples per task")
     parser.add_argument("--tokens", type=int, default=64, help="max response tokens")
-    parser.add_argument("--dtype", default="float32",
-                        help="engine dtype (bfloat16 is ~6x slower on CPUs without AVX512-BF16)")
-    parser.add_argument("--model", default=str(REPO / ".cache" / "models" / "SmolLM2-135M-Instruct"))
+    parser.add_argument(
+        "--dtype",
+        default="float32",
+        help="engine dtype (bfloat16 is ~6x slower on CPUs without AVX512-BF16)",
+    )
+    parser.add_argument(
+        "--model", default=str(REPO / ".cache" / "models" / "SmolLM2-135M-Instruct")
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     model = materialize_smollm2(args.model)
@@ -110,16 +136,22 @@ def main() -> None:
 
 def print_table(args, loop_tokens, loop_s, gen_s, bare_tokens, bare_s) -> None:
     loop_rate, bare_rate = loop_tokens / loop_s, bare_tokens / bare_s
-    print(f"\nSmolLM2-135M-Instruct {args.dtype}, {args.rounds} rounds x {args.steps} steps of {args.batch} tasks x {args.repeat} "
-          f"samples x <= {args.tokens} tokens, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
+    print(
+        f"\nSmolLM2-135M-Instruct {args.dtype}, {args.rounds} rounds x {args.steps} steps of {args.batch} tasks x {args.repeat} "
+        f"samples x <= {args.tokens} tokens, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}"
+    )
     print("| path | generated tokens | seconds | tokens/s |")
     print("|---|---:|---:|---:|")
     print(f"| bare LLM.generate | {bare_tokens:.0f} | {bare_s:.1f} | {bare_rate:.0f} |")
     print(f"| explorer loop (whole step) | {loop_tokens:.0f} | {loop_s:.1f} | {loop_rate:.0f} |")
-    print(f"| explorer loop (generate only) | {loop_tokens:.0f} | {gen_s:.1f} | "
-          f"{loop_tokens / gen_s:.0f} |")
-    print(f"\nratio loop/bare: {loop_rate / bare_rate:.1%} (target >= 95%); loop overhead outside "
-          f"generate: {(loop_s - gen_s) / loop_s:.1%} of step time")
+    print(
+        f"| explorer loop (generate only) | {loop_tokens:.0f} | {gen_s:.1f} | "
+        f"{loop_tokens / gen_s:.0f} |"
+    )
+    print(
+        f"\nratio loop/bare: {loop_rate / bare_rate:.1%} (target >= 95%); loop overhead outside "
+        f"generate: {(loop_s - gen_s) / loop_s:.1%} of step time"
+    )
 
 
 if __name__ == "__main__":

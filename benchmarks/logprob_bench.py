@@ -62,16 +62,30 @@ def run_one(method: str, args: argparse.Namespace) -> dict[str, float]:
     dtype = {"bf16": torch.bfloat16, "fp32": torch.float32}[args.dtype]
     g = torch.Generator().manual_seed(0)
     # built in place: no transient second copy of the head raises the process's high-water mark
-    hidden = torch.randn(args.tokens, args.hidden, generator=g).mul_(0.5).to(device, dtype).requires_grad_()
-    weight = torch.randn(args.vocab, args.hidden, generator=g).mul_(0.02).to(device, dtype).requires_grad_()
+    hidden = (
+        torch.randn(args.tokens, args.hidden, generator=g)
+        .mul_(0.5)
+        .to(device, dtype)
+        .requires_grad_()
+    )
+    weight = (
+        torch.randn(args.vocab, args.hidden, generator=g)
+        .mul_(0.02)
+        .to(device, dtype)
+        .requires_grad_()
+    )
     labels = torch.randint(0, args.vocab, (args.tokens,), generator=g).to(device)
     temps = torch.full((args.tokens,), 0.8, device=device)
 
     def step() -> None:
         if method == "from hidden":
-            lp, ent = logprobs_from_hidden(hidden, weight, labels, temperature=temps, with_entropy=True)
+            lp, ent = logprobs_from_hidden(
+                hidden, weight, labels, temperature=temps, with_entropy=True
+            )
         elif method == "chunked logits":
-            lp, ent = logprobs_from_logits(hidden @ weight.T, labels, temperature=temps, with_entropy=True)
+            lp, ent = logprobs_from_logits(
+                hidden @ weight.T, labels, temperature=temps, with_entropy=True
+            )
         else:
             logsm = ((hidden @ weight.T).float() / temps.unsqueeze(-1)).log_softmax(-1)  # [N, V]
             lp = logsm.gather(-1, labels.unsqueeze(-1)).squeeze(-1)
@@ -88,8 +102,10 @@ def run_one(method: str, args: argparse.Namespace) -> dict[str, float]:
         torch.cuda.reset_peak_memory_stats(device)
     base = current_bytes(device)  # the inputs (and, on CPU, the interpreter and libraries)
     if device.type == "cpu" and peak_bytes(device) > base + (64 << 20):
-        raise SystemExit("the process's peak memory is already above what it holds: the CPU peak "
-                         "would be understated; build the inputs without temporaries")
+        raise SystemExit(
+            "the process's peak memory is already above what it holds: the CPU peak "
+            "would be understated; build the inputs without temporaries"
+        )
     step()  # warm-up, and the peak
     sync()
     peak = peak_bytes(device) - base
@@ -107,29 +123,51 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=1024)
     p.add_argument("--hidden", type=int, default=1536)
     p.add_argument("--vocab", type=int, default=151936)
-    p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16" if torch.cuda.is_available() else "fp32")
+    p.add_argument(
+        "--dtype", choices=["bf16", "fp32"], default="bf16" if torch.cuda.is_available() else "fp32"
+    )
     p.add_argument("--trials", type=int, default=3)
-    p.add_argument("--method", choices=METHODS, help=argparse.SUPPRESS)  # a child process's one method
+    p.add_argument(
+        "--method", choices=METHODS, help=argparse.SUPPRESS
+    )  # a child process's one method
     args = p.parse_args()
     if args.method:
         print(json.dumps(run_one(args.method, args)))
         return
     results = {}
     for method in METHODS:
-        cmd = [sys.executable, __file__, "--method", method, "--tokens", str(args.tokens), "--hidden",
-               str(args.hidden), "--vocab", str(args.vocab), "--dtype", args.dtype, "--trials", str(args.trials)]
+        cmd = [
+            sys.executable,
+            __file__,
+            "--method",
+            method,
+            "--tokens",
+            str(args.tokens),
+            "--hidden",
+            str(args.hidden),
+            "--vocab",
+            str(args.vocab),
+            "--dtype",
+            args.dtype,
+            "--trials",
+            str(args.trials),
+        ]
         out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
         results[method] = json.loads(out.strip().splitlines()[-1])
         print(f"{method}: {results[method]}", file=sys.stderr)
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
     full = results["full"]
-    print(f"\ntokens={args.tokens} hidden={args.hidden} vocab={args.vocab} dtype={args.dtype} device={device} "
-          f"threads={torch.get_num_threads()} trials={args.trials} (median)")
+    print(
+        f"\ntokens={args.tokens} hidden={args.hidden} vocab={args.vocab} dtype={args.dtype} device={device} "
+        f"threads={torch.get_num_threads()} trials={args.trials} (median)"
+    )
     print("| method | s (fwd+bwd) | speed vs full | peak MiB above inputs | peak vs full |")
     print("|---|---|---|---|---|")
     for method, r in results.items():
-        print(f"| {method} | {r['seconds']:.3f} | {full['seconds'] / r['seconds']:.2f}x | "
-              f"{r['peak_bytes'] / 2**20:.0f} | {r['peak_bytes'] / max(full['peak_bytes'], 1):.2f}x |")
+        print(
+            f"| {method} | {r['seconds']:.3f} | {full['seconds'] / r['seconds']:.2f}x | "
+            f"{r['peak_bytes'] / 2**20:.0f} | {r['peak_bytes'] / max(full['peak_bytes'], 1):.2f}x |"
+        )
 
 
 if __name__ == "__main__":

@@ -46,8 +46,8 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from rft.config.load import config_from_dict  # noqa: E402
-from rft.explorer.tasksets import SamplingArgs  # noqa: E402
 from rft.devtools import materialize_smollm2  # noqa: E402
+from rft.explorer.tasksets import SamplingArgs  # noqa: E402
 from rft.models import tokenizer_files  # noqa: E402
 from rft.sync import WeightsPublisher, WeightsWatcher  # noqa: E402
 
@@ -82,28 +82,47 @@ class Bench:
         from rft.trainer.lora import wrap
 
         self.model = model
-        cfg = config_from_dict({"model": {"model_path": str(model), "max_model_len": 256,
-                                          "lora_configs": [{"lora_rank": rank, "lora_alpha": rank}]},
-                                "mode": "train", "cluster": {"gpu_per_node": 0}})
+        cfg = config_from_dict(
+            {
+                "model": {
+                    "model_path": str(model),
+                    "max_model_len": 256,
+                    "lora_configs": [{"lora_rank": rank, "lora_alpha": rank}],
+                },
+                "mode": "train",
+                "cluster": {"gpu_per_node": 0},
+            }
+        )
         start = time.perf_counter()
         self.engine = Engine(cfg)
         log(f"engine (LoRA enabled, rank {rank}) ready in {time.perf_counter() - start:.1f}s")
         self.prompt = self.engine.tokenizer.encode(PROMPT)
         self.base = load_file(str(model / "model.safetensors"))
-        self.peft = wrap(AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.bfloat16),
-                         LoRAConfig(lora_rank=rank, lora_alpha=rank), str(model))
+        self.peft = wrap(
+            AutoModelForCausalLM.from_pretrained(str(model), dtype=torch.bfloat16),
+            LoRAConfig(lora_rank=rank, lora_alpha=rank),
+            str(model),
+        )
         self.publisher = WeightsPublisher(run_dir, keep_versions=2)
         self.watcher = WeightsWatcher(run_dir, loaded_version=0)
 
     def adapter_state(self, version: int) -> dict[str, torch.Tensor]:
         """The adapter with B drawn from a seeded normal: a trained adapter's outputs move."""
         gen = torch.Generator().manual_seed(version)
-        return {name: (torch.randn(p.shape, generator=gen) * 0.01).to(p.dtype) if ".lora_B." in name
-                else p.detach().clone() for name, p in self.peft.named_parameters() if p.requires_grad}
+        return {
+            name: (torch.randn(p.shape, generator=gen) * 0.01).to(p.dtype)
+            if ".lora_B." in name
+            else p.detach().clone()
+            for name, p in self.peft.named_parameters()
+            if p.requires_grad
+        }
 
     def full_state(self, version: int) -> dict[str, torch.Tensor]:
         gen = torch.Generator().manual_seed(version)
-        return {k: v + (1e-3 * torch.randn(v.shape, generator=gen)).to(v.dtype) for k, v in self.base.items()}
+        return {
+            k: v + (1e-3 * torch.randn(v.shape, generator=gen)).to(v.dtype)
+            for k, v in self.base.items()
+        }
 
     def write_full(self, state: dict[str, torch.Tensor]):
         from rft.safetensors_io import SINGLE_FILE, TensorSpec, write_safetensors
@@ -112,6 +131,7 @@ class Bench:
             self.peft.base_model.model.config.save_pretrained(folder)
             specs = [TensorSpec(name, tuple(t.shape), t.dtype) for name, t in state.items()]
             write_safetensors(folder / SINGLE_FILE, specs, lambda spec: state[spec.name])
+
         return write
 
     def write_adapter(self, state: dict[str, torch.Tensor]):
@@ -135,19 +155,27 @@ class Bench:
         done = time.perf_counter()
         assert out[0][0].response_ids
         self.last_folder = latest[1]
-        return Trial(method, version, done - start, published - start, loaded - published, done - loaded)
+        return Trial(
+            method, version, done - start, published - start, loaded - published, done - loaded
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", type=Path, default=None,
-                        help="HF model folder (default: SmolLM2-135M-Instruct, materialized "
-                             "under .cache/models/smollm2-135m-instruct)")
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="HF model folder (default: SmolLM2-135M-Instruct, materialized "
+        "under .cache/models/smollm2-135m-instruct)",
+    )
     parser.add_argument("--trials", type=int, default=5, help="timed trials per method")
     parser.add_argument("--rank", type=int, default=16, help="LoRA rank (all linear layers)")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
-    model = Path(args.model or materialize_smollm2(REPO / ".cache" / "models" / "smollm2-135m-instruct"))
+    model = Path(
+        args.model or materialize_smollm2(REPO / ".cache" / "models" / "smollm2-135m-instruct")
+    )
     run_dir = Path(tempfile.mkdtemp(prefix="rft-lora-sync-bench-"))
     bench = Bench(model, run_dir, args.rank)
     sizes: dict[str, float] = {}
@@ -163,23 +191,31 @@ def main() -> None:
                 version += 1
                 trial = bench.trial(method, version)
                 trials.append(trial)
-                log(f"trial {i + 1}/{args.trials} {method} v{version}: total {trial.total_s:.3f}s "
-                    f"(publish {trial.publish_s:.3f}s, load {trial.load_s:.3f}s)")
+                log(
+                    f"trial {i + 1}/{args.trials} {method} v{version}: total {trial.total_s:.3f}s "
+                    f"(publish {trial.publish_s:.3f}s, load {trial.load_s:.3f}s)"
+                )
     finally:
         shutil.rmtree(run_dir, ignore_errors=True)
-    print(f"\n{model.name}, LoRA rank {args.rank} on all linear layers, {args.trials} trials per "
-          f"method (alternating), OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
-    print("| method | folder MiB | median total s | min total s | median publish s | median load s "
-          "| median generate s |")
+    print(
+        f"\n{model.name}, LoRA rank {args.rank} on all linear layers, {args.trials} trials per "
+        f"method (alternating), OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}"
+    )
+    print(
+        "| method | folder MiB | median total s | min total s | median publish s | median load s "
+        "| median generate s |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|")
     medians = {}
     for method in METHODS:
         rows = [t for t in trials if t.method == method]
         medians[method] = statistics.median(t.total_s for t in rows)
-        print(f"| {method} | {sizes[method]:.1f} | {medians[method]:.3f} | {min(t.total_s for t in rows):.3f} "
-              f"| {statistics.median(t.publish_s for t in rows):.3f} "
-              f"| {statistics.median(t.load_s for t in rows):.3f} "
-              f"| {statistics.median(t.generate_s for t in rows):.3f} |")
+        print(
+            f"| {method} | {sizes[method]:.1f} | {medians[method]:.3f} | {min(t.total_s for t in rows):.3f} "
+            f"| {statistics.median(t.publish_s for t in rows):.3f} "
+            f"| {statistics.median(t.load_s for t in rows):.3f} "
+            f"| {statistics.median(t.generate_s for t in rows):.3f} |"
+        )
     print(f"\nfull / adapter (median total): {medians['full'] / medians['adapter']:.1f}x")
 
 

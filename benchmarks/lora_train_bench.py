@@ -41,7 +41,9 @@ def optimizer_state_bytes(engine) -> int:
     seen, total = set(), 0
     opt = engine.optimizer
     inner = getattr(opt, "optimizer", opt)
-    tensors = [t for state in inner.state.values() for t in state.values() if isinstance(t, torch.Tensor)]
+    tensors = [
+        t for state in inner.state.values() for t in state.values() if isinstance(t, torch.Tensor)
+    ]
     tensors += list(getattr(opt, "single_partition_of_fp32_groups", []))
     for t in tensors:
         if t.data_ptr() not in seen:
@@ -60,8 +62,8 @@ def run_side(args: argparse.Namespace) -> dict:
         sync,
     )
 
-    from rft.trainer.algorithm import build_loss_fns
     from rft.trainer import engine as dse
+    from rft.trainer.algorithm import build_loss_fns
     from rft.trainer.step import train_step
 
     args.gradient_checkpointing = True
@@ -77,7 +79,11 @@ def run_side(args: argparse.Namespace) -> dict:
     actor = dse.build_actor(cfg, info, args.steps + 1)
     ref = dse.build_reference(cfg, info, actor)
     fns = build_loss_fns(cfg.algorithm)
-    vocab = actor.module.config.vocab_size if args.side == "full" else actor.module.base_model.model.config.vocab_size
+    vocab = (
+        actor.module.config.vocab_size
+        if args.side == "full"
+        else actor.module.base_model.model.config.vocab_size
+    )
     batch = make_batch(args.groups, args.repeat, args.prompt_len, args.response_len, vocab)
     train_step(actor, ref, batch, cfg, fns, info, 0, 0)  # warm-up (creates the optimizer state)
     sync(info.device)
@@ -87,11 +93,14 @@ def run_side(args: argparse.Namespace) -> dict:
     sync(info.device)
     step_s = (time.perf_counter() - start) / args.steps
     state = dse.gather_adapter(actor) if actor.lora else dse.gather_weights(actor)
-    return {"side": args.side,
-            "trainable": sum(p.numel() for p in actor.module.parameters() if p.requires_grad),
-            "optimizer_mib": optimizer_state_bytes(actor.engine) / 2**20,
-            "published_mib": sum(t.numel() * t.element_size() for t in state.values()) / 2**20,
-            "peak_gib": peak_memory_gib(info.device), "step_s": step_s}
+    return {
+        "side": args.side,
+        "trainable": sum(p.numel() for p in actor.module.parameters() if p.requires_grad),
+        "optimizer_mib": optimizer_state_bytes(actor.engine) / 2**20,
+        "published_mib": sum(t.numel() * t.element_size() for t in state.values()) / 2**20,
+        "peak_gib": peak_memory_gib(info.device),
+        "step_s": step_s,
+    }
 
 
 def main() -> None:
@@ -114,25 +123,37 @@ def main() -> None:
     rows = []
     for side in SIDES:  # full first, then LoRA: each in a fresh process
         cmd = [sys.executable, __file__, *sys.argv[1:], "--side", side]
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, DS_ACCELERATOR=os.environ.get(
-            "DS_ACCELERATOR", "cpu")))
+        proc = subprocess.run(
+            cmd,
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu")),
+        )
         lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
         if proc.returncode != 0 or not lines:
             sys.exit(f"lora_train_bench: the {side} side failed:\n{proc.stderr[-3000:]}")
-        rows.append(json.loads(lines[-1][len("RESULT "):]))
-    print(f"\n{Path(args.model).name}, {args.precision}, ZeRO-{args.zero_stage}, one rank, "
-          f"{args.groups}x{args.repeat} samples of {args.prompt_len}+{args.response_len} tokens, "
-          f"KL loss on, gradient checkpointing, LoRA rank {args.rank} on all linear layers, "
-          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}")
-    print("| side | trainable params | optimizer state MiB | peak memory GiB | s/step | published MiB |")
+        rows.append(json.loads(lines[-1][len("RESULT ") :]))
+    print(
+        f"\n{Path(args.model).name}, {args.precision}, ZeRO-{args.zero_stage}, one rank, "
+        f"{args.groups}x{args.repeat} samples of {args.prompt_len}+{args.response_len} tokens, "
+        f"KL loss on, gradient checkpointing, LoRA rank {args.rank} on all linear layers, "
+        f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}"
+    )
+    print(
+        "| side | trainable params | optimizer state MiB | peak memory GiB | s/step | published MiB |"
+    )
     print("|---|---:|---:|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['side']} | {r['trainable']:,} | {r['optimizer_mib']:.1f} | {r['peak_gib']:.2f} "
-              f"| {r['step_s']:.2f} | {r['published_mib']:.1f} |")
+        print(
+            f"| {r['side']} | {r['trainable']:,} | {r['optimizer_mib']:.1f} | {r['peak_gib']:.2f} "
+            f"| {r['step_s']:.2f} | {r['published_mib']:.1f} |"
+        )
     full, lora = rows
-    print(f"\nfull / lora: peak memory {full['peak_gib'] / lora['peak_gib']:.2f}x, step time "
-          f"{full['step_s'] / lora['step_s']:.2f}x, optimizer state "
-          f"{full['optimizer_mib'] / max(lora['optimizer_mib'], 1e-9):.0f}x")
+    print(
+        f"\nfull / lora: peak memory {full['peak_gib'] / lora['peak_gib']:.2f}x, step time "
+        f"{full['step_s'] / lora['step_s']:.2f}x, optimizer state "
+        f"{full['optimizer_mib'] / max(lora['optimizer_mib'], 1e-9):.0f}x"
+    )
 
 
 if __name__ == "__main__":

@@ -46,8 +46,11 @@ def _least_squares(rows: Sequence[Sequence[float]], y: Sequence[float]) -> list[
     """Normal equations by Gaussian elimination with pivoting; None when singular."""
     k = len(rows[0])
     scale = [max(abs(r[c]) for r in rows) or 1.0 for c in range(k)]  # conditioning
-    a = [[sum(r[i] * r[j] for r in rows) / (scale[i] * scale[j]) for j in range(k)]
-         + [sum(r[i] * t for r, t in zip(rows, y)) / scale[i]] for i in range(k)]
+    a = [
+        [sum(r[i] * r[j] for r in rows) / (scale[i] * scale[j]) for j in range(k)]
+        + [sum(r[i] * t for r, t in zip(rows, y)) / scale[i]]
+        for i in range(k)
+    ]
     for col in range(k):
         pivot = max(range(col, k), key=lambda i: abs(a[i][col]))
         if abs(a[pivot][col]) < 1e-9:
@@ -67,12 +70,20 @@ def calibrate(records: Sequence[StepRecord], skip_first: int = 1) -> Costs:
     steps that published, ``load_s`` of steps that loaded. The trainer is one node: divide
     ``train_s_per_token`` by nothing; a shape with M trainers divides by M."""
     recs = list(records[skip_first:]) or list(records)
-    gen = nonnegative_least_squares([(1.0, r.gen_tokens, r.max_len) for r in recs],
-                                    [r.explore_s for r in recs])
-    train = nonnegative_least_squares([(1.0, r.train_tokens) for r in recs], [r.train_s for r in recs])
+    gen = nonnegative_least_squares(
+        [(1.0, r.gen_tokens, r.max_len) for r in recs], [r.explore_s for r in recs]
+    )
+    train = nonnegative_least_squares(
+        [(1.0, r.train_tokens) for r in recs], [r.train_s for r in recs]
+    )
     publishes = [r.publish_s for r in recs if r.publish_s > 0]
     loads = [r.load_s for r in recs if r.load_s > 0]
-    return Costs(gen_overhead_s=gen[0], gen_s_per_token=gen[1], gen_s_per_decode_step=gen[2],
-                 train_overhead_s=train[0], train_s_per_token=train[1],
-                 publish_s=statistics.fmean(publishes) if publishes else 0.0,
-                 load_s=statistics.fmean(loads) if loads else 0.0)
+    return Costs(
+        gen_overhead_s=gen[0],
+        gen_s_per_token=gen[1],
+        gen_s_per_decode_step=gen[2],
+        train_overhead_s=train[0],
+        train_s_per_token=train[1],
+        publish_s=statistics.fmean(publishes) if publishes else 0.0,
+        load_s=statistics.fmean(loads) if loads else 0.0,
+    )

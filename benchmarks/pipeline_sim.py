@@ -95,18 +95,23 @@ class LengthModel:
 
     def sample(self, rng: random.Random, n: int) -> list[int]:
         mu = math.log(self.median_tokens)
-        return [max(1, min(self.max_tokens, round(rng.lognormvariate(mu, self.sigma)))) for _ in range(n)]
+        return [
+            max(1, min(self.max_tokens, round(rng.lognormvariate(mu, self.sigma))))
+            for _ in range(n)
+        ]
 
 
 LENGTHS = {
     # GSM8K chain-of-thought replies of a 1.5B instruct model: median 180 tokens, 95% within
     # 2.1x of it (sigma 0.45), limit 1024 as configs/grpo_gsm8k.yaml; ~150-token prompts.
-    "gsm8k-like": LengthModel("gsm8k-like", median_tokens=180, sigma=0.45, max_tokens=1024,
-                              prompt_tokens=150),
+    "gsm8k-like": LengthModel(
+        "gsm8k-like", median_tokens=180, sigma=0.45, max_tokens=1024, prompt_tokens=150
+    ),
     # Reasoning-style replies: most a few hundred tokens (median 400), a heavy tail (sigma 1.2:
     # 1 in 20 above 2,900 tokens) up to an 8,192-token limit that a few samples per step reach.
-    "long-tail": LengthModel("long-tail", median_tokens=400, sigma=1.2, max_tokens=8192,
-                             prompt_tokens=200),
+    "long-tail": LengthModel(
+        "long-tail", median_tokens=400, sigma=1.2, max_tokens=8192, prompt_tokens=200
+    ),
 }
 
 
@@ -120,7 +125,9 @@ class Share:
 
 
 class Workload(Protocol):
-    def share(self, step: int, rank: int, explorers: int, batch_size: int, repeat_times: int) -> Share: ...
+    def share(
+        self, step: int, rank: int, explorers: int, batch_size: int, repeat_times: int
+    ) -> Share: ...
 
 
 @dataclass(frozen=True)
@@ -131,12 +138,19 @@ class SampledWorkload:
     lengths: LengthModel
     seed: int = 0
 
-    def share(self, step: int, rank: int, explorers: int, batch_size: int, repeat_times: int) -> Share:
-        groups = [self.lengths.sample(random.Random(f"{self.seed}/{step}/{slot}"), repeat_times)
-                  for slot in range(rank, batch_size, explorers)]
+    def share(
+        self, step: int, rank: int, explorers: int, batch_size: int, repeat_times: int
+    ) -> Share:
+        groups = [
+            self.lengths.sample(random.Random(f"{self.seed}/{step}/{slot}"), repeat_times)
+            for slot in range(rank, batch_size, explorers)
+        ]
         flat = [n for g in groups for n in g] or [0]
-        return Share(sum(flat), max(flat),
-                     tuple(float(sum(g) + self.lengths.prompt_tokens * len(g)) for g in groups))
+        return Share(
+            sum(flat),
+            max(flat),
+            tuple(float(sum(g) + self.lengths.prompt_tokens * len(g)) for g in groups),
+        )
 
 
 @dataclass(frozen=True)
@@ -161,12 +175,15 @@ class ReplayWorkload:
     records: tuple[StepRecord, ...]
     batch_size: int  # tasks per step of the recorded run
 
-    def share(self, step: int, rank: int, explorers: int, batch_size: int, repeat_times: int) -> Share:
+    def share(
+        self, step: int, rank: int, explorers: int, batch_size: int, repeat_times: int
+    ) -> Share:
         rec = self.records[(step - 1) % len(self.records)]
         groups = len(range(rank, batch_size, explorers))
         per_group = rec.train_tokens / self.batch_size
-        return Share(round(rec.gen_tokens * groups / self.batch_size), rec.max_len,
-                     (per_group,) * groups)
+        return Share(
+            round(rec.gen_tokens * groups / self.batch_size), rec.max_len, (per_group,) * groups
+        )
 
 
 # ----------------------------------------------------------------------------- costs, shape, run
@@ -185,8 +202,11 @@ class Costs:
     load_s: float = 2.0  # explorer: load a new weights version in place
 
     def gen_s(self, share: Share) -> float:
-        return (self.gen_overhead_s + self.gen_s_per_token * share.gen_tokens
-                + self.gen_s_per_decode_step * share.max_len)
+        return (
+            self.gen_overhead_s
+            + self.gen_s_per_token * share.gen_tokens
+            + self.gen_s_per_decode_step * share.max_len
+        )
 
     def train_s(self, tokens: float, trainers: int) -> float:
         return self.train_overhead_s + self.train_s_per_token * tokens / trainers
@@ -300,8 +320,11 @@ def simulate(schedule: Schedule, shape: Shape, costs: Costs, workload: Workload)
     # the explorer steps that feed ``steps`` trainer steps (its own buffer.total_steps): past
     # them an explorer stops, and on shared cores stops competing with the trainer
     explorer_steps = -(-steps * schedule.batch_size // schedule.explore_batch())
-    shares = {(s, r): workload.share(s, r, n, schedule.explore_batch(), schedule.repeat_times)
-              for s in range(1, steps + 1) for r in range(n)}
+    shares = {
+        (s, r): workload.share(s, r, n, schedule.explore_batch(), schedule.repeat_times)
+        for s in range(1, steps + 1)
+        for r in range(n)
+    }
     explorers = [Explorer(r) for r in range(n)]
     trainer = Trainer()
     sealed: dict[int, list[list[Group]]] = {}  # mode both: step -> each explorer's groups
@@ -313,8 +336,11 @@ def simulate(schedule: Schedule, shape: Shape, costs: Costs, workload: Workload)
         step = e.done + 1
         if e.job is not None or step > explorer_steps:
             return
-        lead, _key = explorer_lead("both" if schedule.mode == "both" else "explore",
-                                   schedule.sync_offset, schedule.max_lead_steps)
+        lead, _key = explorer_lead(
+            "both" if schedule.mode == "both" else "explore",
+            schedule.sync_offset,
+            schedule.max_lead_steps,
+        )
         need = 0 if lead is None else required_version(step, lead, schedule.sync_interval)
         if trainer.published < need:
             if e.waiting_since is None:
@@ -336,8 +362,8 @@ def simulate(schedule: Schedule, shape: Shape, costs: Costs, workload: Workload)
             return [g for part in parts for g in part] if len(parts) == n else None
         if len(queue) < schedule.batch_size:
             return None
-        batch = queue[:schedule.batch_size]
-        del queue[:schedule.batch_size]
+        batch = queue[: schedule.batch_size]
+        del queue[: schedule.batch_size]
         return batch
 
     def start_trainer() -> None:
@@ -348,7 +374,9 @@ def simulate(schedule: Schedule, shape: Shape, costs: Costs, workload: Workload)
             return
         trainer.waits.append(now - trainer.ready_since)
         trainer.staleness += [trainer.published - g.version for g in batch]
-        trainer.job = Job("train", costs.train_s(sum(g.train_tokens for g in batch), shape.trainers))
+        trainer.job = Job(
+            "train", costs.train_s(sum(g.train_tokens for g in batch), shape.trainers)
+        )
 
     def finish(actor: Explorer | Trainer) -> None:
         """``actor`` completed its job: the next state."""
@@ -366,7 +394,9 @@ def simulate(schedule: Schedule, shape: Shape, costs: Costs, workload: Workload)
             actor.durations.append(now - actor.step_start)
             actor.step_start = now
             actor.waits.append(0.0)
-        elif job.kind == "train" and publishes_weights(trainer.done + 1, schedule.sync_interval, steps):
+        elif job.kind == "train" and publishes_weights(
+            trainer.done + 1, schedule.sync_interval, steps
+        ):
             actor.job = Job("publish", costs.publish_s)
         else:
             if job.kind == "publish":
@@ -403,10 +433,15 @@ def summarize(trainer: Trainer, explorers: Sequence[Explorer]) -> Result:
     spm = 60.0 * (len(ends) - 1) / span if span > 0 else math.inf
     periods = sum(b - a for a, b in zip(ends, ends[1:]))
     t_idle = sum(trainer.waits[1:]) / periods if periods > 0 else 0.0
-    e_wait = sum(sum(e.waits[1:len(e.durations)]) for e in explorers)
+    e_wait = sum(sum(e.waits[1 : len(e.durations)]) for e in explorers)
     e_time = sum(sum(e.durations[1:]) for e in explorers)
-    return Result(spm, t_idle, e_wait / e_time if e_time > 0 else 0.0,
-                  statistics.fmean(trainer.staleness) if trainer.staleness else 0.0, tuple(ends))
+    return Result(
+        spm,
+        t_idle,
+        e_wait / e_time if e_time > 0 else 0.0,
+        statistics.fmean(trainer.staleness) if trainer.staleness else 0.0,
+        tuple(ends),
+    )
 
 
 # ----------------------------------------------------------------------------- the modes
@@ -422,23 +457,30 @@ MODES = {  # name -> what differs from the base Schedule
 
 def predict(base: Schedule, shape: Shape, costs: Costs, workload: Workload) -> dict[str, Result]:
     """Each of :data:`MODES` on the same shape, costs and samples."""
-    return {name: simulate(replace(base, **changes), shape, costs, workload)
-            for name, changes in MODES.items()}
+    return {
+        name: simulate(replace(base, **changes), shape, costs, workload)
+        for name, changes in MODES.items()
+    }
 
 
 def format_table(results: dict[str, Result]) -> str:
     sync = results["sync"].steps_per_min
-    lines = ["| mode | steps/min | speed-up vs sync | trainer idle | explorer idle | staleness |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| mode | steps/min | speed-up vs sync | trainer idle | explorer idle | staleness |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
     for name, r in results.items():
-        lines.append(f"| {name} | {r.steps_per_min:.3f} | {r.steps_per_min / sync:.2f}x | "
-                     f"{r.trainer_idle:.0%} | {r.explorer_idle:.0%} | {r.staleness_mean:.2f} |")
+        lines.append(
+            f"| {name} | {r.steps_per_min:.3f} | {r.steps_per_min / sync:.2f}x | "
+            f"{r.trainer_idle:.0%} | {r.explorer_idle:.0%} | {r.staleness_mean:.2f} |"
+        )
     return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
     parser.add_argument("--explorers", type=int, default=4, help="explorer tasks (engine_num)")
     parser.add_argument("--trainers", type=int, default=2, help="trainer nodes")
     parser.add_argument("--lengths", choices=sorted(LENGTHS), nargs="+", default=sorted(LENGTHS))
@@ -447,17 +489,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--sync-interval", type=int, default=1)
     parser.add_argument("--shared", action="store_true", help="explorers and trainer share cores")
-    parser.add_argument("--share", type=float, default=0.5, help="rate of each side while both work")
+    parser.add_argument(
+        "--share", type=float, default=0.5, help="rate of each side while both work"
+    )
     parser.add_argument("--seed", type=int, default=0)
     for f in fields(Costs):
-        parser.add_argument(f"--{f.name.replace('_', '-')}", type=float, default=getattr(CLUSTER_COSTS, f.name))
+        parser.add_argument(
+            f"--{f.name.replace('_', '-')}", type=float, default=getattr(CLUSTER_COSTS, f.name)
+        )
     args = parser.parse_args(argv)
     costs = Costs(**{f.name: getattr(args, f.name) for f in fields(Costs)})
     shape = Shape(args.explorers, args.trainers, args.shared, args.share)
-    base = Schedule(steps=args.steps, sync_interval=args.sync_interval, batch_size=args.batch_size,
-                    repeat_times=args.repeat_times)
-    print(f"shape: {shape}\nrun: {base.batch_size} tasks x {base.repeat_times} samples, "
-          f"{base.steps} steps\ncosts: {asdict(costs)}")
+    base = Schedule(
+        steps=args.steps,
+        sync_interval=args.sync_interval,
+        batch_size=args.batch_size,
+        repeat_times=args.repeat_times,
+    )
+    print(
+        f"shape: {shape}\nrun: {base.batch_size} tasks x {base.repeat_times} samples, "
+        f"{base.steps} steps\ncosts: {asdict(costs)}"
+    )
     for name in args.lengths:
         print(f"\n{name} lengths ({LENGTHS[name]}):")
         print(format_table(predict(base, shape, costs, SampledWorkload(LENGTHS[name], args.seed))))

@@ -40,7 +40,6 @@ sys.path.insert(0, str(REPO))
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
 
 
-
 def fsync_folder(folder: Path) -> None:
     for path in folder.iterdir():
         with open(path, "rb+") as f:
@@ -56,19 +55,28 @@ def raw_write(folder: Path, payload: bytes) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", type=Path, default=REPO / ".cache" / "models" / "smollm2-135m-instruct")
+    parser.add_argument(
+        "--model", type=Path, default=REPO / ".cache" / "models" / "smollm2-135m-instruct"
+    )
     parser.add_argument("--zero-stage", type=int, default=2, choices=(0, 1, 2, 3))
     parser.add_argument("--precision", default="fp32", choices=("fp32", "bf16"))
     parser.add_argument("--trials", type=int, default=5)
-    parser.add_argument("--dir", type=Path, default=None, help="where to write (default: a temp dir)")
+    parser.add_argument(
+        "--dir", type=Path, default=None, help="where to write (default: a temp dir)"
+    )
     args = parser.parse_args()
 
     from rft.config.load import config_from_dict
     from rft.trainer import engine as dse
 
-    cfg = config_from_dict({"mode": "train", "model": {"model_path": str(args.model)},
-                            "trainer": {"zero_stage": args.zero_stage, "precision": args.precision},
-                            "buffer": {"total_steps": 1}})
+    cfg = config_from_dict(
+        {
+            "mode": "train",
+            "model": {"model_path": str(args.model)},
+            "trainer": {"zero_stage": args.zero_stage, "precision": args.precision},
+            "buffer": {"total_steps": 1},
+        }
+    )
     info = dse.init_distributed()
     actor = dse.build_actor(cfg, info, 1)
     state = dse.gather_weights(actor)
@@ -82,9 +90,11 @@ def main() -> None:
         actor.module.save_pretrained(folder, state_dict=gathered, safe_serialization=True)
         fsync_folder(folder)
 
-    methods = {"raw": lambda folder: raw_write(folder, payload),
-               "gather + save_pretrained": old_way,
-               "streamed": lambda folder: dse.stream_hf_folder(actor, folder)}
+    methods = {
+        "raw": lambda folder: raw_write(folder, payload),
+        "gather + save_pretrained": old_way,
+        "streamed": lambda folder: dse.stream_hf_folder(actor, folder),
+    }
     times: dict[str, list[float]] = {name: [] for name in methods}
     for trial in range(args.trials + 1):  # trial 0: warm-up, not counted
         for name, write in methods.items():
@@ -100,8 +110,10 @@ def main() -> None:
     shutil.rmtree(root, ignore_errors=True)
 
     raw = statistics.median(times["raw"])
-    print(f"{args.model.name}: {nbytes / 2**20:.0f} MiB of weights, ZeRO-{args.zero_stage}, "
-          f"{args.precision}, {info.device}, {args.trials} trials, written under {root.parent}")
+    print(
+        f"{args.model.name}: {nbytes / 2**20:.0f} MiB of weights, ZeRO-{args.zero_stage}, "
+        f"{args.precision}, {info.device}, {args.trials} trials, written under {root.parent}"
+    )
     print("| method | median s | min s | median / raw |")
     print("|---|---:|---:|---:|")
     for name, values in times.items():

@@ -33,9 +33,12 @@ TARGET_POINTS = 10.0
 
 
 def seed_overrides(seed: int, out: Path) -> list[str]:
-    return [f"checkpoint_root_dir={out}", f"name=seed{seed}",
-            f"explorer.rollout_model.seed={seed}",
-            f"buffer.explorer_input.taskset.task_selector.seed={seed}"]
+    return [
+        f"checkpoint_root_dir={out}",
+        f"name=seed{seed}",
+        f"explorer.rollout_model.seed={seed}",
+        f"buffer.explorer_input.taskset.task_selector.seed={seed}",
+    ]
 
 
 def run_seed(config: str, seed: int, out: Path, extra: list[str]) -> dict:
@@ -44,17 +47,28 @@ def run_seed(config: str, seed: int, out: Path, extra: list[str]) -> dict:
     log = out / f"seed{seed}.log"
     start = time.monotonic()
     with log.open("w") as sink:
-        code = subprocess.call([sys.executable, str(REPO / "bin" / "rft-run"), "--config", config,
-                                *overrides], cwd=REPO, stdout=sink, stderr=subprocess.STDOUT,
-                               env=dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"))
+        code = subprocess.call(
+            [sys.executable, str(REPO / "bin" / "rft-run"), "--config", config, *overrides],
+            cwd=REPO,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            env=dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"),
+        )
     minutes = (time.monotonic() - start) / 60
     report = build_report(read_metrics(cfg.run_dir, explorer_role(cfg.explorer.name)))
     held = next(iter(report.held_out.values()), {})
     before = held.get(0)
     after = held.get(max(held)) if held else None
-    return {"seed": seed, "code": code, "minutes": minutes, "before": before, "after": after,
-            "final_version": max(held) if held else None, "reward": edge_means(report.reward),
-            "log": log}
+    return {
+        "seed": seed,
+        "code": code,
+        "minutes": minutes,
+        "before": before,
+        "after": after,
+        "final_version": max(held) if held else None,
+        "reward": edge_means(report.reward),
+        "log": log,
+    }
 
 
 def fmt(value: float | None, spec: str = ".3f") -> str:
@@ -66,7 +80,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default="configs/quickstart_cpu.yaml")
     parser.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--out", type=Path, default=Path("/tmp/rft-quickstart-bench"))
-    parser.add_argument("--target-minutes", type=float, default=15.0, help="wall-time target per seed")
+    parser.add_argument(
+        "--target-minutes", type=float, default=15.0, help="wall-time target per seed"
+    )
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides for every seed")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -74,18 +90,30 @@ def main(argv: list[str] | None = None) -> int:
     for seed in args.seeds:
         print(f"seed {seed}: running (log {args.out / f'seed{seed}.log'})", flush=True)
         rows.append(run_seed(args.config, seed, args.out, args.overrides))
-    print(f"\n{'seed':>4} {'exit':>4} {'wall min':>8} {'held-out v0':>11} {'final':>7} "
-          f"{'gain pts':>8} {'reward first':>12} {'reward last':>11}  target")
+    print(
+        f"\n{'seed':>4} {'exit':>4} {'wall min':>8} {'held-out v0':>11} {'final':>7} "
+        f"{'gain pts':>8} {'reward first':>12} {'reward last':>11}  target"
+    )
     for r in rows:
-        gain = None if r["before"] is None or r["after"] is None else 100 * (r["after"] - r["before"])
-        ok = (r["code"] == 0 and gain is not None and gain >= TARGET_POINTS
-              and r["minutes"] <= args.target_minutes)
+        gain = (
+            None if r["before"] is None or r["after"] is None else 100 * (r["after"] - r["before"])
+        )
+        ok = (
+            r["code"] == 0
+            and gain is not None
+            and gain >= TARGET_POINTS
+            and r["minutes"] <= args.target_minutes
+        )
         first, last = r["reward"] or (None, None)
-        print(f"{r['seed']:>4} {r['code']:>4} {r['minutes']:>8.1f} {fmt(r['before']):>11} "
-              f"{fmt(r['after']):>7} {fmt(gain, '+.1f'):>8} {fmt(first):>12} {fmt(last):>11}  "
-              f"{'met' if ok else 'MISSED'} (>= {TARGET_POINTS:.0f} pts, <= {args.target_minutes:.0f} min)")
-    print(f"\nheld-out: the accuracy part of the reward, greedy, on {args.config}'s eval taskset; "
-          "v0 is the starting model, final the trained weights")
+        print(
+            f"{r['seed']:>4} {r['code']:>4} {r['minutes']:>8.1f} {fmt(r['before']):>11} "
+            f"{fmt(r['after']):>7} {fmt(gain, '+.1f'):>8} {fmt(first):>12} {fmt(last):>11}  "
+            f"{'met' if ok else 'MISSED'} (>= {TARGET_POINTS:.0f} pts, <= {args.target_minutes:.0f} min)"
+        )
+    print(
+        f"\nheld-out: the accuracy part of the reward, greedy, on {args.config}'s eval taskset; "
+        "v0 is the starting model, final the trained weights"
+    )
     return 0 if all(r["code"] == 0 for r in rows) else 1
 
 

@@ -76,8 +76,8 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 from rft.config.load import config_from_dict  # noqa: E402
-from rft.explorer.tasksets import SamplingArgs  # noqa: E402
 from rft.devtools import materialize_smollm2  # noqa: E402
+from rft.explorer.tasksets import SamplingArgs  # noqa: E402
 from rft.models import tokenizer_files  # noqa: E402
 from rft.sync import Heartbeat, WeightsPublisher, WeightsWatcher  # noqa: E402
 
@@ -104,8 +104,10 @@ def log(msg: str) -> None:
 def noisy(base: dict[str, torch.Tensor], version: int) -> dict[str, torch.Tensor]:
     """The base weights plus small noise seeded by ``version`` (CPU, the base dtypes)."""
     gen = torch.Generator().manual_seed(version)
-    return {k: v + (NOISE * v.float().abs().mean() * torch.randn(v.shape, generator=gen)).to(v.dtype)
-            for k, v in base.items()}
+    return {
+        k: v + (NOISE * v.float().abs().mean() * torch.randn(v.shape, generator=gen)).to(v.dtype)
+        for k, v in base.items()
+    }
 
 
 def trainer_device() -> torch.device:
@@ -115,9 +117,11 @@ def trainer_device() -> torch.device:
         return torch.device("cpu")
     count = torch.cuda.device_count()
     if count < 2:
-        raise SystemExit("sync_bench: the nccl side needs 2 GPUs (NCCL refuses the trainer's and "
-                         "the explorer's ranks on one device); run it on a node with 2 GPUs, or "
-                         "with CUDA_VISIBLE_DEVICES= on the CPU")
+        raise SystemExit(
+            "sync_bench: the nccl side needs 2 GPUs (NCCL refuses the trainer's and "
+            "the explorer's ranks on one device); run it on a node with 2 GPUs, or "
+            "with CUDA_VISIBLE_DEVICES= on the CPU"
+        )
     return torch.device(f"cuda:{count - 1}")
 
 
@@ -132,8 +136,13 @@ class Bench:
         from rft.trainer.broadcaster import WeightBroadcaster
 
         self.model = model
-        cfg = config_from_dict({"model": {"model_path": str(model), "max_model_len": 256},
-                                "mode": "train", "cluster": {"gpu_per_node": 0}})
+        cfg = config_from_dict(
+            {
+                "model": {"model_path": str(model), "max_model_len": 256},
+                "mode": "train",
+                "cluster": {"gpu_per_node": 0},
+            }
+        )
         start = time.perf_counter()
         self.engine = Engine(cfg)
         log(f"engine ready in {time.perf_counter() - start:.1f}s")
@@ -144,10 +153,10 @@ class Bench:
         self.heartbeat = Heartbeat(run_dir, EXPLORER, interval_s=1).start()
         self.publisher = WeightsPublisher(run_dir)
         self.watcher = WeightsWatcher(run_dir, loaded_version=0, heartbeat=self.heartbeat)
-        self.broadcaster = WeightBroadcaster(run_dir, device, timeout_s=TIMEOUT_S,
-                                             heartbeat_live_s=600)
-        self.receiver = BroadcastReceiver(run_dir, EXPLORER, self.engine, tp=1,
-                                          timeout_s=TIMEOUT_S)
+        self.broadcaster = WeightBroadcaster(
+            run_dir, device, timeout_s=TIMEOUT_S, heartbeat_live_s=600
+        )
+        self.receiver = BroadcastReceiver(run_dir, EXPLORER, self.engine, tp=1, timeout_s=TIMEOUT_S)
 
     def close(self) -> None:
         self.receiver.close()
@@ -172,12 +181,14 @@ class Bench:
                 self.hf_model.generation_config.save_pretrained(folder)
             specs = [TensorSpec(name, tuple(t.shape), t.dtype) for name, t in state.items()]
             write_safetensors(folder / SINGLE_FILE, specs, lambda spec: state[spec.name])
+
         return write
 
     def checkpoint(self, version: int, state: dict[str, torch.Tensor]) -> Trial:
         start = time.perf_counter()
-        self.publisher.publish(version, self.write_fn(state),
-                               extra_files=tokenizer_files(self.model))
+        self.publisher.publish(
+            version, self.write_fn(state), extra_files=tokenizer_files(self.model)
+        )
         published = time.perf_counter()
         latest = self.watcher.poll()
         assert latest is not None and latest[0] == version, (latest, version)
@@ -185,8 +196,14 @@ class Bench:
         assert self.watcher.load(version, self.engine.reload), "the folder changed while loading"
         loaded = time.perf_counter()
         generate_s = self.generate()
-        return Trial("checkpoint", version, time.perf_counter() - start, published - start,
-                     loaded - load_start, generate_s)
+        return Trial(
+            "checkpoint",
+            version,
+            time.perf_counter() - start,
+            published - start,
+            loaded - load_start,
+            generate_s,
+        )
 
     def nccl(self, version: int, state: dict[str, torch.Tensor], retry: bool = False) -> Trial:
         """Broadcast ``version`` from a thread, receive it here. ``retry``: broadcast again
@@ -213,8 +230,10 @@ class Bench:
             got = self.receiver.poll(1.0)
             if time.monotonic() > deadline or (got is None and not thread.is_alive() and not sent):
                 thread.join()
-                raise SystemExit(f"sync_bench: weights version {version} did not arrive by "
-                                 "broadcast (see the log above)")
+                raise SystemExit(
+                    f"sync_bench: weights version {version} did not arrive by "
+                    "broadcast (see the log above)"
+                )
         self.watcher.loaded_by_broadcast(version)
         generate_s = self.generate()
         total_s = time.perf_counter() - start
@@ -225,21 +244,33 @@ class Bench:
 
 def check_same_weights(base: float, by_folder: float, by_broadcast: float) -> None:
     """Both paths loaded the same weights (the same log-prob), and not the base model's."""
-    log(f"greedy token log-prob: base model {base:.6f}, the warm-up weights by folder "
-        f"{by_folder:.6f}, by broadcast {by_broadcast:.6f}")
+    log(
+        f"greedy token log-prob: base model {base:.6f}, the warm-up weights by folder "
+        f"{by_folder:.6f}, by broadcast {by_broadcast:.6f}"
+    )
     if abs(by_folder - by_broadcast) > 1e-4 or by_folder == base:
-        raise SystemExit("sync_bench: the two methods loaded different weights (or none): "
-                         "the timings would not compare like with like")
+        raise SystemExit(
+            "sync_bench: the two methods loaded different weights (or none): "
+            "the timings would not compare like with like"
+        )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", type=Path, default=None,
-                        help="HF model folder (default: SmolLM2-135M-Instruct, materialized "
-                             "under .cache/models/smollm2-135m-instruct)")
+    parser.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        help="HF model folder (default: SmolLM2-135M-Instruct, materialized "
+        "under .cache/models/smollm2-135m-instruct)",
+    )
     parser.add_argument("--trials", type=int, default=3, help="timed trials per method")
-    parser.add_argument("--run-dir", type=Path, default=None,
-                        help="run directory for weights/ and the rendezvous (default: a temp dir)")
+    parser.add_argument(
+        "--run-dir",
+        type=Path,
+        default=None,
+        help="run directory for weights/ and the rendezvous (default: a temp dir)",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     device = trainer_device()
@@ -267,9 +298,11 @@ def main() -> None:
                 state = noisy(bench.base, version)
                 trial = getattr(bench, method)(version, state)
                 trials.append(trial)
-                log(f"trial {i + 1}/{args.trials} {method} v{version}: total {trial.total_s:.2f}s "
+                log(
+                    f"trial {i + 1}/{args.trials} {method} v{version}: total {trial.total_s:.2f}s "
                     f"(trainer {trial.trainer_s:.2f}s, explorer {trial.explorer_s:.2f}s, "
-                    f"generate {trial.generate_s:.3f}s)")
+                    f"generate {trial.generate_s:.3f}s)"
+                )
         weights_mb = sum(t.numel() * t.element_size() for t in bench.base.values()) / 2**20
         print_table(args, model, device, weights_mb, trials)
     finally:
@@ -279,21 +312,29 @@ def main() -> None:
 
 
 def print_table(args, model, device, weights_mb: float, trials: list[Trial]) -> None:
-    print(f"\n{Path(model).name}: {weights_mb:.0f} MiB of weights, {args.trials} trials per method "
-          f"(alternating), broadcaster on {device}, OMP_NUM_THREADS="
-          f"{os.environ.get('OMP_NUM_THREADS')}")
-    print("| method | median total s | min total s | median trainer s | median explorer s "
-          "| median generate s |")
+    print(
+        f"\n{Path(model).name}: {weights_mb:.0f} MiB of weights, {args.trials} trials per method "
+        f"(alternating), broadcaster on {device}, OMP_NUM_THREADS="
+        f"{os.environ.get('OMP_NUM_THREADS')}"
+    )
+    print(
+        "| method | median total s | min total s | median trainer s | median explorer s "
+        "| median generate s |"
+    )
     print("|---|---:|---:|---:|---:|---:|")
     medians = {}
-    for method, trainer, explorer in (("checkpoint", "publish", "reload"),
-                                      ("nccl", "broadcast", "receive")):
+    for method, trainer, explorer in (
+        ("checkpoint", "publish", "reload"),
+        ("nccl", "broadcast", "receive"),
+    ):
         rows = [t for t in trials if t.method == method]
         medians[method] = statistics.median(t.total_s for t in rows)
-        print(f"| {method} | {medians[method]:.2f} | {min(t.total_s for t in rows):.2f} | "
-              f"{statistics.median(t.trainer_s for t in rows):.2f} ({trainer}) | "
-              f"{statistics.median(t.explorer_s for t in rows):.2f} ({explorer}) | "
-              f"{statistics.median(t.generate_s for t in rows):.3f} |")
+        print(
+            f"| {method} | {medians[method]:.2f} | {min(t.total_s for t in rows):.2f} | "
+            f"{statistics.median(t.trainer_s for t in rows):.2f} ({trainer}) | "
+            f"{statistics.median(t.explorer_s for t in rows):.2f} ({explorer}) | "
+            f"{statistics.median(t.generate_s for t in rows):.3f} |"
+        )
     print(f"\ncheckpoint / nccl (median total): {medians['checkpoint'] / medians['nccl']:.2f}x")
 
 

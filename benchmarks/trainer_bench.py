@@ -46,32 +46,57 @@ import torch  # noqa: E402
 from rft.buffer.experience import Experience  # noqa: E402
 
 
-def make_batch(groups: int, repeat: int, prompt_len: int, response_len: int, vocab: int) -> list[Experience]:
+def make_batch(
+    groups: int, repeat: int, prompt_len: int, response_len: int, vocab: int
+) -> list[Experience]:
     rng = random.Random(0)
     out = []
     for g in range(groups):
         prompt = [rng.randrange(10, vocab) for _ in range(prompt_len)]
         for k in range(repeat):
-            resp = [rng.randrange(10, vocab) for _ in range(response_len - rng.randrange(0, response_len // 4))]
-            out.append(Experience(task_id=f"t{g}", group_id=f"g{g}", prompt_ids=prompt, response_ids=resp,
-                                  logprobs=[-1.0] * len(resp), reward=float(rng.random() < 0.5)))
+            resp = [
+                rng.randrange(10, vocab)
+                for _ in range(response_len - rng.randrange(0, response_len // 4))
+            ]
+            out.append(
+                Experience(
+                    task_id=f"t{g}",
+                    group_id=f"g{g}",
+                    prompt_ids=prompt,
+                    response_ids=resp,
+                    logprobs=[-1.0] * len(resp),
+                    reward=float(rng.random() < 0.5),
+                )
+            )
     return out
 
 
 def bench_config(args: argparse.Namespace):
     from rft.config.load import config_from_dict
 
-    return config_from_dict({
-        "mode": "train", "checkpoint_root_dir": "/tmp/rft-bench",
-        "algorithm": {"algorithm_type": "grpo", "repeat_times": args.repeat, "kl_loss_fn": "none",
-                      "optimizer": {"lr": 1e-6}},
-        "model": {"model_path": str(args.model)},
-        "buffer": {"batch_size": args.groups, "total_steps": args.steps},
-        "trainer": {"zero_stage": args.zero_stage, "precision": args.precision,
-                    "gradient_checkpointing": args.gradient_checkpointing,
-                    "padding_free": args.packed, "compile_layers": args.compile,
-                    "use_dynamic_bsz": True, "max_token_len_per_gpu": args.max_token_len},
-    })
+    return config_from_dict(
+        {
+            "mode": "train",
+            "checkpoint_root_dir": "/tmp/rft-bench",
+            "algorithm": {
+                "algorithm_type": "grpo",
+                "repeat_times": args.repeat,
+                "kl_loss_fn": "none",
+                "optimizer": {"lr": 1e-6},
+            },
+            "model": {"model_path": str(args.model)},
+            "buffer": {"batch_size": args.groups, "total_steps": args.steps},
+            "trainer": {
+                "zero_stage": args.zero_stage,
+                "precision": args.precision,
+                "gradient_checkpointing": args.gradient_checkpointing,
+                "padding_free": args.packed,
+                "compile_layers": args.compile,
+                "use_dynamic_bsz": True,
+                "max_token_len_per_gpu": args.max_token_len,
+            },
+        }
+    )
 
 
 ANATOMY = ("time_prepare_s", "time_old_logprobs_s", "time_forward_backward_s", "time_optimizer_s")
@@ -84,7 +109,9 @@ def peak_tflops(device: torch.device, given: float | None) -> float | None:
     if given is not None or device.type != "cuda":
         return given
     name = torch.cuda.get_device_name(device)
-    return next((v for k, v in sorted(PEAK_TFLOPS.items(), key=lambda kv: -len(kv[0])) if k in name), None)
+    return next(
+        (v for k, v in sorted(PEAK_TFLOPS.items(), key=lambda kv: -len(kv[0])) if k in name), None
+    )
 
 
 def sync(device: torch.device) -> None:
@@ -134,8 +161,8 @@ def publish_times(actor, device: torch.device) -> tuple[float, float, int]:
 
 def time_rft(cfg, batch, steps: int) -> tuple[float, int, float, dict[str, float]]:
     """Seconds for ``steps`` steps, tokens per step, peak memory (GiB) and the mean step anatomy."""
-    from rft.trainer.algorithm import build_loss_fns
     from rft.trainer import engine as dse
+    from rft.trainer.algorithm import build_loss_fns
     from rft.trainer.step import train_step
 
     info = dse.init_distributed()
@@ -154,8 +181,13 @@ def time_rft(cfg, batch, steps: int) -> tuple[float, int, float, dict[str, float
     seconds = time.perf_counter() - t0
     peak = peak_memory_gib(info.device)
     published, raw, size = publish_times(actor, info.device)
-    anatomy.update(publish_s=published, raw_write_s=raw, publish_vs_raw=published / raw,
-                   published_mib=size / 2**20, old_logprobs_skipped=metrics["old_logprobs_skipped"])
+    anatomy.update(
+        publish_s=published,
+        raw_write_s=raw,
+        publish_vs_raw=published / raw,
+        published_mib=size / 2**20,
+        old_logprobs_skipped=metrics["old_logprobs_skipped"],
+    )
     return seconds, int(metrics["batch_tokens"]), peak, anatomy
 
 
@@ -182,18 +214,27 @@ def time_plain(cfg, batch, steps: int, device: torch.device) -> tuple[float, flo
     if cfg.trainer.gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, weight_decay=0.01, fused=device.type == "cuda")
+    opt = torch.optim.AdamW(
+        model.parameters(), lr=1e-6, weight_decay=0.01, fused=device.type == "cuda"
+    )
     rows = rows_from_experiences(batch)
     lengths = [len(x) for x in rows.input_ids]
-    plans = plan_micro_batches(range(len(rows)), lengths, use_dynamic_bsz=True,
-                               max_token_len=cfg.trainer.max_token_len_per_gpu, micro_batch_size=1)
+    plans = plan_micro_batches(
+        range(len(rows)),
+        lengths,
+        use_dynamic_bsz=True,
+        max_token_len=cfg.trainer.max_token_len_per_gpu,
+        micro_batch_size=1,
+    )
     adv, _ = grpo_advantages(rows.rewards, rows.group_ids, rows.response_mask)
     mask = rows.response_mask  # [N, R]: the whole batch is one source here
     totals = BatchTotals(int(mask.sum()), int((mask.sum(-1) > 0).sum()), mask.shape[-1])
     micros = [collate(rows, m, adv, torch.zeros_like(adv)).to(device) for m in plans]
 
     def logprobs(micro):
-        logits = model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits  # [B, T, V]
+        logits = model(
+            input_ids=micro.input_ids, attention_mask=micro.attention_mask
+        ).logits  # [B, T, V]
         index = torch.arange(len(micro.rows), device=device).unsqueeze(-1)
         logsm = logits[index, micro.logit_positions].float().log_softmax(-1)  # [B, R, V]
         return logsm.gather(-1, micro.response_ids.unsqueeze(-1)).squeeze(-1)  # [B, R]
@@ -237,8 +278,12 @@ def main() -> None:
     p.add_argument("--gradient-checkpointing", action="store_true")
     p.add_argument("--packed", action="store_true", help="trainer.padding_free")
     p.add_argument("--compile", action="store_true", help="trainer.compile_layers")
-    p.add_argument("--peak-tflops", type=float, default=None,
-                   help="the device's peak (TFLOP/s) for MFU; default: known GPUs' bf16 dense peak")
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        default=None,
+        help="the device's peak (TFLOP/s) for MFU; default: known GPUs' bf16 dense peak",
+    )
     args = p.parse_args()
     cfg = bench_config(args)
     from transformers import AutoConfig
@@ -250,24 +295,44 @@ def main() -> None:
     torch.manual_seed(0)
     plain_s, plain_peak, params = time_plain(cfg, batch, args.steps, device)
     rft_s, tokens, rft_peak, anatomy = time_rft(cfg, batch, args.steps)
-    flags = [f for f, on in (("packed", args.packed), ("compiled", args.compile),
-                             ("grad ckpt", args.gradient_checkpointing)) if on]
-    table = [("naive padded torch loop (1 process)", plain_s, plain_peak),
-             (f"rft trainer (ZeRO-{args.zero_stage}, 1 rank{', ' if flags else ''}{', '.join(flags)})",
-              rft_s, rft_peak)]
+    flags = [
+        f
+        for f, on in (
+            ("packed", args.packed),
+            ("compiled", args.compile),
+            ("grad ckpt", args.gradient_checkpointing),
+        )
+        if on
+    ]
+    table = [
+        ("naive padded torch loop (1 process)", plain_s, plain_peak),
+        (
+            f"rft trainer (ZeRO-{args.zero_stage}, 1 rank{', ' if flags else ''}{', '.join(flags)})",
+            rft_s,
+            rft_peak,
+        ),
+    ]
     memory = "peak alloc GiB" if device.type == "cuda" else "peak RSS GiB"
-    print(f"\nmodel={Path(args.model).name} ({params / 1e6:.0f}M params) precision={args.precision} "
-          f"device={torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'} "
-          f"batch={len(batch)} seqs, {tokens} tokens/step, steps={args.steps}, threads={torch.get_num_threads()}")
-    print(f"| {'loop':52} | {'s/step':>7} | {'tokens/s':>9} | {'MFU':>5} | {memory:>14} | {'vs naive':>8} |")
+    print(
+        f"\nmodel={Path(args.model).name} ({params / 1e6:.0f}M params) precision={args.precision} "
+        f"device={torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'} "
+        f"batch={len(batch)} seqs, {tokens} tokens/step, steps={args.steps}, threads={torch.get_num_threads()}"
+    )
+    print(
+        f"| {'loop':52} | {'s/step':>7} | {'tokens/s':>9} | {'MFU':>5} | {memory:>14} | {'vs naive':>8} |"
+    )
     print(f"|{'-' * 54}|{'-' * 9}|{'-' * 11}|{'-' * 7}|{'-' * 16}|{'-' * 10}|")
     for name, seconds, mem in table:
         per_step = seconds / args.steps
         rate = tokens / per_step
         mfu = f"{6 * params * rate / (peak * 1e12):5.3f}" if peak else "    -"
-        print(f"| {name:52} | {per_step:7.3f} | {rate:9.0f} | {mfu} | {mem:14.2f} | {plain_s / seconds:8.2f} |")
-    print("rft step anatomy (mean s/step; no buffer read here): "
-          + " ".join(f"{k}={v:.3f}" for k, v in anatomy.items()))
+        print(
+            f"| {name:52} | {per_step:7.3f} | {rate:9.0f} | {mfu} | {mem:14.2f} | {plain_s / seconds:8.2f} |"
+        )
+    print(
+        "rft step anatomy (mean s/step; no buffer read here): "
+        + " ".join(f"{k}={v:.3f}" for k, v in anatomy.items())
+    )
     from rft.trainer import engine as dse
 
     sys.stdout.flush()

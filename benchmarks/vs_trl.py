@@ -52,13 +52,17 @@ from rft.config.load import load_config  # noqa: E402
 from rft.config.schema import Config  # noqa: E402
 from rft.explorer import tasksets as T  # noqa: E402
 from rft.explorer.loop import accuracy_of  # noqa: E402
-from rft.workflow.rewards import total_reward  # noqa: E402
 from rft.monitor import ACCURACY, POLICY_LOSS, REWARD_MEAN, read_metrics  # noqa: E402
 from rft.rundir import explorer_role  # noqa: E402
+from rft.workflow.rewards import total_reward  # noqa: E402
 
 BENCH_REQUIREMENTS = REPO / "benchmarks" / "requirements-bench.txt"
-RFT_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-           "TORCH_EXTENSIONS_DIR": str(REPO / ".cache" / "torch_extensions")}
+RFT_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "HF_DATASETS_OFFLINE": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "TORCH_EXTENSIONS_DIR": str(REPO / ".cache" / "torch_extensions"),
+}
 TRL_LOSS_TYPES = {"token-mean": "dapo", "seq-mean-token-mean": "grpo"}  # rft agg -> TRL loss_type
 
 
@@ -109,7 +113,9 @@ def hyper_parameters(cfg: Config, seed: int) -> Hyper:
     if cfg.stages:
         raise BenchError("configs with stages: are not supported; benchmark one GRPO stage")
     if cfg.mode != "both" or algo.algorithm_type != "grpo":
-        raise BenchError(f"need mode both and algorithm_type grpo, got {cfg.mode}/{algo.algorithm_type}")
+        raise BenchError(
+            f"need mode both and algorithm_type grpo, got {cfg.mode}/{algo.algorithm_type}"
+        )
     if algo.advantage_fn != "grpo" or algo.policy_loss_fn != "ppo":
         raise BenchError("TRL's GRPOTrainer has GRPO advantages with the PPO clipped loss only")
     if (algo.kl_penalty_fn or "none") != "none" or (algo.entropy_loss_fn or "none") != "none":
@@ -126,41 +132,67 @@ def hyper_parameters(cfg: Config, seed: int) -> Hyper:
     kl_fn = algo.kl_loss_fn or "none"
     pargs = algo.policy_loss_fn_args
     clip = pargs.get("clip_range", 0.2)
-    steps = T.TaskStream(T.training_tasksets(cfg), cfg.buffer.batch_size, cfg.buffer.total_epochs,
-                         cfg.buffer.total_steps).total_steps
+    steps = T.TaskStream(
+        T.training_tasksets(cfg),
+        cfg.buffer.batch_size,
+        cfg.buffer.total_epochs,
+        cfg.buffer.total_steps,
+    ).total_steps
     return Hyper(
-        model_path=str(Path(cfg.model.model_path).absolute()), steps=steps,
-        tasks_per_step=cfg.buffer.batch_size, group_size=algo.repeat_times,
+        model_path=str(Path(cfg.model.model_path).absolute()),
+        steps=steps,
+        tasks_per_step=cfg.buffer.batch_size,
+        group_size=algo.repeat_times,
         updates_per_step=batches.mini_batches_per_step(cfg),
-        rollouts_per_update=batches.rollouts_per_update(cfg), epochs_per_batch=cfg.trainer.ppo_epochs,
-        lr=opt.lr, betas=(opt.betas[0], opt.betas[1]), weight_decay=opt.weight_decay,
+        rollouts_per_update=batches.rollouts_per_update(cfg),
+        epochs_per_batch=cfg.trainer.ppo_epochs,
+        lr=opt.lr,
+        betas=(opt.betas[0], opt.betas[1]),
+        weight_decay=opt.weight_decay,
         lr_schedule=opt.warmup_style,
-        warmup_steps=opt.lr_warmup_steps if opt.lr_warmup_steps >= 0
+        warmup_steps=opt.lr_warmup_steps
+        if opt.lr_warmup_steps >= 0
         else round(opt.lr_warmup_steps_ratio * steps),
-        min_lr_ratio=opt.min_lr_ratio, max_response_tokens=s.max_tokens, temperature=s.temperature,
-        top_p=s.top_p, top_k=s.top_k, kl_fn=kl_fn,
+        min_lr_ratio=opt.min_lr_ratio,
+        max_response_tokens=s.max_tokens,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        kl_fn=kl_fn,
         kl_coef=float(algo.kl_loss_fn_args.get("kl_coef", 0.001)) if kl_fn != "none" else 0.0,
-        clip_low=float(pargs.get("clip_range_low") or clip), clip_high=float(pargs.get("clip_range_high") or clip),
+        clip_low=float(pargs.get("clip_range_low") or clip),
+        clip_high=float(pargs.get("clip_range_high") or clip),
         dual_clip=pargs.get("clip_ratio_c", 3.0),
         std_normalize=bool(algo.advantage_fn_args.get("std_normalize", True)),
-        loss_agg_mode=algo.loss_agg_mode, grad_clip=cfg.trainer.grad_clip,
+        loss_agg_mode=algo.loss_agg_mode,
+        grad_clip=cfg.trainer.grad_clip,
         gradient_checkpointing=cfg.trainer.gradient_checkpointing,
-        max_model_len=cfg.explorer.rollout_model.max_model_len or cfg.model.max_model_len, seed=seed)
+        max_model_len=cfg.explorer.rollout_model.max_model_len or cfg.model.max_model_len,
+        seed=seed,
+    )
 
 
 def differences(h: Hyper, generation: str) -> list[str]:
     """What the two implementations do differently with the same settings (printed)."""
-    out = [f"generation: rft vLLM (CPU) in its own explorer process, TRL {generation} in the "
-           "training process, one after the other"]
+    out = [
+        f"generation: rft vLLM (CPU) in its own explorer process, TRL {generation} in the "
+        "training process, one after the other"
+    ]
     if h.kl_fn not in ("none", "k3"):
         out.append(f"KL estimator: rft {h.kl_fn}, TRL k3 (its only one), both coef {h.kl_coef}")
     if h.std_normalize:
-        out.append("advantages: both (r - group mean) / (unbiased group std + eps), eps rft 1e-6, TRL 1e-4")
+        out.append(
+            "advantages: both (r - group mean) / (unbiased group std + eps), eps rft 1e-6, TRL 1e-4"
+        )
     if h.dual_clip is not None:
-        out.append(f"PPO loss: rft adds the dual clip (clip_ratio_c {h.dual_clip}) for negative "
-                   "advantages; TRL has none")
-    out.append("trainer: rft DeepSpeed ZeRO (gloo on CPU), token-budget micro-batches; TRL "
-               "accelerate, one forward per mini-batch")
+        out.append(
+            f"PPO loss: rft adds the dual clip (clip_ratio_c {h.dual_clip}) for negative "
+            "advantages; TRL has none"
+        )
+    out.append(
+        "trainer: rft DeepSpeed ZeRO (gloo on CPU), token-budget micro-batches; TRL "
+        "accelerate, one forward per mini-batch"
+    )
     return out
 
 
@@ -178,27 +210,40 @@ class TaskRow:
 def step_tasks(cfg: Config, tokenizer: Any, steps: int) -> list[TaskRow]:
     """rft's first ``steps`` batches of training tasks, as TRL dataset rows, in order."""
     train_sets = T.training_tasksets(cfg)
-    stream = T.TaskStream(train_sets, cfg.buffer.batch_size, cfg.buffer.total_epochs,
-                          cfg.buffer.total_steps)
+    stream = T.TaskStream(
+        train_sets, cfg.buffer.batch_size, cfg.buffer.total_epochs, cfg.buffer.total_steps
+    )
     cursor, rows = stream.new_cursor(), []
     limit = T.prompt_token_limit(cfg)
-    thinking = cfg.model.enable_thinking if cfg.model.enable_thinking is not None \
-        else cfg.explorer.rollout_model.enable_thinking  # as the explorer renders prompts
+    thinking = (
+        cfg.model.enable_thinking
+        if cfg.model.enable_thinking is not None
+        else cfg.explorer.rollout_model.enable_thinking
+    )  # as the explorer renders prompts
     for _ in range(steps):
         for task in stream.next_batch(cursor):
             ts = train_sets[task.taskset]
             row, fmt = ts.rows[task.index], ts.config.format
-            ids = T.prompt_ids(tokenizer, ts.workflow.build_messages(row, fmt),
-                               reply_prefix=fmt.reply_prefix, chat_template=cfg.model.custom_chat_template,
-                               enable_thinking=thinking)
+            ids = T.prompt_ids(
+                tokenizer,
+                ts.workflow.build_messages(row, fmt),
+                reply_prefix=fmt.reply_prefix,
+                chat_template=cfg.model.custom_chat_template,
+                enable_thinking=thinking,
+            )
             text = tokenizer.decode(ids)
             if tokenizer(text)["input_ids"] != ids:
-                raise BenchError(f"task {task}: the rendered prompt does not re-tokenize to the "
-                                 "explorer's ids; TRL would see another prompt")
+                raise BenchError(
+                    f"task {task}: the rendered prompt does not re-tokenize to the "
+                    "explorer's ids; TRL would see another prompt"
+                )
             if limit is not None and len(ids) > limit:
                 raise BenchError(f"task {task}: prompt of {len(ids)} tokens is over {limit}")
-            rows.append(TaskRow(text, ts.workflow.ground_truth(row, fmt), fmt.reply_prefix or "",
-                                task.taskset))
+            rows.append(
+                TaskRow(
+                    text, ts.workflow.ground_truth(row, fmt), fmt.reply_prefix or "", task.taskset
+                )
+            )
     if len(rows) != steps * cfg.buffer.batch_size:
         raise BenchError(f"the taskset gives {len(rows)} tasks, not {steps} full steps")
     return rows
@@ -211,10 +256,15 @@ def import_trl() -> Any:
     try:
         import trl
     except ImportError as e:
-        pin = next(line.split()[0] for line in BENCH_REQUIREMENTS.read_text().splitlines()
-                   if line.startswith("trl=="))
-        raise BenchError(f"TRL is not installed: .venv/bin/pip install {pin} "
-                         f"(or -r {BENCH_REQUIREMENTS.relative_to(REPO)})") from e
+        pin = next(
+            line.split()[0]
+            for line in BENCH_REQUIREMENTS.read_text().splitlines()
+            if line.startswith("trl==")
+        )
+        raise BenchError(
+            f"TRL is not installed: .venv/bin/pip install {pin} "
+            f"(or -r {BENCH_REQUIREMENTS.relative_to(REPO)})"
+        ) from e
     return trl
 
 
@@ -234,35 +284,81 @@ def run_trl(cfg: Config, h: Hyper, out: Path, generation: str) -> dict[str, Any]
     train_sets = T.training_tasksets(cfg)
     rewards: list[tuple[list[float], list[float]]] = []  # per generation: rewards, accuracies
 
-    def rft_reward(completions: list[str], truth: list[str], reply_prefix: list[str],
-                   taskset: list[int], **_: Any) -> list[float]:
-        parts = [train_sets[i].workflow.score(c, t, p or None)
-                 for c, t, p, i in zip(completions, truth, reply_prefix, taskset)]
+    def rft_reward(
+        completions: list[str],
+        truth: list[str],
+        reply_prefix: list[str],
+        taskset: list[int],
+        **_: Any,
+    ) -> list[float]:
+        parts = [
+            train_sets[i].workflow.score(c, t, p or None)
+            for c, t, p, i in zip(completions, truth, reply_prefix, taskset)
+        ]
         totals = [total_reward(x) for x in parts]
-        rewards.append((totals, [accuracy_of(SimpleNamespace(reward_parts=x, reward=r))
-                                 for x, r in zip(parts, totals)]))
+        rewards.append(
+            (
+                totals,
+                [
+                    accuracy_of(SimpleNamespace(reward_parts=x, reward=r))
+                    for x, r in zip(parts, totals)
+                ],
+            )
+        )
         return totals
 
     updates = h.updates_per_step * h.epochs_per_batch  # TRL optimizer steps per rft step
     args = trl.GRPOConfig(
-        output_dir=str(out / "trl"), max_steps=h.steps * updates, seed=h.seed, use_cpu=True,
-        bf16=False, fp16=False, report_to=[], logging_steps=1, save_strategy="no",
-        per_device_train_batch_size=h.rollouts_per_update, steps_per_generation=h.updates_per_step,
-        gradient_accumulation_steps=1, num_generations=h.group_size, num_iterations=h.epochs_per_batch,
-        shuffle_dataset=False, max_completion_length=h.max_response_tokens,
-        temperature=h.temperature, top_p=h.top_p, top_k=max(h.top_k, 0),
-        learning_rate=h.lr, adam_beta1=h.betas[0], adam_beta2=h.betas[1], weight_decay=h.weight_decay,
-        lr_scheduler_type="constant_with_warmup" if h.lr_schedule == "constant" else "cosine_with_min_lr",
+        output_dir=str(out / "trl"),
+        max_steps=h.steps * updates,
+        seed=h.seed,
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        per_device_train_batch_size=h.rollouts_per_update,
+        steps_per_generation=h.updates_per_step,
+        gradient_accumulation_steps=1,
+        num_generations=h.group_size,
+        num_iterations=h.epochs_per_batch,
+        shuffle_dataset=False,
+        max_completion_length=h.max_response_tokens,
+        temperature=h.temperature,
+        top_p=h.top_p,
+        top_k=max(h.top_k, 0),
+        learning_rate=h.lr,
+        adam_beta1=h.betas[0],
+        adam_beta2=h.betas[1],
+        weight_decay=h.weight_decay,
+        lr_scheduler_type="constant_with_warmup"
+        if h.lr_schedule == "constant"
+        else "cosine_with_min_lr",
         lr_scheduler_kwargs={} if h.lr_schedule == "constant" else {"min_lr_rate": h.min_lr_ratio},
-        warmup_steps=h.warmup_steps * updates, max_grad_norm=h.grad_clip,
-        beta=h.kl_coef, epsilon=h.clip_low, epsilon_high=h.clip_high, scale_rewards="group" if h.std_normalize else "none",
-        loss_type=TRL_LOSS_TYPES[h.loss_agg_mode], gradient_checkpointing=h.gradient_checkpointing,
-        use_vllm=generation == "vllm", vllm_mode="colocate", vllm_max_model_length=h.max_model_len,
-        remove_unused_columns=False, dataloader_num_workers=0, disable_tqdm=True)
+        warmup_steps=h.warmup_steps * updates,
+        max_grad_norm=h.grad_clip,
+        beta=h.kl_coef,
+        epsilon=h.clip_low,
+        epsilon_high=h.clip_high,
+        scale_rewards="group" if h.std_normalize else "none",
+        loss_type=TRL_LOSS_TYPES[h.loss_agg_mode],
+        gradient_checkpointing=h.gradient_checkpointing,
+        use_vllm=generation == "vllm",
+        vllm_mode="colocate",
+        vllm_max_model_length=h.max_model_len,
+        remove_unused_columns=False,
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+    )
     model = AutoModelForCausalLM.from_pretrained(h.model_path, dtype=torch.float32)
-    trainer = trl.GRPOTrainer(model=model, reward_funcs=[rft_reward], args=args,
-                              train_dataset=Dataset.from_list([asdict(r) for r in rows]),
-                              processing_class=tokenizer)
+    trainer = trl.GRPOTrainer(
+        model=model,
+        reward_funcs=[rft_reward],
+        args=args,
+        train_dataset=Dataset.from_list([asdict(r) for r in rows]),
+        processing_class=tokenizer,
+    )
     step_ends: list[float] = []
     generated: list[tuple[int, float]] = []  # per generation: tokens, seconds
 
@@ -278,11 +374,15 @@ def run_trl(cfg: Config, h: Hyper, out: Path, generation: str) -> dict[str, Any]
     trainer.train()
     trainer.save_model(str(out / "trl" / "model"))
     ends = step_ends[::updates] if updates > 1 else step_ends  # rft-step boundaries
-    result = {"step_s": [b - a for a, b in zip(ends, ends[1:])],
-              "tokens": [n for n, _ in generated], "generate_s": [s for _, s in generated],
-              "reward": [statistics.fmean(r) for r, _ in rewards],
-              "accuracy": [statistics.fmean(a) for _, a in rewards],
-              "total_s": time.monotonic() - start, "model": str(out / "trl" / "model")}
+    result = {
+        "step_s": [b - a for a, b in zip(ends, ends[1:])],
+        "tokens": [n for n, _ in generated],
+        "generate_s": [s for _, s in generated],
+        "reward": [statistics.fmean(r) for r, _ in rewards],
+        "accuracy": [statistics.fmean(a) for _, a in rewards],
+        "total_s": time.monotonic() - start,
+        "model": str(out / "trl" / "model"),
+    }
     del trainer, model
     return result
 
@@ -296,14 +396,19 @@ def colocated_vllm_like_rft(cfg: Config) -> None:
     from rft.explorer import engine
 
     engine.set_cpu_env_defaults()
-    vllm_generation.LLM = functools.partial(vllm_generation.LLM, dtype=cfg.explorer.rollout_model.dtype)
+    vllm_generation.LLM = functools.partial(
+        vllm_generation.LLM, dtype=cfg.explorer.rollout_model.dtype
+    )
 
 
 def time_generation(trainer: Any, generation: str, record: list[tuple[int, float]]) -> None:
     """Record (generated tokens, seconds) of each generation call of ``trainer``: vLLM's
     generate (not its weight sync), or the transformers path's ``_generate_single_turn``."""
-    owner, name, ids_at = ((trainer.vllm_generation, "generate", 1) if generation == "vllm"
-                           else (trainer, "_generate_single_turn", 0))
+    owner, name, ids_at = (
+        (trainer.vllm_generation, "generate", 1)
+        if generation == "vllm"
+        else (trainer, "_generate_single_turn", 0)
+    )
     inner = getattr(owner, name)
 
     def timed(*args: Any, **kwargs: Any) -> Any:
@@ -324,8 +429,13 @@ def rft_run(config: str, overrides: list[str], log_path: Path) -> float:
     print(f"  $ {' '.join(cmd[1:])}  (log: {log_path})", flush=True)
     start = time.monotonic()
     with open(log_path, "w") as log:
-        rc = subprocess.call(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
-                             env={**os.environ, **{k: os.environ.get(k, v) for k, v in RFT_ENV.items()}})
+        rc = subprocess.call(
+            cmd,
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **{k: os.environ.get(k, v) for k, v in RFT_ENV.items()}},
+        )
     if rc != 0:
         tail = "".join(log_path.read_text(errors="replace").splitlines(keepends=True)[-30:])
         raise BenchError(f"rft-run exited with {rc}; last lines of {log_path}:\n{tail}")
@@ -335,24 +445,35 @@ def rft_run(config: str, overrides: list[str], log_path: Path) -> float:
 def rft_results(cfg: Config) -> dict[str, Any]:
     """Per-step times (between trainer step ends), generation and rewards from the metrics."""
     trainer = [r for r in read_metrics(cfg.run_dir, "trainer") if "time" in r and POLICY_LOSS in r]
-    explorer = [r for r in read_metrics(cfg.run_dir, explorer_role(cfg.explorer.name, 0))
-                if REWARD_MEAN in r]
+    explorer = [
+        r
+        for r in read_metrics(cfg.run_dir, explorer_role(cfg.explorer.name, 0))
+        if REWARD_MEAN in r
+    ]
     times = [r["time"] for r in sorted(trainer, key=lambda r: r["step"])]
     explorer.sort(key=lambda r: r["step"])
-    return {"step_s": [b - a for a, b in zip(times, times[1:])],
-            "first_step_s": trainer[0].get("time/step_s") if trainer else None,
-            "tokens": [r["generated_tokens"] for r in explorer],
-            "generate_s": [r["generate_time_s"] for r in explorer],
-            "reward": [r[REWARD_MEAN] for r in explorer], "accuracy": [r.get(ACCURACY) for r in explorer]}
+    return {
+        "step_s": [b - a for a, b in zip(times, times[1:])],
+        "first_step_s": trainer[0].get("time/step_s") if trainer else None,
+        "tokens": [r["generated_tokens"] for r in explorer],
+        "generate_s": [r["generate_time_s"] for r in explorer],
+        "reward": [r[REWARD_MEAN] for r in explorer],
+        "accuracy": [r.get(ACCURACY) for r in explorer],
+    }
 
 
 def bench(config: str, overrides: list[str], out: Path, label: str) -> dict[int, dict[str, float]]:
     """rft ``mode=bench`` -> {step: {eval/<taskset>/mean@k: accuracy}} (step 0: the base)."""
-    rft_run(config, [*overrides, "mode=bench", "explorer.bench_on_latest_checkpoint=true"],
-            out / f"bench-{label}.log")
+    rft_run(
+        config,
+        [*overrides, "mode=bench", "explorer.bench_on_latest_checkpoint=true"],
+        out / f"bench-{label}.log",
+    )
     cfg = load_config(config, [*overrides, "mode=bench"])
-    return {r["step"]: {k: v for k, v in r.items() if k.startswith("eval/") and "/mean@" in k}
-            for r in read_metrics(cfg.run_dir, "bench")}
+    return {
+        r["step"]: {k: v for k, v in r.items() if k.startswith("eval/") and "/mean@" in k}
+        for r in read_metrics(cfg.run_dir, "bench")
+    }
 
 
 # ----------------------------------------------------------------------------- report
@@ -362,38 +483,73 @@ def mean_after_first(values: list[float]) -> float:
     return statistics.fmean(values[1:]) if len(values) > 1 else float("nan")
 
 
-def table(h: Hyper, trl: dict[str, Any], rft: dict[str, Any], held: dict[str, dict[str, float]]) -> str:
+def table(
+    h: Hyper, trl: dict[str, Any], rft: dict[str, Any], held: dict[str, dict[str, float]]
+) -> str:
     """The side-by-side table; ``trl``/``rft`` per-step series, ``held`` label -> accuracies."""
     trl_step = statistics.fmean(trl["step_s"][1:]) if len(trl["step_s"]) > 1 else float("nan")
     rft_step = statistics.fmean(rft["step_s"]) if rft["step_s"] else float("nan")
-    rows = [("wall time per step, s (steps 2..N)", trl_step, rft_step),
-            ("generated tokens/s of step wall time", sum(trl["tokens"][1:]) / sum(trl["step_s"][1:])
-             if len(trl["step_s"]) > 1 else float("nan"),
-             sum(rft["tokens"][1:]) / sum(rft["step_s"]) if rft["step_s"] else float("nan")),
-            ("generated tokens/s while generating", sum(trl["tokens"][1:]) / sum(trl["generate_s"][1:])
-             if len(trl["tokens"]) > 1 else float("nan"),
-             sum(rft["tokens"][1:]) / sum(rft["generate_s"][1:]) if len(rft["tokens"]) > 1 else float("nan")),
-            ("generated tokens per step (mean)", statistics.fmean(trl["tokens"]), statistics.fmean(rft["tokens"])),
-            ("total wall time, s (start-up included)", trl["total_s"], rft["total_s"]),
-            ("train reward, mean of all steps", statistics.fmean(trl["reward"]), statistics.fmean(rft["reward"]))]
+    rows = [
+        ("wall time per step, s (steps 2..N)", trl_step, rft_step),
+        (
+            "generated tokens/s of step wall time",
+            sum(trl["tokens"][1:]) / sum(trl["step_s"][1:])
+            if len(trl["step_s"]) > 1
+            else float("nan"),
+            sum(rft["tokens"][1:]) / sum(rft["step_s"]) if rft["step_s"] else float("nan"),
+        ),
+        (
+            "generated tokens/s while generating",
+            sum(trl["tokens"][1:]) / sum(trl["generate_s"][1:])
+            if len(trl["tokens"]) > 1
+            else float("nan"),
+            sum(rft["tokens"][1:]) / sum(rft["generate_s"][1:])
+            if len(rft["tokens"]) > 1
+            else float("nan"),
+        ),
+        (
+            "generated tokens per step (mean)",
+            statistics.fmean(trl["tokens"]),
+            statistics.fmean(rft["tokens"]),
+        ),
+        ("total wall time, s (start-up included)", trl["total_s"], rft["total_s"]),
+        (
+            "train reward, mean of all steps",
+            statistics.fmean(trl["reward"]),
+            statistics.fmean(rft["reward"]),
+        ),
+    ]
     for key in sorted({k for v in held.values() for k in v}):
-        rows.append((f"held-out {key.split('/')[1]} {key.split('/')[2]} after {h.steps} steps",
-                     held["trl"].get(key, float("nan")), held["rft"].get(key, float("nan"))))
+        rows.append(
+            (
+                f"held-out {key.split('/')[1]} {key.split('/')[2]} after {h.steps} steps",
+                held["trl"].get(key, float("nan")),
+                held["rft"].get(key, float("nan")),
+            )
+        )
     lines = [f"{'':<46} {'TRL':>12} {'rft':>12}"]
     lines += [f"{name:<46} {a:>12.3f} {b:>12.3f}" for name, a, b in rows]
     if held["base"]:
-        lines.append("held-out accuracy of the starting model: " +
-                     ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in sorted(held["base"].items())))
+        lines.append(
+            "held-out accuracy of the starting model: "
+            + ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in sorted(held["base"].items()))
+        )
     lines.append(f"TRL time/step / rft time/step: {trl_step / rft_step:.2f}x")
     lines.append("")
-    lines.append(f"{'step':>4} {'TRL s':>8} {'rft s':>8} {'TRL reward':>11} {'rft reward':>11} "
-                 f"{'TRL acc':>8} {'rft acc':>8}")
+    lines.append(
+        f"{'step':>4} {'TRL s':>8} {'rft s':>8} {'TRL reward':>11} {'rft reward':>11} "
+        f"{'TRL acc':>8} {'rft acc':>8}"
+    )
     trl_s, rft_s = trl["step_s"], [rft["first_step_s"], *rft["step_s"]]
     for i in range(h.steps):
         get = lambda xs: xs[i] if i < len(xs) and xs[i] is not None else float("nan")  # noqa: E731
-        lines.append(f"{i + 1:>4} {get(trl_s):>8.1f} {get(rft_s):>8.1f} {get(trl['reward']):>11.3f} "
-                     f"{get(rft['reward']):>11.3f} {get(trl['accuracy']):>8.3f} {get(rft['accuracy']):>8.3f}")
-    lines.append("step 1 (s): TRL from train start, rft its trainer's time/step_s (warm-up; not in the mean)")
+        lines.append(
+            f"{i + 1:>4} {get(trl_s):>8.1f} {get(rft_s):>8.1f} {get(trl['reward']):>11.3f} "
+            f"{get(rft['reward']):>11.3f} {get(trl['accuracy']):>8.3f} {get(rft['accuracy']):>8.3f}"
+        )
+    lines.append(
+        "step 1 (s): TRL from train start, rft its trainer's time/step_s (warm-up; not in the mean)"
+    )
     return "\n".join(lines)
 
 
@@ -403,12 +559,24 @@ def table(h: Hyper, trl: dict[str, Any], rft: dict[str, Any], held: dict[str, di
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", default="configs/quickstart_cpu.yaml")
-    parser.add_argument("--steps", type=int, default=None, help="buffer.total_steps (default: the config's)")
-    parser.add_argument("--seed", type=int, default=42, help="TRL's seed and the rollout seed of rft")
-    parser.add_argument("--out", default=None, help="empty folder for everything written (default: a temp dir)")
-    parser.add_argument("--trl-generation", choices=["transformers", "vllm"], default="transformers",
-                        help="TRL's generation path (vllm: its colocated vLLM, with rft's rollout dtype)")
-    parser.add_argument("overrides", nargs="*", help="key=value overrides of the config (both sides)")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="buffer.total_steps (default: the config's)"
+    )
+    parser.add_argument(
+        "--seed", type=int, default=42, help="TRL's seed and the rollout seed of rft"
+    )
+    parser.add_argument(
+        "--out", default=None, help="empty folder for everything written (default: a temp dir)"
+    )
+    parser.add_argument(
+        "--trl-generation",
+        choices=["transformers", "vllm"],
+        default="transformers",
+        help="TRL's generation path (vllm: its colocated vLLM, with rft's rollout dtype)",
+    )
+    parser.add_argument(
+        "overrides", nargs="*", help="key=value overrides of the config (both sides)"
+    )
     args = parser.parse_args()
     import_trl()  # before minutes of rft: say how to install it
     out = Path(args.out or tempfile.mkdtemp(prefix="vs_trl-")).absolute()
@@ -416,40 +584,74 @@ def main() -> int:
         raise BenchError(f"--out {out} is not empty")
     out.mkdir(parents=True, exist_ok=True)
     config = str(Path(args.config).absolute())
-    overrides = [*args.overrides, *([f"buffer.total_steps={args.steps}"] if args.steps else []),
-                 f"checkpoint_root_dir={out / 'rft'}", f"explorer.rollout_model.seed={args.seed}",
-                 "trainer.precision=fp32", "explorer.rollout_model.dtype=float32",
-                 "explorer.eval_interval=0", "explorer.eval_on_startup=false",
-                 "monitor.monitor_type=console"]
+    overrides = [
+        *args.overrides,
+        *([f"buffer.total_steps={args.steps}"] if args.steps else []),
+        f"checkpoint_root_dir={out / 'rft'}",
+        f"explorer.rollout_model.seed={args.seed}",
+        "trainer.precision=fp32",
+        "explorer.rollout_model.dtype=float32",
+        "explorer.eval_interval=0",
+        "explorer.eval_on_startup=false",
+        "monitor.monitor_type=console",
+    ]
     cfg = load_config(config, overrides)
     h = hyper_parameters(cfg, args.seed)
-    print(f"vs_trl: {args.config}, {h.steps} steps x {h.tasks_per_step} tasks x {h.group_size} samples, "
-          f"seed {args.seed}; out {out}")
+    print(
+        f"vs_trl: {args.config}, {h.steps} steps x {h.tasks_per_step} tasks x {h.group_size} samples, "
+        f"seed {args.seed}; out {out}"
+    )
     print("settings: " + json.dumps(asdict(h)))
-    print(f"rft overrides (training; held-out accuracy by mode=bench afterwards): {' '.join(overrides)}")
+    print(
+        f"rft overrides (training; held-out accuracy by mode=bench afterwards): {' '.join(overrides)}"
+    )
 
     print(f"[1/4] rft-run (load {os.getloadavg()[0]:.1f})", flush=True)
     rft_total = rft_run(config, overrides, out / "rft-train.log")
     rft = {**rft_results(cfg), "total_s": rft_total}
-    print(f"[2/4] TRL GRPOTrainer, generation: {args.trl_generation} (load {os.getloadavg()[0]:.1f})", flush=True)
+    print(
+        f"[2/4] TRL GRPOTrainer, generation: {args.trl_generation} (load {os.getloadavg()[0]:.1f})",
+        flush=True,
+    )
     trl = run_trl(cfg, h, out, args.trl_generation)
-    print(f"[3/4] bench: starting model and rft's final model (load {os.getloadavg()[0]:.1f})", flush=True)
+    print(
+        f"[3/4] bench: starting model and rft's final model (load {os.getloadavg()[0]:.1f})",
+        flush=True,
+    )
     rft_held = bench(config, overrides, out, "rft")
     print(f"[4/4] bench: TRL's final model (load {os.getloadavg()[0]:.1f})", flush=True)
-    trl_held = bench(config, [*overrides, f"model.model_path={trl['model']}",
-                              f"checkpoint_root_dir={out / 'trl-bench'}"], out, "trl")
-    held = {"base": rft_held.get(0, {}), "rft": rft_held.get(max(rft_held), {}) if rft_held else {},
-            "trl": trl_held.get(0, {})}
+    trl_held = bench(
+        config,
+        [
+            *overrides,
+            f"model.model_path={trl['model']}",
+            f"checkpoint_root_dir={out / 'trl-bench'}",
+        ],
+        out,
+        "trl",
+    )
+    held = {
+        "base": rft_held.get(0, {}),
+        "rft": rft_held.get(max(rft_held), {}) if rft_held else {},
+        "trl": trl_held.get(0, {}),
+    }
     import trl as trl_pkg
 
     print()
-    print(f"TRL {trl_pkg.__version__} GRPOTrainer (generation: {args.trl_generation}"
-          f"{' model.generate' if args.trl_generation == 'transformers' else ' colocated'}, CPU) vs "
-          f"rft (vLLM CPU explorer + DeepSpeed trainer, 2 processes), {h.steps} steps, seed {args.seed}, fp32")
+    print(
+        f"TRL {trl_pkg.__version__} GRPOTrainer (generation: {args.trl_generation}"
+        f"{' model.generate' if args.trl_generation == 'transformers' else ' colocated'}, CPU) vs "
+        f"rft (vLLM CPU explorer + DeepSpeed trainer, 2 processes), {h.steps} steps, seed {args.seed}, fp32"
+    )
     print(table(h, trl, rft, held))
     print("differences: " + "; ".join(differences(h, args.trl_generation)))
-    summary = {"settings": asdict(h), "trl": trl, "rft": rft, "held_out": held,
-               "trl_generation": args.trl_generation}
+    summary = {
+        "settings": asdict(h),
+        "trl": trl,
+        "rft": rft,
+        "held_out": held,
+        "trl_generation": args.trl_generation,
+    }
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     print(f"written: {out / 'summary.json'}; logs and models under {out}")
     return 0

@@ -161,7 +161,13 @@ def remove_stale_tmp(folder: Path | str, prefix: str = "") -> list[Path]:
     removed = []
     for entry in sorted(Path(folder).iterdir()):
         owner = tmp_owner(entry)
-        if not entry.name.startswith(prefix) or owner is None or owner[0] != host or owner[1] == os.getpid() or pid_alive(owner[1]):
+        if (
+            not entry.name.startswith(prefix)
+            or owner is None
+            or owner[0] != host
+            or owner[1] == os.getpid()
+            or pid_alive(owner[1])
+        ):
             continue
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry, ignore_errors=True)

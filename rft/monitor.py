@@ -35,12 +35,16 @@ POLICY_LOSS = "pg_loss"  # trainer: the policy loss of the step
 REWARD_MEAN = "reward/mean"  # explorer: mean reward of the step's experiences
 ACCURACY = "accuracy"  # explorer: mean accuracy part (or reward) of the step's experiences
 TOKENS_PER_S = "tokens_per_s"  # trainer: batch tokens per second of training compute
-GENERATE_TOKENS_PER_S = "generate_tokens_per_s"  # explorer: generated tokens per second of the generation call
+GENERATE_TOKENS_PER_S = (
+    "generate_tokens_per_s"  # explorer: generated tokens per second of the generation call
+)
 LOOP_TOKENS_PER_S = "loop_tokens_per_s"  # explorer: generated tokens per second of the whole step
 WEIGHTS_VERSION = "weights_version"  # both: weights version in use after the step
 STALENESS_MEAN = "staleness/mean"  # trainer: mean weights versions between rollout and update
 STALENESS_MAX = "staleness/max"  # trainer: largest such gap in the step
-STALENESS_COUNT = "staleness/count_{versions}"  # trainer: rollouts of the step that many versions old
+STALENESS_COUNT = (
+    "staleness/count_{versions}"  # trainer: rollouts of the step that many versions old
+)
 STEP_TIME_S = "time/step_s"  # trainer: wall time of the step (read, update, publish)
 READ_TIME_S = "time/read_s"  # trainer: waiting for and reading the step's experiences
 PUBLISH_TIME_S = "time/publish_s"  # trainer: gathering and publishing weights
@@ -52,7 +56,9 @@ GENERATE_TIME_S = "generate_time_s"  # explorer: the step's generation call (vLL
 RESPONSE_LENGTH_MAX = "response_length/max"  # explorer: the step's longest response (tokens)
 BATCH_TOKENS = "batch_tokens"  # trainer: prompt + response tokens the step trained on
 BATCH_EXPERIENCES = "batch_experiences"  # trainer: experiences the step trained on
-UPDATES = "updates"  # trainer: optimizer updates of the policy in the step (0: none, e.g. critic warm-up)
+UPDATES = (
+    "updates"  # trainer: optimizer updates of the policy in the step (0: none, e.g. critic warm-up)
+)
 CRITIC_WARMUP = "critic_warmup"  # trainer: 1 on a step where only the critic learned
 OLD_LOGPROBS_TIME_S = "time_old_logprobs_s"  # trainer: the no-grad pass recomputing old log-probs
 EPISODES = "episodes/count"  # explorer (workflow classes): workflow runs in the step
@@ -60,7 +66,9 @@ EPISODE_FAILED = "episodes/failed"  # explorer: runs that raised (left out of th
 EPISODE_TIMEOUTS = "episodes/timeouts"  # explorer: runs stopped at explorer.max_timeout
 EPISODE_TURNS = "episodes/model_calls_mean"  # explorer: model calls per finished run
 EPISODE_SAMPLES = "episodes/samples"  # explorer: experiences the finished runs returned
-EPISODE_PREFIX_BREAKS = "episodes/prefix_breaks"  # explorer: calls whose chat template re-rendered history (new sample)
+EPISODE_PREFIX_BREAKS = (
+    "episodes/prefix_breaks"  # explorer: calls whose chat template re-rendered history (new sample)
+)
 GENERATE_BATCHES = "episodes/generate_batches"  # explorer: engine calls serving the step's runs
 TOOL_CALLS = "tools/calls"  # explorer: tool calls the step's runs made
 TOOL_ERRORS = "tools/errors"  # explorer: tool calls that raised or returned what JSON cannot hold
@@ -82,8 +90,19 @@ CRITIC_LR = f"{CRITIC_PREFIX}lr"  # the critic's learning rate after the step
 # What rft-run prints per step (the trainer's row merged with the explorer's of that step):
 # the pipeline at a glance, who waits for whom (READ_TIME_S: the trainer for experiences;
 # EXPLORER_WAIT_S: the explorer for weights) and the buffer's backlog.
-PROGRESS_KEYS = (POLICY_LOSS, VALUE_LOSS, REWARD_MEAN, ACCURACY, TOKENS_PER_S, WEIGHTS_VERSION,
-                 STALENESS_MEAN, STEP_TIME_S, READ_TIME_S, EXPLORER_WAIT_S, BUFFER_BACKLOG)
+PROGRESS_KEYS = (
+    POLICY_LOSS,
+    VALUE_LOSS,
+    REWARD_MEAN,
+    ACCURACY,
+    TOKENS_PER_S,
+    WEIGHTS_VERSION,
+    STALENESS_MEAN,
+    STEP_TIME_S,
+    READ_TIME_S,
+    EXPLORER_WAIT_S,
+    BUFFER_BACKLOG,
+)
 
 
 def metrics_path(run_dir: Path | str, role: str) -> Path:
@@ -114,9 +133,17 @@ def monitor_names(monitor_type: str | Sequence[str]) -> tuple[str, ...]:
 class Monitor:
     """Writes a role's per-step metrics to the log, metrics.jsonl and the chosen sinks."""
 
-    def __init__(self, run_dir: Path | str, role: str, *,
-                 monitor_type: str | Sequence[str] = "tensorboard", enabled: bool = True,
-                 flush_interval_s: float = 10.0, project: str = "rft", name: str | None = None):
+    def __init__(
+        self,
+        run_dir: Path | str,
+        role: str,
+        *,
+        monitor_type: str | Sequence[str] = "tensorboard",
+        enabled: bool = True,
+        flush_interval_s: float = 10.0,
+        project: str = "rft",
+        name: str | None = None,
+    ):
         self.role = role
         self.enabled = enabled
         self._jsonl = None
@@ -143,8 +170,11 @@ class Monitor:
         assert self._jsonl is not None
         self._jsonl.write(json.dumps({"step": step, "time": time.time(), **clean}) + "\n")
         self._jsonl.flush()
-        scalars = {k: v for k, v in clean.items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
+        scalars = {
+            k: v
+            for k, v in clean.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
         for sink in self._sinks:
             sink.log(step, scalars)
         log.info("%s step=%d %s", self.role, step, format_metrics(clean))
@@ -192,8 +222,10 @@ class TensorBoardSink:
         _require(type(self))
         from torch.utils.tensorboard import SummaryWriter
 
-        self._writer = SummaryWriter(str(tensorboard_dir(run.run_dir, run.role)),
-                                     flush_secs=max(1, int(run.flush_interval_s)))
+        self._writer = SummaryWriter(
+            str(tensorboard_dir(run.run_dir, run.role)),
+            flush_secs=max(1, int(run.flush_interval_s)),
+        )
 
     def log(self, step: int, scalars: dict[str, float]) -> None:
         for key, value in scalars.items():
@@ -219,10 +251,17 @@ class WandbSink:
         later = f"; upload later: wandb sync {folder}" if effective in ("offline", "dryrun") else ""
         log.info("%s: wandb %s (%s)%s", run.role, effective, why, later)
         folder.mkdir(parents=True, exist_ok=True)
-        self._run = wandb.init(project=run.project, name=run.run_name, group=run.name,
-                               tags=[run.role], dir=str(folder.parent),  # wandb adds "wandb/"
-                               mode=mode, reinit="create_new", config={"run_dir": str(run.run_dir)},
-                               settings=wandb.Settings(console="off", save_code=False))
+        self._run = wandb.init(
+            project=run.project,
+            name=run.run_name,
+            group=run.name,
+            tags=[run.role],
+            dir=str(folder.parent),  # wandb adds "wandb/"
+            mode=mode,
+            reinit="create_new",
+            config={"run_dir": str(run.run_dir)},
+            settings=wandb.Settings(console="off", save_code=False),
+        )
 
     def log(self, step: int, scalars: dict[str, float]) -> None:
         self._run.log(scalars, step=step)
@@ -251,13 +290,18 @@ class MlflowSink:
         self._client = MlflowClient(tracking_uri=uri)
         experiment_id = _mlflow_experiment(self._client, run.project)
         tags = {"role": run.role, "rft.run_dir": str(run.run_dir)}
-        self._run_id = self._client.create_run(experiment_id, run_name=run.run_name,
-                                               tags=tags).info.run_id
+        self._run_id = self._client.create_run(
+            experiment_id, run_name=run.run_name, tags=tags
+        ).info.run_id
 
     def log(self, step: int, scalars: dict[str, float]) -> None:
         now_ms = int(time.time() * 1000)
-        self._client.log_batch(self._run_id, metrics=[
-            self._metric(_mlflow_key(k), float(v), now_ms, step) for k, v in scalars.items()])
+        self._client.log_batch(
+            self._run_id,
+            metrics=[
+                self._metric(_mlflow_key(k), float(v), now_ms, step) for k, v in scalars.items()
+            ],
+        )
 
     def close(self) -> None:
         self._client.set_terminated(self._run_id)
@@ -279,9 +323,11 @@ def check_packages(monitor_type: str | Sequence[str]) -> None:
 
 def _require(sink: type) -> None:
     if importlib.util.find_spec(sink.module) is None:
-        raise ConfigError(f"monitor.monitor_type '{sink.kind}' needs the {sink.package} package, "
-                          f"which {sys.executable} cannot import; install the pinned "
-                          "requirements: bash env/setup.sh (or pip install -r requirements.txt)")
+        raise ConfigError(
+            f"monitor.monitor_type '{sink.kind}' needs the {sink.package} package, "
+            f"which {sys.executable} cannot import; install the pinned "
+            "requirements: bash env/setup.sh (or pip install -r requirements.txt)"
+        )
 
 
 WANDB_PROBE_TIMEOUT_S = 2.0  # how long wandb_mode waits for the wandb API host to answer

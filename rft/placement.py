@@ -42,8 +42,9 @@ def local_devices() -> Devices:
     if visible is not None:
         return Devices(len([d for d in visible.split(",") if d.strip() not in ("", "-1")]))
     try:
-        listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
-                                 timeout=30).stdout
+        listing = subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30
+        ).stdout
     except (OSError, subprocess.SubprocessError):
         return Devices(0)  # a driver that does not answer: treat the machine as CPU-only
     return Devices(sum(1 for line in listing.splitlines() if line.startswith("GPU ")))
@@ -59,8 +60,15 @@ class GpuSplit:
     auxiliary: int = 0  # of ``explorer``: the reward models' (explorer.auxiliary_models)
 
 
-def gpu_split(mode: str, *, node_num: int, gpu_per_node: int, engine_num: int,
-              tensor_parallel_size: int, auxiliary_gpus: int = 0) -> GpuSplit:
+def gpu_split(
+    mode: str,
+    *,
+    node_num: int,
+    gpu_per_node: int,
+    engine_num: int,
+    tensor_parallel_size: int,
+    auxiliary_gpus: int = 0,
+) -> GpuSplit:
     """How ``mode`` divides the cluster's GPUs (``Config.gpu_split`` passes the config's).
 
     ``auxiliary_gpus``: the reward models' GPUs, the sum of ``engine_num x tensor_parallel_size``
@@ -99,21 +107,31 @@ def scorer_gpu_index(tensor_parallel_size: int, auxiliary_tp: Sequence[int], ind
     return tensor_parallel_size + sum(auxiliary_tp[:index])
 
 
-def local_gpu_ids(mode: str, engine_num: int, tensor_parallel_size: int, gpus: int,
-                  auxiliary_tp: Sequence[int] = ()) -> tuple[list[list[int]], list[int]]:
+def local_gpu_ids(
+    mode: str,
+    engine_num: int,
+    tensor_parallel_size: int,
+    gpus: int,
+    auxiliary_tp: Sequence[int] = (),
+) -> tuple[list[list[int]], list[int]]:
     """GPU ids per explorer task (its engine's, then its reward models', see :func:`task_gpus`)
     and for the trainer on this machine (all empty without GPUs)."""
     if gpus == 0:
         return [[] for _ in range(engine_num)], []
     per_task = task_gpus(tensor_parallel_size, auxiliary_tp)
-    explorers = ([list(range(i * per_task, (i + 1) * per_task)) for i in range(engine_num)]
-                 if mode in EXPLORER_MODES else [])
+    explorers = (
+        [list(range(i * per_task, (i + 1) * per_task)) for i in range(engine_num)]
+        if mode in EXPLORER_MODES
+        else []
+    )
     used = sum(len(ids) for ids in explorers)
     trainer = list(range(used, gpus)) if mode in TRAINER_MODES else []
     if used > gpus or (mode in TRAINER_MODES and not trainer):
         models = " (with their reward models, explorer.auxiliary_models)" if auxiliary_tp else ""
-        raise ConfigError(f"this machine has {gpus} GPU(s): explorers need {used}{models} and the "
-                          "trainer at least 1; lower explorer.rollout_model.engine_num")
+        raise ConfigError(
+            f"this machine has {gpus} GPU(s): explorers need {used}{models} and the "
+            "trainer at least 1; lower explorer.rollout_model.engine_num"
+        )
     return explorers, trainer
 
 
@@ -141,8 +159,11 @@ class TaskRank:
 
 def explorer_rank(env: Mapping[str, str]) -> TaskRank:
     """RFT_EXPLORER_RANK/COUNT, else SLURM_PROCID/NTASKS, else task 0 of 1."""
-    keys = (("RFT_EXPLORER_RANK", "RFT_EXPLORER_COUNT") if "RFT_EXPLORER_RANK" in env
-            else ("SLURM_PROCID", "SLURM_NTASKS"))
+    keys = (
+        ("RFT_EXPLORER_RANK", "RFT_EXPLORER_COUNT")
+        if "RFT_EXPLORER_RANK" in env
+        else ("SLURM_PROCID", "SLURM_NTASKS")
+    )
     rank, count = int(env.get(keys[0], 0)), int(env.get(keys[1], 1))
     if not 0 <= rank < count:
         raise ConfigError(f"{keys[0]}={rank} is outside 0..{count - 1} ({keys[1]}={count})")
@@ -162,8 +183,13 @@ def master_port(job_id: str | int) -> int:
 def first_host(nodelist: str) -> str:
     """The first hostname of a SLURM nodelist expression (``n[1-3],m1`` -> ``n1``)."""
     try:
-        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True,
-                             text=True, timeout=30, check=True).stdout
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout
         if out.split():
             return out.split()[0]
     except (OSError, subprocess.SubprocessError):
@@ -179,20 +205,26 @@ def resolvable(host: str) -> str:
         return host
     except OSError:
         pass
-    out = subprocess.run(["scontrol", "show", "node", host, "-o"], capture_output=True, text=True,
-                         timeout=30).stdout
+    out = subprocess.run(
+        ["scontrol", "show", "node", host, "-o"], capture_output=True, text=True, timeout=30
+    ).stdout
     for field in out.split():
         if field.startswith("NodeAddr="):
             return field.split("=", 1)[1]
     return host
 
 
-def trainer_env(rank: int, world_size: int, env: Mapping[str, str], nodelist: str) -> dict[str, str]:
+def trainer_env(
+    rank: int, world_size: int, env: Mapping[str, str], nodelist: str
+) -> dict[str, str]:
     """torch.distributed variables of trainer ``rank`` in a SLURM job (rank 0 on the first node)."""
-    return {"RANK": str(rank), "WORLD_SIZE": str(world_size),
-            "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
-            "MASTER_ADDR": env.get("MASTER_ADDR") or resolvable(first_host(nodelist)),
-            "MASTER_PORT": env.get("MASTER_PORT") or str(master_port(env.get("SLURM_JOB_ID", "0")))}
+    return {
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
+        "MASTER_ADDR": env.get("MASTER_ADDR") or resolvable(first_host(nodelist)),
+        "MASTER_PORT": env.get("MASTER_PORT") or str(master_port(env.get("SLURM_JOB_ID", "0"))),
+    }
 
 
 def torch_env_from_slurm(env: Mapping[str, str]) -> dict[str, str]:
@@ -210,8 +242,13 @@ def single_process_env() -> dict[str, str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    return {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port)}
+    return {
+        "RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_RANK": "0",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+    }
 
 
 @dataclass(frozen=True)
@@ -233,5 +270,6 @@ def het_group_task(role_by_group: list[str], env: Mapping[str, str]) -> HetTask:
         if procid < first + count:
             return HetTask(role, procid - first, count, group)
         first += count
-    raise RuntimeError(f"SLURM_PROCID={procid} is outside the {first} tasks of groups "
-                       f"{role_by_group}")
+    raise RuntimeError(
+        f"SLURM_PROCID={procid} is outside the {first} tasks of groups {role_by_group}"
+    )

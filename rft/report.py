@@ -67,21 +67,29 @@ def format_summary(report: Report, n: int = EDGE_STEPS) -> str:
         name = key.split("/")[1]
         first, last = min(by_version), max(by_version)
         if first == last:
-            lines.append(f"held-out {name} ({key.split('/')[-1]}): {by_version[first]:.3f} "
-                         f"(weights v{first}, the only evaluation)")
+            lines.append(
+                f"held-out {name} ({key.split('/')[-1]}): {by_version[first]:.3f} "
+                f"(weights v{first}, the only evaluation)"
+            )
             continue
         gain = 100 * (by_version[last] - by_version[first])
-        lines.append(f"held-out {name} ({key.split('/')[-1]}): {by_version[first]:.3f} "
-                     f"(weights v{first}) -> {by_version[last]:.3f} (weights v{last}), "
-                     f"{gain:+.1f} points")
+        lines.append(
+            f"held-out {name} ({key.split('/')[-1]}): {by_version[first]:.3f} "
+            f"(weights v{first}) -> {by_version[last]:.3f} (weights v{last}), "
+            f"{gain:+.1f} points"
+        )
     if not report.held_out:
-        lines.append("held-out accuracy: no evaluation (set buffer.explorer_input.eval_tasksets "
-                     "and explorer.eval_interval > 0, eval_on_startup: true)")
+        lines.append(
+            "held-out accuracy: no evaluation (set buffer.explorer_input.eval_tasksets "
+            "and explorer.eval_interval > 0, eval_on_startup: true)"
+        )
     edges = edge_means(report.reward, n)
     if edges is not None:
         k = min(n, len(report.reward) // 2)
-        lines.append(f"train reward: {edges[0]:.3f} (mean of the first {k} steps) -> "
-                     f"{edges[1]:.3f} (mean of the last {k} steps)")
+        lines.append(
+            f"train reward: {edges[0]:.3f} (mean of the first {k} steps) -> "
+            f"{edges[1]:.3f} (mean of the last {k} steps)"
+        )
     return "\n".join(lines)
 
 
@@ -95,16 +103,32 @@ def plot_curve(report: Report, path: Path, title: str = "") -> Path:
     fig, ax = plt.subplots(figsize=(7, 4), dpi=120)
     if report.reward:
         steps = sorted(report.reward)
-        ax.plot(steps, [report.reward[s] for s in steps], color="tab:blue", alpha=0.8,
-                label="train reward (mean per step)")
+        ax.plot(
+            steps,
+            [report.reward[s] for s in steps],
+            color="tab:blue",
+            alpha=0.8,
+            label="train reward (mean per step)",
+        )
     if report.accuracy:
         steps = sorted(report.accuracy)
-        ax.plot(steps, [report.accuracy[s] for s in steps], color="tab:blue", alpha=0.35,
-                linestyle="--", label="train accuracy (sampled)")
+        ax.plot(
+            steps,
+            [report.accuracy[s] for s in steps],
+            color="tab:blue",
+            alpha=0.35,
+            linestyle="--",
+            label="train accuracy (sampled)",
+        )
     for key, by_version in sorted(report.held_out.items()):
         versions = sorted(by_version)
-        ax.plot(versions, [by_version[v] for v in versions], marker="o", linewidth=2,
-                label=f"held-out {key.split('/')[1]} {key.split('/')[-1]}")
+        ax.plot(
+            versions,
+            [by_version[v] for v in versions],
+            marker="o",
+            linewidth=2,
+            label=f"held-out {key.split('/')[1]} {key.split('/')[-1]}",
+        )
     ax.set_xlabel("step (held-out: trainer steps behind the evaluated weights)")
     ax.set_ylabel("reward / accuracy")
     ax.grid(alpha=0.3)
@@ -130,13 +154,17 @@ def write_report(run_dir: Path, explorer_name: str, title: str = "") -> str | No
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rft.report", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m rft.report", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--explorer", default="explorer", help="explorer.name of the run")
     args = parser.parse_args(argv)
     summary = write_report(args.run_dir, args.explorer, title=str(args.run_dir))
     if summary is None:
-        print(f"{args.run_dir}: no explorer metrics ({explorer_role(args.explorer)})", file=sys.stderr)
+        print(
+            f"{args.run_dir}: no explorer metrics ({explorer_role(args.explorer)})", file=sys.stderr
+        )
         return 1
     print(summary)
     return 0

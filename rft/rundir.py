@@ -21,22 +21,30 @@ CONFIG_FILE = "config.yaml"  # resolved config of the first launch
 BUFFER_DIR = "buffer"  # buffer/<writer>/seg-NNNNNN.jsonl: experiences (rft.buffer.segments)
 WEIGHTS_DIR = "weights"  # weights/vNNNNNN/: published weights (rft.sync)
 WEIGHTS_POINTER = "latest_state_dict_iteration.txt"  # newest complete weights version
-WEIGHTS_GROUP = "weights_group.json"  # where the trainer's weight-sync store listens (nccl; rft.broadcast)
+WEIGHTS_GROUP = (
+    "weights_group.json"  # where the trainer's weight-sync store listens (nccl; rft.broadcast)
+)
 CHECKPOINT_POINTER = "latest_checkpointed_iteration.txt"  # newest complete full checkpoint
 TRAINER_META = "trainer_meta.json"  # the newest checkpoint's metadata
 EXPLORERS_DIR = "explorers"  # explorers/<writer>.json: explorer heartbeats
 EXPLORER_META = "explorer_meta.json"  # explorer task cursors
 MONITOR_DIR = "monitor"  # metrics.jsonl and the monitors' files (rft.monitor)
 LOG_DIR = "log"  # process logs, the configs of each launch
-SUBMITIT_DIR = "submitit"  # inside LOG_DIR: submitit's job files and logs (rft-launch's default path)
+SUBMITIT_DIR = (
+    "submitit"  # inside LOG_DIR: submitit's job files and logs (rft-launch's default path)
+)
 # A staged config runs each stage in <run_dir>/<stage name>/, a run directory of its own.
 STAGE_FINISHED = "stage_finished.json"  # in a stage's run directory: the stage ended normally
 STAGE_FAILED = "stage_failed.json"  # in a stage's run directory: its main role failed
 # global_step_N/{actor,critic}/[huggingface/]: full checkpoints (rft.trainer.state)
 ACTOR_DIR = "actor"  # inside global_step_N: the policy's checkpoint
 CRITIC_DIR = "critic"  # inside global_step_N: the critic's checkpoint (advantage_fn ppo)
-HF_DIR = "huggingface"  # inside global_step_N/actor: the Hugging Face folder (a LoRA run: the adapter)
-MERGED_HF_DIR = "huggingface_merged"  # beside it, a LoRA run's: base + adapter merged (rft-convert --merge)
+HF_DIR = (
+    "huggingface"  # inside global_step_N/actor: the Hugging Face folder (a LoRA run: the adapter)
+)
+MERGED_HF_DIR = (
+    "huggingface_merged"  # beside it, a LoRA run's: base + adapter merged (rft-convert --merge)
+)
 STEP_RE = re.compile(r"^global_step_(\d+)$")
 
 # Keys two launches into one run directory must agree on (roles may differ in everything else:
@@ -56,7 +64,9 @@ def writer_name(explorer_name: str, rank: int) -> str:
 
 def explorer_role(explorer_name: str, rank: int = 0) -> str:
     """Monitor role of an explorer task: ``explorer_<name>`` for rank 0, else with the rank."""
-    return f"explorer_{explorer_name}" if rank == 0 else f"explorer_{writer_name(explorer_name, rank)}"
+    return (
+        f"explorer_{explorer_name}" if rank == 0 else f"explorer_{writer_name(explorer_name, rank)}"
+    )
 
 
 def step_dir(run_dir: Path | str, step: int) -> Path:
@@ -122,10 +132,15 @@ def _lookup(data: dict, path: tuple[str, ...]) -> object:
 
 def check_matches(recorded: dict, current: dict, record: Path) -> None:
     """Raise if ``current`` differs from the run directory's recorded config on a run key."""
-    diffs = [(".".join(p), _lookup(recorded, p), _lookup(current, p)) for p in RUN_KEYS
-             if _lookup(recorded, p) != _lookup(current, p)]
+    diffs = [
+        (".".join(p), _lookup(recorded, p), _lookup(current, p))
+        for p in RUN_KEYS
+        if _lookup(recorded, p) != _lookup(current, p)
+    ]
     if diffs:
         lines = "; ".join(f"{key}: {old!r} there, {new!r} now" for key, old, new in diffs)
-        raise ConfigError(f"{record.parent} was started with a different config ({lines}). "
-                          f"Use another `name=...` for a new experiment, or restore the config "
-                          f"recorded in {record}")
+        raise ConfigError(
+            f"{record.parent} was started with a different config ({lines}). "
+            f"Use another `name=...` for a new experiment, or restore the config "
+            f"recorded in {record}"
+        )

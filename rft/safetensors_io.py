@@ -55,12 +55,22 @@ class TensorSpec:
 
 def parse_size(text: str) -> int:
     """Bytes from ``"5GB"``, ``"500MB"``, ``"2GiB"`` or a plain integer."""
-    units = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
-             "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+    units = {
+        "": 1,
+        "B": 1,
+        "KB": 10**3,
+        "MB": 10**6,
+        "GB": 10**9,
+        "TB": 10**12,
+        "KIB": 2**10,
+        "MIB": 2**20,
+        "GIB": 2**30,
+        "TIB": 2**40,
+    }
     s = text.strip().upper()
     digits = s.rstrip("KMGTIB")
     try:
-        return int(float(digits) * units[s[len(digits):]])
+        return int(float(digits) * units[s[len(digits) :]])
     except (ValueError, KeyError) as e:
         raise ValueError(f"cannot read size {text!r}; write e.g. 5GB, 500MB or 2GiB") from e
 
@@ -96,9 +106,14 @@ def _header(specs: Iterable[TensorSpec], metadata: dict[str, str]) -> bytes:
     offset = 0
     for spec in specs:
         if spec.dtype not in _DTYPE_NAMES:
-            raise CheckpointError(f"tensor {spec.name} has dtype {spec.dtype}, which safetensors cannot hold")
-        entries[spec.name] = {"dtype": _DTYPE_NAMES[spec.dtype], "shape": list(spec.shape),
-                              "data_offsets": [offset, offset + spec.nbytes]}
+            raise CheckpointError(
+                f"tensor {spec.name} has dtype {spec.dtype}, which safetensors cannot hold"
+            )
+        entries[spec.name] = {
+            "dtype": _DTYPE_NAMES[spec.dtype],
+            "shape": list(spec.shape),
+            "data_offsets": [offset, offset + spec.nbytes],
+        }
         offset += spec.nbytes
     raw = json.dumps(entries, separators=(",", ":")).encode("utf-8")
     raw += b" " * (-len(raw) % 8)  # data starts 8-byte aligned
@@ -112,8 +127,12 @@ def _write_tensor(f, tensor: torch.Tensor) -> None:
         f.write(memoryview((ctypes.c_char * nbytes).from_address(tensor.data_ptr())))
 
 
-def write_safetensors(path: Path, specs: list[TensorSpec], produce: Callable[[TensorSpec], torch.Tensor],
-                      metadata: dict[str, str] | None = None) -> None:
+def write_safetensors(
+    path: Path,
+    specs: list[TensorSpec],
+    produce: Callable[[TensorSpec], torch.Tensor],
+    metadata: dict[str, str] | None = None,
+) -> None:
     """Write one safetensors file, producing each tensor only when its turn comes; fsynced."""
     # The format: an 8-byte little-endian header length, a JSON header naming every tensor's
     # dtype, shape and byte range, then the raw bytes. The specs know all of it before any
@@ -137,7 +156,9 @@ def write_index(folder: Path, shards: list[list[TensorSpec]], names: list[str]) 
     """Write ``model.safetensors.index.json`` mapping every tensor to its shard file."""
     weight_map = {spec.name: name for shard, name in zip(shards, names) for spec in shard}
     total = sum(spec.nbytes for shard in shards for spec in shard)
-    text = json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2, sort_keys=True)
+    text = json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2, sort_keys=True
+    )
     (folder / INDEX_FILE).write_text(text + "\n")
 
 

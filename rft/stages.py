@@ -24,8 +24,11 @@ from rft.sync import latest_weights
 
 def roles(mode: str) -> tuple[str, ...]:
     """The roles a mode runs: ``both`` -> explorer and trainer."""
-    return tuple(r for r, modes in (("explorer", EXPLORER_MODES), ("trainer", TRAINER_MODES))
-                 if mode in modes)
+    return tuple(
+        r
+        for r, modes in (("explorer", EXPLORER_MODES), ("trainer", TRAINER_MODES))
+        if mode in modes
+    )
 
 
 def main_role(mode: str) -> str:
@@ -59,9 +62,11 @@ def resolve(cfg: Config, index: int, chain: bool = True) -> Config:
         previous = stage_config(cfg, index - 1)
         newest = latest_weights(previous.run_dir)
         if newest is None:
-            raise ConfigError(f"{stage_label(cfg, index)} starts from the weights of "
-                              f"{stage_label(cfg, index - 1)}, but {previous.run_dir} has none "
-                              "published (weights/v*): run that stage first")
+            raise ConfigError(
+                f"{stage_label(cfg, index)} starts from the weights of "
+                f"{stage_label(cfg, index - 1)}, but {previous.run_dir} has none "
+                "published (weights/v*): run that stage first"
+            )
         stage.model.model_path = str(newest[1])
     return stage
 

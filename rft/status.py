@@ -85,7 +85,9 @@ class RunStatus:
     explorer_steps: dict[str, int]  # newest explored step per explorer monitor
     writers: list[WriterStatus] = field(default_factory=list)  # buffer writer folders
     trainer_idle: float | None = None  # share of recent trainer time waiting for experiences
-    explorer_idle: dict[str, float] = field(default_factory=dict)  # monitor -> share waiting for weights
+    explorer_idle: dict[str, float] = field(
+        default_factory=dict
+    )  # monitor -> share waiting for weights
     broadcast: dict[str, float] = field(default_factory=dict)  # the last step's sync/* (nccl)
 
 
@@ -109,12 +111,16 @@ def list_buffer(run_dir: Path) -> dict[str, list[int]]:
     return {writer: list_segments(buffer_dir / writer) for writer in list_writers(buffer_dir)}
 
 
-def writer_statuses(listing: dict[str, list[int]], cursor: dict,
-                    trainer_row: dict) -> list[WriterStatus]:
+def writer_statuses(
+    listing: dict[str, list[int]], cursor: dict, trainer_row: dict
+) -> list[WriterStatus]:
     """Each writer's segments, consumed position and the trainer reader's counters for it."""
     positions = cursor.get("segments")
-    positions = {w: p for w, p in positions.items() if isinstance(p, dict)} \
-        if isinstance(positions, dict) else {}  # another storage_type's cursor, or a damaged one
+    positions = (
+        {w: p for w, p in positions.items() if isinstance(p, dict)}
+        if isinstance(positions, dict)
+        else {}
+    )  # another storage_type's cursor, or a damaged one
     counters: dict[str, dict[str, int]] = {}
     for key, value in trainer_row.items():
         parsed = parse_writer_stat_key(key)
@@ -123,8 +129,15 @@ def writer_statuses(listing: dict[str, list[int]], cursor: dict,
     out = []
     for writer in sorted(set(listing) | set(positions)):
         pos = positions.get(writer, {})
-        out.append(WriterStatus(writer, listing.get(writer, []), pos.get("seq"),
-                                pos.get("offset", 0), counters.get(writer, {})))
+        out.append(
+            WriterStatus(
+                writer,
+                listing.get(writer, []),
+                pos.get("seq"),
+                pos.get("offset", 0),
+                counters.get(writer, {}),
+            )
+        )
     return out
 
 
@@ -134,11 +147,15 @@ IDLE_ADVICE_FRAC = 0.5  # a side waiting this share of its recent wall time gets
 RECENT_STEPS = 5  # steps the idle shares are averaged over
 
 
-def idle_fraction(rows: list[dict], wait_key: str, step_key: str,
-                  last_n: int = RECENT_STEPS) -> float | None:
+def idle_fraction(
+    rows: list[dict], wait_key: str, step_key: str, last_n: int = RECENT_STEPS
+) -> float | None:
     """Share of the last ``last_n`` steps' wall time spent waiting (None without timings)."""
-    timed = [r for r in rows if isinstance(r.get(wait_key), (int, float))
-             and isinstance(r.get(step_key), (int, float))][-last_n:]
+    timed = [
+        r
+        for r in rows
+        if isinstance(r.get(wait_key), (int, float)) and isinstance(r.get(step_key), (int, float))
+    ][-last_n:]
     total = sum(r[step_key] for r in timed)
     return sum(r[wait_key] for r in timed) / total if total > 0 else None
 
@@ -147,15 +164,19 @@ def pipeline_advice(trainer_idle: float | None, explorer_idle: dict[str, float])
     """Who the bottleneck is, as advice, when one side idles above IDLE_ADVICE_FRAC."""
     advice = []
     if trainer_idle is not None and trainer_idle >= IDLE_ADVICE_FRAC:
-        advice.append(f"trainer idle {trainer_idle:.0%} waiting for experiences: the explorers "
-                      "are the bottleneck; add explorers with rft-add-explorer (asynchronous "
-                      "runs) or raise explorer.rollout_model.engine_num")
+        advice.append(
+            f"trainer idle {trainer_idle:.0%} waiting for experiences: the explorers "
+            "are the bottleneck; add explorers with rft-add-explorer (asynchronous "
+            "runs) or raise explorer.rollout_model.engine_num"
+        )
     waiting = {name: f for name, f in explorer_idle.items() if f >= IDLE_ADVICE_FRAC}
     if waiting:
         worst = max(waiting.values())
-        advice.append(f"explorer(s) {', '.join(sorted(waiting))} idle up to {worst:.0%} waiting "
-                      "for weights: the trainer is the bottleneck; raise synchronizer.sync_offset "
-                      "(train one step behind) or give the trainer more GPUs")
+        advice.append(
+            f"explorer(s) {', '.join(sorted(waiting))} idle up to {worst:.0%} waiting "
+            "for weights: the trainer is the bottleneck; raise synchronizer.sync_offset "
+            "(train one step behind) or give the trainer more GPUs"
+        )
     return advice
 
 
@@ -173,8 +194,9 @@ def collect(run_dir: Path, live_threshold_s: float | None = None) -> RunStatus:
     """The run's state; an explorer is dead after ``live_threshold_s`` without a heartbeat
     (default: the run's ``explorer.heartbeat_timeout_s``)."""
     if not run_dir.is_dir():
-        raise RftError(f"{run_dir} is not a run directory (expected "
-                       "<checkpoint_root_dir>/<project>/<name>)")
+        raise RftError(
+            f"{run_dir} is not a run directory (expected <checkpoint_root_dir>/<project>/<name>)"
+        )
     listing = list_buffer(run_dir)  # before the cursor: a release in between fakes no gap
     rows = read_metrics(run_dir, "trainer")
     last = rows[-1] if rows else {}
@@ -191,35 +213,49 @@ def collect(run_dir: Path, live_threshold_s: float | None = None) -> RunStatus:
                 explorer_idle[folder.name] = idle
     # With sync_method nccl the folder pointer moves only at checkpoints and faults: the
     # trainer's metrics know its newest version.
-    versions = [v for v in (last.get(WEIGHTS_VERSION), atomic.read_pointer(run_dir / WEIGHTS_POINTER))
-                if isinstance(v, int)]
-    return RunStatus(run_dir, last.get("step"), last.get(TOKENS_PER_S),
-                     max(versions) if versions else None, checkpoint,
-                     read_heartbeats(run_dir, live_threshold_s or heartbeat_timeout_s(run_dir)),
-                     sum(w.backlog for w in writers), explorer_steps, writers,
-                     idle_fraction(rows, READ_TIME_S, STEP_TIME_S), explorer_idle,
-                     {k: last[k] for k in (SYNC_BROADCAST_OK, SYNC_MEMBERS, SYNC_GENERATION)
-                      if k in last})
+    versions = [
+        v
+        for v in (last.get(WEIGHTS_VERSION), atomic.read_pointer(run_dir / WEIGHTS_POINTER))
+        if isinstance(v, int)
+    ]
+    return RunStatus(
+        run_dir,
+        last.get("step"),
+        last.get(TOKENS_PER_S),
+        max(versions) if versions else None,
+        checkpoint,
+        read_heartbeats(run_dir, live_threshold_s or heartbeat_timeout_s(run_dir)),
+        sum(w.backlog for w in writers),
+        explorer_steps,
+        writers,
+        idle_fraction(rows, READ_TIME_S, STEP_TIME_S),
+        explorer_idle,
+        {k: last[k] for k in (SYNC_BROADCAST_OK, SYNC_MEMBERS, SYNC_GENERATION) if k in last},
+    )
 
 
 def format_status(st: RunStatus) -> str:
     tps = f", {st.tokens_per_s:.0f} tokens/s" if st.tokens_per_s else ""
-    lines = [f"run directory   {st.run_dir}",
-             f"trainer step    {st.trainer_step if st.trainer_step is not None else '-'}{tps}",
-             f"weights version {st.weights_version if st.weights_version is not None else '-'}",
-             f"checkpoint      {st.checkpoint_step if st.checkpoint_step is not None else '-'}",
-             *format_broadcast(st.broadcast),
-             f"buffer backlog  {st.backlog_segments} sealed segment(s) not yet consumed"]
+    lines = [
+        f"run directory   {st.run_dir}",
+        f"trainer step    {st.trainer_step if st.trainer_step is not None else '-'}{tps}",
+        f"weights version {st.weights_version if st.weights_version is not None else '-'}",
+        f"checkpoint      {st.checkpoint_step if st.checkpoint_step is not None else '-'}",
+        *format_broadcast(st.broadcast),
+        f"buffer backlog  {st.backlog_segments} sealed segment(s) not yet consumed",
+    ]
     lines += [format_writer(w) for w in st.writers]
     for name, step in st.explorer_steps.items():
         lines.append(f"{name:<15} explored step {step}")
     for ex in st.explorers:
         state = "live" if ex.live else ("exited" if ex.fields.get("exited") else "DEAD")
         f = ex.fields
-        lines.append(f"explorer {ex.name:<14} {state:<6} heartbeat {ex.age_s:.0f}s ago, "
-                     f"host {f.get('host', '?')}, job {f.get('slurm_job_id') or '-'}, "
-                     f"version {f.get(LOADED_FIELD, '-')}, steps {f.get('steps_done', '-')}"
-                     + (", evaluating" if ex.live and f.get(EVALUATING_FIELD) else ""))
+        lines.append(
+            f"explorer {ex.name:<14} {state:<6} heartbeat {ex.age_s:.0f}s ago, "
+            f"host {f.get('host', '?')}, job {f.get('slurm_job_id') or '-'}, "
+            f"version {f.get(LOADED_FIELD, '-')}, steps {f.get('steps_done', '-')}"
+            + (", evaluating" if ex.live and f.get(EVALUATING_FIELD) else "")
+        )
     if not st.explorers:
         lines.append("explorers       none have written a heartbeat")
     lines += format_pipeline(st)
@@ -231,10 +267,14 @@ def format_broadcast(sync: dict[str, float]) -> list[str]:
     if not sync:
         return []
     if not sync.get(SYNC_BROADCAST_OK):
-        return ["weight sync     broadcast: the last version went to a folder (no explorer "
-                "registered, or one failed: see the trainer's log)"]
-    return [f"weight sync     broadcast to {sync.get(SYNC_MEMBERS, 0):.0f} explorer(s), group "
-            f"generation {sync.get(SYNC_GENERATION, 0):.0f}"]
+        return [
+            "weight sync     broadcast: the last version went to a folder (no explorer "
+            "registered, or one failed: see the trainer's log)"
+        ]
+    return [
+        f"weight sync     broadcast to {sync.get(SYNC_MEMBERS, 0):.0f} explorer(s), group "
+        f"generation {sync.get(SYNC_GENERATION, 0):.0f}"
+    ]
 
 
 def format_pipeline(st: RunStatus) -> list[str]:
@@ -246,10 +286,14 @@ def format_pipeline(st: RunStatus) -> list[str]:
     loaded = [ex.fields.get(LOADED_FIELD) for ex in st.explorers if ex.live]
     loaded = [v for v in loaded if isinstance(v, int)]
     if loaded and st.weights_version is not None:
-        parts.append(f"explorers {st.weights_version - min(loaded)} version(s) behind the trainer's "
-                     "newest weights")
+        parts.append(
+            f"explorers {st.weights_version - min(loaded)} version(s) behind the trainer's "
+            "newest weights"
+        )
     lines = [f"pipeline        {'; '.join(parts)} (last {RECENT_STEPS} steps)"] if parts else []
-    return lines + [f"advice          {a}" for a in pipeline_advice(st.trainer_idle, st.explorer_idle)]
+    return lines + [
+        f"advice          {a}" for a in pipeline_advice(st.trainer_idle, st.explorer_idle)
+    ]
 
 
 def format_writer(w: WriterStatus) -> str:
@@ -268,8 +312,12 @@ def format_writer(w: WriterStatus) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rft-status", description=__doc__.split("\n")[0])
     parser.add_argument("run_dir", help="<checkpoint_root_dir>/<project>/<name>")
-    parser.add_argument("--dead-after-s", type=float, default=None,
-                        help="a heartbeat older than this marks an explorer dead (default: the "
-                             "run's explorer.heartbeat_timeout_s)")
+    parser.add_argument(
+        "--dead-after-s",
+        type=float,
+        default=None,
+        help="a heartbeat older than this marks an explorer dead (default: the "
+        "run's explorer.heartbeat_timeout_s)",
+    )
     args = parser.parse_args(argv)
     return run_command(lambda: print(format_status(collect(Path(args.run_dir), args.dead_after_s))))

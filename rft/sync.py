@@ -51,7 +51,9 @@ def required_version(step: int, sync_offset: int, sync_interval: int) -> int:
     return max(0, need // sync_interval * sync_interval)
 
 
-def explorer_lead(mode: str, sync_offset: int, max_lead_steps: int | None) -> tuple[int | None, str]:
+def explorer_lead(
+    mode: str, sync_offset: int, max_lead_steps: int | None
+) -> tuple[int | None, str]:
     """How many steps an explorer may run ahead of the weights, and the key that says so:
     ``mode: both``'s ``sync_offset``; an asynchronous explorer's ``max_lead_steps`` (None:
     unbounded, it never waits)."""
@@ -66,8 +68,9 @@ def read_marker(folder: Path) -> dict[str, Any] | None:
     tells whether a folder is still the same copy."""
     try:
         marker = json.loads((folder / COMPLETE_MARKER).read_text())
-        sizes_ok = all((folder / name).stat().st_size == size
-                       for name, size in marker["files"].items())
+        sizes_ok = all(
+            (folder / name).stat().st_size == size for name, size in marker["files"].items()
+        )
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
     return marker if sizes_ok else None
@@ -90,8 +93,9 @@ def list_versions(run_dir: Path | str) -> list[int]:
 
 def newest_complete(run_dir: Path | str) -> int | None:
     """The newest version whose folder is complete, whatever the pointer says."""
-    return next((v for v in reversed(list_versions(run_dir))
-                 if is_complete(weights_dir(run_dir, v))), None)
+    return next(
+        (v for v in reversed(list_versions(run_dir)) if is_complete(weights_dir(run_dir, v))), None
+    )
 
 
 def _pointer_repair(run_dir: Path | str) -> str:
@@ -100,8 +104,10 @@ def _pointer_repair(run_dir: Path | str) -> str:
     rewrite = "the trainer rewrites it at its next publish"
     if newest is None:
         return f"delete it ({rewrite}; {WEIGHTS_DIR}/ holds no complete version)"
-    return (f"write {newest} (the newest complete version in {WEIGHTS_DIR}/) into it, or delete "
-            f"it ({rewrite})")
+    return (
+        f"write {newest} (the newest complete version in {WEIGHTS_DIR}/) into it, or delete "
+        f"it ({rewrite})"
+    )
 
 
 def read_weights_pointer(run_dir: Path | str) -> int | None:
@@ -113,8 +119,10 @@ def read_weights_pointer(run_dir: Path | str) -> int | None:
     path = Path(run_dir) / WEIGHTS_POINTER
     version = atomic.read_pointer(path)
     if version is not None and version < 0:
-        raise CheckpointError(f"{path} names weights version {version}, but versions are trainer "
-                              f"steps (>= 0): the file is damaged; {_pointer_repair(run_dir)}")
+        raise CheckpointError(
+            f"{path} names weights version {version}, but versions are trainer "
+            f"steps (>= 0): the file is damaged; {_pointer_repair(run_dir)}"
+        )
     return version
 
 
@@ -124,10 +132,12 @@ def weights_problem(run_dir: Path | str) -> str | None:
     version = read_weights_pointer(run_dir)
     if version is None or is_complete(weights_dir(run_dir, version)):
         return None
-    return (f"{WEIGHTS_POINTER} names version {version} but {WEIGHTS_DIR}/v{version:06d} is "
-            "missing or incomplete: the folder was deleted or the run directory was copied "
-            f"partially; restore that folder, or repair {WEIGHTS_POINTER}: "
-            f"{_pointer_repair(run_dir)}")
+    return (
+        f"{WEIGHTS_POINTER} names version {version} but {WEIGHTS_DIR}/v{version:06d} is "
+        "missing or incomplete: the folder was deleted or the run directory was copied "
+        f"partially; restore that folder, or repair {WEIGHTS_POINTER}: "
+        f"{_pointer_repair(run_dir)}"
+    )
 
 
 def latest_weights(run_dir: Path | str) -> tuple[int, Path] | None:
@@ -150,13 +160,20 @@ def copy_files(files: Iterable[Path | str], dest: Path | str) -> None:
 def _write_marker(folder: Path, version: int) -> None:
     files = {
         str(p.relative_to(folder)): p.stat().st_size
-        for p in sorted(folder.rglob("*")) if p.is_file() and p.name != COMPLETE_MARKER
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != COMPLETE_MARKER
     }
     if not files:
-        raise CheckpointError(f"publishing weights version {version}: the folder is empty "
-                              "(write_fn wrote nothing)")
-    marker = {"version": version, "files": files, "time": time.time(), "host": socket.gethostname(),
-              "id": uuid.uuid4().hex}
+        raise CheckpointError(
+            f"publishing weights version {version}: the folder is empty (write_fn wrote nothing)"
+        )
+    marker = {
+        "version": version,
+        "files": files,
+        "time": time.time(),
+        "host": socket.gethostname(),
+        "id": uuid.uuid4().hex,
+    }
     (folder / COMPLETE_MARKER).write_text(json.dumps(marker, indent=1, sort_keys=True))
 
 
@@ -242,18 +259,26 @@ class WeightsPublisher:
         """
         naming = self.explorers_naming(version)
         if naming:
-            log.warning("not replacing published weights %s (resumed from an earlier step): live "
-                        "explorer(s) %s have it loaded or are loading it; they keep that copy until "
-                        "the next version", final, naming)
+            log.warning(
+                "not replacing published weights %s (resumed from an earlier step): live "
+                "explorer(s) %s have it loaded or are loading it; they keep that copy until "
+                "the next version",
+                final,
+                naming,
+            )
             return False
         log.warning("replacing published weights %s (resumed from an earlier step)", final)
         return True
 
-    def explorers_naming(self, version: int,
-                         fields: tuple[str, ...] = (LOADED_FIELD, LOADING_FIELD)) -> list[str]:
+    def explorers_naming(
+        self, version: int, fields: tuple[str, ...] = (LOADED_FIELD, LOADING_FIELD)
+    ) -> list[str]:
         """Live explorers whose heartbeat, read now, names ``version`` in one of ``fields``."""
-        return [status.name for status in read_heartbeats(self.run_dir, self.heartbeat_live_s)
-                if status.live and any(status.fields.get(key) == version for key in fields)]
+        return [
+            status.name
+            for status in read_heartbeats(self.run_dir, self.heartbeat_live_s)
+            if status.live and any(status.fields.get(key) == version for key in fields)
+        ]
 
     def prune(self) -> list[int]:
         """Delete versions beyond the newest ``keep_versions`` (up to the pointer), sparing the
@@ -265,7 +290,9 @@ class WeightsPublisher:
         pointer = read_weights_pointer(self.run_dir)
         versions = list_versions(self.run_dir)
         candidates = [v for v in versions if pointer is None or v <= pointer]
-        keep = set(candidates[-self.keep_versions:]) | ({pointer} if pointer is not None else set())
+        keep = set(candidates[-self.keep_versions :]) | (
+            {pointer} if pointer is not None else set()
+        )
         deleted = []
         for version in versions:  # includes orphans beyond the pointer
             if version in keep or self.explorers_naming(version):
@@ -273,16 +300,24 @@ class WeightsPublisher:
             _remove_version(weights_dir(self.run_dir, version))
             deleted.append(version)
         if deleted:
-            log.info("pruned weights versions %s (kept %s)", deleted,
-                     [v for v in versions if v not in deleted])
+            log.info(
+                "pruned weights versions %s (kept %s)",
+                deleted,
+                [v for v in versions if v not in deleted],
+            )
         return deleted
 
 
 class WeightsWatcher:
     """The explorer's side: is there a complete version other than the one loaded? Load it."""
 
-    def __init__(self, run_dir: Path | str, loaded_version: int | None = None,
-                 heartbeat: "Heartbeat | None" = None, newer_only: bool = False):
+    def __init__(
+        self,
+        run_dir: Path | str,
+        loaded_version: int | None = None,
+        heartbeat: "Heartbeat | None" = None,
+        newer_only: bool = False,
+    ):
         self.run_dir = Path(run_dir)
         self.loaded_version = loaded_version  # None after a voided load: the engine holds a mix
         self.loaded_marker: dict[str, Any] | None = None  # which copy of loaded_version
@@ -359,8 +394,11 @@ class WeightsWatcher:
 
     def _void_load(self, folder: Path, warn: bool) -> None:
         if warn:
-            log.warning("weights %s were deleted or replaced while being read (the trainer pruned "
-                        "or republished them): loading the newest version instead", folder)
+            log.warning(
+                "weights %s were deleted or replaced while being read (the trainer pruned "
+                "or republished them): loading the newest version instead",
+                folder,
+            )
         self.loaded_version = self.loaded_marker = self._loading_marker = None
         self._beat(**{LOADED_FIELD: None, LOADING_FIELD: None})
 
@@ -374,8 +412,9 @@ class Heartbeat:
 
     def __init__(self, run_dir: Path | str, name: str, interval_s: float = 5.0):
         if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", name) or atomic.is_tmp(name):
-            raise CheckpointError(f"heartbeat name {name!r} must be letters, digits, '_.-', "
-                                  "e.g. 'explorer-0'")
+            raise CheckpointError(
+                f"heartbeat name {name!r} must be letters, digits, '_.-', e.g. 'explorer-0'"
+            )
         self.path = Path(run_dir) / EXPLORERS_DIR / f"{name}.json"
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.interval_s = interval_s
@@ -384,11 +423,19 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
         now = time.time()
         self.fields: dict[str, Any] = {
-            "name": name, "host": socket.gethostname(), "pid": os.getpid(),
+            "name": name,
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
             "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
             "slurm_procid": os.environ.get("SLURM_PROCID"),
-            LOADED_FIELD: None, LOADING_FIELD: None, "tasks_done": 0, "steps_done": 0,
-            "started_time": now, "time": now, "exited": False, FINISHED_FIELD: False,
+            LOADED_FIELD: None,
+            LOADING_FIELD: None,
+            "tasks_done": 0,
+            "steps_done": 0,
+            "started_time": now,
+            "time": now,
+            "exited": False,
+            FINISHED_FIELD: False,
             EVALUATING_FIELD: False,
         }
 
@@ -403,8 +450,9 @@ class Heartbeat:
         """Beat now and then every ``interval_s`` from a daemon thread until :meth:`stop`."""
         self.beat()
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{self.path.stem}",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._run, name=f"heartbeat-{self.path.stem}", daemon=True
+        )
         self._thread.start()
         return self
 
@@ -440,8 +488,9 @@ class ExplorerStatus:
     fields: dict[str, Any] = field(default_factory=dict)
 
 
-def read_heartbeats(run_dir: Path | str, live_threshold_s: float = 30.0,
-                    now: float | None = None) -> list[ExplorerStatus]:
+def read_heartbeats(
+    run_dir: Path | str, live_threshold_s: float = 30.0, now: float | None = None
+) -> list[ExplorerStatus]:
     """Every explorer heartbeat, sorted by name; live = not exited and beat within the threshold.
 
     Ages compare the writer's clock with this host's: cluster nodes keep NTP time.
@@ -473,6 +522,8 @@ def explorers_finished(run_dir: Path | str) -> bool:
 
 def evaluating_explorers(run_dir: Path | str, live_threshold_s: float = 30.0) -> list[str]:
     """Names of live explorers whose heartbeat says an evaluation is running."""
-    return [s.name for s in read_heartbeats(run_dir, live_threshold_s)
-            if s.live and s.fields.get(EVALUATING_FIELD)]
-
+    return [
+        s.name
+        for s in read_heartbeats(run_dir, live_threshold_s)
+        if s.live and s.fields.get(EVALUATING_FIELD)
+    ]

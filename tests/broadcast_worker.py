@@ -63,7 +63,9 @@ class ModuleEngine:
     def receive(self, layout, version):
         if version == self.die_in_version:
             first = B.buckets_from_json(layout)[0]
-            B.broadcast(self.worker._rft_group, torch.empty(first.numel, dtype=getattr(torch, first.dtype)))
+            B.broadcast(
+                self.worker._rft_group, torch.empty(first.numel, dtype=getattr(torch, first.dtype))
+            )
             os.kill(os.getpid(), signal.SIGKILL)
         why = self.worker.rft_receive(layout, False)
         if not why:  # loaded: report now (one poll may go on to the next version and die there)

@@ -36,12 +36,19 @@ def batch(writer: str, seq: int) -> list[Experience]:
     for g in range(rng.randint(1, 4)):
         for k in range(GROUP_SIZE):
             n = rng.randint(1, RESPONSE_TOKENS)
-            out.append(Experience(
-                experience_id=f"{writer}/{seq}/{g}/{k}", task_id=f"{writer}/{seq}/{g}",
-                group_id=f"{writer}/{seq}/{g}", writer=writer, model_version=seq,
-                prompt_ids=[1, 2, 3], response_ids=[rng.randrange(50000) for _ in range(n)],
-                logprobs=[-rng.random() for _ in range(n)], reward=float(k),
-            ))
+            out.append(
+                Experience(
+                    experience_id=f"{writer}/{seq}/{g}/{k}",
+                    task_id=f"{writer}/{seq}/{g}",
+                    group_id=f"{writer}/{seq}/{g}",
+                    writer=writer,
+                    model_version=seq,
+                    prompt_ids=[1, 2, 3],
+                    response_ids=[rng.randrange(50000) for _ in range(n)],
+                    logprobs=[-rng.random() for _ in range(n)],
+                    reward=float(k),
+                )
+            )
     return out
 
 

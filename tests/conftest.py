@@ -55,7 +55,9 @@ def tiny_model_dir(smollm2_tokenizer_dir: Path) -> Path:
     """A tiny random Llama (hidden 64, 2 layers, tied embeddings) with SmolLM2's tokenizer."""
     from rft.devtools import make_tiny_model
 
-    return make_tiny_model(MODEL_CACHE / "tiny-llama-h64-l2-tied", tokenizer_dir=smollm2_tokenizer_dir)
+    return make_tiny_model(
+        MODEL_CACHE / "tiny-llama-h64-l2-tied", tokenizer_dir=smollm2_tokenizer_dir
+    )
 
 
 @pytest.fixture(scope="session")
@@ -64,7 +66,9 @@ def tiny_reward_model_dir(smollm2_tokenizer_dir: Path) -> Path:
     layers) with SmolLM2's tokenizer and chat template."""
     from rft.devtools import make_tiny_reward_model
 
-    return make_tiny_reward_model(MODEL_CACHE / "tiny-llama-rm-h64-l2", tokenizer_dir=smollm2_tokenizer_dir)
+    return make_tiny_reward_model(
+        MODEL_CACHE / "tiny-llama-rm-h64-l2", tokenizer_dir=smollm2_tokenizer_dir
+    )
 
 
 @pytest.fixture(scope="session")
@@ -73,8 +77,11 @@ def vllm_model_dir(smollm2_tokenizer_dir: Path) -> Path:
     128, 4 heads); ``tiny_model_dir`` (head_dim 16) is refused there."""
     from rft.devtools import make_tiny_model
 
-    return make_tiny_model(MODEL_CACHE / "tiny-llama-h128-l2-tied", hidden_size=128,
-                           tokenizer_dir=smollm2_tokenizer_dir)
+    return make_tiny_model(
+        MODEL_CACHE / "tiny-llama-h128-l2-tied",
+        hidden_size=128,
+        tokenizer_dir=smollm2_tokenizer_dir,
+    )
 
 
 @pytest.fixture(scope="session")
@@ -88,7 +95,9 @@ def slurm_cluster(tmp_path_factory):
     state = tmp_path_factory.mktemp("slurm")
     script = REPO / "env" / "local-slurm.sh"
     port_env = {**os.environ, "RFT_SLURM_PORT": str(_free_port_block(4))}
-    subprocess.run(["bash", str(script), "start", str(state)], check=True, timeout=120, env=port_env)
+    subprocess.run(
+        ["bash", str(script), "start", str(state)], check=True, timeout=120, env=port_env
+    )
     env = {**os.environ, "SLURM_CONF": str(state / "slurm.conf")}
     try:
         yield env

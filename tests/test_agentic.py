@@ -49,20 +49,35 @@ def test_turns_keep_engine_tokens_and_mask_what_the_model_did_not_write(template
     assert parent is None and ids == template.encode(template.render(messages))
     first = reply(template, ids, "<calc>2+3</calc>")
     history.record(messages, None, ids, None, first, {"role": "assistant", "content": first.text})
-    messages += [{"role": "assistant", "content": first.text}, {"role": "user", "content": "<result>5</result>"}]
+    messages += [
+        {"role": "assistant", "content": first.text},
+        {"role": "user", "content": "<result>5</result>"},
+    ]
     ids2, parent = history.prompt_for(messages)
     # The second prompt is the first prompt and the engine's own reply tokens, then only the
     # template's delta: "\n" after <|im_end|>, the user turn, the generation prompt.
-    assert parent is not None and ids2[:len(ids) + len(first.response_ids)] == ids + first.response_ids
-    added = ids2[len(ids) + len(first.response_ids):]
-    assert template.decode(added) == "\n<|im_start|>user\n<result>5</result><|im_end|>\n<|im_start|>assistant\n"
+    assert (
+        parent is not None
+        and ids2[: len(ids) + len(first.response_ids)] == ids + first.response_ids
+    )
+    added = ids2[len(ids) + len(first.response_ids) :]
+    assert (
+        template.decode(added)
+        == "\n<|im_start|>user\n<result>5</result><|im_end|>\n<|im_start|>assistant\n"
+    )
     second = reply(template, ids2, "<answer>5</answer>")
-    history.record(messages, None, ids2, parent, second, {"role": "assistant", "content": second.text})
+    history.record(
+        messages, None, ids2, parent, second, {"role": "assistant", "content": second.text}
+    )
     [sample] = history.samples()
     assert sample.prompt_ids == ids and sample.turns == 2
     assert sample.response_ids == first.response_ids + added + second.response_ids
-    assert sample.action_mask == [1] * len(first.response_ids) + [0] * len(added) + [1] * len(second.response_ids)
-    assert sample.logprobs == [-0.5] * len(first.response_ids) + [0.0] * len(added) + [-0.5] * len(second.response_ids)
+    assert sample.action_mask == [1] * len(first.response_ids) + [0] * len(added) + [1] * len(
+        second.response_ids
+    )
+    assert sample.logprobs == [-0.5] * len(first.response_ids) + [0.0] * len(added) + [-0.5] * len(
+        second.response_ids
+    )
     # Rendering the whole conversation gives the same text: nothing was re-tokenized differently.
     full = messages + [{"role": "assistant", "content": second.text}]
     assert template.decode(sample.tokens) == template.render(full, add_generation_prompt=False)[:-1]
@@ -74,19 +89,23 @@ def test_a_reply_cut_at_max_tokens_owes_the_whole_end_of_turn(template):
     ids, _ = history.prompt_for(messages)
     cut = reply(template, ids, "a long", eos=False)
     history.record(messages, None, ids, None, cut, {"role": "assistant", "content": cut.text})
-    ids2, parent = history.prompt_for(messages + [{"role": "assistant", "content": cut.text},
-                                                  {"role": "user", "content": "go on"}])
+    ids2, parent = history.prompt_for(
+        messages
+        + [{"role": "assistant", "content": cut.text}, {"role": "user", "content": "go on"}]
+    )
     assert parent is not None
-    assert template.decode(ids2[len(parent.tokens):]).startswith("<|im_end|>\n<|im_start|>user")
+    assert template.decode(ids2[len(parent.tokens) :]).startswith("<|im_end|>\n<|im_start|>user")
 
 
 def test_a_template_that_rewrites_history_splits_the_episode(smollm2_tokenizer_dir):
     from transformers import AutoTokenizer
 
     # Earlier assistant turns lose their text (as templates that strip reasoning do).
-    strip = ("{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' and not loop.last %}"
-             "...{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
-             "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    strip = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' and not loop.last %}"
+        "...{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+    )
     template = ChatTemplate(AutoTokenizer.from_pretrained(smollm2_tokenizer_dir), strip)
     history = History(template)
     messages = [{"role": "user", "content": "hi"}]
@@ -97,7 +116,9 @@ def test_a_template_that_rewrites_history_splits_the_episode(smollm2_tokenizer_d
     ids2, parent = history.prompt_for(messages)
     assert parent is None and history.prefix_breaks == 1
     second = reply(template, ids2, "ok")
-    history.record(messages, None, ids2, None, second, {"role": "assistant", "content": second.text})
+    history.record(
+        messages, None, ids2, None, second, {"role": "assistant", "content": second.text}
+    )
     assert [s.turns for s in history.samples()] == [1, 1]  # two samples, never mixed
 
 
@@ -107,12 +128,17 @@ def test_edited_history_starts_a_new_sample(template):
     ids, _ = history.prompt_for(messages)
     first = reply(template, ids, "hello")
     history.record(messages, None, ids, None, first, {"role": "assistant", "content": first.text})
-    edited = messages + [{"role": "assistant", "content": "HELLO"}, {"role": "user", "content": "?"}]
+    edited = messages + [
+        {"role": "assistant", "content": "HELLO"},
+        {"role": "user", "content": "?"},
+    ]
     assert history.prompt_for(edited)[1] is None
 
 
 def test_buffer_record_keeps_the_action_mask_and_the_trainer_masks_by_it():
-    rec = Record("t", "g", [1, 2], [3, 4, 5, 6], logprobs=[-1.0, 0.0, 0.0, -2.0], action_mask=[1, 0, 0, 1])
+    rec = Record(
+        "t", "g", [1, 2], [3, 4, 5, 6], logprobs=[-1.0, 0.0, 0.0, -2.0], action_mask=[1, 0, 0, 1]
+    )
     back = decode_line(encode_line(rec))
     assert back.action_mask == [1, 0, 0, 1]
     rows = rows_from_experiences([back, Record("t", "g", [1], [2, 3], logprobs=[-1.0, -1.0])])
@@ -141,10 +167,12 @@ def test_workflows_by_name_dotted_path_and_plugin_dir(monkeypatch, tmp_path):
         registry.workflow_class("guess_numbr_workflow")
     bad = tmp_path / "plugins"
     bad.mkdir()
-    (bad / "wrong.py").write_text("from rft.workflow import Workflow\n"
-                                  "class NoRun(Workflow):\n    pass\n"
-                                  "class OldInit(Workflow):\n    def __init__(self, task):\n        pass\n"
-                                  "    def run(self):\n        return []\n")
+    (bad / "wrong.py").write_text(
+        "from rft.workflow import Workflow\n"
+        "class NoRun(Workflow):\n    pass\n"
+        "class OldInit(Workflow):\n    def __init__(self, task):\n        pass\n"
+        "    def run(self):\n        return []\n"
+    )
     monkeypatch.setenv(registry.PLUGIN_DIRS_ENV, str(bad))
     with pytest.raises(WorkflowError, match="defines no run"):
         registry.workflow_class("wrong.NoRun")
@@ -156,8 +184,11 @@ def test_workflows_by_name_dotted_path_and_plugin_dir(monkeypatch, tmp_path):
 
 
 def test_tools_that_raise_hang_crash_or_return_garbage_become_observations():
-    box = ToolBox([scripted.echo, scripted.crash, scripted.hang, scripted.garbage], call_timeout_s=2,
-                  episode_timeout_s=3)
+    box = ToolBox(
+        [scripted.echo, scripted.crash, scripted.hang, scripted.garbage],
+        call_timeout_s=2,
+        episode_timeout_s=3,
+    )
     assert box.schemas()[0]["function"]["name"] == "echo"
     assert box.call("echo", '{"text": "hi"}').content == "echo: hi"
     assert "crashed" in box.call("crash", {"text": ""}).content
@@ -176,9 +207,18 @@ def test_dry_run_resolution_names_the_taskset(tmp_path):
     from rft.config.load import config_from_dict
     from rft.explorer.tasksets import taskset_workflow
 
-    cfg = config_from_dict({"mode": "explore", "model": {"model_path": "m"}, "cluster": {"gpu_per_node": 0},
-                            "buffer": {"explorer_input": {"taskset": {
-                                "path": "p", "default_workflow_type": "webshop_workflow"}}}})
+    cfg = config_from_dict(
+        {
+            "mode": "explore",
+            "model": {"model_path": "m"},
+            "cluster": {"gpu_per_node": 0},
+            "buffer": {
+                "explorer_input": {
+                    "taskset": {"path": "p", "default_workflow_type": "webshop_workflow"}
+                }
+            },
+        }
+    )
     label, ts = cfg.labelled_tasksets()[0]
     with pytest.raises(ConfigError, match="taskset.*WebShop"):
         taskset_workflow(cfg, ts, label, False)
@@ -196,21 +236,44 @@ def rows_file(path: Path, rows: list[dict]) -> Path:
     return path
 
 
-def agent_cfg(root: Path, model_dir: Path, data: Path, workflow: str, batch_size: int = 1, **explorer):
+def agent_cfg(
+    root: Path, model_dir: Path, data: Path, workflow: str, batch_size: int = 1, **explorer
+):
     from rft.config.load import config_from_dict
 
-    return config_from_dict({
-        "project": "p", "name": workflow, "checkpoint_root_dir": str(root), "mode": "explore",
-        "algorithm": {"repeat_times": 2},
-        "model": {"model_path": str(model_dir), "max_response_tokens": 5, "max_model_len": 256},
-        "cluster": {"gpu_per_node": 0},
-        "buffer": {"batch_size": batch_size, "total_steps": 1, "explorer_input": {"taskset": {
-            "name": "agent", "path": str(data), "split": "train",
-            "format": {"prompt_key": "question", "response_key": "answer"},
-            "default_workflow_type": workflow, "workflow_args": explorer.pop("workflow_args", {})}}},
-        "explorer": {"eval_on_startup": False, "eval_interval": 0, "heartbeat_interval_s": 1,
-                     "rollout_model": {"dtype": "float32"}, **explorer},
-        "monitor": {"monitor_type": "console"}})
+    return config_from_dict(
+        {
+            "project": "p",
+            "name": workflow,
+            "checkpoint_root_dir": str(root),
+            "mode": "explore",
+            "algorithm": {"repeat_times": 2},
+            "model": {"model_path": str(model_dir), "max_response_tokens": 5, "max_model_len": 256},
+            "cluster": {"gpu_per_node": 0},
+            "buffer": {
+                "batch_size": batch_size,
+                "total_steps": 1,
+                "explorer_input": {
+                    "taskset": {
+                        "name": "agent",
+                        "path": str(data),
+                        "split": "train",
+                        "format": {"prompt_key": "question", "response_key": "answer"},
+                        "default_workflow_type": workflow,
+                        "workflow_args": explorer.pop("workflow_args", {}),
+                    }
+                },
+            },
+            "explorer": {
+                "eval_on_startup": False,
+                "eval_interval": 0,
+                "heartbeat_interval_s": 1,
+                "rollout_model": {"dtype": "float32"},
+                **explorer,
+            },
+            "monitor": {"monitor_type": "console"},
+        }
+    )
 
 
 @pytest.fixture(scope="module")
@@ -242,9 +305,17 @@ def test_multi_turn_samples_score_as_the_engine_did(engine, vllm_model_dir, tmp_
     from rft.trainer import engine as trainer_engine
     from rft.trainer.batching import collate
 
-    data = rows_file(tmp_path / "d" / "train.jsonl", [{"question": f"say {i}", "answer": "x"} for i in range(2)])
-    cfg = agent_cfg(tmp_path, vllm_model_dir, data, "scripted_turns", batch_size=2,
-                    workflow_args={"turns": 3, "tools": ["echo"]})
+    data = rows_file(
+        tmp_path / "d" / "train.jsonl", [{"question": f"say {i}", "answer": "x"} for i in range(2)]
+    )
+    cfg = agent_cfg(
+        tmp_path,
+        vllm_model_dir,
+        data,
+        "scripted_turns",
+        batch_size=2,
+        workflow_args={"turns": 3, "tools": ["echo"]},
+    )
     metrics, records = explore(engine, cfg)
     assert len(records) == 4 and metrics["episodes/count"] == 4 and metrics["tools/calls"] == 12
     assert metrics["episodes/model_calls_mean"] == 3 and metrics["episodes/prefix_breaks"] == 0
@@ -254,7 +325,9 @@ def test_multi_turn_samples_score_as_the_engine_did(engine, vllm_model_dir, tmp_
         assert sum(1 for a, b in zip(mask, mask[1:]) if a == 0 and b == 1) == 2  # 3 turns, 2 gaps
         assert all(lp == 0.0 for lp, m in zip(rec.logprobs, mask) if not m)
     rows = rows_from_experiences(records)
-    micro = collate(rows, list(range(len(records))), torch.zeros_like(rows.response_mask), rows.rollout_logprobs)
+    micro = collate(
+        rows, list(range(len(records))), torch.zeros_like(rows.response_mask), rows.rollout_logprobs
+    )
     model = AutoModelForCausalLM.from_pretrained(vllm_model_dir, dtype=torch.float32).eval()
     counted = micro.response_mask > 0
     with torch.no_grad():
@@ -264,14 +337,21 @@ def test_multi_turn_samples_score_as_the_engine_did(engine, vllm_model_dir, tmp_
 
 @pytest.mark.integration
 def test_failing_tools_a_timeout_and_a_raising_workflow_end_episodes_not_the_explorer(
-        engine, vllm_model_dir, tmp_path, plugins):
+    engine, vllm_model_dir, tmp_path, plugins
+):
     data = rows_file(tmp_path / "d" / "train.jsonl", [{"question": "q", "answer": "x"}])
-    cfg = agent_cfg(tmp_path / "a", vllm_model_dir, data, "scripted_turns",
-                    workflow_args={"turns": 1, "tools": ["crash", "garbage", "hang"], "tool_timeout_s": 1})
+    cfg = agent_cfg(
+        tmp_path / "a",
+        vllm_model_dir,
+        data,
+        "scripted_turns",
+        workflow_args={"turns": 1, "tools": ["crash", "garbage", "hang"], "tool_timeout_s": 1},
+    )
     metrics, records = explore(engine, cfg)
     assert len(records) == 2 and metrics["tools/errors"] == 4 and metrics["tools/timeouts"] == 2
-    cfg = agent_cfg(tmp_path / "b", vllm_model_dir, data, "sleepy", max_timeout=1,
-                    workflow_args={"sleep_s": 2})
+    cfg = agent_cfg(
+        tmp_path / "b", vllm_model_dir, data, "sleepy", max_timeout=1, workflow_args={"sleep_s": 2}
+    )
     metrics, records = explore(engine, cfg)
     assert records == [] and metrics["episodes/timeouts"] == 2
     cfg = agent_cfg(tmp_path / "c", vllm_model_dir, data, "raises")
@@ -281,24 +361,49 @@ def test_failing_tools_a_timeout_and_a_raising_workflow_end_episodes_not_the_exp
 
 @pytest.mark.integration
 def test_concurrent_episodes_share_engine_batches(engine, vllm_model_dir, tmp_path, plugins):
-    data = rows_file(tmp_path / "d" / "train.jsonl", [{"question": f"q{i}", "answer": "x"} for i in range(4)])
-    cfg = agent_cfg(tmp_path, vllm_model_dir, data, "scripted_turns", batch_size=4, runner_per_model=8,
-                    workflow_args={"turns": 2})
+    data = rows_file(
+        tmp_path / "d" / "train.jsonl", [{"question": f"q{i}", "answer": "x"} for i in range(4)]
+    )
+    cfg = agent_cfg(
+        tmp_path,
+        vllm_model_dir,
+        data,
+        "scripted_turns",
+        batch_size=4,
+        runner_per_model=8,
+        workflow_args={"turns": 2},
+    )
     metrics, records = explore(engine, cfg)
     assert len(records) == 8
     assert metrics["episodes/generate_batches"] < 16  # 8 episodes x 2 turns, batched together
 
 
 @pytest.mark.integration
-def test_a_workflow_from_trinitys_guide_and_the_shipped_environments_run(engine, vllm_model_dir, tmp_path, plugins):
-    data = rows_file(tmp_path / "d" / "train.jsonl", [{"question": "What is 12*3?", "answer": "36"}])
-    metrics, records = explore(engine, agent_cfg(tmp_path / "g", vllm_model_dir, data, "example_workflow"))
+def test_a_workflow_from_trinitys_guide_and_the_shipped_environments_run(
+    engine, vllm_model_dir, tmp_path, plugins
+):
+    data = rows_file(
+        tmp_path / "d" / "train.jsonl", [{"question": "What is 12*3?", "answer": "36"}]
+    )
+    metrics, records = explore(
+        engine, agent_cfg(tmp_path / "g", vllm_model_dir, data, "example_workflow")
+    )
     assert len(records) == 2 and all(r.action_mask == [] for r in records)
-    metrics, records = explore(engine, agent_cfg(tmp_path / "c", vllm_model_dir, data, "calculator_workflow"))
+    metrics, records = explore(
+        engine, agent_cfg(tmp_path / "c", vllm_model_dir, data, "calculator_workflow")
+    )
     assert len(records) == 2 and all(r.reward_parts["accuracy"] == r.reward for r in records)
     guess = rows_file(tmp_path / "n" / "train.jsonl", [{"target": 3, "low": 1, "high": 8}])
-    metrics, records = explore(engine, agent_cfg(tmp_path / "n", vllm_model_dir, guess, "guess_number_workflow",
-                                                 workflow_args={"max_env_steps": 2}))
+    metrics, records = explore(
+        engine,
+        agent_cfg(
+            tmp_path / "n",
+            vllm_model_dir,
+            guess,
+            "guess_number_workflow",
+            workflow_args={"max_env_steps": 2},
+        ),
+    )
     assert len(records) == 2 and metrics["episodes/model_calls_mean"] >= 1
 
 
@@ -311,10 +416,12 @@ def test_step_wise_grpo_broadcasts_each_runs_last_reward():
     runs = [(0, 0), (0, 1), (1, 0), (0, 0)]
     adv, metrics = step_wise_grpo_advantages(rewards, ["g", "g", "g", "h"], mask, runs=runs)
     # run scores 1 and 0: mean 0.5, unbiased std sqrt(0.5); a group of one run gets 0.
-    expected = 0.5 / (0.5 ** 0.5 + 1e-6)
+    expected = 0.5 / (0.5**0.5 + 1e-6)
     assert adv[:, 0].tolist() == pytest.approx([expected, expected, -expected, 0.0])
     assert metrics["runs"] == 3
-    adv, _ = step_wise_grpo_advantages(rewards, ["g", "g", "g", "h"], mask, runs=runs, enable_step_norm=True)
+    adv, _ = step_wise_grpo_advantages(
+        rewards, ["g", "g", "g", "h"], mask, runs=runs, enable_step_norm=True
+    )
     assert adv[:, 0].tolist() == pytest.approx([expected / 2, expected / 2, -expected, 0.0])
 
 
@@ -322,9 +429,18 @@ def test_multi_step_grpo_preset_and_rows_carry_runs(tmp_path):
     from rft.config.load import config_from_dict
     from rft.trainer.algorithm import build_loss_fns
 
-    cfg = config_from_dict({"mode": "train", "algorithm": {"algorithm_type": "multi_step_grpo", "repeat_times": 2},
-                            "model": {"model_path": "m"}, "cluster": {"gpu_per_node": 0}})
-    assert cfg.algorithm.advantage_fn == "step_wise_grpo" and build_loss_fns(cfg.algorithm).advantage_by_run
+    cfg = config_from_dict(
+        {
+            "mode": "train",
+            "algorithm": {"algorithm_type": "multi_step_grpo", "repeat_times": 2},
+            "model": {"model_path": "m"},
+            "cluster": {"gpu_per_node": 0},
+        }
+    )
+    assert (
+        cfg.algorithm.advantage_fn == "step_wise_grpo"
+        and build_loss_fns(cfg.algorithm).advantage_by_run
+    )
     rec = Record("t", "g", [1], [2], logprobs=[0.0], info={"run": 3, "env_step": 1})
     assert rows_from_experiences([rec]).runs == [(3, 1)]
 
@@ -339,16 +455,31 @@ def test_plugin_dir_flag_reaches_the_environment(monkeypatch):
         config_parser("x", "y").parse_args(["--config", "c.yaml", "--plugin-dir", "/no/such/dir"])
 
 
-def test_dry_run_of_a_class_workflow_needs_no_prompt_columns(tmp_path, tiny_model_dir, monkeypatch, capsys):
+def test_dry_run_of_a_class_workflow_needs_no_prompt_columns(
+    tmp_path, tiny_model_dir, monkeypatch, capsys
+):
     from rft.launch.cli import run_main
 
     rows_file(tmp_path / "guess" / "train.jsonl", [{"target": 2, "low": 1, "high": 4}])
     config = tmp_path / "c.yaml"
-    config.write_text(json.dumps({
-        "mode": "explore", "checkpoint_root_dir": str(tmp_path / "ck"),
-        "model": {"model_path": str(tiny_model_dir), "max_model_len": 256}, "cluster": {"gpu_per_node": 0},
-        "buffer": {"explorer_input": {"taskset": {"path": str(tmp_path / "guess"),
-                                                  "default_workflow_type": "guess_number_workflow"}}}}))
+    config.write_text(
+        json.dumps(
+            {
+                "mode": "explore",
+                "checkpoint_root_dir": str(tmp_path / "ck"),
+                "model": {"model_path": str(tiny_model_dir), "max_model_len": 256},
+                "cluster": {"gpu_per_node": 0},
+                "buffer": {
+                    "explorer_input": {
+                        "taskset": {
+                            "path": str(tmp_path / "guess"),
+                            "default_workflow_type": "guess_number_workflow",
+                        }
+                    }
+                },
+            }
+        )
+    )
     assert run_main(["--config", str(config), "--dry-run"]) == 0
     config.write_text(config.read_text().replace("guess_number_workflow", "scripted.Nope"))
     monkeypatch.setenv(registry.PLUGIN_DIRS_ENV, str(PLUGINS))
@@ -363,9 +494,15 @@ def test_step_wise_runs_and_the_debugger(engine, vllm_model_dir, tmp_path, plugi
     data = rows_file(tmp_path / "d" / "train.jsonl", [{"question": "q", "answer": "x"}])
     cfg = agent_cfg(tmp_path / "s", vllm_model_dir, data, "scripted_steps")
     metrics, records = explore(engine, cfg)
-    assert sorted((r.info["run"], r.info["env_step"], r.reward) for r in records) == \
-        [(0, 0, 0.0), (0, 1, 1.0), (1, 0, 1.0), (1, 1, 2.0)]
-    cfg = agent_cfg(tmp_path / "c", vllm_model_dir, data, "scripted_turns", workflow_args={"turns": 2})
+    assert sorted((r.info["run"], r.info["env_step"], r.reward) for r in records) == [
+        (0, 0, 0.0),
+        (0, 1, 1.0),
+        (1, 0, 1.0),
+        (1, 1, 2.0),
+    ]
+    cfg = agent_cfg(
+        tmp_path / "c", vllm_model_dir, data, "scripted_turns", workflow_args={"turns": 2}
+    )
     exps = debug(cfg, 1, False, tmp_path / "out.jsonl", engine)
     printed = capsys.readouterr().out
     assert "[model turn 2," in printed and "masked]" in printed and "reward 1.000" in printed
@@ -378,13 +515,23 @@ def test_rft_run_trains_a_plugin_workflow_end_to_end(vllm_model_dir, tmp_path):
     the trainer trains on the multi-turn, masked records, both in mode both."""
     from rft.monitor import read_metrics
 
-    done = rft_run("--config", "configs/agent_calculator_cpu.yaml", "--plugin-dir", str(PLUGINS),
-                   f"model.model_path={vllm_model_dir}", f"checkpoint_root_dir={tmp_path}",
-                   "buffer.total_steps=2", "buffer.batch_size=2", "algorithm.repeat_times=2",
-                   "buffer.explorer_input.default_workflow_type=scripted_turns",
-                   "buffer.explorer_input.taskset.workflow_args.turns=2",
-                   "explorer.eval_on_startup=false", "explorer.eval_interval=0",
-                   "model.max_response_tokens=6", "trainer.precision=fp32")
+    done = rft_run(
+        "--config",
+        "configs/agent_calculator_cpu.yaml",
+        "--plugin-dir",
+        str(PLUGINS),
+        f"model.model_path={vllm_model_dir}",
+        f"checkpoint_root_dir={tmp_path}",
+        "buffer.total_steps=2",
+        "buffer.batch_size=2",
+        "algorithm.repeat_times=2",
+        "buffer.explorer_input.default_workflow_type=scripted_turns",
+        "buffer.explorer_input.taskset.workflow_args.turns=2",
+        "explorer.eval_on_startup=false",
+        "explorer.eval_interval=0",
+        "model.max_response_tokens=6",
+        "trainer.precision=fp32",
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     run_dir = tmp_path / "agent" / "smollm2-135m-calculator"
     explored = read_metrics(run_dir, "explorer_explorer")
@@ -404,7 +551,9 @@ class _OneReply:
         from concurrent.futures import Future
 
         future = Future()
-        future.set_result([Completion(list(prompt_ids), [5, 6], [-1.0, -2.0], "stop", self.text)] * args.n)
+        future.set_result(
+            [Completion(list(prompt_ids), [5, 6], [-1.0, -2.0], "stop", self.text)] * args.n
+        )
         return future
 
     def parse_reasoning(self, text):
@@ -412,7 +561,13 @@ class _OneReply:
 
     def parse_tool_calls(self, text, tools):
         self.tool_texts.append(text)
-        return "", [{"id": "c1", "type": "function", "function": {"name": "echo", "arguments": '{"text": "x"}'}}]
+        return "", [
+            {
+                "id": "c1",
+                "type": "function",
+                "function": {"name": "echo", "arguments": '{"text": "x"}'},
+            }
+        ]
 
 
 def test_model_handle_replies_limits_and_parsed_calls(template):
@@ -421,11 +576,23 @@ def test_model_handle_replies_limits_and_parsed_calls(template):
 
     service = _OneReply("thinking|[echo(text='x')]")
     model = ModelWrapper(service, template, GenerationArgs(max_tokens=8))
-    [reply] = model.chat([{"role": "user", "content": "hi"}], tools=ToolBox([scripted.echo]).schemas())
+    [reply] = model.chat(
+        [{"role": "user", "content": "hi"}], tools=ToolBox([scripted.echo]).schemas()
+    )
     assert reply.reasoning_content == "thinking" and service.tool_texts == ["[echo(text='x')]"]
-    assert reply.tool_calls[0]["function"]["name"] == "echo" and reply.response_text == "thinking|[echo(text='x')]"
-    assert reply.response_ids == [5, 6] and reply.logprobs == [-1.0, -2.0] and reply.action_mask == [1, 1]
-    assert len(model.generate(["a", "b"], n=2)) == 4 and len(model.extract_experience_from_history()) == 5
+    assert (
+        reply.tool_calls[0]["function"]["name"] == "echo"
+        and reply.response_text == "thinking|[echo(text='x')]"
+    )
+    assert (
+        reply.response_ids == [5, 6]
+        and reply.logprobs == [-1.0, -2.0]
+        and reply.action_mask == [1, 1]
+    )
+    assert (
+        len(model.generate(["a", "b"], n=2)) == 4
+        and len(model.extract_experience_from_history()) == 5
+    )
     with pytest.raises(WorkflowError, match="unknown argument"):
         model.chat([{"role": "user", "content": "hi"}], best_of=3)
     long = [{"role": "user", "content": "word " * 80}]  # over max_model_len: no room for a reply
@@ -440,7 +607,9 @@ def test_model_handle_replies_limits_and_parsed_calls(template):
 def test_vllm_tool_and_reasoning_parsers_read_replies(engine):
     tools = ToolBox([scripted.echo]).schemas()
     content, calls = engine.parse_tool_calls('[echo(text="hi")]', tools, "pythonic")
-    assert calls[0]["function"]["name"] == "echo" and json.loads(calls[0]["function"]["arguments"]) == {"text": "hi"}
+    assert calls[0]["function"]["name"] == "echo" and json.loads(
+        calls[0]["function"]["arguments"]
+    ) == {"text": "hi"}
     assert engine.parse_tool_calls("no call here", tools, "pythonic") == ("no call here", [])
     assert engine.parse_reasoning("<think>hmm</think>ans", "qwen3") == ("hmm", "ans")
     engine.check_parsers("pythonic", "qwen3")
@@ -454,7 +623,9 @@ def test_sbatch_script_exports_the_plugin_dirs(monkeypatch):
 
     cfg = load_config(Path(__file__).resolve().parent.parent / "configs" / "async" / "trainer.yaml")
     monkeypatch.delenv(registry.PLUGIN_DIRS_ENV, raising=False)
-    assert registry.PLUGIN_DIRS_ENV not in slurm.render(cfg, Path("/c.yaml"), [], python="py", workdir=Path("/w"))
+    assert registry.PLUGIN_DIRS_ENV not in slurm.render(
+        cfg, Path("/c.yaml"), [], python="py", workdir=Path("/w")
+    )
     monkeypatch.setenv(registry.PLUGIN_DIRS_ENV, "/site/my plugins")
     text = slurm.render(cfg, Path("/c.yaml"), [], python="py", workdir=Path("/w"))
     assert "export RFT_PLUGIN_DIRS='/site/my plugins'" in text.splitlines()

@@ -45,17 +45,24 @@ T = torch.tensor
 
 
 def close(actual, expected, tol: float = 1e-5) -> None:
-    torch.testing.assert_close(torch.as_tensor(actual, dtype=torch.float32),
-                               torch.as_tensor(expected, dtype=torch.float32), rtol=0, atol=tol)
+    torch.testing.assert_close(
+        torch.as_tensor(actual, dtype=torch.float32),
+        torch.as_tensor(expected, dtype=torch.float32),
+        rtol=0,
+        atol=tol,
+    )
 
 
 # ----------------------------------------------------------------------------- advantages
+
 
 def test_grpo_one_group_unbiased_std_broadcast_and_masked():
     # mean 0.5; unbiased std = sqrt(4 * 0.25 / 3) = sqrt(1/3) = 0.5773503
     # advantage = +-0.5 / (0.5773503 + 1e-6) = +-0.8660239
     mask = T([[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0]])
-    adv, metrics = registry.get_advantage_fn("grpo")(T([1.0, 0.0, 0.0, 1.0]), ["q", "q", "q", "q"], mask)
+    adv, metrics = registry.get_advantage_fn("grpo")(
+        T([1.0, 0.0, 0.0, 1.0]), ["q", "q", "q", "q"], mask
+    )
     a = 0.8660239
     close(adv, [[a, a, 0], [-a, 0, 0], [-a, -a, -a], [a, a, 0]])
     close(metrics["reward_mean"], 0.5)
@@ -75,10 +82,14 @@ def test_grpo_std_threshold_and_mean_only():
     # group a: [0, 1] std 0.7071 > 0.5 -> kept: -+0.5/0.7071078 = -+0.7071058
     # group b: [0, 0.4] std 0.2828 <= 0.5 -> zero
     rewards, groups = T([0.0, 1.0, 0.0, 0.4]), ["a", "a", "b", "b"]
-    adv, _ = registry.get_advantage_fn("grpo", {"std_threshold": 0.5})(rewards, groups, torch.ones(4, 1))
+    adv, _ = registry.get_advantage_fn("grpo", {"std_threshold": 0.5})(
+        rewards, groups, torch.ones(4, 1)
+    )
     close(adv[:, 0], [-0.7071058, 0.7071058, 0.0, 0.0])
     # Dr.GRPO-like: r - mean only -> [-0.5, 0.5, -0.2, 0.2]
-    adv, _ = registry.get_advantage_fn("grpo", {"std_normalize": False})(rewards, groups, torch.ones(4, 1))
+    adv, _ = registry.get_advantage_fn("grpo", {"std_normalize": False})(
+        rewards, groups, torch.ones(4, 1)
+    )
     close(adv[:, 0], [-0.5, 0.5, -0.2, 0.2])
 
 
@@ -139,6 +150,7 @@ def test_opmd_mean_and_logavgexp_baselines():
 
 # ----------------------------------------------------------------------------- aggregation
 
+
 def test_agg_modes_on_ragged_mask():
     loss_mat = T([[1.0, 2.0, 3.0], [4.0, 9.0, 9.0], [7.0, 7.0, 7.0]])
     mask = T([[1, 1, 1], [1, 0, 0], [0, 0, 0]])  # the 9s and the empty third row do not count
@@ -154,11 +166,14 @@ def test_seq_mean_token_sum_norm_is_the_total_sum_over_l_as_verl_and_trinity():
     # veRL agg_loss / Trinity: sum of all 8 counted tokens / L=4 = 2.0 (a mean over the 2
     # sequences first would give 1.0)
     close(aggregate(torch.ones(2, 4), torch.ones(2, 4), "seq-mean-token-sum-norm"), 2.0)
-    close(aggregate(torch.ones(2, 4), T([[1, 1, 0, 0], [1, 0, 0, 0]]), "seq-mean-token-sum-norm"),
-          0.75)  # 3 tokens / L=4: the constant is the padded width, not a length
+    close(
+        aggregate(torch.ones(2, 4), T([[1, 1, 0, 0], [1, 0, 0, 0]]), "seq-mean-token-sum-norm"),
+        0.75,
+    )  # 3 tokens / L=4: the constant is the padded width, not a length
 
 
 # ----------------------------------------------------------------------------- policy losses
+
 
 def _logs(ratios):
     return torch.log(T(ratios, dtype=torch.float32))
@@ -192,7 +207,9 @@ def test_ppo_dual_clip():
     loss, m = registry.get_policy_loss_fn("ppo")(logprob, torch.zeros(1, 2), adv, torch.ones(1, 2))
     close(loss, 0.9)  # (3 - 1.2) / 2
     close(m[CLIP_FRAC_LOWER], 0.5)
-    loss, _ = registry.get_policy_loss_fn("ppo", {"clip_ratio_c": None})(logprob, torch.zeros(1, 2), adv, torch.ones(1, 2))
+    loss, _ = registry.get_policy_loss_fn("ppo", {"clip_ratio_c": None})(
+        logprob, torch.zeros(1, 2), adv, torch.ones(1, 2)
+    )
     close(loss, 1.9)  # (5 - 1.2) / 2 without dual clip
 
 
@@ -203,7 +220,9 @@ def test_ratio_is_exactly_one_when_old_logprob_is_recomputed(dtype):
     assert torch.equal(ratio, torch.ones_like(ratio))
     assert ppo_kl.item() == 0.0
     adv, mask = torch.randn(3, 7), (torch.rand(3, 7) > 0.3).float()
-    loss, m = registry.get_policy_loss_fn("ppo")(logprob.float(), logprob.float().clone(), adv, mask)
+    loss, m = registry.get_policy_loss_fn("ppo")(
+        logprob.float(), logprob.float().clone(), adv, mask
+    )
     assert m[CLIP_FRAC] == 0.0 and m[PPO_KL] == 0.0
     close(loss, -(adv * mask).sum() / mask.sum(), tol=1e-6)
 
@@ -230,7 +249,9 @@ def test_sft_loss_is_masked_nll():
     logprob, mask = T([[-1.0, -2.0], [-3.0, -50.0]]), T([[1, 1], [1, 0]])
     loss, m = registry.get_policy_loss_fn("sft")(logprob, None, None, mask)
     close(loss, 2.0)  # (1 + 2 + 3)/3
-    loss, _ = registry.get_policy_loss_fn("sft", {"loss_agg_mode": "seq-mean-token-mean"})(logprob, None, None, mask)
+    loss, _ = registry.get_policy_loss_fn("sft", {"loss_agg_mode": "seq-mean-token-mean"})(
+        logprob, None, None, mask
+    )
     close(loss, 2.25)  # mean(1.5, 3)
 
 
@@ -255,7 +276,9 @@ def test_mix_chord_mixes_ppo_on_rollouts_and_sft_on_expert_rows():
     logprob = T([[0.0, 0.0], [math.log(0.5), math.log(0.5)]]).requires_grad_()
     old, adv, mask = T([[0.0, 0.0], [0.0, 0.0]]), T([[2.0, 2.0], [0.0, 0.0]]), torch.ones(2, 2)
     expert = T([False, True])
-    loss, m = registry.get_policy_loss_fn("mix_chord")(logprob, old, adv, mask, step=0, expert_mask=expert)
+    loss, m = registry.get_policy_loss_fn("mix_chord")(
+        logprob, old, adv, mask, step=0, expert_mask=expert
+    )
     close(loss, -1.8 + 0.01732868)
     close(m[MU], 0.1)
     loss.backward()
@@ -265,14 +288,20 @@ def test_mix_chord_mixes_ppo_on_rollouts_and_sft_on_expert_rows():
     loss, _ = fn(logprob, old, adv, mask, step=0, expert_mask=expert)
     close(loss, -1.8 + 0.06931472)
     # expert rows only: loss = mu * sft; step 5 of a 10-step warm-up to 0.4 -> mu 0.2
-    fn = registry.get_policy_loss_fn("mix_chord", {"mu_warmup_steps": 10, "mu_peak": 0.4, "enable_phi_function": False})
+    fn = registry.get_policy_loss_fn(
+        "mix_chord", {"mu_warmup_steps": 10, "mu_peak": 0.4, "enable_phi_function": False}
+    )
     loss, _ = fn(logprob[1:], old[1:], adv[1:], mask[1:], step=5, expert_mask=T([True]))
     close(loss, 0.2 * 0.6931472)
 
 
 def test_opmd_policy_loss():
     # -A * lp = [1, 2 | -0.5] -> token-mean 2.5/3 = 0.8333333, / (1 + tau=1) = 0.4166667
-    logprob, adv, mask = T([[-1.0, -2.0], [-0.5, -9.0]]), T([[1.0, 1.0], [-1.0, -1.0]]), T([[1, 1], [1, 0]])
+    logprob, adv, mask = (
+        T([[-1.0, -2.0], [-0.5, -9.0]]),
+        T([[1.0, 1.0], [-1.0, -1.0]]),
+        T([[1, 1], [1, 0]]),
+    )
     loss, _ = registry.get_policy_loss_fn("opmd")(logprob, logprob, adv, mask)
     close(loss, 0.4166667)
 
@@ -285,17 +314,22 @@ PROX, BEHAV = _logs([[0.5, 0.2], [0.9, 0.3]]), _logs([[0.5, 0.4], [0.3, 0.03]])
 CMASK = T([[1, 1], [1, 0]])
 
 
-@pytest.mark.parametrize("mode, args, weights, weight_mean, capped_frac", [
-    ("none", {}, [[1, 1], [1, 1]], 1.0, 0.0),
-    # min(r, 2): [1, 0.5 | 2]; mean (1 + 0.5 + 2)/3 = 1.1666667; the 3 is truncated: 1/3
-    ("tis", {"rollout_is_threshold": 2.0}, [[1, 0.5], [2, 2]], 3.5 / 3, 1 / 3),
-    # r unbounded: mean (1 + 0.5 + 3)/3 = 1.5, nothing dropped
-    ("decoupled", {}, [[1, 0.5], [3, 10]], 1.5, 0.0),
-    # r > 2 dropped (weight 0): [1, 0.5 | 0]; mean 1.5/3 = 0.5; 1/3 dropped
-    ("decoupled", {"behav_imp_weight_cap": 2.0}, [[1, 0.5], [0, 0]], 0.5, 1 / 3),
-])
+@pytest.mark.parametrize(
+    "mode, args, weights, weight_mean, capped_frac",
+    [
+        ("none", {}, [[1, 1], [1, 1]], 1.0, 0.0),
+        # min(r, 2): [1, 0.5 | 2]; mean (1 + 0.5 + 2)/3 = 1.1666667; the 3 is truncated: 1/3
+        ("tis", {"rollout_is_threshold": 2.0}, [[1, 0.5], [2, 2]], 3.5 / 3, 1 / 3),
+        # r unbounded: mean (1 + 0.5 + 3)/3 = 1.5, nothing dropped
+        ("decoupled", {}, [[1, 0.5], [3, 10]], 1.5, 0.0),
+        # r > 2 dropped (weight 0): [1, 0.5 | 0]; mean 1.5/3 = 0.5; 1/3 dropped
+        ("decoupled", {"behav_imp_weight_cap": 2.0}, [[1, 0.5], [0, 0]], 0.5, 1 / 3),
+    ],
+)
 def test_correction_weights_and_metrics(mode, args, weights, weight_mean, capped_frac):
-    w, sums = correction_weights(PROX, BEHAV, CMASK, mode=mode, **{"rollout_is_threshold": 2.0, **args})
+    w, sums = correction_weights(
+        PROX, BEHAV, CMASK, mode=mode, **{"rollout_is_threshold": 2.0, **args}
+    )
     close(w, weights, tol=1e-5)
     m = sums.metrics()
     close(m[IS_RATIO_MEAN], 1.5)  # (1 + 0.5 + 3)/3: the raw ratio, before truncation
@@ -307,7 +341,9 @@ def test_correction_weights_and_metrics(mode, args, weights, weight_mean, capped
 def test_correction_sums_merge_over_ranks():
     # rank A: 3 tokens, ratios sum 4.5, max 3, 1 capped; rank B: 1 token, ratio 0.5
     a = correction_weights(PROX, BEHAV, CMASK, mode="tis", rollout_is_threshold=2.0)[1]
-    b = correction_weights(PROX, BEHAV, T([[0, 1], [0, 0]]), mode="tis", rollout_is_threshold=2.0)[1]
+    b = correction_weights(PROX, BEHAV, T([[0, 1], [0, 0]]), mode="tis", rollout_is_threshold=2.0)[
+        1
+    ]
     a.merge(b)
     m = a.metrics()
     close(m[IS_RATIO_MEAN], 5.0 / 4)
@@ -342,25 +378,38 @@ def test_decoupled_ppo_clips_around_the_proximal_policy_and_weights_by_behaviour
     correct = get_correction_fn(RolloutCorrectionConfig(mode="decoupled", behav_imp_weight_cap=5.0))
     w, _ = correct(_logs([[0.5]]), _logs([[0.25]]), torch.ones(1, 1))
     loss, _ = registry.get_policy_loss_fn("ppo", {"clip_range": 0.1})(
-        _logs([[0.6]]), _logs([[0.5]]), T([[1.0]]), torch.ones(1, 1), is_weights=w)
+        _logs([[0.6]]), _logs([[0.5]]), T([[1.0]]), torch.ones(1, 1), is_weights=w
+    )
     close(loss, -2.2)
     assert get_correction_fn(RolloutCorrectionConfig()) is None  # mode none: no weights
 
 
 def test_weights_reach_gspo_opmd_and_only_chord_rollout_rows():
     # gspo, ratio 1, A = [1, 1], w = [2, 4]: per-token -A w = [-2, -4]; seq-mean-token-mean -3
-    loss, _ = registry.get_policy_loss_fn("gspo")(torch.zeros(1, 2), torch.zeros(1, 2), T([[1.0, 1.0]]),
-                                            torch.ones(1, 2), is_weights=T([[2.0, 4.0]]))
+    loss, _ = registry.get_policy_loss_fn("gspo")(
+        torch.zeros(1, 2),
+        torch.zeros(1, 2),
+        T([[1.0, 1.0]]),
+        torch.ones(1, 2),
+        is_weights=T([[2.0, 4.0]]),
+    )
     close(loss, -3.0)
     # opmd: -A lp w = [1 * 0.5, 2 * 2] -> mean 2.25, / (1 + tau=1) = 1.125
-    loss, _ = registry.get_policy_loss_fn("opmd")(T([[-1.0, -2.0]]), None, T([[1.0, 1.0]]), torch.ones(1, 2),
-                                            is_weights=T([[0.5, 2.0]]))
+    loss, _ = registry.get_policy_loss_fn("opmd")(
+        T([[-1.0, -2.0]]), None, T([[1.0, 1.0]]), torch.ones(1, 2), is_weights=T([[0.5, 2.0]])
+    )
     close(loss, 1.125)
     # CHORD (as test_mix_chord_...): rollout row weighted 0.5 -> ppo -1; expert row ignores its 100
     logprob = T([[0.0, 0.0], [math.log(0.5), math.log(0.5)]])
     loss, _ = registry.get_policy_loss_fn("mix_chord")(
-        logprob, torch.zeros(2, 2), T([[2.0, 2.0], [0.0, 0.0]]), torch.ones(2, 2), step=0,
-        expert_mask=T([False, True]), is_weights=T([[0.5, 0.5], [100.0, 100.0]]))
+        logprob,
+        torch.zeros(2, 2),
+        T([[2.0, 2.0], [0.0, 0.0]]),
+        torch.ones(2, 2),
+        step=0,
+        expert_mask=T([False, True]),
+        is_weights=T([[0.5, 0.5], [100.0, 100.0]]),
+    )
     close(loss, 0.9 * -1.0 + 0.01732868)
 
 
@@ -370,6 +419,7 @@ def test_is_weights_come_from_the_trainer_not_the_config():
 
 
 # ----------------------------------------------------------------------------- KL and entropy
+
 
 def test_kl_variants_on_known_values():
     # pi = 0.5, pi_ref = 0.25: d = log pi - log pi_ref = ln 2 = 0.6931472
@@ -396,7 +446,11 @@ def test_low_var_kl_is_clamped_k3_is_not():
 
 
 def test_kl_loss_and_penalty_scale_by_kl_coef():
-    lp, ref, mask = T([[math.log(0.5), math.log(0.5)]]), T([[math.log(0.25), math.log(0.5)]]), T([[1, 1]])
+    lp, ref, mask = (
+        T([[math.log(0.5), math.log(0.5)]]),
+        T([[math.log(0.25), math.log(0.5)]]),
+        T([[1, 1]]),
+    )
     loss, m = registry.get_kl_loss_fn("k1", {"kl_coef": 0.1})(lp, ref, mask)
     close(loss, 0.1 * 0.6931472 / 2)  # token-mean of [ln2, 0], times 0.1
     rewards, m = registry.get_kl_penalty_fn("k1", {"kl_coef": 0.1})(T([[0.0, 1.0]]), lp, ref, mask)
@@ -426,7 +480,11 @@ def test_token_logprobs_and_entropy_at_a_sampling_temperature():
     close(token_logprobs(logits, label), [[-0.2231436]])
     close(token_logprobs(logits, label, temperature=2.0), [[-0.4054651]])
     close(token_entropy(logits, temperature=2.0), [[0.6365142]])
-    close(token_logprobs(logits.bfloat16(), label, temperature=2.0, max_chunk_elems=1), [[-0.4054651]], tol=2e-3)
+    close(
+        token_logprobs(logits.bfloat16(), label, temperature=2.0, max_chunk_elems=1),
+        [[-0.4054651]],
+        tol=2e-3,
+    )
 
 
 def test_a_temperature_per_row_scores_each_row_at_its_own():
@@ -437,10 +495,14 @@ def test_a_temperature_per_row_scores_each_row_at_its_own():
     labels = torch.zeros(2, 2, dtype=torch.long)
     temps = T([2.0, 1.0])
     for chunk in (1, 1 << 20):
-        close(token_logprobs(logits, labels, temperature=temps, max_chunk_elems=chunk),
-              [[-0.4054651] * 2, [-0.2231436] * 2])
-        close(token_entropy(logits, temperature=temps, max_chunk_elems=chunk),
-              [[0.6365142] * 2, [0.5004024] * 2])
+        close(
+            token_logprobs(logits, labels, temperature=temps, max_chunk_elems=chunk),
+            [[-0.4054651] * 2, [-0.2231436] * 2],
+        )
+        close(
+            token_entropy(logits, temperature=temps, max_chunk_elems=chunk),
+            [[0.6365142] * 2, [0.5004024] * 2],
+        )
 
 
 def test_chunked_token_logprobs_and_entropy_match_naive():
@@ -462,6 +524,7 @@ def test_chunked_token_logprobs_and_entropy_match_naive():
 
 
 # ----------------------------------------------------------------------------- names and args
+
 
 def test_unknown_arg_names_the_arg_and_the_valid_ones():
     with pytest.raises(ConfigError) as e:
@@ -488,7 +551,11 @@ def test_unknown_name_and_bad_values():
 
 
 def test_valid_args_lists_config_arguments():
-    assert registry.valid_args("advantage_fn", "grpo") == ["epsilon", "std_threshold", "std_normalize"]
+    assert registry.valid_args("advantage_fn", "grpo") == [
+        "epsilon",
+        "std_threshold",
+        "std_normalize",
+    ]
     assert registry.valid_args("kl_loss_fn", "k3") == ["loss_agg_mode", "kl_coef"]
     assert "mu_peak" in registry.valid_args("policy_loss_fn", "mix_chord")
 
@@ -499,13 +566,16 @@ def test_call_time_loss_agg_mode_overrides_the_bound_one():
     close(fn(logprob, None, None, mask, loss_agg_mode="token-mean")[0], 2.0)
 
 
-@pytest.mark.parametrize("kind, declared, registry", [
-    ("advantage_fn", names.ADVANTAGE_FN_NAMES, ADVANTAGE_FNS),
-    ("policy_loss_fn", names.POLICY_LOSS_FN_NAMES, POLICY_LOSS_FNS),
-    ("kl_loss_fn", names.KL_FN_NAMES, KL_FNS),
-    ("entropy_loss_fn", names.ENTROPY_LOSS_FN_NAMES, ENTROPY_LOSS_FNS),
-    ("loss_agg_mode", names.LOSS_AGG_MODES, LOSS_AGG_MODES),
-])
+@pytest.mark.parametrize(
+    "kind, declared, registry",
+    [
+        ("advantage_fn", names.ADVANTAGE_FN_NAMES, ADVANTAGE_FNS),
+        ("policy_loss_fn", names.POLICY_LOSS_FN_NAMES, POLICY_LOSS_FNS),
+        ("kl_loss_fn", names.KL_FN_NAMES, KL_FNS),
+        ("entropy_loss_fn", names.ENTROPY_LOSS_FN_NAMES, ENTROPY_LOSS_FNS),
+        ("loss_agg_mode", names.LOSS_AGG_MODES, LOSS_AGG_MODES),
+    ],
+)
 def test_config_accepts_exactly_the_declared_names(kind, declared, registry):
     """The config schema and the registries read one declaration (rft.config.names)."""
     import typing
@@ -515,9 +585,14 @@ def test_config_accepts_exactly_the_declared_names(kind, declared, registry):
 
     accepted = typing.get_args(typing.get_args(typing.get_type_hints(AlgorithmConfig)[kind])[0])
     assert accepted == declared
-    assert set(registry) == set(declared) - (names.NEEDS_CRITIC if kind == "advantage_fn" else set())
-    base = {"model": {"model_path": "/m"}, "algorithm": {"algorithm_type": "grpo", "repeat_times": 2},
-            "buffer": {"explorer_input": {"taskset": {"path": "/d"}}}}
+    assert set(registry) == set(declared) - (
+        names.NEEDS_CRITIC if kind == "advantage_fn" else set()
+    )
+    base = {
+        "model": {"model_path": "/m"},
+        "algorithm": {"algorithm_type": "grpo", "repeat_times": 2},
+        "buffer": {"explorer_input": {"taskset": {"path": "/d"}}},
+    }
     with pytest.raises(ConfigError, match="Did you mean"):
         config_from_dict({**base, "algorithm": {**base["algorithm"], kind: declared[0] + "x"}})
 
@@ -527,8 +602,12 @@ def test_token_level_rewards_then_kl_penalty_feed_reinforceplusplus():
     mask = T([[1, 1, 0], [1, 1, 1]])
     token_rewards = token_level_rewards(T([1.0, 0.0]), mask)
     close(token_rewards, [[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
-    ref = T([[math.log(0.5), 0.0, 0.0], [0.0, 0.0, 0.0]])  # k1 = log pi - log pi_ref = 0 - ln(0.5) = ln2
-    penalised, _ = registry.get_kl_penalty_fn("k1", {"kl_coef": 0.1})(token_rewards, torch.zeros(2, 3), ref, mask)
+    ref = T(
+        [[math.log(0.5), 0.0, 0.0], [0.0, 0.0, 0.0]]
+    )  # k1 = log pi - log pi_ref = 0 - ln(0.5) = ln2
+    penalised, _ = registry.get_kl_penalty_fn("k1", {"kl_coef": 0.1})(
+        token_rewards, torch.zeros(2, 3), ref, mask
+    )
     close(penalised, [[-0.06931472, 1.0, 0.0], [0.0, 0.0, 0.0]])
     adv, _ = registry.get_advantage_fn("reinforceplusplus")(penalised, [0, 1], mask)
     assert adv[0, 2] == 0.0 and adv.shape == (2, 3)

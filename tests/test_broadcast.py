@@ -28,21 +28,32 @@ from broadcast_worker import make_module  # noqa: E402
 
 # ----------------------------------------------------------------------------- pure parts
 
+
 def test_buckets_group_by_dtype_in_order_and_a_large_tensor_goes_alone():
-    specs = [("a", "float32", (2, 3)), ("b", "bfloat16", (4,)), ("c", "float32", (5,)),
-             ("big", "float32", (100,)), ("d", "float32", (1,))]
+    specs = [
+        ("a", "float32", (2, 3)),
+        ("b", "bfloat16", (4,)),
+        ("c", "float32", (5,)),
+        ("big", "float32", (100,)),
+        ("d", "float32", (1,)),
+    ]
     buckets = B.plan_buckets(specs, bucket_bytes=64)  # 16 float32
     got = [(b.dtype, b.numel, [(t.name, t.offset) for t in b.tensors]) for b in buckets]
-    assert got == [("float32", 11, [("a", 0), ("c", 6)]),  # 6 + 5 = 11 <= 16; big closes it
-                   ("float32", 100, [("big", 0)]),  # larger than a bucket: alone
-                   ("bfloat16", 4, [("b", 0)]),
-                   ("float32", 1, [("d", 0)])]
+    assert got == [
+        ("float32", 11, [("a", 0), ("c", 6)]),  # 6 + 5 = 11 <= 16; big closes it
+        ("float32", 100, [("big", 0)]),  # larger than a bucket: alone
+        ("bfloat16", 4, [("b", 0)]),
+        ("float32", 1, [("d", 0)]),
+    ]
     assert B.buckets_from_json(json.loads(json.dumps(B.buckets_to_json(buckets)))) == buckets
 
 
 def test_pack_then_unpack_gives_back_every_tensor():
-    state = {"w": torch.arange(6.0).view(2, 3), "v": torch.tensor([7.0, 8.0]),
-             "h": torch.ones(3, dtype=torch.bfloat16)}
+    state = {
+        "w": torch.arange(6.0).view(2, 3),
+        "v": torch.tensor([7.0, 8.0]),
+        "h": torch.ones(3, dtype=torch.bfloat16),
+    }
     out = {}
     for bucket in B.plan_for(state, bucket_bytes=1 << 20):
         flat = B.pack(bucket, state, torch.device("cpu"))
@@ -69,7 +80,10 @@ def test_a_store_port_in_use_says_what_to_do():
 
 
 def test_ranks_follow_the_trainer_and_count_tensor_parallel_workers():
-    regs = [B.Registration("explorer-1", "t1", 2, 1, "h"), B.Registration("explorer-0", "t0", 1, 1, "h")]
+    regs = [
+        B.Registration("explorer-1", "t1", 2, 1, "h"),
+        B.Registration("explorer-0", "t0", 1, 1, "h"),
+    ]
     members, world = B.assign_ranks(regs)
     assert [(m.name, m.rank) for m in members] == [("explorer-0", 1), ("explorer-1", 2)]
     assert world == 4  # trainer + 1 + 2
@@ -80,8 +94,9 @@ def test_a_registration_slot_never_written_is_skipped_not_waited_for_again():
     read once, skipped, and the next read starts after it."""
     from datetime import timedelta
 
-    store = torch.distributed.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=5),
-                                       wait_for_workers=False)
+    store = torch.distributed.TCPStore(
+        "127.0.0.1", 0, None, True, timedelta(seconds=5), wait_for_workers=False
+    )
     store.add("joins", 1)  # counted, never written
     B.register(store, B.Registration("explorer-1", "t1", 1, 1, "h"))
     regs, next_index = B.read_registrations(store, 0, wait_s=0.2)
@@ -90,6 +105,7 @@ def test_a_registration_slot_never_written_is_skipped_not_waited_for_again():
 
 
 # ----------------------------------------------------------------------------- the protocol
+
 
 def weights(version: int) -> dict[str, torch.Tensor]:
     """The test module's weights, every element ``version / 1000``."""
@@ -101,10 +117,20 @@ def weights_sum(version: int) -> float:
 
 
 def start_explorer(run_dir: Path, name: str, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, str(REPO / "tests" / "broadcast_worker.py"),
-                             str(run_dir), name, "120", *extra],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=dict(os.environ, OMP_NUM_THREADS="1"))
+    return subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "tests" / "broadcast_worker.py"),
+            str(run_dir),
+            name,
+            "120",
+            *extra,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+    )
 
 
 def received(proc: subprocess.Popen) -> list[tuple[int, float]]:
@@ -127,8 +153,9 @@ def registered(broadcaster: WeightBroadcaster) -> int:
 
 
 def test_members_late_joiners_and_a_requeued_trainer(tmp_path):
-    trainer = WeightBroadcaster(tmp_path, torch.device("cpu"), timeout_s=30, heartbeat_live_s=10,
-                                bucket_bytes=4096)
+    trainer = WeightBroadcaster(
+        tmp_path, torch.device("cpu"), timeout_s=30, heartbeat_live_s=10, bucket_bytes=4096
+    )
     a = start_explorer(tmp_path, "explorer-0")
     try:
         assert not trainer.broadcast(1, weights(1))  # nobody registered yet: a folder instead
@@ -141,8 +168,9 @@ def test_members_late_joiners_and_a_requeued_trainer(tmp_path):
         assert trainer.last[SYNC_MEMBERS] == 2
         trainer.close()  # requeued: a new trainer, a new store, a new session
         assert not (tmp_path / WEIGHTS_GROUP).exists()
-        trainer = WeightBroadcaster(tmp_path, torch.device("cpu"), timeout_s=30,
-                                    heartbeat_live_s=10, bucket_bytes=4096)
+        trainer = WeightBroadcaster(
+            tmp_path, torch.device("cpu"), timeout_s=30, heartbeat_live_s=10, bucket_bytes=4096
+        )
         wait_for(lambda: registered(trainer) == 2)  # both found the new rendezvous at once
         assert trainer.broadcast(5, weights(5)) and trainer.generation == 1
     finally:
@@ -153,8 +181,9 @@ def test_members_late_joiners_and_a_requeued_trainer(tmp_path):
 
 
 def test_an_explorer_killed_mid_broadcast_costs_one_folder(tmp_path):
-    trainer = WeightBroadcaster(tmp_path, torch.device("cpu"), timeout_s=30, heartbeat_live_s=10,
-                                bucket_bytes=4096)  # several buckets: the kill lands between two
+    trainer = WeightBroadcaster(
+        tmp_path, torch.device("cpu"), timeout_s=30, heartbeat_live_s=10, bucket_bytes=4096
+    )  # several buckets: the kill lands between two
     a = start_explorer(tmp_path, "explorer-0")
     b = start_explorer(tmp_path, "explorer-1", "--die-in-version", "2")
     try:
@@ -173,8 +202,9 @@ def test_an_explorer_killed_mid_broadcast_costs_one_folder(tmp_path):
         got_a, got_b = received(a), received(b)
     # Version 2 reaches the survivor whole or not at all (when the dead one's peer link broke
     # before the last bucket): never a mix.
-    assert got_a in ([(v, round(weights_sum(v), 3)) for v in versions] for versions in
-                     ((1, 3), (1, 2, 3)))
+    assert got_a in (
+        [(v, round(weights_sum(v), 3)) for v in versions] for versions in ((1, 3), (1, 2, 3))
+    )
     assert got_b == [(1, round(weights_sum(1), 3))]
 
 
@@ -187,8 +217,17 @@ def test_a_paused_explorer_is_left_out_and_rejoins_and_a_finished_one_is_not_wai
     trainer = WeightBroadcaster(tmp_path, torch.device("cpu"), timeout_s=600, heartbeat_live_s=3)
     a = start_explorer(tmp_path, "explorer-0")
     b = start_explorer(tmp_path, "explorer-1")
-    short = subprocess.Popen([sys.executable, str(REPO / "tests" / "broadcast_worker.py"),
-                              str(tmp_path), "explorer-2", "8"], stdout=subprocess.PIPE, text=True)
+    short = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "tests" / "broadcast_worker.py"),
+            str(tmp_path),
+            "explorer-2",
+            "8",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         wait_for(lambda: registered(trainer) == 3)
         assert trainer.broadcast(1, weights(1)) and trainer.last[SYNC_MEMBERS] == 3

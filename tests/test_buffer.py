@@ -40,10 +40,19 @@ GROUP = buffer_worker.GROUP_SIZE
 
 def make_batch(tag: str, groups: int, size: int = GROUP, version: int = 0) -> list[Experience]:
     return [
-        Experience(task_id=f"{tag}-{g}", group_id=f"{tag}-{g}", experience_id=f"{tag}-{g}-{k}",
-                   prompt_ids=[1, 2], response_ids=[3, 4, 5], logprobs=[-0.5, -0.25, -1.0],
-                   reward=float(k), reward_parts={"accuracy": 1.0}, model_version=version)
-        for g in range(groups) for k in range(size)
+        Experience(
+            task_id=f"{tag}-{g}",
+            group_id=f"{tag}-{g}",
+            experience_id=f"{tag}-{g}-{k}",
+            prompt_ids=[1, 2],
+            response_ids=[3, 4, 5],
+            logprobs=[-0.5, -0.25, -1.0],
+            reward=float(k),
+            reward_parts={"accuracy": 1.0},
+            model_version=version,
+        )
+        for g in range(groups)
+        for k in range(size)
     ]
 
 
@@ -65,8 +74,9 @@ def test_experience_roundtrip_both_forms():
     assert Experience.from_dict(json.loads(json.dumps(exp.to_dict()))) == exp
     with pytest.raises(DataError, match="logprobs"):
         Experience.from_dict({**exp.to_dict(), "logprobs": [-1.0]})
-    expert = Experience(task_id="t", group_id="g", prompt_ids=[1], response_ids=[2, 3],
-                        source="expert")
+    expert = Experience(
+        task_id="t", group_id="g", prompt_ids=[1], response_ids=[2, 3], source="expert"
+    )
     assert decode_line(encode_line(expert)).logprobs == []
     exp.temperature = 0.7  # the sampling temperature travels with the record
     assert decode_line(encode_line(exp)).temperature == 0.7
@@ -83,8 +93,11 @@ def test_packed_arrays_keep_their_on_disk_bytes(tmp_path):
     exp.prompt_ids, exp.response_ids = [0, 2**31 - 1], [7, 150_000, 3]
     exp.logprobs = [-0.1, -2.5e-8, -(2.0**127)]  # -0.1 is not a float32: it is rounded once
     d = json.loads(encode_line(exp))
-    for name, code, tag in (("prompt_ids", "i", "i32"), ("response_ids", "i", "i32"),
-                            ("logprobs", "f", "f32")):
+    for name, code, tag in (
+        ("prompt_ids", "i", "i32"),
+        ("response_ids", "i", "i32"),
+        ("logprobs", "f", "f32"),
+    ):
         arr = array.array(code, getattr(exp, name))
         if sys.byteorder == "big":
             arr.byteswap()
@@ -94,6 +107,7 @@ def test_packed_arrays_keep_their_on_disk_bytes(tmp_path):
     assert decode_line(encode_line(back)) == back  # float32 values round-trip exactly
     SegmentWriter(tmp_path, "w").write([exp])
     assert exp.writer == "" and SegmentReader(tmp_path).read()[0].writer == "w"  # not mutated
+
 
 def test_a_read_record_keeps_its_arrays_packed_until_a_list_is_asked_for(tmp_path):
     """The trainer makes tensors straight from the packed bytes: a record read from a segment
@@ -109,8 +123,11 @@ def test_a_read_record_keeps_its_arrays_packed_until_a_list_is_asked_for(tmp_pat
     assert all(isinstance(r.__dict__["_response_ids"], bytes) for r in read)
     assert read[0].array_len("response_ids") == 3 and read[0].array_len("prompt_ids") == 2
     got, want = rows_from_experiences(read), rows_from_experiences(written)
-    assert all(isinstance(r.__dict__[f"_{name}"], bytes) for r in read
-               for name in ("prompt_ids", "response_ids", "logprobs"))  # still no list
+    assert all(
+        isinstance(r.__dict__[f"_{name}"], bytes)
+        for r in read
+        for name in ("prompt_ids", "response_ids", "logprobs")
+    )  # still no list
     assert [ids.tolist() for ids in got.input_ids] == [ids.tolist() for ids in want.input_ids]
     assert got.input_ids[0].tolist() == [5, 2**31 - 1, 7, 150_000, 3]
     assert got.rollout_logprobs.equal(want.rollout_logprobs)
@@ -119,9 +136,7 @@ def test_a_read_record_keeps_its_arrays_packed_until_a_list_is_asked_for(tmp_pat
     assert isinstance(read[0].__dict__["_response_ids"], list)
     read[0].response_ids.append(9)  # the list is the record's own, as before
     assert read[0].array_len("response_ids") == 4
-    assert [r.to_dict() for r in read[1:]] == [
-        {**w.to_dict(), "writer": "w"} for w in written[1:]]
-
+    assert [r.to_dict() for r in read[1:]] == [{**w.to_dict(), "writer": "w"} for w in written[1:]]
 
 
 def test_reader_returns_whole_groups_and_resumes_exactly_once(tmp_path):
@@ -138,8 +153,9 @@ def test_reader_returns_whole_groups_and_resumes_exactly_once(tmp_path):
     resumed = SegmentReader(tmp_path, cursor=saved)
     rest = resumed.read()
     assert ids(rest)[:4] == ids(lost)
-    assert sorted(ids(first) + ids(rest)) == sorted(ids(make_batch("s0", 3) + make_batch("s1", 3)
-                                                        + make_batch("s2", 3)))
+    assert sorted(ids(first) + ids(rest)) == sorted(
+        ids(make_batch("s0", 3) + make_batch("s1", 3) + make_batch("s2", 3))
+    )
     assert resumed.read() == []
     assert resumed.stats.experiences_read == 28 and resumed.stats.corrupt_records == 0
 
@@ -332,13 +348,21 @@ def test_writers_and_reader_killed_at_random_consume_everything_exactly_once(tmp
     names, num_segments = [f"explorer-{i}" for i in range(4)], 30
     expected = buffer_worker.expected_ids(names, num_segments)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
-    commands = {n: [sys.executable, WORKER, "writer", str(buffer_dir), n, str(num_segments)]
-                for n in names}
-    commands["reader"] = [sys.executable, WORKER, "reader", str(buffer_dir), str(ckpt),
-                          str(len(expected))]
+    commands = {
+        n: [sys.executable, WORKER, "writer", str(buffer_dir), n, str(num_segments)] for n in names
+    }
+    commands["reader"] = [
+        sys.executable,
+        WORKER,
+        "reader",
+        str(buffer_dir),
+        str(ckpt),
+        str(len(expected)),
+    ]
     procs = {n: subprocess.Popen(c, env=env) for n, c in commands.items()}
-    rng, kills, deadline = random.Random(0), 0, time.monotonic() + 5.0
-    while time.monotonic() < deadline:
+    rng, kills, start = random.Random(0), 0, time.monotonic()
+    # At least 5 s of attacks and at least 10 kills (a fast machine finishes work between them).
+    while time.monotonic() < start + 5.0 or (kills < 10 and time.monotonic() < start + 30.0):
         time.sleep(rng.uniform(0.05, 0.25))
         victim = rng.choice(sorted(procs))
         if procs[victim].poll() is None:
@@ -392,8 +416,10 @@ def test_sql_transport_on_one_node(tmp_path, monkeypatch):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
     db = tmp_path / "buffer.db"
     reader = open_buffer_reader(tmp_path, "sql", "sqlite:///buffer.db", num_nodes=1)
-    procs = [subprocess.Popen([sys.executable, WORKER, "sqlwriter", str(db), f"e{i}", "6"], env=env)
-             for i in range(2)]
+    procs = [
+        subprocess.Popen([sys.executable, WORKER, "sqlwriter", str(db), f"e{i}", "6"], env=env)
+        for i in range(2)
+    ]
     expected = buffer_worker.expected_ids(["e0", "e1"], 6)
     got: list[Experience] = []
     saved = None

@@ -29,10 +29,20 @@ NAN, INF = float("nan"), float("inf")
 
 
 def make_batch(tag: str, groups: int, size: int = 4) -> list[Experience]:
-    return [Experience(task_id=f"{tag}-{g}", group_id=f"{tag}-{g}", experience_id=f"{tag}-{g}-{k}",
-                       prompt_ids=[1, 2], response_ids=[3, 4, 5], logprobs=[-0.5, -0.25, -1.0],
-                       reward=float(k), reward_parts={"accuracy": 1.0})
-            for g in range(groups) for k in range(size)]
+    return [
+        Experience(
+            task_id=f"{tag}-{g}",
+            group_id=f"{tag}-{g}",
+            experience_id=f"{tag}-{g}-{k}",
+            prompt_ids=[1, 2],
+            response_ids=[3, 4, 5],
+            logprobs=[-0.5, -0.25, -1.0],
+            reward=float(k),
+            reward_parts={"accuracy": 1.0},
+        )
+        for g in range(groups)
+        for k in range(size)
+    ]
 
 
 def ids(records: list[Experience]) -> list[str]:
@@ -47,19 +57,44 @@ def packed(code: str, values: list) -> str:
 # field, bad value: each a defect the trainer met later as a traceback, NaN advantages or a
 # sample silently taken for an eval one
 BAD_FIELDS = [
-    ("prompt_ids", ["1", 2]), ("prompt_ids", [1.0, 2]), ("prompt_ids", [[1], 2]),
-    ("prompt_ids", [-1, 2]), ("response_ids", [3, True, 5]), ("response_ids", [3, 4, 2**31]),
-    ("response_ids", packed("i32", [3, -4, 5])), ("response_ids", "3,4,5"),
-    ("logprobs", ["-0.5", -0.25, -1.0]), ("logprobs", [-0.5, NAN, -1.0]),
-    ("logprobs", [-0.5, -INF, -1.0]), ("logprobs", [-0.5, -1e39, -1.0]),
-    ("logprobs", packed("f32", [-0.5, NAN, -1.0])), ("logprobs", [-0.5, None, -1.0]),
-    ("reward", NAN), ("reward", INF), ("reward", "1.0"), ("reward", True), ("reward", 10**400),
-    ("reward_parts", {"accuracy": "1"}), ("reward_parts", {"accuracy": NAN}),
-    ("reward_parts", {"accuracy": True}), ("reward_parts", [1.0]),
-    ("model_version", True), ("model_version", -1), ("model_version", "3"), ("model_version", 2.0),
-    ("eval", "no"), ("eval", 0), ("truncated", "false"), ("truncated", None),
-    ("task_id", 7), ("group_id", None), ("writer", 1), ("source", "human"), ("source", ["rollout"]),
-    ("prompt_text", 5), ("info", "x"),
+    ("prompt_ids", ["1", 2]),
+    ("prompt_ids", [1.0, 2]),
+    ("prompt_ids", [[1], 2]),
+    ("prompt_ids", [-1, 2]),
+    ("response_ids", [3, True, 5]),
+    ("response_ids", [3, 4, 2**31]),
+    ("response_ids", packed("i32", [3, -4, 5])),
+    ("response_ids", "3,4,5"),
+    ("logprobs", ["-0.5", -0.25, -1.0]),
+    ("logprobs", [-0.5, NAN, -1.0]),
+    ("logprobs", [-0.5, -INF, -1.0]),
+    ("logprobs", [-0.5, -1e39, -1.0]),
+    ("logprobs", packed("f32", [-0.5, NAN, -1.0])),
+    ("logprobs", [-0.5, None, -1.0]),
+    ("reward", NAN),
+    ("reward", INF),
+    ("reward", "1.0"),
+    ("reward", True),
+    ("reward", 10**400),
+    ("reward_parts", {"accuracy": "1"}),
+    ("reward_parts", {"accuracy": NAN}),
+    ("reward_parts", {"accuracy": True}),
+    ("reward_parts", [1.0]),
+    ("model_version", True),
+    ("model_version", -1),
+    ("model_version", "3"),
+    ("model_version", 2.0),
+    ("eval", "no"),
+    ("eval", 0),
+    ("truncated", "false"),
+    ("truncated", None),
+    ("task_id", 7),
+    ("group_id", None),
+    ("writer", 1),
+    ("source", "human"),
+    ("source", ["rollout"]),
+    ("prompt_text", 5),
+    ("info", "x"),
 ]
 
 
@@ -87,9 +122,18 @@ def test_invalid_records_are_refused_naming_field_and_experience(name, value, tm
 
 
 def test_valid_edge_values_pass():
-    exp = Experience(task_id="t", group_id="g", prompt_ids=[0], response_ids=[2**31 - 1, 0],
-                     logprobs=[0.0, -(2.0**127)], reward=-5, reward_parts={"format": 0},
-                     model_version=0, truncated=True, eval=False)
+    exp = Experience(
+        task_id="t",
+        group_id="g",
+        prompt_ids=[0],
+        response_ids=[2**31 - 1, 0],
+        logprobs=[0.0, -(2.0**127)],
+        reward=-5,
+        reward_parts={"format": 0},
+        model_version=0,
+        truncated=True,
+        eval=False,
+    )
     exp.validate()
     assert decode_line(encode_line(exp)) == exp
     plain = {**exp.to_dict(), "logprobs": [0, -1]}  # ints in a hand-written plain list

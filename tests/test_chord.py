@@ -52,9 +52,15 @@ def rollouts(step: int, groups: int = 2, repeat: int = 2) -> list[Experience]:
 
 
 def write_expert_data(path: Path) -> Path:
-    rows = [{"messages": [{"role": "user", "content": q},
-                          {"role": "assistant", "content": f"{q[8:-1]} = {2 * int(q.split()[2])}"}]}
-            for q in EXPERT_QUESTIONS]
+    rows = [
+        {
+            "messages": [
+                {"role": "user", "content": q},
+                {"role": "assistant", "content": f"{q[8:-1]} = {2 * int(q.split()[2])}"},
+            ]
+        }
+        for q in EXPERT_QUESTIONS
+    ]
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
@@ -67,6 +73,7 @@ def write_segments(run_dir: Path, steps) -> None:
 
 # ----------------------------------------------------------------------------- counts, config
 
+
 def test_counts_of_the_shipped_configs():
     assert mix_counts(chord_cfg()).rollout == 4 and mix_counts(chord_cfg()).expert == 2
     gpu = mix_counts(load_config(REPO / "configs" / "chord.yaml"))
@@ -77,24 +84,40 @@ def test_counts_of_the_shipped_configs():
 def test_mode_both_splits_the_explorers_step_into_mini_batches():
     with pytest.raises(ConfigError) as e:
         chord_cfg("buffer.train_batch_size=8")  # 2 expert + 6 rollouts, the explorer's step has 4
-    assert "(its rollout part: 6 rollouts per update) exceeds a step's batch_size x repeat_times " \
-           "= 2 x 2 = 4 rollouts" in str(e.value)
-    gpu = load_config(REPO / "configs" / "chord.yaml",
-                      ["algorithm.sample_strategy_args={expert_data_ratio: 0.25}"])
+    assert (
+        "(its rollout part: 6 rollouts per update) exceeds a step's batch_size x repeat_times "
+        "= 2 x 2 = 4 rollouts" in str(e.value)
+    )
+    gpu = load_config(
+        REPO / "configs" / "chord.yaml",
+        ["algorithm.sample_strategy_args={expert_data_ratio: 0.25}"],
+    )
     counts = mix_counts(gpu)
     assert (counts.rollout, counts.expert) == (240, 80)  # 30 of the step's 32 groups per update
     assert mini_batches_per_step(gpu) == 2 and updates_per_step(gpu) == 2
     mix_counts(chord_cfg("buffer.train_batch_size=8", "mode=train"))  # async: 6 rollouts is fine
 
 
-@pytest.mark.parametrize("overrides, match", [
-    (["algorithm.sample_strategy_args={expert_data_ratio: 1.0}"], r"in \(0, 1\)"),
-    (["algorithm.sample_strategy_args={expert_ratio: 0.2}"], "Did you mean 'expert_data_ratio'"),
-    (["algorithm.sample_strategy_args={expert_data_ratio: 0.05}"], "rounds to 0 expert"),
-    (["mode=train", "buffer.train_batch_size=8", "algorithm.sample_strategy_args={expert_data_ratio: 0.4}"],
-     "not a positive multiple"),
-    (["algorithm.policy_loss_fn=ppo"], "only policy_loss_fn 'mix_chord'"),
-])
+@pytest.mark.parametrize(
+    "overrides, match",
+    [
+        (["algorithm.sample_strategy_args={expert_data_ratio: 1.0}"], r"in \(0, 1\)"),
+        (
+            ["algorithm.sample_strategy_args={expert_ratio: 0.2}"],
+            "Did you mean 'expert_data_ratio'",
+        ),
+        (["algorithm.sample_strategy_args={expert_data_ratio: 0.05}"], "rounds to 0 expert"),
+        (
+            [
+                "mode=train",
+                "buffer.train_batch_size=8",
+                "algorithm.sample_strategy_args={expert_data_ratio: 0.4}",
+            ],
+            "not a positive multiple",
+        ),
+        (["algorithm.policy_loss_fn=ppo"], "only policy_loss_fn 'mix_chord'"),
+    ],
+)
 def test_config_errors_name_what_to_change(overrides, match):
     with pytest.raises(ConfigError, match=match):
         mix_counts(chord_cfg(*overrides))
@@ -102,28 +125,37 @@ def test_config_errors_name_what_to_change(overrides, match):
 
 def test_one_expert_dataset(tmp_path):
     cfg = chord_cfg()
-    cfg.buffer.trainer_input.auxiliary_buffers["other"] = cfg.buffer.trainer_input.auxiliary_buffers["sft_dataset"]
+    cfg.buffer.trainer_input.auxiliary_buffers["other"] = (
+        cfg.buffer.trainer_input.auxiliary_buffers["sft_dataset"]
+    )
     with pytest.raises(ConfigError, match="exactly one"):
         mix_counts(cfg)
 
 
 # ----------------------------------------------------------------------------- batch composition
 
+
 @pytest.fixture
 def mix_setup(tmp_path, smollm2_tokenizer_dir):
     from transformers import AutoTokenizer
 
     data = write_expert_data(tmp_path / "expert.jsonl")
-    cfg = chord_cfg(f"buffer.trainer_input.auxiliary_buffers.sft_dataset.path={data}",
-                    f"checkpoint_root_dir={tmp_path}", "synchronizer.sync_timeout=5")
+    cfg = chord_cfg(
+        f"buffer.trainer_input.auxiliary_buffers.sft_dataset.path={data}",
+        f"checkpoint_root_dir={tmp_path}",
+        "synchronizer.sync_timeout=5",
+    )
     run_dir = cfg.run_dir
     write_segments(run_dir, [1, 2, 3])
     return cfg, run_dir, AutoTokenizer.from_pretrained(smollm2_tokenizer_dir)
 
 
 def expert_questions(tokenizer, batch: list[Experience]) -> list[str]:
-    return [next(q for q in EXPERT_QUESTIONS if q in tokenizer.decode(e.prompt_ids))
-            for e in batch if e.source == "expert"]
+    return [
+        next(q for q in EXPERT_QUESTIONS if q in tokenizer.decode(e.prompt_ids))
+        for e in batch
+        if e.source == "expert"
+    ]
 
 
 def test_each_step_is_the_explorers_rollouts_then_expert_rows_cycling(mix_setup):
@@ -151,8 +183,9 @@ def test_resume_from_a_cursor_serves_what_an_uninterrupted_source_would(mix_setu
     expected = whole.next_batch(2, 0)
     resumed = MixSource(cfg, run_dir, json.loads(json.dumps(saved)), tokenizer=tok)
     got = resumed.next_batch(2, 0)
-    assert [(e.prompt_ids, e.response_ids, e.source) for e in got] == \
-        [(e.prompt_ids, e.response_ids, e.source) for e in expected]
+    assert [(e.prompt_ids, e.response_ids, e.source) for e in got] == [
+        (e.prompt_ids, e.response_ids, e.source) for e in expected
+    ]
     resumed.release(resumed.cursor())  # the expert key is not the buffer's: release ignores it
     assert (run_dir / "buffer" / "explorer-0" / "seg-000003.jsonl").is_file()
 
@@ -166,41 +199,61 @@ def test_mode_train_reads_the_rollout_share_in_whole_groups(mix_setup):
 
 # ----------------------------------------------------------------------------- loss and metrics
 
+
 def mixed_batch() -> list[Experience]:
     batch = rollouts(1, groups=3)
     rng = random.Random(7)
     for i, n in enumerate([5, 2, 7]):
-        batch.append(Experience(task_id=f"sft-{i}", group_id=f"sft-{i}", prompt_ids=[11] * (3 + i),
-                                response_ids=[rng.randrange(10, 99) for _ in range(n)], source="expert"))
+        batch.append(
+            Experience(
+                task_id=f"sft-{i}",
+                group_id=f"sft-{i}",
+                prompt_ids=[11] * (3 + i),
+                response_ids=[rng.randrange(10, 99) for _ in range(n)],
+                source="expert",
+            )
+        )
     return batch
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-                                  "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize(
+    "mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+)
 def test_single_source_micro_batches_add_up_to_mix_chord_of_the_whole_batch(mode):
     from rft.algo.registry import get_policy_loss_fn
 
-    fn = get_policy_loss_fn("mix_chord", {"mu_warmup_steps": 2, "mu_peak": 0.6, "loss_agg_mode": mode})
+    fn = get_policy_loss_fn(
+        "mix_chord", {"mu_warmup_steps": 2, "mu_peak": 0.6, "loss_agg_mode": mode}
+    )
     rows = rows_from_experiences(mixed_batch())
     gen = torch.Generator().manual_seed(0)
     shape = rows.response_mask.shape
     logprob = -torch.rand(shape, generator=gen)  # [N, R]
     old = logprob + 0.1 * torch.randn(shape, generator=gen)
     adv = torch.randn(shape, generator=gen)
-    whole, whole_metrics = fn(logprob, old, adv, rows.response_mask, step=1, expert_mask=rows.expert)
+    whole, whole_metrics = fn(
+        logprob, old, adv, rows.response_mask, step=1, expert_mask=rows.expert
+    )
     lengths = [len(ids) for ids in rows.input_ids]
     totals = source_totals(rows.response_mask, rows.expert)
     fractions = source_fractions(totals, mode)
     world, total, sums = 2, 0.0, MetricSums()
     for mine in split_for_ranks(rows.group_ids, lengths, world):
         for part in split_by_source(mine, rows.expert):
-            for micro_rows in plan_micro_batches(part, lengths, use_dynamic_bsz=True, max_token_len=24,
-                                                 micro_batch_size=1):
+            for micro_rows in plan_micro_batches(
+                part, lengths, use_dynamic_bsz=True, max_token_len=24, micro_batch_size=1
+            ):
                 micro = collate(rows, micro_rows, adv, old)
                 w = micro.response_mask.shape[1]
                 source = micro_source(micro)
-                loss, metrics = fn(logprob[micro_rows, :w], micro.old_logprobs, micro.advantages,
-                                   micro.response_mask, step=1, expert_mask=micro.expert)
+                loss, metrics = fn(
+                    logprob[micro_rows, :w],
+                    micro.old_logprobs,
+                    micro.advantages,
+                    micro.response_mask,
+                    step=1,
+                    expert_mask=micro.expert,
+                )
                 scale = micro_loss_scale(micro.response_mask, totals[source], mode, world)
                 total += scale * loss.item()
                 sums.add({**metrics, POLICY_LOSS: loss.item()}, scale / world, fractions[source])
@@ -208,7 +261,11 @@ def test_single_source_micro_batches_add_up_to_mix_chord_of_the_whole_batch(mode
     result = sums.result()
     assert result[POLICY_LOSS] == pytest.approx(whole.item(), abs=1e-6)
     assert result[losses.MU] == pytest.approx(0.3)
-    for key in (losses.ROLLOUT_PART_LOSS, losses.EXPERT_PART + losses.SFT_LOSS) if mode != "seq-mean-token-sum-norm" else ():
+    for key in (
+        (losses.ROLLOUT_PART_LOSS, losses.EXPERT_PART + losses.SFT_LOSS)
+        if mode != "seq-mean-token-sum-norm"
+        else ()
+    ):
         assert result[key] == pytest.approx(whole_metrics[key], abs=1e-6), key
 
 
@@ -233,13 +290,18 @@ def test_expert_rows_get_zero_advantage_and_leave_rollout_advantages_alone():
     def advantages(batch: list[Experience]) -> torch.Tensor:
         rows = rows_from_experiences(batch)
         everything = [list(range(len(rows)))]
-        plan = Plan(rows, [MiniPlan(everything, source_totals(rows.response_mask, rows.expert))], everything, 0)
+        plan = Plan(
+            rows,
+            [MiniPlan(everything, source_totals(rows.response_mask, rows.expert))],
+            everything,
+            0,
+        )
         return _advantages(plan, fns, None, rows.rollout_logprobs, None)[0]  # [N, R]
 
     mixed, alone = advantages(mixed_batch()), advantages(rollouts(1, groups=3))
     expert = rows_from_experiences(mixed_batch()).expert
     assert mixed[expert].abs().sum() == 0
-    assert torch.equal(mixed[~expert][:, :alone.shape[1]], alone)
+    assert torch.equal(mixed[~expert][:, : alone.shape[1]], alone)
     assert alone.abs().sum() > 0
 
 
@@ -256,17 +318,39 @@ def chord_run(tmp_path_factory, tiny_model_dir):
     root = tmp_path_factory.mktemp("chord")
     data = write_expert_data(root / "expert.jsonl")
     config = write_config(
-        root, "chord", tiny_model_dir,
-        algorithm={"algorithm_type": "mix_chord", "repeat_times": 2, "optimizer": {"lr": 1e-3},
-                   "policy_loss_fn_args": {**MU, "enable_phi_function": False},
-                   "sample_strategy_args": {"expert_data_ratio": 0.25}},
-        buffer={"batch_size": 2, "train_batch_size": 6, "total_steps": 2,
-                "explorer_input": {"taskset": {"path": "unused-by-the-trainer"}},
-                "trainer_input": {"auxiliary_buffers": {"sft_dataset": {
-                    "name": "sft_dataset", "storage_type": "file", "path": str(data),
-                    "format": {"messages_key": "messages"}}}}},
-        trainer={"zero_stage": 2, "precision": "fp32", "save_interval": 0,
-                 "use_dynamic_bsz": True, "max_token_len_per_gpu": 512},
+        root,
+        "chord",
+        tiny_model_dir,
+        algorithm={
+            "algorithm_type": "mix_chord",
+            "repeat_times": 2,
+            "optimizer": {"lr": 1e-3},
+            "policy_loss_fn_args": {**MU, "enable_phi_function": False},
+            "sample_strategy_args": {"expert_data_ratio": 0.25},
+        },
+        buffer={
+            "batch_size": 2,
+            "train_batch_size": 6,
+            "total_steps": 2,
+            "explorer_input": {"taskset": {"path": "unused-by-the-trainer"}},
+            "trainer_input": {
+                "auxiliary_buffers": {
+                    "sft_dataset": {
+                        "name": "sft_dataset",
+                        "storage_type": "file",
+                        "path": str(data),
+                        "format": {"messages_key": "messages"},
+                    }
+                }
+            },
+        },
+        trainer={
+            "zero_stage": 2,
+            "precision": "fp32",
+            "save_interval": 0,
+            "use_dynamic_bsz": True,
+            "max_token_len_per_gpu": 512,
+        },
         synchronizer={"sync_interval": 1, "sync_timeout": 60},
     )
     run_dir = root / "t" / "chord"
@@ -274,8 +358,10 @@ def chord_run(tmp_path_factory, tiny_model_dir):
     run_ok([PY, "-m", "rft.trainer", "--config", str(config)], root / "chord.log")
     after_two = json.loads((run_dir / "trainer_meta.json").read_text())
     write_segments(run_dir, [3])
-    run_ok([PY, "-m", "rft.trainer", "--config", str(config), "buffer.total_steps=3"],
-           root / "chord.resume.log")
+    run_ok(
+        [PY, "-m", "rft.trainer", "--config", str(config), "buffer.total_steps=3"],
+        root / "chord.resume.log",
+    )
     return {"metrics": metrics(run_dir), "after_two": after_two, "run_dir": run_dir}
 
 

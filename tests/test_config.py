@@ -41,9 +41,17 @@ def load_dict(tmp_path: Path, data: dict, *overrides: str) -> Config:
 
 def test_shipped_configs_exist():
     names = {p.relative_to(REPO / "configs").as_posix() for p in CONFIGS}
-    for seed in ("grpo_gsm8k.yaml", "async/explorer.yaml", "async/trainer.yaml",
-                 "async/explorer_new.yaml", "sft_warmup.yaml", "verl_ppo.yaml", "verl_grpo.yaml",
-                 "chord.yaml", "lora_gsm8k.yaml"):
+    for seed in (
+        "grpo_gsm8k.yaml",
+        "async/explorer.yaml",
+        "async/trainer.yaml",
+        "async/explorer_new.yaml",
+        "sft_warmup.yaml",
+        "verl_ppo.yaml",
+        "verl_grpo.yaml",
+        "chord.yaml",
+        "lora_gsm8k.yaml",
+    ):
         assert seed in names
         assert f"cpu/{seed}" in names, f"{seed} has no tiny CPU twin"
 
@@ -97,13 +105,21 @@ def test_unknown_key_inside_list_item(tmp_path):
         load_dict(tmp_path, data)
 
 
-@pytest.mark.parametrize("section,key,value,expected", [
-    ("buffer", "batch_size", "eight", "buffer.batch_size: expected an integer, got 'eight'"),
-    ("buffer", "batch_size", 0, "buffer.batch_size: 0 is out of range; it must be >= 1"),
-    ("model", "temperature", "hot", "model.temperature: expected a number"),
-    ("explorer", "eval_on_startup", "yes please", "explorer.eval_on_startup: expected true or false"),
-    ("trainer", "zero_stage", 4, "trainer.zero_stage: 4 is out of range; it must be <= 3"),
-])
+@pytest.mark.parametrize(
+    "section,key,value,expected",
+    [
+        ("buffer", "batch_size", "eight", "buffer.batch_size: expected an integer, got 'eight'"),
+        ("buffer", "batch_size", 0, "buffer.batch_size: 0 is out of range; it must be >= 1"),
+        ("model", "temperature", "hot", "model.temperature: expected a number"),
+        (
+            "explorer",
+            "eval_on_startup",
+            "yes please",
+            "explorer.eval_on_startup: expected true or false",
+        ),
+        ("trainer", "zero_stage", 4, "trainer.zero_stage: 4 is out of range; it must be <= 3"),
+    ],
+)
 def test_wrong_types_and_ranges(tmp_path, section, key, value, expected):
     data = minimal()
     data.setdefault(section, {})[key] = value
@@ -115,8 +131,10 @@ def test_wrong_types_and_ranges(tmp_path, section, key, value, expected):
 def test_bad_enum_value_suggests(tmp_path):
     data = minimal()
     data["algorithm"]["algorithm_type"] = "grpoo"
-    with pytest.raises(ConfigError, match="algorithm.algorithm_type: 'grpoo' is not a valid choice. "
-                                          "Did you mean 'grpo'"):
+    with pytest.raises(
+        ConfigError,
+        match="algorithm.algorithm_type: 'grpoo' is not a valid choice. Did you mean 'grpo'",
+    ):
         load_dict(tmp_path, data)
 
 
@@ -144,8 +162,14 @@ def test_env_var_and_default(tmp_path, monkeypatch):
 
 
 def test_overrides(tmp_path):
-    cfg = load_dict(tmp_path, minimal(), "buffer.batch_size=3", "algorithm.optimizer.lr=2e-6",
-                    "explorer.name=second", "trainer.zero_stage=3")
+    cfg = load_dict(
+        tmp_path,
+        minimal(),
+        "buffer.batch_size=3",
+        "algorithm.optimizer.lr=2e-6",
+        "explorer.name=second",
+        "trainer.zero_stage=3",
+    )
     assert cfg.buffer.batch_size == 3
     assert cfg.buffer.train_batch_size == 12  # re-derived from the overridden batch size
     assert cfg.algorithm.optimizer.lr == pytest.approx(2e-6)
@@ -178,11 +202,18 @@ def test_presets_fill_only_unset_functions(tmp_path):
     assert (cfg.algorithm.kl_loss_fn, cfg.algorithm.policy_loss_fn) == ("low_var_kl", "gspo")
 
 
-@pytest.mark.parametrize("section,value,needle", [
-    ({"synchronizer": {"sync_method": "memory"}}, None, "synchronizer.sync_method"),
-    ({"synchronizer": {"sync_style": "dynamic_by_explorer"}}, None, "synchronizer.sync_style"),
-    ({"trainer": {"ulysses_sequence_parallel_size": 2}}, None, "ulysses_sequence_parallel_size"),
-])
+@pytest.mark.parametrize(
+    "section,value,needle",
+    [
+        ({"synchronizer": {"sync_method": "memory"}}, None, "synchronizer.sync_method"),
+        ({"synchronizer": {"sync_style": "dynamic_by_explorer"}}, None, "synchronizer.sync_style"),
+        (
+            {"trainer": {"ulysses_sequence_parallel_size": 2}},
+            None,
+            "ulysses_sequence_parallel_size",
+        ),
+    ],
+)
 def test_not_supported_options(tmp_path, section, value, needle):
     with pytest.raises(NotSupportedError, match="not supported yet") as e:
         load_dict(tmp_path, minimal(**section))
@@ -191,12 +222,17 @@ def test_not_supported_options(tmp_path, section, value, needle):
 
 def test_monitor_type_is_one_name_or_a_list(tmp_path):
     for kind in ("wandb", "mlflow", "console"):
-        assert load_dict(tmp_path, minimal(monitor={"monitor_type": kind})).monitor.monitor_type == kind
+        assert (
+            load_dict(tmp_path, minimal(monitor={"monitor_type": kind})).monitor.monitor_type
+            == kind
+        )
     assert load_dict(tmp_path, minimal()).monitor.monitor_type == "tensorboard"
     cfg = load_dict(tmp_path, minimal(), "monitor.monitor_type=[tensorboard,wandb,mlflow]")
     assert cfg.monitor.monitor_type == ["tensorboard", "wandb", "mlflow"]
     assert load_config(write(tmp_path, config_to_yaml(cfg), "again.yaml")) == cfg
-    with pytest.raises(ConfigError, match=r"monitor.monitor_type\[1\]: 'wandbb' .* Did you mean 'wandb'"):
+    with pytest.raises(
+        ConfigError, match=r"monitor.monitor_type\[1\]: 'wandbb' .* Did you mean 'wandb'"
+    ):
         load_dict(tmp_path, minimal(monitor={"monitor_type": ["tensorboard", "wandbb"]}))
     with pytest.raises(ConfigError, match="monitor.monitor_type: 'tensorbord' .* Did you mean"):
         load_dict(tmp_path, minimal(monitor={"monitor_type": "tensorbord"}))
@@ -207,8 +243,9 @@ def test_monitor_type_is_one_name_or_a_list(tmp_path):
 
 def test_sql_transport_refused_on_several_nodes(tmp_path):
     data = minimal(cluster={"node_num": 2, "gpu_per_node": 4})
-    data["buffer"]["trainer_input"] = {"experience_buffer": {"storage_type": "sql",
-                                                             "path": "sqlite:///x.db"}}
+    data["buffer"]["trainer_input"] = {
+        "experience_buffer": {"storage_type": "sql", "path": "sqlite:///x.db"}
+    }
     with pytest.raises(ConfigError, match="Use storage_type: queue"):
         load_dict(tmp_path, data)
     data["cluster"]["node_num"] = 1
@@ -222,27 +259,47 @@ def test_gpu_split_leaves_gpus_for_the_trainer(tmp_path):
 
 
 def test_verl_trainer_config_maps_and_conflicts(tmp_path):
-    verl = {"trainer_config": {"actor_rollout_ref": {
-        "actor": {"ppo_micro_batch_size_per_gpu": 4, "fsdp_config": {"param_offload": True}}}}}
+    verl = {
+        "trainer_config": {
+            "actor_rollout_ref": {
+                "actor": {"ppo_micro_batch_size_per_gpu": 4, "fsdp_config": {"param_offload": True}}
+            }
+        }
+    }
     cfg = load_dict(tmp_path, minimal(trainer=dict(verl, zero_stage=3)))
     assert cfg.trainer.micro_batch_size_per_gpu == 4
     assert cfg.trainer.param_offload is True
     with pytest.raises(ConfigError, match="contradicts trainer.param_offload=False"):
         load_dict(tmp_path, minimal(trainer={**verl, "zero_stage": 3, "param_offload": False}))
-    misplaced = {"trainer_config": {"actor_rollout_ref": {"model": {"fsdp_config": {"param_offload": True}}}}}
-    with pytest.raises(ConfigError, match="unknown config key 'trainer.trainer_config.actor_rollout_ref"
-                                          ".model.fsdp_config'"):  # veRL has it under actor/ref only
+    misplaced = {
+        "trainer_config": {"actor_rollout_ref": {"model": {"fsdp_config": {"param_offload": True}}}}
+    }
+    with pytest.raises(
+        ConfigError,
+        match="unknown config key 'trainer.trainer_config.actor_rollout_ref.model.fsdp_config'",
+    ):  # veRL has it under actor/ref only
         load_dict(tmp_path, minimal(trainer=misplaced))
 
 
 def test_length_limits_are_derived_and_checked(tmp_path):
-    cfg = load_dict(tmp_path, minimal(model={"model_path": "/m", "max_prompt_tokens": 100,
-                                             "max_response_tokens": 28}))
+    cfg = load_dict(
+        tmp_path,
+        minimal(model={"model_path": "/m", "max_prompt_tokens": 100, "max_response_tokens": 28}),
+    )
     assert cfg.model.max_model_len == 128
     assert cfg.explorer.rollout_model.max_model_len == 128
     with pytest.raises(ConfigError, match="exceeds model.max_model_len=100"):
-        load_dict(tmp_path, minimal(model={"model_path": "/m", "max_prompt_tokens": 90,
-                                           "max_response_tokens": 20, "max_model_len": 100}))
+        load_dict(
+            tmp_path,
+            minimal(
+                model={
+                    "model_path": "/m",
+                    "max_prompt_tokens": 90,
+                    "max_response_tokens": 20,
+                    "max_model_len": 100,
+                }
+            ),
+        )
 
 
 def test_stages_merge_onto_the_base_and_switch_algorithm():
@@ -288,8 +345,10 @@ def test_unquoted_time_limit_is_refused_and_override_kept_as_text(tmp_path):
 
 
 def test_trainer_and_sampling_options_that_cannot_work(tmp_path):
-    with pytest.raises(ConfigError, match="param_offload needs trainer.zero_stage=3, but "
-                                          "trainer.zero_stage=2 is set"):
+    with pytest.raises(
+        ConfigError,
+        match="param_offload needs trainer.zero_stage=3, but trainer.zero_stage=2 is set",
+    ):
         load_dict(tmp_path, minimal(trainer={"param_offload": True, "zero_stage": 2}))
     assert load_dict(tmp_path, minimal(trainer={"param_offload": True})).trainer.zero_stage == 3
     verl = {"actor_rollout_ref": {"actor": {"fsdp_config": {"param_offload": True}}}}
@@ -305,31 +364,58 @@ def test_trainer_and_sampling_options_that_cannot_work(tmp_path):
 
 def test_rollout_correction_modes_keys_and_conflicts(tmp_path):
     def algo(rc: dict, **more) -> dict:
-        return minimal(algorithm={"algorithm_type": "grpo", "repeat_times": 4, "rollout_correction": rc, **more})
+        return minimal(
+            algorithm={
+                "algorithm_type": "grpo",
+                "repeat_times": 4,
+                "rollout_correction": rc,
+                **more,
+            }
+        )
 
     assert load_dict(tmp_path, minimal()).algorithm.rollout_correction.mode == "none"  # the default
     tis = load_dict(tmp_path, algo({"mode": "tis"})).algorithm.rollout_correction
     assert tis.rollout_is_threshold == 2.0  # filled only for tis (veRL's default)
-    assert load_dict(tmp_path, algo({"mode": "tis", "rollout_is_threshold": 5})).algorithm.rollout_correction.rollout_is_threshold == 5
+    assert (
+        load_dict(
+            tmp_path, algo({"mode": "tis", "rollout_is_threshold": 5})
+        ).algorithm.rollout_correction.rollout_is_threshold
+        == 5
+    )
     cap = load_dict(tmp_path, algo({"mode": "decoupled", "behav_imp_weight_cap": 3.0}))
     assert cap.algorithm.rollout_correction.behav_imp_weight_cap == 3.0
     again = load_config(write(tmp_path, config_to_yaml(cap), "again.yaml"))
     assert again == cap
-    with pytest.raises(ConfigError, match="algorithm.rollout_correction.mode: 'tiss' is not a valid "
-                                          "choice. Did you mean 'tis'.*'none', 'tis', 'decoupled'"):
+    with pytest.raises(
+        ConfigError,
+        match="algorithm.rollout_correction.mode: 'tiss' is not a valid "
+        "choice. Did you mean 'tis'.*'none', 'tis', 'decoupled'",
+    ):
         load_dict(tmp_path, algo({"mode": "tiss"}))
-    with pytest.raises(ConfigError, match="rollout_is_threshold: 0.5 is out of range; it must be >= 1"):
+    with pytest.raises(
+        ConfigError, match="rollout_is_threshold: 0.5 is out of range; it must be >= 1"
+    ):
         load_dict(tmp_path, algo({"mode": "tis", "rollout_is_threshold": 0.5}))
-    with pytest.raises(ConfigError, match="rollout_is_threshold acts only with "
-                                          "algorithm.rollout_correction.mode: tis, but mode is 'decoupled'"):
+    with pytest.raises(
+        ConfigError,
+        match="rollout_is_threshold acts only with "
+        "algorithm.rollout_correction.mode: tis, but mode is 'decoupled'",
+    ):
         load_dict(tmp_path, algo({"mode": "decoupled", "rollout_is_threshold": 3}))
-    with pytest.raises(ConfigError, match="behav_imp_weight_cap acts only with .*mode: decoupled, but "
-                                          "mode is 'none'"):
+    with pytest.raises(
+        ConfigError,
+        match="behav_imp_weight_cap acts only with .*mode: decoupled, but mode is 'none'",
+    ):
         load_dict(tmp_path, algo({"behav_imp_weight_cap": 3}))
-    with pytest.raises(ConfigError, match="needs old log-probs recomputed.*set algorithm.old_logprobs: recompute"):
+    with pytest.raises(
+        ConfigError, match="needs old log-probs recomputed.*set algorithm.old_logprobs: recompute"
+    ):
         load_dict(tmp_path, algo({"mode": "tis"}, old_logprobs="rollout"))
-    sft = minimal(algorithm={"algorithm_type": "sft", "rollout_correction": {"mode": "decoupled"}},
-                  mode="train", buffer={"trainer_input": {"experience_buffer": {"path": "/data/sft"}}})
+    sft = minimal(
+        algorithm={"algorithm_type": "sft", "rollout_correction": {"mode": "decoupled"}},
+        mode="train",
+        buffer={"trainer_input": {"experience_buffer": {"path": "/data/sft"}}},
+    )
     with pytest.raises(ConfigError, match="policy_loss_fn 'sft' trains on data without behaviour"):
         load_dict(tmp_path, sft)
 
@@ -351,16 +437,19 @@ def test_micro_batch_sizes_are_resolved_once(tmp_path):
     cfg = load_dict(tmp_path, minimal(trainer={"micro_batch_size_per_gpu": 3}))
     assert cfg.trainer.log_prob_micro_batch_size_per_gpu == 3
     assert cfg.trainer.trainer_config.critic.ppo_micro_batch_size_per_gpu == 3
-    cfg = load_dict(tmp_path, minimal(trainer={"micro_batch_size_per_gpu": 3,
-                                               "log_prob_micro_batch_size_per_gpu": 5}))
+    cfg = load_dict(
+        tmp_path,
+        minimal(trainer={"micro_batch_size_per_gpu": 3, "log_prob_micro_batch_size_per_gpu": 5}),
+    )
     assert cfg.trainer.log_prob_micro_batch_size_per_gpu == 5
 
 
 def test_a_stage_re_derives_what_the_rules_derived_for_the_base(tmp_path):
     """A stage merges onto what the user wrote, not onto the base's derived values."""
     data = minimal(trainer={"micro_batch_size_per_gpu": 2})
-    data["stages"] = [{"stage_name": "a", "buffer": {"batch_size": 1},
-                       "trainer": {"micro_batch_size_per_gpu": 4}}]
+    data["stages"] = [
+        {"stage_name": "a", "buffer": {"batch_size": 1}, "trainer": {"micro_batch_size_per_gpu": 4}}
+    ]
     stage = stage_config(load_dict(tmp_path, data), 0)
     assert stage.buffer.train_batch_size == 4  # 1 task x 4 samples, not the base's 2 x 4
     assert stage.trainer.log_prob_micro_batch_size_per_gpu == 4
@@ -370,4 +459,6 @@ def test_preset_keys_are_every_key_a_preset_fills():
     from rft.config.rules import _COMMON, PRESET_KEYS, PRESETS
 
     assert set(PRESET_KEYS) == {key for preset in (*PRESETS.values(), _COMMON) for key in preset}
-    assert {"advantage_fn", "policy_loss_fn", "loss_agg_mode", "sample_strategy"} <= set(PRESET_KEYS)
+    assert {"advantage_fn", "policy_loss_fn", "loss_agg_mode", "sample_strategy"} <= set(
+        PRESET_KEYS
+    )

@@ -40,8 +40,13 @@ HELPERS = REPO / "tests" / "helpers"
 
 def test_lazy_reader_reads_tensors_without_torch_load(tmp_path: Path) -> None:
     a = torch.randn(5, 7)
-    obj = {"a": a, "t": a.t(), "bf": torch.arange(10, dtype=torch.bfloat16)[3:],
-           "p": torch.nn.Parameter(torch.ones(3)), "meta": {"stage": 3, "shape": torch.Size([2, 3])}}
+    obj = {
+        "a": a,
+        "t": a.t(),
+        "bf": torch.arange(10, dtype=torch.bfloat16)[3:],
+        "p": torch.nn.Parameter(torch.ones(3)),
+        "meta": {"stage": 3, "shape": torch.Size([2, 3])},
+    }
     torch.save(obj, tmp_path / "x.pt")
     archive, tree = open_torch_file(tmp_path / "x.pt")
     with archive:
@@ -69,7 +74,9 @@ def test_lazy_reader_keeps_objects_made_without_init_inert(tmp_path: Path) -> No
     torch.save({"obj": _Thing(), "x": torch.zeros(2)}, tmp_path / "x.pt")
     archive, tree = open_torch_file(tmp_path / "x.pt")
     archive.close()
-    assert "_Thing" in repr(tree["obj"]) and tree["obj"].state == {"a": 1} and tree["obj"].args == ()
+    assert (
+        "_Thing" in repr(tree["obj"]) and tree["obj"].state == {"a": 1} and tree["obj"].args == ()
+    )
 
 
 def test_lazy_reader_rejects_truncated_files(tmp_path: Path) -> None:
@@ -83,7 +90,11 @@ def test_lazy_reader_rejects_truncated_files(tmp_path: Path) -> None:
 def test_streaming_safetensors_writer_round_trips(tmp_path: Path) -> None:
     from safetensors.torch import load_file
 
-    tensors = {"a": torch.randn(3, 4), "b": torch.arange(6, dtype=torch.int64), "c": torch.randn(2).bfloat16()}
+    tensors = {
+        "a": torch.randn(3, 4),
+        "b": torch.arange(6, dtype=torch.int64),
+        "c": torch.randn(2).bfloat16(),
+    }
     specs = [TensorSpec(k, tuple(v.shape), v.dtype) for k, v in tensors.items()]
     write_safetensors(tmp_path / "model.safetensors", specs, lambda s: tensors[s.name])
     back = load_file(tmp_path / "model.safetensors")
@@ -98,7 +109,11 @@ def test_shard_planning_and_sizes() -> None:
     specs = [TensorSpec(str(i), (250,), torch.float32) for i in range(5)]  # 1000 bytes each
     assert [len(s) for s in plan_shards(specs, 2000)] == [2, 2, 1]
     assert [len(s) for s in plan_shards(specs, 10)] == [1, 1, 1, 1, 1]
-    assert parse_size("5GB") == 5 * 10**9 and parse_size("2MiB") == 2 * 2**20 and parse_size("123") == 123
+    assert (
+        parse_size("5GB") == 5 * 10**9
+        and parse_size("2MiB") == 2 * 2**20
+        and parse_size("123") == 123
+    )
     with pytest.raises(ValueError):
         parse_size("lots")
 
@@ -134,13 +149,22 @@ def _fake_files(folder: Path, *names: str) -> None:
         (folder / name).write_bytes(b"not a real shard")
 
 
-def test_megatron_checkpoints_are_refused_with_the_way_out(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_megatron_checkpoints_are_refused_with_the_way_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     from rft.errors import EXIT_USER_ERROR
 
     # veRL / Trinity with the Megatron backend: global_step_N/actor/dist_ckpt (torch_dist shards)
     run = tmp_path / "trinity_run"
     actor = run / "global_step_5" / "actor"
-    _fake_files(actor / "dist_ckpt", "__0_0.distcp", "__1_0.distcp", ".metadata", "common.pt", "metadata.json")
+    _fake_files(
+        actor / "dist_ckpt",
+        "__0_0.distcp",
+        "__1_0.distcp",
+        ".metadata",
+        "common.pt",
+        "metadata.json",
+    )
     _fake_files(actor / "huggingface", "config.json", "tokenizer.json")
     _fake_files(actor, "transformer_config.json")
     (run / "latest_checkpointed_iteration.txt").write_text("5")
@@ -170,8 +194,15 @@ def test_megatron_checkpoints_are_refused_with_the_way_out(tmp_path: Path, capsy
 
 def _torchrun(script: str, nproc: int, *args: str) -> None:
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}",
-           str(HELPERS / script), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={nproc}",
+        str(HELPERS / script),
+        *args,
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
 
@@ -181,12 +212,18 @@ def untied_model_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_tokenizer
     """A GPT-NeoX layout with separate input/output embeddings: other names than Llama's."""
     from rft.devtools import make_tiny_model
 
-    return make_tiny_model(tmp_path_factory.mktemp("models") / "neox", arch="gpt_neox",
-                           tie_word_embeddings=False, tokenizer_dir=smollm2_tokenizer_dir)
+    return make_tiny_model(
+        tmp_path_factory.mktemp("models") / "neox",
+        arch="gpt_neox",
+        tie_word_embeddings=False,
+        tokenizer_dir=smollm2_tokenizer_dir,
+    )
 
 
 @pytest.fixture(scope="session")
-def ds_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, untied_model_dir: Path) -> Path:
+def ds_run(
+    tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, untied_model_dir: Path
+) -> Path:
     """A run directory with three DeepSpeed checkpoints (built once per session, ~1 min):
 
     global_step_1  ZeRO-3, 2 ranks, fp32, tag folder + latest, trainer-written huggingface/ files
@@ -195,20 +232,56 @@ def ds_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path, untie
     """
     run = tmp_path_factory.mktemp("ds") / "run"
     model = str(tiny_model_dir)
-    _torchrun("make_ds_checkpoint.py", 2, "--model-dir", model, "--step-dir", str(run / "global_step_1"),
-              "--stage", "3", "--hf-files")
-    _torchrun("make_ds_checkpoint.py", 2, "--model-dir", model, "--step-dir", str(run / "global_step_2"),
-              "--stage", "2", "--flat")
-    _torchrun("make_ds_checkpoint.py", 1, "--model-dir", str(untied_model_dir), "--step-dir",
-              str(run / "global_step_3"), "--stage", "1", "--bf16", "--hf-files", "--freeze", "layers.0.")
+    _torchrun(
+        "make_ds_checkpoint.py",
+        2,
+        "--model-dir",
+        model,
+        "--step-dir",
+        str(run / "global_step_1"),
+        "--stage",
+        "3",
+        "--hf-files",
+    )
+    _torchrun(
+        "make_ds_checkpoint.py",
+        2,
+        "--model-dir",
+        model,
+        "--step-dir",
+        str(run / "global_step_2"),
+        "--stage",
+        "2",
+        "--flat",
+    )
+    _torchrun(
+        "make_ds_checkpoint.py",
+        1,
+        "--model-dir",
+        str(untied_model_dir),
+        "--step-dir",
+        str(run / "global_step_3"),
+        "--stage",
+        "1",
+        "--bf16",
+        "--hf-files",
+        "--freeze",
+        "layers.0.",
+    )
     return run
 
 
 @pytest.fixture(scope="session")
 def fsdp_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
     run = tmp_path_factory.mktemp("fsdp") / "run"
-    _torchrun("make_fsdp_checkpoint.py", 2, "--model-dir", str(tiny_model_dir), "--step-dir",
-              str(run / "global_step_5"))
+    _torchrun(
+        "make_fsdp_checkpoint.py",
+        2,
+        "--model-dir",
+        str(tiny_model_dir),
+        "--step-dir",
+        str(run / "global_step_5"),
+    )
     return run
 
 
@@ -231,15 +304,19 @@ def _logits_diff(step_dir: Path, dtype: torch.dtype = torch.float32) -> float:
 
 
 @pytest.mark.integration
-def test_batch_conversion_matches_engine_logits_and_is_idempotent(run_copy: Path, tiny_model_dir: Path,
-                                                                  capsys: pytest.CaptureFixture) -> None:
+def test_batch_conversion_matches_engine_logits_and_is_idempotent(
+    run_copy: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
     base = ["--base-model-dir", str(tiny_model_dir)]
-    assert main(["--checkpoint-dir", str(run_copy), "--dtype", "fp32", "--steps", "1,2", *base]) == 0
+    assert (
+        main(["--checkpoint-dir", str(run_copy), "--dtype", "fp32", "--steps", "1,2", *base]) == 0
+    )
     assert _logits_diff(run_copy / "global_step_1") < 1e-5  # ZeRO-3, 2 ranks, tied embeddings
     assert _logits_diff(run_copy / "global_step_2") < 1e-5  # ZeRO-2, flat layout, base-model files
     hf = run_copy / "global_step_1" / "actor" / "huggingface"
     assert {"config.json", "generation_config.json", "tokenizer.json", "chat_template.jinja"} <= {
-        p.name for p in hf.iterdir()}
+        p.name for p in hf.iterdir()
+    }
     assert json.loads((hf / "config.json").read_text())["dtype"] == "float32"
     # bf16-trained GPT-NeoX (untied, a frozen layer): bf16 output equals the engine's bf16 weights.
     assert main(["--checkpoint-dir", str(run_copy / "global_step_3"), "--dtype", "bf16"]) == 0
@@ -250,7 +327,9 @@ def test_batch_conversion_matches_engine_logits_and_is_idempotent(run_copy: Path
     out = capsys.readouterr().out
     assert out.count("skipped") >= 3 and "0 converted, 3 skipped, 0 failed" in out
     assert (hf / "model.safetensors").stat().st_mtime_ns == before
-    assert main(["--checkpoint-dir", str(run_copy), "--steps", "1", "--force", "--dtype", "fp32"]) == 0
+    assert (
+        main(["--checkpoint-dir", str(run_copy), "--steps", "1", "--force", "--dtype", "fp32"]) == 0
+    )
     assert (hf / "model.safetensors").stat().st_mtime_ns != before
     assert not [p for p in hf.parent.iterdir() if ".tmp" in p.name]
 
@@ -267,7 +346,9 @@ def test_inside_path_and_single_step(run_copy: Path) -> None:
 @pytest.mark.integration
 def test_sharded_output_loads_identically(run_copy: Path) -> None:
     step = run_copy / "global_step_1"
-    assert main(["--checkpoint-dir", str(step), "--dtype", "fp32", "--max-shard-size", "100KB"]) == 0
+    assert (
+        main(["--checkpoint-dir", str(step), "--dtype", "fp32", "--max-shard-size", "100KB"]) == 0
+    )
     hf = step / "actor" / "huggingface"
     index = json.loads((hf / "model.safetensors.index.json").read_text())
     assert len(set(index["weight_map"].values())) >= 3 and not (hf / "model.safetensors").exists()
@@ -275,17 +356,29 @@ def test_sharded_output_loads_identically(run_copy: Path) -> None:
 
 
 @pytest.mark.integration
-def test_plain_deepspeed_checkpoint_needs_the_right_base_model(run_copy: Path, untied_model_dir: Path,
-                                                              capsys: pytest.CaptureFixture) -> None:
+def test_plain_deepspeed_checkpoint_needs_the_right_base_model(
+    run_copy: Path, untied_model_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
     assert main(["--checkpoint-dir", str(run_copy / "global_step_2")]) == 1
     assert "--base-model-dir" in capsys.readouterr().out
-    assert main(["--checkpoint-dir", str(run_copy / "global_step_2"), "--base-model-dir", str(untied_model_dir)]) == 1
+    assert (
+        main(
+            [
+                "--checkpoint-dir",
+                str(run_copy / "global_step_2"),
+                "--base-model-dir",
+                str(untied_model_dir),
+            ]
+        )
+        == 1
+    )
     assert "does not match --base-model-dir" in capsys.readouterr().out
 
 
 @pytest.mark.integration
-def test_bad_inputs_fail_clearly_while_other_steps_convert(run_copy: Path, tiny_model_dir: Path,
-                                                           capsys: pytest.CaptureFixture) -> None:
+def test_bad_inputs_fail_clearly_while_other_steps_convert(
+    run_copy: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
     for n in (4, 5, 6):
         shutil.copytree(run_copy / "global_step_1", run_copy / f"global_step_{n}")
     tag = "actor/global_step2"
@@ -296,12 +389,27 @@ def test_bad_inputs_fail_clearly_while_other_steps_convert(run_copy: Path, tiny_
     extra = run_copy / "global_step_6" / tag / "zero_pp_rank_2_mp_rank_00_optim_states.pt"
     shutil.copy(extra.with_name("zero_pp_rank_1_mp_rank_00_optim_states.pt"), extra)
     (run_copy / "global_step_7" / "actor").mkdir(parents=True)
-    code = main(["--checkpoint-dir", str(run_copy), "--base-model-dir", str(tiny_model_dir), "--dtype", "fp32"])
+    code = main(
+        [
+            "--checkpoint-dir",
+            str(run_copy),
+            "--base-model-dir",
+            str(tiny_model_dir),
+            "--dtype",
+            "fp32",
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 1
     rows = {line.split()[0]: line for line in out.splitlines() if line.startswith("global_step_")}
-    assert "missing rank shard" in rows["global_step_4"] and "zero_pp_rank_1_mp_rank_00_optim" in rows["global_step_4"]
-    assert "zero_pp_rank_0_mp_rank_00_optim_states.pt" in rows["global_step_5"] and "failed" in rows["global_step_5"]
+    assert (
+        "missing rank shard" in rows["global_step_4"]
+        and "zero_pp_rank_1_mp_rank_00_optim" in rows["global_step_4"]
+    )
+    assert (
+        "zero_pp_rank_0_mp_rank_00_optim_states.pt" in rows["global_step_5"]
+        and "failed" in rows["global_step_5"]
+    )
     assert "world-size mismatch" in rows["global_step_6"]
     assert "not a checkpoint" in rows["global_step_7"]
     assert all("converted" in rows[f"global_step_{n}"] for n in (1, 2, 3))
@@ -312,7 +420,9 @@ def test_bad_inputs_fail_clearly_while_other_steps_convert(run_copy: Path, tiny_
 
 
 @pytest.mark.integration
-def test_interrupted_conversion_leaves_nothing_complete(run_copy: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_interrupted_conversion_leaves_nothing_complete(
+    run_copy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     step = run_copy / "global_step_1"
     hf = step / "actor" / "huggingface"
     calls = []
@@ -344,17 +454,31 @@ def test_fsdp_checkpoint_converts(fsdp_run: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_without_optimizer_shards(run_copy: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture) -> None:
+def test_without_optimizer_shards(
+    run_copy: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
     """ZeRO-1/2 fall back to the module weights (full size); ZeRO-3 has none and says so."""
     for f in (run_copy / "global_step_2" / "actor").glob("*optim_states.pt"):
         f.unlink()
     for f in (run_copy / "global_step_1" / "actor" / "global_step2").glob("*optim_states.pt"):
         f.unlink()
-    code = main(["--checkpoint-dir", str(run_copy), "--steps", "1,2", "--dtype", "fp32",
-                 "--base-model-dir", str(tiny_model_dir)])
+    code = main(
+        [
+            "--checkpoint-dir",
+            str(run_copy),
+            "--steps",
+            "1,2",
+            "--dtype",
+            "fp32",
+            "--base-model-dir",
+            str(tiny_model_dir),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 1 and "without optimizer shards" in out and "deepspeed-module" in out
-    assert _logits_diff(run_copy / "global_step_2") < 1e-5  # fp32 training: module == master weights
+    assert (
+        _logits_diff(run_copy / "global_step_2") < 1e-5
+    )  # fp32 training: module == master weights
 
 
 @pytest.mark.integration

@@ -35,8 +35,11 @@ PY = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv").is_dir() else sy
 CONVERT = str(REPO / "bin" / "rft-convert")
 TAG = "global_step1"
 TRAINER_FILES = {"config.json", "tokenizer.json", "tokenizer_config.json"}
-USER_FILES = {"adapter_model.safetensors": b"lora weights", "training_args.bin": b"args",
-              "eval/results.json": b'{"acc": 0.5}'}
+USER_FILES = {
+    "adapter_model.safetensors": b"lora weights",
+    "training_args.bin": b"args",
+    "eval/results.json": b'{"acc": 0.5}',
+}
 
 # Runs rft-convert and SIGKILLs it right after its n-th rename (argv[1]); the rest is its argv.
 _KILL_AFTER_RENAME = """
@@ -59,24 +62,41 @@ from tests.helpers.faults import fault_seed
 # ----------------------------------------------------------------------------- checkpoints
 
 
-def make_checkpoint(step_dir: Path, n_tensors: int = 4, rows: int = 64, cols: int = 32,
-                    seed: int = 0) -> dict[str, torch.Tensor]:
+def make_checkpoint(
+    step_dir: Path, n_tensors: int = 4, rows: int = 64, cols: int = 32, seed: int = 0
+) -> dict[str, torch.Tensor]:
     """A one-rank ZeRO-2 checkpoint in ``step_dir/actor/`` with a trainer's ``huggingface/`` files
     (config and tokenizer, no weights); returns the fp32 weights a conversion must produce."""
     gen = torch.Generator().manual_seed(seed)
-    params = OrderedDict((f"model.layers.{i}.weight", torch.randn(rows, cols, generator=gen))
-                         for i in range(n_tensors))
+    params = OrderedDict(
+        (f"model.layers.{i}.weight", torch.randn(rows, cols, generator=gen))
+        for i in range(n_tensors)
+    )
     tag_dir = step_dir / "actor" / TAG
     tag_dir.mkdir(parents=True)
-    torch.save({"module": OrderedDict((k, v.bfloat16()) for k, v in params.items()), "buffer_names": [],
-                "param_shapes": [OrderedDict((k, v.shape) for k, v in params.items())],
-                "frozen_param_shapes": OrderedDict(), "frozen_param_fragments": OrderedDict(),
-                "shared_params": {}, "dp_world_size": 1}, tag_dir / "mp_rank_00_model_states.pt")
+    torch.save(
+        {
+            "module": OrderedDict((k, v.bfloat16()) for k, v in params.items()),
+            "buffer_names": [],
+            "param_shapes": [OrderedDict((k, v.shape) for k, v in params.items())],
+            "frozen_param_shapes": OrderedDict(),
+            "frozen_param_fragments": OrderedDict(),
+            "shared_params": {},
+            "dp_world_size": 1,
+        },
+        tag_dir / "mp_rank_00_model_states.pt",
+    )
     flat = torch.cat([v.flatten() for v in params.values()])  # [n_tensors * rows * cols]
-    optim = {"zero_stage": 2, "partition_count": [1], "single_partition_of_fp32_groups": [flat],
-             "param_alignment_paddings": [[0] * n_tensors],
-             "base_optimizer_state": {"state": {0: {"exp_avg": torch.zeros_like(flat)}}}}
-    torch.save({"optimizer_state_dict": optim}, tag_dir / "zero_pp_rank_0_mp_rank_00_optim_states.pt")
+    optim = {
+        "zero_stage": 2,
+        "partition_count": [1],
+        "single_partition_of_fp32_groups": [flat],
+        "param_alignment_paddings": [[0] * n_tensors],
+        "base_optimizer_state": {"state": {0: {"exp_avg": torch.zeros_like(flat)}}},
+    }
+    torch.save(
+        {"optimizer_state_dict": optim}, tag_dir / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    )
     (step_dir / "actor" / "latest").write_text(TAG)
     hf = step_dir / "actor" / "huggingface"
     hf.mkdir()
@@ -118,7 +138,9 @@ def assert_converted(hf: Path, expected: dict[str, torch.Tensor], user_files: bo
 
 def run_killed_after_rename(n: int, *argv: str) -> subprocess.CompletedProcess:
     code = _KILL_AFTER_RENAME.format(repo=str(REPO))
-    return subprocess.run([PY, "-c", code, str(n), *argv], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [PY, "-c", code, str(n), *argv], capture_output=True, text=True, timeout=120
+    )
 
 
 # ----------------------------------------------------------------------------- kills while publishing
@@ -126,7 +148,9 @@ def run_killed_after_rename(n: int, *argv: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("force", [False, True], ids=["first", "reconvert"])
 @pytest.mark.parametrize("kill_after", [1, 2])
-def test_kill_while_swapping_folders_loses_nothing(tmp_path: Path, kill_after: int, force: bool) -> None:
+def test_kill_while_swapping_folders_loses_nothing(
+    tmp_path: Path, kill_after: int, force: bool
+) -> None:
     """A kill between moving the old folder away and publishing the new one (rename 1) or
     before the old one is deleted (rename 2): the rerun restores or finishes, never loses the
     trainer's config and tokenizer (they exist only in the old folder: no --base-model-dir)."""
@@ -140,7 +164,9 @@ def test_kill_while_swapping_folders_loses_nothing(tmp_path: Path, kill_after: i
     add_user_files(hf)
     proc = run_killed_after_rename(kill_after, *args)
     assert proc.returncode == -signal.SIGKILL, proc.stdout + proc.stderr
-    assert (hf.exists(), backup_path(hf).exists()) == ((False, True) if kill_after == 1 else (True, True))
+    assert (hf.exists(), backup_path(hf).exists()) == (
+        (False, True) if kill_after == 1 else (True, True)
+    )
     assert main(args) == 0
     assert_converted(hf, expected)
 
@@ -165,7 +191,9 @@ def test_backup_is_deleted_only_after_the_new_folder_is_complete(tmp_path: Path)
 # ----------------------------------------------------------------------------- user files, debris
 
 
-def test_user_files_are_carried_and_stale_shards_are_not(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_user_files_are_carried_and_stale_shards_are_not(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     step = tmp_path / "global_step_1"
     expected = make_checkpoint(step)
     hf = step / "actor" / "huggingface"
@@ -184,7 +212,9 @@ def test_skipped_rerun_removes_temporaries_of_killed_runs(tmp_path: Path) -> Non
     expected = make_checkpoint(step)
     hf = step / "actor" / "huggingface"
     assert main(["--checkpoint-dir", str(step), "--dtype", "fp32"]) == 0
-    debris = hf.with_name(f"huggingface.tmp.{socket.gethostname()}.{_dead_pid()}")  # a killed --force
+    debris = hf.with_name(
+        f"huggingface.tmp.{socket.gethostname()}.{_dead_pid()}"
+    )  # a killed --force
     shutil.copytree(hf, debris)
     assert main(["--checkpoint-dir", str(step)]) == 0
     assert_converted(hf, expected, user_files=False)
@@ -229,13 +259,16 @@ def test_crc_check_accumulates_over_pieces_in_any_order(tmp_path: Path) -> None:
     torch.save({"a": a}, tmp_path / "x.pt")
     archive, tree = open_torch_file(tmp_path / "x.pt")
     with archive:
-        parts = [tree["a"].read(s, 100) for s in (300, 0, 100, 200, 400, 500, 600, 700, 800, 900, 0)]
+        parts = [
+            tree["a"].read(s, 100) for s in (300, 0, 100, 200, 400, 500, 600, 700, 800, 900, 0)
+        ]
         archive.verify()
         assert torch.equal(torch.cat(parts[1:4] + parts[:1] + parts[4:10]), a)
 
 
-def test_conversion_of_a_damaged_checkpoint_fails_and_publishes_nothing(tmp_path: Path,
-                                                                        capsys: pytest.CaptureFixture) -> None:
+def test_conversion_of_a_damaged_checkpoint_fails_and_publishes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     step = tmp_path / "global_step_1"
     params = make_checkpoint(step)
     optim = step / "actor" / TAG / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
@@ -261,7 +294,9 @@ def test_flipped_bit_in_a_record_not_read_is_ignored(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------- messages
 
 
-def test_a_file_given_as_a_folder_is_called_a_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_a_file_given_as_a_folder_is_called_a_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     step = tmp_path / "global_step_1"
     make_checkpoint(step)
     shard = step / "actor" / TAG / "mp_rank_00_model_states.pt"
@@ -270,9 +305,15 @@ def test_a_file_given_as_a_folder_is_called_a_file(tmp_path: Path, capsys: pytes
         err = capsys.readouterr().err
         assert f"{shard} is a file, not a folder" in err and str(shard.parent) in err, err
     model_file = step / "actor" / "huggingface" / "config.json"
-    assert main(["--checkpoint-dir", str(step), "--base-model-dir", str(model_file)]) == EXIT_USER_ERROR
+    assert (
+        main(["--checkpoint-dir", str(step), "--base-model-dir", str(model_file)])
+        == EXIT_USER_ERROR
+    )
     assert f"--base-model-dir {model_file} is a file, not a folder" in capsys.readouterr().err
-    assert main(["--checkpoint-dir", str(step), "--base-model-dir", str(tmp_path / "nope")]) == EXIT_USER_ERROR
+    assert (
+        main(["--checkpoint-dir", str(step), "--base-model-dir", str(tmp_path / "nope")])
+        == EXIT_USER_ERROR
+    )
     assert "nope does not exist" in capsys.readouterr().err
 
 
@@ -280,9 +321,22 @@ def test_a_file_given_as_a_folder_is_called_a_file(tmp_path: Path, capsys: pytes
 
 
 def _start(step: Path, force: bool) -> subprocess.Popen:
-    argv = [PY, CONVERT, "--checkpoint-dir", str(step), "--dtype", "fp32", "--max-shard-size", "20MB"]
-    return subprocess.Popen(argv + ["--force"] * force, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    argv = [
+        PY,
+        CONVERT,
+        "--checkpoint-dir",
+        str(step),
+        "--dtype",
+        "fp32",
+        "--max-shard-size",
+        "20MB",
+    ]
+    return subprocess.Popen(
+        argv + ["--force"] * force,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
 
 
 def _wait_for_tmp(proc: subprocess.Popen, actor: Path, present: bool = True) -> float:
@@ -297,8 +351,12 @@ def _wait_for_tmp(proc: subprocess.Popen, actor: Path, present: bool = True) -> 
 def _state(actor: Path) -> str:
     """What a kill left of the output folders, e.g. ``huggingface(complete) huggingface.tmp``."""
     names = sorted(p.name for p in actor.iterdir() if p.name.startswith("huggingface"))
-    return " ".join(n.split(".tmp.")[0] + (".tmp" if ".tmp." in n else "")
-                    + ("(complete)" if weights_complete(actor / n) else "") for n in names)
+    return " ".join(
+        n.split(".tmp.")[0]
+        + (".tmp" if ".tmp." in n else "")
+        + ("(complete)" if weights_complete(actor / n) else "")
+        for n in names
+    )
 
 
 @pytest.mark.faults
@@ -330,8 +388,10 @@ def test_random_kills_then_rerun_give_the_reference_output(tmp_path: Path) -> No
         time.sleep(delay_s)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
-        print(f"[faults] round {rounds}: force={force} killed {delay_s:.3f}s after "
-              f"{'the temporary folder appeared' if in_work else 'start'}; left: {_state(actor)}")
+        print(
+            f"[faults] round {rounds}: force={force} killed {delay_s:.3f}s after "
+            f"{'the temporary folder appeared' if in_work else 'start'}; left: {_state(actor)}"
+        )
         rerun = _start(step, force=False)
         _wait_for_tmp(rerun, actor)
         if rerun.poll() is None:

@@ -42,9 +42,15 @@ def _tensor(name: str, *shape: int) -> SourceTensor:
 
 
 def test_adapter_tensors_get_peft_saved_names_and_base_weights_are_left_out() -> None:
-    tensors = [_tensor(f"{PREFIX}.base_layer.weight", 64, 64), _tensor(f"{PREFIX}.lora_A.default.weight", 4, 64),
-               _tensor(f"{PREFIX}.lora_B.default.weight", 64, 4)]
-    assert [t.name for t in adapter_tensors(tensors, "s")] == [f"{PREFIX}.lora_A.weight", f"{PREFIX}.lora_B.weight"]
+    tensors = [
+        _tensor(f"{PREFIX}.base_layer.weight", 64, 64),
+        _tensor(f"{PREFIX}.lora_A.default.weight", 4, 64),
+        _tensor(f"{PREFIX}.lora_B.default.weight", 64, 4),
+    ]
+    assert [t.name for t in adapter_tensors(tensors, "s")] == [
+        f"{PREFIX}.lora_A.weight",
+        f"{PREFIX}.lora_B.weight",
+    ]
     with pytest.raises(CheckpointError, match="does not start with 'base_model.model.'"):
         adapter_tensors([_tensor("model.layers.0.q_proj.lora_A.default.weight", 4, 64)], "s")
 
@@ -52,9 +58,16 @@ def test_adapter_tensors_get_peft_saved_names_and_base_weights_are_left_out() ->
 def test_ranks_are_checked_against_the_adapter_config() -> None:
     tensors = [_tensor(f"{PREFIX}.lora_A.weight", 4, 64), _tensor(f"{PREFIX}.lora_B.weight", 64, 4)]
     assert check_lora_ranks({"r": 4}, tensors, "adapter_config.json", "s") == 4
-    with pytest.raises(CheckpointError, match=r"lora_A.weight has shape \[4, 64\] \(rank 4\).*says r=8"):
+    with pytest.raises(
+        CheckpointError, match=r"lora_A.weight has shape \[4, 64\] \(rank 4\).*says r=8"
+    ):
         check_lora_ranks({"r": 8}, tensors, "adapter_config.json", "s")
-    assert check_lora_ranks({"r": 8, "rank_pattern": {"q_proj": 4}}, tensors, "adapter_config.json", "s") == 8
+    assert (
+        check_lora_ranks(
+            {"r": 8, "rank_pattern": {"q_proj": 4}}, tensors, "adapter_config.json", "s"
+        )
+        == 8
+    )
 
 
 def test_the_adapter_must_fit_the_base_models_layers(tiny_model_dir: Path) -> None:
@@ -83,8 +96,19 @@ def lora_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> 
     """global_step_1: ZeRO-2, global_step_2: ZeRO-3; one rank, fp32, adapter only in the shards."""
     run = tmp_path_factory.mktemp("lora") / "run"
     for step, stage in ((1, 2), (2, 3)):
-        _torchrun("make_ds_checkpoint.py", 1, "--model-dir", str(tiny_model_dir), "--step-dir",
-                  str(run / f"global_step_{step}"), "--stage", str(stage), "--hf-files", "--lora", str(LORA_RANK))
+        _torchrun(
+            "make_ds_checkpoint.py",
+            1,
+            "--model-dir",
+            str(tiny_model_dir),
+            "--step-dir",
+            str(run / f"global_step_{step}"),
+            "--stage",
+            str(stage),
+            "--hf-files",
+            "--lora",
+            str(LORA_RANK),
+        )
     return run
 
 
@@ -105,7 +129,9 @@ def _peft_model(base: Path, adapter: Path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    return PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), adapter).eval()
+    return PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32), adapter
+    ).eval()
 
 
 def _logits(model, input_ids: torch.Tensor) -> torch.Tensor:
@@ -116,7 +142,12 @@ def _logits(model, input_ids: torch.Tensor) -> torch.Tensor:
 def _engine_logits_diff(run: Path, step: int, base: Path) -> float:
     """Max |logits| difference between base + the converted adapter and the trained engine."""
     ref = torch.load(run / f"global_step_{step}" / "reference_logits.pt")
-    return (_logits(_peft_model(base, _adapter_dir(run, step)), ref["input_ids"]) - ref["logits"]).abs().max().item()
+    return (
+        (_logits(_peft_model(base, _adapter_dir(run, step)), ref["input_ids"]) - ref["logits"])
+        .abs()
+        .max()
+        .item()
+    )
 
 
 def _no_temporaries(run: Path) -> bool:
@@ -127,12 +158,18 @@ def _no_temporaries(run: Path) -> bool:
 
 
 @pytest.mark.integration
-def test_adapter_folder_from_the_shards_equals_peft_and_the_engine(run_copy: Path, tiny_model_dir: Path,
-                                                                   capsys: pytest.CaptureFixture) -> None:
+def test_adapter_folder_from_the_shards_equals_peft_and_the_engine(
+    run_copy: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
     from safetensors.torch import load_file
 
-    before = {s: (load_file(_adapter_dir(run_copy, s) / ADAPTER_WEIGHTS),
-                  (_adapter_dir(run_copy, s) / ADAPTER_CONFIG).read_bytes()) for s in STEPS}
+    before = {
+        s: (
+            load_file(_adapter_dir(run_copy, s) / ADAPTER_WEIGHTS),
+            (_adapter_dir(run_copy, s) / ADAPTER_CONFIG).read_bytes(),
+        )
+        for s in STEPS
+    }
     assert any(t.abs().max() > 0 for name, t in before[1][0].items() if "lora_B" in name)  # trained
     assert main(["--checkpoint-dir", str(run_copy), "--force"]) == 0
     out = capsys.readouterr().out
@@ -150,8 +187,9 @@ def test_adapter_folder_from_the_shards_equals_peft_and_the_engine(run_copy: Pat
 
 
 @pytest.mark.integration
-def test_missing_or_damaged_adapter_is_rebuilt_from_the_shards(run_copy: Path, tiny_model_dir: Path,
-                                                               capsys: pytest.CaptureFixture) -> None:
+def test_missing_or_damaged_adapter_is_rebuilt_from_the_shards(
+    run_copy: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
     (_adapter_dir(run_copy, 1) / ADAPTER_WEIGHTS).unlink()
     damaged = _adapter_dir(run_copy, 2) / ADAPTER_WEIGHTS
     with open(damaged, "r+b") as f:
@@ -166,17 +204,34 @@ def test_missing_or_damaged_adapter_is_rebuilt_from_the_shards(run_copy: Path, t
     assert main(["--checkpoint-dir", str(step1)]) == 1
     out = capsys.readouterr().out
     assert "adapter_config.json is missing" in out and "--base-model-dir and --lora-alpha" in out
-    assert main(["--checkpoint-dir", str(step1), "--base-model-dir", str(tiny_model_dir),
-                 "--lora-alpha", str(LORA_ALPHA)]) == 0
+    assert (
+        main(
+            [
+                "--checkpoint-dir",
+                str(step1),
+                "--base-model-dir",
+                str(tiny_model_dir),
+                "--lora-alpha",
+                str(LORA_ALPHA),
+            ]
+        )
+        == 0
+    )
     config = json.loads((_adapter_dir(run_copy, 1) / ADAPTER_CONFIG).read_text())
-    assert config["r"] == LORA_RANK and config["base_model_name_or_path"] == str(tiny_model_dir.resolve())
+    assert config["r"] == LORA_RANK and config["base_model_name_or_path"] == str(
+        tiny_model_dir.resolve()
+    )
     assert _engine_logits_diff(run_copy, 1, tiny_model_dir) < 1e-5
-    assert main(["--checkpoint-dir", str(step1), "--force", "--lora-alpha", "16"]) == 1  # not silently ignored
+    assert (
+        main(["--checkpoint-dir", str(step1), "--force", "--lora-alpha", "16"]) == 1
+    )  # not silently ignored
     assert "--lora-alpha 16 conflicts with" in capsys.readouterr().out
     # ... or from the run's config.yaml (model.model_path, model.lora_configs[0])
     shutil.rmtree(_adapter_dir(run_copy, 1))
-    (run_copy / "config.yaml").write_text(f"model:\n  model_path: {tiny_model_dir}\n  lora_configs:\n"
-                                          f"  - lora_rank: {LORA_RANK}\n    lora_alpha: {LORA_ALPHA}\n")
+    (run_copy / "config.yaml").write_text(
+        f"model:\n  model_path: {tiny_model_dir}\n  lora_configs:\n"
+        f"  - lora_rank: {LORA_RANK}\n    lora_alpha: {LORA_ALPHA}\n"
+    )
     assert main(["--checkpoint-dir", str(step1)]) == 0
     assert "adapter_config.json rebuilt" in capsys.readouterr().out
     assert _engine_logits_diff(run_copy, 1, tiny_model_dir) < 1e-5
@@ -184,19 +239,27 @@ def test_missing_or_damaged_adapter_is_rebuilt_from_the_shards(run_copy: Path, t
 
 
 @pytest.mark.integration
-def test_merge_writes_a_full_model_equal_to_base_plus_adapter(run_copy: Path, tiny_model_dir: Path,
-                                                              capsys: pytest.CaptureFixture) -> None:
+def test_merge_writes_a_full_model_equal_to_base_plus_adapter(
+    run_copy: Path, tiny_model_dir: Path, capsys: pytest.CaptureFixture
+) -> None:
     from transformers import AutoModelForCausalLM
 
     assert main(["--checkpoint-dir", str(run_copy), "--merge"]) == 0
     out = capsys.readouterr().out
-    assert "2 converted" in out and "huggingface_merged" in out and "merge 3/4" not in out  # logged, not printed
+    assert (
+        "2 converted" in out and "huggingface_merged" in out and "merge 3/4" not in out
+    )  # logged, not printed
     ids = torch.load(run_copy / "global_step_1" / "reference_logits.pt")["input_ids"]
     base_logits = _logits(AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval(), ids)
     for step, stage in STEPS.items():
         merged_dir = _merged_dir(run_copy, step)
-        assert {"config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-                "chat_template.jinja"} <= {p.name for p in merged_dir.iterdir()}
+        assert {
+            "config.json",
+            "generation_config.json",
+            "model.safetensors",
+            "tokenizer.json",
+            "chat_template.jinja",
+        } <= {p.name for p in merged_dir.iterdir()}
         assert json.loads((merged_dir / "config.json").read_text())["dtype"] == "float32"
         merged = AutoModelForCausalLM.from_pretrained(merged_dir).eval()
         peft = _peft_model(tiny_model_dir, _adapter_dir(run_copy, step))
@@ -206,17 +269,34 @@ def test_merge_writes_a_full_model_equal_to_base_plus_adapter(run_copy: Path, ti
         prompt = ids[:1, :6]
         with torch.no_grad():
             tokens = merged.generate(input_ids=prompt, max_new_tokens=8, do_sample=False)
-            assert torch.equal(tokens, peft.generate(input_ids=prompt, max_new_tokens=8, do_sample=False)), stage
+            assert torch.equal(
+                tokens, peft.generate(input_ids=prompt, max_new_tokens=8, do_sample=False)
+            ), stage
     assert main(["--checkpoint-dir", str(run_copy), "--merge"]) == 0
     assert "0 converted, 2 skipped, 0 failed" in capsys.readouterr().out
-    assert main(["--checkpoint-dir", str(run_copy), "--merge", "--steps", "1", "--force", "--dtype", "bf16"]) == 0
+    assert (
+        main(
+            [
+                "--checkpoint-dir",
+                str(run_copy),
+                "--merge",
+                "--steps",
+                "1",
+                "--force",
+                "--dtype",
+                "bf16",
+            ]
+        )
+        == 0
+    )
     assert json.loads((_merged_dir(run_copy, 1) / "config.json").read_text())["dtype"] == "bfloat16"
     assert _no_temporaries(run_copy)
 
 
 @pytest.mark.integration
-def test_merge_needs_a_base_model_that_fits(run_copy: Path, tiny_model_dir: Path, tmp_path: Path,
-                                            capsys: pytest.CaptureFixture) -> None:
+def test_merge_needs_a_base_model_that_fits(
+    run_copy: Path, tiny_model_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     from rft.devtools import make_tiny_model
 
     step1 = run_copy / "global_step_1"
@@ -226,24 +306,38 @@ def test_merge_needs_a_base_model_that_fits(run_copy: Path, tiny_model_dir: Path
     config_path.write_text(json.dumps(config))
     assert main(["--checkpoint-dir", str(step1), "--merge"]) == 1
     out = capsys.readouterr().out
-    assert "--merge needs the base model" in out and "moved-away" in out and "pass --base-model-dir" in out
+    assert (
+        "--merge needs the base model" in out
+        and "moved-away" in out
+        and "pass --base-model-dir" in out
+    )
     assert not _merged_dir(run_copy, 1).exists() and _no_temporaries(run_copy)
     narrow = make_tiny_model(tmp_path / "narrow", hidden_size=32, tokenizer_dir=tiny_model_dir)
     assert main(["--checkpoint-dir", str(step1), "--merge", "--base-model-dir", str(narrow)]) == 1
     assert "does not load onto the base model" in capsys.readouterr().out
-    assert main(["--checkpoint-dir", str(step1), "--merge", "--base-model-dir", str(tiny_model_dir)]) == 0
+    assert (
+        main(["--checkpoint-dir", str(step1), "--merge", "--base-model-dir", str(tiny_model_dir)])
+        == 0
+    )
     assert (_merged_dir(run_copy, 1) / "model.safetensors").is_file()
 
 
 @pytest.mark.integration
-def test_a_damaged_shard_or_a_wrong_config_fails_and_keeps_the_adapter(run_copy: Path,
-                                                                       capsys: pytest.CaptureFixture) -> None:
+def test_a_damaged_shard_or_a_wrong_config_fails_and_keeps_the_adapter(
+    run_copy: Path, capsys: pytest.CaptureFixture
+) -> None:
     from safetensors.torch import load_file
 
     hf = _adapter_dir(run_copy, 1)
     adapter_bytes = (hf / ADAPTER_WEIGHTS).read_bytes()
     b = load_file(hf / ADAPTER_WEIGHTS)[f"{PREFIX}.lora_B.weight"]
-    optim = run_copy / "global_step_1" / "actor" / "global_step2" / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    optim = (
+        run_copy
+        / "global_step_1"
+        / "actor"
+        / "global_step2"
+        / "zero_pp_rank_0_mp_rank_00_optim_states.pt"
+    )
     data = bytearray(optim.read_bytes())
     needle = b.numpy().tobytes()[:64]  # the fp32 master weights of a trained lora_B
     pos = data.find(needle)

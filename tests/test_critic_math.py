@@ -60,7 +60,8 @@ def test_gae_advantages_are_whitened_over_masked_tokens_returns_are_not():
     assert metrics[ADVANTAGE_RAW_MEAN] == pytest.approx(0.35)
     assert metrics[VALUE_MEAN] == pytest.approx(0.65)
     assert whiten(torch.tensor([[2.0, 4.0]]), torch.tensor([[1, 1]])).tolist()[0] == pytest.approx(
-        [-1 / math.sqrt(2), 1 / math.sqrt(2)], rel=1e-5)
+        [-1 / math.sqrt(2), 1 / math.sqrt(2)], rel=1e-5
+    )
 
 
 def test_value_loss_clips_against_the_old_values():

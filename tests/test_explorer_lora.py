@@ -30,14 +30,30 @@ PROMPTS = [[1, 17, 42, 99, 7], [5, 6, 7, 8], [300, 12, 1000, 64, 3, 9]]
 
 
 def lora_cfg(root: Path, model_dir: Path | str, lora: dict | None = None, **extra: Any):
-    model = {"model_path": str(model_dir), "max_response_tokens": MAX_TOKENS, "max_model_len": 256,
-             "lora_configs": [{"lora_rank": 8, "lora_alpha": 16, **(lora or {})}]}
-    return config_from_dict({
-        "project": "p", "name": "lora", "checkpoint_root_dir": str(root), "mode": "train",
-        "model": {**model, **extra.pop("model", {})}, "cluster": {"gpu_per_node": 0},
-        "explorer": {"rollout_model": {"dtype": "float32"}, "eval_on_startup": False,
-                     "eval_interval": 0, "heartbeat_interval_s": 1},
-        "monitor": {"monitor_type": "console"}, **extra})
+    model = {
+        "model_path": str(model_dir),
+        "max_response_tokens": MAX_TOKENS,
+        "max_model_len": 256,
+        "lora_configs": [{"lora_rank": 8, "lora_alpha": 16, **(lora or {})}],
+    }
+    return config_from_dict(
+        {
+            "project": "p",
+            "name": "lora",
+            "checkpoint_root_dir": str(root),
+            "mode": "train",
+            "model": {**model, **extra.pop("model", {})},
+            "cluster": {"gpu_per_node": 0},
+            "explorer": {
+                "rollout_model": {"dtype": "float32"},
+                "eval_on_startup": False,
+                "eval_interval": 0,
+                "heartbeat_interval_s": 1,
+            },
+            "monitor": {"monitor_type": "console"},
+            **extra,
+        }
+    )
 
 
 # ----------------------------------------------------------------------------- fast tests
@@ -48,14 +64,24 @@ def test_engine_kwargs_with_lora(tmp_path):
     assert kwargs["enable_lora"] is True and kwargs["max_lora_rank"] == 8
     assert kwargs["max_loras"] == 1 and kwargs["lora_dtype"] == "auto"
     assert kwargs["fully_sharded_loras"] is False and "max_cpu_loras" not in kwargs
-    tuned = engine_kwargs(lora_cfg(tmp_path, tmp_path, {"lora_rank": 33, "lora_dtype": "float32"},
-                                   model={"fully_sharded_loras": True, "max_cpu_loras": 3}), True)
+    tuned = engine_kwargs(
+        lora_cfg(
+            tmp_path,
+            tmp_path,
+            {"lora_rank": 33, "lora_dtype": "float32"},
+            model={"fully_sharded_loras": True, "max_cpu_loras": 3},
+        ),
+        True,
+    )
     assert tuned["max_lora_rank"] == 64 and tuned["lora_dtype"] is torch.float32
     assert tuned["fully_sharded_loras"] is True and tuned["max_cpu_loras"] == 3
     # The initial adapter's rank, when larger than lora_rank, sets the capacity.
-    assert engine_kwargs(lora_cfg(tmp_path, tmp_path), True, initial_rank=100)["max_lora_rank"] == 128
-    no_lora = config_from_dict({"model": {"model_path": str(tmp_path)}, "mode": "train",
-                                "cluster": {"gpu_per_node": 0}})
+    assert (
+        engine_kwargs(lora_cfg(tmp_path, tmp_path), True, initial_rank=100)["max_lora_rank"] == 128
+    )
+    no_lora = config_from_dict(
+        {"model": {"model_path": str(tmp_path)}, "mode": "train", "cluster": {"gpu_per_node": 0}}
+    )
     assert not any("lora" in key for key in engine_kwargs(no_lora, True))
     assert [vllm_lora_rank(r) for r in (1, 2, 8, 9, 300, 320, 512)] == [1, 8, 8, 16, 320, 320, 512]
     with pytest.raises(ConfigError, match="up to 512"):
@@ -68,15 +94,26 @@ def test_a_broadcast_adapters_config_comes_from_its_tensors(tmp_path):
     from rft.config.schema import LoRAConfig
     from rft.explorer.engine import received_adapter_config
 
-    slots = [("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", (8, 64)),
-             ("base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight", (64, 8)),
-             ("base_model.model.model.layers.0.mlp.down_proj.lora_A.weight", (8, 128)),
-             ("base_model.model.model.layers.0.mlp.down_proj.lora_B.weight", (64, 8))]
+    slots = [
+        ("base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight", (8, 64)),
+        ("base_model.model.model.layers.0.self_attn.q_proj.lora_B.weight", (64, 8)),
+        ("base_model.model.model.layers.0.mlp.down_proj.lora_A.weight", (8, 128)),
+        ("base_model.model.model.layers.0.mlp.down_proj.lora_B.weight", (64, 8)),
+    ]
     config = received_adapter_config(slots, LoRAConfig(lora_rank=8, lora_alpha=16), "/base")
-    assert (config["r"], config["lora_alpha"], config["target_modules"]) == (8, 16, ["down_proj", "q_proj"])
+    assert (config["r"], config["lora_alpha"], config["target_modules"]) == (
+        8,
+        16,
+        ["down_proj", "q_proj"],
+    )
     assert config["base_model_name_or_path"] == "/base" and config["peft_type"] == "LORA"
     (tmp_path / "adapter_config.json").write_text('{"r": 8, "lora_alpha": 4}')
-    assert received_adapter_config(slots, LoRAConfig(lora_rank=8, path=str(tmp_path)), "/b")["lora_alpha"] == 4
+    assert (
+        received_adapter_config(slots, LoRAConfig(lora_rank=8, path=str(tmp_path)), "/b")[
+            "lora_alpha"
+        ]
+        == 4
+    )
     with pytest.raises(CheckpointError, match="no lora_A tensors"):
         received_adapter_config(slots[1::2], LoRAConfig(), "/b")
 
@@ -139,14 +176,21 @@ def adapter_dir(path: Path) -> Path:
 def test_engine_adapter_bookkeeping(tmp_path):
     pytest.importorskip("vllm.lora.request")
     base, start = tmp_path / "base", adapter_dir(tmp_path / "start")
-    v1, v2 = adapter_dir(tmp_path / "weights" / "v000001"), adapter_dir(tmp_path / "weights" / "v000002")
+    v1, v2 = (
+        adapter_dir(tmp_path / "weights" / "v000001"),
+        adapter_dir(tmp_path / "weights" / "v000002"),
+    )
     cfg = lora_cfg(tmp_path, base, {"path": str(start), "name": "pol"})
     engine = Engine(cfg, llm=FakeLLM())
     vllm = engine.llm.llm_engine
     assert vllm.calls == [("add", 1, "pol-1-start")] and engine.weights_path == str(start)
     assert engine.reload(v1) >= 0 and engine.reload(v2) >= 0
-    assert vllm.calls[1:] == [("add", 2, "pol-2-v000001"), ("remove", 1),
-                              ("add", 3, "pol-3-v000002"), ("remove", 2)]
+    assert vllm.calls[1:] == [
+        ("add", 2, "pol-2-v000001"),
+        ("remove", 1),
+        ("add", 3, "pol-3-v000002"),
+        ("remove", 2),
+    ]
     assert vllm.loras == {3} and engine.lora_request.lora_int_id == 3  # one adapter in memory
     assert engine.llm.rpcs == []  # the base weights were never reloaded
     # A load that fails (the weights file is gone) keeps the adapter in use.
@@ -165,8 +209,12 @@ def test_engine_adapter_bookkeeping(tmp_path):
     engine.load_initial(lora_cfg(tmp_path, base))  # no initial adapter: the base alone
     assert engine.lora_request is None and vllm.loras == set()
     # Without LoRA an adapter folder is refused with what to set.
-    plain = Engine(config_from_dict({"model": {"model_path": str(base)}, "mode": "train",
-                                     "cluster": {"gpu_per_node": 0}}), llm=FakeLLM())
+    plain = Engine(
+        config_from_dict(
+            {"model": {"model_path": str(base)}, "mode": "train", "cluster": {"gpu_per_node": 0}}
+        ),
+        llm=FakeLLM(),
+    )
     with pytest.raises(CheckpointError, match="model.lora_configs"):
         plain.reload(v2)
 
@@ -186,8 +234,9 @@ def make_adapter(base: Path, folder: Path, seed: int) -> Path:
     return folder
 
 
-def reference_outputs(model_dir: Path, adapter: Path | None,
-                      prompts: list[list[int]]) -> list[tuple[list[int], list[float]]]:
+def reference_outputs(
+    model_dir: Path, adapter: Path | None, prompts: list[list[int]]
+) -> list[tuple[list[int], list[float]]]:
     """Greedy tokens and their log-probs from transformers (+ PEFT), float32."""
     from transformers import AutoModelForCausalLM
 
@@ -209,7 +258,7 @@ def reference_outputs(model_dir: Path, adapter: Path | None,
                 logprobs.append(float(torch.log_softmax(logits, -1)[token]))
                 if token in eos_ids:
                     break
-            out.append((ids[len(prompt):], logprobs))
+            out.append((ids[len(prompt) :], logprobs))
     return out
 
 
@@ -231,16 +280,26 @@ print("RESULT " + json.dumps([[g[0].response_ids, g[0].logprobs] for g in groups
 
 def fresh_engine_outputs(model: Path, adapter: Path, prompts: list[list[int]]) -> list[list]:
     """What an engine started with ``adapter`` as model.lora_configs[0].path generates."""
-    proc = subprocess.run([sys.executable, "-c", FRESH_ENGINE], cwd=REPO, capture_output=True,
-                          text=True, timeout=300, input=json.dumps(
-                              {"model": str(model), "adapter": str(adapter), "prompts": prompts}))
+    proc = subprocess.run(
+        [sys.executable, "-c", FRESH_ENGINE],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        input=json.dumps({"model": str(model), "adapter": str(adapter), "prompts": prompts}),
+    )
     line = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert proc.returncode == 0 and line, proc.stderr[-3000:]
-    return json.loads(line[0][len("RESULT "):])
+    return json.loads(line[0][len("RESULT ") :])
 
 
-def greedy(engine: Engine, prompts: list[list[int]] = PROMPTS) -> list[tuple[list[int], list[float]]]:
-    return [(g[0].response_ids, g[0].logprobs) for g in engine.generate(prompts, [GREEDY] * len(prompts))]
+def greedy(
+    engine: Engine, prompts: list[list[int]] = PROMPTS
+) -> list[tuple[list[int], list[float]]]:
+    return [
+        (g[0].response_ids, g[0].logprobs)
+        for g in engine.generate(prompts, [GREEDY] * len(prompts))
+    ]
 
 
 def assert_same(got: list, want: list) -> None:
@@ -272,7 +331,8 @@ def base_outputs(lora_engine, vllm_model_dir, tmp_path_factory) -> list:
 
 @pytest.mark.integration
 def test_adapter_reloaded_in_place_matches_an_engine_started_with_it(
-        lora_engine, base_outputs, adapters, vllm_model_dir):
+    lora_engine, base_outputs, adapters, vllm_model_dir
+):
     seconds = lora_engine.reload(adapters[0])
     assert seconds > 0 and lora_engine.weights_path == str(adapters[0])
     in_place = greedy(lora_engine)
@@ -283,7 +343,9 @@ def test_adapter_reloaded_in_place_matches_an_engine_started_with_it(
 
 
 @pytest.mark.integration
-def test_a_newer_adapter_replaces_the_older_one(lora_engine, base_outputs, adapters, vllm_model_dir):
+def test_a_newer_adapter_replaces_the_older_one(
+    lora_engine, base_outputs, adapters, vllm_model_dir
+):
     lora_engine.reload(adapters[0])
     first = greedy(lora_engine)
     seconds = lora_engine.reload(adapters[1])
@@ -297,8 +359,9 @@ def test_a_newer_adapter_replaces_the_older_one(lora_engine, base_outputs, adapt
 
 
 @pytest.mark.integration
-def test_a_full_model_folder_still_reloads(lora_engine, base_outputs, adapters, vllm_model_dir,
-                                           tmp_path):
+def test_a_full_model_folder_still_reloads(
+    lora_engine, base_outputs, adapters, vllm_model_dir, tmp_path
+):
     from test_explorer import perturbed_copy
 
     lora_engine.reload(adapters[0])
@@ -317,8 +380,9 @@ def test_a_full_model_folder_still_reloads(lora_engine, base_outputs, adapters, 
 
 
 @pytest.mark.integration
-def test_explorer_steps_with_published_adapters(lora_engine, base_outputs, adapters, vllm_model_dir,
-                                                tmp_path):
+def test_explorer_steps_with_published_adapters(
+    lora_engine, base_outputs, adapters, vllm_model_dir, tmp_path
+):
     """mode both, initial adapter: step 1 generates with model.lora_configs[0].path (version
     0), step 2 with the trainer's adapter version 1, each experience stamped with its version."""
     from test_explorer import arithmetic_rows, read_segments, taskset_dict, write_jsonl
@@ -328,10 +392,19 @@ def test_explorer_steps_with_published_adapters(lora_engine, base_outputs, adapt
 
     data = write_jsonl(tmp_path / "a.jsonl", arithmetic_rows(4))
     task = taskset_dict(data, "a", rollout_args={"temperature": 0.0}, repeat_times=1)
-    cfg = lora_cfg(tmp_path, vllm_model_dir, {"path": str(adapters[0])}, mode="both",
-                   algorithm={"repeat_times": 1}, synchronizer={"sync_timeout": 2},
-                   buffer={"batch_size": 2, "total_steps": 2, "explorer_input": {
-                       "tasksets": [task], "default_workflow_type": "math_workflow"}})
+    cfg = lora_cfg(
+        tmp_path,
+        vllm_model_dir,
+        {"path": str(adapters[0])},
+        mode="both",
+        algorithm={"repeat_times": 1},
+        synchronizer={"sync_timeout": 2},
+        buffer={
+            "batch_size": 2,
+            "total_steps": 2,
+            "explorer_input": {"tasksets": [task], "default_workflow_type": "math_workflow"},
+        },
+    )
     assert run_explorer(cfg, lora_engine, max_steps=1).steps == [1]
     WeightsPublisher(cfg.run_dir).publish(1, lambda dest: copy_adapter(adapters[1], dest))
     result = run_explorer(cfg, lora_engine)

@@ -41,21 +41,31 @@ EXPLORER_STEPS = 4  # 16 tasks, 4 per step
 
 
 def env() -> dict[str, str]:
-    out = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
-               TORCH_EXTENSIONS_DIR=str(REPO / ".cache" / "torch_extensions"))
+    out = dict(
+        os.environ,
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+        TORCH_EXTENSIONS_DIR=str(REPO / ".cache" / "torch_extensions"),
+    )
     out["PYTHONPATH"] = str(REPO) + os.pathsep + out.get("PYTHONPATH", "")
     return out
 
 
 def start(module: str, config: Path, log: Path, **extra_env: str) -> subprocess.Popen:
     with log.open("a") as out:
-        return subprocess.Popen([PY, "-m", module, "--config", str(config)], cwd=REPO,
-                                env={**env(), **extra_env}, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        return subprocess.Popen(
+            [PY, "-m", module, "--config", str(config)],
+            cwd=REPO,
+            env={**env(), **extra_env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
-def kill_when(proc: subprocess.Popen, ready: Callable[[], bool], jitter_s: float,
-              timeout_s: float = 300) -> bool:
+def kill_when(
+    proc: subprocess.Popen, ready: Callable[[], bool], jitter_s: float, timeout_s: float = 300
+) -> bool:
     """SIGKILL the process group ``jitter_s`` after ``ready()`` turns true (progress made in
     this run), unless it ended first; True if killed. A random jitter of a second or two lands
     the kill anywhere in a step: generating, sealing, training, checkpointing, publishing."""
@@ -89,10 +99,15 @@ def trainer_config(root: Path, name: str, model_dir: Path) -> Path:
     """test_trainer's DeepSpeed config, checkpointing and publishing every step (all kept)."""
     from tests.test_trainer import write_config
 
-    return write_config(root, name, model_dir, project="faults", buffer={"total_steps": STEPS},
-                        trainer={"save_interval": 1},
-                        synchronizer={"sync_interval": 1, "sync_timeout": 60,
-                                      "weights_versions_to_keep": STEPS})
+    return write_config(
+        root,
+        name,
+        model_dir,
+        project="faults",
+        buffer={"total_steps": STEPS},
+        trainer={"save_interval": 1},
+        synchronizer={"sync_interval": 1, "sync_timeout": 60, "weights_versions_to_keep": STEPS},
+    )
 
 
 def write_steps(run_dir: Path) -> None:
@@ -139,8 +154,9 @@ def reference_trainer(tmp_path_factory, tiny_model_dir):
     return run_dir
 
 
-def test_trainer_killed_at_random_resumes_to_the_reference_weights(reference_trainer, tmp_path,
-                                                                    tiny_model_dir):
+def test_trainer_killed_at_random_resumes_to_the_reference_weights(
+    reference_trainer, tmp_path, tiny_model_dir
+):
     """SIGKILL during start-up, steps, checkpoints and publishes: after every restart each
     published folder equals the reference's, and the finished run trained each step exactly
     once (the same losses and final weights as the uninterrupted run)."""
@@ -153,6 +169,7 @@ def test_trainer_killed_at_random_resumes_to_the_reference_weights(reference_tra
     log = tmp_path / "trainer.log"
     kills = 0
     for progress, jitter_s in kill_plan(rng, STEPS):
+
         def ready() -> bool:
             return (atomic.read_pointer(run_dir / CHECKPOINT_POINTER) or 0) >= progress
 
@@ -176,16 +193,32 @@ def test_trainer_killed_at_random_resumes_to_the_reference_weights(reference_tra
 
 def explorer_config(root: Path, model_dir: Path, tasks: Path, engine_num: int) -> Path:
     cfg = {
-        "project": "faults", "name": "explore", "mode": "explore", "checkpoint_root_dir": str(root),
+        "project": "faults",
+        "name": "explore",
+        "mode": "explore",
+        "checkpoint_root_dir": str(root),
         "algorithm": {"repeat_times": 2},
         "model": {"model_path": str(model_dir), "max_response_tokens": 4, "max_model_len": 128},
         "cluster": {"gpu_per_node": 0},
-        "buffer": {"batch_size": 4, "total_steps": EXPLORER_STEPS, "explorer_input": {
-            "taskset": {"name": "sums", "path": str(tasks), "split": "train",
-                        "format": {"prompt_key": "question", "response_key": "answer"}},
-            "default_workflow_type": "math_workflow"}},
-        "explorer": {"eval_on_startup": False, "eval_interval": 0, "heartbeat_interval_s": 1,
-                     "rollout_model": {"engine_num": engine_num, "dtype": "float32"}},
+        "buffer": {
+            "batch_size": 4,
+            "total_steps": EXPLORER_STEPS,
+            "explorer_input": {
+                "taskset": {
+                    "name": "sums",
+                    "path": str(tasks),
+                    "split": "train",
+                    "format": {"prompt_key": "question", "response_key": "answer"},
+                },
+                "default_workflow_type": "math_workflow",
+            },
+        },
+        "explorer": {
+            "eval_on_startup": False,
+            "eval_interval": 0,
+            "heartbeat_interval_s": 1,
+            "rollout_model": {"engine_num": engine_num, "dtype": "float32"},
+        },
         "monitor": {"monitor_type": "console"},
     }
     path = root / "explore.yaml"
@@ -200,7 +233,9 @@ def planned_tasks(config: Path, rank: int, count: int) -> dict[int, list[str]]:
 
     cfg = load_config(str(config))
     sets = T.training_tasksets(cfg)
-    stream = T.TaskStream(sets, cfg.buffer.batch_size, cfg.buffer.total_epochs, cfg.buffer.total_steps)
+    stream = T.TaskStream(
+        sets, cfg.buffer.batch_size, cfg.buffer.total_epochs, cfg.buffer.total_steps
+    )
     cursor, out = stream.new_cursor(), {}
     while not stream.finished(cursor):
         share = T.rank_share(stream.next_batch(cursor), rank, count)
@@ -211,8 +246,12 @@ def planned_tasks(config: Path, rank: int, count: int) -> dict[int, list[str]]:
 def buffer_groups(run_dir: Path, writer: str) -> dict[int, list[list]]:
     """seq -> groups of the writer's sealed segments (corrupt lines would be counted, not hidden)."""
     folder, stats = run_dir / BUFFER_DIR / writer, ReaderStats()
-    out = {seq: split_groups(e for e, _ in load_segment(folder / f"seg-{seq:06d}.jsonl", 0, stats).records)
-           for seq in list_segments(folder)}
+    out = {
+        seq: split_groups(
+            e for e, _ in load_segment(folder / f"seg-{seq:06d}.jsonl", 0, stats).records
+        )
+        for seq in list_segments(folder)
+    }
     assert stats.corrupt_records == 0
     return out
 
@@ -231,8 +270,12 @@ def assert_exactly_once(run_dir: Path, config: Path, rank: int, count: int) -> N
 @pytest.fixture(scope="module")
 def sums(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("tasks") / "sums.jsonl"
-    path.write_text("".join(json.dumps({"question": f"What is {i} + 3?", "answer": f"#### {i + 3}"}) + "\n"
-                            for i in range(16)))
+    path.write_text(
+        "".join(
+            json.dumps({"question": f"What is {i} + 3?", "answer": f"#### {i + 3}"}) + "\n"
+            for i in range(16)
+        )
+    )
     return path
 
 
@@ -243,6 +286,7 @@ def test_explorer_killed_at_random_seals_every_step_exactly_once(tmp_path, vllm_
     log = tmp_path / "explorer.log"
     kills = 0
     for progress, jitter_s in kill_plan(rng, EXPLORER_STEPS):
+
         def ready() -> bool:
             return len(list_segments(run_dir / BUFFER_DIR / "explorer-0")) >= progress
 
@@ -255,7 +299,9 @@ def test_explorer_killed_at_random_seals_every_step_exactly_once(tmp_path, vllm_
     assert kills >= 2, "the kills must land while the explorer runs"
 
 
-def test_a_rank_that_starts_after_the_others_explores_its_whole_share(tmp_path, vllm_model_dir, sums):
+def test_a_rank_that_starts_after_the_others_explores_its_whole_share(
+    tmp_path, vllm_model_dir, sums
+):
     """Two explorer ranks of one run, rank 1 started only after rank 0 has finished (ranks come
     up at different times): rank 1 must not take rank 0's cursor and skip its own steps."""
     config = explorer_config(tmp_path, vllm_model_dir, sums, engine_num=2)

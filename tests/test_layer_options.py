@@ -18,8 +18,12 @@ def test_compiled_layers_give_the_eager_log_probs_and_gradients(tiny_model_dir):
     from rft.trainer import engine
     from rft.trainer.batching import collate, rows_from_experiences
 
-    exps = [Experience("t", f"g{i}", [1, 2, 3 + i], [5 + i] * (3 + 2 * i), logprobs=[-1.0] * (3 + 2 * i))
-            for i in range(2)]
+    exps = [
+        Experience(
+            "t", f"g{i}", [1, 2, 3 + i], [5 + i] * (3 + 2 * i), logprobs=[-1.0] * (3 + 2 * i)
+        )
+        for i in range(2)
+    ]
     rows = rows_from_experiences(exps)
     zeros = torch.zeros_like(rows.response_mask)
     micro = collate(rows, [0, 1], zeros, zeros, packed=True)
@@ -46,9 +50,14 @@ def test_compile_layers_with_zero3_is_refused_on_the_login_node(tmp_path):
     from rft.errors import NotSupportedError
 
     def load(**trainer):
-        return config_from_dict({"mode": "train", "checkpoint_root_dir": str(tmp_path),
-                                 "model": {"model_path": str(tmp_path)},
-                                 "trainer": {"compile_layers": True, **trainer}})
+        return config_from_dict(
+            {
+                "mode": "train",
+                "checkpoint_root_dir": str(tmp_path),
+                "model": {"model_path": str(tmp_path)},
+                "trainer": {"compile_layers": True, **trainer},
+            }
+        )
 
     assert load(zero_stage=2).trainer.compile_layers
     with pytest.raises(NotSupportedError, match="zero_stage 2"):
@@ -56,7 +65,11 @@ def test_compile_layers_with_zero3_is_refused_on_the_login_node(tmp_path):
     with pytest.raises(NotSupportedError, match="param_offload"):  # offload selects ZeRO-3
         load(param_offload=True)
     with pytest.raises(NotSupportedError, match="param_offload"):  # so does veRL's key
-        load(trainer_config={"actor_rollout_ref": {"actor": {"fsdp_config": {"param_offload": True}}}})
+        load(
+            trainer_config={
+                "actor_rollout_ref": {"actor": {"fsdp_config": {"param_offload": True}}}
+            }
+        )
 
 
 def test_checkpointing_every_second_layer_recomputes_only_those(tiny_model_dir):
@@ -69,8 +82,9 @@ def test_checkpointing_every_second_layer_recomputes_only_those(tiny_model_dir):
     def grads_and_calls(every: int | None):
         model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).train()
         if every is not None:  # as rft.trainer.engine._build_engine enables it
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False},
-                                                every_n_layers=every)
+            model.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False}, every_n_layers=every
+            )
         calls = [0] * len(model.model.layers)
         for i, layer in enumerate(model.model.layers):
             # a pre-hook: the backward's recompute stops once it has what it needs (no post-hook)
@@ -91,6 +105,12 @@ def test_checkpointing_every_without_checkpointing_is_said_to_have_no_effect(tmp
     from rft.config.load import config_from_dict
 
     with caplog.at_level("WARNING"):
-        config_from_dict({"mode": "train", "checkpoint_root_dir": str(tmp_path), "model": {"model_path": str(tmp_path)},
-                          "trainer": {"gradient_checkpointing": False, "gradient_checkpointing_every": 2}})
+        config_from_dict(
+            {
+                "mode": "train",
+                "checkpoint_root_dir": str(tmp_path),
+                "model": {"model_path": str(tmp_path)},
+                "trainer": {"gradient_checkpointing": False, "gradient_checkpointing_every": 2},
+            }
+        )
     assert "gradient_checkpointing_every=2: no effect" in caplog.text

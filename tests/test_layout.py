@@ -17,8 +17,16 @@ LAYERS = [
     ("rft.errors", "rft.atomic"),
     ("rft.placement", "rft.rundir", "rft.config.typed_dict", "rft.config.names"),
     ("rft.config",),
-    ("rft.data", "rft.models", "rft.safetensors_io", "rft.sync", "rft.broadcast", "rft.monitor",
-     "rft.entry", "rft.stages"),
+    (
+        "rft.data",
+        "rft.models",
+        "rft.safetensors_io",
+        "rft.sync",
+        "rft.broadcast",
+        "rft.monitor",
+        "rft.entry",
+        "rft.stages",
+    ),
     ("rft.algo",),
     ("rft.buffer",),
     ("rft.workflow",),
@@ -58,24 +66,57 @@ def imports(path: Path) -> set[str]:
 
 def graph() -> dict[str, set[str]]:
     files = {module_name(p): p for p in PKG.rglob("*.py")}
-    return {name: {m for m in imports(path) if m in files and m not in (name, "rft")}
-            for name, path in files.items() if name != "rft"}
+    return {
+        name: {m for m in imports(path) if m in files and m not in (name, "rft")}
+        for name, path in files.items()
+        if name != "rft"
+    }
 
 
 def layer(module: str) -> int:
-    best = max(((len(prefix), i) for i, group in enumerate(LAYERS) for prefix in group
-                if module == prefix or module.startswith(prefix + ".")), default=None)
+    best = max(
+        (
+            (len(prefix), i)
+            for i, group in enumerate(LAYERS)
+            for prefix in group
+            if module == prefix or module.startswith(prefix + ".")
+        ),
+        default=None,
+    )
     assert best is not None, f"{module} is in no layer: add it to LAYERS"
     return best[1]
 
 
 def test_roles_are_subpackages_and_the_top_holds_only_shared_modules():
     top = sorted(p.stem for p in PKG.glob("*.py"))
-    assert top == ["__init__", "atomic", "broadcast", "data", "devtools", "entry", "errors", "models",
-                   "monitor", "placement", "report", "rundir", "safetensors_io", "stages", "status",
-                   "sync"]
-    assert sorted(p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__") == \
-        ["algo", "buffer", "config", "convert", "explorer", "launch", "trainer", "workflow"]
+    assert top == [
+        "__init__",
+        "atomic",
+        "broadcast",
+        "data",
+        "devtools",
+        "entry",
+        "errors",
+        "models",
+        "monitor",
+        "placement",
+        "report",
+        "rundir",
+        "safetensors_io",
+        "stages",
+        "status",
+        "sync",
+    ]
+    assert sorted(p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__") == [
+        "algo",
+        "buffer",
+        "config",
+        "convert",
+        "explorer",
+        "launch",
+        "trainer",
+        "workflow",
+    ]
 
 
 def test_no_import_runs_up_a_layer_or_across_roles():
@@ -85,7 +126,9 @@ def test_no_import_runs_up_a_layer_or_across_roles():
             if target.startswith(module + "."):
                 continue  # a package's own modules
             if layer(target) > layer(module):
-                bad.append(f"{module} -> {target} (layer {layer(module)} imports layer {layer(target)})")
+                bad.append(
+                    f"{module} -> {target} (layer {layer(module)} imports layer {layer(target)})"
+                )
             role = next((r for r in ROLES if module.startswith(r)), None)
             other = next((r for r in ROLES if target.startswith(r)), None)
             if role and other and role != other:
@@ -101,7 +144,9 @@ def test_no_import_cycles():
         state[node] = 1
         for nxt in sorted(edges[node]):
             if state.get(nxt) == 1:
-                raise AssertionError("import cycle: " + " -> ".join(path[path.index(nxt):] + [nxt]))
+                raise AssertionError(
+                    "import cycle: " + " -> ".join(path[path.index(nxt) :] + [nxt])
+                )
             if nxt not in state:
                 visit(nxt, path + [nxt])
         state[node] = 2
@@ -122,11 +167,19 @@ def test_light_modules_do_not_pull_in_vllm_or_deepspeed():
     """Importing anything but the trainer's engine and the modules that drive it (a step's plan,
     the policy's and the critic's updates) leaves both engines unloaded: the login node,
     preflight and the rewards stay fast."""
-    heavy_users = {"rft.trainer.engine", "rft.trainer.step", "rft.trainer.plan", "rft.trainer.critic"}
+    heavy_users = {
+        "rft.trainer.engine",
+        "rft.trainer.step",
+        "rft.trainer.plan",
+        "rft.trainer.critic",
+    }
     modules = sorted(m for m in graph() if m not in heavy_users and not m.endswith("__main__"))
-    code = (f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
-            "print(sorted(k for k in ('vllm', 'deepspeed') if k in sys.modules))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True,
-                         timeout=300)
+    code = (
+        f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
+        "print(sorted(k for k in ('vllm', 'deepspeed') if k in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"

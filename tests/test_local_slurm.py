@@ -17,13 +17,20 @@ def wait_for_file(path: Path, needle: str, timeout_s: float = 60) -> str:
         if path.is_file() and needle in path.read_text():
             return path.read_text()
         time.sleep(0.5)
-    raise AssertionError(f"{path} never contained {needle!r}: "
-                         f"{path.read_text() if path.is_file() else 'missing'}")
+    raise AssertionError(
+        f"{path} never contained {needle!r}: {path.read_text() if path.is_file() else 'missing'}"
+    )
 
 
 def sbatch(env: dict, script: Path) -> str:
-    out = subprocess.run(["sbatch", "--parsable", str(script)], env=env, capture_output=True,
-                         text=True, timeout=30, check=True)
+    out = subprocess.run(
+        ["sbatch", "--parsable", str(script)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     return out.stdout.strip().split(";")[0]
 
 

@@ -36,11 +36,22 @@ def test_values_and_gradients_equal_the_full_log_softmax(source, chunk_elems):
     lp, ent = naive(hidden, weight, labels, temps)
     want = torch.autograd.grad((lp * w_lp + ent * w_ent).sum(), (hidden, weight))
     if source == "hidden":
-        got_lp, got_ent = logprobs_from_hidden(hidden, weight, labels, temperature=temps,
-                                               with_entropy=True, max_chunk_elems=chunk_elems)
+        got_lp, got_ent = logprobs_from_hidden(
+            hidden,
+            weight,
+            labels,
+            temperature=temps,
+            with_entropy=True,
+            max_chunk_elems=chunk_elems,
+        )
     else:
-        got_lp, got_ent = logprobs_from_logits(hidden @ weight.T, labels, temperature=temps,
-                                               with_entropy=True, max_chunk_elems=chunk_elems)
+        got_lp, got_ent = logprobs_from_logits(
+            hidden @ weight.T,
+            labels,
+            temperature=temps,
+            with_entropy=True,
+            max_chunk_elems=chunk_elems,
+        )
     assert got_lp.dtype == got_ent.dtype == torch.float32
     torch.testing.assert_close(got_lp.double(), lp.detach(), rtol=0, atol=1e-5)
     torch.testing.assert_close(got_ent.double(), ent.detach(), rtol=0, atol=1e-5)
@@ -66,7 +77,9 @@ def test_a_frozen_head_gets_no_gradient_and_empty_input_gives_empty_output():
     lp, _ = logprobs_from_hidden(hidden, frozen, labels, temperature=temps)
     lp.sum().backward()
     assert hidden.grad is not None and frozen.grad is None
-    empty, ent = logprobs_from_hidden(hidden[:0], weight, labels[:0], temperature=temps[:0], with_entropy=True)
+    empty, ent = logprobs_from_hidden(
+        hidden[:0], weight, labels[:0], temperature=temps[:0], with_entropy=True
+    )
     assert empty.shape == ent.shape == (0,)
 
 
@@ -92,11 +105,17 @@ def test_no_float32_logits_are_kept_for_the_backward():
     logits = (hidden @ weight.T).detach().requires_grad_()
     naive_saved = saved_float32_shapes(lambda: torch.log_softmax(logits.float(), -1))
     assert (N, V) in naive_saved  # the test can see the copy it guards against
-    saved = saved_float32_shapes(lambda: logprobs_from_logits(logits, labels, temperature=temps,
-                                                              with_entropy=True, max_chunk_elems=V))
+    saved = saved_float32_shapes(
+        lambda: logprobs_from_logits(
+            logits, labels, temperature=temps, with_entropy=True, max_chunk_elems=V
+        )
+    )
     assert all(shape[-1] != V for shape in saved), saved
-    saved = saved_float32_shapes(lambda: logprobs_from_hidden(hidden, weight, labels, temperature=temps,
-                                                              with_entropy=True, max_chunk_elems=V))
+    saved = saved_float32_shapes(
+        lambda: logprobs_from_hidden(
+            hidden, weight, labels, temperature=temps, with_entropy=True, max_chunk_elems=V
+        )
+    )
     assert all(shape[-1] != V for shape in saved), saved
 
 
@@ -110,8 +129,17 @@ def test_forward_from_hidden_states_equals_the_models_logits(tiny_model_dir):
     from rft.trainer.batching import collate, rows_from_experiences
 
     torch.manual_seed(0)
-    exps = [Experience("t", f"g{i}", [1, 2, 3 + i], [5 + i] * (2 + 3 * i), logprobs=[-1.0] * (2 + 3 * i),
-                       temperature=0.6 + 0.5 * i) for i in range(3)]  # ragged rows, padded
+    exps = [
+        Experience(
+            "t",
+            f"g{i}",
+            [1, 2, 3 + i],
+            [5 + i] * (2 + 3 * i),
+            logprobs=[-1.0] * (2 + 3 * i),
+            temperature=0.6 + 0.5 * i,
+        )
+        for i in range(3)
+    ]  # ragged rows, padded
     rows = rows_from_experiences(exps)
     micro = collate(rows, [0, 1, 2], torch.zeros_like(rows.response_mask), rows.rollout_logprobs)
     micro.response_mask[2, 1] = 0  # a response token the loss does not count: log-prob 0
@@ -180,8 +208,13 @@ def test_the_hidden_state_path_goes_through_the_engines_forward(tiny_model_dir, 
     import sys
 
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-c", ENGINE_SCRIPT, str(tiny_model_dir), str(tmp_path)],
-                         capture_output=True, text=True, timeout=300, env=env)
+    out = subprocess.run(
+        [sys.executable, "-c", ENGINE_SCRIPT, str(tiny_model_dir), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert "prologues 2" in out.stdout, out.stdout[-2000:] + out.stderr[-4000:]
     assert "checkpointed [True, False]" in out.stdout  # trainer.gradient_checkpointing_every: 2
 
@@ -194,7 +227,9 @@ def test_bf16_head_gradient_is_summed_over_chunks_in_float32():
     (want,) = torch.autograd.grad(lp.sum(), weight)
 
     def error(chunk_elems: int) -> float:
-        got, _ = logprobs_from_hidden(hidden, weight, labels, temperature=temps, max_chunk_elems=chunk_elems)
+        got, _ = logprobs_from_hidden(
+            hidden, weight, labels, temperature=temps, max_chunk_elems=chunk_elems
+        )
         (grad,) = torch.autograd.grad(got.sum(), weight)
         assert grad.dtype == torch.bfloat16
         return float((grad.double() - want.double()).abs().max())

@@ -42,11 +42,20 @@ def test_wrap_trains_only_the_adapter_and_starts_at_the_base(tiny_model_dir):
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     with torch.no_grad():
         expected = base(input_ids=IDS).logits
-    model = wrap(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), lora_cfg(),
-                 str(tiny_model_dir)).eval()
+    model = wrap(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
+        lora_cfg(),
+        str(tiny_model_dir),
+    ).eval()
     names = trainable_names(model)
     assert names and all(".lora_A.default." in n or ".lora_B.default." in n for n in names)
-    assert {n.split(".")[-4] for n in names} >= {"q_proj", "k_proj", "v_proj", "o_proj", "down_proj"}
+    assert {n.split(".")[-4] for n in names} >= {
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "down_proj",
+    }
     assert adapter_saved_name(names[0], ADAPTER) == names[0].replace(".default.", ".")
     with torch.no_grad():
         assert torch.equal(model(input_ids=IDS).logits, expected)  # B = 0: the base model
@@ -59,8 +68,11 @@ def test_the_adapter_folder_loads_in_peft_with_the_same_logits(tiny_model_dir, t
     from rft.models import ADAPTER_CONFIG, ADAPTER_WEIGHTS, is_adapter_folder
     from rft.trainer.lora import adapter_disabled, save_adapter_folder, wrap
 
-    model = wrap(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), lora_cfg(),
-                 str(tiny_model_dir)).eval()
+    model = wrap(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
+        lora_cfg(),
+        str(tiny_model_dir),
+    ).eval()
     torch.manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -74,9 +86,14 @@ def test_the_adapter_folder_loads_in_peft_with_the_same_logits(tiny_model_dir, t
     save_adapter_folder(model, state, tmp_path / "v1")
     assert is_adapter_folder(tmp_path / "v1") and (tmp_path / "v1" / ADAPTER_WEIGHTS).is_file()
     config = json.loads((tmp_path / "v1" / ADAPTER_CONFIG).read_text())
-    assert (config["r"], config["lora_alpha"], config["base_model_name_or_path"]) == (4, 8, str(tiny_model_dir))
-    loaded = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
-                                       tmp_path / "v1").eval()
+    assert (config["r"], config["lora_alpha"], config["base_model_name_or_path"]) == (
+        4,
+        8,
+        str(tiny_model_dir),
+    )
+    loaded = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32), tmp_path / "v1"
+    ).eval()
     with torch.no_grad():
         assert torch.allclose(loaded(input_ids=IDS).logits, trained, atol=1e-6)
 
@@ -86,8 +103,11 @@ def test_lora_config_rules():
     from rft.config.rules import lora_config
     from rft.errors import ConfigError, NotSupportedError
 
-    base = {"model": {"model_path": "/m"}, "buffer": {"batch_size": 2, "explorer_input": {"taskset": {"path": "/d"}}},
-            "algorithm": {"algorithm_type": "grpo", "repeat_times": 2}}
+    base = {
+        "model": {"model_path": "/m"},
+        "buffer": {"batch_size": 2, "explorer_input": {"taskset": {"path": "/d"}}},
+        "algorithm": {"algorithm_type": "grpo", "repeat_times": 2},
+    }
 
     def load(*loras, **sections):
         data = {**base, **sections}
@@ -108,9 +128,16 @@ def test_lora_config_rules():
 
 # ----------------------------------------------------------------------------- DeepSpeed runs
 
-LORA = {"algorithm": {"algorithm_type": "grpo", "repeat_times": 2, "optimizer": {"lr": 1e-2},
-                      "kl_loss_fn": "k2", "kl_loss_fn_args": {"kl_coef": 0.1}},
-        "synchronizer": {"sync_interval": 1, "sync_timeout": 120}}
+LORA = {
+    "algorithm": {
+        "algorithm_type": "grpo",
+        "repeat_times": 2,
+        "optimizer": {"lr": 1e-2},
+        "kl_loss_fn": "k2",
+        "kl_loss_fn_args": {"kl_coef": 0.1},
+    },
+    "synchronizer": {"sync_interval": 1, "sync_timeout": 120},
+}
 
 
 @pytest.fixture(scope="module", params=[2, 3], ids=["zero2", "zero3"])
@@ -118,11 +145,23 @@ def lora_runs(request, tmp_path_factory, tiny_model_dir):
     """An uninterrupted LoRA run and a stopped-and-resumed one, same config (fp32)."""
     stage = request.param
     root = tmp_path_factory.mktemp(f"lora{stage}")
-    extra = {**LORA, "model": {"model_path": str(tiny_model_dir),
-                               "lora_configs": [{"lora_rank": 4, "lora_alpha": 8}]},
-             "trainer": {"zero_stage": stage, "precision": "fp32", "save_interval": 0,
-                         "use_dynamic_bsz": True, "max_token_len_per_gpu": 40}}
-    full, stopped = (write_config(root, name, tiny_model_dir, **extra) for name in ("full", "stopped"))
+    extra = {
+        **LORA,
+        "model": {
+            "model_path": str(tiny_model_dir),
+            "lora_configs": [{"lora_rank": 4, "lora_alpha": 8}],
+        },
+        "trainer": {
+            "zero_stage": stage,
+            "precision": "fp32",
+            "save_interval": 0,
+            "use_dynamic_bsz": True,
+            "max_token_len_per_gpu": 40,
+        },
+    }
+    full, stopped = (
+        write_config(root, name, tiny_model_dir, **extra) for name in ("full", "stopped")
+    )
     write_segments(root / "t" / "full", range(1, STEPS + 1))
     run_ok(torchrun_cmd(full), root / "full.log")
     run_interrupted(stopped, root / "t" / "stopped", root / "stopped.log")
@@ -147,16 +186,25 @@ def test_published_versions_and_checkpoints_are_the_adapter(lora_runs):
     run = lora_runs["full"]
     weights = run / "weights" / f"v{STEPS:06d}"
     assert is_adapter_folder(weights) and not (weights / "model.safetensors").exists()
-    assert load_file(str(weights / ADAPTER_WEIGHTS)).keys() == \
-        load_file(str(run / f"global_step_{STEPS}" / "actor" / "huggingface" / ADAPTER_WEIGHTS)).keys()
+    assert (
+        load_file(str(weights / ADAPTER_WEIGHTS)).keys()
+        == load_file(
+            str(run / f"global_step_{STEPS}" / "actor" / "huggingface" / ADAPTER_WEIGHTS)
+        ).keys()
+    )
     base_bytes = sum(p.stat().st_size for p in lora_runs["model"].glob("*.safetensors"))
-    ckpt_bytes = sum(p.stat().st_size for p in (run / f"global_step_{STEPS}" / "actor").rglob("*") if p.is_file())
+    ckpt_bytes = sum(
+        p.stat().st_size for p in (run / f"global_step_{STEPS}" / "actor").rglob("*") if p.is_file()
+    )
     assert ckpt_bytes < base_bytes  # shards of the adapter and its optimizer, not the base
-    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(lora_runs["model"], dtype=torch.float32),
-                                      weights).eval()
+    model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(lora_runs["model"], dtype=torch.float32), weights
+    ).eval()
     base = AutoModelForCausalLM.from_pretrained(lora_runs["model"], dtype=torch.float32).eval()
     with torch.no_grad():
-        assert not torch.allclose(model(input_ids=IDS).logits, base(input_ids=IDS).logits, atol=1e-4)
+        assert not torch.allclose(
+            model(input_ids=IDS).logits, base(input_ids=IDS).logits, atol=1e-4
+        )
     assert objective(model) > objective(base) + 1e-3  # GRPO's objective on the batch it trained on
 
 
@@ -181,17 +229,37 @@ def test_rft_convert_merges_the_trained_adapter(lora_runs):
     from tests.test_trainer import PY, REPO
 
     step_dir = lora_runs["full"] / f"global_step_{STEPS}"
-    proc = subprocess.run([PY, str(REPO / "bin" / "rft-convert"), "--checkpoint-dir", str(step_dir),
-                           "--merge", "--force"], capture_output=True, text=True, cwd=REPO, timeout=300)
+    proc = subprocess.run(
+        [
+            PY,
+            str(REPO / "bin" / "rft-convert"),
+            "--checkpoint-dir",
+            str(step_dir),
+            "--merge",
+            "--force",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     actor = step_dir / "actor"
-    adapter = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(lora_runs["model"], dtype=torch.float32),
-                                        actor / "huggingface").eval()
-    merged = AutoModelForCausalLM.from_pretrained(actor / "huggingface_merged", dtype=torch.float32).eval()
+    adapter = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(lora_runs["model"], dtype=torch.float32),
+        actor / "huggingface",
+    ).eval()
+    merged = AutoModelForCausalLM.from_pretrained(
+        actor / "huggingface_merged", dtype=torch.float32
+    ).eval()
     base = AutoModelForCausalLM.from_pretrained(lora_runs["model"], dtype=torch.float32).eval()
     kwargs = {"max_new_tokens": 8, "do_sample": False, "pad_token_id": 0}
     with torch.no_grad():
         tokens = adapter.generate(input_ids=IDS, **kwargs)
         assert torch.equal(merged.generate(input_ids=IDS, **kwargs), tokens)
-        assert torch.allclose(merged(input_ids=IDS).logits, adapter(input_ids=IDS).logits, atol=1e-4)
-        assert not torch.allclose(base(input_ids=IDS).logits, merged(input_ids=IDS).logits, atol=1e-4)
+        assert torch.allclose(
+            merged(input_ids=IDS).logits, adapter(input_ids=IDS).logits, atol=1e-4
+        )
+        assert not torch.allclose(
+            base(input_ids=IDS).logits, merged(input_ids=IDS).logits, atol=1e-4
+        )

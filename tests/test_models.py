@@ -29,13 +29,19 @@ def test_tiny_model_loads_with_transformers(tiny_model_dir: Path) -> None:
 
 
 @pytest.mark.parametrize("arch", sorted(TINY_ARCHS))
-def test_tiny_model_archs_are_fast_and_deterministic(arch: str, tmp_path: Path, smollm2_tokenizer_dir: Path) -> None:
+def test_tiny_model_archs_are_fast_and_deterministic(
+    arch: str, tmp_path: Path, smollm2_tokenizer_dir: Path
+) -> None:
     from safetensors.torch import load_file
 
     start = time.monotonic()
-    a = make_tiny_model(tmp_path / "a", arch=arch, tie_word_embeddings=False, tokenizer_dir=smollm2_tokenizer_dir)
+    a = make_tiny_model(
+        tmp_path / "a", arch=arch, tie_word_embeddings=False, tokenizer_dir=smollm2_tokenizer_dir
+    )
     assert time.monotonic() - start < 10
-    b = make_tiny_model(tmp_path / "b", arch=arch, tie_word_embeddings=False, tokenizer_dir=smollm2_tokenizer_dir)
+    b = make_tiny_model(
+        tmp_path / "b", arch=arch, tie_word_embeddings=False, tokenizer_dir=smollm2_tokenizer_dir
+    )
     assert json.loads((a / "config.json").read_text())["model_type"] == arch
     wa, wb = load_file(a / "model.safetensors"), load_file(b / "model.safetensors")
     assert wa.keys() == wb.keys() and all((wa[k] == wb[k]).all() for k in wa)
@@ -78,14 +84,20 @@ def test_smollm2_folder_is_a_working_chat_model(smollm2_dir: Path) -> None:
     from rft.devtools import materialize_smollm2
 
     start = time.monotonic()
-    assert materialize_smollm2(smollm2_dir) == smollm2_dir and time.monotonic() - start < 2  # idempotent
+    assert (
+        materialize_smollm2(smollm2_dir) == smollm2_dir and time.monotonic() - start < 2
+    )  # idempotent
     config = json.loads((smollm2_dir / "config.json").read_text())
     assert config["rope_theta"] == 100000 and config["tie_word_embeddings"] is True
     assert (smollm2_dir / "generation_config.json").is_file()
     tok = AutoTokenizer.from_pretrained(smollm2_dir)
     assert len(tok) == 49152 and tok.chat_template
     model = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32)
-    ids = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                  add_generation_prompt=True, return_tensors="pt", return_dict=True)["input_ids"]
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )["input_ids"]
     out = model.generate(ids, max_new_tokens=12, do_sample=False)
-    assert "Paris" in tok.decode(out[0][ids.shape[1]:])
+    assert "Paris" in tok.decode(out[0][ids.shape[1] :])

@@ -34,8 +34,12 @@ from rft.monitor import (
 @pytest.fixture(autouse=True)
 def _offline(monkeypatch, tmp_path):
     """wandb and MLflow never reach the network, nor write outside tmp_path."""
-    for key, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true",
-                       "WANDB_ERROR_REPORTING": "false", "MLFLOW_DISABLE_TELEMETRY": "true"}.items():
+    for key, value in {
+        "WANDB_MODE": "offline",
+        "WANDB_SILENT": "true",
+        "WANDB_ERROR_REPORTING": "false",
+        "MLFLOW_DISABLE_TELEMETRY": "true",
+    }.items():
         monkeypatch.setenv(key, value)
     for key in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
         monkeypatch.setenv(key, str(tmp_path / "wandb-home" / key))
@@ -84,10 +88,10 @@ def wandb_records(path: Path) -> list:
         if 32768 - pos % 32768 < 7:  # the rest of a 32 KiB block is padding
             pos += 32768 - pos % 32768
             continue
-        length, kind = int.from_bytes(data[pos + 4:pos + 6], "little"), data[pos + 6]
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
         if pos + 7 + length > len(data):
             break  # a chunk still being written
-        pending += data[pos + 7:pos + 7 + length]
+        pending += data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):
             records.append(Record.FromString(pending))
@@ -106,8 +110,11 @@ def wandb_history(run_folder: Path, timeout_s: float = 30.0) -> tuple[object, li
         assert time.monotonic() < deadline, f"no exit record in {run_folder} after {timeout_s} s"
         time.sleep(0.1)
     run = next(r.run for r in records if r.WhichOneof("record_type") == "run")
-    rows = [{i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
-            for r in records if r.WhichOneof("record_type") == "history"]
+    rows = [
+        {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in r.history.item}
+        for r in records
+        if r.WhichOneof("record_type") == "history"
+    ]
     return run, rows
 
 
@@ -126,8 +133,12 @@ def test_wandb_writes_an_offline_run_under_the_run_dir(tmp_path):
         mon.log(2, {"pg_loss": 0.25})
     (folder,) = wandb_dir(tmp_path).glob("offline-run-*")
     run, rows = wandb_history(folder)
-    assert (run.project, run.display_name, run.run_group, list(run.tags)) == \
-        ("proj", "exp_trainer", "exp", ["trainer"])
+    assert (run.project, run.display_name, run.run_group, list(run.tags)) == (
+        "proj",
+        "exp_trainer",
+        "exp",
+        ["trainer"],
+    )
     assert [(r["_step"], r["pg_loss"]) for r in rows] == [(1, 0.5), (2, 0.25)]
     assert all("note" not in r for r in rows)  # text goes to metrics.jsonl only
     assert read_metrics(tmp_path, "trainer")[0]["note"] == "warm"
@@ -169,8 +180,10 @@ def test_several_monitors_at_once(tmp_path):
         names[run.display_name] = [(r["_step"], r["x"]) for r in rows]
     assert names == {"exp_trainer": [(3, 1.0)], "exp_explorer_a": [(3, 2.0)]}
     runs = mlflow_runs(mlflow_uri(tmp_path), "proj")  # one experiment, a run per role
-    assert {name: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "x")]
-            for name, (run, client) in runs.items()} == names
+    assert {
+        name: [(m.step, m.value) for m in client.get_metric_history(run.info.run_id, "x")]
+        for name, (run, client) in runs.items()
+    } == names
 
 
 def test_wandb_mode_decides_offline_without_a_key_or_a_reachable_host(tmp_path):
@@ -207,7 +220,8 @@ def test_launch_prints_where_each_chosen_monitor_writes(tmp_path):
     cfg.monitor.monitor_type = ["wandb", "mlflow"]
     assert tunnel_hint(cfg).splitlines() == [
         f"wandb: {wandb_dir(tmp_path)}; upload offline runs with `wandb sync {wandb_dir(tmp_path)}`",
-        f"MLflow: {mlflow_uri(tmp_path)} (unless MLFLOW_TRACKING_URI is set)"]
+        f"MLflow: {mlflow_uri(tmp_path)} (unless MLFLOW_TRACKING_URI is set)",
+    ]
 
 
 def test_the_per_step_line_shows_both_sides_waits_and_the_backlog_under_the_names_logged():
@@ -215,13 +229,17 @@ def test_the_per_step_line_shows_both_sides_waits_and_the_backlog_under_the_name
     the backlog key is the reader's counter under the trainer's buffer prefix."""
     from rft.buffer.experience import ReaderStats
 
-    stats = {f"{BUFFER_STATS_PREFIX}{k}": v for k, v in ReaderStats(backlog_segments=3).as_dict().items()}
+    stats = {
+        f"{BUFFER_STATS_PREFIX}{k}": v for k, v in ReaderStats(backlog_segments=3).as_dict().items()
+    }
     assert stats[BUFFER_BACKLOG] == 3
     assert {READ_TIME_S, EXPLORER_WAIT_S, BUFFER_BACKLOG} <= set(PROGRESS_KEYS)
 
 
 @pytest.mark.parametrize("explorer_row", [True, False])
-def test_the_per_step_line_merges_the_explorers_step_only_in_mode_both(tmp_path, capsys, explorer_row):
+def test_the_per_step_line_merges_the_explorers_step_only_in_mode_both(
+    tmp_path, capsys, explorer_row
+):
     """rft-run's line for trainer step s carries the explorer's step s where the two are one
     batch (mode both); an asynchronous trainer's step s trains whatever was sealed, so another
     process's step s is not shown beside it."""

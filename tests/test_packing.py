@@ -13,17 +13,29 @@ from rft.trainer.batching import collate, plan_micro_batches, rows_from_experien
 
 def ragged_rows():
     """Three rows of different prompt and response lengths (padding inside a micro-batch)."""
-    exps = [Experience("t", f"g{i}", list(range(1, 3 + 2 * i)), [7 + i] * (5 - 2 * i + 3 * (i == 2)),
-                       logprobs=[-1.0] * (5 - 2 * i + 3 * (i == 2)), reward=float(i), temperature=0.7 + 0.2 * i)
-            for i in range(3)]
+    exps = [
+        Experience(
+            "t",
+            f"g{i}",
+            list(range(1, 3 + 2 * i)),
+            [7 + i] * (5 - 2 * i + 3 * (i == 2)),
+            logprobs=[-1.0] * (5 - 2 * i + 3 * (i == 2)),
+            reward=float(i),
+            temperature=0.7 + 0.2 * i,
+        )
+        for i in range(3)
+    ]
     return rows_from_experiences(exps)
 
 
 def test_the_token_budget_counts_packed_tokens_not_padded_ones():
     lengths = [10, 4, 4, 4]
-    padded = plan_micro_batches(range(4), lengths, use_dynamic_bsz=True, max_token_len=20, micro_batch_size=1)
-    packed = plan_micro_batches(range(4), lengths, use_dynamic_bsz=True, max_token_len=20, micro_batch_size=1,
-                                packed=True)
+    padded = plan_micro_batches(
+        range(4), lengths, use_dynamic_bsz=True, max_token_len=20, micro_batch_size=1
+    )
+    packed = plan_micro_batches(
+        range(4), lengths, use_dynamic_bsz=True, max_token_len=20, micro_batch_size=1, packed=True
+    )
     assert padded == [[0, 1], [2, 3]]  # 2 x 10 = 20, a third row would pad to 30
     assert packed == [[0, 1, 2], [3]]  # 10 + 4 + 4 = 18, the next 4 would make 22
 
@@ -44,7 +56,10 @@ def test_a_packed_micro_batch_is_the_rows_back_to_back_with_restarting_positions
     # each counted token is the one after the position that predicts it, in the packed row
     assert torch.equal(flat[packed.logit_positions[mask] + 1], packed.response_ids[mask])
     assert padded.model_inputs().keys() == {"input_ids", "attention_mask"}
-    assert packed.model_inputs().keys() == {"input_ids", "position_ids"}  # no mask: position ids separate
+    assert packed.model_inputs().keys() == {
+        "input_ids",
+        "position_ids",
+    }  # no mask: position ids separate
 
 
 @pytest.mark.parametrize("via_logits", [False, True], ids=["hidden", "logits"])
@@ -68,7 +83,12 @@ def test_packed_log_probs_losses_and_gradients_equal_the_padded(tiny_model_dir, 
         lp, ent = engine.forward_logprobs(model, micro, with_entropy=True)
         loss, _ = ppo_loss(lp, micro.old_logprobs, micro.advantages, micro.response_mask)
         (loss - 0.01 * ent.sum()).backward()
-        return lp.detach(), ent.detach(), loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+        return (
+            lp.detach(),
+            ent.detach(),
+            loss.detach(),
+            {n: p.grad.clone() for n, p in model.named_parameters()},
+        )
 
     lp_pad, ent_pad, loss_pad, grads_pad = run(packed=False)
     lp_pack, ent_pack, loss_pack, grads_pack = run(packed=True)
@@ -85,7 +105,9 @@ def test_packed_critic_values_equal_the_padded(tiny_model_dir):
     from rft.trainer import engine
 
     torch.manual_seed(0)
-    critic = AutoModelForTokenClassification.from_pretrained(tiny_model_dir, dtype=torch.float32, num_labels=1)
+    critic = AutoModelForTokenClassification.from_pretrained(
+        tiny_model_dir, dtype=torch.float32, num_labels=1
+    )
     rows = ragged_rows()
     zeros = torch.zeros_like(rows.response_mask)
     with torch.no_grad():
@@ -100,9 +122,14 @@ def test_use_remove_padding_packs_and_the_attention_stays_default_on_cpu(tmp_pat
     from rft.trainer.engine import attention_implementation
 
     def trainer(**arr_model):
-        cfg = config_from_dict({"mode": "train", "checkpoint_root_dir": str(tmp_path),
-                                "model": {"model_path": str(tmp_path)},
-                                "trainer": {"trainer_config": {"actor_rollout_ref": {"model": arr_model}}}})
+        cfg = config_from_dict(
+            {
+                "mode": "train",
+                "checkpoint_root_dir": str(tmp_path),
+                "model": {"model_path": str(tmp_path)},
+                "trainer": {"trainer_config": {"actor_rollout_ref": {"model": arr_model}}},
+            }
+        )
         return cfg
 
     assert not trainer().trainer.padding_free

@@ -36,25 +36,54 @@ class Constant:
     length: int = 10
     prompt: int = 15
 
-    def share(self, step: int, rank: int, explorers: int, batch_size: int, repeat_times: int) -> Share:
+    def share(
+        self, step: int, rank: int, explorers: int, batch_size: int, repeat_times: int
+    ) -> Share:
         groups = len(range(rank, batch_size, explorers))
-        return Share(groups * repeat_times * self.length, self.length,
-                     ((self.length + self.prompt) * repeat_times,) * groups)
+        return Share(
+            groups * repeat_times * self.length,
+            self.length,
+            ((self.length + self.prompt) * repeat_times,) * groups,
+        )
 
 
 # batch 8 x 4 samples of 10 tokens: one explorer generates 320 tokens, its longest is 10:
 # G = 1 + 0.005 * 320 + 0.1 * 10 = 3.6 s; the trainer trains 8 x 4 x 25 = 800 tokens:
 # T = 2 + 0.005 * 800 = 6 s.
-COSTS = Costs(gen_overhead_s=1.0, gen_s_per_token=0.005, gen_s_per_decode_step=0.1,
-              train_overhead_s=2.0, train_s_per_token=0.005, publish_s=0.5, load_s=0.25)
+COSTS = Costs(
+    gen_overhead_s=1.0,
+    gen_s_per_token=0.005,
+    gen_s_per_decode_step=0.1,
+    train_overhead_s=2.0,
+    train_s_per_token=0.005,
+    publish_s=0.5,
+    load_s=0.25,
+)
 G, T, P, L = 3.6, 6.0, 0.5, 0.25
 RUN = Schedule(steps=12, batch_size=8, repeat_times=4)
 
 
-def run(mode: str = "both", offset: int = 0, shape: Shape = Shape(), costs: Costs = COSTS,
-        workload=Constant(), schedule: Schedule = RUN):
-    return simulate(Schedule(mode, offset, schedule.sync_interval, schedule.steps,
-                             schedule.batch_size, schedule.repeat_times), shape, costs, workload)
+def run(
+    mode: str = "both",
+    offset: int = 0,
+    shape: Shape = Shape(),
+    costs: Costs = COSTS,
+    workload=Constant(),
+    schedule: Schedule = RUN,
+):
+    return simulate(
+        Schedule(
+            mode,
+            offset,
+            schedule.sync_interval,
+            schedule.steps,
+            schedule.batch_size,
+            schedule.repeat_times,
+        ),
+        shape,
+        costs,
+        workload,
+    )
 
 
 def test_sync_on_disjoint_resources_adds_every_part():
@@ -89,13 +118,17 @@ def test_processor_sharing_at_half_speed_gains_nothing():
     shared = Shape(shared=True, share=0.5)
     long_run = Schedule(steps=60)
     sync_r = run(shape=shared, schedule=long_run)
-    assert sync_r.steps_per_min == pytest.approx(run(schedule=long_run).steps_per_min)  # nothing overlaps
+    assert sync_r.steps_per_min == pytest.approx(
+        run(schedule=long_run).steps_per_min
+    )  # nothing overlaps
     for mode, offset in (("async", 0), ("both", 1)):
         r = run(mode, offset, shape=shared, schedule=long_run)
         assert r.steps_per_min == pytest.approx(sync_r.steps_per_min, rel=0.03)
     # with spare cores (share 2/3: a one-core explorer and a two-core trainer on two cores)
     # the overlap pays: the trainer still does 2/3 of its work while the explorer generates
-    faster = run("async", shape=Shape(shared=True, share=share_from_cores(1, 2, 2)), schedule=long_run)
+    faster = run(
+        "async", shape=Shape(shared=True, share=share_from_cores(1, 2, 2)), schedule=long_run
+    )
     assert faster.steps_per_min > 1.1 * sync_r.steps_per_min
 
 
@@ -111,9 +144,13 @@ def test_long_tail_async_beats_sync_across_explorers_without_the_barrier():
     assert four["async"].steps_per_min > 1.3 * four["sync"].steps_per_min
     one = predict(schedule, Shape(explorers=1), costs, tail)
     assert one["async"].steps_per_min == pytest.approx(one["sync"].steps_per_min, rel=0.05)
-    gsm8k = predict(schedule, Shape(explorers=4), costs, SampledWorkload(LENGTHS["gsm8k-like"], seed=1))
-    assert gsm8k["async"].steps_per_min / gsm8k["sync"].steps_per_min < \
-        four["async"].steps_per_min / four["sync"].steps_per_min  # a lighter tail, a smaller gain
+    gsm8k = predict(
+        schedule, Shape(explorers=4), costs, SampledWorkload(LENGTHS["gsm8k-like"], seed=1)
+    )
+    assert (
+        gsm8k["async"].steps_per_min / gsm8k["sync"].steps_per_min
+        < four["async"].steps_per_min / four["sync"].steps_per_min
+    )  # a lighter tail, a smaller gain
 
 
 def test_an_async_explorer_batch_twice_the_trainers_pays_its_tail_once_per_two_steps():
@@ -126,10 +163,14 @@ def test_an_async_explorer_batch_twice_the_trainers_pays_its_tail_once_per_two_s
     long_run = Schedule(steps=40)
     for c, train_s in ((costs, T), (fast_trainer, 1.3)):
         one = simulate(replace(long_run, mode="async"), Shape(), c, Constant())
-        two = simulate(replace(long_run, mode="async", explorer_batch_factor=2), Shape(), c, Constant())
+        two = simulate(
+            replace(long_run, mode="async", explorer_batch_factor=2), Shape(), c, Constant()
+        )
         assert one.steps_per_min == pytest.approx(60 / max(G, train_s), rel=0.02)
         assert two.steps_per_min == pytest.approx(60 / max(5.2 / 2, train_s), rel=0.02)
-    assert replace(long_run, mode="both", explorer_batch_factor=2).explore_batch() == 8  # async only
+    assert (
+        replace(long_run, mode="both", explorer_batch_factor=2).explore_batch() == 8
+    )  # async only
 
 
 def test_trainer_nodes_divide_the_per_token_cost():
@@ -145,24 +186,40 @@ def test_sampled_lengths_are_seeded_and_split_like_rank_share():
     assert whole == work.share(5, 0, 1, 8, 4)  # deterministic
     assert sum(h.gen_tokens for h in halves) == whole.gen_tokens  # the same samples, split
     assert max(h.max_len for h in halves) == whole.max_len
-    assert sorted(halves[0].group_train_tokens + halves[1].group_train_tokens) == sorted(whole.group_train_tokens)
+    assert sorted(halves[0].group_train_tokens + halves[1].group_train_tokens) == sorted(
+        whole.group_train_tokens
+    )
     lengths = LENGTHS["long-tail"]
-    assert all(1 <= n <= lengths.max_tokens for n in lengths.sample(__import__("random").Random(0), 2000))
+    assert all(
+        1 <= n <= lengths.max_tokens for n in lengths.sample(__import__("random").Random(0), 2000)
+    )
 
 
 def test_calibration_recovers_the_costs_that_made_the_records():
     truth = Costs(2.0, 0.01, 0.05, 3.0, 0.02, 0.7, 0.4)
-    records = [StepRecord(step=s, gen_tokens=tok, max_len=mx,
-                          explore_s=truth.gen_s(Share(tok, mx, ())), load_s=0.4 if s > 1 else 0.0,
-                          train_tokens=tt, train_s=truth.train_s(tt, 1), publish_s=0.7)
-               for s, (tok, mx, tt) in enumerate([(0, 0, 0), (300, 40, 900), (250, 35, 800),
-                                                  (400, 40, 1100), (200, 22, 700)], start=1)]
+    records = [
+        StepRecord(
+            step=s,
+            gen_tokens=tok,
+            max_len=mx,
+            explore_s=truth.gen_s(Share(tok, mx, ())),
+            load_s=0.4 if s > 1 else 0.0,
+            train_tokens=tt,
+            train_s=truth.train_s(tt, 1),
+            publish_s=0.7,
+        )
+        for s, (tok, mx, tt) in enumerate(
+            [(0, 0, 0), (300, 40, 900), (250, 35, 800), (400, 40, 1100), (200, 22, 700)], start=1
+        )
+    ]
     fitted = calibrate(records)
     for name, value in vars(truth).items():
         assert getattr(fitted, name) == pytest.approx(value, rel=1e-6, abs=1e-9), name
     # every reply at the limit: the tail term cannot be told from the overhead and drops out
-    capped = [StepRecord(s, tok, 40, 1.0 + 0.01 * tok + 0.05 * 40, 0.0, 100, 1.0, 0.0)
-              for s, tok in enumerate([300, 250, 400, 200], start=1)]
+    capped = [
+        StepRecord(s, tok, 40, 1.0 + 0.01 * tok + 0.05 * 40, 0.0, 100, 1.0, 0.0)
+        for s, tok in enumerate([300, 250, 400, 200], start=1)
+    ]
     fitted = calibrate(capped, skip_first=0)
     assert fitted.gen_s_per_token == pytest.approx(0.01)
     assert fitted.gen_s_per_decode_step == 0 and fitted.gen_overhead_s == pytest.approx(3.0)
@@ -187,7 +244,9 @@ def test_max_lead_steps_holds_an_async_explorer_to_the_one_step_off_rule():
     long_run = Schedule(steps=40, mode="async")
     free = simulate(long_run, Shape(), fast_explorer, Constant())
     bounded = simulate(replace(long_run, max_lead_steps=1), Shape(), fast_explorer, Constant())
-    one_off = simulate(replace(long_run, mode="both", sync_offset=1), Shape(), fast_explorer, Constant())
+    one_off = simulate(
+        replace(long_run, mode="both", sync_offset=1), Shape(), fast_explorer, Constant()
+    )
     assert free.staleness_mean > 10 and bounded.staleness_mean <= 1
     assert bounded.steps_per_min == pytest.approx(one_off.steps_per_min)
     assert bounded.explorer_idle > 0 and free.explorer_idle == 0

@@ -23,37 +23,67 @@ ARITHMETIC = REPO / "data" / "arithmetic"
 
 
 def overrides(model: Path, *extra: str) -> list[str]:
-    return [f"model.model_path={model}", f"buffer.explorer_input.taskset.path={ARITHMETIC}",
-            f"buffer.explorer_input.eval_tasksets.0.path={ARITHMETIC}",
-            "checkpoint_root_dir=/tmp/rft-plan-test", *extra]
+    return [
+        f"model.model_path={model}",
+        f"buffer.explorer_input.taskset.path={ARITHMETIC}",
+        f"buffer.explorer_input.eval_tasksets.0.path={ARITHMETIC}",
+        "checkpoint_root_dir=/tmp/rft-plan-test",
+        *extra,
+    ]
 
 
 def test_dry_run_prints_resolved_config_and_plan(tiny_model_dir):
     cfg = load_config(CPU_CONFIG, overrides(tiny_model_dir))
     text = dry_run(cfg, str(CPU_CONFIG))
     assert "train_batch_size: 4" in text  # resolved: 2 tasks x 2 samples
-    assert "run directory" in text and "/tmp/rft-plan-test/grpo_gsm8k_cpu/smollm2-135m (new)" in text
+    assert (
+        "run directory" in text and "/tmp/rft-plan-test/grpo_gsm8k_cpu/smollm2-135m (new)" in text
+    )
     assert "256 rows, columns question, answer" in text
     assert "1 vLLM task(s) x TP 1" in text
     assert "1 DeepSpeed rank(s), ZeRO-2" in text
     assert "steps             2 (buffer.total_steps)" in text
     assert "4 experiences per step, 1 update per step (1 epoch)" in text
-    split = dry_run(load_config(CPU_CONFIG, overrides(tiny_model_dir, "buffer.train_batch_size=2",
-                                                      "trainer.ppo_epochs=2")), str(CPU_CONFIG))
-    assert "4 experiences per step, 4 updates per step (2 mini-batches of <= 1 groups x 2 epochs)" in split
+    split = dry_run(
+        load_config(
+            CPU_CONFIG,
+            overrides(tiny_model_dir, "buffer.train_batch_size=2", "trainer.ppo_epochs=2"),
+        ),
+        str(CPU_CONFIG),
+    )
+    assert (
+        "4 experiences per step, 4 updates per step (2 mini-batches of <= 1 groups x 2 epochs)"
+        in split
+    )
 
 
 def test_bin_rft_run_dry_run_end_to_end(tiny_model_dir):
-    proc = subprocess.run([sys.executable, str(REPO / "bin" / "rft-run"), "--config",
-                           str(CPU_CONFIG), "--dry-run", *overrides(tiny_model_dir)],
-                          capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bin" / "rft-run"),
+            "--config",
+            str(CPU_CONFIG),
+            "--dry-run",
+            *overrides(tiny_model_dir),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "dry run: config and inputs are valid" in proc.stdout
 
 
 def test_missing_column_names_key_and_columns(tiny_model_dir, capsys):
-    code = main(["--config", str(CPU_CONFIG), "--dry-run",
-                 *overrides(tiny_model_dir, "buffer.explorer_input.taskset.format.prompt_key=questoin")])
+    code = main(
+        [
+            "--config",
+            str(CPU_CONFIG),
+            "--dry-run",
+            *overrides(tiny_model_dir, "buffer.explorer_input.taskset.format.prompt_key=questoin"),
+        ]
+    )
     err = capsys.readouterr().err
     assert code == 2
     assert "buffer.explorer_input.taskset.format.prompt_key='questoin' is not a column" in err
@@ -62,8 +92,12 @@ def test_missing_column_names_key_and_columns(tiny_model_dir, capsys):
 
 
 def test_missing_split_lists_the_splits(tiny_model_dir):
-    cfg = load_config(CPU_CONFIG, overrides(tiny_model_dir, "buffer.explorer_input.taskset.split=validation"))
-    with pytest.raises(DataError, match=r"no files for split 'validation'.*found splits: test, train"):
+    cfg = load_config(
+        CPU_CONFIG, overrides(tiny_model_dir, "buffer.explorer_input.taskset.split=validation")
+    )
+    with pytest.raises(
+        DataError, match=r"no files for split 'validation'.*found splits: test, train"
+    ):
         dry_run(cfg, "x")
 
 
@@ -74,13 +108,17 @@ def test_missing_model_folder(tmp_path):
 
 
 def test_hub_id_instead_of_a_folder_says_to_download(tiny_model_dir):
-    cfg = load_config(CPU_CONFIG, overrides(tiny_model_dir, "buffer.explorer_input.taskset.path=openai/gsm8k"))
+    cfg = load_config(
+        CPU_CONFIG, overrides(tiny_model_dir, "buffer.explorer_input.taskset.path=openai/gsm8k")
+    )
     with pytest.raises(DataError, match="rft reads local datasets only; download"):
         dry_run(cfg, "x")
 
 
 def test_unknown_subset_lists_subsets():
-    with pytest.raises(DataError, match=r"subset_name 'socratic'.*subsets found: main, quickstart, sft"):
+    with pytest.raises(
+        DataError, match=r"subset_name 'socratic'.*subsets found: main, quickstart, sft"
+    ):
         data.resolve(ARITHMETIC, "train", "socratic")
 
 
@@ -104,11 +142,14 @@ def test_layouts(tmp_path):
 
     import datasets
 
-    datasets.Dataset.from_dict({"question": ["x"], "answer": ["y"]}).save_to_disk(str(tmp_path / "saved"))
+    datasets.Dataset.from_dict({"question": ["x"], "answer": ["y"]}).save_to_disk(
+        str(tmp_path / "saved")
+    )
     saved = data.resolve(tmp_path / "saved", "train")
     assert saved.format == "saved" and data.read_columns(saved) == ["question", "answer"]
     datasets.DatasetDict({"test": datasets.Dataset.from_dict({"q": ["x"]})}).save_to_disk(
-        str(tmp_path / "saved_dict"))
+        str(tmp_path / "saved_dict")
+    )
     with pytest.raises(DataError, match="has no split 'train'; it has: test"):
         data.resolve(tmp_path / "saved_dict", "train")
 
@@ -122,18 +163,28 @@ def test_subset_folder_is_never_a_split_and_splits_never_merge(tmp_path):
     root = tmp_path / "gsm8k"
     (root / "main").mkdir(parents=True)
     (root / "README.md").write_text("# a dataset card\n")
-    pq.write_table(pa.table({"question": ["1+1?", "2+2?"], "answer": ["2", "4"]}),
-                   root / "main" / "train-00000-of-00001.parquet")
-    pq.write_table(pa.table({"question": ["3+3?"], "answer": ["6"]}), root / "main" / "test-00000-of-00001.parquet")
+    pq.write_table(
+        pa.table({"question": ["1+1?", "2+2?"], "answer": ["2", "4"]}),
+        root / "main" / "train-00000-of-00001.parquet",
+    )
+    pq.write_table(
+        pa.table({"question": ["3+3?"], "answer": ["6"]}),
+        root / "main" / "test-00000-of-00001.parquet",
+    )
     for split in ("train", "main"):
-        with pytest.raises(DataError, match=r"found splits: none\); .* holds subset folders \(main\), which are "
-                                            r"not splits: set subset_name: main and split: train") as err:
+        with pytest.raises(
+            DataError,
+            match=r"found splits: none\); .* holds subset folders \(main\), which are "
+            r"not splits: set subset_name: main and split: train",
+        ) as err:
             data.resolve(root, split)
         assert "did you mean" not in str(err.value)
     assert data.available_splits(root) == set() and data.subset_folders(root) == ["main"]
     with pytest.raises(DataError, match="set subset_name: main and split: test"):
         data.load_split(str(root), "test", None, "taskset", {"format.prompt_key": "question"})
-    train = data.load_split(str(root), "train", "main", "taskset", {"format.prompt_key": "question"})
+    train = data.load_split(
+        str(root), "train", "main", "taskset", {"format.prompt_key": "question"}
+    )
     assert train["question"] == ["1+1?", "2+2?"]  # the train file alone
     assert data.count_rows(data.resolve(root / "main", "test")) == 1
     # a <split>/ folder that also holds another split's file is refused, not loaded as one split
@@ -141,7 +192,9 @@ def test_subset_folder_is_never_a_split_and_splits_never_merge(tmp_path):
     mixed.mkdir(parents=True)
     for name in ("train-00000-of-00001.parquet", "test-00000-of-00001.parquet"):
         pq.write_table(pa.table({"question": ["x"]}), mixed / name)
-    with pytest.raises(DataError, match="no files for split 'train'.*set subset_name: train and split: train"):
+    with pytest.raises(
+        DataError, match="no files for split 'train'.*set subset_name: train and split: train"
+    ):
         data.resolve(mixed.parent, "train")
     # plain <split>/ folders (shards with no split in their names) still load
     (tmp_path / "plain" / "train").mkdir(parents=True)
@@ -162,8 +215,10 @@ def test_empty_and_damaged_files(tmp_path):
 
 def test_context_longer_than_the_model_is_refused(tiny_model_dir):
     cfg = load_config(CPU_CONFIG, overrides(tiny_model_dir, "model.max_model_len=4096"))
-    with pytest.raises(ConfigError, match="model.max_model_len=4096 exceeds the model's "
-                                          "max_position_embeddings=1024"):
+    with pytest.raises(
+        ConfigError,
+        match="model.max_model_len=4096 exceeds the model's max_position_embeddings=1024",
+    ):
         dry_run(cfg, "x")
 
 
@@ -182,20 +237,30 @@ def _paths(model: Path, config: Path, *extra: str) -> list[str]:
     """The model and the arithmetic data for any CPU config (eval tasksets only where it has some)."""
     if config == CPU_CONFIG:
         return overrides(model, *extra)
-    return [f"model.model_path={model}", f"buffer.explorer_input.taskset.path={ARITHMETIC}",
-            "checkpoint_root_dir=/tmp/rft-plan-test", *extra]
+    return [
+        f"model.model_path={model}",
+        f"buffer.explorer_input.taskset.path={ARITHMETIC}",
+        "checkpoint_root_dir=/tmp/rft-plan-test",
+        *extra,
+    ]
 
 
 def test_misspelt_workflow_fails_on_the_login_node(tiny_model_dir):
-    msg = _preflight_error(tiny_model_dir, "buffer.explorer_input.default_workflow_type=math_workfow")
+    msg = _preflight_error(
+        tiny_model_dir, "buffer.explorer_input.default_workflow_type=math_workfow"
+    )
     assert "buffer.explorer_input.taskset" in msg and "'math_workfow'" in msg
     assert "Did you mean 'math_workflow'?" in msg
 
 
 def test_misspelt_reward_and_its_args_fail_on_the_login_node(tiny_model_dir):
-    msg = _preflight_error(tiny_model_dir, "buffer.explorer_input.default_reward_fn_type=math_rewrd")
+    msg = _preflight_error(
+        tiny_model_dir, "buffer.explorer_input.default_reward_fn_type=math_rewrd"
+    )
     assert "Did you mean 'math_reward'?" in msg
-    msg = _preflight_error(tiny_model_dir, "buffer.explorer_input.taskset.reward_fn_args={scale: 2}")
+    msg = _preflight_error(
+        tiny_model_dir, "buffer.explorer_input.taskset.reward_fn_args={scale: 2}"
+    )
     assert "buffer.explorer_input.taskset" in msg and "scale" in msg
 
 
@@ -203,7 +268,9 @@ def test_misspelt_loss_argument_fails_on_the_login_node(tiny_model_dir):
     msg = _preflight_error(tiny_model_dir, "algorithm.policy_loss_fn_args.clip_rnage=0.2")
     assert "algorithm.policy_loss_fn_args.clip_rnage" in msg and "Did you mean 'clip_range'?" in msg
     chord = REPO / "configs" / "cpu" / "chord.yaml"
-    msg = _preflight_error(tiny_model_dir, "algorithm.policy_loss_fn_args.mu_peek=0.5", config=chord)
+    msg = _preflight_error(
+        tiny_model_dir, "algorithm.policy_loss_fn_args.mu_peek=0.5", config=chord
+    )
     assert "Did you mean 'mu_peak'?" in msg
     msg = _preflight_error(tiny_model_dir, "algorithm.advantage_fn_args.epsilon=-1")
     assert "algorithm.advantage_fn_args.epsilon" in msg
@@ -211,8 +278,11 @@ def test_misspelt_loss_argument_fails_on_the_login_node(tiny_model_dir):
 
 def test_missing_stage_dataset_names_the_path_and_the_stage(tiny_model_dir):
     staged = REPO / "configs" / "cpu" / "sft_warmup.yaml"
-    msg = _preflight_error(tiny_model_dir, "stages.0.buffer.trainer_input.experience_buffer.path="
-                           "/PATH/TO/YOUR/SFT/DATASET", config=staged)
+    msg = _preflight_error(
+        tiny_model_dir,
+        "stages.0.buffer.trainer_input.experience_buffer.path=/PATH/TO/YOUR/SFT/DATASET",
+        config=staged,
+    )
     assert msg.startswith("stages[0] (sft_warmup): ")
     assert "'/PATH/TO/YOUR/SFT/DATASET' does not exist" in msg
 
@@ -222,7 +292,9 @@ def test_every_stage_is_checked_and_planned(tiny_model_dir):
     text = dry_run(load_config(staged, _paths(tiny_model_dir, staged)), str(staged))
     assert "stages[0] (sft_warmup): mode train" in text and "stages[1] (rft): mode both" in text
     assert "starts from the previous stage's final weights" in text
-    msg = _preflight_error(tiny_model_dir, "stages.1.algorithm.kl_loss_fn_args.kl_cof=0.1", config=staged)
+    msg = _preflight_error(
+        tiny_model_dir, "stages.1.algorithm.kl_loss_fn_args.kl_cof=0.1", config=staged
+    )
     assert msg.startswith("stages[1] (rft): ") and "Did you mean 'kl_coef'?" in msg
 
 
@@ -234,8 +306,11 @@ def test_checkpoint_root_that_is_a_file_is_refused(tiny_model_dir, tmp_path):
 
 
 def test_taskset_without_the_answer_column_is_refused_as_the_explorer_would(tiny_model_dir):
-    msg = _preflight_error(tiny_model_dir, "buffer.explorer_input.default_workflow_type=simple_workflow",
-                           "buffer.explorer_input.taskset.format.response_key=solution")
+    msg = _preflight_error(
+        tiny_model_dir,
+        "buffer.explorer_input.default_workflow_type=simple_workflow",
+        "buffer.explorer_input.taskset.format.response_key=solution",
+    )
     assert "format.response_key='solution' is not a column" in msg
 
 
@@ -249,10 +324,14 @@ def test_step_count_lets_a_batch_span_epochs(tmp_path):
     assert planned_steps([7473], 15, 256) == 438  # configs/verl_grpo.yaml: not 15 x ceil(7473/256)
     assert planned_steps([5], 2, 2) == 5 and planned_steps([5], 2, 2, total_steps=9) == 9
     rows = tmp_path / "five.jsonl"
-    rows.write_text("".join(json.dumps({"question": f"{i}+1", "answer": str(i + 1)}) + "\n" for i in range(5)))
+    rows.write_text(
+        "".join(json.dumps({"question": f"{i}+1", "answer": str(i + 1)}) + "\n" for i in range(5))
+    )
 
     class Five:  # a loaded taskset, as TaskStream sees it
-        config = load_config(CPU_CONFIG, [f"buffer.explorer_input.taskset.path={rows}"]).training_tasksets()[0]
+        config = load_config(
+            CPU_CONFIG, [f"buffer.explorer_input.taskset.path={rows}"]
+        ).training_tasksets()[0]
 
         def __len__(self):
             return 5
@@ -261,9 +340,22 @@ def test_step_count_lets_a_batch_span_epochs(tmp_path):
     cursor, sizes = stream.new_cursor(), []
     while not stream.finished(cursor):
         sizes.append(len(stream.next_batch(cursor)))
-    assert sizes == [2, 2, 2, 2, 2]  # step 3 takes the last task of epoch 0 and the first of epoch 1
-    cfg = load_config(CPU_CONFIG, [f"buffer.explorer_input.taskset.path={rows}", "buffer.total_steps=null",
-                                   "buffer.total_epochs=2", "buffer.explorer_input.taskset.subset_name=null"])
+    assert sizes == [
+        2,
+        2,
+        2,
+        2,
+        2,
+    ]  # step 3 takes the last task of epoch 0 and the first of epoch 1
+    cfg = load_config(
+        CPU_CONFIG,
+        [
+            f"buffer.explorer_input.taskset.path={rows}",
+            "buffer.total_steps=null",
+            "buffer.total_epochs=2",
+            "buffer.explorer_input.taskset.subset_name=null",
+        ],
+    )
     assert run_steps(cfg) == len(sizes)
 
 
@@ -271,8 +363,16 @@ def test_an_async_trainer_counts_its_steps_in_rollouts(tiny_model_dir):
     """Trinity's trainer.yaml sets train_batch_size 512 and repeat_times 8, no batch_size: its
     steps are the taskset's rollouts in 512s, not the tasks in batches of the default size."""
     config = REPO / "configs" / "async" / "trainer.yaml"
-    cfg = load_config(config, [f"model.model_path={tiny_model_dir}",
-                               f"buffer.explorer_input.taskset.path={ARITHMETIC}", "model.max_model_len=1024",
-                               "model.max_response_tokens=512"])
+    cfg = load_config(
+        config,
+        [
+            f"model.model_path={tiny_model_dir}",
+            f"buffer.explorer_input.taskset.path={ARITHMETIC}",
+            "model.max_model_len=1024",
+            "model.max_response_tokens=512",
+        ],
+    )
     assert data.run_steps(cfg) == math.ceil(256 * 8 / 512)  # data/arithmetic train: 256 tasks
-    assert "4 = ceil(256 rows x 1 epoch(s) x 8 samples / 512 rollouts per step)" in dry_run(cfg, str(config))
+    assert "4 = ceil(256 rows x 1 epoch(s) x 8 samples / 512 rollouts per step)" in dry_run(
+        cfg, str(config)
+    )

@@ -24,9 +24,16 @@ RUN = ("verl_example_cpu", "smollm2-135m_ppo_critic_rm")
 
 
 def ppo_overrides(model: Path, reward_model: Path, root: Path, *extra: str) -> list[str]:
-    return [f"model.model_path={model}", f"explorer.auxiliary_models.0.model_path={reward_model}",
-            f"checkpoint_root_dir={root}", "model.max_response_tokens=8", "explorer.eval_interval=0",
-            "trainer.precision=fp32", "trainer.zero_stage=2", *extra]
+    return [
+        f"model.model_path={model}",
+        f"explorer.auxiliary_models.0.model_path={reward_model}",
+        f"checkpoint_root_dir={root}",
+        "model.max_response_tokens=8",
+        "explorer.eval_interval=0",
+        "trainer.precision=fp32",
+        "trainer.zero_stage=2",
+        *extra,
+    ]
 
 
 def check_rewards_come_from_the_reward_model(run_dir: Path) -> None:
@@ -35,17 +42,25 @@ def check_rewards_come_from_the_reward_model(run_dir: Path) -> None:
     rows = read_metrics(run_dir, "explorer_explorer")
     assert rows
     for row in rows:
-        parts = [v for k, v in row.items() if k.startswith("reward/") and k.endswith("/mean")
-                 and k != "reward/mean"]
+        parts = [
+            v
+            for k, v in row.items()
+            if k.startswith("reward/") and k.endswith("/mean") and k != "reward/mean"
+        ]
         assert "reward/reward_model/mean" in row, sorted(row)
         assert row["reward/mean"] == pytest.approx(sum(parts), abs=1e-5)
         assert row["reward/reward_model/mean"] != 0.0  # a random score head: never exactly 0
 
 
 @pytest.mark.integration
-def test_the_ppo_example_runs_with_a_critic_and_a_reward_model(vllm_model_dir, tiny_reward_model_dir, tmp_path):
-    proc = rft_run("--config", str(CONFIG),
-                   *ppo_overrides(vllm_model_dir, tiny_reward_model_dir, tmp_path, "buffer.total_steps=3"))
+def test_the_ppo_example_runs_with_a_critic_and_a_reward_model(
+    vllm_model_dir, tiny_reward_model_dir, tmp_path
+):
+    proc = rft_run(
+        "--config",
+        str(CONFIG),
+        *ppo_overrides(vllm_model_dir, tiny_reward_model_dir, tmp_path, "buffer.total_steps=3"),
+    )
     run_dir = tmp_path.joinpath(*RUN)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = {row["step"]: row for row in read_metrics(run_dir, "trainer")}
@@ -56,22 +71,33 @@ def test_the_ppo_example_runs_with_a_critic_and_a_reward_model(vllm_model_dir, t
         assert math.isfinite(row[VALUE_LOSS]) and "critic/explained_variance" in row
     assert "value_loss=" in proc.stdout  # the progress line shows the critic
     check_rewards_come_from_the_reward_model(run_dir)
-    assert (run_dir / "global_step_2" / "critic").is_dir() and (run_dir / "global_step_3" / "critic").is_dir()
+    assert (run_dir / "global_step_2" / "critic").is_dir() and (
+        run_dir / "global_step_3" / "critic"
+    ).is_dir()
 
 
 @pytest.mark.slurm
-def test_the_ppo_example_resumes_policy_and_critic_after_a_requeue(slurm_cluster, vllm_model_dir,
-                                                                   tiny_reward_model_dir, tmp_path):
+def test_the_ppo_example_resumes_policy_and_critic_after_a_requeue(
+    slurm_cluster, vllm_model_dir, tiny_reward_model_dir, tmp_path
+):
     out = tmp_path / "job.out"
-    overrides = ppo_overrides(vllm_model_dir, tiny_reward_model_dir, tmp_path, "buffer.total_steps=4",
-                              "trainer.save_interval=1", "synchronizer.sync_method=checkpoint")
+    overrides = ppo_overrides(
+        vllm_model_dir,
+        tiny_reward_model_dir,
+        tmp_path,
+        "buffer.total_steps=4",
+        "trainer.save_interval=1",
+        "synchronizer.sync_method=checkpoint",
+    )
     run_dir = tmp_path.joinpath(*RUN)
     run_requeued(slurm_cluster, CONFIG, overrides, run_dir, out)
     steps = trainer_steps(run_dir)
     assert steps[-1] == 4 and set(steps) == {1, 2, 3, 4}, steps
     rows = {row["step"]: row for row in read_metrics(run_dir, "trainer")}
     assert all(VALUE_LOSS in rows[s] for s in rows)
-    log = out.read_text() + "".join(p.read_text(errors="replace") for p in (run_dir / "log").glob("*"))
+    log = out.read_text() + "".join(
+        p.read_text(errors="replace") for p in (run_dir / "log").glob("*")
+    )
     assert "with its critic" in log  # the requeued trainer restored the critic too
     meta = json.loads((run_dir / "trainer_meta.json").read_text())
     assert meta["step"] == 4 and meta["critic"] is True

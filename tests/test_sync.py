@@ -57,8 +57,9 @@ def test_publish_then_watch(tmp_path):
     assert watcher.poll() is None
     folder = WeightsPublisher(tmp_path).publish(12, write_tiny, extra_files=[tokenizer])
     assert folder == tmp_path / "weights" / "v000012"
-    assert sorted(os.listdir(folder)) == sorted([COMPLETE_MARKER, "config.json",
-                                                 "model.safetensors", "tokenizer.json"])
+    assert sorted(os.listdir(folder)) == sorted(
+        [COMPLETE_MARKER, "config.json", "model.safetensors", "tokenizer.json"]
+    )
     assert (tmp_path / WEIGHTS_POINTER).read_text() == "12\n"
     assert watcher.poll() == (12, folder)
     watcher.finish_load(12)
@@ -86,8 +87,15 @@ def test_publisher_killed_mid_write_never_exposes_an_incomplete_folder(tmp_path)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
     rng, watcher, seen, interrupted = random.Random(0), WeightsWatcher(tmp_path), set(), 0
     for round_ in range(8):
-        cmd = [sys.executable, WORKER, "publish", str(tmp_path), str(3 * round_ + 1), "3",
-               str(SIZE_MB)]
+        cmd = [
+            sys.executable,
+            WORKER,
+            "publish",
+            str(tmp_path),
+            str(3 * round_ + 1),
+            "3",
+            str(SIZE_MB),
+        ]
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, text=True)
         assert proc.stdout.readline() == "started\n"
         deadline = time.monotonic() + rng.uniform(0.02, 0.4)
@@ -199,9 +207,11 @@ def test_a_launcher_sees_which_live_explorers_are_evaluating(tmp_path):
 
 def shards(content: str) -> Callable[[Path], None]:
     """A write_fn: two shard files holding ``content``, the identity of one copy."""
+
     def write(folder: Path) -> None:
         for i in range(2):
             (folder / f"shard-{i}.bin").write_text(content)
+
     return write
 
 
@@ -323,11 +333,18 @@ def test_explorers_never_load_a_mix_nor_a_vanishing_folder_unnoticed(tmp_path):
     seed = fault_seed("weights sync")  # timing still varies between replays
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
     run = [sys.executable, WORKER]
-    explorers = [subprocess.Popen(run + ["explore", str(tmp_path), f"explorer-{i}", str(seed + i),
-                                         "4.5", "0.3"], env=env, stdout=subprocess.PIPE, text=True)
-                 for i in range(2)]
-    subprocess.run(run + ["churn", str(tmp_path), str(seed), "4", "0.05"], env=env, check=True,
-                   timeout=60)
+    explorers = [
+        subprocess.Popen(
+            run + ["explore", str(tmp_path), f"explorer-{i}", str(seed + i), "4.5", "0.3"],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    subprocess.run(
+        run + ["churn", str(tmp_path), str(seed), "4", "0.05"], env=env, check=True, timeout=60
+    )
     loads = []
     for proc in explorers:
         out, _ = proc.communicate(timeout=60)
@@ -338,7 +355,9 @@ def test_explorers_never_load_a_mix_nor_a_vanishing_folder_unnoticed(tmp_path):
         assert len(load["read"]) == 3 and len(set(load["read"])) == 1, load
         assert load["read"][0].startswith(f"{load['version']}:"), load
     noticed = [load for load in loads if not load["ok"]]
-    print(f"{len(taken)} loads taken, {len(noticed)} voided or skipped "
-          f"({sum(bool(load['read']) for load in noticed)} after reading shards)")
+    print(
+        f"{len(taken)} loads taken, {len(noticed)} voided or skipped "
+        f"({sum(bool(load['read']) for load in noticed)} after reading shards)"
+    )
     assert len(taken) >= 10
     assert noticed, "no folder vanished under an explorer: the test did not test the race"

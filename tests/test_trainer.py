@@ -47,13 +47,16 @@ def make_batch(step: int, groups: int = 4, repeat: int = 2) -> list[Experience]:
 
 # ----------------------------------------------------------------------------- pure batching
 
+
 def test_split_for_ranks_keeps_groups_and_balances_tokens():
     groups = ["a", "a", "b", "b", "c", "c", "d", "d"]
     lengths = [10, 12, 3, 3, 7, 7, 5, 6]
     shares = split_for_ranks(groups, lengths, 2)
     assert sorted(shares[0] + shares[1]) == list(range(8))
     for share in shares:
-        assert {groups[i] for i in share}.isdisjoint({groups[i] for i in set(range(8)) - set(share)})
+        assert {groups[i] for i in share}.isdisjoint(
+            {groups[i] for i in set(range(8)) - set(share)}
+        )
     loads = [sum(lengths[i] for i in s) for s in shares]
     assert loads == [28, 25]  # a(22)->0, c(14)->1, d(11)->1, b(6)->0
     assert shares == split_for_ranks(groups, lengths, 2)  # deterministic
@@ -68,22 +71,33 @@ def test_split_mini_batches_keeps_groups_whole_and_even():
     assert sorted(r for m in minis for r in m) == list(range(16))
     for mini in minis:
         assert {rows.group_ids[i] for i in mini}.isdisjoint(
-            {rows.group_ids[i] for other in minis if other is not mini for i in other})
+            {rows.group_ids[i] for other in minis if other is not mini for i in other}
+        )
     expert = torch.tensor([False] * 12 + [True] * 4)  # CHORD: expert rows spread the same way
-    assert [sum(bool(expert[i]) for i in m) for m in split_mini_batches(rows.group_ids, expert, 2)] == [2, 2]
+    assert [
+        sum(bool(expert[i]) for i in m) for m in split_mini_batches(rows.group_ids, expert, 2)
+    ] == [2, 2]
     assert split_mini_batches(rows.group_ids, rows.expert, 1) == [list(range(16))]
 
 
-@pytest.mark.parametrize("mode, train_batch_size, epochs, updates", [
-    ("both", None, 1, 1), ("both", 4, 1, 2), ("both", 6, 2, 4), ("train", 4, 1, 1)])
-def test_updates_per_step_follow_train_batch_size(tmp_path, mode, train_batch_size, epochs, updates):
+@pytest.mark.parametrize(
+    "mode, train_batch_size, epochs, updates",
+    [("both", None, 1, 1), ("both", 4, 1, 2), ("both", 6, 2, 4), ("train", 4, 1, 1)],
+)
+def test_updates_per_step_follow_train_batch_size(
+    tmp_path, mode, train_batch_size, epochs, updates
+):
     from rft.config.batches import updates_per_step
     from rft.config.load import load_config
 
-    buffer = {"batch_size": 4} if train_batch_size is None else {"batch_size": 4,
-                                                                "train_batch_size": train_batch_size}
-    config = write_config(tmp_path, "u", tmp_path, mode=mode, buffer=buffer,
-                          trainer={"ppo_epochs": epochs})
+    buffer = (
+        {"batch_size": 4}
+        if train_batch_size is None
+        else {"batch_size": 4, "train_batch_size": train_batch_size}
+    )
+    config = write_config(
+        tmp_path, "u", tmp_path, mode=mode, buffer=buffer, trainer={"ppo_epochs": epochs}
+    )
     assert updates_per_step(load_config(config)) == updates  # 4 groups of 2 per step
 
 
@@ -91,7 +105,9 @@ def test_train_batch_size_larger_than_the_step_is_refused(tmp_path):
     from rft.config.load import load_config
     from rft.errors import ConfigError
 
-    config = write_config(tmp_path, "big", tmp_path, buffer={"batch_size": 4, "train_batch_size": 16})
+    config = write_config(
+        tmp_path, "big", tmp_path, buffer={"batch_size": 4, "train_batch_size": 16}
+    )
     with pytest.raises(ConfigError, match="exceeds a step's batch_size x repeat_times = 4 x 2 = 8"):
         load_config(config)
 
@@ -103,9 +119,14 @@ def test_async_input_ends_only_when_every_joined_explorer_finished(tmp_path):
     from rft.sync import Heartbeat
     from rft.trainer.inputs import BufferSource
 
-    config = write_config(tmp_path, "async", tmp_path, mode="train",
-                          buffer={"batch_size": 4, "train_batch_size": 4},
-                          synchronizer={"sync_timeout": 3600})
+    config = write_config(
+        tmp_path,
+        "async",
+        tmp_path,
+        mode="train",
+        buffer={"batch_size": 4, "train_batch_size": 4},
+        synchronizer={"sync_timeout": 3600},
+    )
     cfg = load_config(config)
     write_segments(cfg.run_dir, [1])  # 8 experiences
     first, added = Heartbeat(cfg.run_dir, "explorer-0"), Heartbeat(cfg.run_dir, "explorer_new-0")
@@ -127,19 +148,24 @@ def test_async_input_ends_only_when_every_joined_explorer_finished(tmp_path):
 
 def test_plan_micro_batches_token_budget_and_fixed():
     lengths = [10, 4, 8, 3, 9]
-    micros = plan_micro_batches(range(5), lengths, use_dynamic_bsz=True, max_token_len=20, micro_batch_size=1)
+    micros = plan_micro_batches(
+        range(5), lengths, use_dynamic_bsz=True, max_token_len=20, micro_batch_size=1
+    )
     assert sorted(i for m in micros for i in m) == list(range(5))
     for m in micros:
         assert len(m) * max(lengths[i] for i in m) <= 20 or len(m) == 1
     assert micros == [[0, 4], [2, 1], [3]]
-    assert plan_micro_batches([0, 1, 2], lengths, use_dynamic_bsz=False, max_token_len=1,
-                              micro_batch_size=2) == [[0, 1], [2]]
+    assert plan_micro_batches(
+        [0, 1, 2], lengths, use_dynamic_bsz=False, max_token_len=1, micro_batch_size=2
+    ) == [[0, 1], [2]]
 
 
 def test_collate_aligns_response_tokens_and_pads_inside_micro_batch():
     exps = make_batch(1)
     rows = rows_from_experiences(exps)
-    adv = torch.arange(rows.response_mask.numel(), dtype=torch.float32).reshape(rows.response_mask.shape)
+    adv = torch.arange(rows.response_mask.numel(), dtype=torch.float32).reshape(
+        rows.response_mask.shape
+    )
     micro = collate(rows, [0, 5], adv, torch.zeros_like(adv), pad_id=7)
     assert micro.input_ids.shape == (2, max(len(rows.input_ids[0]), len(rows.input_ids[5])))
     for j, i in enumerate([0, 5]):
@@ -151,11 +177,12 @@ def test_collate_aligns_response_tokens_and_pads_inside_micro_batch():
         assert micro.logit_positions[j, 0] == p - 1
         assert micro.input_ids[j, micro.logit_positions[j, :n] + 1].tolist() == exps[i].response_ids
     assert micro.advantages[1, 0] == adv[5, 0]
-    assert micro.input_ids[0, len(rows.input_ids[0]):].eq(7).all()
+    assert micro.input_ids[0, len(rows.input_ids[0]) :].eq(7).all()
 
 
-@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum",
-                                  "seq-mean-token-sum-norm"])
+@pytest.mark.parametrize(
+    "mode", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"]
+)
 def test_micro_loss_scale_reproduces_whole_batch_loss(mode):
     """Sum over ranks and micro-batches of scale * micro_loss / world == the batch's loss."""
     gen = torch.Generator().manual_seed(0)
@@ -176,8 +203,15 @@ def test_micro_loss_scale_reproduces_whole_batch_loss(mode):
     assert total / world == pytest.approx(aggregate(loss_mat, mask, mode).item(), abs=1e-6)
 
 
-@pytest.mark.parametrize("mode, whole", [("token-mean", 1.0), ("seq-mean-token-mean", 1.0),
-                                         ("seq-mean-token-sum", 8 / 3), ("seq-mean-token-sum-norm", 2.0)])
+@pytest.mark.parametrize(
+    "mode, whole",
+    [
+        ("token-mean", 1.0),
+        ("seq-mean-token-mean", 1.0),
+        ("seq-mean-token-sum", 8 / 3),
+        ("seq-mean-token-sum-norm", 2.0),
+    ],
+)
 def test_micro_loss_scale_splits_ones_over_ranks_and_micro_batches(mode, whole):
     """Loss 1 on every token, lengths [4, 1, 3] (L=4): sum-norm is 8 tokens / 4 = 2.0 (veRL's
     agg_loss); rank 0 runs [0] and [1] (widths 4, 1), rank 1 runs [2] (width 3). Each micro-batch's
@@ -190,8 +224,10 @@ def test_micro_loss_scale_splits_ones_over_ranks_and_micro_batches(mode, whole):
     assert aggregate(torch.ones(3, 4), mask, mode).item() == pytest.approx(whole)
     total = 0.0
     for rows in ([0], [1], [2]):
-        m = mask[rows, :max(lens[i] for i in rows)]
-        total += micro_loss_scale(m, totals, mode, 2) * aggregate(torch.ones_like(m), m, mode).item()
+        m = mask[rows, : max(lens[i] for i in rows)]
+        total += (
+            micro_loss_scale(m, totals, mode, 2) * aggregate(torch.ones_like(m), m, mode).item()
+        )
     assert total / 2 == pytest.approx(whole)
 
 
@@ -203,8 +239,14 @@ def test_gpu_optimizer_is_torchs_fused_adamw_unless_states_are_offloaded(tmp_pat
     from rft.trainer.engine import ds_config
 
     def params(on_cpu: bool, **trainer) -> dict:
-        cfg = config_from_dict({"mode": "train", "checkpoint_root_dir": str(tmp_path),
-                                "model": {"model_path": str(tmp_path)}, "trainer": trainer})
+        cfg = config_from_dict(
+            {
+                "mode": "train",
+                "checkpoint_root_dir": str(tmp_path),
+                "model": {"model_path": str(tmp_path)},
+                "trainer": trainer,
+            }
+        )
         return ds_config(cfg, 1, on_cpu)["optimizer"]["params"]
 
     assert params(on_cpu=False)["torch_adam"] and params(on_cpu=False)["fused"]
@@ -248,7 +290,8 @@ def test_staleness_histogram_counts_rollouts_per_age():
     m = staleness_metrics(batch, 3)
     assert m[STALENESS_MEAN] == 1.25 and m[STALENESS_MAX] == 3.0
     assert {k: v for k, v in m.items() if k.startswith("staleness/count_")} == {
-        STALENESS_COUNT.format(versions=age): n for age, n in ((0, 2), (1, 0), (2, 1), (3, 1))}
+        STALENESS_COUNT.format(versions=age): n for age, n in ((0, 2), (1, 0), (2, 1), (3, 1))
+    }
 
 
 # ----------------------------------------------------------------------------- one step, fake engine
@@ -262,7 +305,9 @@ class BigramLM(torch.nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.table = torch.nn.Parameter(torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(0)))
+        self.table = torch.nn.Parameter(
+            torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(0))
+        )
 
     def forward(self, input_ids, attention_mask, use_cache, logits_to_keep):
         from types import SimpleNamespace
@@ -310,31 +355,57 @@ def test_one_step_scores_at_the_temperature_and_weights_the_loss(monkeypatch):
         IS_RATIO_MEAN,
         IS_WEIGHT_MEAN,
     )
-    from rft.trainer.algorithm import build_loss_fns
     from rft.config.load import config_from_dict
     from rft.trainer import engine
+    from rft.trainer.algorithm import build_loss_fns
     from rft.trainer.step import train_step
 
-    monkeypatch.setattr(engine, "all_reduce_max", lambda value: value)  # one process: no collectives
+    monkeypatch.setattr(
+        engine, "all_reduce_max", lambda value: value
+    )  # one process: no collectives
     monkeypatch.setattr(engine, "all_gather_objects", lambda obj: [obj])
     model = BigramLM()
     # groups: rewards [1, 0] -> GRPO advantages +-A, A = 0.5 / (std 0.7071068 + 1e-6) = 0.7071063
-    shapes = [("g0", [1, 2], [3, 4, 0], 1.0), ("g0", [1, 2], [2, 2], 0.0),
-              ("g1", [4], [1, 3], 1.0), ("g1", [4], [0, 1, 2, 3], 0.0)]
-    exps = [Experience(g, g, p, r, logprobs=tempered_logprobs(model, p, r), reward=rw, temperature=TEMPERATURE)
-            for g, p, r, rw in shapes]
+    shapes = [
+        ("g0", [1, 2], [3, 4, 0], 1.0),
+        ("g0", [1, 2], [2, 2], 0.0),
+        ("g1", [4], [1, 3], 1.0),
+        ("g1", [4], [0, 1, 2, 3], 0.0),
+    ]
+    exps = [
+        Experience(
+            g, g, p, r, logprobs=tempered_logprobs(model, p, r), reward=rw, temperature=TEMPERATURE
+        )
+        for g, p, r, rw in shapes
+    ]
     exps[0].logprobs[0] -= math.log(4.0)  # pi_old / pi_behaviour = 4 -> TIS weight 2
     exps[3].logprobs[1] += math.log(2.0)  # 0.5
-    cfg = config_from_dict({
-        "model": {"model_path": "/m", "temperature": TEMPERATURE},
-        "algorithm": {"algorithm_type": "grpo", "repeat_times": 2, "kl_loss_fn": "none",
-                      "rollout_correction": {"mode": "tis"}},
-        "buffer": {"batch_size": 2, "explorer_input": {"taskset": {"path": "/d"}}},
-        "trainer": {"precision": "fp32"},
-    })
-    info = engine.DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
-    metrics = train_step(engine.Actor(FakeEngine(model), 2, None), None, exps, cfg,
-                         build_loss_fns(cfg.algorithm), info, step=1, pad_id=0)
+    cfg = config_from_dict(
+        {
+            "model": {"model_path": "/m", "temperature": TEMPERATURE},
+            "algorithm": {
+                "algorithm_type": "grpo",
+                "repeat_times": 2,
+                "kl_loss_fn": "none",
+                "rollout_correction": {"mode": "tis"},
+            },
+            "buffer": {"batch_size": 2, "explorer_input": {"taskset": {"path": "/d"}}},
+            "trainer": {"precision": "fp32"},
+        }
+    )
+    info = engine.DistInfo(
+        rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo"
+    )
+    metrics = train_step(
+        engine.Actor(FakeEngine(model), 2, None),
+        None,
+        exps,
+        cfg,
+        build_loss_fns(cfg.algorithm),
+        info,
+        step=1,
+        pad_id=0,
+    )
     # 11 tokens: nine ratios 1, one 4, one 0.5
     assert metrics[IS_RATIO_MEAN] == pytest.approx(13.5 / 11, abs=1e-5)
     assert metrics[IS_RATIO_MAX] == pytest.approx(4.0, abs=1e-5)
@@ -366,34 +437,60 @@ def test_on_policy_step_skips_the_old_logprob_pass_with_the_same_update(monkeypa
     """One update with recomputed old log-probs: the no-grad pass is skipped (old = the training
     forward's log-probs, detached), and loss, gradient, weights and correction metrics equal a
     step that makes the pass, over several micro-batches at a temperature."""
-    from rft.trainer.algorithm import build_loss_fns
     from rft.config.load import config_from_dict
     from rft.trainer import engine
     from rft.trainer import step as st
+    from rft.trainer.algorithm import build_loss_fns
 
     skippable = st.old_pass_skippable
     monkeypatch.setattr(engine, "all_reduce_max", lambda value: value)
     monkeypatch.setattr(engine, "all_gather_objects", lambda obj: [obj])
-    shapes = [("g0", [1, 2], [3, 4, 0], 1.0), ("g0", [1, 2], [2, 2], 0.0),
-              ("g1", [4], [1, 3], 1.0), ("g1", [4], [0, 1, 2, 3], 0.0)]
+    shapes = [
+        ("g0", [1, 2], [3, 4, 0], 1.0),
+        ("g0", [1, 2], [2, 2], 0.0),
+        ("g1", [4], [1, 3], 1.0),
+        ("g1", [4], [0, 1, 2, 3], 0.0),
+    ]
     base = tempered_logprobs(BigramLM(), [1, 2], [3, 4, 0])
-    cfg = config_from_dict({
-        "model": {"model_path": "/m", "temperature": TEMPERATURE},
-        "algorithm": {"algorithm_type": "grpo", "repeat_times": 2, "kl_loss_fn": "none",
-                      "rollout_correction": {"mode": correction}},
-        "buffer": {"batch_size": 2, "explorer_input": {"taskset": {"path": "/d"}}},
-        "trainer": {"precision": "fp32", "use_dynamic_bsz": False, "micro_batch_size_per_gpu": 2,
-                    "log_prob_micro_batch_size_per_gpu": 3},
-    })
-    info = engine.DistInfo(rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo")
+    cfg = config_from_dict(
+        {
+            "model": {"model_path": "/m", "temperature": TEMPERATURE},
+            "algorithm": {
+                "algorithm_type": "grpo",
+                "repeat_times": 2,
+                "kl_loss_fn": "none",
+                "rollout_correction": {"mode": correction},
+            },
+            "buffer": {"batch_size": 2, "explorer_input": {"taskset": {"path": "/d"}}},
+            "trainer": {
+                "precision": "fp32",
+                "use_dynamic_bsz": False,
+                "micro_batch_size_per_gpu": 2,
+                "log_prob_micro_batch_size_per_gpu": 3,
+            },
+        }
+    )
+    info = engine.DistInfo(
+        rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo"
+    )
 
     def one_step(skip: bool) -> tuple[dict, torch.Tensor]:
         monkeypatch.setattr(st, "old_pass_skippable", lambda fns, updates: skip)
         model = BigramLM()
-        exps = [Experience(g, g, p, r, logprobs=[x - 0.3 for x in base[:len(r)]], reward=rw)
-                for g, p, r, rw in shapes]
-        out = st.train_step(engine.Actor(SGDEngine(model), 2, None), None, exps, cfg,
-                            build_loss_fns(cfg.algorithm), info, step=1, pad_id=0)
+        exps = [
+            Experience(g, g, p, r, logprobs=[x - 0.3 for x in base[: len(r)]], reward=rw)
+            for g, p, r, rw in shapes
+        ]
+        out = st.train_step(
+            engine.Actor(SGDEngine(model), 2, None),
+            None,
+            exps,
+            cfg,
+            build_loss_fns(cfg.algorithm),
+            info,
+            step=1,
+            pad_id=0,
+        )
         return out, model.table.detach()
 
     monkeypatch.setattr(st, "local_pass", _counting(st.local_pass))
@@ -401,7 +498,9 @@ def test_on_policy_step_skips_the_old_logprob_pass_with_the_same_update(monkeypa
     assert _counting.calls == 0
     passed, passed_weights = one_step(False)
     assert _counting.calls == 1
-    assert skippable(build_loss_fns(cfg.algorithm), 1) and not skippable(build_loss_fns(cfg.algorithm), 2)
+    assert skippable(build_loss_fns(cfg.algorithm), 1) and not skippable(
+        build_loss_fns(cfg.algorithm), 2
+    )
     assert (skipped["old_logprobs_skipped"], passed["old_logprobs_skipped"]) == (1, 0)
     assert skipped["time_old_logprobs_s"] < 1e-3
     assert skipped["micro_batches"] == 2
@@ -420,6 +519,7 @@ def _counting(fn):
     def wrapped(*args, **kwargs):
         _counting.calls += 1
         return fn(*args, **kwargs)
+
     return wrapped
 
 
@@ -437,7 +537,9 @@ def test_published_state_dict_drops_the_tied_lm_head(tmp_path, tiny_model_dir):
     assert "lm_head.weight" in live
     state = without_tied_duplicates(live)
     assert "lm_head.weight" not in state and set(state) == set(live) - {"lm_head.weight"}
-    model.save_pretrained(tmp_path, state_dict={k: v.clone() for k, v in state.items()}, safe_serialization=True)
+    model.save_pretrained(
+        tmp_path, state_dict={k: v.clone() for k, v in state.items()}, safe_serialization=True
+    )
     assert "lm_head.weight" not in load_file(str(tmp_path / "model.safetensors"))
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
     ids = torch.tensor([[1, 5, 9, 2]])
@@ -454,14 +556,29 @@ def write_config(run_root: Path, name: str, model_dir: Path, **sections) -> Path
     import yaml
 
     cfg = {
-        "project": "t", "name": name, "mode": "both", "checkpoint_root_dir": str(run_root),
-        "algorithm": {"algorithm_type": "grpo", "repeat_times": 2, "kl_loss_fn": "none",
-                      "optimizer": {"lr": 1e-3}},
+        "project": "t",
+        "name": name,
+        "mode": "both",
+        "checkpoint_root_dir": str(run_root),
+        "algorithm": {
+            "algorithm_type": "grpo",
+            "repeat_times": 2,
+            "kl_loss_fn": "none",
+            "optimizer": {"lr": 1e-3},
+        },
         "model": {"model_path": str(model_dir)},
-        "buffer": {"batch_size": 4, "total_steps": STEPS,
-                   "explorer_input": {"taskset": {"path": "unused-by-the-trainer"}}},
-        "trainer": {"zero_stage": 2, "precision": "fp32", "save_interval": 0,
-                    "use_dynamic_bsz": True, "max_token_len_per_gpu": 40},
+        "buffer": {
+            "batch_size": 4,
+            "total_steps": STEPS,
+            "explorer_input": {"taskset": {"path": "unused-by-the-trainer"}},
+        },
+        "trainer": {
+            "zero_stage": 2,
+            "precision": "fp32",
+            "save_interval": 0,
+            "use_dynamic_bsz": True,
+            "max_token_len_per_gpu": 40,
+        },
         "synchronizer": {"sync_interval": 2, "sync_timeout": 120},
         "monitor": {"monitor_type": "console"},
     }
@@ -481,21 +598,36 @@ def write_segments(run_dir: Path, steps) -> None:
 
 
 def trainer_env() -> dict[str, str]:
-    env = dict(os.environ, DS_ACCELERATOR="cpu", OMP_NUM_THREADS="1",
-               TORCH_EXTENSIONS_DIR=str(REPO / ".cache" / "torch_extensions"))
+    env = dict(
+        os.environ,
+        DS_ACCELERATOR="cpu",
+        OMP_NUM_THREADS="1",
+        TORCH_EXTENSIONS_DIR=str(REPO / ".cache" / "torch_extensions"),
+    )
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     return env
 
 
 def torchrun_cmd(config: Path, *overrides: str, ranks: int = 2) -> list[str]:
-    return [PY, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={ranks}",
-            "-m", "rft.trainer", "--config", str(config), *overrides]
+    return [
+        PY,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc_per_node={ranks}",
+        "-m",
+        "rft.trainer",
+        "--config",
+        str(config),
+        *overrides,
+    ]
 
 
 def run_ok(cmd: list[str], log: Path, timeout: int = 240) -> None:
     with log.open("w") as out:
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, env=trainer_env(),
-                              cwd=REPO, timeout=timeout)
+        proc = subprocess.run(
+            cmd, stdout=out, stderr=subprocess.STDOUT, env=trainer_env(), cwd=REPO, timeout=timeout
+        )
     assert proc.returncode == 0, log.read_text()[-4000:]
 
 
@@ -521,8 +653,9 @@ def run_interrupted(config: Path, run_dir: Path, log: Path) -> None:
     """Steps 1-2 on the buffer, SIGUSR1 to the ranks while they wait for step 3, then resume."""
     write_segments(run_dir, [1, 2])
     with log.open("w") as out:
-        proc = subprocess.Popen(torchrun_cmd(config), stdout=out, stderr=subprocess.STDOUT,
-                                env=trainer_env(), cwd=REPO)
+        proc = subprocess.Popen(
+            torchrun_cmd(config), stdout=out, stderr=subprocess.STDOUT, env=trainer_env(), cwd=REPO
+        )
         deadline = time.time() + 180
         while 2 not in metrics(run_dir) and time.time() < deadline and proc.poll() is None:
             time.sleep(0.5)
@@ -540,19 +673,33 @@ def test_an_off_policy_correction_over_two_ranks_gives_the_one_rank_step(tmp_pat
     """TIS on two ZeRO-2 ranks: each rank weights its own rows, the ratios' statistics and the
     loss are gathered over ranks, so the step's metrics equal a one-rank run's (the rollouts'
     log-probs, -1 each, are far above the tiny random model's: the weights are far from 1)."""
-    extra = {"algorithm": {"algorithm_type": "grpo", "repeat_times": 2, "kl_loss_fn": "none",
-                           "optimizer": {"lr": 1e-3},
-                           "rollout_correction": {"mode": "tis"}},
-             "buffer": {"batch_size": 4, "total_steps": 1,
-                        "explorer_input": {"taskset": {"path": "unused-by-the-trainer"}}}}
+    extra = {
+        "algorithm": {
+            "algorithm_type": "grpo",
+            "repeat_times": 2,
+            "kl_loss_fn": "none",
+            "optimizer": {"lr": 1e-3},
+            "rollout_correction": {"mode": "tis"},
+        },
+        "buffer": {
+            "batch_size": 4,
+            "total_steps": 1,
+            "explorer_input": {"taskset": {"path": "unused-by-the-trainer"}},
+        },
+    }
     rows = {}
     for ranks in (2, 1):
         config = write_config(tmp_path, f"ranks{ranks}", tiny_model_dir, **extra)
         write_segments(tmp_path / "t" / f"ranks{ranks}", [1])
         run_ok(torchrun_cmd(config, ranks=ranks), tmp_path / f"ranks{ranks}.log")
         rows[ranks] = metrics(tmp_path / "t" / f"ranks{ranks}")[1]
-    keys = ["pg_loss", "rollout_correction/is_ratio_mean", "rollout_correction/is_ratio_max",
-            "rollout_correction/is_weight_mean", "rollout_correction/capped_frac"]
+    keys = [
+        "pg_loss",
+        "rollout_correction/is_ratio_mean",
+        "rollout_correction/is_ratio_max",
+        "rollout_correction/is_weight_mean",
+        "rollout_correction/capped_frac",
+    ]
     assert rows[1]["rollout_correction/is_weight_mean"] < 0.5  # the weights do act
     for key in keys:
         assert rows[2][key] == pytest.approx(rows[1][key], rel=1e-4, abs=1e-12), key
@@ -566,11 +713,24 @@ def test_packed_micro_batches_give_the_padded_step(tmp_path, tiny_model_dir, zer
     logits), with micro-batches of several ragged rows."""
     rows = {}
     for packed in (False, True):
-        extra = {"algorithm": {"algorithm_type": "grpo", "repeat_times": 2, "kl_loss_fn": "none",
-                               "optimizer": {"lr": 1e-3}},
-                 "buffer": {"batch_size": 4, "total_steps": 1,
-                            "explorer_input": {"taskset": {"path": "unused-by-the-trainer"}}},
-                 "trainer": {"zero_stage": zero_stage, "padding_free": packed, "max_token_len_per_gpu": 64}}
+        extra = {
+            "algorithm": {
+                "algorithm_type": "grpo",
+                "repeat_times": 2,
+                "kl_loss_fn": "none",
+                "optimizer": {"lr": 1e-3},
+            },
+            "buffer": {
+                "batch_size": 4,
+                "total_steps": 1,
+                "explorer_input": {"taskset": {"path": "unused-by-the-trainer"}},
+            },
+            "trainer": {
+                "zero_stage": zero_stage,
+                "padding_free": packed,
+                "max_token_len_per_gpu": 64,
+            },
+        }
         name = f"packed{int(packed)}"
         config = write_config(tmp_path, name, tiny_model_dir, **extra)
         write_segments(tmp_path / "t" / name, [1])
@@ -585,11 +745,23 @@ def ds_runs(request, tmp_path_factory, tiny_model_dir):
     """An uninterrupted run and a stopped-and-resumed one, same config (fp32)."""
     stage = request.param
     root = tmp_path_factory.mktemp(f"zero{stage}")
-    extra = {"trainer": {"zero_stage": stage, "precision": "fp32", "save_interval": 0,
-                         "use_dynamic_bsz": True, "max_token_len_per_gpu": 40}}
+    extra = {
+        "trainer": {
+            "zero_stage": stage,
+            "precision": "fp32",
+            "save_interval": 0,
+            "use_dynamic_bsz": True,
+            "max_token_len_per_gpu": 40,
+        }
+    }
     if stage == 3:  # exercise the reference model (partitioned like the actor) and a KL loss
-        extra["algorithm"] = {"algorithm_type": "grpo", "repeat_times": 2, "kl_loss_fn": "k2",
-                              "kl_loss_fn_args": {"kl_coef": 0.01}, "optimizer": {"lr": 1e-3}}
+        extra["algorithm"] = {
+            "algorithm_type": "grpo",
+            "repeat_times": 2,
+            "kl_loss_fn": "k2",
+            "kl_loss_fn_args": {"kl_coef": 0.01},
+            "optimizer": {"lr": 1e-3},
+        }
     full = write_config(root, "full", tiny_model_dir, **extra)
     stopped = write_config(root, "stopped", tiny_model_dir, **extra)
     full_dir, stopped_dir = root / "t" / "full", root / "t" / "stopped"
@@ -674,8 +846,9 @@ def test_published_weights_equal_the_engines(ds_runs):
         assert torch.equal(tensor, hf[name]), name
     from transformers import AutoModelForCausalLM
 
-    loaded = AutoModelForCausalLM.from_pretrained(ds_runs["full"] / "weights" / f"v{STEPS:06d}",
-                                                  dtype=torch.float32).eval()
+    loaded = AutoModelForCausalLM.from_pretrained(
+        ds_runs["full"] / "weights" / f"v{STEPS:06d}", dtype=torch.float32
+    ).eval()
     trained = AutoModelForCausalLM.from_pretrained(ds_runs["model"], dtype=torch.float32).eval()
     trained.load_state_dict({k: v.float() for k, v in engine.items()}, strict=False)
     ids = torch.tensor([[1, 5, 9, 2]])
@@ -699,10 +872,16 @@ def test_stop_and_resume_gives_the_uninterrupted_losses(ds_runs):
 
 
 @pytest.mark.integration
-def test_a_step_larger_than_train_batch_size_makes_one_update_per_mini_batch(tmp_path, tiny_model_dir):
-    config = write_config(tmp_path, "mini", tiny_model_dir,
-                          buffer={"batch_size": 4, "train_batch_size": 4, "total_steps": 2},
-                          synchronizer={"sync_interval": 2, "sync_timeout": 60})
+def test_a_step_larger_than_train_batch_size_makes_one_update_per_mini_batch(
+    tmp_path, tiny_model_dir
+):
+    config = write_config(
+        tmp_path,
+        "mini",
+        tiny_model_dir,
+        buffer={"batch_size": 4, "train_batch_size": 4, "total_steps": 2},
+        synchronizer={"sync_interval": 2, "sync_timeout": 60},
+    )
     run_dir = tmp_path / "t" / "mini"
     write_segments(run_dir, [1, 2])
     run_ok([PY, "-m", "rft.trainer", "--config", str(config)], tmp_path / "mini.log")
@@ -719,13 +898,32 @@ def test_sft_single_process_lowers_the_loss(tmp_path, tiny_model_dir):
     rows = [{"question": f"What is {a} + {a}?", "answer": f"{a} + {a} = {2 * a}"} for a in range(4)]
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
     config = write_config(
-        tmp_path, "sft", tiny_model_dir, mode="train",
+        tmp_path,
+        "sft",
+        tiny_model_dir,
+        mode="train",
         algorithm={"algorithm_type": "sft", "optimizer": {"lr": 3e-3}},
-        buffer={"batch_size": 4, "train_batch_size": 4, "total_steps": 4, "trainer_input": {
-            "experience_buffer": {"name": "sft", "path": str(data), "storage_type": "file",
-                                  "format": {"prompt_key": "question", "response_key": "answer"}}}},
-        trainer={"zero_stage": 2, "precision": "bf16", "save_interval": 2, "use_dynamic_bsz": False,
-                 "micro_batch_size_per_gpu": 2, "gradient_checkpointing": True},
+        buffer={
+            "batch_size": 4,
+            "train_batch_size": 4,
+            "total_steps": 4,
+            "trainer_input": {
+                "experience_buffer": {
+                    "name": "sft",
+                    "path": str(data),
+                    "storage_type": "file",
+                    "format": {"prompt_key": "question", "response_key": "answer"},
+                }
+            },
+        },
+        trainer={
+            "zero_stage": 2,
+            "precision": "bf16",
+            "save_interval": 2,
+            "use_dynamic_bsz": False,
+            "micro_batch_size_per_gpu": 2,
+            "gradient_checkpointing": True,
+        },
     )
     run_ok([PY, "-m", "rft.trainer", "--config", str(config)], tmp_path / "sft.log")
     run_dir = tmp_path / "t" / "sft"
@@ -748,16 +946,28 @@ def test_vllm_and_the_trainer_score_samples_at_the_sampling_temperature(vllm_mod
     from rft.explorer.tasksets import SamplingArgs
     from rft.trainer import engine
 
-    cfg = config_from_dict({"mode": "explore", "model": {"model_path": str(vllm_model_dir), "max_model_len": 64},
-                            "cluster": {"gpu_per_node": 0}, "explorer": {"rollout_model": {"dtype": "float32"}},
-                            "buffer": {"explorer_input": {"taskset": {"path": "unused"}}}})
+    cfg = config_from_dict(
+        {
+            "mode": "explore",
+            "model": {"model_path": str(vllm_model_dir), "max_model_len": 64},
+            "cluster": {"gpu_per_node": 0},
+            "explorer": {"rollout_model": {"dtype": "float32"}},
+            "buffer": {"explorer_input": {"taskset": {"path": "unused"}}},
+        }
+    )
     temps = (0.5, 1.3)  # two tasksets' temperatures in one micro-batch: each row at its own
-    groups = Engine(cfg).generate([[1, 2, 3, 4, 5]] * 2,
-                                  [SamplingArgs(n=4, temperature=t, max_tokens=8) for t in temps])
-    exps = [Experience("t", "g", s.prompt_ids, s.response_ids, logprobs=s.logprobs, temperature=t)
-            for t, group in zip(temps, groups) for s in group]
+    groups = Engine(cfg).generate(
+        [[1, 2, 3, 4, 5]] * 2, [SamplingArgs(n=4, temperature=t, max_tokens=8) for t in temps]
+    )
+    exps = [
+        Experience("t", "g", s.prompt_ids, s.response_ids, logprobs=s.logprobs, temperature=t)
+        for t, group in zip(temps, groups)
+        for s in group
+    ]
     rows = rows_from_experiences(exps)
-    micro = collate(rows, list(range(len(exps))), torch.zeros_like(rows.response_mask), rows.rollout_logprobs)
+    micro = collate(
+        rows, list(range(len(exps))), torch.zeros_like(rows.response_mask), rows.rollout_logprobs
+    )
     assert micro.temperature.tolist() == pytest.approx([0.5] * 4 + [1.3] * 4)
     model = AutoModelForCausalLM.from_pretrained(vllm_model_dir, dtype=torch.float32).eval()
     mask = micro.response_mask > 0
@@ -776,8 +986,9 @@ def test_each_row_is_scored_at_the_temperature_it_was_sampled_at():
     from rft.errors import DataError
 
     def exp(temperature, source="rollout"):
-        return Experience("t", "g", [1, 2], [3], logprobs=[-1.0], temperature=temperature,
-                          source=source)
+        return Experience(
+            "t", "g", [1, 2], [3], logprobs=[-1.0], temperature=temperature, source=source
+        )
 
     rows = rows_from_experiences([exp(0.5), exp(0.0), exp(None), exp(0.7, "expert")], 0.9)
     assert rows.temperatures.tolist() == pytest.approx([0.5, 1.0, 0.9, 1.0])
@@ -785,4 +996,3 @@ def test_each_row_is_scored_at_the_temperature_it_was_sampled_at():
     assert micro.temperature.tolist() == pytest.approx([0.9, 0.5])
     with pytest.raises(DataError, match="records no sampling temperature"):
         rows_from_experiences([exp(None)], None)
-

@@ -37,7 +37,9 @@ def test_a_pointer_to_a_missing_or_partial_version_is_named(tmp_path):
     assert "is the trainer running?" in timeout_message(tmp_path, 7)  # v6 is there: just wait
     atomic.write_pointer(tmp_path / WEIGHTS_POINTER, 7)
     message = timeout_message(tmp_path, 7)
-    assert f"{WEIGHTS_POINTER} names version 7 but weights/v000007 is missing or incomplete" in message
+    assert (
+        f"{WEIGHTS_POINTER} names version 7 but weights/v000007 is missing or incomplete" in message
+    )
     assert "copied partially" in message and "write 6" in message
     assert "is the trainer running?" not in message
     (weights_dir(tmp_path, 6) / COMPLETE_MARKER).unlink()  # a partial copy of the run directory

@@ -45,7 +45,7 @@ def main() -> None:
     calc = calculator_tasks(rng)
     first = 0
     for split, count in SPLITS.items():
-        write(args.out / "calculator", split, calc[first:first + count])
+        write(args.out / "calculator", split, calc[first : first + count])
         first += count
         write(args.out / "guess_number", split, guess_tasks(rng, 1, args.high, count))
     print(f"wrote {args.out}/calculator and {args.out}/guess_number ({SPLITS})")

@@ -59,8 +59,10 @@ def generate(seed: int, train: int, test: int, max_operand: int) -> tuple[list[d
     while len(rows) < train + test:
         attempts += 1
         if attempts > 50 * (train + test):
-            raise ValueError(f"only {len(rows)} distinct questions with operands up to "
-                             f"{max_operand}; ask for fewer rows or a larger --max-operand")
+            raise ValueError(
+                f"only {len(rows)} distinct questions with operands up to "
+                f"{max_operand}; ask for fewer rows or a larger --max-operand"
+            )
         row = make_row(rng, max_operand, word=len(rows) % 2 == 1)
         rows.setdefault(row["question"], row)
     ordered = list(rows.values())

@@ -17,7 +17,9 @@ Metrics = dict[str, float]
 AdvantageOut = tuple[torch.Tensor, Metrics]
 
 
-def group_index(group_ids: GroupIds, device: torch.device | str = "cpu") -> tuple[torch.Tensor, int]:
+def group_index(
+    group_ids: GroupIds, device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, int]:
     """Number the distinct ids in order of first appearance: ``[B]`` long tensor, group count."""
     keys = group_ids.tolist() if isinstance(group_ids, torch.Tensor) else list(group_ids)
     numbering: dict[Hashable, int] = {}
@@ -41,7 +43,9 @@ def _group_stats(
     scores: torch.Tensor, index: torch.Tensor, n_groups: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-group size, mean and unbiased std (0 for a single member), each ``[G]``."""
-    count = torch.zeros(n_groups, device=scores.device).index_add_(0, index, torch.ones_like(scores))
+    count = torch.zeros(n_groups, device=scores.device).index_add_(
+        0, index, torch.ones_like(scores)
+    )
     mean = torch.zeros(n_groups, device=scores.device).index_add_(0, index, scores) / count  # [G]
     sq_dev = (scores - mean[index]).square()  # [B]
     sum_sq = torch.zeros(n_groups, device=scores.device).index_add_(0, index, sq_dev)  # [G]
@@ -95,7 +99,9 @@ def rloo_advantages(rewards: torch.Tensor, group_ids: GroupIds, mask: torch.Tens
     index, n_groups = group_index(group_ids, scores.device)
     count, mean, _ = _group_stats(scores, index, n_groups)  # [G]
     n = count[index]  # [B]
-    adv = torch.where(n > 1, n / (n - 1).clamp(min=1) * (scores - mean[index]), torch.zeros_like(scores))
+    adv = torch.where(
+        n > 1, n / (n - 1).clamp(min=1) * (scores - mean[index]), torch.zeros_like(scores)
+    )
     return _broadcast(adv, mask), _batch_metrics(scores, adv)
 
 
@@ -129,7 +135,9 @@ def token_level_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tens
     return token_rewards
 
 
-def discounted_returns(token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float) -> torch.Tensor:
+def discounted_returns(
+    token_rewards: torch.Tensor, mask: torch.Tensor, gamma: float
+) -> torch.Tensor:
     """G_t = sum over later response tokens k >= t of gamma^(#response tokens from t to k) r_k.
 
     Tokens off the mask (padding, or tool/env tokens in a multi-turn response) neither earn nor
@@ -184,7 +192,9 @@ def opmd_advantages(
     scores = _scores(rewards, mask)  # [B]
     index, n_groups = group_index(group_ids, scores.device)
     count, mean, _ = _group_stats(scores, index, n_groups)  # [G]
-    baseline = mean if opmd_baseline == "mean" else _group_logavgexp(scores, index, n_groups, count, tau)
+    baseline = (
+        mean if opmd_baseline == "mean" else _group_logavgexp(scores, index, n_groups, count, tau)
+    )
     adv = torch.where(count[index] > 1, scores - baseline[index], torch.zeros_like(scores))  # [B]
     return _broadcast(adv, mask), _batch_metrics(scores, adv)
 
@@ -196,7 +206,9 @@ def _group_logavgexp(
     scaled = scores / tau  # [B]
     group_max = torch.full((n_groups,), -math.inf, device=scores.device)
     group_max = group_max.scatter_reduce(0, index, scaled, reduce="amax")  # [G]
-    sum_exp = torch.zeros(n_groups, device=scores.device).index_add_(0, index, torch.exp(scaled - group_max[index]))
+    sum_exp = torch.zeros(n_groups, device=scores.device).index_add_(
+        0, index, torch.exp(scaled - group_max[index])
+    )
     return tau * (group_max + torch.log(sum_exp / count))  # [G]
 
 
@@ -231,7 +243,9 @@ def step_wise_grpo_advantages(
     if enable_step_norm:
         run_adv = run_adv / torch.tensor([float(steps[k]) for k in run_keys])
     by_run = dict(zip(run_keys, run_adv.tolist()))
-    adv = torch.tensor([by_run[k] for k in run_of], dtype=torch.float32, device=scores.device)  # [B]
+    adv = torch.tensor(
+        [by_run[k] for k in run_of], dtype=torch.float32, device=scores.device
+    )  # [B]
     metrics = _batch_metrics(scores, adv)
     metrics["runs"] = float(len(run_keys))
     metrics["steps_per_run_mean"] = len(run_of) / max(len(run_keys), 1)

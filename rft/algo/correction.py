@@ -20,7 +20,9 @@ from rft.algo.losses import MAX_LOG_RATIO
 IS_RATIO_MEAN = "rollout_correction/is_ratio_mean"  # mean pi_prox / pi_behav over counted tokens
 IS_RATIO_MAX = "rollout_correction/is_ratio_max"  # its largest value in the step
 IS_WEIGHT_MEAN = "rollout_correction/is_weight_mean"  # mean weight after truncation / dropping
-IS_CAPPED_FRAC = "rollout_correction/capped_frac"  # share of tokens truncated (tis) or dropped (decoupled)
+IS_CAPPED_FRAC = (
+    "rollout_correction/capped_frac"  # share of tokens truncated (tis) or dropped (decoupled)
+)
 
 Weights = tuple[torch.Tensor, torch.Tensor]  # (weights [B, L], capped [B, L] bool)
 
@@ -69,8 +71,12 @@ class CorrectionSums:
         """The step's metrics; none when no token was counted."""
         if not self.tokens:
             return {}
-        return {IS_RATIO_MEAN: self.ratio_sum / self.tokens, IS_RATIO_MAX: self.ratio_max,
-                IS_WEIGHT_MEAN: self.weight_sum / self.tokens, IS_CAPPED_FRAC: self.capped / self.tokens}
+        return {
+            IS_RATIO_MEAN: self.ratio_sum / self.tokens,
+            IS_RATIO_MAX: self.ratio_max,
+            IS_WEIGHT_MEAN: self.weight_sum / self.tokens,
+            IS_CAPPED_FRAC: self.capped / self.tokens,
+        }
 
 
 def correction_weights(
@@ -94,8 +100,10 @@ def correction_weights(
         counted = mask > 0  # [B, L]
         ratios = ratio[counted]  # [n]
         sums = CorrectionSums(
-            tokens=float(counted.sum()), ratio_sum=float(ratios.sum()),
+            tokens=float(counted.sum()),
+            ratio_sum=float(ratios.sum()),
             ratio_max=float(ratios.max()) if ratios.numel() else 0.0,
-            weight_sum=float(weights[counted].sum()), capped=float(capped[counted].sum()),
+            weight_sum=float(weights[counted].sum()),
+            capped=float(capped[counted].sum()),
         )
     return weights, sums

@@ -14,13 +14,21 @@ import torch
 Metrics = dict[str, float]
 
 # Metric names gae_advantages writes (defined here only).
-ADVANTAGE_RAW_MEAN = "advantage_raw_mean"  # mean GAE advantage over the masked tokens, before whitening
+ADVANTAGE_RAW_MEAN = (
+    "advantage_raw_mean"  # mean GAE advantage over the masked tokens, before whitening
+)
 RETURN_MEAN = "return_mean"  # mean return (advantage + value) over the masked tokens
 VALUE_MEAN = "value_mean"  # mean value over the masked tokens
 
 
-def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *,
-        gamma: float = 1.0, lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+def gae(
+    token_rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Generalised advantage estimation: ``(advantages, returns)``, each ``[B, L]``, raw.
 
     delta_t = r_t + gamma * V_next - V_t, A_t = delta_t + gamma * lam * A_next, where "next" is
@@ -51,19 +59,33 @@ def whiten(x: torch.Tensor, mask: torch.Tensor, eps: float = 1e-8) -> torch.Tens
     return (x - mean) * torch.rsqrt(var + eps) * mask_f
 
 
-def gae_advantages(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, *,
-                   gamma: float = 1.0, lam: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, Metrics]:
+def gae_advantages(
+    token_rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+) -> tuple[torch.Tensor, torch.Tensor, Metrics]:
     """PPO's advantage (``advantage_fn: ppo``): whitened GAE advantages, raw returns, metrics."""
     advantages, returns = gae(token_rewards, values, mask, gamma=gamma, lam=lam)
     n = mask.float().sum().clamp(min=1)
-    metrics = {ADVANTAGE_RAW_MEAN: (advantages.sum() / n).item(),
-               RETURN_MEAN: (returns.sum() / n).item(),
-               VALUE_MEAN: ((values.float() * mask.float()).sum() / n).item()}
+    metrics = {
+        ADVANTAGE_RAW_MEAN: (advantages.sum() / n).item(),
+        RETURN_MEAN: (returns.sum() / n).item(),
+        VALUE_MEAN: ((values.float() * mask.float()).sum() / n).item(),
+    }
     return whiten(advantages, mask), returns, metrics
 
 
-def value_loss(new_values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor,
-               mask: torch.Tensor, *, cliprange_value: float) -> tuple[torch.Tensor, float]:
+def value_loss(
+    new_values: torch.Tensor,
+    old_values: torch.Tensor,
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    cliprange_value: float,
+) -> tuple[torch.Tensor, float]:
     """``(loss, clip fraction)``. Clipped value loss: 0.5 * mean over masked tokens of
     max((V - R)^2, (V_clip - R)^2), V_clip = old + clamp(V - old, +-cliprange_value); the clip
     fraction is the share of tokens where the clipped term is the larger (PPO2, veRL's

@@ -20,15 +20,18 @@ def _rows_per_chunk(vocab: int, max_chunk_elems: int) -> int:
     return max(1, max_chunk_elems // max(vocab, 1))
 
 
-def _inverse_temperature(temperature: torch.Tensor | float, n: int, device: torch.device) -> torch.Tensor:
+def _inverse_temperature(
+    temperature: torch.Tensor | float, n: int, device: torch.device
+) -> torch.Tensor:
     """``1 / temperature`` per token, ``[N]`` float32 (a number is spread over the tokens)."""
     if isinstance(temperature, torch.Tensor):
         return temperature.to(device=device, dtype=torch.float32).reshape(n).reciprocal()
     return torch.full((n,), 1.0 / float(temperature), dtype=torch.float32, device=device)
 
 
-def _chunk_stats(z: torch.Tensor, labels: torch.Tensor, with_entropy: bool
-                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+def _chunk_stats(
+    z: torch.Tensor, labels: torch.Tensor, with_entropy: bool
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-prob of ``labels`` and entropy per row of one float32 chunk ``z [c, V]`` (one
     ``[c, V]`` temporary at most)."""
     log_z = torch.logsumexp(z, dim=-1)  # [c]
@@ -39,8 +42,13 @@ def _chunk_stats(z: torch.Tensor, labels: torch.Tensor, with_entropy: bool
     return logprob, log_z - torch.linalg.vecdot(probs, z)  # H = log Z - E[z]
 
 
-def _chunk_grad(z: torch.Tensor, labels: torch.Tensor, inv_t: torch.Tensor,
-                g_logprob: torch.Tensor | None, g_entropy: torch.Tensor | None) -> torch.Tensor:
+def _chunk_grad(
+    z: torch.Tensor,
+    labels: torch.Tensor,
+    inv_t: torch.Tensor,
+    g_logprob: torch.Tensor | None,
+    g_entropy: torch.Tensor | None,
+) -> torch.Tensor:
     """d loss / d raw logits of one chunk, from the upstream gradients of its log-probs and
     entropies (either may be None: not used by the loss). ``z`` (float32 ``[c, V]``, the
     caller's own) is overwritten and the result takes the softmax's memory.
@@ -52,7 +60,11 @@ def _chunk_grad(z: torch.Tensor, labels: torch.Tensor, inv_t: torch.Tensor,
         grad = probs.mul_(-g_lp.unsqueeze(-1))
     else:
         expected = torch.linalg.vecdot(probs, z)  # [c]
-        factor = z.sub_(expected.unsqueeze(-1)).mul_(-g_entropy.float().unsqueeze(-1)).sub_(g_lp.unsqueeze(-1))
+        factor = (
+            z.sub_(expected.unsqueeze(-1))
+            .mul_(-g_entropy.float().unsqueeze(-1))
+            .sub_(g_lp.unsqueeze(-1))
+        )
         grad = probs.mul_(factor)
     grad.scatter_add_(-1, labels.unsqueeze(-1), g_lp.unsqueeze(-1))
     return grad.mul_(inv_t.unsqueeze(-1))
@@ -72,13 +84,15 @@ class _FromLogits(torch.autograd.Function):
     def forward(ctx, logits, labels, inv_t, step: int, with_entropy: bool):
         n = logits.shape[0]
         logprob = torch.empty(n, dtype=torch.float32, device=logits.device)
-        entropy = torch.empty(n, dtype=torch.float32, device=logits.device) if with_entropy else None
+        entropy = (
+            torch.empty(n, dtype=torch.float32, device=logits.device) if with_entropy else None
+        )
         for s in range(0, n, step):
-            z = logits[s:s + step].float() * inv_t[s:s + step].unsqueeze(-1)  # [c, V]
-            lp, ent = _chunk_stats(z, labels[s:s + step], with_entropy)
-            logprob[s:s + step] = lp
+            z = logits[s : s + step].float() * inv_t[s : s + step].unsqueeze(-1)  # [c, V]
+            lp, ent = _chunk_stats(z, labels[s : s + step], with_entropy)
+            logprob[s : s + step] = lp
             if entropy is not None:
-                entropy[s:s + step] = ent
+                entropy[s : s + step] = ent
         ctx.save_for_backward(logits, labels, inv_t)
         ctx.step = step
         ctx.set_materialize_grads(False)
@@ -89,10 +103,15 @@ class _FromLogits(torch.autograd.Function):
         logits, labels, inv_t = ctx.saved_tensors
         grad = torch.empty_like(logits)
         for s in range(0, logits.shape[0], ctx.step):
-            z = logits[s:s + ctx.step].float() * inv_t[s:s + ctx.step].unsqueeze(-1)
-            part = (lambda g: None if g is None else g[s:s + ctx.step])
-            grad[s:s + ctx.step] = _chunk_grad(z, labels[s:s + ctx.step], inv_t[s:s + ctx.step],
-                                               part(g_logprob), part(g_entropy)).to(grad.dtype)
+            z = logits[s : s + ctx.step].float() * inv_t[s : s + ctx.step].unsqueeze(-1)
+            part = lambda g: None if g is None else g[s : s + ctx.step]
+            grad[s : s + ctx.step] = _chunk_grad(
+                z,
+                labels[s : s + ctx.step],
+                inv_t[s : s + ctx.step],
+                part(g_logprob),
+                part(g_entropy),
+            ).to(grad.dtype)
         return grad, None, None, None, None
 
 
@@ -105,13 +124,17 @@ class _FromHidden(torch.autograd.Function):
     def forward(ctx, hidden, weight, labels, inv_t, step: int, with_entropy: bool):
         n = hidden.shape[0]
         logprob = torch.empty(n, dtype=torch.float32, device=hidden.device)
-        entropy = torch.empty(n, dtype=torch.float32, device=hidden.device) if with_entropy else None
+        entropy = (
+            torch.empty(n, dtype=torch.float32, device=hidden.device) if with_entropy else None
+        )
         for s in range(0, n, step):
-            z = (hidden[s:s + step] @ weight.T).float() * inv_t[s:s + step].unsqueeze(-1)  # [c, V]
-            lp, ent = _chunk_stats(z, labels[s:s + step], with_entropy)
-            logprob[s:s + step] = lp
+            z = (hidden[s : s + step] @ weight.T).float() * inv_t[s : s + step].unsqueeze(
+                -1
+            )  # [c, V]
+            lp, ent = _chunk_stats(z, labels[s : s + step], with_entropy)
+            logprob[s : s + step] = lp
             if entropy is not None:
-                entropy[s:s + step] = ent
+                entropy[s : s + step] = ent
         ctx.save_for_backward(hidden, weight, labels, inv_t)
         ctx.step = step
         ctx.set_materialize_grads(False)
@@ -125,16 +148,23 @@ class _FromHidden(torch.autograd.Function):
         # summed over chunks in float32 (in bf16 each chunk's addition would round the total)
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if want_weight else None
         for s in range(0, hidden.shape[0], ctx.step):
-            h = hidden[s:s + ctx.step]  # [c, H]
-            z = (h @ weight.T).float() * inv_t[s:s + ctx.step].unsqueeze(-1)
-            part = (lambda g: None if g is None else g[s:s + ctx.step])
-            g_z = _chunk_grad(z, labels[s:s + ctx.step], inv_t[s:s + ctx.step],
-                              part(g_logprob), part(g_entropy)).to(weight.dtype)  # [c, V]
+            h = hidden[s : s + ctx.step]  # [c, H]
+            z = (h @ weight.T).float() * inv_t[s : s + ctx.step].unsqueeze(-1)
+            part = lambda g: None if g is None else g[s : s + ctx.step]
+            g_z = _chunk_grad(
+                z,
+                labels[s : s + ctx.step],
+                inv_t[s : s + ctx.step],
+                part(g_logprob),
+                part(g_entropy),
+            ).to(weight.dtype)  # [c, V]
             if grad_hidden is not None:
-                grad_hidden[s:s + ctx.step] = g_z @ weight
+                grad_hidden[s : s + ctx.step] = g_z @ weight
             if grad_weight is not None and weight.dtype == torch.float32:
                 grad_weight.addmm_(g_z.T, h)  # [V, H], in place
-            elif grad_weight is not None:  # the product in the weight's dtype (fast), the sum in float32
+            elif (
+                grad_weight is not None
+            ):  # the product in the weight's dtype (fast), the sum in float32
                 grad_weight += g_z.T @ h
         if grad_weight is not None:
             grad_weight = grad_weight.to(weight.dtype)
@@ -142,8 +172,12 @@ class _FromHidden(torch.autograd.Function):
 
 
 def logprobs_from_logits(
-    logits: torch.Tensor, labels: torch.Tensor, *, temperature: torch.Tensor | float = 1.0,
-    with_entropy: bool = False, max_chunk_elems: int = MAX_CHUNK_ELEMS,
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    temperature: torch.Tensor | float = 1.0,
+    with_entropy: bool = False,
+    max_chunk_elems: int = MAX_CHUNK_ELEMS,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``logits [N, V]`` (any float dtype, kept as given for the backward), ``labels [N]``
     (valid ids), ``temperature`` one number or ``[N]`` -> log-probs ``[N]`` and
@@ -154,8 +188,12 @@ def logprobs_from_logits(
 
 
 def logprobs_from_hidden(
-    hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, *,
-    temperature: torch.Tensor | float = 1.0, with_entropy: bool = False,
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    temperature: torch.Tensor | float = 1.0,
+    with_entropy: bool = False,
     max_chunk_elems: int = MAX_CHUNK_ELEMS,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Final hidden states ``[N, H]`` and the LM head's weight ``[V, H]`` (no bias) -> as
@@ -176,24 +214,40 @@ def _per_position(temperature: torch.Tensor | float, shape: torch.Size) -> torch
 
 
 def token_logprobs(
-    logits: torch.Tensor, labels: torch.Tensor, *, temperature: torch.Tensor | float = 1.0,
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    *,
+    temperature: torch.Tensor | float = 1.0,
     max_chunk_elems: int = MAX_CHUNK_ELEMS,
 ) -> torch.Tensor:
     """log softmax(logits / temperature)[label] per position: ``[B, L, V]``, ``[B, L]`` ->
     ``[B, L]`` float32; ``temperature`` one number or one per row (``[B]``). Labels must be
     valid ids; mask padding afterwards."""
     flat = logits.reshape(-1, logits.shape[-1])  # [B*L, V]
-    logprob, _ = logprobs_from_logits(flat, labels.reshape(-1), max_chunk_elems=max_chunk_elems,
-                                      temperature=_per_position(temperature, labels.shape))
+    logprob, _ = logprobs_from_logits(
+        flat,
+        labels.reshape(-1),
+        max_chunk_elems=max_chunk_elems,
+        temperature=_per_position(temperature, labels.shape),
+    )
     return logprob.reshape(labels.shape)
 
 
-def token_entropy(logits: torch.Tensor, *, temperature: torch.Tensor | float = 1.0,
-                  max_chunk_elems: int = MAX_CHUNK_ELEMS) -> torch.Tensor:
+def token_entropy(
+    logits: torch.Tensor,
+    *,
+    temperature: torch.Tensor | float = 1.0,
+    max_chunk_elems: int = MAX_CHUNK_ELEMS,
+) -> torch.Tensor:
     """Entropy of softmax(logits / temperature) per position: ``[B, L, V]`` -> ``[B, L]``
     float32. H = logsumexp(z) - sum softmax(z) * z (logits must be finite)."""
     flat = logits.reshape(-1, logits.shape[-1])  # [B*L, V]
     labels = torch.zeros(flat.shape[0], dtype=torch.long, device=flat.device)
-    _, entropy = logprobs_from_logits(flat, labels, with_entropy=True, max_chunk_elems=max_chunk_elems,
-                                      temperature=_per_position(temperature, logits.shape[:-1]))
+    _, entropy = logprobs_from_logits(
+        flat,
+        labels,
+        with_entropy=True,
+        max_chunk_elems=max_chunk_elems,
+        temperature=_per_position(temperature, logits.shape[:-1]),
+    )
     return entropy.reshape(logits.shape[:-1])

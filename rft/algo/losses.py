@@ -39,6 +39,7 @@ ROLLOUT_PART_LOSS = f"{ROLLOUT_PART}pg_loss"
 
 # ----------------------------------------------------------------------------- aggregation
 
+
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of ``values`` over positions where ``mask`` is 1 (0 when the mask is empty)."""
     return (values * mask).sum() / mask.sum().clamp(min=1)
@@ -89,12 +90,15 @@ def aggregate(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str = "token-mea
     (not a mean over sequences: ``ones(2, 4)`` gives 2). Sequences with no counted token are
     left out of the sequence means; an all-zero mask gives 0.
     """
-    assert mode in LOSS_AGG_MODES, f"unknown loss_agg_mode {mode!r} (validated in rft.algo.registry)"
+    assert mode in LOSS_AGG_MODES, (
+        f"unknown loss_agg_mode {mode!r} (validated in rft.algo.registry)"
+    )
     mask = mask.to(loss_mat.dtype)  # [B, L]
     return LOSS_AGG_MODES[mode](loss_mat, mask)
 
 
 # ----------------------------------------------------------------------------- policy losses
+
 
 def _ratio_and_kl(
     logprob: torch.Tensor, old_logprob: torch.Tensor, mask: torch.Tensor
@@ -236,7 +240,9 @@ def _phi_sft_loss(logprob: torch.Tensor, mask: torch.Tensor, loss_agg_mode: str)
     return loss, {SFT_LOSS: loss.item()}
 
 
-def chord_mu(step: int, mu_warmup_steps: int, mu_decay_steps: int, mu_peak: float, mu_valley: float) -> float:
+def chord_mu(
+    step: int, mu_warmup_steps: int, mu_decay_steps: int, mu_peak: float, mu_valley: float
+) -> float:
     """CHORD's SFT weight at ``step``: linear from 0 to ``mu_peak`` over ``mu_warmup_steps``,
     cosine from ``mu_peak`` down to ``mu_valley`` over the next ``mu_decay_steps``, then
     ``mu_valley``. With no warm-up and no decay it is ``mu_valley`` from step 0."""
@@ -285,10 +291,16 @@ def mix_chord_loss(
     ppo_part, sft_part = zero, zero
     if (~expert).any():
         ppo_part, ppo_metrics = ppo_loss(
-            logprob[~expert], old_logprob[~expert], advantages[~expert], mask[~expert],
-            loss_agg_mode=loss_agg_mode, is_weights=None if is_weights is None else is_weights[~expert],
-            clip_range=clip_range, clip_range_low=clip_range_low,
-            clip_range_high=clip_range_high, clip_ratio_c=clip_ratio_c,
+            logprob[~expert],
+            old_logprob[~expert],
+            advantages[~expert],
+            mask[~expert],
+            loss_agg_mode=loss_agg_mode,
+            is_weights=None if is_weights is None else is_weights[~expert],
+            clip_range=clip_range,
+            clip_range_low=clip_range_low,
+            clip_range_high=clip_range_high,
+            clip_ratio_c=clip_ratio_c,
         )
         metrics.update({f"{ROLLOUT_PART}{k}": v for k, v in ppo_metrics.items()})
         metrics[ROLLOUT_PART_LOSS] = ppo_part.item()
@@ -318,7 +330,9 @@ def opmd_loss(
     """OPMD (Trinity): agg(-A * logprob) / (1 + tau); the 1/(1 + tau) factor is the
     mirror-descent regularisation strength towards the current policy. No ratio, no clip;
     ``is_weights`` multiply the per-token loss."""
-    loss = aggregate(_weighted(-advantages * logprob, is_weights), mask, loss_agg_mode) / (1.0 + tau)
+    loss = aggregate(_weighted(-advantages * logprob, is_weights), mask, loss_agg_mode) / (
+        1.0 + tau
+    )
     return loss, {OPMD_LOSS: loss.item()}
 
 
@@ -335,6 +349,7 @@ POLICY_LOSS_FNS: dict[str, Callable[..., LossOut]] = {
 
 
 # ----------------------------------------------------------------------------- KL
+
 
 def _kl_none(logprob: torch.Tensor, ref_logprob: torch.Tensor) -> torch.Tensor:
     return torch.zeros_like(logprob)
@@ -374,7 +389,9 @@ KL_FNS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
 }
 
 
-def kl(name: str, logprob: torch.Tensor, ref_logprob: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def kl(
+    name: str, logprob: torch.Tensor, ref_logprob: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """Per-token KL estimate ``[B, L]`` named ``name`` (a ``KL_FNS`` key), zero off the mask."""
     return KL_FNS[name](logprob, ref_logprob) * mask.to(logprob.dtype)
 
@@ -412,15 +429,24 @@ def kl_penalty(
 
 # ----------------------------------------------------------------------------- entropy
 
+
 def _entropy_default(
-    entropy: torch.Tensor, mask: torch.Tensor, *, loss_agg_mode: str = "token-mean", entropy_coef: float = 0.0
+    entropy: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    entropy_coef: float = 0.0,
 ) -> LossOut:
     mean_entropy = aggregate(entropy, mask, loss_agg_mode)
     return -entropy_coef * mean_entropy, {ENTROPY: mean_entropy.item()}
 
 
 def _entropy_none(
-    entropy: torch.Tensor, mask: torch.Tensor, *, loss_agg_mode: str = "token-mean", entropy_coef: float = 0.0
+    entropy: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    entropy_coef: float = 0.0,
 ) -> LossOut:
     # Accepts (and ignores) the coefficient, as ``kl_coef`` is ignored by KL ``none``.
     return entropy.sum() * 0.0, {}

@@ -49,7 +49,10 @@ _VALUE_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "clip_range": (lambda v: v is None or (_is_number(v) and v >= 0), "null or a number >= 0"),
     "clip_range_low": (lambda v: v is None or (_is_number(v) and v >= 0), "null or a number >= 0"),
     "clip_range_high": (lambda v: v is None or (_is_number(v) and v >= 0), "null or a number >= 0"),
-    "clip_ratio_c": (lambda v: v is None or (_is_number(v) and v > 1), "null (no dual clip) or a number > 1"),
+    "clip_ratio_c": (
+        lambda v: v is None or (_is_number(v) and v > 1),
+        "null (no dual clip) or a number > 1",
+    ),
     "mu_warmup_steps": (_is_count, "an integer >= 0"),
     "mu_decay_steps": (_is_count, "an integer >= 0"),
     "mu_peak": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
@@ -63,8 +66,10 @@ _VALUE_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
 def _check_name(kind: str, name: str, registry: Mapping[str, Any]) -> None:
     if name in registry:
         return
-    raise ConfigError(f"algorithm.{kind}: unknown name {name!r}; valid names: {sorted(registry)}."
-                      f"{did_you_mean(name, registry)}")
+    raise ConfigError(
+        f"algorithm.{kind}: unknown name {name!r}; valid names: {sorted(registry)}."
+        f"{did_you_mean(name, registry)}"
+    )
 
 
 def _config_params(fn: Callable[..., Any]) -> list[str]:
@@ -73,7 +78,9 @@ def _config_params(fn: Callable[..., Any]) -> list[str]:
     return [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.name not in _CONTEXT_PARAMS]
 
 
-def _check_args(kind: str, name: str, fn: Callable[..., Any], args: Mapping[str, Any] | None) -> dict[str, Any]:
+def _check_args(
+    kind: str, name: str, fn: Callable[..., Any], args: Mapping[str, Any] | None
+) -> dict[str, Any]:
     args = dict(args or {})
     allowed = _config_params(fn)
     for key, value in args.items():
@@ -92,7 +99,9 @@ def valid_args(kind: str, name: str) -> list[str]:
     """The argument names a config may give to ``kind`` (e.g. ``policy_loss_fn``) ``name``."""
     getter = _GETTERS.get(kind)
     if getter is None:
-        raise ConfigError(f"unknown algorithm function kind {kind!r}; valid kinds: {sorted(_GETTERS)}")
+        raise ConfigError(
+            f"unknown algorithm function kind {kind!r}; valid kinds: {sorted(_GETTERS)}"
+        )
     names, fn_of = getter
     _check_name(kind, name, names)
     return _config_params(fn_of(name))
@@ -108,7 +117,9 @@ def get_advantage_fn(name: str, args: Mapping[str, Any] | None = None) -> Callab
 def get_gae_fn(args: Mapping[str, Any] | None = None) -> Callable[..., Any]:
     """``advantage_fn: ppo``: ``fn(token_rewards [B, L], values [B, L], mask [B, L]) ->
     (whitened advantages, returns, metrics)``; args ``gamma``, ``lam``."""
-    return functools.partial(gae_advantages, **_check_args("advantage_fn", "ppo", gae_advantages, args))
+    return functools.partial(
+        gae_advantages, **_check_args("advantage_fn", "ppo", gae_advantages, args)
+    )
 
 
 def get_policy_loss_fn(name: str, args: Mapping[str, Any] | None = None) -> Callable[..., Any]:
@@ -131,7 +142,9 @@ def get_kl_penalty_fn(name: str, args: Mapping[str, Any] | None = None) -> Calla
     """``fn(token_rewards, logprob, ref_logprob, mask) -> (token_rewards - kl_coef * kl,
     metrics)``; arg ``kl_coef``."""
     _check_name("kl_penalty_fn", name, KL_FNS)
-    return functools.partial(kl_penalty, name, **_check_args("kl_penalty_fn", name, kl_penalty, args))
+    return functools.partial(
+        kl_penalty, name, **_check_args("kl_penalty_fn", name, kl_penalty, args)
+    )
 
 
 def get_entropy_loss_fn(name: str, args: Mapping[str, Any] | None = None) -> Callable[..., Any]:
@@ -145,8 +158,10 @@ def get_entropy_loss_fn(name: str, args: Mapping[str, Any] | None = None) -> Cal
 def check_loss_agg_mode(mode: str, key: str = "algorithm.loss_agg_mode") -> str:
     """Return ``mode`` if it is a ``LOSS_AGG_MODES`` key, else raise ConfigError naming ``key``."""
     if mode not in LOSS_AGG_MODES:
-        raise ConfigError(f"{key}: unknown mode {mode!r}; valid modes: {sorted(LOSS_AGG_MODES)}."
-                          f"{did_you_mean(mode, LOSS_AGG_MODES)}")
+        raise ConfigError(
+            f"{key}: unknown mode {mode!r}; valid modes: {sorted(LOSS_AGG_MODES)}."
+            f"{did_you_mean(mode, LOSS_AGG_MODES)}"
+        )
     return mode
 
 

@@ -28,7 +28,12 @@ RUN_KEY = "run"  # info key: which of its task's runs a workflow experience came
 ENV_STEP_KEY = "env_step"  # info key: which step of that run (step-wise workflows)
 _PACKED_CODES = {"i32": "i", "f32": "f"}
 # Packed arrays encode about 5x faster than JSON numbers, and float32 is exact for vLLM's logprobs.
-_ARRAY_FIELDS = {"prompt_ids": "i32", "response_ids": "i32", "logprobs": "f32", "action_mask": "i32"}
+_ARRAY_FIELDS = {
+    "prompt_ids": "i32",
+    "response_ids": "i32",
+    "logprobs": "f32",
+    "action_mask": "i32",
+}
 _LITTLE_ENDIAN = sys.byteorder == "little"  # packed arrays are little-endian on disk
 
 
@@ -164,8 +169,10 @@ class Experience:
             )
         num_mask = self.array_len("action_mask")
         if num_mask and num_mask != num_tokens:
-            raise DataError(f"{who}: {num_mask} action_mask values for {num_tokens} response "
-                            "tokens (need one per token, or none)")
+            raise DataError(
+                f"{who}: {num_mask} action_mask values for {num_tokens} response "
+                "tokens (need one per token, or none)"
+            )
         if num_mask and any(v not in (0, 1) for v in self.action_mask):
             raise DataError(f"{who}: action_mask values must be 0 or 1")
         if not _finite_number(self.reward):
@@ -174,8 +181,9 @@ class Experience:
             raise DataError(f"{who}: reward_parts must be an object of name -> number")
         for part, value in self.reward_parts.items():
             if not _finite_number(value):
-                raise DataError(f"{who}: reward_parts[{part!r}] must be a finite number, "
-                                f"got {value!r}")
+                raise DataError(
+                    f"{who}: reward_parts[{part!r}] must be a finite number, got {value!r}"
+                )
         version = self.model_version
         if not isinstance(version, int) or isinstance(version, bool) or version < 0:
             raise DataError(f"{who}: model_version must be an int >= 0, got {version!r}")
@@ -256,8 +264,11 @@ def _check_list(who: str, name: str, code: str, values: object) -> None:
         raise DataError(f"{who}: {name} must be a list, got {type(values).__name__}")
     allowed = _ELEMENT_TYPES[code]
     if any(not issubclass(t, allowed) or issubclass(t, bool) for t in set(map(type, values))):
-        index, bad = next((i, v) for i, v in enumerate(values)
-                          if not isinstance(v, allowed) or isinstance(v, bool))
+        index, bad = next(
+            (i, v)
+            for i, v in enumerate(values)
+            if not isinstance(v, allowed) or isinstance(v, bool)
+        )
         kind = "a token id (int >= 0)" if code == "i32" else "a number"
         raise DataError(f"{who}: {name}[{index}] is {bad!r}, not {kind}")
     _to_bytes(who, name, code, values)
@@ -310,8 +321,10 @@ def encode_record(exp: Experience, writer: str | None = None) -> bytes:
     d = {name: getattr(exp, name) for name in _SCALAR_FIELDS}
     if writer is not None:
         d["writer"] = writer
-    packed = [b'"%s":"%s:%s"' % (name.encode(), code.encode(), _base64(exp, name))
-              for name, code in _ARRAY_FIELDS.items()]
+    packed = [
+        b'"%s":"%s:%s"' % (name.encode(), code.encode(), _base64(exp, name))
+        for name, code in _ARRAY_FIELDS.items()
+    ]
     exp.check_fields()
     return b"%s,%s}" % (_ENCODER.encode(d)[:-1].encode("ascii"), b",".join(packed))
 
@@ -360,7 +373,11 @@ def check_group_fits(group: list[Experience], max_experiences: int) -> None:
 
 WRITER_STATS_PREFIX = "writers/"  # per-writer counters in ReaderStats.as_dict: writers/<w>/<name>
 WRITER_COUNTERS = (  # the ReaderStats counters also kept per writer (what rft-status shows)
-    "corrupt_records", "incomplete_groups", "misplaced_segments", "missing_segments")
+    "corrupt_records",
+    "incomplete_groups",
+    "misplaced_segments",
+    "missing_segments",
+)
 
 
 def writer_stat_key(writer: str, counter: str) -> str:
@@ -446,12 +463,16 @@ class StalenessFilter:
     max_staleness_versions: int | None = None  # None: never stale
     drop_stale: bool = True  # False: keep stale groups, only count them
 
-    def keep(self, group: list[Experience], current_version: int | None, stats: ReaderStats) -> bool:
+    def keep(
+        self, group: list[Experience], current_version: int | None, stats: ReaderStats
+    ) -> bool:
         """Whether to return ``group``; updates the staleness counters in ``stats``."""
         if current_version is None:
             return True
         staleness = current_version - min(exp.model_version for exp in group)
-        is_stale = self.max_staleness_versions is not None and staleness > self.max_staleness_versions
+        is_stale = (
+            self.max_staleness_versions is not None and staleness > self.max_staleness_versions
+        )
         if is_stale and self.drop_stale:
             stats.stale_dropped += len(group)
             return False

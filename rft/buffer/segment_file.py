@@ -109,8 +109,10 @@ def unsealed_writers(buffer_dir: Path | str, writers: Iterable[str], step: int) 
     return [w for w in writers if not (buffer_dir / w / segment_name(step)).exists()]
 
 
-MISPLACED_ADVICE = (": a copy of another writer's segments (e.g. a backup folder) in the buffer "
-                    "would be trained on twice; move copies out of the run directory")
+MISPLACED_ADVICE = (
+    ": a copy of another writer's segments (e.g. a backup folder) in the buffer "
+    "would be trained on twice; move copies out of the run directory"
+)
 
 
 @dataclass
@@ -143,14 +145,20 @@ def load_segment(path: Path, offset: int, stats: ReaderStats) -> SegmentContent:
         stats.count(writer, "misplaced_segments")
         return SegmentContent([], [], 0, misplaced=misplaced)
     if not head:
-        log.warning("%s is empty (0 bytes): a sealed segment always has a header line, so the file "
-                    "was damaged (an interrupted copy, a full disk?); counted as corrupt", path)
+        log.warning(
+            "%s is empty (0 bytes): a sealed segment always has a header line, so the file "
+            "was damaged (an interrupted copy, a full disk?); counted as corrupt",
+            path,
+        )
         stats.count(writer, "corrupt_records")
         return SegmentContent([], [], 0)
     damaged: list[int] = []
     if header is None:
-        log.warning("skipped corrupt header %s line 1: the records are read without checking the "
-                    "segment's writer and seq", path)
+        log.warning(
+            "skipped corrupt header %s line 1: the records are read without checking the "
+            "segment's writer and seq",
+            path,
+        )
         stats.count(writer, "corrupt_records")
         damaged.append(-1)  # record 0 may be torn into it (a lost newline): its group goes too
         header = {}
@@ -173,8 +181,9 @@ def load_segment(path: Path, offset: int, stats: ReaderStats) -> SegmentContent:
     return SegmentContent(records, damaged, len(body))
 
 
-def whole_groups(path: Path, content: SegmentContent,
-                 stats: ReaderStats) -> deque[tuple[list[Experience], int]]:
+def whole_groups(
+    path: Path, content: SegmentContent, stats: ReaderStats
+) -> deque[tuple[list[Experience], int]]:
     """Consecutive records of one group_id form a group; a group that may have lost a record
     (a damaged line inside it or next to it) is dropped, counted and logged. Each group kept
     comes with the line offset to resume from once it is consumed: the start of the next group
@@ -192,10 +201,15 @@ def whole_groups(path: Path, content: SegmentContent,
     if len(kept) < len(spans):
         dropped = [g[0].group_id for (g, _, _), bad in zip(spans, hurt) if bad]
         stats.count(path.parent.name, "incomplete_groups", len(dropped))
-        log.warning("%s: dropped %d group(s) next to damaged lines %s (any of them may lack a "
-                    "sample, which would skew its advantages): %s%s", path, len(dropped),
-                    [d + _HEADER_LINES + 1 for d in damaged], ", ".join(dropped[:5]),
-                    " ..." if len(dropped) > 5 else "")
+        log.warning(
+            "%s: dropped %d group(s) next to damaged lines %s (any of them may lack a "
+            "sample, which would skew its advantages): %s%s",
+            path,
+            len(dropped),
+            [d + _HEADER_LINES + 1 for d in damaged],
+            ", ".join(dropped[:5]),
+            " ..." if len(dropped) > 5 else "",
+        )
     ends = [lo for _, lo in kept[1:]] + [content.num_lines]
     return deque((g, end) for (g, _), end in zip(kept, ends))
 
@@ -243,5 +257,7 @@ def misplaced_reason(path: Path, header: dict[str, Any]) -> str | None:
     wrong = [k for k, v in expected.items() if k in header and v is not None and header[k] != v]
     if not wrong:
         return None
-    return (f"its header says it was written by {header.get('writer')!r} as seq "
-            f"{header.get('seq')!r}, but it lies in {path.parent.name}/ as seq {expected['seq']}")
+    return (
+        f"its header says it was written by {header.get('writer')!r} as seq "
+        f"{header.get('seq')!r}, but it lies in {path.parent.name}/ as seq {expected['seq']}"
+    )

@@ -89,8 +89,12 @@ class SegmentWriter:
                 "never change and readers may be past it: write with a seq >= next_seq"
             )
         records = contiguous_groups(experiences)
-        header = {"format": SEGMENT_FORMAT, "writer": self.writer, "seq": seq,
-                  "num_records": len(records)}
+        header = {
+            "format": SEGMENT_FORMAT,
+            "writer": self.writer,
+            "seq": seq,
+            "num_records": len(records),
+        }
         lines = [json.dumps(header).encode("utf-8")]
         lines += [encode_record(e, self.writer) for e in records]  # DataError if invalid
         lines.append(b"")  # the last line ends with a newline too
@@ -154,6 +158,7 @@ class SegmentReader:
         Waits up to ``timeout_s`` for the budget to fill. ``current_version`` enables the
         staleness filter (groups older than ``max_staleness_versions`` are dropped or counted).
         """
+
         def once(budget: int | None, first: bool) -> tuple[list[Experience], bool, bool]:
             self._may_scan = True  # each pass may list the buffer once, not once per segment
             return self._read_once(budget, current_version, first)
@@ -163,8 +168,9 @@ class SegmentReader:
         self.stats.backlog_segments = opened + sum(map(len, self._pending.values()))
         return experiences
 
-    def read_step(self, step: int, writers: Sequence[str],
-                  current_version: int | None = None) -> list[Experience]:
+    def read_step(
+        self, step: int, writers: Sequence[str], current_version: int | None = None
+    ) -> list[Experience]:
         """Every remaining record of each writer's segment ``step`` (synchronous mode).
 
         Call once :func:`~rft.buffer.segment_file.unsealed_writers` is empty. Writers already past ``step`` (a resumed
@@ -276,8 +282,11 @@ class SegmentReader:
         self._pending = {}
         for writer in list_writers(self.buffer_dir):
             first = self._pos.get(writer, (0, 0))[0]
-            seqs = [s for s in list_segments(self.buffer_dir / writer)
-                    if s >= first and (writer, s) not in self._misplaced]
+            seqs = [
+                s
+                for s in list_segments(self.buffer_dir / writer)
+                if s >= first and (writer, s) not in self._misplaced
+            ]
             if seqs:
                 self._pending[writer] = seqs
 
@@ -293,13 +302,20 @@ class SegmentReader:
         if not missing:
             return
         self.stats.count(writer, "missing_segments", len(missing))
-        partly = f" ({offset} lines of seq {pos_seq} had been read)" \
-            if offset and missing[0] == pos_seq else ""
+        partly = (
+            f" ({offset} lines of seq {pos_seq} had been read)"
+            if offset and missing[0] == pos_seq
+            else ""
+        )
         log.warning(
             "%s: segment seqs %s are missing%s; reading on from %s, their experiences are lost. "
             "Were they deleted by hand, or released by a newer checkpoint than the one the "
-            "trainer resumed from?", self.buffer_dir / writer, format_seqs(missing), partly,
-            segment_name(seq))
+            "trainer resumed from?",
+            self.buffer_dir / writer,
+            format_seqs(missing),
+            partly,
+            segment_name(seq),
+        )
 
     def _load(self, writer: str, seq: int, offset: int) -> _Segment | None:
         """The segment's whole groups from ``offset`` on; None (and a warning) if misplaced."""
@@ -320,9 +336,14 @@ class SegmentReader:
             log.debug("skipped misplaced segment %s: %s", path, reason)
             return
         self._warned_folders.add(folder)
-        log.warning("%s: %s. Skipped, and left in place%s (counted in misplaced_segments; "
-                    "further ones in %s are skipped without a warning)", path, reason,
-                    MISPLACED_ADVICE, folder)
+        log.warning(
+            "%s: %s. Skipped, and left in place%s (counted in misplaced_segments; "
+            "further ones in %s are skipped without a warning)",
+            path,
+            reason,
+            MISPLACED_ADVICE,
+            folder,
+        )
 
 
 def _parse_cursor(cursor: dict[str, Any] | None) -> dict[str, tuple[int, int]]:
@@ -365,8 +386,12 @@ def _check_storage(storage_type: str, path: str) -> None:
 
 
 def open_buffer_writer(
-    run_dir: Path | str, writer: str, storage_type: str = "queue", path: str = "",
-    name: str = "experience_buffer", num_nodes: int | None = None,
+    run_dir: Path | str,
+    writer: str,
+    storage_type: str = "queue",
+    path: str = "",
+    name: str = "experience_buffer",
+    num_nodes: int | None = None,
 ) -> SegmentWriter | SqlBufferWriter:
     """The writer for one explorer task (``writer``, e.g. ``explorer-0``)."""
     _check_storage(storage_type, path)
@@ -377,22 +402,29 @@ def open_buffer_writer(
 
 
 def open_buffer_reader(
-    run_dir: Path | str, storage_type: str = "queue", path: str = "",
-    name: str = "experience_buffer", cursor: dict[str, Any] | None = None,
-    max_staleness_versions: int | None = None, drop_stale: bool = True,
+    run_dir: Path | str,
+    storage_type: str = "queue",
+    path: str = "",
+    name: str = "experience_buffer",
+    cursor: dict[str, Any] | None = None,
+    max_staleness_versions: int | None = None,
+    drop_stale: bool = True,
     num_nodes: int | None = None,
 ) -> SegmentReader | SqlBufferReader:
     """The trainer's reader, resumed from ``cursor`` (from its checkpoint) when given."""
     _check_storage(storage_type, path)
     if storage_type == "sql":
         check_sql_transport(num_nodes)
-        return SqlBufferReader(sqlite_url_path(run_dir, path), name, cursor,
-                               max_staleness_versions, drop_stale)
+        return SqlBufferReader(
+            sqlite_url_path(run_dir, path), name, cursor, max_staleness_versions, drop_stale
+        )
     return SegmentReader(Path(run_dir) / BUFFER_DIR, cursor, max_staleness_versions, drop_stale)
 
 
 def open_archive(
-    run_dir: Path | str, storage_type: str = "queue", path: str = "",
+    run_dir: Path | str,
+    storage_type: str = "queue",
+    path: str = "",
     name: str = "experience_buffer",
 ) -> SqliteArchive | None:
     """The trainer's SQLite archive of consumed experiences (queue + sqlite:// path), or None."""

@@ -44,13 +44,17 @@ def sqlite_url_path(run_dir: Path | str, url: str) -> Path:
             f"buffer.trainer_input.experience_buffer.path: {url!r} is not sqlite:///<file>.db "
             "(relative to the run directory) or sqlite:////<absolute path>.db"
         )
-    path = Path(url[len(prefix):])
+    path = Path(url[len(prefix) :])
     return path if path.is_absolute() else Path(run_dir) / path
 
 
 def slurm_num_nodes() -> int:
     """Nodes of this SLURM job from the environment (all het groups summed); 1 outside SLURM."""
-    groups = [v for k, v in os.environ.items() if re.match(r"SLURM_JOB_NUM_NODES_(HET|PACK)_GROUP_\d+$", k)]
+    groups = [
+        v
+        for k, v in os.environ.items()
+        if re.match(r"SLURM_JOB_NUM_NODES_(HET|PACK)_GROUP_\d+$", k)
+    ]
     if groups:
         return sum(int(v) for v in groups if v.isdigit())
     for var in _NODE_VARS:
@@ -89,8 +93,10 @@ def connect(db_path: Path) -> sqlite3.Connection:
         conn.execute("PRAGMA synchronous=FULL")
         _check_format(conn, db_path)
     except (sqlite3.Error, OSError) as e:
-        raise DataError(f"cannot open SQLite database {db_path}: {e}; check the path and its "
-                        "permissions (it must be a SQLite file or not exist)") from e
+        raise DataError(
+            f"cannot open SQLite database {db_path}: {e}; check the path and its "
+            "permissions (it must be a SQLite file or not exist)"
+        ) from e
     return conn
 
 
@@ -103,8 +109,10 @@ def _check_format(conn: sqlite3.Connection, db_path: Path) -> None:
     finally:
         conn.execute("COMMIT")
     if int(version) > SQL_FORMAT:
-        raise DataError(f"{db_path} has rft table format {version}, written by a newer rft "
-                        f"(this one reads format {SQL_FORMAT}); upgrade rft")
+        raise DataError(
+            f"{db_path} has rft table format {version}, written by a newer rft "
+            f"(this one reads format {SQL_FORMAT}); upgrade rft"
+        )
 
 
 class SqliteArchive:
@@ -125,9 +133,21 @@ class SqliteArchive:
         """Store experiences consumed at ``step`` in one transaction; return the row count."""
         now = time.time()
         rows = [
-            (e.experience_id, step, now, e.writer, e.task_id, e.group_id, e.model_version,
-             float(e.reward), e.source, int(e.eval), int(e.truncated), e.array_len("response_ids"),
-             encode_line(e))
+            (
+                e.experience_id,
+                step,
+                now,
+                e.writer,
+                e.task_id,
+                e.group_id,
+                e.model_version,
+                float(e.reward),
+                e.source,
+                int(e.eval),
+                int(e.truncated),
+                e.array_len("response_ids"),
+                encode_line(e),
+            )
             for e in experiences
         ]
         with self._conn:  # BEGIN ... COMMIT
@@ -183,7 +203,8 @@ class SqlBufferWriter:
             self._conn.execute("BEGIN IMMEDIATE")
             self._conn.executemany(
                 f'INSERT INTO "{self.table}" (writer, group_id, model_version, data) '
-                "VALUES (?,?,?,?)", rows
+                "VALUES (?,?,?,?)",
+                rows,
             )
         return len(rows)
 
@@ -221,8 +242,12 @@ class SqlBufferReader:
         poll_s: float = 0.5,
     ) -> list[Experience]:
         """Up to ``max_experiences`` records in whole groups (see SegmentReader.read)."""
-        return poll_read(lambda budget, first: self._read_once(budget, current_version, first),
-                         max_experiences, timeout_s, poll_s)
+        return poll_read(
+            lambda budget, first: self._read_once(budget, current_version, first),
+            max_experiences,
+            timeout_s,
+            poll_s,
+        )
 
     def release(self, cursor: dict[str, Any]) -> int:
         """Delete rows consumed according to ``cursor`` (one saved in a checkpoint)."""
@@ -235,8 +260,9 @@ class SqlBufferReader:
     def close(self) -> None:
         self._conn.close()
 
-    def _read_once(self, budget: int | None, current_version: int | None, first: bool
-                   ) -> tuple[list[Experience], bool, bool]:
+    def _read_once(
+        self, budget: int | None, current_version: int | None, first: bool
+    ) -> tuple[list[Experience], bool, bool]:
         limit = -1 if budget is None else budget + 1  # one extra row shows whether a group is cut
         rows = self._conn.execute(
             f'SELECT id, data FROM "{self.table}" WHERE id > ? ORDER BY id LIMIT ?',
@@ -270,8 +296,13 @@ class SqlBufferReader:
                 if rowid > self._corrupt_counted_to:
                     self.stats.corrupt_records += 1
                     self._corrupt_counted_to = rowid
-                    log.warning("skipped corrupt record %s table %s id %d: %s",
-                                self.db_path, self.table, rowid, e)
+                    log.warning(
+                        "skipped corrupt record %s table %s id %d: %s",
+                        self.db_path,
+                        self.table,
+                        rowid,
+                        e,
+                    )
                 continue
             if groups and groups[-1][0][0].group_id == exp.group_id:
                 groups[-1][0].append(exp)

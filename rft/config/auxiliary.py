@@ -47,8 +47,9 @@ def scoring_max_len(model: AuxiliaryModelConfig) -> Optional[int]:
     return None
 
 
-def split_reward_weights(args: Mapping[str, Any], reward_models: int,
-                         label: str = "reward_fn_args") -> tuple[RewardWeights, dict[str, Any]]:
+def split_reward_weights(
+    args: Mapping[str, Any], reward_models: int, label: str = "reward_fn_args"
+) -> tuple[RewardWeights, dict[str, Any]]:
     """``reward_fn_args`` -> (the reward weights, the arguments left for the rule reward).
 
     ``reward_models``: how many ``explorer.auxiliary_models`` the run has; without any, the
@@ -58,13 +59,20 @@ def split_reward_weights(args: Mapping[str, Any], reward_models: int,
     args = dict(args or {})
     given = {key: args.pop(key) for key in REWARD_WEIGHT_KEYS if key in args}
     if given and not reward_models:
-        raise ConfigError(f"{label}.{', '.join(sorted(given))}: weighs the rule reward against "
-                          "reward models, but explorer.auxiliary_models is empty; remove the key "
-                          "or add a reward model (explorer.auxiliary_models: [{model_path: ...}])")
+        raise ConfigError(
+            f"{label}.{', '.join(sorted(given))}: weighs the rule reward against "
+            "reward models, but explorer.auxiliary_models is empty; remove the key "
+            "or add a reward model (explorer.auxiliary_models: [{model_path: ...}])"
+        )
     for key, value in given.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ConfigError(f"{label}.{key}: {value!r} is not a finite number; use e.g. "
-                              f"{key}: 0.5")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or not math.isfinite(value)
+        ):
+            raise ConfigError(
+                f"{label}.{key}: {value!r} is not a finite number; use e.g. {key}: 0.5"
+            )
     weights = RewardWeights(**{k: float(v) for k, v in given.items()})
     return weights, args
 
@@ -80,14 +88,23 @@ def check_auxiliary_models(cfg: Config) -> None:
     for i, model in enumerate(models):
         key = f"explorer.auxiliary_models[{i}]"
         if not model.model_path:
-            raise ConfigError(f"{key}.model_path is empty: set it to a reward model folder (a "
-                              "Hugging Face folder with a score head, *ForSequenceClassification)")
+            raise ConfigError(
+                f"{key}.model_path is empty: set it to a reward model folder (a "
+                "Hugging Face folder with a score head, *ForSequenceClassification)"
+            )
         if model.engine_num != rollout.engine_num:
             raise ConfigError(
                 f"{key}.engine_num={model.engine_num} differs from explorer.rollout_model.engine_num="
                 f"{rollout.engine_num}: rft runs one scorer of each reward model inside each "
-                f"explorer task; set {key}.engine_num to {rollout.engine_num}")
-        prompt, response, total = model.max_prompt_tokens, model.max_response_tokens, model.max_model_len
+                f"explorer task; set {key}.engine_num to {rollout.engine_num}"
+            )
+        prompt, response, total = (
+            model.max_prompt_tokens,
+            model.max_response_tokens,
+            model.max_model_len,
+        )
         if None not in (prompt, response, total) and prompt + response > total:
-            raise ConfigError(f"{key}: max_prompt_tokens + max_response_tokens = {prompt + response} "
-                              f"exceeds max_model_len={total}; lower one or unset max_model_len")
+            raise ConfigError(
+                f"{key}: max_prompt_tokens + max_response_tokens = {prompt + response} "
+                f"exceeds max_model_len={total}; lower one or unset max_model_len"
+            )

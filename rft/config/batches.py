@@ -73,7 +73,8 @@ def check_train_batch_size(cfg: Config) -> None:
             f"per update) exceeds a step's batch_size x repeat_times = {cfg.buffer.batch_size} x "
             f"{cfg.algorithm.repeat_times} = {per_step} rollouts: in mode 'both' each step trains "
             f"on exactly the explorer's step, split into mini-batches of train_batch_size; lower "
-            f"train_batch_size to at most {per_step} or raise buffer.batch_size")
+            f"train_batch_size to at most {per_step} or raise buffer.batch_size"
+        )
 
 
 def describe(cfg: Config) -> str:
@@ -83,5 +84,7 @@ def describe(cfg: Config) -> str:
     if minis == 1:
         return f"{total} update{'s' * (total != 1)} per step ({epochs} epoch{'s' * (epochs != 1)})"
     groups = math.ceil(cfg.buffer.batch_size / minis)
-    return (f"{total} updates per step ({minis} mini-batches of <= {groups} groups x {epochs} "
-            f"epoch{'s' * (epochs != 1)})")
+    return (
+        f"{total} updates per step ({minis} mini-batches of <= {groups} groups x {epochs} "
+        f"epoch{'s' * (epochs != 1)})"
+    )

@@ -53,8 +53,9 @@ def _apply_overrides(cfg: DictConfig, overrides: list[str] | tuple[str, ...]) ->
     for item in overrides:
         key, sep, text = item.partition("=")
         if not sep or not key:
-            raise ConfigError(f"override {item!r} must look like key.path=value, "
-                              "e.g. buffer.batch_size=4")
+            raise ConfigError(
+                f"override {item!r} must look like key.path=value, e.g. buffer.batch_size=4"
+            )
         try:
             value = yaml.safe_load(text) if text else ""
         except yaml.YAMLError as e:
@@ -72,8 +73,10 @@ def _interpolation_message(e: OmegaConfBaseException) -> str:
     where = f"key '{key}': " if key else ""
     text = str(e).splitlines()[0]
     if "oc.env" in text or "Environment variable" in text:
-        return (f"{where}{text}. Set the environment variable, or give a default: "
-                "${oc.env:VAR,default}")
+        return (
+            f"{where}{text}. Set the environment variable, or give a default: "
+            "${oc.env:VAR,default}"
+        )
     return f"{where}{text}"
 
 
@@ -145,7 +148,9 @@ def stage_config(cfg: Config, index: int) -> Config:
 
 def _drop_inherited_storage(base: dict[str, Any], overrides: dict[str, Any]) -> None:
     """A stage giving the experience buffer a new path without a storage_type re-infers it."""
-    stage_buf = ((overrides.get("buffer") or {}).get("trainer_input") or {}).get("experience_buffer")
+    stage_buf = ((overrides.get("buffer") or {}).get("trainer_input") or {}).get(
+        "experience_buffer"
+    )
     if stage_buf and "path" in stage_buf and "storage_type" not in stage_buf:
         base_buf = ((base.get("buffer") or {}).get("trainer_input") or {}).get("experience_buffer")
         (base_buf or {}).pop("storage_type", None)
@@ -180,4 +185,3 @@ def _stage_to_dict(stage: StageConfig) -> dict[str, Any]:
         out["mode"] = stage.mode
     out.update(stage.overrides)
     return out
-

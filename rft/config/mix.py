@@ -39,14 +39,18 @@ def expert_data_ratio(cfg: Config) -> float:
     args = cfg.algorithm.sample_strategy_args or {}
     for key in args:
         if key not in STRATEGY_ARGS:
-            raise ConfigError(f"algorithm.sample_strategy_args.{key}: not an argument of sample "
-                              f"strategy 'mix'; valid arguments: {list(STRATEGY_ARGS)}."
-                              f"{did_you_mean(key, STRATEGY_ARGS)}")
+            raise ConfigError(
+                f"algorithm.sample_strategy_args.{key}: not an argument of sample "
+                f"strategy 'mix'; valid arguments: {list(STRATEGY_ARGS)}."
+                f"{did_you_mean(key, STRATEGY_ARGS)}"
+            )
     ratio = args.get("expert_data_ratio", DEFAULT_EXPERT_DATA_RATIO)
     if isinstance(ratio, bool) or not isinstance(ratio, (int, float)) or not 0 < ratio < 1:
-        raise ConfigError(f"algorithm.sample_strategy_args.expert_data_ratio={ratio!r}: expected a "
-                          "number in (0, 1), the expert share of buffer.train_batch_size (for "
-                          "expert data only, use algorithm_type: sft)")
+        raise ConfigError(
+            f"algorithm.sample_strategy_args.expert_data_ratio={ratio!r}: expected a "
+            "number in (0, 1), the expert share of buffer.train_batch_size (for "
+            "expert data only, use algorithm_type: sft)"
+        )
     return float(ratio)
 
 
@@ -54,9 +58,11 @@ def expert_buffer(cfg: Config) -> ExperienceBufferConfig:
     """The one auxiliary buffer that holds the expert data."""
     aux = cfg.buffer.trainer_input.auxiliary_buffers
     if len(aux) != 1:
-        raise ConfigError(f"algorithm.sample_strategy 'mix' reads one expert dataset, but "
-                          f"buffer.trainer_input.auxiliary_buffers has {len(aux)}: {sorted(aux)}; "
-                          "keep exactly one (storage_type: file, path)")
+        raise ConfigError(
+            f"algorithm.sample_strategy 'mix' reads one expert dataset, but "
+            f"buffer.trainer_input.auxiliary_buffers has {len(aux)}: {sorted(aux)}; "
+            "keep exactly one (storage_type: file, path)"
+        )
     return next(iter(aux.values()))
 
 
@@ -70,24 +76,32 @@ def mix_counts(cfg: Config) -> MixCounts:
     """
     algo, buf = cfg.algorithm, cfg.buffer
     if algo.policy_loss_fn != "mix_chord":
-        raise ConfigError(f"algorithm.sample_strategy 'mix' adds expert samples, which only "
-                          f"policy_loss_fn 'mix_chord' trains on (got {algo.policy_loss_fn!r}); "
-                          "use algorithm_type: mix_chord")
+        raise ConfigError(
+            f"algorithm.sample_strategy 'mix' adds expert samples, which only "
+            f"policy_loss_fn 'mix_chord' trains on (got {algo.policy_loss_fn!r}); "
+            "use algorithm_type: mix_chord"
+        )
     if buf.trainer_input.experience_buffer.storage_type == "file":
-        raise ConfigError("algorithm.sample_strategy 'mix' mixes rollouts into each step: "
-                          "buffer.trainer_input.experience_buffer must be the rollout buffer "
-                          "(storage_type queue or sql), with the expert data in auxiliary_buffers")
+        raise ConfigError(
+            "algorithm.sample_strategy 'mix' mixes rollouts into each step: "
+            "buffer.trainer_input.experience_buffer must be the rollout buffer "
+            "(storage_type queue or sql), with the expert data in auxiliary_buffers"
+        )
     expert_buffer(cfg)
     ratio = expert_data_ratio(cfg)
     assert buf.train_batch_size is not None  # filled by the config rules
     expert = expert_samples_per_step(buf.train_batch_size, ratio)
     counts = MixCounts(rollout=buf.train_batch_size - expert, expert=expert)
     if expert < 1:
-        raise ConfigError(f"buffer.train_batch_size={buf.train_batch_size} x expert_data_ratio="
-                          f"{ratio:g} rounds to 0 expert samples per step; raise either")
+        raise ConfigError(
+            f"buffer.train_batch_size={buf.train_batch_size} x expert_data_ratio="
+            f"{ratio:g} rounds to 0 expert samples per step; raise either"
+        )
     if counts.rollout < algo.repeat_times or counts.rollout % algo.repeat_times:
-        raise ConfigError(f"buffer.train_batch_size={buf.train_batch_size} with expert_data_ratio="
-                          f"{ratio:g} leaves {counts.rollout} rollouts per step, not a positive "
-                          f"multiple of algorithm.repeat_times={algo.repeat_times} (groups are "
-                          "never split); adjust train_batch_size or the ratio")
+        raise ConfigError(
+            f"buffer.train_batch_size={buf.train_batch_size} with expert_data_ratio="
+            f"{ratio:g} leaves {counts.rollout} rollouts per step, not a positive "
+            f"multiple of algorithm.repeat_times={algo.repeat_times} (groups are "
+            "never split); adjust train_batch_size or the ratio"
+        )
     return counts

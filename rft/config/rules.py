@@ -24,19 +24,38 @@ log = logging.getLogger(__name__)
 PRESETS: dict[str, dict[str, str]] = {
     "grpo": dict(advantage_fn="grpo", policy_loss_fn="ppo", kl_loss_fn="k2", kl_penalty_fn="none"),
     "ppo": dict(advantage_fn="ppo", policy_loss_fn="ppo", kl_loss_fn="none", kl_penalty_fn="none"),
-    "rloo": dict(advantage_fn="rloo", policy_loss_fn="ppo", kl_loss_fn="none", kl_penalty_fn="none"),
-    "reinforce": dict(advantage_fn="reinforce", policy_loss_fn="ppo", kl_loss_fn="none",
-                      kl_penalty_fn="none"),
-    "reinforceplusplus": dict(advantage_fn="reinforceplusplus", policy_loss_fn="ppo",
-                              kl_loss_fn="k2", kl_penalty_fn="none"),
+    "rloo": dict(
+        advantage_fn="rloo", policy_loss_fn="ppo", kl_loss_fn="none", kl_penalty_fn="none"
+    ),
+    "reinforce": dict(
+        advantage_fn="reinforce", policy_loss_fn="ppo", kl_loss_fn="none", kl_penalty_fn="none"
+    ),
+    "reinforceplusplus": dict(
+        advantage_fn="reinforceplusplus",
+        policy_loss_fn="ppo",
+        kl_loss_fn="k2",
+        kl_penalty_fn="none",
+    ),
     "opmd": dict(advantage_fn="opmd", policy_loss_fn="opmd", kl_loss_fn="k2", kl_penalty_fn="none"),
-    "gspo": dict(advantage_fn="grpo", policy_loss_fn="gspo", kl_loss_fn="none", kl_penalty_fn="none"),
+    "gspo": dict(
+        advantage_fn="grpo", policy_loss_fn="gspo", kl_loss_fn="none", kl_penalty_fn="none"
+    ),
     "sft": dict(policy_loss_fn="sft", kl_loss_fn="none", kl_penalty_fn="none"),
-    "mix_chord": dict(advantage_fn="grpo", policy_loss_fn="mix_chord", kl_loss_fn="none",
-                      kl_penalty_fn="none", sample_strategy="mix"),
+    "mix_chord": dict(
+        advantage_fn="grpo",
+        policy_loss_fn="mix_chord",
+        kl_loss_fn="none",
+        kl_penalty_fn="none",
+        sample_strategy="mix",
+    ),
     # Trinity's: one experience per step of a workflow's run, the run's last reward broadcast.
-    "multi_step_grpo": dict(advantage_fn="step_wise_grpo", policy_loss_fn="ppo", kl_loss_fn="k2",
-                            kl_penalty_fn="none", entropy_loss_fn="default"),
+    "multi_step_grpo": dict(
+        advantage_fn="step_wise_grpo",
+        policy_loss_fn="ppo",
+        kl_loss_fn="k2",
+        kl_penalty_fn="none",
+        entropy_loss_fn="default",
+    ),
 }
 _COMMON = dict(entropy_loss_fn="none", sample_strategy="default", loss_agg_mode="token-mean")
 # Every algorithm key a preset may fill (a stage changing algorithm_type drops the base's).
@@ -76,22 +95,33 @@ def check_not_supported(cfg: Config) -> None:
     """Raise for Trinity options rft reads but does not implement (nothing is ignored)."""
     sync = cfg.synchronizer
     if sync.sync_method == "memory":
-        raise _unsupported("synchronizer.sync_method", sync.sync_method,
-                           "Use 'nccl' (weights broadcast from the trainer to the explorers) or "
-                           "'checkpoint' (weights/vNNNNNN folders on the shared filesystem)")
+        raise _unsupported(
+            "synchronizer.sync_method",
+            sync.sync_method,
+            "Use 'nccl' (weights broadcast from the trainer to the explorers) or "
+            "'checkpoint' (weights/vNNNNNN folders on the shared filesystem)",
+        )
     if sync.sync_style != "fixed":
-        raise _unsupported("synchronizer.sync_style", sync.sync_style,
-                           "Use 'fixed' (sync every synchronizer.sync_interval steps).")
+        raise _unsupported(
+            "synchronizer.sync_style",
+            sync.sync_style,
+            "Use 'fixed' (sync every synchronizer.sync_interval steps).",
+        )
     if cfg.trainer.ulysses_sequence_parallel_size != 1:
-        raise _unsupported("trainer.ulysses_sequence_parallel_size",
-                           cfg.trainer.ulysses_sequence_parallel_size, "Set it to 1.")
+        raise _unsupported(
+            "trainer.ulysses_sequence_parallel_size",
+            cfg.trainer.ulysses_sequence_parallel_size,
+            "Set it to 1.",
+        )
 
 
 def _check_monitor(cfg: Config) -> None:
     kinds = cfg.monitor.monitor_type
     if isinstance(kinds, list) and (not kinds or len(set(kinds)) < len(kinds)):
-        raise ConfigError(f"monitor.monitor_type: {kinds!r} must name each monitor once, and at "
-                          "least one: e.g. tensorboard, or [tensorboard, wandb]")
+        raise ConfigError(
+            f"monitor.monitor_type: {kinds!r} must name each monitor once, and at "
+            "least one: e.g. tensorboard, or [tensorboard, wandb]"
+        )
 
 
 def _apply_preset(cfg: Config) -> None:
@@ -101,15 +131,23 @@ def _apply_preset(cfg: Config) -> None:
         if getattr(algo, key) is None and key in preset:
             setattr(algo, key, preset[key])
     if algo.algorithm_type != "sft" and algo.advantage_fn is None:
-        raise ConfigError(f"algorithm.advantage_fn must be set for algorithm_type "
-                          f"'{algo.algorithm_type}'")
+        raise ConfigError(
+            f"algorithm.advantage_fn must be set for algorithm_type '{algo.algorithm_type}'"
+        )
     if algo.policy_loss_fn == "mix_chord" and algo.sample_strategy != "mix":
-        raise ConfigError("algorithm.policy_loss_fn 'mix_chord' needs expert data: set "
-                          "algorithm.sample_strategy=mix (and buffer.trainer_input.auxiliary_buffers)")
-    if algo.algorithm_type in ("grpo", "rloo", "opmd", "gspo", "multi_step_grpo") \
-            and algo.repeat_times < 2:
-        log.warning("algorithm.repeat_times=1 with %s: every group has one sample, so all "
-                    "advantages are 0 and nothing is learned", algo.algorithm_type)
+        raise ConfigError(
+            "algorithm.policy_loss_fn 'mix_chord' needs expert data: set "
+            "algorithm.sample_strategy=mix (and buffer.trainer_input.auxiliary_buffers)"
+        )
+    if (
+        algo.algorithm_type in ("grpo", "rloo", "opmd", "gspo", "multi_step_grpo")
+        and algo.repeat_times < 2
+    ):
+        log.warning(
+            "algorithm.repeat_times=1 with %s: every group has one sample, so all "
+            "advantages are 0 and nothing is learned",
+            algo.algorithm_type,
+        )
 
 
 def _set_from_verl(cfg: Config, verl_key: str, value: object, ours: str, seen: set[str]) -> None:
@@ -120,31 +158,57 @@ def _set_from_verl(cfg: Config, verl_key: str, value: object, ours: str, seen: s
     target = getattr(cfg, section)
     current = getattr(target, name)
     if ours in seen and current != value:
-        raise ConfigError(f"trainer.trainer_config.{verl_key}={value!r} contradicts "
-                          f"{ours}={current!r}; set only one of them")
+        raise ConfigError(
+            f"trainer.trainer_config.{verl_key}={value!r} contradicts "
+            f"{ours}={current!r}; set only one of them"
+        )
     setattr(target, name, value)
 
 
 def _apply_verl_trainer_config(cfg: Config, seen: set[str]) -> None:
     arr = cfg.trainer.trainer_config.actor_rollout_ref
     if cfg.trainer.trainer_type == "verl":
-        log.info("trainer.trainer_type 'verl': rft trains with DeepSpeed ZeRO; veRL-style "
-                 "trainer.trainer_config keys are mapped onto trainer.*")
+        log.info(
+            "trainer.trainer_type 'verl': rft trains with DeepSpeed ZeRO; veRL-style "
+            "trainer.trainer_config keys are mapped onto trainer.*"
+        )
     pairs = [
-        ("actor_rollout_ref.model.use_remove_padding", arr.model.use_remove_padding, "trainer.padding_free"),
-        ("actor_rollout_ref.model.enable_gradient_checkpointing",
-         arr.model.enable_gradient_checkpointing, "trainer.gradient_checkpointing"),
-        ("actor_rollout_ref.actor.fsdp_config.param_offload",
-         arr.actor.fsdp_config.param_offload, "trainer.param_offload"),
-        ("actor_rollout_ref.actor.fsdp_config.optimizer_offload",
-         arr.actor.fsdp_config.optimizer_offload, "trainer.optimizer_offload"),
-        ("actor_rollout_ref.ref.fsdp_config.param_offload",
-         arr.ref.fsdp_config.param_offload, "trainer.ref_offload"),
-        ("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-         arr.actor.ppo_micro_batch_size_per_gpu, "trainer.micro_batch_size_per_gpu"),
+        (
+            "actor_rollout_ref.model.use_remove_padding",
+            arr.model.use_remove_padding,
+            "trainer.padding_free",
+        ),
+        (
+            "actor_rollout_ref.model.enable_gradient_checkpointing",
+            arr.model.enable_gradient_checkpointing,
+            "trainer.gradient_checkpointing",
+        ),
+        (
+            "actor_rollout_ref.actor.fsdp_config.param_offload",
+            arr.actor.fsdp_config.param_offload,
+            "trainer.param_offload",
+        ),
+        (
+            "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
+            arr.actor.fsdp_config.optimizer_offload,
+            "trainer.optimizer_offload",
+        ),
+        (
+            "actor_rollout_ref.ref.fsdp_config.param_offload",
+            arr.ref.fsdp_config.param_offload,
+            "trainer.ref_offload",
+        ),
+        (
+            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+            arr.actor.ppo_micro_batch_size_per_gpu,
+            "trainer.micro_batch_size_per_gpu",
+        ),
         ("actor_rollout_ref.actor.ppo_epochs", arr.actor.ppo_epochs, "trainer.ppo_epochs"),
-        ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-         arr.rollout.log_prob_micro_batch_size_per_gpu, "trainer.log_prob_micro_batch_size_per_gpu"),
+        (
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+            arr.rollout.log_prob_micro_batch_size_per_gpu,
+            "trainer.log_prob_micro_batch_size_per_gpu",
+        ),
     ]
     for verl_key, value, ours in pairs:
         _set_from_verl(cfg, verl_key, value, ours, seen)
@@ -160,21 +224,31 @@ def _check_lora(cfg: Config) -> None:
     if configs is None:
         return
     if not configs:
-        raise ConfigError("model.lora_configs: [] names no adapter; give one entry (lora_rank, "
-                          "lora_alpha...) or remove the key to train the whole model")
+        raise ConfigError(
+            "model.lora_configs: [] names no adapter; give one entry (lora_rank, "
+            "lora_alpha...) or remove the key to train the whole model"
+        )
     if len(configs) > 1:
-        raise NotSupportedError(f"model.lora_configs: {len(configs)} adapters is not supported yet; "
-                                "rft trains one adapter (as Trinity): keep one entry")
+        raise NotSupportedError(
+            f"model.lora_configs: {len(configs)} adapters is not supported yet; "
+            "rft trains one adapter (as Trinity): keep one entry"
+        )
     lora = configs[0]
     if lora.lora_rank > VLLM_LORA_RANKS[-1]:
-        raise ConfigError(f"model.lora_configs[0].lora_rank={lora.lora_rank}: vLLM serves adapters "
-                          f"up to rank {VLLM_LORA_RANKS[-1]}; lower it")
+        raise ConfigError(
+            f"model.lora_configs[0].lora_rank={lora.lora_rank}: vLLM serves adapters "
+            f"up to rank {VLLM_LORA_RANKS[-1]}; lower it"
+        )
     if lora.train_embeddings:
-        raise NotSupportedError("model.lora_configs[0].train_embeddings: true is not supported yet: "
-                                "vLLM serves adapters of linear layers only; set it to false")
+        raise NotSupportedError(
+            "model.lora_configs[0].train_embeddings: true is not supported yet: "
+            "vLLM serves adapters of linear layers only; set it to false"
+        )
     if lora.base_model_name is not None:
-        log.info("model.lora_configs[0].base_model_name has no effect: the base model is "
-                 "model.model_path")
+        log.info(
+            "model.lora_configs[0].base_model_name has no effect: the base model is "
+            "model.model_path"
+        )
 
 
 def uses_critic(cfg: Config) -> bool:
@@ -189,8 +263,10 @@ def _derive_critic(cfg: Config, seen: set[str]) -> None:
     path = cfg.trainer.trainer_config.critic.model.path
     if path is not None:
         if "model.critic_model_path" in seen and cfg.model.critic_model_path != path:
-            raise ConfigError(f"trainer.trainer_config.critic.model.path={path!r} contradicts "
-                              f"model.critic_model_path={cfg.model.critic_model_path!r}; set only one")
+            raise ConfigError(
+                f"trainer.trainer_config.critic.model.path={path!r} contradicts "
+                f"model.critic_model_path={cfg.model.critic_model_path!r}; set only one"
+            )
         cfg.model.critic_model_path = path
     warmup = cfg.trainer.trainer_config.trainer.critic_warmup
     if uses_critic(cfg):
@@ -198,22 +274,32 @@ def _derive_critic(cfg: Config, seen: set[str]) -> None:
             cfg.model.critic_model_path = cfg.model.model_path
         return
     if warmup:
-        raise ConfigError(f"trainer.trainer_config.trainer.critic_warmup={warmup} needs a critic: "
-                          f"set algorithm.advantage_fn: ppo (GAE), or set critic_warmup to 0 "
-                          f"(advantage_fn is {cfg.algorithm.advantage_fn!r})")
-    critic_keys = sorted(k for k in seen if k == "model.critic_model_path"
-                         or k.startswith("trainer.trainer_config.critic."))
+        raise ConfigError(
+            f"trainer.trainer_config.trainer.critic_warmup={warmup} needs a critic: "
+            f"set algorithm.advantage_fn: ppo (GAE), or set critic_warmup to 0 "
+            f"(advantage_fn is {cfg.algorithm.advantage_fn!r})"
+        )
+    critic_keys = sorted(
+        k
+        for k in seen
+        if k == "model.critic_model_path" or k.startswith("trainer.trainer_config.critic.")
+    )
     if critic_keys:
-        log.warning("%s: no effect, advantage_fn %r trains no critic (only advantage_fn: ppo does)",
-                    ", ".join(critic_keys), cfg.algorithm.advantage_fn)
+        log.warning(
+            "%s: no effect, advantage_fn %r trains no critic (only advantage_fn: ppo does)",
+            ", ".join(critic_keys),
+            cfg.algorithm.advantage_fn,
+        )
 
 
 def _derive_zero_stage(cfg: Config, seen: set[str]) -> None:
     """Parameter offload exists only in ZeRO-3: asking for it with the stage unset selects 3."""
     t = cfg.trainer
     if t.param_offload and "trainer.zero_stage" not in seen and t.zero_stage != 3:
-        log.info("trainer.param_offload: true selects trainer.zero_stage=3 (parameters are "
-                 "partitioned, hence offloadable, only in ZeRO-3)")
+        log.info(
+            "trainer.param_offload: true selects trainer.zero_stage=3 (parameters are "
+            "partitioned, hence offloadable, only in ZeRO-3)"
+        )
         t.zero_stage = 3
 
 
@@ -239,33 +325,47 @@ def _derive_totals(cfg: Config) -> None:
     buf, algo = cfg.buffer, cfg.algorithm
     if buf.train_batch_size is None:
         buf.train_batch_size = buf.batch_size * algo.repeat_times
-    elif (algo.algorithm_type != "sft" and algo.sample_strategy != "mix"  # mix: rft.config.mix
-          and buf.train_batch_size % algo.repeat_times):
+    elif (
+        algo.algorithm_type != "sft"
+        and algo.sample_strategy != "mix"  # mix: rft.config.mix
+        and buf.train_batch_size % algo.repeat_times
+    ):
         raise ConfigError(
             f"buffer.train_batch_size={buf.train_batch_size} is not a multiple of "
             f"algorithm.repeat_times={algo.repeat_times}: a group of samples is never split "
-            f"across gradient steps; use e.g. {buf.batch_size * algo.repeat_times}")
+            f"across gradient steps; use e.g. {buf.batch_size * algo.repeat_times}"
+        )
     trainer_steps = cfg.trainer.total_steps
     if trainer_steps is not None:
         if buf.total_steps is not None and buf.total_steps != trainer_steps:
-            raise ConfigError(f"buffer.total_steps={buf.total_steps} contradicts "
-                              f"trainer.total_steps={trainer_steps}; set only one")
+            raise ConfigError(
+                f"buffer.total_steps={buf.total_steps} contradicts "
+                f"trainer.total_steps={trainer_steps}; set only one"
+            )
         buf.total_steps = trainer_steps
 
 
 def _derive_lengths(cfg: Config) -> None:
     model = cfg.model
-    prompt, response, total = model.max_prompt_tokens, model.max_response_tokens, model.max_model_len
+    prompt, response, total = (
+        model.max_prompt_tokens,
+        model.max_response_tokens,
+        model.max_model_len,
+    )
     if total is not None and response is not None and response >= total:
-        raise ConfigError(f"model.max_response_tokens={response} leaves no room for the prompt in "
-                          f"model.max_model_len={total}")
+        raise ConfigError(
+            f"model.max_response_tokens={response} leaves no room for the prompt in "
+            f"model.max_model_len={total}"
+        )
     if total is not None and prompt is None and response is not None:
         model.max_prompt_tokens = total - response
     elif total is None and prompt is not None and response is not None:
         model.max_model_len = prompt + response
     elif None not in (prompt, response, total) and prompt + response > total:
-        raise ConfigError(f"model.max_prompt_tokens + model.max_response_tokens = "
-                          f"{prompt + response} exceeds model.max_model_len={total}")
+        raise ConfigError(
+            f"model.max_prompt_tokens + model.max_response_tokens = "
+            f"{prompt + response} exceeds model.max_model_len={total}"
+        )
     rollout = cfg.explorer.rollout_model
     if rollout.max_model_len is None:
         rollout.max_model_len = model.max_model_len
@@ -276,25 +376,32 @@ def _derive_runner_num(cfg: Config, seen: set[str]) -> None:
     if explorer.runner_num is None:
         return
     if "explorer.runner_per_model" in seen and explorer.runner_per_model != explorer.runner_num:
-        raise ConfigError(f"explorer.runner_num={explorer.runner_num} contradicts "
-                          f"explorer.runner_per_model={explorer.runner_per_model}; set only one")
+        raise ConfigError(
+            f"explorer.runner_num={explorer.runner_num} contradicts "
+            f"explorer.runner_per_model={explorer.runner_per_model}; set only one"
+        )
     explorer.runner_per_model = explorer.runner_num
 
 
 def _check_inputs(cfg: Config) -> None:
     inputs = cfg.buffer.explorer_input
     if inputs.taskset is not None and inputs.tasksets:
-        raise ConfigError("set buffer.explorer_input.taskset or buffer.explorer_input.tasksets, "
-                          "not both")
+        raise ConfigError(
+            "set buffer.explorer_input.taskset or buffer.explorer_input.tasksets, not both"
+        )
     if not cfg.model.model_path:
         raise ConfigError("model.model_path is empty: set it to a local Hugging Face model folder")
     needs_tasks = cfg.mode in ("both", "explore") and cfg.algorithm.algorithm_type != "sft"
     if needs_tasks and not cfg.training_tasksets():
-        raise ConfigError(f"mode '{cfg.mode}' generates experiences but no taskset is configured: "
-                          "set buffer.explorer_input.taskset (path, split, format)")
+        raise ConfigError(
+            f"mode '{cfg.mode}' generates experiences but no taskset is configured: "
+            "set buffer.explorer_input.taskset (path, split, format)"
+        )
     if cfg.mode == "bench" and not inputs.eval_tasksets:
-        raise ConfigError("mode 'bench' evaluates checkpoints on buffer.explorer_input."
-                          "eval_tasksets, which is empty")
+        raise ConfigError(
+            "mode 'bench' evaluates checkpoints on buffer.explorer_input."
+            "eval_tasksets, which is empty"
+        )
     for label, taskset in cfg.labelled_tasksets():
         if not taskset.path:
             raise ConfigError(f"{label}.path is empty: set it to a dataset folder or file")
@@ -309,55 +416,77 @@ def _check_experience_buffer(cfg: Config) -> None:
             f"{key}.storage_type 'sql' uses SQLite as the transport, whose locking is unreliable "
             f"on network filesystems (NFS, Lustre), and cluster.node_num={cfg.cluster.node_num}. "
             "Use storage_type: queue (sealed segments; add path: sqlite:///x.db to also archive "
-            "consumed experiences in SQLite)")
+            "consumed experiences in SQLite)"
+        )
     if buf.storage_type == "sql" and not (buf.path or "").startswith("sqlite:///"):
         raise ConfigError(f"{key}.path must be sqlite:///<file>.db with storage_type 'sql'")
     if buf.storage_type == "queue" and buf.path and not buf.path.startswith("sqlite:///"):
-        raise ConfigError(f"{key}.path={buf.path!r}: with storage_type 'queue' the path is "
-                          "optional and, when set, must be sqlite:///<file>.db (an archive)")
+        raise ConfigError(
+            f"{key}.path={buf.path!r}: with storage_type 'queue' the path is "
+            "optional and, when set, must be sqlite:///<file>.db (an archive)"
+        )
     if buf.storage_type == "file":
         if cfg.mode != "train":
-            raise ConfigError(f"{key}.storage_type 'file' (a fixed dataset of experiences) needs "
-                              f"mode 'train', not '{cfg.mode}'")
+            raise ConfigError(
+                f"{key}.storage_type 'file' (a fixed dataset of experiences) needs "
+                f"mode 'train', not '{cfg.mode}'"
+            )
         if not buf.path:
             raise ConfigError(f"{key}.path is empty: set it to the SFT dataset folder or file")
     for name, aux in cfg.buffer.trainer_input.auxiliary_buffers.items():
         if aux.storage_type != "file" or not aux.path:
-            raise ConfigError(f"buffer.trainer_input.auxiliary_buffers.{name}: expert data must "
-                              "be storage_type: file with a path to a dataset")
+            raise ConfigError(
+                f"buffer.trainer_input.auxiliary_buffers.{name}: expert data must "
+                "be storage_type: file with a path to a dataset"
+            )
     if cfg.algorithm.sample_strategy == "mix" and not cfg.buffer.trainer_input.auxiliary_buffers:
-        raise ConfigError("algorithm.sample_strategy 'mix' mixes in expert data: set "
-                          "buffer.trainer_input.auxiliary_buffers.<name> (storage_type: file, path)")
+        raise ConfigError(
+            "algorithm.sample_strategy 'mix' mixes in expert data: set "
+            "buffer.trainer_input.auxiliary_buffers.<name> (storage_type: file, path)"
+        )
 
 
 def _check_trainer(cfg: Config) -> None:
     t = cfg.trainer
     if t.gradient_checkpointing_every > 1 and not t.gradient_checkpointing:
-        log.warning("trainer.gradient_checkpointing_every=%d: no effect, trainer.gradient_checkpointing "
-                    "is false (no layer recomputes)", t.gradient_checkpointing_every)
+        log.warning(
+            "trainer.gradient_checkpointing_every=%d: no effect, trainer.gradient_checkpointing "
+            "is false (no layer recomputes)",
+            t.gradient_checkpointing_every,
+        )
     if t.compile_layers and t.zero_stage == 3:  # after _derive_zero_stage: param_offload selects 3
-        raise NotSupportedError("trainer.compile_layers with ZeRO-3 (trainer.zero_stage 3, or "
-                                "param_offload) is not supported yet: ZeRO-3 gathers each parameter "
-                                "in hooks inside the layers, which break compiled graphs. Use "
-                                "zero_stage 2 (or 1) without param_offload, or compile_layers: false")
+        raise NotSupportedError(
+            "trainer.compile_layers with ZeRO-3 (trainer.zero_stage 3, or "
+            "param_offload) is not supported yet: ZeRO-3 gathers each parameter "
+            "in hooks inside the layers, which break compiled graphs. Use "
+            "zero_stage 2 (or 1) without param_offload, or compile_layers: false"
+        )
     if t.param_offload and t.zero_stage != 3:
-        raise ConfigError(f"trainer.param_offload needs trainer.zero_stage=3, but trainer.zero_stage="
-                          f"{t.zero_stage} is set: ZeRO-1/2 keep whole parameters on each GPU; "
-                          "leave zero_stage unset (param_offload then selects 3) or use "
-                          "optimizer_offload with ZeRO-1/2")
+        raise ConfigError(
+            f"trainer.param_offload needs trainer.zero_stage=3, but trainer.zero_stage="
+            f"{t.zero_stage} is set: ZeRO-1/2 keep whole parameters on each GPU; "
+            "leave zero_stage unset (param_offload then selects 3) or use "
+            "optimizer_offload with ZeRO-1/2"
+        )
     tasksets = [taskset for _, taskset in cfg.labelled_tasksets()]
     if cfg.model.logprobs or any(taskset.rollout_args.logprobs for taskset in tasksets):
-        raise NotSupportedError("model.logprobs / rollout_args.logprobs > 0: extra top-k log-probs "
-                                "are not supported yet; rft keeps the sampled token's log-prob "
-                                "(always on). Remove the key or set it to 0")
+        raise NotSupportedError(
+            "model.logprobs / rollout_args.logprobs > 0: extra top-k log-probs "
+            "are not supported yet; rft keeps the sampled token's log-prob "
+            "(always on). Remove the key or set it to 0"
+        )
     rollout = cfg.explorer.rollout_model
     if rollout.enable_auto_tool_choice and not rollout.tool_call_parser:
-        raise ConfigError("explorer.rollout_model.enable_auto_tool_choice needs "
-                          "explorer.rollout_model.tool_call_parser (a vLLM tool parser, e.g. hermes)")
+        raise ConfigError(
+            "explorer.rollout_model.enable_auto_tool_choice needs "
+            "explorer.rollout_model.tool_call_parser (a vLLM tool parser, e.g. hermes)"
+        )
     if rollout.tool_call_parser and not rollout.enable_auto_tool_choice:
-        log.warning("explorer.rollout_model.tool_call_parser=%s: no effect without "
-                    "enable_auto_tool_choice: true (replies are not parsed for tool calls)",
-                    rollout.tool_call_parser)
+        log.warning(
+            "explorer.rollout_model.tool_call_parser=%s: no effect without "
+            "enable_auto_tool_choice: true (replies are not parsed for tool calls)",
+            rollout.tool_call_parser,
+        )
 
 
 def taskset_temperature(cfg: Config, taskset: TasksetConfig) -> float:
@@ -379,44 +508,67 @@ def _check_rollout_correction(cfg: Config) -> None:
     with what it needs (rollouts to weight, and old log-probs recomputed by the trainer)."""
     rc, algo, key = cfg.algorithm.rollout_correction, cfg.algorithm, "algorithm.rollout_correction"
     if rc.rollout_is_threshold is not None and rc.mode != "tis":
-        raise ConfigError(f"{key}.rollout_is_threshold acts only with {key}.mode: tis, but mode is "
-                          f"{rc.mode!r}; remove it, or set mode: tis")
+        raise ConfigError(
+            f"{key}.rollout_is_threshold acts only with {key}.mode: tis, but mode is "
+            f"{rc.mode!r}; remove it, or set mode: tis"
+        )
     if rc.behav_imp_weight_cap is not None and rc.mode != "decoupled":
-        raise ConfigError(f"{key}.behav_imp_weight_cap acts only with {key}.mode: decoupled, but mode "
-                          f"is {rc.mode!r}; remove it, or set mode: decoupled")
+        raise ConfigError(
+            f"{key}.behav_imp_weight_cap acts only with {key}.mode: decoupled, but mode "
+            f"is {rc.mode!r}; remove it, or set mode: decoupled"
+        )
     if rc.mode == "none":
         return
     if rc.mode == "tis" and rc.rollout_is_threshold is None:
         rc.rollout_is_threshold = TIS_THRESHOLD
     if algo.policy_loss_fn == "sft":
-        raise ConfigError(f"{key}.mode: {rc.mode} weights rollouts, but policy_loss_fn 'sft' trains on "
-                          f"data without behaviour log-probs; set {key}.mode: none")
+        raise ConfigError(
+            f"{key}.mode: {rc.mode} weights rollouts, but policy_loss_fn 'sft' trains on "
+            f"data without behaviour log-probs; set {key}.mode: none"
+        )
     if algo.old_logprobs == "rollout":
-        raise ConfigError(f"{key}.mode: {rc.mode} needs old log-probs recomputed at the trainer's "
-                          "weights (the proximal policy), but algorithm.old_logprobs is 'rollout'; "
-                          "set algorithm.old_logprobs: recompute")
+        raise ConfigError(
+            f"{key}.mode: {rc.mode} needs old log-probs recomputed at the trainer's "
+            "weights (the proximal policy), but algorithm.old_logprobs is 'rollout'; "
+            "set algorithm.old_logprobs: recompute"
+        )
     sync = cfg.synchronizer
     if cfg.mode == "both" and sync.sync_interval == 1 and sync.sync_offset == 0:
-        log.info("%s.mode: %s on an on-policy run (mode both, sync_interval 1, sync_offset 0): "
-                 "behaviour and proximal weights are the same, so the weights differ from 1 only "
-                 "by the vLLM/trainer numerical mismatch", key, rc.mode)
+        log.info(
+            "%s.mode: %s on an on-policy run (mode both, sync_interval 1, sync_offset 0): "
+            "behaviour and proximal weights are the same, so the weights differ from 1 only "
+            "by the vLLM/trainer numerical mismatch",
+            key,
+            rc.mode,
+        )
 
 
 def _check_lead(cfg: Config) -> None:
     """``synchronizer.max_lead_steps`` bounds an asynchronous explorer; say where it does not."""
     sync, buf = cfg.synchronizer, cfg.buffer
     if sync.max_lead_steps is not None and cfg.mode == "both":
-        log.warning("synchronizer.max_lead_steps has no effect in mode both: there "
-                    "synchronizer.sync_offset (%d) is how far explorers run ahead", sync.sync_offset)
+        log.warning(
+            "synchronizer.max_lead_steps has no effect in mode both: there "
+            "synchronizer.sync_offset (%d) is how far explorers run ahead",
+            sync.sync_offset,
+        )
     explored = buf.batch_size * cfg.algorithm.repeat_times
-    if (sync.max_lead_steps is not None and cfg.mode == "explore"
-            and buf.train_batch_size is not None and buf.train_batch_size > explored):
-        log.warning("synchronizer.max_lead_steps counts explorer steps against trainer steps, but an "
-                    "explorer step here (%d experiences) is smaller than a trainer step "
-                    "(buffer.train_batch_size=%d): the explorer would wait for weights its own "
-                    "data cannot produce and stop after synchronizer.sync_timeout; raise "
-                    "buffer.batch_size to >= %d tasks or unset max_lead_steps", explored,
-                    buf.train_batch_size, -(-buf.train_batch_size // cfg.algorithm.repeat_times))
+    if (
+        sync.max_lead_steps is not None
+        and cfg.mode == "explore"
+        and buf.train_batch_size is not None
+        and buf.train_batch_size > explored
+    ):
+        log.warning(
+            "synchronizer.max_lead_steps counts explorer steps against trainer steps, but an "
+            "explorer step here (%d experiences) is smaller than a trainer step "
+            "(buffer.train_batch_size=%d): the explorer would wait for weights its own "
+            "data cannot produce and stop after synchronizer.sync_timeout; raise "
+            "buffer.batch_size to >= %d tasks or unset max_lead_steps",
+            explored,
+            buf.train_batch_size,
+            -(-buf.train_batch_size // cfg.algorithm.repeat_times),
+        )
 
 
 def check_gpu_split(cfg: Config, mode: str | None = None) -> None:
@@ -431,16 +583,25 @@ def check_gpu_split(cfg: Config, mode: str | None = None) -> None:
     per_task = task_gpus(rollout.tensor_parallel_size, auxiliary_tp(cfg))
     scorers = " plus one scorer of each reward model" if cfg.explorer.auxiliary_models else ""
     if per_task > cluster.gpu_per_node:
-        raise ConfigError(f"an explorer task needs {per_task} GPUs (explorer.rollout_model."
-                          f"tensor_parallel_size {rollout.tensor_parallel_size}{scorers}) but "
-                          f"cluster.gpu_per_node={cluster.gpu_per_node}: a task's GPUs must be on "
-                          "one node; lower the tensor_parallel_size of the rollout or reward models")
-    whose = (f"{split.auxiliary} of them for explorer.auxiliary_models" if split.auxiliary else
-             "explorer.rollout_model.engine_num x tensor_parallel_size")
+        raise ConfigError(
+            f"an explorer task needs {per_task} GPUs (explorer.rollout_model."
+            f"tensor_parallel_size {rollout.tensor_parallel_size}{scorers}) but "
+            f"cluster.gpu_per_node={cluster.gpu_per_node}: a task's GPUs must be on "
+            "one node; lower the tensor_parallel_size of the rollout or reward models"
+        )
+    whose = (
+        f"{split.auxiliary} of them for explorer.auxiliary_models"
+        if split.auxiliary
+        else "explorer.rollout_model.engine_num x tensor_parallel_size"
+    )
     if mode == "both" and split.trainer < 1:
-        raise ConfigError(f"explorers take {split.explorer} GPUs ({whose}), leaving none of "
-                          f"cluster.node_num x gpu_per_node = {split.total} for the trainer; lower "
-                          "engine_num or raise cluster.gpu_per_node/node_num")
+        raise ConfigError(
+            f"explorers take {split.explorer} GPUs ({whose}), leaving none of "
+            f"cluster.node_num x gpu_per_node = {split.total} for the trainer; lower "
+            "engine_num or raise cluster.gpu_per_node/node_num"
+        )
     if mode == "explore" and split.explorer > split.total:
-        raise ConfigError(f"explorers need {split.explorer} GPUs ({whose}) but the cluster section "
-                          f"has {split.total}; lower explorer.rollout_model.engine_num")
+        raise ConfigError(
+            f"explorers need {split.explorer} GPUs ({whose}) but the cluster section "
+            f"has {split.total}; lower explorer.rollout_model.engine_num"
+        )

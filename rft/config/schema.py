@@ -52,9 +52,15 @@ class OptimizerConfig:
 @dataclass
 class RolloutCorrectionConfig:
     # veRL's section name; the math is rft.algo.correction, the README says which to use when.
-    mode: RolloutCorrectionMode = "none"  # none | tis (truncated IS) | decoupled (AReaL's decoupled PPO)
-    rollout_is_threshold: Optional[float] = field(None, ge=1)  # tis only: cap C of min(pi_old / pi_rollout, C); unset: 2.0 (veRL's)
-    behav_imp_weight_cap: Optional[float] = field(None, ge=1)  # decoupled only: drop tokens whose weight exceeds it (AReaL's key)
+    mode: RolloutCorrectionMode = (
+        "none"  # none | tis (truncated IS) | decoupled (AReaL's decoupled PPO)
+    )
+    rollout_is_threshold: Optional[float] = field(
+        None, ge=1
+    )  # tis only: cap C of min(pi_old / pi_rollout, C); unset: 2.0 (veRL's)
+    behav_imp_weight_cap: Optional[float] = field(
+        None, ge=1
+    )  # decoupled only: drop tokens whose weight exceeds it (AReaL's key)
 
 
 @dataclass
@@ -76,7 +82,9 @@ class AlgorithmConfig:
     sample_strategy_args: dict = field(factory=dict)  # e.g. {expert_data_ratio: 0.25}
     loss_agg_mode: Optional[LossAggMode] = None  # how token losses are averaged
     old_logprobs: Literal["recompute", "rollout"] = "recompute"  # old policy log-probs source
-    rollout_correction: RolloutCorrectionConfig = field(factory=RolloutCorrectionConfig)  # off-policy correction (async)
+    rollout_correction: RolloutCorrectionConfig = field(
+        factory=RolloutCorrectionConfig
+    )  # off-policy correction (async)
 
 
 @dataclass
@@ -101,14 +109,20 @@ class ModelConfig:
     max_prompt_tokens: Optional[int] = field(None, ge=1)  # longer prompts: left out (see below)
     max_response_tokens: Optional[int] = field(None, ge=1)  # generation limit per sample
     min_response_tokens: int = field(1, ge=0)  # generation floor per sample
-    enable_prompt_truncation: bool = True  # true: leave out (count) prompts > max_prompt_tokens; false: no prompt limit
-    temperature: float = field(1.0, ge=0)  # sampling temperature (tasksets may override); the trainer scores rollouts at it too
+    enable_prompt_truncation: bool = (
+        True  # true: leave out (count) prompts > max_prompt_tokens; false: no prompt limit
+    )
+    temperature: float = field(
+        1.0, ge=0
+    )  # sampling temperature (tasksets may override); the trainer scores rollouts at it too
     top_p: float = field(1.0, gt=0, le=1)  # nucleus sampling
     top_k: int = field(-1, ge=-1)  # top-k sampling; -1 disables
     logprobs: int = field(0, ge=0)  # extra top log-probs per token (the sampled one is always kept)
     enable_thinking: Optional[bool] = None  # chat-template switch for thinking models (Qwen3)
     custom_chat_template: Optional[str] = None  # Jinja chat template replacing the tokenizer's
-    lora_configs: Optional[list[LoRAConfig]] = None  # train a LoRA adapter (one), sync only the adapter
+    lora_configs: Optional[list[LoRAConfig]] = (
+        None  # train a LoRA adapter (one), sync only the adapter
+    )
     fully_sharded_loras: bool = False  # vLLM's fully_sharded_loras (tensor-parallel engines)
     max_cpu_loras: Optional[int] = field(None, ge=1)  # vLLM's max_cpu_loras
 
@@ -126,7 +140,9 @@ class FormatConfig:
     messages_key: Optional[str] = None  # column holding chat messages (instead of prompt/response)
     system_prompt: Optional[str] = None  # replaces the workflow's system prompt
     reply_prefix: Optional[str] = None  # text the reply starts with (no effect on SFT/expert rows)
-    workflow_key: Optional[str] = None  # column naming each row's workflow (overrides the taskset's)
+    workflow_key: Optional[str] = (
+        None  # column naming each row's workflow (overrides the taskset's)
+    )
     reward_fn_key: Optional[str] = None  # column naming each row's reward function
 
 
@@ -141,7 +157,9 @@ class RolloutArgs:
 
 @dataclass
 class TaskSelectorConfig:
-    selector_type: Literal["sequential", "shuffle", "random"] = "sequential"  # order (eval: every row)
+    selector_type: Literal["sequential", "shuffle", "random"] = (
+        "sequential"  # order (eval: every row)
+    )
     seed: int = 42  # seed for shuffle/random
 
 
@@ -210,15 +228,21 @@ class RolloutModelConfig:
     seed: int = 42  # sampling seed
     max_model_len: Optional[int] = field(None, ge=1)  # defaults to model.max_model_len
     enable_thinking: Optional[bool] = None  # chat-template switch for thinking models
-    enable_auto_tool_choice: bool = False  # parse tool calls in chat replies (needs tool_call_parser)
+    enable_auto_tool_choice: bool = (
+        False  # parse tool calls in chat replies (needs tool_call_parser)
+    )
     tool_call_parser: Optional[str] = None  # vLLM tool parser for chat replies, e.g. hermes
-    reasoning_parser: Optional[str] = None  # vLLM reasoning parser: chat replies get reasoning_content
+    reasoning_parser: Optional[str] = (
+        None  # vLLM reasoning parser: chat replies get reasoning_content
+    )
     enable_history: bool = False  # no effect: workflow model calls are always recorded
 
 
 @dataclass
 class AuxiliaryModelConfig:
-    model_path: str = ""  # a reward model: an HF folder with a score head (*ForSequenceClassification)
+    model_path: str = (
+        ""  # a reward model: an HF folder with a score head (*ForSequenceClassification)
+    )
     engine_num: int = field(1, ge=1)  # scoring engines (GPUs counted in the explorers' split)
     tensor_parallel_size: int = field(1, ge=1)  # GPUs per engine
     enable_thinking: Optional[bool] = None  # chat-template switch
@@ -234,7 +258,9 @@ class ExplorerConfig:
     runner_num: Optional[int] = field(None, ge=1)  # older spelling of runner_per_model
     max_timeout: float = field(900.0, gt=0)  # seconds one workflow run may take; then it is stopped
     rollout_model: RolloutModelConfig = field(factory=RolloutModelConfig)  # vLLM engines
-    auxiliary_models: list[AuxiliaryModelConfig] = field(factory=list)  # reward models next to the explorers
+    auxiliary_models: list[AuxiliaryModelConfig] = field(
+        factory=list
+    )  # reward models next to the explorers
     eval_interval: int = field(100, ge=0)  # evaluate every N steps; 0: never
     eval_on_startup: bool = True  # evaluate before the first step
     bench_on_latest_checkpoint: bool = False  # mode bench: only the newest checkpoint
@@ -248,7 +274,9 @@ class SynchronizerConfig:
     sync_style: Literal["fixed", "dynamic_by_explorer", "dynamic_by_trainer"] = "fixed"  # when
     sync_interval: int = field(1, ge=1)  # publish weights every N trainer steps
     sync_offset: int = field(0, ge=0)  # explorer may run N steps ahead of the weights (mode both)
-    max_lead_steps: Optional[int] = field(None, ge=0)  # rft: the same bound for mode explore (null: none)
+    max_lead_steps: Optional[int] = field(
+        None, ge=0
+    )  # rft: the same bound for mode explore (null: none)
     sync_timeout: int = field(3600, ge=1)  # seconds to wait for weights/experiences before failing
     weights_versions_to_keep: int = field(2, ge=1)  # newest weights/v* folders kept on disk
 
@@ -267,19 +295,25 @@ class VerlModelConfig:
 
 @dataclass
 class VerlRefConfig:
-    fsdp_config: VerlFsdpConfig = field(factory=VerlFsdpConfig)  # param_offload -> trainer.ref_offload
+    fsdp_config: VerlFsdpConfig = field(
+        factory=VerlFsdpConfig
+    )  # param_offload -> trainer.ref_offload
 
 
 @dataclass
 class VerlActorConfig:
-    ppo_micro_batch_size_per_gpu: Optional[int] = field(None, ge=1)  # -> trainer.micro_batch_size_per_gpu
+    ppo_micro_batch_size_per_gpu: Optional[int] = field(
+        None, ge=1
+    )  # -> trainer.micro_batch_size_per_gpu
     ppo_epochs: Optional[int] = field(None, ge=1)  # -> trainer.ppo_epochs
     fsdp_config: VerlFsdpConfig = field(factory=VerlFsdpConfig)  # -> trainer offload
 
 
 @dataclass
 class VerlRolloutConfig:
-    log_prob_micro_batch_size_per_gpu: Optional[int] = field(None, ge=1)  # -> trainer.log_prob_micro_batch_size_per_gpu
+    log_prob_micro_batch_size_per_gpu: Optional[int] = field(
+        None, ge=1
+    )  # -> trainer.log_prob_micro_batch_size_per_gpu
 
 
 @dataclass
@@ -293,23 +327,33 @@ class VerlActorRolloutRefConfig:
 @dataclass
 class VerlCriticModelConfig:
     path: Optional[str] = None  # -> model.critic_model_path
-    use_remove_padding: Optional[bool] = None  # no effect: the critic packs as the actor (trainer.padding_free)
-    enable_gradient_checkpointing: Optional[bool] = None  # critic's (null: trainer.gradient_checkpointing)
-    fsdp_config: VerlFsdpConfig = field(factory=VerlFsdpConfig)  # critic's offload (null: the trainer's)
+    use_remove_padding: Optional[bool] = (
+        None  # no effect: the critic packs as the actor (trainer.padding_free)
+    )
+    enable_gradient_checkpointing: Optional[bool] = (
+        None  # critic's (null: trainer.gradient_checkpointing)
+    )
+    fsdp_config: VerlFsdpConfig = field(
+        factory=VerlFsdpConfig
+    )  # critic's offload (null: the trainer's)
 
 
 @dataclass
 class VerlCriticConfig:
     model: VerlCriticModelConfig = field(factory=VerlCriticModelConfig)  # value model
     optim: OptimizerConfig = field(factory=OptimizerConfig)  # critic's own AdamW and schedule
-    ppo_micro_batch_size_per_gpu: Optional[int] = field(None, ge=1)  # null: trainer.micro_batch_size_per_gpu
+    ppo_micro_batch_size_per_gpu: Optional[int] = field(
+        None, ge=1
+    )  # null: trainer.micro_batch_size_per_gpu
     cliprange_value: float = field(0.5, gt=0)  # value clip around the old values
     grad_clip: Optional[float] = field(None, ge=0)  # null: trainer.grad_clip
 
 
 @dataclass
 class VerlTrainerSection:
-    critic_warmup: int = field(0, ge=0)  # first N steps train only the critic (needs advantage_fn ppo)
+    critic_warmup: int = field(
+        0, ge=0
+    )  # first N steps train only the critic (needs advantage_fn ppo)
 
 
 @dataclass
@@ -328,7 +372,9 @@ class TrainerConfig:
     max_token_len_per_gpu: int = field(16384, ge=1)  # token budget per micro-batch
     padding_free: bool = False  # pack each micro-batch's sequences into one row (no padding)
     micro_batch_size_per_gpu: int = field(1, ge=1)  # fixed micro-batch size (use_dynamic_bsz false)
-    log_prob_micro_batch_size_per_gpu: Optional[int] = field(None, ge=1)  # log-prob passes (None: as above)
+    log_prob_micro_batch_size_per_gpu: Optional[int] = field(
+        None, ge=1
+    )  # log-prob passes (None: as above)
     ppo_epochs: int = field(1, ge=1)  # optimisation passes over each batch
     ulysses_sequence_parallel_size: int = field(1, ge=1)  # no effect at 1; > 1 refused (not built)
     zero_stage: int = field(2, ge=0, le=3)  # DeepSpeed ZeRO stage
@@ -336,8 +382,12 @@ class TrainerConfig:
     optimizer_offload: bool = False  # optimizer states in CPU memory
     ref_offload: bool = True  # reference model kept in CPU memory between uses
     gradient_checkpointing: bool = True  # recompute activations in backward
-    gradient_checkpointing_every: int = field(1, ge=1)  # of those, every k-th decoder layer (1: all)
-    compile_layers: bool = False  # torch.compile each decoder layer of the trained models (not ZeRO-3)
+    gradient_checkpointing_every: int = field(
+        1, ge=1
+    )  # of those, every k-th decoder layer (1: all)
+    compile_layers: bool = (
+        False  # torch.compile each decoder layer of the trained models (not ZeRO-3)
+    )
     precision: Literal["bf16", "fp32"] = "bf16"  # training dtype (fp16 is refused on CPU)
     save_hf_checkpoint: Literal["last", "always", "never"] = "last"  # write actor/huggingface/
     max_checkpoints_to_keep: Optional[int] = field(None, ge=1)  # older global_step_* removed
@@ -361,8 +411,11 @@ class SlurmConfig:
     partition: Optional[str] = None  # --partition
     account: Optional[str] = None  # --account
     qos: Optional[str] = None  # --qos
-    time: str = field("24:00:00", text_only="quote it, e.g. time: '12:00:00' (YAML reads an "
-                      "unquoted 12:00:00 as the number 43200)")  # --time, [D-]HH:MM:SS
+    time: str = field(
+        "24:00:00",
+        text_only="quote it, e.g. time: '12:00:00' (YAML reads an "
+        "unquoted 12:00:00 as the number 43200)",
+    )  # --time, [D-]HH:MM:SS
     constraint: Optional[str] = None  # --constraint, e.g. a100
     signal_delay_s: int = field(300, ge=0)  # --signal=USR1@N: checkpoint N s before the limit
     requeue: bool = True  # requeue after preemption or the warning signal
@@ -405,29 +458,37 @@ class Config:
         """Absolute run directory (relative roots are relative to the working directory)."""
         return (Path(self.checkpoint_root_dir).expanduser() / self.project / self.name).absolute()
 
-    def labelled_tasksets(self, *, training: bool = True,
-                          evaluation: bool = True) -> list[tuple[str, TasksetConfig]]:
+    def labelled_tasksets(
+        self, *, training: bool = True, evaluation: bool = True
+    ) -> list[tuple[str, TasksetConfig]]:
         """Tasksets (training, then eval) with their key paths, for messages."""
         inputs = self.buffer.explorer_input
         out = []
         if training:
             out += [("buffer.explorer_input.taskset", inputs.taskset)] if inputs.taskset else []
-            out += [(f"buffer.explorer_input.tasksets[{i}]", taskset)
-                    for i, taskset in enumerate(inputs.tasksets)]
+            out += [
+                (f"buffer.explorer_input.tasksets[{i}]", taskset)
+                for i, taskset in enumerate(inputs.tasksets)
+            ]
         if evaluation:
-            out += [(f"buffer.explorer_input.eval_tasksets[{i}]", taskset)
-                    for i, taskset in enumerate(inputs.eval_tasksets)]
+            out += [
+                (f"buffer.explorer_input.eval_tasksets[{i}]", taskset)
+                for i, taskset in enumerate(inputs.eval_tasksets)
+            ]
         return out
 
     def gpu_split(self, mode: Optional[str] = None) -> GpuSplit:
         """How ``mode`` (default: this config's) divides the cluster section's GPUs."""
         rollout = self.explorer.rollout_model
-        return gpu_split(mode or self.mode, node_num=self.cluster.node_num,
-                         gpu_per_node=self.cluster.gpu_per_node, engine_num=rollout.engine_num,
-                         tensor_parallel_size=rollout.tensor_parallel_size,
-                         auxiliary_gpus=auxiliary_gpus(self.explorer.auxiliary_models))
+        return gpu_split(
+            mode or self.mode,
+            node_num=self.cluster.node_num,
+            gpu_per_node=self.cluster.gpu_per_node,
+            engine_num=rollout.engine_num,
+            tensor_parallel_size=rollout.tensor_parallel_size,
+            auxiliary_gpus=auxiliary_gpus(self.explorer.auxiliary_models),
+        )
 
     def training_tasksets(self) -> list[TasksetConfig]:
         """The training tasksets, whether written as ``taskset`` or ``tasksets``."""
         return [taskset for _, taskset in self.labelled_tasksets(evaluation=False)]
-

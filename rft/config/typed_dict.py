@@ -20,12 +20,22 @@ _MISSING = dataclasses.MISSING
 Schema = TypeVar("Schema")  # the dataclass from_dict builds
 
 
-def field(default: Any = _MISSING, *, factory: Any = _MISSING, ge: float | None = None,
-          gt: float | None = None, le: float | None = None, text_only: str | None = None) -> Any:
+def field(
+    default: Any = _MISSING,
+    *,
+    factory: Any = _MISSING,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    text_only: str | None = None,
+) -> Any:
     """A dataclass field with optional numeric bounds checked at load time; ``text_only`` (a
     hint) refuses numbers in a string field instead of converting them."""
-    meta = {k: v for k, v in (("ge", ge), ("gt", gt), ("le", le), ("text_only", text_only))
-            if v is not None}
+    meta = {
+        k: v
+        for k, v in (("ge", ge), ("gt", gt), ("le", le), ("text_only", text_only))
+        if v is not None
+    }
     if factory is not _MISSING:
         return dataclasses.field(default_factory=factory, metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -37,7 +47,9 @@ def _join(path: str, key: str | int) -> str:
     return f"{path}.{key}" if path else key
 
 
-def from_dict(cls: type[Schema], data: object, path: str = "", seen: set[str] | None = None) -> Schema:
+def from_dict(
+    cls: type[Schema], data: object, path: str = "", seen: set[str] | None = None
+) -> Schema:
     """Build dataclass ``cls`` from ``data``; ``seen`` collects the key paths present."""
     if data is None:
         data = {}
@@ -70,8 +82,11 @@ def _unknown_key_message(key_path: str, key: str, fields: dict) -> str:
 def _check_bounds(f: dataclasses.Field, value: object, key_path: str) -> None:
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return
-    checks = (("ge", lambda v, b: v >= b, ">="), ("gt", lambda v, b: v > b, ">"),
-              ("le", lambda v, b: v <= b, "<="))
+    checks = (
+        ("ge", lambda v, b: v >= b, ">="),
+        ("gt", lambda v, b: v > b, ">"),
+        ("le", lambda v, b: v <= b, "<="),
+    )
     for name, ok, sign in checks:
         bound = f.metadata.get(name)
         if bound is not None and not ok(value, bound):

@@ -48,7 +48,17 @@ from rft.safetensors_io import (
 
 log = logging.getLogger(__name__)
 
-WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".h5", ".msgpack", ".ckpt", ".index.json")
+WEIGHT_SUFFIXES = (
+    ".safetensors",
+    ".bin",
+    ".pt",
+    ".pth",
+    ".gguf",
+    ".h5",
+    ".msgpack",
+    ".ckpt",
+    ".index.json",
+)
 
 
 # ----------------------------------------------------------------------------- finding steps
@@ -82,7 +92,9 @@ def find_jobs(path: Path, steps: set[int] | None = None) -> list[Job]:
     (``.../global_step_N/actor``), or a bare DeepSpeed/FSDP checkpoint folder. A Megatron
     checkpoint (``actor/dist_ckpt/``) is refused before anything is written."""
     path = path.resolve()
-    problem = folder_problem(path, "", "pass a run directory, a global_step_N folder or a checkpoint folder")
+    problem = folder_problem(
+        path, "", "pass a run directory, a global_step_N folder or a checkpoint folder"
+    )
     if problem:
         raise CheckpointError(problem)
     jobs = _jobs_for(path)
@@ -90,8 +102,10 @@ def find_jobs(path: Path, steps: set[int] | None = None) -> list[Job]:
         jobs = [j for j in jobs if j.step in steps]
         missing = steps - {j.step for j in jobs}
         if missing:
-            raise CheckpointError(f"no global_step_{min(missing)} under {path}; steps found: "
-                                  f"{sorted(j.step for j in _jobs_for(path))}")
+            raise CheckpointError(
+                f"no global_step_{min(missing)} under {path}; steps found: "
+                f"{sorted(j.step for j in _jobs_for(path))}"
+            )
     for job in jobs:  # refused before anything is written, not once per step as a failure
         refuse_megatron(job.out_dir.parent)
         refuse_megatron(job.ckpt_dir)
@@ -102,7 +116,9 @@ def _jobs_for(path: Path) -> list[Job]:
     for parent in [path, *path.parents]:
         if STEP_RE.match(parent.name):
             return _step_jobs(parent, None if parent == path else path)
-    found = sorted(_walk_steps(path), key=lambda p: (str(p.parent), int(STEP_RE.match(p.name).group(1))))
+    found = sorted(
+        _walk_steps(path), key=lambda p: (str(p.parent), int(STEP_RE.match(p.name).group(1)))
+    )
     if found:
         return [job for p in found for job in _step_jobs(p)]
     detect_format(path)  # raises a clear "not a checkpoint" error
@@ -144,19 +160,26 @@ def _hf_sources(job: Job, base: Path | None) -> list[Path]:
 
 
 def _side_files(folder: Path) -> list[Path]:
-    return [p for p in sorted(folder.iterdir())
-            if p.is_file() and not is_tmp(p) and not p.name.endswith(WEIGHT_SUFFIXES)]
+    return [
+        p
+        for p in sorted(folder.iterdir())
+        if p.is_file() and not is_tmp(p) and not p.name.endswith(WEIGHT_SUFFIXES)
+    ]
 
 
 def check_base_model(base: Path | None) -> None:
     """Refuse a --base-model-dir that is not a Hugging Face model folder (before any step starts)."""
     if base is None:
         return
-    problem = folder_problem(base, "--base-model-dir ", "pass the Hugging Face model folder the run started from")
+    problem = folder_problem(
+        base, "--base-model-dir ", "pass the Hugging Face model folder the run started from"
+    )
     if problem:
         raise CheckpointError(problem)
     if not (base / "config.json").is_file():
-        raise CheckpointError(f"--base-model-dir {base} has no config.json; pass a Hugging Face model folder")
+        raise CheckpointError(
+            f"--base-model-dir {base} has no config.json; pass a Hugging Face model folder"
+        )
 
 
 def copy_side_files(job: Job, base: Path | None, dest: Path) -> dict:
@@ -171,11 +194,16 @@ def copy_side_files(job: Job, base: Path | None, dest: Path) -> dict:
         for p in _side_files(folder):
             shutil.copyfile(p, dest / p.name)
     if not (dest / "config.json").is_file():
-        raise CheckpointError(f"{job.label}: no config.json in {job.out_dir}; pass --base-model-dir "
-                              "(the Hugging Face model folder the run started from)")
+        raise CheckpointError(
+            f"{job.label}: no config.json in {job.out_dir}; pass --base-model-dir "
+            "(the Hugging Face model folder the run started from)"
+        )
     if not has_tokenizer(dest):
-        raise CheckpointError(f"{job.label}: no tokenizer files in {job.out_dir}"
-                              + (f" or {base}" if base else "") + "; pass --base-model-dir with a tokenizer")
+        raise CheckpointError(
+            f"{job.label}: no tokenizer files in {job.out_dir}"
+            + (f" or {base}" if base else "")
+            + "; pass --base-model-dir with a tokenizer"
+        )
     try:
         return json.loads((dest / "config.json").read_text())
     except ValueError as e:
@@ -184,20 +212,30 @@ def copy_side_files(job: Job, base: Path | None, dest: Path) -> dict:
 
 def write_configs(dest: Path, config: dict, dtype: torch.dtype) -> None:
     """Record the output dtype in config.json; add a generation_config.json if none came along."""
-    keys = [k for k in ("dtype", "torch_dtype") if k in config] or ["torch_dtype"]  # new and old spelling
+    keys = [k for k in ("dtype", "torch_dtype") if k in config] or [
+        "torch_dtype"
+    ]  # new and old spelling
     for key in keys:
         config[key] = DTYPE_JSON[dtype]
     (dest / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     if not (dest / "generation_config.json").is_file():
-        gen = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id") if config.get(k) is not None}
+        gen = {
+            k: config[k]
+            for k in ("bos_token_id", "eos_token_id", "pad_token_id")
+            if config.get(k) is not None
+        }
         gen["_from_model_config"] = True
-        (dest / "generation_config.json").write_text(json.dumps(gen, indent=2, sort_keys=True) + "\n")
+        (dest / "generation_config.json").write_text(
+            json.dumps(gen, indent=2, sort_keys=True) + "\n"
+        )
 
 
 # ----------------------------------------------------------------------------- weights
 
 
-def output_tensors(contents: CheckpointContents, config: dict) -> tuple[list[SourceTensor], dict[str, str]]:
+def output_tensors(
+    contents: CheckpointContents, config: dict
+) -> tuple[list[SourceTensor], dict[str, str]]:
     """Unique tensors to write, plus aliases written as copies (tied weights the config unties).
 
     Tied aliases are dropped only when config.json says ``tie_word_embeddings: true``, because
@@ -220,30 +258,44 @@ def check_against_reference(contents: CheckpointContents, base: Path | None) -> 
     unknown = [n for n in ours if n not in ref]
     if wrong or len(unknown) == len(ours):
         example = wrong[0] if wrong else f"{unknown[0]} is not in {base}"
-        raise CheckpointError(f"the checkpoint does not match --base-model-dir {base} (e.g. {example}); "
-                              "pass the model folder the run started from")
+        raise CheckpointError(
+            f"the checkpoint does not match --base-model-dir {base} (e.g. {example}); "
+            "pass the model folder the run started from"
+        )
     if unknown:
-        log.warning("%d tensor(s) of the checkpoint are not in %s, e.g. %s", len(unknown), base, unknown[0])
+        log.warning(
+            "%d tensor(s) of the checkpoint are not in %s, e.g. %s", len(unknown), base, unknown[0]
+        )
 
 
 def _out_dtype(src: torch.dtype, dtype: torch.dtype) -> torch.dtype:
     return dtype if src.is_floating_point else src
 
 
-def write_weights(contents: CheckpointContents, config: dict, dtype: torch.dtype, dest: Path,
-                  max_shard_bytes: int, label: str) -> int:
+def write_weights(
+    contents: CheckpointContents,
+    config: dict,
+    dtype: torch.dtype,
+    dest: Path,
+    max_shard_bytes: int,
+    label: str,
+) -> int:
     """Stream every tensor into safetensors shard(s) in ``dest``; return the bytes written."""
     from tqdm import tqdm
 
     tensors, copies = output_tensors(contents, config)
     by_name = {t.name: t for t in tensors}
     specs = [TensorSpec(t.name, t.shape, _out_dtype(t.dtype, dtype)) for t in tensors]
-    specs += [TensorSpec(a, by_name[s].shape, _out_dtype(by_name[s].dtype, dtype)) for a, s in copies.items()]
+    specs += [
+        TensorSpec(a, by_name[s].shape, _out_dtype(by_name[s].dtype, dtype))
+        for a, s in copies.items()
+    ]
     shards = plan_shards(specs, max_shard_bytes)
     names = shard_file_names(len(shards))
     total = sum(s.nbytes for s in specs)
-    with tqdm(total=total, unit="B", unit_scale=True, desc=f"{label}", leave=True,
-              disable=None) as bar:
+    with tqdm(
+        total=total, unit="B", unit_scale=True, desc=f"{label}", leave=True, disable=None
+    ) as bar:
 
         def produce(spec: TensorSpec) -> torch.Tensor:
             src = by_name[copies.get(spec.name, spec.name)]
@@ -328,28 +380,55 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="rft-convert",
         description="Convert DeepSpeed ZeRO / FSDP checkpoints to Hugging Face safetensors "
-                    "(written to global_step_N/actor/huggingface/). LoRA checkpoints become a PEFT "
-                    "adapter folder there and, with --merge, a merged model in huggingface_merged/.")
-    p.add_argument("--checkpoint-dir", required=True, type=Path,
-                   help="run directory, one global_step_N, a path inside one, or a bare checkpoint folder")
-    p.add_argument("--base-model-dir", type=Path, default=None,
-                   help="HF model folder for config/tokenizer when the checkpoint lacks them; LoRA "
-                        "checkpoints: the base model (overrides adapter_config.json's "
-                        "base_model_name_or_path)")
-    p.add_argument("--dtype", choices=["auto", *DTYPES], default="auto",
-                   help="output dtype of floating tensors (auto: as config.json declares; a LoRA "
-                        "adapter: as the shards hold it; a merged model: as the base's config)")
-    p.add_argument("--steps", default=None, help="comma-separated step numbers to convert, e.g. 100,200")
-    p.add_argument("--max-shard-size", default="5GB", help="largest safetensors file before sharding")
-    p.add_argument("--force", action="store_true",
-                   help="reconvert steps whose huggingface/ (and huggingface_merged/) is complete")
-    p.add_argument("--merge", action="store_true",
-                   help="LoRA checkpoints: also write actor/huggingface_merged/, the base model with "
-                        "the adapter merged in (a full HF model; the base model from "
-                        "adapter_config.json's base_model_name_or_path or --base-model-dir)")
-    p.add_argument("--lora-alpha", type=int, default=None,
-                   help="LoRA checkpoints without adapter_config.json and without the run's "
-                        "config.yaml: the run's model.lora_configs[0].lora_alpha, to rebuild it")
+        "(written to global_step_N/actor/huggingface/). LoRA checkpoints become a PEFT "
+        "adapter folder there and, with --merge, a merged model in huggingface_merged/.",
+    )
+    p.add_argument(
+        "--checkpoint-dir",
+        required=True,
+        type=Path,
+        help="run directory, one global_step_N, a path inside one, or a bare checkpoint folder",
+    )
+    p.add_argument(
+        "--base-model-dir",
+        type=Path,
+        default=None,
+        help="HF model folder for config/tokenizer when the checkpoint lacks them; LoRA "
+        "checkpoints: the base model (overrides adapter_config.json's "
+        "base_model_name_or_path)",
+    )
+    p.add_argument(
+        "--dtype",
+        choices=["auto", *DTYPES],
+        default="auto",
+        help="output dtype of floating tensors (auto: as config.json declares; a LoRA "
+        "adapter: as the shards hold it; a merged model: as the base's config)",
+    )
+    p.add_argument(
+        "--steps", default=None, help="comma-separated step numbers to convert, e.g. 100,200"
+    )
+    p.add_argument(
+        "--max-shard-size", default="5GB", help="largest safetensors file before sharding"
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="reconvert steps whose huggingface/ (and huggingface_merged/) is complete",
+    )
+    p.add_argument(
+        "--merge",
+        action="store_true",
+        help="LoRA checkpoints: also write actor/huggingface_merged/, the base model with "
+        "the adapter merged in (a full HF model; the base model from "
+        "adapter_config.json's base_model_name_or_path or --base-model-dir)",
+    )
+    p.add_argument(
+        "--lora-alpha",
+        type=int,
+        default=None,
+        help="LoRA checkpoints without adapter_config.json and without the run's "
+        "config.yaml: the run's model.lora_configs[0].lora_alpha, to rebuild it",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     return p.parse_args(argv)
 
@@ -360,17 +439,27 @@ def _parse_steps(text: str | None) -> set[int] | None:
     try:
         return {int(s) for s in text.split(",") if s.strip()}
     except ValueError as e:
-        raise CheckpointError(f"--steps {text!r}: write step numbers separated by commas, e.g. 100,200") from e
+        raise CheckpointError(
+            f"--steps {text!r}: write step numbers separated by commas, e.g. 100,200"
+        ) from e
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``bin/rft-convert``; returns the exit code."""
     args = parse_args(argv)
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     try:
-        opts = Options(args.base_model_dir.resolve() if args.base_model_dir else None, args.dtype,
-                       parse_size(args.max_shard_size), args.force, args.merge, args.lora_alpha)
+        opts = Options(
+            args.base_model_dir.resolve() if args.base_model_dir else None,
+            args.dtype,
+            parse_size(args.max_shard_size),
+            args.force,
+            args.merge,
+            args.lora_alpha,
+        )
         check_base_model(opts.base_model_dir)
         jobs = find_jobs(args.checkpoint_dir, _parse_steps(args.steps))
     except (RftError, ValueError) as e:

@@ -32,8 +32,10 @@ def read_fsdp(folder: Path) -> CheckpointContents:
         if m:
             found.setdefault(int(m.group(1)), {})[int(m.group(2))] = p
     if len(found) > 1:
-        raise CheckpointError(f"{folder}: world-size mismatch: shard files for world sizes {sorted(found)} are "
-                              "mixed; remove the files of the older save")
+        raise CheckpointError(
+            f"{folder}: world-size mismatch: shard files for world sizes {sorted(found)} are "
+            "mixed; remove the files of the older save"
+        )
     world_size, files = next(iter(found.items()))
     paths = check_ranks(files, world_size, folder, f"model_world_size_{world_size}_rank_{{}}.pt")
     shards = [_load_fsdp_file(p) for p in paths]
@@ -50,9 +52,14 @@ def read_fsdp(folder: Path) -> CheckpointContents:
         seen[ident] = name
         values = [s.get(key) for s in shards]
         if any(v is None for v in values):
-            raise CheckpointError(f"{paths[values.index(None)]} lacks {key}, which rank 0 has; mixed saves?")
-        contents.tensors.append(SourceTensor(name, tuple(value.shape), _local(value).dtype,
-                                             _fsdp_loader(values, paths, key)))
+            raise CheckpointError(
+                f"{paths[values.index(None)]} lacks {key}, which rank 0 has; mixed saves?"
+            )
+        contents.tensors.append(
+            SourceTensor(
+                name, tuple(value.shape), _local(value).dtype, _fsdp_loader(values, paths, key)
+            )
+        )
     return contents
 
 
@@ -63,7 +70,9 @@ def _load_fsdp_file(path: Path) -> dict:
     try:
         sd = torch.load(path, map_location="cpu", mmap=True, weights_only=False)
     except Exception as e:  # torch raises RuntimeError/EOFError/pickle errors for damaged files
-        raise CheckpointError(f"{path} cannot be read ({type(e).__name__}: {e}); truncated or corrupt") from e
+        raise CheckpointError(
+            f"{path} cannot be read ({type(e).__name__}: {e}); truncated or corrupt"
+        ) from e
     if not isinstance(sd, dict):
         raise CheckpointError(f"{path} holds a {type(sd).__name__}, not a state dict")
     return sd
@@ -89,7 +98,9 @@ def _storage_identity(value: torch.Tensor) -> tuple:
     return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), tuple(value.shape))
 
 
-def _fsdp_loader(values: list[torch.Tensor], paths: list[Path], key: str) -> Callable[[], torch.Tensor]:
+def _fsdp_loader(
+    values: list[torch.Tensor], paths: list[Path], key: str
+) -> Callable[[], torch.Tensor]:
     def load() -> torch.Tensor:
         first = values[0]
         if hasattr(first, "placements"):
@@ -101,7 +112,9 @@ def _fsdp_loader(values: list[torch.Tensor], paths: list[Path], key: str) -> Cal
     return load
 
 
-def _dtensor_box(shape: list[int], mesh: torch.Tensor, placements: Any, rank: int) -> tuple[list, list, bool]:
+def _dtensor_box(
+    shape: list[int], mesh: torch.Tensor, placements: Any, rank: int
+) -> tuple[list, list, bool]:
     """(offsets, sizes, is_primary) of ``rank``'s local piece, following DTensor's chunk rule."""
     coord = [int(c) for c in (mesh == rank).nonzero()[0]]
     offsets, sizes, primary = [0] * len(shape), list(shape), True
@@ -116,7 +129,9 @@ def _dtensor_box(shape: list[int], mesh: torch.Tensor, placements: Any, rank: in
         elif type(placement).__name__ == "Replicate":
             primary = primary and idx == 0
         else:
-            raise NotSupportedError(f"DTensor placement {placement} is not supported; save with Shard/Replicate")
+            raise NotSupportedError(
+                f"DTensor placement {placement} is not supported; save with Shard/Replicate"
+            )
     return offsets, sizes, primary
 
 
@@ -129,25 +144,35 @@ def _assemble_dtensor(values: list[torch.Tensor], paths: list[Path], key: str) -
         offsets, sizes, primary = _dtensor_box(list(first.shape), mesh, first.placements, rank)
         local = v._local_tensor
         if list(local.shape) != sizes:
-            raise CheckpointError(f"{path}: {key} has local shape {list(local.shape)} but rank {rank} of this "
-                                  f"mesh should hold {sizes}; the files come from different saves")
+            raise CheckpointError(
+                f"{path}: {key} has local shape {list(local.shape)} but rank {rank} of this "
+                f"mesh should hold {sizes}; the files come from different saves"
+            )
         if primary and local.numel():
             out[tuple(slice(o, o + s) for o, s in zip(offsets, sizes))] = local
             filled += local.numel()
     if filled != out.numel():
-        raise CheckpointError(f"{paths[0].parent}: the shards of {key} cover {filled} of {out.numel()} elements")
+        raise CheckpointError(
+            f"{paths[0].parent}: the shards of {key} cover {filled} of {out.numel()} elements"
+        )
     return out
 
 
-def _assemble_sharded_tensor(values: list[torch.Tensor], paths: list[Path], key: str) -> torch.Tensor:
+def _assemble_sharded_tensor(
+    values: list[torch.Tensor], paths: list[Path], key: str
+) -> torch.Tensor:
     first = values[0]
     out = torch.empty(tuple(first.size()), dtype=_local(first).dtype)
     filled = 0
     for v in values:
         for shard in v.local_shards():
             md = shard.metadata
-            out[tuple(slice(o, o + s) for o, s in zip(md.shard_offsets, md.shard_sizes))] = shard.tensor
+            out[tuple(slice(o, o + s) for o, s in zip(md.shard_offsets, md.shard_sizes))] = (
+                shard.tensor
+            )
             filled += shard.tensor.numel()
     if filled != out.numel():
-        raise CheckpointError(f"{paths[0].parent}: the shards of {key} cover {filled} of {out.numel()} elements")
+        raise CheckpointError(
+            f"{paths[0].parent}: the shards of {key} cover {filled} of {out.numel()} elements"
+        )
     return out

@@ -28,7 +28,9 @@ from rft.safetensors_io import is_weights_file, weights_complete
 
 log = logging.getLogger(__name__)
 
-BACKUP_SUFFIX = ".previous"  # X.previous: the old folder during a swap (no .tmp: never cleaned as debris)
+BACKUP_SUFFIX = (
+    ".previous"  # X.previous: the old folder during a swap (no .tmp: never cleaned as debris)
+)
 
 
 def backup_path(final: Path) -> Path:
@@ -52,7 +54,11 @@ def recover(final: Path, complete: Callable[[Path], bool] = weights_complete) ->
         if not final.exists():  # state 2: the new folder was never published
             os.rename(backup, final)
             fsync_dir(final.parent)
-            log.warning("%s restored from %s: a conversion was killed while replacing it", final, backup.name)
+            log.warning(
+                "%s restored from %s: a conversion was killed while replacing it",
+                final,
+                backup.name,
+            )
         elif complete(final):  # state 3
             shutil.rmtree(backup)
             log.info("removed %s: a conversion was killed after publishing %s", backup, final)
@@ -60,7 +66,8 @@ def recover(final: Path, complete: Callable[[Path], bool] = weights_complete) ->
             raise CheckpointError(
                 f"both {final} and {backup} exist and {final} holds no complete weights, so it is "
                 f"unclear which is yours; keep the one you want (rename it to {final.name}), move the "
-                "other away, then rerun")
+                "other away, then rerun"
+            )
     for stale in remove_stale_tmp(final.parent, prefix=f"{final.name}."):
         log.info("removed %s, left by an interrupted conversion", stale)
 
@@ -100,7 +107,9 @@ def publish_replacing(tmp: Path, final: Path) -> None:
         return
     fsync_tree(tmp)  # the new folder is durable before the old one moves
     backup = backup_path(final)
-    os.rename(final, backup)  # fails if a backup is left (recover() ran first): nothing is clobbered
+    os.rename(
+        final, backup
+    )  # fails if a backup is left (recover() ran first): nothing is clobbered
     try:
         os.rename(tmp, final)
     except BaseException:

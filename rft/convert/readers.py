@@ -17,7 +17,13 @@ from rft.convert.fsdp_reader import FSDP_FILE_RE, read_fsdp
 from rft.convert.types import CheckpointContents, SourceTensor
 from rft.errors import CheckpointError
 
-__all__ = ["CheckpointContents", "SourceTensor", "detect_format", "open_checkpoint", "refuse_megatron"]
+__all__ = [
+    "CheckpointContents",
+    "SourceTensor",
+    "detect_format",
+    "open_checkpoint",
+    "refuse_megatron",
+]
 
 # Megatron folders: veRL's and Trinity's ``actor/dist_ckpt/`` (torch_dist: ``__R_S.distcp``,
 # ``.metadata``, ``common.pt``, ``metadata.json``), Megatron-LM's ``iter_NNNNNNN/`` and the legacy
@@ -48,7 +54,8 @@ def refuse_megatron(folder: Path) -> None:
             "folder with the tools of the framework that wrote it (Trinity-RFT: trinity convert "
             "--checkpoint-dir <run or global_step_N>; veRL: python -m verl.model_merger merge "
             "--backend megatron --local_dir <global_step_N/actor> --target_dir <out>), then point "
-            "model.model_path at that folder")
+            "model.model_path at that folder"
+        )
 
 
 def detect_format(folder: Path) -> tuple[str, Path]:
@@ -61,8 +68,10 @@ def detect_format(folder: Path) -> tuple[str, Path]:
     if latest.is_file():
         tag = latest.read_text().strip()
         if not (folder / tag).is_dir():
-            raise CheckpointError(f"{latest} names tag {tag!r} but {folder / tag} does not exist; "
-                                  "the checkpoint is incomplete or was moved")
+            raise CheckpointError(
+                f"{latest} names tag {tag!r} but {folder / tag} does not exist; "
+                "the checkpoint is incomplete or was moved"
+            )
         return "deepspeed", folder / tag
     if list(folder.glob("*model_states.pt")):
         return "deepspeed", folder
@@ -70,8 +79,10 @@ def detect_format(folder: Path) -> tuple[str, Path]:
     if len(tagged) == 1:
         return "deepspeed", tagged[0]
     if tagged:
-        raise CheckpointError(f"{folder} holds several DeepSpeed tags ({', '.join(p.name for p in tagged)}) "
-                              "and no 'latest' file; pass the tag folder you want")
+        raise CheckpointError(
+            f"{folder} holds several DeepSpeed tags ({', '.join(p.name for p in tagged)}) "
+            "and no 'latest' file; pass the tag folder you want"
+        )
     raise CheckpointError(
         f"{folder} is not a checkpoint: expected DeepSpeed files (latest, *_model_states.pt, "
         "*_optim_states.pt) or FSDP files (model_world_size_W_rank_R.pt)"

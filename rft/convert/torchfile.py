@@ -192,7 +192,9 @@ class TorchArchive:
         if info is None:
             raise CheckpointError(f"{self.path} lacks record {name}: the file is damaged")
         if info.compress_type != zipfile.ZIP_STORED:
-            raise CheckpointError(f"{self.path}: record {name} is compressed; torch never does that")
+            raise CheckpointError(
+                f"{self.path}: record {name} is compressed; torch never does that"
+            )
         header = os.pread(self._fd, _LOCAL_HEADER.size, info.header_offset)
         fields = _LOCAL_HEADER.unpack(header)
         if fields[0] != _LOCAL_HEADER_MAGIC:
@@ -202,8 +204,9 @@ class TorchArchive:
         self._records[offset] = info
         return offset
 
-    def read_elements(self, storage: LazyStorage, start: int, count: int,
-                      out: torch.Tensor | None = None) -> torch.Tensor:
+    def read_elements(
+        self, storage: LazyStorage, start: int, count: int, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """``count`` elements of ``storage`` from element ``start``, read straight into a tensor."""
         if out is None:
             out = torch.empty(count, dtype=storage.dtype)
@@ -216,12 +219,18 @@ class TorchArchive:
                 f"{pos + nbytes}: the file is truncated; re-save the checkpoint"
             )
         # A zero-copy byte view of the new tensor, so the read lands in place (no numpy needed).
-        view = memoryview((ctypes.c_char * nbytes).from_address(out.data_ptr())).cast("B") if nbytes else memoryview(b"")
+        view = (
+            memoryview((ctypes.c_char * nbytes).from_address(out.data_ptr())).cast("B")
+            if nbytes
+            else memoryview(b"")
+        )
         done = 0
         while done < nbytes:
             got = os.preadv(self._fd, [view[done:]], pos + done)
             if got <= 0:
-                raise CheckpointError(f"{self.path}: short read at byte {pos + done}; truncated file")
+                raise CheckpointError(
+                    f"{self.path}: short read at byte {pos + done}; truncated file"
+                )
             done += got
         self._fold_crc(storage.byte_offset, pos, view)
         return out
@@ -231,13 +240,15 @@ class TorchArchive:
         rec = self._crcs.get(record_offset)
         if rec is None:
             info = self._records[record_offset]
-            rec = self._crcs[record_offset] = _RecordCrc(info.filename, record_offset, info.file_size, info.CRC)
+            rec = self._crcs[record_offset] = _RecordCrc(
+                info.filename, record_offset, info.file_size, info.CRC
+            )
         lo = pos - rec.start
         if lo > rec.done:  # the caller skipped bytes: read them once for the check
             self._crc_from_disk(rec, min(lo, rec.size))
         hi = min(lo + len(data), rec.size)
         if lo <= rec.done < hi:
-            rec.crc = zlib.crc32(data[rec.done - lo:hi - lo], rec.crc)
+            rec.crc = zlib.crc32(data[rec.done - lo : hi - lo], rec.crc)
             rec.done = hi
             self._compare_crc(rec)
 
@@ -245,7 +256,9 @@ class TorchArchive:
         while rec.done < end:
             chunk = os.pread(self._fd, min(_CRC_CHUNK_BYTES, end - rec.done), rec.start + rec.done)
             if not chunk:
-                raise CheckpointError(f"{self.path}: short read at byte {rec.start + rec.done}; truncated file")
+                raise CheckpointError(
+                    f"{self.path}: short read at byte {rec.start + rec.done}; truncated file"
+                )
             rec.crc = zlib.crc32(chunk, rec.crc)
             rec.done += len(chunk)
         self._compare_crc(rec)
@@ -276,17 +289,21 @@ class TorchArchive:
                 raise CheckpointError(f"{self.path}: cannot unpickle its data.pkl ({e})") from e
 
 
-def _rebuild_tensor(storage: LazyStorage, offset: int, size: Sequence[int], stride: Sequence[int],
-                    *_: object) -> LazyTensor:
-    return LazyTensor(storage, int(offset), tuple(int(s) for s in size), tuple(int(s) for s in stride))
+def _rebuild_tensor(
+    storage: LazyStorage, offset: int, size: Sequence[int], stride: Sequence[int], *_: object
+) -> LazyTensor:
+    return LazyTensor(
+        storage, int(offset), tuple(int(s) for s in size), tuple(int(s) for s in stride)
+    )
 
 
 def _rebuild_parameter(data: LazyTensor, *_: object) -> LazyTensor:
     return data
 
 
-def _rebuild_from_type(func: Callable[..., LazyTensor], _new_type: object, args: tuple,
-                       _state: object) -> LazyTensor:
+def _rebuild_from_type(
+    func: Callable[..., LazyTensor], _new_type: object, args: tuple, _state: object
+) -> LazyTensor:
     return func(*args)
 
 
@@ -310,7 +327,9 @@ class _LazyUnpickler(pickle.Unpickler):
             return _TENSOR_BUILDERS[(module, name)]
         if (module, name) in _SAFE_GLOBALS:
             return _SAFE_GLOBALS[(module, name)]
-        if module == "torch" and (name.endswith("Storage") or isinstance(getattr(torch, name, None), torch.dtype)):
+        if module == "torch" and (
+            name.endswith("Storage") or isinstance(getattr(torch, name, None), torch.dtype)
+        ):
             return getattr(torch, name)
         return _opaque_class(module, name)
 

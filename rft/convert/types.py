@@ -26,7 +26,9 @@ def resolve_dtype(choice: str, config: dict) -> torch.dtype:
     """``auto``: the dtype config.json declares (fp32 when it declares none)."""
     if choice != "auto":
         return DTYPES[choice]
-    declared = str(config.get("torch_dtype") or config.get("dtype") or "float32").replace("torch.", "")
+    declared = str(config.get("torch_dtype") or config.get("dtype") or "float32").replace(
+        "torch.", ""
+    )
     return {v: k for k, v in DTYPE_JSON.items()}.get(declared, torch.float32)
 
 
@@ -78,7 +80,9 @@ class CheckpointContents:
     tensors: list[SourceTensor]
     aliases: dict[str, str] = field(default_factory=dict)
     stack: ExitStack = field(default_factory=ExitStack)  # open shard files; closed by close()
-    checks: list[Callable[[], None]] = field(default_factory=list)  # raise CheckpointError if damaged
+    checks: list[Callable[[], None]] = field(
+        default_factory=list
+    )  # raise CheckpointError if damaged
 
     def verify(self) -> None:
         """Run the integrity checks (CRCs of the records read); call after loading every tensor."""
@@ -89,14 +93,15 @@ class CheckpointContents:
         self.stack.close()
 
 
-
 def check_ranks(files: dict[int, Path], world_size: int, folder: Path, example: str) -> list[Path]:
     """The shard paths in rank order; raise naming missing or surplus rank files."""
     missing = [r for r in range(world_size) if r not in files]
     if missing:
         names = ", ".join(example.format(r) for r in missing)
-        raise CheckpointError(f"{folder}: missing rank shard(s) {names} (world size {world_size}); "
-                              "the save did not finish on every rank: use another step")
+        raise CheckpointError(
+            f"{folder}: missing rank shard(s) {names} (world size {world_size}); "
+            "the save did not finish on every rank: use another step"
+        )
     extra = sorted(r for r in files if r >= world_size)
     if extra:
         raise CheckpointError(
@@ -105,4 +110,3 @@ def check_ranks(files: dict[int, Path], world_size: int, folder: Path, example: 
             "was overwritten in place: remove the extra files or use another step"
         )
     return [files[r] for r in range(world_size)]
-

@@ -19,11 +19,11 @@ from rft.errors import ConfigError, RftError
 from rft.explorer import loop as X
 from rft.explorer import tasksets as T
 from rft.explorer.reward_model import RewardModel, load_reward_models
-from rft.workflow.rewards import answer_extractor
 from rft.models import check_model_dir
 from rft.monitor import Monitor
 from rft.rundir import hf_dir, step_of, weights_dir
 from rft.sync import is_complete, list_versions
+from rft.workflow.rewards import answer_extractor
 
 log = logging.getLogger("rft.bench")
 
@@ -47,8 +47,9 @@ def find_checkpoints(run_dir: Path) -> list[tuple[int, str, Path]]:
     return [(step, label, folder) for step, (label, folder) in sorted(found.items())]
 
 
-def bench_plan(model_path: str | Path, checkpoints: list[tuple[int, str, Path]],
-               latest_only: bool = False) -> list[tuple[int, str, Path]]:
+def bench_plan(
+    model_path: str | Path, checkpoints: list[tuple[int, str, Path]], latest_only: bool = False
+) -> list[tuple[int, str, Path]]:
     """What the bench evaluates, in order: the base (``model.model_path``, step 0) first, then
     the checkpoints (all, or the newest with ``latest_only``). Each model once: a checkpoint at
     step 0 is the base (weights version 0 is ``model.model_path``), and when ``model_path`` is
@@ -56,8 +57,10 @@ def bench_plan(model_path: str | Path, checkpoints: list[tuple[int, str, Path]],
     base = Path(model_path)
     later = [c for c in checkpoints if c[0] != 0]
     if len(later) < len(checkpoints):
-        log.info("the step-0 checkpoint is the base model (weights version 0): evaluated once, "
-                 "as %s", BASE_LABEL)
+        log.info(
+            "the step-0 checkpoint is the base model (weights version 0): evaluated once, as %s",
+            BASE_LABEL,
+        )
     same = [c for c in later if _same_folder(c[2], base)]
     if same:
         log.info("model.model_path %s is the checkpoint %s: no separate base row", base, same[0][1])
@@ -80,33 +83,53 @@ def _loadable(folder: Path) -> bool:
     return True
 
 
-def evaluate_checkpoint(cfg: Config, engine: X.Engine, eval_sets: list[T.Taskset],
-                        step: int, reward_models: Sequence[RewardModel] = ()) -> dict[str, float]:
+def evaluate_checkpoint(
+    cfg: Config,
+    engine: X.Engine,
+    eval_sets: list[T.Taskset],
+    step: int,
+    reward_models: Sequence[RewardModel] = (),
+) -> dict[str, float]:
     metrics: dict[str, float] = {}
     for ts in eval_sets:
         items = [(i, T.Task(0, i, 0)) for i in range(len(ts))]
         exps, _ = X.rollout(cfg, engine, [ts], items, step, step, "bench", reward_models)
-        groups = [[e for e in exps if e.group_id == g] for g in dict.fromkeys(e.group_id for e in exps)]
+        groups = [
+            [e for e in exps if e.group_id == g] for g in dict.fromkeys(e.group_id for e in exps)
+        ]
         metrics.update(X.eval_taskset_metrics(ts.name, ts.sampling.n, groups))
     return metrics
 
 
-def format_table(rows: list[tuple[str, dict[str, float]]],
-                 extractors: dict[str, str] | None = None) -> str:
+def format_table(
+    rows: list[tuple[str, dict[str, float]]], extractors: dict[str, str] | None = None
+) -> str:
     """One line per model and taskset, then how each taskset's accuracy was read.
 
     ``rows``: (label, bench metrics ``eval/<taskset>/...``); ``extractors``: taskset name ->
     answer extractor (:func:`rft.workflow.rewards.answer_extractor`)."""
-    lines = [f"{'checkpoint':<34} {'taskset':<20} {'accuracy':>8} {'pass@k':>8} {'reward':>8} {'length':>7}"]
+    lines = [
+        f"{'checkpoint':<34} {'taskset':<20} {'accuracy':>8} {'pass@k':>8} {'reward':>8} {'length':>7}"
+    ]
     for label, metrics in rows:
         names = sorted({k.split("/")[1] for k in metrics if k.startswith("eval/")})
         for name in names:
-            get = lambda suffix: next((v for k, v in metrics.items()  # noqa: E731
-                                       if k.startswith(f"eval/{name}/{suffix}")), float("nan"))
-            lines.append(f"{label:<34} {name:<20} {get('mean@'):>8.3f} {get('pass@'):>8.3f} "
-                         f"{get('reward_mean'):>8.3f} {get('response_length_mean'):>7.1f}")
-    lines.append("accuracy: mean@k, the mean of the reward's 'accuracy' part over every sample "
-                 "(the reward when it has no such part); pass@k: tasks with an accurate sample")
+            get = lambda suffix: next(
+                (
+                    v
+                    for k, v in metrics.items()  # noqa: E731
+                    if k.startswith(f"eval/{name}/{suffix}")
+                ),
+                float("nan"),
+            )
+            lines.append(
+                f"{label:<34} {name:<20} {get('mean@'):>8.3f} {get('pass@'):>8.3f} "
+                f"{get('reward_mean'):>8.3f} {get('response_length_mean'):>7.1f}"
+            )
+    lines.append(
+        "accuracy: mean@k, the mean of the reward's 'accuracy' part over every sample "
+        "(the reward when it has no such part); pass@k: tasks with an accurate sample"
+    )
     for name, extractor in (extractors or {}).items():
         lines.append(f"answer extractor of {name}: {extractor}")
     return "\n".join(lines)
@@ -123,24 +146,37 @@ def run_bench(cfg: Config) -> str:
     """
     checkpoints = find_checkpoints(cfg.run_dir)
     if not checkpoints:
-        log.warning("%s has no checkpoint yet (weights/v*, global_step_N/actor/huggingface; "
-                    "`bin/rft-convert --checkpoint-dir %s` writes the latter): evaluating the base "
-                    "model %s only", cfg.run_dir, cfg.run_dir, cfg.model.model_path)
+        log.warning(
+            "%s has no checkpoint yet (weights/v*, global_step_N/actor/huggingface; "
+            "`bin/rft-convert --checkpoint-dir %s` writes the latter): evaluating the base "
+            "model %s only",
+            cfg.run_dir,
+            cfg.run_dir,
+            cfg.model.model_path,
+        )
     plan = bench_plan(cfg.model.model_path, checkpoints, cfg.explorer.bench_on_latest_checkpoint)
     eval_sets = T.eval_tasksets(cfg)
     if not eval_sets:
         raise ConfigError("mode 'bench' needs buffer.explorer_input.eval_tasksets")
-    extractors = {ts.name: answer_extractor(ts.workflow.reward_fn)
-                  if isinstance(ts.workflow, T.Recipe)
-                  else f"set by the workflow class {ts.workflow.name}" for ts in eval_sets}
+    extractors = {
+        ts.name: answer_extractor(ts.workflow.reward_fn)
+        if isinstance(ts.workflow, T.Recipe)
+        else f"set by the workflow class {ts.workflow.name}"
+        for ts in eval_sets
+    }
     for name, extractor in extractors.items():
         log.info("%s: answer extractor: %s", name, extractor)
     engine = X.Engine(cfg)
     reward_models = load_reward_models(cfg)
     loaded = Path(engine.weights_path)  # the base model (or model.lora_configs[0].path's adapter)
     rows = []
-    with Monitor(cfg.run_dir, "bench", monitor_type=cfg.monitor.monitor_type,
-                 project=cfg.project, name=cfg.name) as monitor:
+    with Monitor(
+        cfg.run_dir,
+        "bench",
+        monitor_type=cfg.monitor.monitor_type,
+        project=cfg.project,
+        name=cfg.name,
+    ) as monitor:
         for step, label, folder in plan:
             if not _same_folder(folder, loaded):
                 engine.reload(folder)
@@ -154,7 +190,9 @@ def run_bench(cfg: Config) -> str:
 def main(argv: list[str] | None = None) -> int:
     setup_logging()
     args = config_parser("python -m rft.explorer.bench", __doc__.split("\n")[0]).parse_args(argv)
-    return run_command(lambda: print(run_bench(load_config(args.config, [*args.overrides, "mode=bench"]))))
+    return run_command(
+        lambda: print(run_bench(load_config(args.config, [*args.overrides, "mode=bench"])))
+    )
 
 
 if __name__ == "__main__":

@@ -40,9 +40,11 @@ def spans(exp: Experience) -> list[tuple[bool, list[int]]]:
 
 def describe(exp: Experience, tokenizer: Any) -> str:
     """One sample, turn by turn: what the model wrote and what was added between turns."""
-    lines = [f"--- {exp.task_id} (group {exp.group_id}) reward {exp.reward:.3f} "
-             f"parts {exp.reward_parts} truncated {exp.truncated}",
-             f"[prompt, {len(exp.prompt_ids)} tokens] {tokenizer.decode(exp.prompt_ids)!r}"]
+    lines = [
+        f"--- {exp.task_id} (group {exp.group_id}) reward {exp.reward:.3f} "
+        f"parts {exp.reward_parts} truncated {exp.truncated}",
+        f"[prompt, {len(exp.prompt_ids)} tokens] {tokenizer.decode(exp.prompt_ids)!r}",
+    ]
     turn = 0
     for generated, ids in spans(exp):
         text = tokenizer.decode(ids)
@@ -54,12 +56,15 @@ def describe(exp: Experience, tokenizer: Any) -> str:
     return "\n".join(lines)
 
 
-def debug(cfg: Config, task_count: int, use_eval: bool, out: Path,
-          engine: Engine | None = None) -> list[Experience]:
+def debug(
+    cfg: Config, task_count: int, use_eval: bool, out: Path, engine: Engine | None = None
+) -> list[Experience]:
     """Run, print and write the first ``task_count`` tasks (``engine``: a running one to reuse)."""
     sets = tasksets.eval_tasksets(cfg)[:1] if use_eval else tasksets.training_tasksets(cfg)[:1]
     if not sets:
-        raise ConfigError("the config has no " + ("eval taskset" if use_eval else "training taskset"))
+        raise ConfigError(
+            "the config has no " + ("eval taskset" if use_eval else "training taskset")
+        )
     items = [(i, tasksets.Task(0, i, 1)) for i in range(min(task_count, len(sets[0])))]
     engine = engine or Engine(cfg)
     start = time.monotonic()
@@ -70,8 +75,10 @@ def debug(cfg: Config, task_count: int, use_eval: bool, out: Path,
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps(e.to_dict()) + "\n" for e in exps))
     shown = {k: v for k, v in stats.items() if isinstance(v, (int, float))}
-    print(f"=== {len(items)} task(s), {len(exps)} experience(s) in {seconds:.1f}s; written to "
-          f"{out}\n=== {shown}")
+    print(
+        f"=== {len(items)} task(s), {len(exps)} experience(s) in {seconds:.1f}s; written to "
+        f"{out}\n=== {shown}"
+    )
     return exps
 
 
@@ -80,8 +87,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = config_parser("rft-debug", __doc__.split("\n")[0])
     parser.add_argument("--tasks", type=int, default=2, help="how many tasks (default 2)")
     parser.add_argument("--eval", action="store_true", help="the first eval taskset instead")
-    parser.add_argument("--out", type=Path, default=Path("rft-debug.jsonl"),
-                        help="where to write the experiences (default ./rft-debug.jsonl)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("rft-debug.jsonl"),
+        help="where to write the experiences (default ./rft-debug.jsonl)",
+    )
     args = parser.parse_args(argv)
 
     def body() -> int:

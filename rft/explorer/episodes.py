@@ -58,8 +58,14 @@ class BatchingService:
     to the engine in one batch as soon as every running episode waits or ``BATCH_WAIT_S``
     passed, so a slow tool never idles the engine."""
 
-    def __init__(self, engine: Engine, version: int, max_model_len: Optional[int],
-                 tool_parser: Optional[str] = None, reasoning_parser: Optional[str] = None):
+    def __init__(
+        self,
+        engine: Engine,
+        version: int,
+        max_model_len: Optional[int],
+        tool_parser: Optional[str] = None,
+        reasoning_parser: Optional[str] = None,
+    ):
         self.engine = engine
         self.version = version
         self.max_model_len = max_model_len
@@ -73,11 +79,18 @@ class BatchingService:
     def channel(self, episode: int) -> "_Channel":
         return _Channel(self, episode)
 
-    def submit(self, episode: int, prompt_ids: list[int], args: GenerationArgs,
-               stop: Sequence[str]) -> Future:
-        sampling = SamplingArgs(n=args.n, temperature=args.temperature, top_p=args.top_p,
-                                top_k=args.top_k, max_tokens=args.max_tokens,
-                                logprobs=args.logprobs, stop=tuple(stop))
+    def submit(
+        self, episode: int, prompt_ids: list[int], args: GenerationArgs, stop: Sequence[str]
+    ) -> Future:
+        sampling = SamplingArgs(
+            n=args.n,
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            max_tokens=args.max_tokens,
+            logprobs=args.logprobs,
+            stop=tuple(stop),
+        )
         request = _Request(episode, list(prompt_ids), sampling, Future())
         with self._lock:
             self._pending.append(request)
@@ -115,8 +128,19 @@ class BatchingService:
             raise
         self.batches += 1
         for r, group in zip(batch, groups):
-            r.future.set_result([Completion(s.prompt_ids, s.response_ids, s.logprobs,
-                                            s.finish_reason, s.text, self.version) for s in group])
+            r.future.set_result(
+                [
+                    Completion(
+                        s.prompt_ids,
+                        s.response_ids,
+                        s.logprobs,
+                        s.finish_reason,
+                        s.text,
+                        self.version,
+                    )
+                    for s in group
+                ]
+            )
 
     def _due(self) -> bool:
         if not self._pending:
@@ -201,17 +225,27 @@ def _run_workflow(job: EpisodeJob, model: ModelWrapper) -> list[Experience]:
         workflow.run_id_base = job.task.run_id
     result = asyncio.run(workflow.run_async()) if workflow.is_async else workflow.run()
     if not isinstance(result, list) or not all(isinstance(e, Experience) for e in result):
-        raise WorkflowError(f"{type(workflow).__name__}.run returned {type(result).__name__}: it "
-                            "must return a list of rft.workflow.Experience")
+        raise WorkflowError(
+            f"{type(workflow).__name__}.run returned {type(result).__name__}: it "
+            "must return a list of rft.workflow.Experience"
+        )
     for exp in result:
         exp.check(type(workflow).__name__)
     return result
 
 
-def run_episodes(jobs: list[EpisodeJob], engine: Engine, template: ChatTemplate, version: int,
-                 *, concurrency: int, timeout_s: Optional[float], max_model_len: Optional[int],
-                 tool_parser: Optional[str] = None, reasoning_parser: Optional[str] = None,
-                 ) -> tuple[list[EpisodeResult], dict[str, float]]:
+def run_episodes(
+    jobs: list[EpisodeJob],
+    engine: Engine,
+    template: ChatTemplate,
+    version: int,
+    *,
+    concurrency: int,
+    timeout_s: Optional[float],
+    max_model_len: Optional[int],
+    tool_parser: Optional[str] = None,
+    reasoning_parser: Optional[str] = None,
+) -> tuple[list[EpisodeResult], dict[str, float]]:
     """Run ``jobs``, at most ``concurrency`` at once, serving their model calls meanwhile. An
     episode that raises or runs past ``timeout_s`` (``explorer.max_timeout``) is counted and
     left out; it never stops the explorer."""
@@ -229,8 +263,12 @@ def run_episodes(jobs: list[EpisodeJob], engine: Engine, template: ChatTemplate,
         except Exception as e:  # a workflow's failure ends its episode, never the explorer
             results[i].error = f"{type(e).__name__}: {e}"
             if not isinstance(e, EpisodeCancelled):
-                log.warning("episode of task %s failed: %s", jobs[i].task.task_id, results[i].error,
-                            exc_info=not isinstance(e, WorkflowError))
+                log.warning(
+                    "episode of task %s failed: %s",
+                    jobs[i].task.task_id,
+                    results[i].error,
+                    exc_info=not isinstance(e, WorkflowError),
+                )
         finally:
             results[i].seconds = time.monotonic() - start
             results[i].turns = model.model_calls
@@ -252,8 +290,9 @@ def run_episodes(jobs: list[EpisodeJob], engine: Engine, template: ChatTemplate,
             i = next_job
             model = ModelWrapper(service.channel(i), template, jobs[i].task.rollout_args)
             service.started(i)
-            thread = threading.Thread(target=body, args=(i, model), daemon=True,
-                                      name=f"rft-episode-{i}")
+            thread = threading.Thread(
+                target=body, args=(i, model), daemon=True, name=f"rft-episode-{i}"
+            )
             threads[i] = (thread, time.monotonic(), model)
             thread.start()
             next_job += 1
@@ -263,17 +302,24 @@ def run_episodes(jobs: list[EpisodeJob], engine: Engine, template: ChatTemplate,
     return results, {GENERATE_BATCHES: service.batches, **episode_metrics(results)}
 
 
-def _enforce_deadlines(threads: dict, finished: set[int], done_lock: threading.Lock,
-                       results: list[EpisodeResult], service: BatchingService,
-                       timeout_s: float) -> None:
+def _enforce_deadlines(
+    threads: dict,
+    finished: set[int],
+    done_lock: threading.Lock,
+    results: list[EpisodeResult],
+    service: BatchingService,
+    timeout_s: float,
+) -> None:
     now = time.monotonic()
     for i, (thread, start, model) in threads.items():
         with done_lock:
             if i in finished or now - start < timeout_s:
                 continue
         if model.cancelled is None:
-            model.cancelled = (f"episode of task {results[i].job.task.task_id} ran past "
-                               f"explorer.max_timeout={timeout_s:g}s")
+            model.cancelled = (
+                f"episode of task {results[i].job.task.task_id} ran past "
+                f"explorer.max_timeout={timeout_s:g}s"
+            )
             results[i].timed_out = True
             log.warning("%s: stopping it", model.cancelled)
             service.ended(i)  # its waiting call fails now
@@ -285,34 +331,52 @@ def _enforce_deadlines(threads: dict, finished: set[int], done_lock: threading.L
 
 def episode_metrics(results: list[EpisodeResult]) -> dict[str, float]:
     ok = [r for r in results if r.ok]
-    return {EPISODES: len(results), EPISODE_FAILED: sum(r.error is not None and not r.timed_out
-                                                       for r in results),
-            EPISODE_TIMEOUTS: sum(r.timed_out for r in results),
-            EPISODE_TURNS: sum(r.turns for r in ok) / max(len(ok), 1),
-            EPISODE_SAMPLES: sum(len(r.experiences) for r in ok),
-            EPISODE_PREFIX_BREAKS: sum(r.prefix_breaks for r in results)}
+    return {
+        EPISODES: len(results),
+        EPISODE_FAILED: sum(r.error is not None and not r.timed_out for r in results),
+        EPISODE_TIMEOUTS: sum(r.timed_out for r in results),
+        EPISODE_TURNS: sum(r.turns for r in ok) / max(len(ok), 1),
+        EPISODE_SAMPLES: sum(len(r.experiences) for r in ok),
+        EPISODE_PREFIX_BREAKS: sum(r.prefix_breaks for r in results),
+    }
 
 
-def to_record(exp: Experience, task: Task, group_id: str, version: int,
-              temperature: float, info: dict[str, Any]) -> Optional[Record]:
+def to_record(
+    exp: Experience,
+    task: Task,
+    group_id: str,
+    version: int,
+    temperature: float,
+    info: dict[str, Any],
+) -> Optional[Record]:
     """The buffer record of a workflow's experience; None when it has no response tokens."""
     if len(exp.tokens) <= exp.prompt_length:
         return None
     mask = exp.action_mask or []
     return Record(
-        task_id=str(task.task_id), group_id=group_id, prompt_ids=exp.prompt_ids,
-        response_ids=exp.response_ids, logprobs=exp.logprobs or [],
+        task_id=str(task.task_id),
+        group_id=group_id,
+        prompt_ids=exp.prompt_ids,
+        response_ids=exp.response_ids,
+        logprobs=exp.logprobs or [],
         action_mask=mask if 0 in mask else [],
-        reward=float(exp.reward), reward_parts=_numbers(exp.metrics),
+        reward=float(exp.reward),
+        reward_parts=_numbers(exp.metrics),
         model_version=version if exp.model_version is None else exp.model_version,
-        temperature=temperature, truncated=exp.truncate_status is not None,
-        eval=task.is_eval, response_text=exp.response_text,
-        info={**_json_safe(exp.info), **info, RUN_KEY: exp.eid.run, ENV_STEP_KEY: exp.eid.step})
+        temperature=temperature,
+        truncated=exp.truncate_status is not None,
+        eval=task.is_eval,
+        response_text=exp.response_text,
+        info={**_json_safe(exp.info), **info, RUN_KEY: exp.eid.run, ENV_STEP_KEY: exp.eid.step},
+    )
 
 
 def _numbers(values: dict) -> dict[str, float]:
-    return {str(k): float(v) for k, v in (values or {}).items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    return {
+        str(k): float(v)
+        for k, v in (values or {}).items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
 
 
 def _json_safe(info: dict) -> dict[str, Any]:

@@ -50,11 +50,6 @@ from rft.monitor import (
 from rft.placement import EXPLORER_MODES, explorer_rank
 from rft.rundir import EXPLORER_META, explorer_role, writer_name
 from rft.stages import load_stage
-from rft.workflow import tools
-from rft.workflow.conversation import ChatTemplate
-from rft.workflow.single_turn import Recipe
-from rft.workflow.task import GenerationArgs
-from rft.workflow.task import Task as WorkflowTask
 from rft.sync import (
     EVALUATING_FIELD,
     FINISHED_FIELD,
@@ -66,6 +61,11 @@ from rft.sync import (
     required_version,
     weights_problem,
 )
+from rft.workflow import tools
+from rft.workflow.conversation import ChatTemplate
+from rft.workflow.single_turn import Recipe
+from rft.workflow.task import GenerationArgs
+from rft.workflow.task import Task as WorkflowTask
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +97,11 @@ def explorer_task(cfg: Config, env: Optional[dict[str, str]] = None) -> Explorer
     task = explorer_rank(dict(os.environ) if env is None else env)
     engine_num = cfg.explorer.rollout_model.engine_num
     if task.count != engine_num and cfg.mode == "both":
-        raise ConfigError(f"explorer.rollout_model.engine_num={engine_num} but {task.count} explorer "
-                          f"task(s) run ({task.count_var}); in mode 'both' the trainer waits for "
-                          "engine_num segments per step: launch engine_num tasks")
+        raise ConfigError(
+            f"explorer.rollout_model.engine_num={engine_num} but {task.count} explorer "
+            f"task(s) run ({task.count_var}); in mode 'both' the trainer waits for "
+            "engine_num segments per step: launch engine_num tasks"
+        )
     return ExplorerTask(cfg.explorer.name, task.rank, task.count)
 
 
@@ -116,18 +118,26 @@ class ExplorerResult:
     loaded_version: int = 0
 
 
-def run_explorer(cfg: Config, engine: Engine | None = None, *, env: dict[str, str] | None = None,
-                 max_steps: int | None = None, handle_signals: bool = False) -> ExplorerResult:
+def run_explorer(
+    cfg: Config,
+    engine: Engine | None = None,
+    *,
+    env: dict[str, str] | None = None,
+    max_steps: int | None = None,
+    handle_signals: bool = False,
+) -> ExplorerResult:
     """Explore until the tasks (or ``buffer.total_steps``) are done, or ``max_steps`` more steps."""
     explorer = explorer_task(cfg, env)
     run_dir = cfg.run_dir
     train_sets = T.training_tasksets(cfg)
     eval_sets = T.eval_tasksets(cfg) if explorer.rank == 0 else []
-    stream = T.TaskStream(train_sets, cfg.buffer.batch_size, cfg.buffer.total_epochs,
-                          cfg.buffer.total_steps)
+    stream = T.TaskStream(
+        train_sets, cfg.buffer.batch_size, cfg.buffer.total_epochs, cfg.buffer.total_steps
+    )
     buf = cfg.buffer.trainer_input.experience_buffer
-    writer = open_buffer_writer(run_dir, explorer.writer, buf.storage_type, buf.path or "", buf.name,
-                                cfg.cluster.node_num)
+    writer = open_buffer_writer(
+        run_dir, explorer.writer, buf.storage_type, buf.path or "", buf.name, cfg.cluster.node_num
+    )
     cursor = resume_cursor(run_dir, explorer, stream, getattr(writer, "next_seq", 0))
     heartbeat = Heartbeat(run_dir, explorer.writer, cfg.explorer.heartbeat_interval_s).start()
     if handle_signals:
@@ -137,18 +147,35 @@ def run_explorer(cfg: Config, engine: Engine | None = None, *, env: dict[str, st
     # points; folders then only bring versions newer than the loaded one (published at
     # checkpoints, at the end, or when a broadcast failed)
     watcher = WeightsWatcher(run_dir, loaded_version=0, heartbeat=heartbeat, newer_only=nccl)
-    monitor = Monitor(run_dir, explorer.role, monitor_type=cfg.monitor.monitor_type,
-                      flush_interval_s=cfg.monitor.flush_interval_s, project=cfg.project,
-                      name=cfg.name)
+    monitor = Monitor(
+        run_dir,
+        explorer.role,
+        monitor_type=cfg.monitor.monitor_type,
+        flush_interval_s=cfg.monitor.flush_interval_s,
+        project=cfg.project,
+        name=cfg.name,
+    )
     engine = engine or Engine(cfg)
     engine.load_initial(cfg)  # a reused engine left with other weights goes back to version 0
     rollout_model = cfg.explorer.rollout_model
-    engine.check_parsers(rollout_model.tool_call_parser if rollout_model.enable_auto_tool_choice
-                         else None, rollout_model.reasoning_parser)
-    reward_models = load_reward_models(cfg)  # after vLLM started: this process touches CUDA only now
-    receiver = BroadcastReceiver(run_dir, explorer.writer, engine,
-                                 cfg.explorer.rollout_model.tensor_parallel_size,
-                                 cfg.synchronizer.sync_timeout) if nccl else None
+    engine.check_parsers(
+        rollout_model.tool_call_parser if rollout_model.enable_auto_tool_choice else None,
+        rollout_model.reasoning_parser,
+    )
+    reward_models = load_reward_models(
+        cfg
+    )  # after vLLM started: this process touches CUDA only now
+    receiver = (
+        BroadcastReceiver(
+            run_dir,
+            explorer.writer,
+            engine,
+            cfg.explorer.rollout_model.tensor_parallel_size,
+            cfg.synchronizer.sync_timeout,
+        )
+        if nccl
+        else None
+    )
     result = ExplorerResult()
     sync = cfg.synchronizer
     lead, lead_key = explorer_lead(cfg.mode, sync.sync_offset, sync.max_lead_steps)
@@ -160,6 +187,7 @@ def run_explorer(cfg: Config, engine: Engine | None = None, *, env: dict[str, st
             return evaluate(cfg, engine, eval_sets, monitor, step, watcher, reward_models)
         finally:
             heartbeat.beat(**{EVALUATING_FIELD: False})
+
     try:
         heartbeat.beat(**{LOADED_FIELD: 0}, steps_done=cursor.step)
         if eval_sets and cfg.explorer.eval_on_startup and cursor.step == 0:
@@ -175,34 +203,44 @@ def run_explorer(cfg: Config, engine: Engine | None = None, *, env: dict[str, st
             # step s - 1 - sync_offset. mode explore: the same with max_lead_steps for
             # sync_offset when set (bounds how stale the rollouts get), else never wait.
             need = 0 if lead is None else required_version(step, lead, sync.sync_interval)
-            version, reload_s, wait_s = sync_weights(engine, watcher, need, sync.sync_timeout,
-                                                     receiver, lead_key)
+            version, reload_s, wait_s = sync_weights(
+                engine, watcher, need, sync.sync_timeout, receiver, lead_key
+            )
             share = T.rank_share(stream.next_batch(cursor), explorer.rank, explorer.count)
-            exps, stats = rollout(cfg, engine, train_sets, share, step, version, explorer.writer,
-                                  reward_models)
+            exps, stats = rollout(
+                cfg, engine, train_sets, share, step, version, explorer.writer, reward_models
+            )
             # step s is sealed as segment seq s: experiences with token ids, logprobs, reward and
             # its parts (with explorer.auxiliary_models the reward models' scores too), version
             writer.write(exps, seq=step)
             T.save_cursor(run_dir, explorer.name, explorer.rank, explorer.count, cursor)
             heartbeat.beat(steps_done=step, tasks_done=heartbeat.fields["tasks_done"] + len(share))
-            metrics = {**stats, **step_metrics(exps), WEIGHTS_VERSION: version,
-                       EXPLORER_RELOAD_S: reload_s, EXPLORER_WAIT_S: wait_s,
-                       EXPLORER_STEP_S: time.monotonic() - step_start}
+            metrics = {
+                **stats,
+                **step_metrics(exps),
+                WEIGHTS_VERSION: version,
+                EXPLORER_RELOAD_S: reload_s,
+                EXPLORER_WAIT_S: wait_s,
+                EXPLORER_STEP_S: time.monotonic() - step_start,
+            }
             metrics[LOOP_TOKENS_PER_S] = stats[GENERATED_TOKENS] / metrics[EXPLORER_STEP_S]
             monitor.log(step, metrics)
             result.steps.append(step)
             result.metrics.append(metrics)
             final_eval = evaluates_final(cfg, bool(eval_sets)) and stream.finished(cursor)
-            if (eval_sets and cfg.explorer.eval_interval and step % cfg.explorer.eval_interval == 0
-                    and not final_eval):
+            if (
+                eval_sets
+                and cfg.explorer.eval_interval
+                and step % cfg.explorer.eval_interval == 0
+                and not final_eval
+            ):
                 result.eval_metrics.append(evaluate_now(step))
         if stream.finished(cursor):  # after the last segment was sealed: a trainer may now end
             heartbeat.beat(**{FINISHED_FIELD: True})
             if result.steps and evaluates_final(cfg, bool(eval_sets)):
                 # The trained model: the trainer publishes its last step's weights (sync.py).
                 sync_weights(engine, watcher, stream.total_steps, sync.sync_timeout, receiver)
-                result.eval_metrics.append(
-                    evaluate_now(result.steps[-1]))
+                result.eval_metrics.append(evaluate_now(result.steps[-1]))
         result.loaded_version = watcher.loaded_version or 0
     finally:
         if receiver is not None:
@@ -221,24 +259,39 @@ def evaluates_final(cfg: Config, has_eval_sets: bool) -> bool:
     return has_eval_sets and cfg.mode == "both" and cfg.explorer.eval_interval > 0
 
 
-def resume_cursor(run_dir: Any, explorer: ExplorerTask, stream: T.TaskStream, next_seq: int) -> T.Cursor:
+def resume_cursor(
+    run_dir: Any, explorer: ExplorerTask, stream: T.TaskStream, next_seq: int
+) -> T.Cursor:
     """This rank's saved cursor (or a new one), replayed forward past steps it already sealed."""
-    cursor = T.load_cursor(run_dir, explorer.name, explorer.rank, explorer.count) or stream.new_cursor()
+    cursor = (
+        T.load_cursor(run_dir, explorer.name, explorer.rank, explorer.count) or stream.new_cursor()
+    )
     if len(cursor.positions) != len(stream.selectors):
-        raise ConfigError(f"{EXPLORER_META}: the cursor of {explorer.name} has "
-                          f"{len(cursor.positions)} tasksets but the config has "
-                          f"{len(stream.selectors)}; delete its entry to restart the tasks")
+        raise ConfigError(
+            f"{EXPLORER_META}: the cursor of {explorer.name} has "
+            f"{len(cursor.positions)} tasksets but the config has "
+            f"{len(stream.selectors)}; delete its entry to restart the tasks"
+        )
     while cursor.step < next_seq - 1:  # sealed after the cursor was saved: skip those steps
         stream.next_batch(cursor)
     if cursor.step:
-        log.info("%s resumes after step %d (task positions %s)", explorer.writer, cursor.step,
-                 cursor.positions)
+        log.info(
+            "%s resumes after step %d (task positions %s)",
+            explorer.writer,
+            cursor.step,
+            cursor.positions,
+        )
     return cursor
 
 
-def sync_weights(engine: Engine, watcher: WeightsWatcher, need: int, timeout_s: float,
-                 receiver: BroadcastReceiver | None = None,
-                 lead_key: str = "synchronizer.sync_offset") -> tuple[int, float, float]:
+def sync_weights(
+    engine: Engine,
+    watcher: WeightsWatcher,
+    need: int,
+    timeout_s: float,
+    receiver: BroadcastReceiver | None = None,
+    lead_key: str = "synchronizer.sync_offset",
+) -> tuple[int, float, float]:
     """Load the newest weights, waiting until version >= ``need``: from the trainer's broadcast
     (``receiver``, with ``sync_method: nccl``) or from a published folder, whichever comes.
     In every mode the newest published version is loaded if it differs from the loaded one;
@@ -271,10 +324,12 @@ def sync_weights(engine: Engine, watcher: WeightsWatcher, need: int, timeout_s: 
         if time.monotonic() - start > timeout_s:
             why = weights_problem(watcher.run_dir) or (
                 f"is the trainer running? Check its log, or raise synchronizer.sync_timeout / "
-                f"{lead_key}")
+                f"{lead_key}"
+            )
             raise SyncTimeoutError(
                 f"waited {timeout_s:.0f}s for weights version >= {need} in {watcher.run_dir} "
-                f"(loaded: {'none, a load was voided' if loaded is None else loaded}); {why}")
+                f"(loaded: {'none, a load was voided' if loaded is None else loaded}); {why}"
+            )
         if retry:
             wait_s = 0.0
         elif receiver is not None:
@@ -298,8 +353,9 @@ class PromptJob:
     recipe: Recipe  # the row's single-turn workflow
 
 
-def build_prompts(cfg: Config, tokenizer: Any, items: list[tuple[int, T.Task]],
-                  tasksets: list[T.Taskset]) -> tuple[list[PromptJob], dict[str, int]]:
+def build_prompts(
+    cfg: Config, tokenizer: Any, items: list[tuple[int, T.Task]], tasksets: list[T.Taskset]
+) -> tuple[list[PromptJob], dict[str, int]]:
     """Prompt ids per task; a prompt over :func:`~rft.explorer.tasksets.prompt_token_limit` is
     left out (its task yields no experiences), counted in ``prompts_filtered`` and logged."""
     counts = {"prompts_filtered": 0}
@@ -311,17 +367,26 @@ def build_prompts(cfg: Config, tokenizer: Any, items: list[tuple[int, T.Task]],
         row = ts.rows[task.index]
         fmt = ts.config.format
         recipe = ts.workflow_of(row)
-        ids = T.prompt_ids(tokenizer, recipe.build_messages(row, fmt),
-                           reply_prefix=fmt.reply_prefix, enable_thinking=thinking,
-                           chat_template=cfg.model.custom_chat_template)
+        ids = T.prompt_ids(
+            tokenizer,
+            recipe.build_messages(row, fmt),
+            reply_prefix=fmt.reply_prefix,
+            enable_thinking=thinking,
+            chat_template=cfg.model.custom_chat_template,
+        )
         if limit is not None and len(ids) > limit:
             counts["prompts_filtered"] += 1
             continue
         jobs.append(PromptJob(slot, task, ts, row, ids, recipe))
     if counts["prompts_filtered"]:
-        log.warning("%d of %d prompts are longer than %d tokens and were left out "
-                    "(model.enable_prompt_truncation=%s)", counts["prompts_filtered"], len(items),
-                    limit, cfg.model.enable_prompt_truncation)
+        log.warning(
+            "%d of %d prompts are longer than %d tokens and were left out "
+            "(model.enable_prompt_truncation=%s)",
+            counts["prompts_filtered"],
+            len(items),
+            limit,
+            cfg.model.enable_prompt_truncation,
+        )
     return jobs, counts
 
 
@@ -331,8 +396,11 @@ def generate(engine: Engine, jobs: list[PromptJob]) -> tuple[list[list[Sample]],
     groups = engine.generate([j.ids for j in jobs], [j.taskset.sampling for j in jobs])
     seconds = time.monotonic() - start
     tokens = sum(len(s.response_ids) for g in groups for s in g)
-    return groups, {GENERATED_TOKENS: tokens, GENERATE_TIME_S: seconds,
-                    GENERATE_TOKENS_PER_S: tokens / seconds if seconds > 0 else 0.0}
+    return groups, {
+        GENERATED_TOKENS: tokens,
+        GENERATE_TIME_S: seconds,
+        GENERATE_TOKENS_PER_S: tokens / seconds if seconds > 0 else 0.0,
+    }
 
 
 def score(job: PromptJob, sample: Sample) -> dict[str, float]:
@@ -342,8 +410,11 @@ def score(job: PromptJob, sample: Sample) -> dict[str, float]:
     return job.recipe.score(sample.text, truth, fmt.reply_prefix, len(sample.response_ids))
 
 
-def score_all(jobs: list[PromptJob], groups: list[list[Sample]], reward_models: Sequence[RewardModel] = (),
-              ) -> tuple[list[list[tuple[float, dict[str, float]]]], dict[str, float]]:
+def score_all(
+    jobs: list[PromptJob],
+    groups: list[list[Sample]],
+    reward_models: Sequence[RewardModel] = (),
+) -> tuple[list[list[tuple[float, dict[str, float]]]], dict[str, float]]:
     """(reward, parts) of every sample, grouped as ``groups``: the rule's parts, and with reward
     models their scores, each model scoring all the samples in one call; combined by the
     taskset's weights (:meth:`rft.workflow.single_turn.Recipe.reward`)."""
@@ -352,50 +423,73 @@ def score_all(jobs: list[PromptJob], groups: list[list[Sample]], reward_models: 
     stats: dict[str, float] = {}
     if reward_models and flat:
         start = time.monotonic()
-        prompts = {id(job): job.recipe.build_messages(job.row, job.taskset.config.format)
-                   for job in jobs}
+        prompts = {
+            id(job): job.recipe.build_messages(job.row, job.taskset.config.format) for job in jobs
+        }
         conversations = [conversation(prompts[id(job)], sample.text) for job, sample in flat]
         for model in reward_models:
             for mine, value in zip(scores, model.score(conversations)):
                 mine.append(value)
-        stats = {"reward_model_time_s": time.monotonic() - start,
-                 "reward_model_truncated": sum(m.last_truncated for m in reward_models)}
-    rewards = [job.recipe.reward(score(job, sample), mine)
-               for (job, sample), mine in zip(flat, scores)]
+        stats = {
+            "reward_model_time_s": time.monotonic() - start,
+            "reward_model_truncated": sum(m.last_truncated for m in reward_models),
+        }
+    rewards = [
+        job.recipe.reward(score(job, sample), mine) for (job, sample), mine in zip(flat, scores)
+    ]
     out, first = [], 0
     for group in groups:
-        out.append(rewards[first:first + len(group)])
+        out.append(rewards[first : first + len(group)])
         first += len(group)
     return out, stats
 
 
-def rollout(cfg: Config, engine: Engine, tasksets: list[T.Taskset], items: list[tuple[int, T.Task]],
-            step: int, version: int, writer: str, reward_models: Sequence[RewardModel] = (),
-            ) -> tuple[list[Experience], dict[str, float]]:
+def rollout(
+    cfg: Config,
+    engine: Engine,
+    tasksets: list[T.Taskset],
+    items: list[tuple[int, T.Task]],
+    step: int,
+    version: int,
+    writer: str,
+    reward_models: Sequence[RewardModel] = (),
+) -> tuple[list[Experience], dict[str, float]]:
     """Generate and score this task's share of a step: experiences (groups adjacent) + stats.
     Tasks of single-turn recipes go to the engine in one call (:func:`rollout_recipes`); tasks
     of workflow classes run as concurrent episodes (:func:`rollout_episodes`)."""
-    by_class = [(slot, t) for slot, t in items
-                if isinstance(tasksets[t.taskset].workflow_of(tasksets[t.taskset].rows[t.index]),
-                              T.WorkflowClass)]
+    by_class = [
+        (slot, t)
+        for slot, t in items
+        if isinstance(
+            tasksets[t.taskset].workflow_of(tasksets[t.taskset].rows[t.index]), T.WorkflowClass
+        )
+    ]
     recipes = [item for item in items if item not in by_class]
     exps: list[Experience] = []
     stats: dict[str, float] = {GENERATED_TOKENS: 0}
     if recipes or not by_class:
-        exps, stats = rollout_recipes(cfg, engine, tasksets, recipes, step, version, writer,
-                                      reward_models)
+        exps, stats = rollout_recipes(
+            cfg, engine, tasksets, recipes, step, version, writer, reward_models
+        )
     if by_class:
-        episode_exps, episode_stats = rollout_episodes(cfg, engine, tasksets, by_class, step,
-                                                       version, writer)
+        episode_exps, episode_stats = rollout_episodes(
+            cfg, engine, tasksets, by_class, step, version, writer
+        )
         generated = stats[GENERATED_TOKENS] + episode_stats[GENERATED_TOKENS]
         exps, stats = exps + episode_exps, {**stats, **episode_stats, GENERATED_TOKENS: generated}
     return exps, {**stats, "tasks": len(items)}
 
 
-def rollout_recipes(cfg: Config, engine: Engine, tasksets: list[T.Taskset],
-                    items: list[tuple[int, T.Task]], step: int, version: int, writer: str,
-                    reward_models: Sequence[RewardModel] = (),
-                    ) -> tuple[list[Experience], dict[str, float]]:
+def rollout_recipes(
+    cfg: Config,
+    engine: Engine,
+    tasksets: list[T.Taskset],
+    items: list[tuple[int, T.Task]],
+    step: int,
+    version: int,
+    writer: str,
+    reward_models: Sequence[RewardModel] = (),
+) -> tuple[list[Experience], dict[str, float]]:
     """The single-turn tasks of a step: every prompt in one engine call, then scored."""
     jobs, counts = build_prompts(cfg, engine.tokenizer, items, tasksets)
     groups, stats = generate(engine, jobs)
@@ -404,20 +498,32 @@ def rollout_recipes(cfg: Config, engine: Engine, tasksets: list[T.Taskset],
     for job, group, group_rewards in zip(jobs, groups, rewards):
         group_id = f"{writer}:{step}:{job.slot}"
         for sample, (reward, parts) in zip(group, group_rewards):
-            exps.append(Experience(
-                task_id=f"{job.taskset.name}/{job.task.index}", group_id=group_id,
-                prompt_ids=sample.prompt_ids, response_ids=sample.response_ids,
-                logprobs=sample.logprobs, reward=reward, reward_parts=parts,
-                model_version=version, temperature=job.taskset.sampling.temperature,
-                truncated=sample.truncated, response_text=sample.text,
-                info={"step": step, "epoch": job.task.epoch, "taskset": job.taskset.name}))
+            exps.append(
+                Experience(
+                    task_id=f"{job.taskset.name}/{job.task.index}",
+                    group_id=group_id,
+                    prompt_ids=sample.prompt_ids,
+                    response_ids=sample.response_ids,
+                    logprobs=sample.logprobs,
+                    reward=reward,
+                    reward_parts=parts,
+                    model_version=version,
+                    temperature=job.taskset.sampling.temperature,
+                    truncated=sample.truncated,
+                    response_text=sample.text,
+                    info={"step": step, "epoch": job.task.epoch, "taskset": job.taskset.name},
+                )
+            )
     return exps, {**counts, **stats, **score_stats}
 
 
 def enable_thinking(cfg: Config) -> bool | None:
     """The chat template's thinking switch: ``model.enable_thinking``, else the rollout model's."""
-    return cfg.model.enable_thinking if cfg.model.enable_thinking is not None \
+    return (
+        cfg.model.enable_thinking
+        if cfg.model.enable_thinking is not None
         else cfg.explorer.rollout_model.enable_thinking
+    )
 
 
 _TEMPLATES: dict[tuple[str, str | None], ChatTemplate] = {}
@@ -433,13 +539,21 @@ def episode_template(cfg: Config) -> ChatTemplate:
         tokenizer = AutoTokenizer.from_pretrained(cfg.model.model_path)
         _TEMPLATES[key] = ChatTemplate(tokenizer, cfg.model.custom_chat_template)
     template = _TEMPLATES[key]
-    template.extra = {} if enable_thinking(cfg) is None else {"enable_thinking": enable_thinking(cfg)}
+    template.extra = (
+        {} if enable_thinking(cfg) is None else {"enable_thinking": enable_thinking(cfg)}
+    )
     return template
 
 
-def rollout_episodes(cfg: Config, engine: Engine, tasksets: list[T.Taskset],
-                     items: list[tuple[int, T.Task]], step: int, version: int, writer: str,
-                     ) -> tuple[list[Experience], dict[str, float]]:
+def rollout_episodes(
+    cfg: Config,
+    engine: Engine,
+    tasksets: list[T.Taskset],
+    items: list[tuple[int, T.Task]],
+    step: int,
+    version: int,
+    writer: str,
+) -> tuple[list[Experience], dict[str, float]]:
     """Run the workflow classes of ``items`` (``explorer.runner_per_model`` episodes at once,
     each stopped at ``explorer.max_timeout``); their experiences, one group per task."""
     jobs: list[EpisodeJob] = []
@@ -450,34 +564,66 @@ def rollout_episodes(cfg: Config, engine: Engine, tasksets: list[T.Taskset],
         choice = ts.workflow_of(row)
         s = ts.sampling
         workflow_task = WorkflowTask(
-            workflow=choice.cls, repeat_times=s.n, format_args=ts.config.format,
-            rollout_args=GenerationArgs(temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                                        logprobs=s.logprobs, max_tokens=s.max_tokens),
-            workflow_args=dict(ts.config.workflow_args), reward_fn_args=dict(ts.config.reward_fn_args),
-            is_eval=writer == "eval", reward_fn=choice.reward_fn, raw_task=row, batch_id=step,
-            task_id=f"{ts.name}/{task.index}")
+            workflow=choice.cls,
+            repeat_times=s.n,
+            format_args=ts.config.format,
+            rollout_args=GenerationArgs(
+                temperature=s.temperature,
+                top_p=s.top_p,
+                top_k=s.top_k,
+                logprobs=s.logprobs,
+                max_tokens=s.max_tokens,
+            ),
+            workflow_args=dict(ts.config.workflow_args),
+            reward_fn_args=dict(ts.config.reward_fn_args),
+            is_eval=writer == "eval",
+            reward_fn=choice.reward_fn,
+            raw_task=row,
+            batch_id=step,
+            task_id=f"{ts.name}/{task.index}",
+        )
         jobs += episode_jobs(slot, workflow_task, choice.cls)
         where[slot] = (ts, task)
     rollout = cfg.explorer.rollout_model
     parser = rollout.tool_call_parser if rollout.enable_auto_tool_choice else None
     before = tools.COUNTS.snapshot()
-    results, stats = run_episodes(jobs, engine, episode_template(cfg), version,
-                                  concurrency=cfg.explorer.runner_per_model,
-                                  timeout_s=cfg.explorer.max_timeout,
-                                  max_model_len=engine.max_model_len, tool_parser=parser,
-                                  reasoning_parser=rollout.reasoning_parser)
+    results, stats = run_episodes(
+        jobs,
+        engine,
+        episode_template(cfg),
+        version,
+        concurrency=cfg.explorer.runner_per_model,
+        timeout_s=cfg.explorer.max_timeout,
+        max_model_len=engine.max_model_len,
+        tool_parser=parser,
+        reasoning_parser=rollout.reasoning_parser,
+    )
     used = tools.counts_since(before)
-    stats.update({TOOL_CALLS: used["calls"], TOOL_ERRORS: used["errors"],
-                  TOOL_TIMEOUTS: used["timeouts"],
-                  GENERATED_TOKENS: sum(sum(e.action_mask) if e.action_mask else len(e.response_ids)
-                                        for r in results for e in r.experiences)})
+    stats.update(
+        {
+            TOOL_CALLS: used["calls"],
+            TOOL_ERRORS: used["errors"],
+            TOOL_TIMEOUTS: used["timeouts"],
+            GENERATED_TOKENS: sum(
+                sum(e.action_mask) if e.action_mask else len(e.response_ids)
+                for r in results
+                for e in r.experiences
+            ),
+        }
+    )
     exps: list[Experience] = []
     for result in sorted((r for r in results if r.ok), key=lambda r: r.job.slot):  # groups adjacent
         ts, task = where[result.job.slot]
         info = {"step": step, "epoch": task.epoch, "taskset": ts.name}
         for exp in result.experiences:
-            record = to_record(exp, result.job.task, f"{writer}:{step}:{result.job.slot}", version,
-                               ts.sampling.temperature, info)
+            record = to_record(
+                exp,
+                result.job.task,
+                f"{writer}:{step}:{result.job.slot}",
+                version,
+                ts.sampling.temperature,
+                info,
+            )
             if record is not None:
                 exps.append(record)
     return exps, stats
@@ -497,12 +643,17 @@ def step_metrics(exps: list[Experience]) -> dict[str, float]:
         return {"experiences": 0}
     rewards = [e.reward for e in exps]
     lengths = [len(e.response_ids) for e in exps]
-    out = {"experiences": len(exps), REWARD_MEAN: statistics.fmean(rewards),
-           "reward/std": statistics.pstdev(rewards), "reward/max": max(rewards),
-           "reward/min": min(rewards), ACCURACY: statistics.fmean(map(accuracy_of, exps)),
-           "response_length/mean": statistics.fmean(lengths),
-           RESPONSE_LENGTH_MAX: max(lengths),
-           "truncation_rate": sum(e.truncated for e in exps) / len(exps)}
+    out = {
+        "experiences": len(exps),
+        REWARD_MEAN: statistics.fmean(rewards),
+        "reward/std": statistics.pstdev(rewards),
+        "reward/max": max(rewards),
+        "reward/min": min(rewards),
+        ACCURACY: statistics.fmean(map(accuracy_of, exps)),
+        "response_length/mean": statistics.fmean(lengths),
+        RESPONSE_LENGTH_MAX: max(lengths),
+        "truncation_rate": sum(e.truncated for e in exps) / len(exps),
+    }
     for part in sorted({p for e in exps for p in e.reward_parts}):
         out[f"reward/{part}/mean"] = statistics.fmean(e.reward_parts.get(part, 0.0) for e in exps)
     return out
@@ -513,17 +664,26 @@ def eval_taskset_metrics(name: str, k: int, groups: list[list[Experience]]) -> d
     samples = [e for g in groups for e in g]
     if not samples:
         return {f"eval/{name}/tasks": 0}
-    return {f"eval/{name}/mean@{k}": statistics.fmean(map(accuracy_of, samples)),
-            f"eval/{name}/pass@{k}": statistics.fmean(
-                float(any(accuracy_of(e) >= 1.0 for e in g)) for g in groups),
-            f"eval/{name}/reward_mean": statistics.fmean(e.reward for e in samples),
-            f"eval/{name}/response_length_mean": statistics.fmean(len(e.response_ids) for e in samples),
-            f"eval/{name}/tasks": len(groups)}
+    return {
+        f"eval/{name}/mean@{k}": statistics.fmean(map(accuracy_of, samples)),
+        f"eval/{name}/pass@{k}": statistics.fmean(
+            float(any(accuracy_of(e) >= 1.0 for e in g)) for g in groups
+        ),
+        f"eval/{name}/reward_mean": statistics.fmean(e.reward for e in samples),
+        f"eval/{name}/response_length_mean": statistics.fmean(len(e.response_ids) for e in samples),
+        f"eval/{name}/tasks": len(groups),
+    }
 
 
-def evaluate(cfg: Config, engine: Engine, eval_sets: list[T.Taskset], monitor: Monitor,
-             step: int, watcher: WeightsWatcher,
-             reward_models: Sequence[RewardModel] = ()) -> dict[str, Any]:
+def evaluate(
+    cfg: Config,
+    engine: Engine,
+    eval_sets: list[T.Taskset],
+    monitor: Monitor,
+    step: int,
+    watcher: WeightsWatcher,
+    reward_models: Sequence[RewardModel] = (),
+) -> dict[str, Any]:
     """Every row of every eval taskset with its rollout_args; metrics to the monitor only."""
     version = watcher.loaded_version or 0
     metrics: dict[str, Any] = {EVAL_WEIGHTS_VERSION: version}
@@ -531,7 +691,9 @@ def evaluate(cfg: Config, engine: Engine, eval_sets: list[T.Taskset], monitor: M
     for ts in eval_sets:
         items = [(i, T.Task(0, i, 0)) for i in range(len(ts))]
         exps, _ = rollout(cfg, engine, [ts], items, step, version, "eval", reward_models)
-        groups = [[e for e in exps if e.group_id == g] for g in dict.fromkeys(e.group_id for e in exps)]
+        groups = [
+            [e for e in exps if e.group_id == g] for g in dict.fromkeys(e.group_id for e in exps)
+        ]
         metrics.update(eval_taskset_metrics(ts.name, ts.sampling.n, groups))
     metrics["eval/time_s"] = time.monotonic() - start
     monitor.log(step, metrics)
@@ -543,11 +705,14 @@ def evaluate(cfg: Config, engine: Engine, eval_sets: list[T.Taskset], monitor: M
 
 def install_exit_handlers(heartbeat: Heartbeat) -> None:
     """SIGTERM/SIGUSR1: mark the heartbeat exited and leave at once (unsealed batch lost)."""
+
     def _exit(signum: int, _frame: Any) -> None:
         log.warning("signal %d: exiting now (sealed segments are kept)", signum)
         try:  # not heartbeat.beat(): the interrupted code may hold its lock
-            atomic.write_json(heartbeat.path, {**heartbeat.fields, "exited": True,
-                                               LOADING_FIELD: None, "time": time.time()})
+            atomic.write_json(
+                heartbeat.path,
+                {**heartbeat.fields, "exited": True, LOADING_FIELD: None, "time": time.time()},
+            )
         finally:
             os._exit(128 + signum)
 
@@ -559,15 +724,18 @@ def main(argv: list[str] | None = None) -> int:
     """``python -m rft.explorer``; SIGTERM or SIGUSR1 exits at once: the unsealed batch is lost,
     sealed segments stay (:func:`install_exit_handlers`)."""
     setup_logging()
-    args = config_parser("python -m rft.explorer", "Run one explorer task (one vLLM engine).",
-                         stage=True).parse_args(argv)
+    args = config_parser(
+        "python -m rft.explorer", "Run one explorer task (one vLLM engine).", stage=True
+    ).parse_args(argv)
 
     def body() -> int:
         cfg = load_stage(args.config, args.overrides, args.stage)
         if cfg.mode not in EXPLORER_MODES:
             raise ConfigError(f"mode '{cfg.mode}' runs no explorer loop; use mode both or explore")
         result = run_explorer(cfg, handle_signals=True)
-        log.info("explorer done: %d steps, weights version %d", len(result.steps), result.loaded_version)
+        log.info(
+            "explorer done: %d steps, weights version %d", len(result.steps), result.loaded_version
+        )
         return EXIT_OK
 
     return run_command(body)

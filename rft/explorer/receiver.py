@@ -69,8 +69,10 @@ class BroadcastReceiver:
                 loaded = version if version is not None else loaded
                 event = B.wait_event(self.store, self.next_event, self.timeout_s if follow else 0.0)
         except (RuntimeError, OSError, B.BroadcastError) as e:  # the store or the group failed
-            self._start_over(f"weight sync with the trainer at {self.rv.host}:{self.rv.port} "
-                             f"failed ({e})", reconnect_now=True)
+            self._start_over(
+                f"weight sync with the trainer at {self.rv.host}:{self.rv.port} failed ({e})",
+                reconnect_now=True,
+            )
         return loaded
 
     def close(self) -> None:
@@ -106,15 +108,29 @@ class BroadcastReceiver:
             self._register()
             return False
         if not self._go(index):  # another member could not come: the next sync re-forms
-            log.info("%s: weight-sync group generation %d was cancelled", self.name,
-                     event["generation"])
+            log.info(
+                "%s: weight-sync group generation %d was cancelled", self.name, event["generation"]
+            )
             return False
         start = time.monotonic()
-        self.engine.join_group(self.rv.host, self.rv.port, event["generation"], mine["rank"],
-                               event["world_size"], self.rv.backend, self.timeout_s)
+        self.engine.join_group(
+            self.rv.host,
+            self.rv.port,
+            event["generation"],
+            mine["rank"],
+            event["world_size"],
+            self.rv.backend,
+            self.timeout_s,
+        )
         self.generation = event["generation"]
-        log.info("%s joined weight-sync group generation %d as rank %d of %d (%.2fs)", self.name,
-                 self.generation, mine["rank"], event["world_size"], time.monotonic() - start)
+        log.info(
+            "%s joined weight-sync group generation %d as rank %d of %d (%.2fs)",
+            self.name,
+            self.generation,
+            mine["rank"],
+            event["world_size"],
+            time.monotonic() - start,
+        )
         return True  # the trainer broadcasts right after forming a group
 
     def _on_weights(self, index: int, event: dict[str, Any]) -> int | None:
@@ -125,14 +141,20 @@ class BroadcastReceiver:
         start = time.monotonic()
         why = self.engine.receive(event["buckets"], version)
         if why:
-            self._start_over(f"broadcast of weights version {version} failed ({why}); the trainer "
-                             "publishes it as a folder", reconnect_now=True)
+            self._start_over(
+                f"broadcast of weights version {version} failed ({why}); the trainer "
+                "publishes it as a folder",
+                reconnect_now=True,
+            )
             return None
         try:
             self.engine.confirm(True)
         except Exception as e:  # noqa: BLE001 - another member failed: our load stands
-            self._start_over(f"weight-sync group generation {self.generation} failed after "
-                             f"version {version} was loaded ({e})", reconnect_now=True)
+            self._start_over(
+                f"weight-sync group generation {self.generation} failed after "
+                f"version {version} was loaded ({e})",
+                reconnect_now=True,
+            )
         self.receive_s = time.monotonic() - start
         return version
 
@@ -149,10 +171,12 @@ class BroadcastReceiver:
         if rv is None or (rv.session == self._failed_session and time.monotonic() < self._retry_at):
             return False
         if rv.backend == "nccl" and getattr(self.engine, "on_cpu", False):
-            self._warn_once(f"{self.name}: the trainer broadcasts over NCCL but this explorer runs "
-                            "vLLM on CPU: weights come through folders only (written when a "
-                            "broadcast misses an explorer); run explorers on GPUs, or use "
-                            "synchronizer.sync_method=checkpoint")
+            self._warn_once(
+                f"{self.name}: the trainer broadcasts over NCCL but this explorer runs "
+                "vLLM on CPU: weights come through folders only (written when a "
+                "broadcast misses an explorer); run explorers on GPUs, or use "
+                "synchronizer.sync_method=checkpoint"
+            )
             return False
         try:
             self.store = B.connect_store(rv, self.timeout_s)
@@ -161,14 +185,22 @@ class BroadcastReceiver:
             self._register()
         except (RuntimeError, OSError, B.BroadcastError) as e:
             if rv.session != self._failed_session:
-                log.warning("%s: weights come through folders until the store answers (retried "
-                            "every %.0fs, at once when the trainer restarts): %s", self.name,
-                            RECONNECT_S, e)
+                log.warning(
+                    "%s: weights come through folders until the store answers (retried "
+                    "every %.0fs, at once when the trainer restarts): %s",
+                    self.name,
+                    RECONNECT_S,
+                    e,
+                )
             self.store = None
             self._failed_session, self._retry_at = rv.session, time.monotonic() + RECONNECT_S
             return False
-        log.info("%s registered for weights by broadcast with the trainer at %s:%d", self.name,
-                 rv.host, rv.port)
+        log.info(
+            "%s registered for weights by broadcast with the trainer at %s:%d",
+            self.name,
+            rv.host,
+            rv.port,
+        )
         return True
 
     def _warn_once(self, message: str) -> None:

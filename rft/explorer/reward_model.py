@@ -44,7 +44,7 @@ def keep_last(ids: Sequence[int], limit: Optional[int]) -> tuple[list[int], bool
     The first tokens go: the response and the end of the prompt, where the score is read, stay."""
     if limit is None or len(ids) <= limit:
         return list(ids), False
-    return list(ids[len(ids) - limit:]), True
+    return list(ids[len(ids) - limit :]), True
 
 
 def micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
@@ -60,7 +60,9 @@ def micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     return batches
 
 
-def pad_right(seqs: Sequence[Sequence[int]], pad_id: int) -> tuple[list[list[int]], list[list[int]]]:
+def pad_right(
+    seqs: Sequence[Sequence[int]], pad_id: int
+) -> tuple[list[list[int]], list[list[int]]]:
     """Token ids padded on the right with ``pad_id``, and the attention mask (1: a real token).
     Right padding: the positions of the real tokens do not move, so each score is exactly the
     conversation's alone."""
@@ -85,9 +87,16 @@ class RewardModel:
     generation.
     """
 
-    def __init__(self, path: Path | str, *, device: str = "cpu", max_model_len: Optional[int] = None,
-                 enable_thinking: Optional[bool] = None, max_tokens_per_batch: int = MAX_TOKENS_PER_BATCH,
-                 key: str = "explorer.auxiliary_models[0].model_path"):
+    def __init__(
+        self,
+        path: Path | str,
+        *,
+        device: str = "cpu",
+        max_model_len: Optional[int] = None,
+        enable_thinking: Optional[bool] = None,
+        max_tokens_per_batch: int = MAX_TOKENS_PER_BATCH,
+        key: str = "explorer.auxiliary_models[0].model_path",
+    ):
         check_reward_model_dir(path, key)  # the dry run's checks, again where it runs
         import torch
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -98,14 +107,18 @@ class RewardModel:
         self.max_tokens_per_batch = max_tokens_per_batch
         self.tokenizer = AutoTokenizer.from_pretrained(self.path)
         if not self.tokenizer.chat_template:
-            raise DataError(f"{key}={self.path!r}: its tokenizer has no chat template; copy "
-                            "chat_template.jinja from the reward model's release into the folder")
+            raise DataError(
+                f"{key}={self.path!r}: its tokenizer has no chat template; copy "
+                "chat_template.jinja from the reward model's release into the folder"
+            )
         self.pad_id = _pad_id(self.tokenizer, self.path)
         dtype = torch.float32 if device == "cpu" else torch.bfloat16
         model = AutoModelForSequenceClassification.from_pretrained(self.path, dtype=dtype)
         if model.config.num_labels != 1:
-            raise ConfigError(f"{key}={self.path!r}: the score head has {model.config.num_labels} "
-                              "labels; a reward model has one (num_labels 1)")
+            raise ConfigError(
+                f"{key}={self.path!r}: the score head has {model.config.num_labels} "
+                "labels; a reward model has one (num_labels 1)"
+            )
         # transformers finds each sequence's last real token by this id (its rule for reading a
         # score in a padded batch): it must be the one we pad with.
         model.config.pad_token_id = self.pad_id
@@ -117,16 +130,23 @@ class RewardModel:
         limits = [n for n in (max_model_len, position_limit) if n]  # the dry run refuses 1st > 2nd
         self.max_len: Optional[int] = min(limits) if limits else None
         self.last_truncated = 0  # conversations cut in the last score() call
-        log.info("reward model %s on %s (%s), scoring up to %s tokens, loaded in %.1fs", self.path,
-                 device, str(dtype).removeprefix("torch."), self.max_len, time.monotonic() - start)
+        log.info(
+            "reward model %s on %s (%s), scoring up to %s tokens, loaded in %.1fs",
+            self.path,
+            device,
+            str(dtype).removeprefix("torch."),
+            self.max_len,
+            time.monotonic() - start,
+        )
 
     def encode(self, messages: Sequence[Mapping[str, str]]) -> tuple[list[int], bool]:
         """Token ids of a conversation in the reward model's chat template (not the policy's:
         the reward model was trained on its own), cut to its last ``max_len`` tokens; and
         whether it was cut."""
         extra = {} if self.enable_thinking is None else {"enable_thinking": self.enable_thinking}
-        text = self.tokenizer.apply_chat_template(list(messages), tokenize=False,
-                                                  add_generation_prompt=False, **extra)
+        text = self.tokenizer.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=False, **extra
+        )
         # no special tokens added: the template writes them
         return keep_last(self.tokenizer.encode(text, add_special_tokens=False), self.max_len)
 
@@ -140,18 +160,26 @@ class RewardModel:
         encoded = [self.encode(c) for c in conversations]
         self.last_truncated = sum(cut for _, cut in encoded)
         if self.last_truncated:
-            log.warning("%s: %d of %d conversations are longer than %d tokens; scored on their "
-                        "last %d tokens (raise explorer.auxiliary_models max_model_len, up to the "
-                        "model's max_position_embeddings)", self.path, self.last_truncated,
-                        len(encoded), self.max_len, self.max_len)
+            log.warning(
+                "%s: %d of %d conversations are longer than %d tokens; scored on their "
+                "last %d tokens (raise explorer.auxiliary_models max_model_len, up to the "
+                "model's max_position_embeddings)",
+                self.path,
+                self.last_truncated,
+                len(encoded),
+                self.max_len,
+                self.max_len,
+            )
         seqs = [ids for ids, _ in encoded]
         scores = [0.0] * len(seqs)
         # longest first, at most max_tokens_per_batch padded tokens per forward pass
         for batch in micro_batches([len(s) for s in seqs], self.max_tokens_per_batch):
             ids, mask = pad_right([seqs[i] for i in batch], self.pad_id)
             with torch.inference_mode():
-                logits = self.model(input_ids=torch.tensor(ids, device=self.device),  # [b, L]
-                                    attention_mask=torch.tensor(mask, device=self.device)).logits  # [b, 1]
+                logits = self.model(
+                    input_ids=torch.tensor(ids, device=self.device),  # [b, L]
+                    attention_mask=torch.tensor(mask, device=self.device),
+                ).logits  # [b, 1]
             for i, value in zip(batch, logits[:, 0].float().tolist()):
                 scores[i] = value
         return scores
@@ -163,8 +191,10 @@ def _pad_id(tokenizer: Any, path: str) -> int:
     if tokenizer.pad_token_id is not None:
         return int(tokenizer.pad_token_id)
     if tokenizer.eos_token_id is None:
-        raise DataError(f"{path}: the tokenizer has neither a pad nor an end-of-sequence token; "
-                        "set pad_token in its tokenizer_config.json")
+        raise DataError(
+            f"{path}: the tokenizer has neither a pad nor an end-of-sequence token; "
+            "set pad_token in its tokenizer_config.json"
+        )
     log.info("%s: the tokenizer has no pad token; padding with its end-of-sequence token", path)
     return int(tokenizer.eos_token_id)
 
@@ -183,10 +213,12 @@ def scorer_device(rollout_tp: int, aux_tp: Sequence[int], index: int, key: str) 
     gpu = scorer_gpu_index(rollout_tp, aux_tp, index)
     visible = torch.cuda.device_count()
     if gpu >= visible:
-        raise ConfigError(f"{key}: this explorer task sees {visible} GPU(s), but the reward model "
-                          f"scores on its GPU {gpu} (after the engine's {rollout_tp} and the earlier "
-                          f"reward models'); give each explorer task {rollout_tp + sum(aux_tp)} GPUs "
-                          "(rft-run and rft-launch do)")
+        raise ConfigError(
+            f"{key}: this explorer task sees {visible} GPU(s), but the reward model "
+            f"scores on its GPU {gpu} (after the engine's {rollout_tp} and the earlier "
+            f"reward models'); give each explorer task {rollout_tp + sum(aux_tp)} GPUs "
+            "(rft-run and rft-launch do)"
+        )
     return f"cuda:{gpu}"
 
 
@@ -197,7 +229,13 @@ def load_reward_models(cfg: Config) -> list[RewardModel]:
     out = []
     for i, model in enumerate(models):
         key = f"explorer.auxiliary_models[{i}]"
-        out.append(RewardModel(model.model_path, device=scorer_device(rollout_tp, tps, i, key),
-                               max_model_len=scoring_max_len(model),
-                               enable_thinking=model.enable_thinking, key=f"{key}.model_path"))
+        out.append(
+            RewardModel(
+                model.model_path,
+                device=scorer_device(rollout_tp, tps, i, key),
+                max_model_len=scoring_max_len(model),
+                enable_thinking=model.enable_thinking,
+                key=f"{key}.model_path",
+            )
+        )
     return out

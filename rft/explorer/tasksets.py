@@ -97,32 +97,44 @@ class Taskset:
 def workflow_names(cfg: Config, ts: TasksetConfig, is_eval: bool) -> tuple[str, Optional[str]]:
     """The taskset's workflow and reward function names (its own, else explorer_input's)."""
     inputs = cfg.buffer.explorer_input
-    default_wf = (inputs.default_eval_workflow_type or inputs.default_workflow_type) if is_eval \
+    default_wf = (
+        (inputs.default_eval_workflow_type or inputs.default_workflow_type)
+        if is_eval
         else inputs.default_workflow_type
-    return (ts.default_workflow_type or default_wf or "simple_workflow",
-            ts.default_reward_fn_type or inputs.default_reward_fn_type)
+    )
+    return (
+        ts.default_workflow_type or default_wf or "simple_workflow",
+        ts.default_reward_fn_type or inputs.default_reward_fn_type,
+    )
 
 
-def resolve_workflow(cfg: Config, ts: TasksetConfig, label: str, name: str,
-                     reward: Optional[str]) -> WorkflowChoice:
+def resolve_workflow(
+    cfg: Config, ts: TasksetConfig, label: str, name: str, reward: Optional[str]
+) -> WorkflowChoice:
     """A single-turn recipe with its reward and ``reward_fn_args`` bound, or a workflow class
     (imported: plugins too), checked; ConfigError naming ``label``. ``rule_weight`` /
     ``reward_model_weight`` are taken out of ``reward_fn_args`` first: they weigh the rule
     against ``explorer.auxiliary_models`` (:mod:`rft.config.auxiliary`)."""
-    weights, rule_args = split_reward_weights(ts.reward_fn_args, len(cfg.explorer.auxiliary_models),
-                                              f"{label}.reward_fn_args")
+    weights, rule_args = split_reward_weights(
+        ts.reward_fn_args, len(cfg.explorer.auxiliary_models), f"{label}.reward_fn_args"
+    )
     try:
         if name in single_turn.WORKFLOWS:
             if ts.workflow_args:
-                raise ConfigError(f"workflow_args {sorted(ts.workflow_args)}: the single-turn "
-                                  f"workflow {name!r} takes none (reward_fn_args reach the reward)")
+                raise ConfigError(
+                    f"workflow_args {sorted(ts.workflow_args)}: the single-turn "
+                    f"workflow {name!r} takes none (reward_fn_args reach the reward)"
+                )
             return get_workflow(name, reward, rule_args or None, weights)
         if cfg.explorer.auxiliary_models:
-            raise ConfigError(f"workflow {name!r}: explorer.auxiliary_models score single-turn "
-                              "workflows only; a workflow class sets its own rewards")
+            raise ConfigError(
+                f"workflow {name!r}: explorer.auxiliary_models score single-turn "
+                "workflows only; a workflow class sets its own rewards"
+            )
         cls = workflow_class(name, single_turn.WORKFLOWS)
-        reward_cls = reward_fn_class(get_reward_fn(reward, rule_args or None), reward) \
-            if reward else None
+        reward_cls = (
+            reward_fn_class(get_reward_fn(reward, rule_args or None), reward) if reward else None
+        )
         return WorkflowClass(cls, reward_cls)
     except (ConfigError, WorkflowError) as e:
         raise ConfigError(f"{label}: {e}") from e
@@ -134,8 +146,9 @@ def taskset_workflow(cfg: Config, ts: TasksetConfig, label: str, is_eval: bool) 
     return resolve_workflow(cfg, ts, label, *workflow_names(cfg, ts, is_eval))
 
 
-def required_columns(ts: TasksetConfig, workflow: Optional[WorkflowChoice],
-                     label: str) -> dict[str, str]:
+def required_columns(
+    ts: TasksetConfig, workflow: Optional[WorkflowChoice], label: str
+) -> dict[str, str]:
     """Columns the taskset must have (config key -> column): a recipe's prompt and answer
     (:func:`rft.data.task_columns`; also when the workflow is not resolved here), else the
     per-row workflow/reward columns that are set (a workflow class reads the row its own way)."""
@@ -148,14 +161,20 @@ def required_columns(ts: TasksetConfig, workflow: Optional[WorkflowChoice],
 def open_taskset(cfg: Config, ts: TasksetConfig, label: str, is_eval: bool) -> Taskset:
     """Load one taskset and resolve its workflow, reward and sampling settings."""
     workflow = taskset_workflow(cfg, ts, label, is_eval)
-    rows = data.load_split(ts.path, ts.split, ts.subset_name, label,
-                           required_columns(ts, workflow, label))
+    rows = data.load_split(
+        ts.path, ts.split, ts.subset_name, label, required_columns(ts, workflow, label)
+    )
     name = ts.name or Path(ts.path).name
-    log.info("%s: %d tasks from %s (%s), workflow %s", label, len(rows), ts.path, ts.split,
-             workflow.name)
+    log.info(
+        "%s: %d tasks from %s (%s), workflow %s", label, len(rows), ts.path, ts.split, workflow.name
+    )
     resolve = lambda wf, reward: resolve_workflow(  # noqa: E731
-        cfg, ts, label, wf or workflow_names(cfg, ts, is_eval)[0],
-        reward or workflow_names(cfg, ts, is_eval)[1])
+        cfg,
+        ts,
+        label,
+        wf or workflow_names(cfg, ts, is_eval)[0],
+        reward or workflow_names(cfg, ts, is_eval)[1],
+    )
     return Taskset(label, name, ts, rows, workflow, sampling_args(cfg, ts), resolve)
 
 
@@ -165,21 +184,28 @@ def sampling_args(cfg: Config, ts: TasksetConfig) -> SamplingArgs:
     pick = lambda override, default: default if override is None else override  # noqa: E731
     return SamplingArgs(
         n=ts.repeat_times or cfg.algorithm.repeat_times,
-        temperature=taskset_temperature(cfg, ts), top_p=pick(r.top_p, m.top_p),
-        top_k=pick(r.top_k, m.top_k), logprobs=pick(r.logprobs, m.logprobs),
+        temperature=taskset_temperature(cfg, ts),
+        top_p=pick(r.top_p, m.top_p),
+        top_k=pick(r.top_k, m.top_k),
+        logprobs=pick(r.logprobs, m.logprobs),
         max_tokens=pick(r.max_tokens, m.max_response_tokens or 128),
-        min_tokens=m.min_response_tokens)
+        min_tokens=m.min_response_tokens,
+    )
 
 
 def training_tasksets(cfg: Config) -> list[Taskset]:
     """``buffer.explorer_input.taskset`` / ``tasksets`` loaded, in config order."""
-    return [open_taskset(cfg, ts, label, is_eval=False)
-            for label, ts in cfg.labelled_tasksets(evaluation=False)]
+    return [
+        open_taskset(cfg, ts, label, is_eval=False)
+        for label, ts in cfg.labelled_tasksets(evaluation=False)
+    ]
 
 
 def eval_tasksets(cfg: Config) -> list[Taskset]:
-    return [open_taskset(cfg, ts, label, is_eval=True)
-            for label, ts in cfg.labelled_tasksets(training=False)]
+    return [
+        open_taskset(cfg, ts, label, is_eval=True)
+        for label, ts in cfg.labelled_tasksets(training=False)
+    ]
 
 
 # ----------------------------------------------------------------------------- task order
@@ -210,8 +236,10 @@ class Cursor:
         try:
             return cls(int(d["step"]), [int(p) for p in d["positions"]], int(d["turn"]))
         except (KeyError, TypeError, ValueError) as e:
-            raise DataError(f"{EXPLORER_META}: malformed task cursor {d!r} ({e}); delete the "
-                            "explorer's entry to restart its tasks from the beginning") from e
+            raise DataError(
+                f"{EXPLORER_META}: malformed task cursor {d!r} ({e}); delete the "
+                "explorer's entry to restart its tasks from the beginning"
+            ) from e
 
 
 class TaskSelector:
@@ -222,7 +250,9 @@ class TaskSelector:
 
     def __init__(self, kind: str, seed: int, num_rows: int):
         if kind not in ("sequential", "shuffle", "random"):
-            raise DataError(f"task_selector.selector_type {kind!r}: use sequential, shuffle or random")
+            raise DataError(
+                f"task_selector.selector_type {kind!r}: use sequential, shuffle or random"
+            )
         self.kind, self.seed, self.num_rows = kind, seed, num_rows
         self._perm: tuple[int, list[int]] | None = None  # (epoch, permutation) cache
 
@@ -249,14 +279,23 @@ class TaskStream:
     with ``buffer.total_steps`` set, tasksets cycle past their epochs until that step.
     """
 
-    def __init__(self, tasksets: list[Taskset], batch_size: int, total_epochs: int,
-                 total_steps: Optional[int]):
+    def __init__(
+        self,
+        tasksets: list[Taskset],
+        batch_size: int,
+        total_epochs: int,
+        total_steps: Optional[int],
+    ):
         if not tasksets:
             raise DataError("no training taskset: set buffer.explorer_input.taskset")
-        self.selectors = [TaskSelector(t.config.task_selector.selector_type,
-                                       t.config.task_selector.seed, len(t)) for t in tasksets]
+        self.selectors = [
+            TaskSelector(t.config.task_selector.selector_type, t.config.task_selector.seed, len(t))
+            for t in tasksets
+        ]
         self.batch_size = batch_size
-        self.total_steps = planned_steps([len(t) for t in tasksets], total_epochs, batch_size, total_steps)
+        self.total_steps = planned_steps(
+            [len(t) for t in tasksets], total_epochs, batch_size, total_steps
+        )
         # With total_steps set, tasksets cycle; otherwise each stops after total_epochs passes.
         self.limits = [None if total_steps else len(t) * total_epochs for t in tasksets]
 
@@ -320,9 +359,15 @@ def load_cursor(run_dir: Path | str, name: str, rank: int, count: int) -> Cursor
     if not old_layout:
         return None
     other = min(old_layout, key=lambda r: r["cursor"]["step"])
-    log.warning("%s: the explorer count of %s changed to %d; rank %d resumes from the least "
-                "advanced saved cursor (step %s)", EXPLORER_META, name, count, rank,
-                other["cursor"]["step"])
+    log.warning(
+        "%s: the explorer count of %s changed to %d; rank %d resumes from the least "
+        "advanced saved cursor (step %s)",
+        EXPLORER_META,
+        name,
+        count,
+        rank,
+        other["cursor"]["step"],
+    )
     return Cursor.from_dict(other["cursor"])
 
 
@@ -341,7 +386,9 @@ def save_cursor(run_dir: Path | str, name: str, rank: int, count: int, cursor: C
         atomic.write_json(path, meta)
         if _read_meta(path).get(name, {}).get("ranks", {}).get(str(rank)) == record:
             return
-    log.warning("%s: could not confirm the cursor of %s rank %d (concurrent writers)", path, name, rank)
+    log.warning(
+        "%s: could not confirm the cursor of %s rank %d (concurrent writers)", path, name, rank
+    )
 
 
 def _read_meta(path: Path) -> dict[str, Any]:
@@ -361,14 +408,25 @@ def _read_meta(path: Path) -> dict[str, Any]:
 # ----------------------------------------------------------------------------- prompts
 
 
-def prompt_ids(tokenizer: Any, messages: list[dict[str, str]], *, reply_prefix: str | None = None,
-               chat_template: str | None = None, enable_thinking: bool | None = None) -> list[int]:
+def prompt_ids(
+    tokenizer: Any,
+    messages: list[dict[str, str]],
+    *,
+    reply_prefix: str | None = None,
+    chat_template: str | None = None,
+    enable_thinking: bool | None = None,
+) -> list[int]:
     """Token ids of ``messages`` rendered with the tokenizer's chat template (or
     ``chat_template``: ``model.custom_chat_template``), never cut; a reply prefix is continued."""
     extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
     text = tokenizer.apply_chat_template(
-        messages, tokenize=False, chat_template=chat_template,
-        add_generation_prompt=not reply_prefix, continue_final_message=bool(reply_prefix), **extra)
+        messages,
+        tokenize=False,
+        chat_template=chat_template,
+        add_generation_prompt=not reply_prefix,
+        continue_final_message=bool(reply_prefix),
+        **extra,
+    )
     return list(tokenizer.encode(text, add_special_tokens=False))
 
 
@@ -385,7 +443,9 @@ def prompt_token_limit(cfg: Config) -> int | None:
     The explorer leaves such a task out of its step and counts it; the task stream (and so the
     cursor and every step boundary) is unchanged, so resuming replays the same decision.
     """
-    max_model_len = cfg.explorer.rollout_model.max_model_len or cfg.model.max_model_len  # as the engine's
+    max_model_len = (
+        cfg.explorer.rollout_model.max_model_len or cfg.model.max_model_len
+    )  # as the engine's
     room = None if max_model_len is None else max_model_len - 1
     prompt_limit = cfg.model.max_prompt_tokens if cfg.model.enable_prompt_truncation else None
     if prompt_limit is None or room is None:

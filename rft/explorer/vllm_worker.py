@@ -32,8 +32,16 @@ class WeightSyncExtension:
         if method is not None and hasattr(method, "process_weights_after_loading"):
             method.process_weights_after_loading(lm_head)
 
-    def rft_join_group(self, host: str, port: int, generation: int, first_rank: int,
-                       world_size: int, backend: str, timeout_s: float) -> int:
+    def rft_join_group(
+        self,
+        host: str,
+        port: int,
+        generation: int,
+        first_rank: int,
+        world_size: int,
+        backend: str,
+        timeout_s: float,
+    ) -> int:
         """Join generation ``generation`` as rank ``first_rank`` + this worker's rank; blocks
         until every member joined (or the timeout). Returns the rank."""
         self.rft_leave_group()
@@ -43,7 +51,9 @@ class WeightSyncExtension:
         self._rft_store = store
         return rank
 
-    def rft_receive(self, layout: list[Any], tied_embeddings: bool, adapter_file: str | None = None) -> str:
+    def rft_receive(
+        self, layout: list[Any], tied_embeddings: bool, adapter_file: str | None = None
+    ) -> str:
         """Receive one version's buckets, then load them in place, or with ``adapter_file``
         (a LoRA adapter's tensors) write them there (worker 0; the engine then adds the
         adapter). Returns "" when done, or why the receive failed (the model is then

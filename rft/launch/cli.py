@@ -29,17 +29,23 @@ SLURM_FLAGS = ("partition", "account", "qos", "time", "constraint")
 def dry_run(cfg: Config, config_path: str) -> str:
     """Resolved config and plan, as printed by ``rft-run --dry-run``."""
     infos = preflight(cfg)
-    return (f"# resolved config ({config_path})\n{config_to_yaml(cfg)}\n"
-            f"# plan\n{describe(cfg, infos, local_devices())}\n")
+    return (
+        f"# resolved config ({config_path})\n{config_to_yaml(cfg)}\n"
+        f"# plan\n{describe(cfg, infos, local_devices())}\n"
+    )
 
 
 def run_main(argv: list[str] | None = None) -> int:
     """``rft-run``: run a config on this machine."""
     setup_logging(timestamps=False)
-    parser = config_parser("rft-run", "Run an rft config on this machine (explorer and trainer "
-                           "processes).")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="validate the config, model folder and datasets; print the plan")
+    parser = config_parser(
+        "rft-run", "Run an rft config on this machine (explorer and trainer processes)."
+    )
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="validate the config, model folder and datasets; print the plan",
+    )
     args = parser.parse_args(argv)
 
     def body() -> int:
@@ -59,17 +65,27 @@ def run_main(argv: list[str] | None = None) -> int:
 def _slurm_parser(prog: str, description: str) -> argparse.ArgumentParser:
     parser = config_parser(prog, description)
     parser.add_argument("--dry-run", action="store_true", help="print the sbatch script only")
-    parser.add_argument("--sbatch", action="store_true",
-                        help="submit the rendered script with sbatch instead of through submitit")
-    parser.add_argument("--wait", action="store_true",
-                        help="wait for the job to end; on failure show the tail of its log")
+    parser.add_argument(
+        "--sbatch",
+        action="store_true",
+        help="submit the rendered script with sbatch instead of through submitit",
+    )
+    parser.add_argument(
+        "--wait",
+        action="store_true",
+        help="wait for the job to end; on failure show the tail of its log",
+    )
     for flag in SLURM_FLAGS:
         parser.add_argument(f"--{flag}", help=f"overrides slurm.{flag}")
     return parser
 
 
-def _submit(args: argparse.Namespace, overrides: list[str], mode_of: Callable[[Config], str]) -> int:
-    overrides = list(overrides) + [f"slurm.{f}={getattr(args, f)}" for f in SLURM_FLAGS if getattr(args, f)]
+def _submit(
+    args: argparse.Namespace, overrides: list[str], mode_of: Callable[[Config], str]
+) -> int:
+    overrides = list(overrides) + [
+        f"slurm.{f}={getattr(args, f)}" for f in SLURM_FLAGS if getattr(args, f)
+    ]
     cfg = load_config(args.config, overrides)
     mode = mode_of(cfg)
     config_path = Path(args.config).resolve()
@@ -78,25 +94,34 @@ def _submit(args: argparse.Namespace, overrides: list[str], mode_of: Callable[[C
         return EXIT_OK
     preflight(cfg)  # everything a role checks at start, before anything is queued
     job_id = submit.submit(cfg, config_path, overrides, mode, use_sbatch=args.sbatch)
-    print(f"submitted job {job_id} ({mode})\nrun directory: {cfg.run_dir}\n"
-          f"logs: {cfg.run_dir / LOG_DIR}\nstatus: bin/rft-status {cfg.run_dir}\n"
-          f"{submit.tunnel_hint(cfg)}", flush=True)
+    print(
+        f"submitted job {job_id} ({mode})\nrun directory: {cfg.run_dir}\n"
+        f"logs: {cfg.run_dir / LOG_DIR}\nstatus: bin/rft-status {cfg.run_dir}\n"
+        f"{submit.tunnel_hint(cfg)}",
+        flush=True,
+    )
     return submit.wait_for(job_id, cfg, args.sbatch) if args.wait else EXIT_OK
 
 
 def launch_main(argv: list[str] | None = None) -> int:
     """``rft-launch``: submit a config to SLURM."""
     setup_logging(timestamps=False)
-    args = _slurm_parser("rft-launch", "Submit a config to SLURM: mode both as one heterogeneous "
-                         "job (explorers + trainer), explore/train as single-role jobs.").parse_args(argv)
+    args = _slurm_parser(
+        "rft-launch",
+        "Submit a config to SLURM: mode both as one heterogeneous "
+        "job (explorers + trainer), explore/train as single-role jobs.",
+    ).parse_args(argv)
     return run_command(lambda: _submit(args, args.overrides, submit.launch_mode))
 
 
 def add_explorer_main(argv: list[str] | None = None) -> int:
     """``rft-add-explorer``: an explorer-only job joining a running asynchronous run."""
     setup_logging(timestamps=False)
-    parser = _slurm_parser("rft-add-explorer", "Submit an explorer-only job that joins a running "
-                           "asynchronous run directory and starts from its newest weights.")
+    parser = _slurm_parser(
+        "rft-add-explorer",
+        "Submit an explorer-only job that joins a running "
+        "asynchronous run directory and starts from its newest weights.",
+    )
     parser.add_argument("--name", required=True, help="explorer.name of the new explorer")
     parser.add_argument("--nodes", type=int, help="fill this many nodes with engines")
     args = parser.parse_args(argv)
@@ -108,8 +133,10 @@ def add_explorer_main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"--nodes must be at least 1, got {args.nodes}")
             base = load_config(args.config, list(args.overrides))
             per_node = slurm.explorer_tasks_per_node(base)
-            extra += [f"cluster.node_num={args.nodes}",
-                      f"explorer.rollout_model.engine_num={args.nodes * per_node}"]
+            extra += [
+                f"cluster.node_num={args.nodes}",
+                f"explorer.rollout_model.engine_num={args.nodes * per_node}",
+            ]
         return _submit(args, [*args.overrides, *extra], submit.explorer_mode)
 
     return run_command(body)

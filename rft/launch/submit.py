@@ -32,22 +32,28 @@ def launch_mode(cfg: Config) -> str:
     for index in range(len(cfg.stages)):
         stage = stages.resolve(cfg, index, chain=False)
         if slurm.groups(stage, mode) != wanted:
-            raise ConfigError(f"{stage_label(cfg, index)} changes the cluster or "
-                              "explorer.rollout_model sizes; one SLURM job runs every stage on "
-                              "the same nodes, so set cluster and rollout_model in the base "
-                              "config only")
+            raise ConfigError(
+                f"{stage_label(cfg, index)} changes the cluster or "
+                "explorer.rollout_model sizes; one SLURM job runs every stage on "
+                "the same nodes, so set cluster and rollout_model in the base "
+                "config only"
+            )
     return mode
 
 
 def explorer_mode(cfg: Config) -> str:
     """``rft-add-explorer`` joins asynchronous runs only, with a mode 'explore' config."""
     if "both" in (cfg.mode, recorded_mode(cfg.run_dir)):
-        raise ConfigError("an explorer joins asynchronous runs only: in mode 'both' the trainer "
-                          "waits for a fixed set of explorers each step. Run the explorer and "
-                          "trainer as separate jobs (mode explore / mode train, configs/async/)")
+        raise ConfigError(
+            "an explorer joins asynchronous runs only: in mode 'both' the trainer "
+            "waits for a fixed set of explorers each step. Run the explorer and "
+            "trainer as separate jobs (mode explore / mode train, configs/async/)"
+        )
     if cfg.mode != "explore":
-        raise ConfigError(f"rft-add-explorer needs a mode 'explore' config, not '{cfg.mode}' "
-                          "(see configs/async/explorer_new.yaml)")
+        raise ConfigError(
+            f"rft-add-explorer needs a mode 'explore' config, not '{cfg.mode}' "
+            "(see configs/async/explorer_new.yaml)"
+        )
     return "explore"
 
 
@@ -58,18 +64,24 @@ def tunnel_hint(cfg: Config) -> str:
     lines = []
     if "tensorboard" in kinds:
         logdir = tensorboard_dir(cfg.run_dir)
-        lines.append(f"TensorBoard: on {host} run `tensorboard --logdir {logdir} --port 6006`, then "
-                     f"on your laptop `ssh -N -L 6006:localhost:6006 {host}` and open "
-                     "http://localhost:6006")
+        lines.append(
+            f"TensorBoard: on {host} run `tensorboard --logdir {logdir} --port 6006`, then "
+            f"on your laptop `ssh -N -L 6006:localhost:6006 {host}` and open "
+            "http://localhost:6006"
+        )
     if "wandb" in kinds:
-        lines.append(f"wandb: {wandb_dir(cfg.run_dir)}; upload offline runs with `wandb sync "
-                     f"{wandb_dir(cfg.run_dir)}`")
+        lines.append(
+            f"wandb: {wandb_dir(cfg.run_dir)}; upload offline runs with `wandb sync "
+            f"{wandb_dir(cfg.run_dir)}`"
+        )
     if "mlflow" in kinds:
         lines.append(f"MLflow: {mlflow_uri(cfg.run_dir)} (unless MLFLOW_TRACKING_URI is set)")
     return "\n".join(lines)
 
 
-def submit(cfg: Config, config_path: Path, overrides: list[str], mode: str, *, use_sbatch: bool) -> str:
+def submit(
+    cfg: Config, config_path: Path, overrides: list[str], mode: str, *, use_sbatch: bool
+) -> str:
     """Prepare the run directory and submit the job for ``mode``; returns the job id."""
     prepare(cfg.run_dir, config_to_yaml(cfg), f"launch-{mode}")
     if use_sbatch:
@@ -92,8 +104,17 @@ def job_log(cfg: Config, job_id: str, use_sbatch: bool) -> Path:
 
 def wait_for(job_id: str, cfg: Config, use_sbatch: bool, poll_s: float = 5.0) -> int:
     """Block until the job ends; EXIT_OK if it completed, else EXIT_FAILED with its log's tail."""
-    ended = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
-             "PREEMPTED", "BOOT_FAIL", "DEADLINE")
+    ended = (
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+    )
     state = slurm.job_state(job_id)
     while state is not None and state.split()[0] not in ended:
         time.sleep(poll_s)
@@ -102,6 +123,9 @@ def wait_for(job_id: str, cfg: Config, use_sbatch: bool, poll_s: float = 5.0) ->
         print(f"job {job_id} completed")
         return EXIT_OK
     log = job_log(cfg, job_id, use_sbatch)
-    print(f"error: job {job_id} ended {state or 'and is no longer known to SLURM'}; the last "
-          f"lines of {log}:\n{tail_log(log)}", file=sys.stderr)
+    print(
+        f"error: job {job_id} ended {state or 'and is no longer known to SLURM'}; the last "
+        f"lines of {log}:\n{tail_log(log)}",
+        file=sys.stderr,
+    )
     return EXIT_FAILED

@@ -136,7 +136,9 @@ def run_stages(role: str, args: list[str]) -> int:
         code = EXIT_OK
         if role in stages.roles(stage.mode):
             log.info("%s: starting the %s (mode %s)", label, role, stage.mode)
-            code = forward.run([sys.executable, "-m", WORKER_MODULE, role, "--stage", str(index), *args])
+            code = forward.run(
+                [sys.executable, "-m", WORKER_MODULE, role, "--stage", str(index), *args]
+            )
         leads = role == stages.main_role(stage.mode) and rank == 0
         if leads and code == EXIT_OK:
             stages.mark_finished(stage)
@@ -149,7 +151,9 @@ def run_stages(role: str, args: list[str]) -> int:
     return EXIT_OK
 
 
-def _wait_for(stage: Config, label: str, since: float, forward: Forwarder, poll_s: float = 2.0) -> int:
+def _wait_for(
+    stage: Config, label: str, since: float, forward: Forwarder, poll_s: float = 2.0
+) -> int:
     """Wait until the stage is finished (EXIT_OK), failed, or a signal came."""
     log.info("%s: waiting for its %s to finish", label, stages.main_role(stage.mode))
     while not stages.is_finished(stage):
@@ -174,7 +178,9 @@ def het_task(role_by_group: list[str], args: list[str]) -> int:
     task = placement.het_group_task(role_by_group, env)
     role, rank = task.role, task.rank
     if role == "trainer":
-        nodes = env.get(f"SLURM_JOB_NODELIST_HET_GROUP_{task.group}", env.get("SLURM_JOB_NODELIST", ""))
+        nodes = env.get(
+            f"SLURM_JOB_NODELIST_HET_GROUP_{task.group}", env.get("SLURM_JOB_NODELIST", "")
+        )
         env.pop("MASTER_ADDR", None)  # the trainer group's first node, not the job's
         env.update(placement.trainer_env(rank, task.count, env, nodes))
     else:
@@ -191,8 +197,10 @@ def het_task(role_by_group: list[str], args: list[str]) -> int:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in ROLES:
-        print(f"usage: python -m {WORKER_MODULE} {{{','.join(ROLES)}}} --config FILE [key=value ...]",
-              file=sys.stderr)
+        print(
+            f"usage: python -m {WORKER_MODULE} {{{','.join(ROLES)}}} --config FILE [key=value ...]",
+            file=sys.stderr,
+        )
         return EXIT_USER_ERROR
     role, rest = argv[0], argv[1:]
     os.environ.update(thread_env(dict(os.environ)))

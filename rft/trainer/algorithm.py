@@ -59,7 +59,9 @@ class LossFns:
         return self.kl_loss is not None or self.kl_penalty is not None
 
 
-def _with_agg(args: dict[str, Any], agg_mode: str, fn_name: str, getter: Callable[..., Any]) -> dict[str, Any]:
+def _with_agg(
+    args: dict[str, Any], agg_mode: str, fn_name: str, getter: Callable[..., Any]
+) -> dict[str, Any]:
     """Add the run's loss_agg_mode to the function's args when it takes one and none is given."""
     kind = getter.__name__.removeprefix("get_")
     if "loss_agg_mode" in valid_args(kind, fn_name) and "loss_agg_mode" not in args:
@@ -77,11 +79,22 @@ def build_loss_fns(algo: AlgorithmConfig) -> LossFns:
     entropy_name = algo.entropy_loss_fn or "none"
     gae = not sft and algo.advantage_fn in names.NEEDS_CRITIC
     return LossFns(
-        advantage=None if sft or gae else get_advantage_fn(algo.advantage_fn, algo.advantage_fn_args),
+        advantage=None
+        if sft or gae
+        else get_advantage_fn(algo.advantage_fn, algo.advantage_fn_args),
         policy=get_policy_loss_fn(algo.policy_loss_fn, policy_args),
-        kl_loss=get_kl_loss_fn(algo.kl_loss_fn, _with_agg(algo.kl_loss_fn_args, agg, algo.kl_loss_fn, get_kl_loss_fn)) if kl_on else None,
-        kl_penalty=get_kl_penalty_fn(algo.kl_penalty_fn, algo.kl_penalty_fn_args) if pen_on else None,
-        entropy=get_entropy_loss_fn(entropy_name, _with_agg(algo.entropy_loss_fn_args, agg, entropy_name, get_entropy_loss_fn)),
+        kl_loss=get_kl_loss_fn(
+            algo.kl_loss_fn, _with_agg(algo.kl_loss_fn_args, agg, algo.kl_loss_fn, get_kl_loss_fn)
+        )
+        if kl_on
+        else None,
+        kl_penalty=get_kl_penalty_fn(algo.kl_penalty_fn, algo.kl_penalty_fn_args)
+        if pen_on
+        else None,
+        entropy=get_entropy_loss_fn(
+            entropy_name,
+            _with_agg(algo.entropy_loss_fn_args, agg, entropy_name, get_entropy_loss_fn),
+        ),
         entropy_in_loss=entropy_name != "none",
         agg_mode=policy_args.get("loss_agg_mode", agg),
         recompute_old=algo.old_logprobs == "recompute" and not sft,
@@ -99,5 +112,9 @@ def get_correction_fn(rc: RolloutCorrectionConfig) -> Callable[..., Any] | None:
     if rc.mode == "none":
         return None
     threshold = names.TIS_THRESHOLD if rc.rollout_is_threshold is None else rc.rollout_is_threshold
-    return functools.partial(correction_weights, mode=rc.mode, rollout_is_threshold=threshold,
-                             behav_imp_weight_cap=rc.behav_imp_weight_cap)
+    return functools.partial(
+        correction_weights,
+        mode=rc.mode,
+        rollout_is_threshold=threshold,
+        behav_imp_weight_cap=rc.behav_imp_weight_cap,
+    )

@@ -47,8 +47,9 @@ class Rows:
         return [len(ids) - p for ids, p in zip(self.input_ids, self.prompt_lens)]
 
 
-def rows_from_experiences(exps: Sequence[Experience],
-                          default_temperature: float | None = 1.0) -> Rows:
+def rows_from_experiences(
+    exps: Sequence[Experience], default_temperature: float | None = 1.0
+) -> Rows:
     """Tabulate a batch; DataError for an empty response (nothing to train on).
 
     Each row's scoring temperature: 1 for expert rows (data, not samples), else that of the
@@ -57,8 +58,10 @@ def rows_from_experiences(exps: Sequence[Experience],
     response_lens = [exp.array_len("response_ids") for exp in exps]
     for exp, length in zip(exps, response_lens):
         if not length:
-            raise DataError(f"experience {exp.experience_id} has no response tokens; the "
-                            "explorer must not write empty responses (min_response_tokens >= 1)")
+            raise DataError(
+                f"experience {exp.experience_id} has no response tokens; the "
+                "explorer must not write empty responses (min_response_tokens >= 1)"
+            )
     n = len(exps)
     width = max(response_lens, default=1)
     mask = torch.zeros(n, width)  # [N, R]
@@ -72,8 +75,10 @@ def rows_from_experiences(exps: Sequence[Experience],
             logprobs[i, :num_logprobs] = packed_tensor(exp.array_bytes("logprobs"), torch.float32)
             has_logprobs[i] = True
     return Rows(
-        input_ids=[packed_tensor(e.array_bytes("prompt_ids") + e.array_bytes("response_ids"),
-                                 torch.int32) for e in exps],
+        input_ids=[
+            packed_tensor(e.array_bytes("prompt_ids") + e.array_bytes("response_ids"), torch.int32)
+            for e in exps
+        ],
         prompt_lens=[e.array_len("prompt_ids") for e in exps],
         group_ids=[e.group_id for e in exps],
         runs=[(int(e.info.get(RUN_KEY, 0)), int(e.info.get(ENV_STEP_KEY, 0))) for e in exps],
@@ -83,8 +88,9 @@ def rows_from_experiences(exps: Sequence[Experience],
         has_logprobs=has_logprobs,
         expert=torch.tensor([e.source == "expert" for e in exps], dtype=torch.bool),  # [N]
         model_versions=[e.model_version for e in exps],
-        temperatures=torch.tensor([_row_temperature(e, default_temperature) for e in exps],
-                                  dtype=torch.float32),  # [N]
+        temperatures=torch.tensor(
+            [_row_temperature(e, default_temperature) for e in exps], dtype=torch.float32
+        ),  # [N]
     )
 
 
@@ -102,14 +108,18 @@ def _row_temperature(exp: Experience, default: float | None) -> float:
     if exp.temperature is not None:
         return scoring_temperature(exp.temperature)
     if default is None:
-        raise DataError(f"experience {exp.experience_id} records no sampling temperature (written "
-                        "by an earlier rft) and the training tasksets sample at different "
-                        "temperatures, so it cannot be scored: give the tasksets one "
-                        "rollout_args.temperature while such experiences remain in the buffer")
+        raise DataError(
+            f"experience {exp.experience_id} records no sampling temperature (written "
+            "by an earlier rft) and the training tasksets sample at different "
+            "temperatures, so it cannot be scored: give the tasksets one "
+            "rollout_args.temperature while such experiences remain in the buffer"
+        )
     return default
 
 
-def split_mini_batches(group_ids: Sequence[str], expert: torch.Tensor, count: int) -> list[list[int]]:
+def split_mini_batches(
+    group_ids: Sequence[str], expert: torch.Tensor, count: int
+) -> list[list[int]]:
     """Row indices of ``count`` mini-batches: the rollout groups in batch order, whole and as
     even as possible (8 groups in 3 -> 3, 3, 2), and the expert rows (CHORD) spread the same way.
 
@@ -129,7 +139,9 @@ def split_mini_batches(group_ids: Sequence[str], expert: torch.Tensor, count: in
     return [sorted(mini) for mini in minis if mini]
 
 
-def split_for_ranks(group_ids: Sequence[str], lengths: Sequence[int], world_size: int) -> list[list[int]]:
+def split_for_ranks(
+    group_ids: Sequence[str], lengths: Sequence[int], world_size: int
+) -> list[list[int]]:
     """Row indices per rank: whole groups, largest first, each to the least-loaded rank.
 
     Deterministic (ties go to the lower rank), so every rank computes the same split. Within a
@@ -149,8 +161,13 @@ def split_for_ranks(group_ids: Sequence[str], lengths: Sequence[int], world_size
 
 
 def plan_micro_batches(
-    rows: Sequence[int], lengths: Sequence[int], *, use_dynamic_bsz: bool,
-    max_token_len: int, micro_batch_size: int, packed: bool = False,
+    rows: Sequence[int],
+    lengths: Sequence[int],
+    *,
+    use_dynamic_bsz: bool,
+    max_token_len: int,
+    micro_batch_size: int,
+    packed: bool = False,
 ) -> list[list[int]]:
     """Group a rank's rows into micro-batches.
 
@@ -160,7 +177,7 @@ def plan_micro_batches(
     Fixed: chunks of ``micro_batch_size`` rows in batch order.
     """
     if not use_dynamic_bsz:
-        return [list(rows[i:i + micro_batch_size]) for i in range(0, len(rows), micro_batch_size)]
+        return [list(rows[i : i + micro_batch_size]) for i in range(0, len(rows), micro_batch_size)]
     micros: list[list[int]] = []
     current: list[int] = []
     longest = total = 0
@@ -199,7 +216,9 @@ class MicroBatch:
     rows: list[int]  # indices into the step's Rows (empty for a padding micro-batch)
     ref_logprobs: torch.Tensor | None = None  # [B, R], filled when KL needs it
     is_weights: torch.Tensor | None = None  # [B, R] off-policy correction weights, when on
-    temperature: torch.Tensor | float = 1.0  # [B] logits are divided by it, per row (Rows.temperatures)
+    temperature: torch.Tensor | float = (
+        1.0  # [B] logits are divided by it, per row (Rows.temperatures)
+    )
     position_ids: torch.Tensor | None = None  # [1, S] when packed
 
     @property
@@ -219,10 +238,14 @@ class MicroBatch:
     def sequence_index(self) -> torch.Tensor:
         """``[B, 1]``: the row of ``input_ids`` that holds each sequence (all 0 when packed),
         to index per-position model outputs with ``logit_positions``."""
-        return _sequence_rows(self.logit_positions.shape[0], self.packed).to(self.logit_positions.device)
+        return _sequence_rows(self.logit_positions.shape[0], self.packed).to(
+            self.logit_positions.device
+        )
 
     def to(self, device: torch.device | str) -> "MicroBatch":
-        moved = {k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in vars(self).items()}
+        moved = {
+            k: (v.to(device) if isinstance(v, torch.Tensor) else v) for k, v in vars(self).items()
+        }
         return MicroBatch(**moved)
 
 
@@ -231,8 +254,15 @@ def _sequence_rows(b: int, packed: bool) -> torch.Tensor:
     return (torch.zeros(b, dtype=torch.long) if packed else torch.arange(b)).unsqueeze(-1)
 
 
-def collate(batch: Rows, rows: Sequence[int], advantages: torch.Tensor,
-            old_logprobs: torch.Tensor, pad_id: int = 0, *, packed: bool = False) -> MicroBatch:
+def collate(
+    batch: Rows,
+    rows: Sequence[int],
+    advantages: torch.Tensor,
+    old_logprobs: torch.Tensor,
+    pad_id: int = 0,
+    *,
+    packed: bool = False,
+) -> MicroBatch:
     """The chosen rows padded to the micro-batch's own longest sequence (padding only inside
     it), or ``packed`` into one row without padding (``trainer.padding_free``: position ids
     restart per sequence); responses padded to the micro-batch's longest.
@@ -252,8 +282,8 @@ def collate(batch: Rows, rows: Sequence[int], advantages: torch.Tensor,
         attention = torch.zeros(b, max(lengths), dtype=torch.long)  # [B, T]
         position_ids, starts = None, [0] * b
         for j, i in enumerate(rows):
-            input_ids[j, :lengths[j]] = batch.input_ids[i]
-            attention[j, :lengths[j]] = 1
+            input_ids[j, : lengths[j]] = batch.input_ids[i]
+            attention[j, : lengths[j]] = 1
     positions = torch.zeros(b, resp_len, dtype=torch.long)  # [B, R]
     for j, i in enumerate(rows):
         p, n_resp = batch.prompt_lens[i], lengths[j] - batch.prompt_lens[i]
@@ -261,14 +291,20 @@ def collate(batch: Rows, rows: Sequence[int], advantages: torch.Tensor,
         positions[j, :n_resp] = torch.arange(p - 1, p - 1 + n_resp) + starts[j]
         positions[j, n_resp:] = starts[j]  # padding: any position inside the row
     index = torch.tensor(list(rows), dtype=torch.long)  # [B]
-    resp_ids = input_ids[_sequence_rows(b, packed), (positions + 1).clamp(max=input_ids.shape[1] - 1)]  # [B, R]
+    resp_ids = input_ids[
+        _sequence_rows(b, packed), (positions + 1).clamp(max=input_ids.shape[1] - 1)
+    ]  # [B, R]
     mask = batch.response_mask[index, :resp_len]  # [B, R]
     return MicroBatch(
-        input_ids=input_ids, attention_mask=attention, logit_positions=positions,
-        response_ids=resp_ids * mask.long(), response_mask=mask,
+        input_ids=input_ids,
+        attention_mask=attention,
+        logit_positions=positions,
+        response_ids=resp_ids * mask.long(),
+        response_mask=mask,
         advantages=advantages[index, :resp_len].float(),  # [B, R]
         old_logprobs=old_logprobs[index, :resp_len].float(),  # [B, R]
-        expert=batch.expert[index], rows=list(rows),
+        expert=batch.expert[index],
+        rows=list(rows),
         temperature=batch.temperatures[index],  # [B]
         position_ids=position_ids,
     )
@@ -280,10 +316,15 @@ def padding_micro(pad_id: int = 0) -> MicroBatch:
     collectives."""
     zeros = torch.zeros(1, 1)  # [1, 1]
     return MicroBatch(
-        input_ids=torch.full((1, 2), pad_id, dtype=torch.long), attention_mask=torch.ones(1, 2, dtype=torch.long),
-        logit_positions=torch.zeros(1, 1, dtype=torch.long), response_ids=torch.zeros(1, 1, dtype=torch.long),
-        response_mask=zeros, advantages=zeros.clone(), old_logprobs=zeros.clone(),
-        expert=torch.zeros(1, dtype=torch.bool), rows=[],
+        input_ids=torch.full((1, 2), pad_id, dtype=torch.long),
+        attention_mask=torch.ones(1, 2, dtype=torch.long),
+        logit_positions=torch.zeros(1, 1, dtype=torch.long),
+        response_ids=torch.zeros(1, 1, dtype=torch.long),
+        response_mask=zeros,
+        advantages=zeros.clone(),
+        old_logprobs=zeros.clone(),
+        expert=torch.zeros(1, dtype=torch.bool),
+        rows=[],
     )
 
 
@@ -332,8 +373,9 @@ def source_totals(mask: torch.Tensor, expert: torch.Tensor) -> dict[bool, BatchT
     out = {}
     for is_expert in (False, True):
         part = mask[expert == is_expert]  # [n, R]
-        out[is_expert] = BatchTotals(int(part.sum().item()), int((part.sum(-1) > 0).sum().item()),
-                                     mask.shape[-1])
+        out[is_expert] = BatchTotals(
+            int(part.sum().item()), int((part.sum(-1) > 0).sum().item()), mask.shape[-1]
+        )
     return out
 
 
@@ -347,11 +389,15 @@ def source_fractions(totals: dict[bool, BatchTotals], mode: str) -> dict[bool, f
 def micro_source(micro: MicroBatch) -> bool:
     """True for an expert micro-batch (micro-batches hold one source; padding counts as rollout)."""
     expert = micro.expert
-    assert bool(expert.all()) or not bool(expert.any()), "a micro-batch mixes rollout and expert rows"
+    assert bool(expert.all()) or not bool(expert.any()), (
+        "a micro-batch mixes rollout and expert rows"
+    )
     return bool(expert.any())
 
 
-LOSS_KEYS = frozenset({POLICY_LOSS})  # summed with loss shares: each source's part of the batch loss
+LOSS_KEYS = frozenset(
+    {POLICY_LOSS}
+)  # summed with loss shares: each source's part of the batch loss
 
 
 @dataclass
@@ -390,5 +436,7 @@ class MetricSums:
             self.weights[key] = self.weights.get(key, 0.0) + other.weights[key]
 
     def result(self) -> dict[str, float]:
-        return {key: total if key in LOSS_KEYS else total / self.weights[key]
-                for key, total in self.sums.items()}
+        return {
+            key: total if key in LOSS_KEYS else total / self.weights[key]
+            for key, total in self.sums.items()
+        }

@@ -40,8 +40,14 @@ class Cancelled(Exception):
 
 
 class WeightBroadcaster:
-    def __init__(self, run_dir: Path | str, device: torch.device, timeout_s: float,
-                 heartbeat_live_s: float, bucket_bytes: int = B.BUCKET_BYTES):
+    def __init__(
+        self,
+        run_dir: Path | str,
+        device: torch.device,
+        timeout_s: float,
+        heartbeat_live_s: float,
+        bucket_bytes: int = B.BUCKET_BYTES,
+    ):
         self.run_dir = Path(run_dir)
         self.bucket_bytes = bucket_bytes
         self.device = device if device.type == "cuda" else torch.device("cpu")
@@ -49,11 +55,21 @@ class WeightBroadcaster:
         self.heartbeat_live_s = heartbeat_live_s
         host, port = B.store_address()
         self.store = B.open_store(host, port, timeout_s)
-        self.rv = B.Rendezvous(host, int(self.store.port), uuid.uuid4().hex,
-                               B.backend_for(self.device), os.getpid(), time.time())
+        self.rv = B.Rendezvous(
+            host,
+            int(self.store.port),
+            uuid.uuid4().hex,
+            B.backend_for(self.device),
+            os.getpid(),
+            time.time(),
+        )
         B.write_rendezvous(self.run_dir, self.rv)
-        log.info("weights by broadcast (%s): explorers rendezvous at %s:%d", self.rv.backend, host,
-                 self.rv.port)
+        log.info(
+            "weights by broadcast (%s): explorers rendezvous at %s:%d",
+            self.rv.backend,
+            host,
+            self.rv.port,
+        )
         self.generation = 0
         self.members: list[B.Member] = []
         self.group: Any = None
@@ -78,32 +94,52 @@ class WeightBroadcaster:
         try:
             wanted = self._wanted()
             if not wanted:
-                log.info("weights version %d: no explorer registered for the broadcast; "
-                         "publishing it as a folder", version)
+                log.info(
+                    "weights version %d: no explorer registered for the broadcast; "
+                    "publishing it as a folder",
+                    version,
+                )
                 self._close_group()
                 return False
             if self.group is None or {m.token for m in self.members} != {r.token for r in wanted}:
                 self._form(wanted)
             self._send(version, state)
         except Cancelled as e:
-            log.warning("weights version %d not broadcast: %s; publishing it as a folder, and "
-                        "the next sync forms a group without them", version, e)
+            log.warning(
+                "weights version %d not broadcast: %s; publishing it as a folder, and "
+                "the next sync forms a group without them",
+                version,
+                e,
+            )
             self.retired |= e.tokens
             self._close_group()
             return False
         except (RuntimeError, OSError, B.BroadcastError) as e:
             names = [m.name for m in self.members]
-            log.warning("broadcast of weights version %d to %s failed (%s): publishing it as a "
-                        "folder; generation %d is torn down and the live explorers form the next "
-                        "one at the next sync", version, names, e, self.generation)
+            log.warning(
+                "broadcast of weights version %d to %s failed (%s): publishing it as a "
+                "folder; generation %d is torn down and the live explorers form the next "
+                "one at the next sync",
+                version,
+                names,
+                e,
+                self.generation,
+            )
             self.retired |= {m.token for m in self.members}
             self._close_group()
             return False
-        self.last = {SYNC_BROADCAST_OK: 1.0, SYNC_BROADCAST_S: time.monotonic() - start,
-                     SYNC_MEMBERS: float(len(self.members)),
-                     SYNC_GENERATION: float(self.generation)}
-        log.info("weights version %d broadcast to %s in %.2fs", version,
-                 [m.name for m in self.members], self.last[SYNC_BROADCAST_S])
+        self.last = {
+            SYNC_BROADCAST_OK: 1.0,
+            SYNC_BROADCAST_S: time.monotonic() - start,
+            SYNC_MEMBERS: float(len(self.members)),
+            SYNC_GENERATION: float(self.generation),
+        }
+        log.info(
+            "weights version %d broadcast to %s in %.2fs",
+            version,
+            [m.name for m in self.members],
+            self.last[SYNC_BROADCAST_S],
+        )
         return True
 
     def close(self) -> None:
@@ -125,25 +161,45 @@ class WeightBroadcaster:
         for reg in new:
             self.registrations[reg.name] = reg
         live = {s.name for s in read_heartbeats(self.run_dir, self.heartbeat_live_s) if s.live}
-        return [r for r in self.registrations.values() if r.tp > 0 and r.token not in self.retired
-                and r.name in live]
+        return [
+            r
+            for r in self.registrations.values()
+            if r.tp > 0 and r.token not in self.retired and r.name in live
+        ]
 
     def _form(self, wanted: list[B.Registration]) -> None:
         self._close_group()
         self.generation += 1
         self.members, world_size = B.assign_ranks(wanted)
-        self._post({"kind": "generation", "generation": self.generation, "world_size": world_size,
-                    "members": [asdict(m) for m in self.members]})
+        self._post(
+            {
+                "kind": "generation",
+                "generation": self.generation,
+                "world_size": world_size,
+                "members": [asdict(m) for m in self.members],
+            }
+        )
         start = time.monotonic()
-        self.group = B.new_group(self.store, self.generation, 0, world_size, self.rv.backend,
-                                 self.timeout_s)
-        log.info("weight-sync group generation %d formed with %s in %.2fs", self.generation,
-                 [m.name for m in self.members], time.monotonic() - start)
+        self.group = B.new_group(
+            self.store, self.generation, 0, world_size, self.rv.backend, self.timeout_s
+        )
+        log.info(
+            "weight-sync group generation %d formed with %s in %.2fs",
+            self.generation,
+            [m.name for m in self.members],
+            time.monotonic() - start,
+        )
 
     def _send(self, version: int, state: dict[str, torch.Tensor]) -> None:
         buckets = B.plan_for(state, self.bucket_bytes)
-        self._post({"kind": "weights", "generation": self.generation, "version": version,
-                    "buckets": B.buckets_to_json(buckets)})
+        self._post(
+            {
+                "kind": "weights",
+                "generation": self.generation,
+                "version": version,
+                "buckets": B.buckets_to_json(buckets),
+            }
+        )
         for bucket in buckets:
             B.broadcast(self.group, B.pack(bucket, state, self.device))
         if not B.all_loaded(self.group, True, self.device):
@@ -169,8 +225,11 @@ class WeightBroadcaster:
                     B.decide(self.store, index, go=False)
                     at_fault = gone or {m.token for m in waiting}
                     names = [m.name for m in waiting if m.token in at_fault]
-                    why = "stopped or withdrew" if gone else \
-                        f"did not answer within synchronizer.sync_timeout={self.timeout_s:.0f}s"
+                    why = (
+                        "stopped or withdrew"
+                        if gone
+                        else f"did not answer within synchronizer.sync_timeout={self.timeout_s:.0f}s"
+                    )
                     raise Cancelled(at_fault, f"explorer(s) {names} {why}")
                 next_look = now + 1.0
             time.sleep(0.01)

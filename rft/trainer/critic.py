@@ -31,16 +31,28 @@ def old_values(critic: engine.Actor, plan: Plan, pad_id: int, device: torch.devi
     return gather_rows(plan, local)
 
 
-def value_metrics(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+def value_metrics(
+    values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor
+) -> dict[str, float]:
     """How well the old values predicted the returns (over ``mask``, the rollout tokens)."""
     n = mask.sum().clamp(min=1)
-    return {EXPLAINED_VARIANCE: explained_variance(values, returns, mask),
-            VALUES_MEAN: float((values * mask).sum() / n)}
+    return {
+        EXPLAINED_VARIANCE: explained_variance(values, returns, mask),
+        VALUES_MEAN: float((values * mask).sum() / n),
+    }
 
 
-def update_critic(critic: engine.Actor, plan: Plan, values: torch.Tensor, returns: torch.Tensor,
-                  *, epochs: int, cliprange_value: float, pad_id: int,
-                  info: engine.DistInfo) -> dict[str, float]:
+def update_critic(
+    critic: engine.Actor,
+    plan: Plan,
+    values: torch.Tensor,
+    returns: torch.Tensor,
+    *,
+    epochs: int,
+    cliprange_value: float,
+    pad_id: int,
+    info: engine.DistInfo,
+) -> dict[str, float]:
     """One optimizer update per mini-batch and epoch on the rollout rows; the metrics of the
     step over all ranks (value loss and clip fraction token-weighted, grad norm averaged)."""
     sums, grad_norms = MetricSums(), []
@@ -56,14 +68,22 @@ def update_critic(critic: engine.Actor, plan: Plan, values: torch.Tensor, return
                 new = engine.forward_values(critic.engine, micro)  # [B, R_micro]
                 old = values[rows, :width].to(info.device) if rows else torch.zeros_like(mask)
                 target = returns[rows, :width].to(info.device) if rows else torch.zeros_like(mask)
-                loss, clip_frac = value_loss(new, old, target, mask, cliprange_value=cliprange_value)
+                loss, clip_frac = value_loss(
+                    new, old, target, mask, cliprange_value=cliprange_value
+                )
                 scale = micro_loss_scale(mask, totals, "token-mean", info.world_size)
                 engine.backward(critic, loss * scale)
-                sums.add({VALUE_LOSS: loss.item(), VALUE_CLIP_FRAC: clip_frac},
-                         scale / info.world_size / updates, 1.0)
+                sums.add(
+                    {VALUE_LOSS: loss.item(), VALUE_CLIP_FRAC: clip_frac},
+                    scale / info.world_size / updates,
+                    1.0,
+                )
             grad_norms.append(engine.optimizer_step(critic))
     total = MetricSums()
     for part in engine.all_gather_objects(sums):
         total.merge(part)
-    return {**total.result(), CRITIC_GRAD_NORM: sum(grad_norms) / len(grad_norms),
-            CRITIC_LR: engine.current_lr(critic)}
+    return {
+        **total.result(),
+        CRITIC_GRAD_NORM: sum(grad_norms) / len(grad_norms),
+        CRITIC_LR: engine.current_lr(critic),
+    }

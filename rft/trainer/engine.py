@@ -49,6 +49,7 @@ VALUE_HEAD_SEED = 0  # a critic's new value head is the same in every run (and o
 
 # ----------------------------------------------------------------------------- distributed
 
+
 @dataclass(frozen=True)
 class DistInfo:
     rank: int
@@ -102,7 +103,11 @@ def all_reduce_max(value: int) -> int:
 
 def _comm_device() -> torch.device:
     accel = get_accelerator()
-    return torch.device(accel.current_device_name()) if accel.device_name() == "cuda" else torch.device("cpu")
+    return (
+        torch.device(accel.current_device_name())
+        if accel.device_name() == "cuda"
+        else torch.device("cpu")
+    )
 
 
 def teardown(exit_code: int = 0) -> None:
@@ -120,9 +125,18 @@ def teardown(exit_code: int = 0) -> None:
 
 # ----------------------------------------------------------------------------- configs
 
-def ds_config(cfg: Config, world_size: int, on_cpu: bool, *, train: bool = True,
-              offload_params: bool = False, offload_optimizer: bool | None = None,
-              optim: OptimizerConfig | None = None, grad_clip: float | None = None) -> dict[str, Any]:
+
+def ds_config(
+    cfg: Config,
+    world_size: int,
+    on_cpu: bool,
+    *,
+    train: bool = True,
+    offload_params: bool = False,
+    offload_optimizer: bool | None = None,
+    optim: OptimizerConfig | None = None,
+    grad_clip: float | None = None,
+) -> dict[str, Any]:
     """The DeepSpeed config dict of the actor (``train``), of the critic (``train`` with its
     own ``optim``, ``grad_clip`` and offload) or of the reference model."""
     t = cfg.trainer
@@ -135,8 +149,10 @@ def ds_config(cfg: Config, world_size: int, on_cpu: bool, *, train: bool = True,
         log.info("offload settings have no effect on CPU: everything already is in CPU memory")
     if offload_params and not on_cpu:
         if t.zero_stage != 3:
-            raise ConfigError(f"trainer.param_offload needs trainer.zero_stage=3 (got "
-                              f"{t.zero_stage}); ZeRO-1/2 keep full parameters on each GPU")
+            raise ConfigError(
+                f"trainer.param_offload needs trainer.zero_stage=3 (got "
+                f"{t.zero_stage}); ZeRO-1/2 keep full parameters on each GPU"
+            )
         zero["offload_param"] = {"device": "cpu", "pin_memory": True}
     if train and offload_optimizer and not on_cpu:
         zero["offload_optimizer"] = {"device": "cpu", "pin_memory": True}
@@ -150,8 +166,12 @@ def ds_config(cfg: Config, world_size: int, on_cpu: bool, *, train: bool = True,
         "wall_clock_breakdown": False,
     }
     if train:
-        params: dict[str, Any] = {"lr": opt.lr, "betas": list(opt.betas), "weight_decay": opt.weight_decay,
-                                  "adam_w_mode": opt.optimizer_type == "adamw"}
+        params: dict[str, Any] = {
+            "lr": opt.lr,
+            "betas": list(opt.betas),
+            "weight_decay": opt.weight_decay,
+            "adam_w_mode": opt.optimizer_type == "adamw",
+        }
         # torch's Adam(W) ("torch_adam"), fused kernels on GPUs: DeepSpeed's own FusedAdam is
         # JIT-compiled on each node's first step (~1 min); optimizer states offloaded to the CPU
         # keep DeepSpeed's CPU Adam (a compiled op, vectorised; its build cache is node-local).
@@ -165,7 +185,10 @@ def ds_config(cfg: Config, world_size: int, on_cpu: bool, *, train: bool = True,
             gradient_clipping=float(t.grad_clip if grad_clip is None else grad_clip),
             zero_allow_untested_optimizer=True,
             zero_force_ds_cpu_optimizer=False,
-            optimizer={"type": "AdamW" if opt.optimizer_type == "adamw" else "Adam", "params": params},
+            optimizer={
+                "type": "AdamW" if opt.optimizer_type == "adamw" else "Adam",
+                "params": params,
+            },
         )
     return config
 
@@ -182,14 +205,22 @@ def attention_implementation(cfg: Config) -> str | None:
 
     if importlib.util.find_spec("flash_attn") is not None and cfg.trainer.precision == "bf16":
         return "flash_attention_2"
-    log.warning("trainer.padding_free without FlashAttention-2 (the flash_attn package, bf16): packed "
-                "sequences go through SDPA with a block-diagonal mask, which can be slower than "
-                "padding; install flash-attn or set trainer.padding_free: false")
+    log.warning(
+        "trainer.padding_free without FlashAttention-2 (the flash_attn package, bf16): packed "
+        "sequences go through SDPA with a block-diagonal mask, which can be slower than "
+        "padding; install flash-attn or set trainer.padding_free: false"
+    )
     return None
 
 
-def _load_model(path: str, dtype: torch.dtype, config: dict[str, Any], *, value_head: bool = False,
-                attention: str | None = None):
+def _load_model(
+    path: str,
+    dtype: torch.dtype,
+    config: dict[str, Any],
+    *,
+    value_head: bool = False,
+    attention: str | None = None,
+):
     """HF ``from_pretrained`` (a causal LM, or with ``value_head`` a token-classification model
     with one label: a critic) with ``attention`` kernels (None: the default); under ZeRO-3 with
     ``HfDeepSpeedConfig`` alive (partitioned load with real weights; ``deepspeed.zero.Init``
@@ -207,9 +238,12 @@ def _load_model(path: str, dtype: torch.dtype, config: dict[str, Any], *, value_
         with torch.random.fork_rng(devices=[]):  # the run's own random state is left as it was
             torch.manual_seed(VALUE_HEAD_SEED)
             head_config = AutoConfig.from_pretrained(path, num_labels=1)
-            head_config.classifier_dropout = 0.0  # transformers' default before the head is 0.1; veRL's 0
-            model = AutoModelForTokenClassification.from_pretrained(path, dtype=dtype, config=head_config,
-                                                                    **kernels)
+            head_config.classifier_dropout = (
+                0.0  # transformers' default before the head is 0.1; veRL's 0
+            )
+            model = AutoModelForTokenClassification.from_pretrained(
+                path, dtype=dtype, config=head_config, **kernels
+            )
     else:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kernels)
     model.config.use_cache = False
@@ -217,6 +251,7 @@ def _load_model(path: str, dtype: torch.dtype, config: dict[str, Any], *, value_
 
 
 # ----------------------------------------------------------------------------- actor
+
 
 @dataclass
 class Actor:
@@ -236,9 +271,16 @@ def build_actor(cfg: Config, info: DistInfo, total_optimizer_steps: int | None) 
     """The policy as a DeepSpeed engine with AdamW and the warm-up/decay schedule."""
     on_cpu = info.device.type == "cpu"
     config = ds_config(cfg, info.world_size, on_cpu, offload_params=cfg.trainer.param_offload)
-    return _build_engine(cfg, cfg.model.model_path, config, cfg.algorithm.optimizer,
-                         cfg.trainer.gradient_checkpointing, total_optimizer_steps, value_head=False,
-                         lora=lora_config(cfg))
+    return _build_engine(
+        cfg,
+        cfg.model.model_path,
+        config,
+        cfg.algorithm.optimizer,
+        cfg.trainer.gradient_checkpointing,
+        total_optimizer_steps,
+        value_head=False,
+        lora=lora_config(cfg),
+    )
 
 
 def build_critic(cfg: Config, info: DistInfo, total_optimizer_steps: int | None) -> Actor:
@@ -249,14 +291,26 @@ def build_critic(cfg: Config, info: DistInfo, total_optimizer_steps: int | None)
     fsdp = critic.model.fsdp_config
     param_offload = t.param_offload if fsdp.param_offload is None else fsdp.param_offload
     on_cpu = info.device.type == "cpu"
-    config = ds_config(cfg, info.world_size, on_cpu, offload_params=param_offload and t.zero_stage == 3,
-                       offload_optimizer=fsdp.optimizer_offload, optim=critic.optim,
-                       grad_clip=critic.grad_clip)
+    config = ds_config(
+        cfg,
+        info.world_size,
+        on_cpu,
+        offload_params=param_offload and t.zero_stage == 3,
+        offload_optimizer=fsdp.optimizer_offload,
+        optim=critic.optim,
+        grad_clip=critic.grad_clip,
+    )
     checkpointing = critic.model.enable_gradient_checkpointing
     assert cfg.model.critic_model_path is not None  # rft.config.rules: defaults to model_path
-    return _build_engine(cfg, cfg.model.critic_model_path, config, critic.optim,
-                         t.gradient_checkpointing if checkpointing is None else checkpointing,
-                         total_optimizer_steps, value_head=True)
+    return _build_engine(
+        cfg,
+        cfg.model.critic_model_path,
+        config,
+        critic.optim,
+        t.gradient_checkpointing if checkpointing is None else checkpointing,
+        total_optimizer_steps,
+        value_head=True,
+    )
 
 
 def compile_layers(model: torch.nn.Module) -> int:
@@ -267,23 +321,44 @@ def compile_layers(model: torch.nn.Module) -> int:
     kinds = set(getattr(model, "_no_split_modules", None) or ())
     layers = [m for m in model.modules() if type(m).__name__ in kinds]
     if not layers:
-        raise ConfigError(f"trainer.compile_layers: {type(model).__name__} names no decoder layer class "
-                          "(transformers' _no_split_modules); set trainer.compile_layers: false")
+        raise ConfigError(
+            f"trainer.compile_layers: {type(model).__name__} names no decoder layer class "
+            "(transformers' _no_split_modules); set trainer.compile_layers: false"
+        )
     for layer in layers:
         layer.compile()
-    log.info("torch.compile: %d %s layers (compiled on the first step)", len(layers), "/".join(sorted(kinds)))
+    log.info(
+        "torch.compile: %d %s layers (compiled on the first step)",
+        len(layers),
+        "/".join(sorted(kinds)),
+    )
     return len(layers)
 
 
-def _build_engine(cfg: Config, path: str, config: dict[str, Any], opt: OptimizerConfig,
-                  checkpointing: bool, total_optimizer_steps: int | None, *, value_head: bool,
-                  lora: LoRAConfig | None = None) -> Actor:
-    dtype = torch.bfloat16 if cfg.trainer.precision == "bf16" and cfg.trainer.zero_stage == 3 else torch.float32
-    model, keep_alive = _load_model(path, dtype, config, value_head=value_head,
-                                    attention=attention_implementation(cfg))
+def _build_engine(
+    cfg: Config,
+    path: str,
+    config: dict[str, Any],
+    opt: OptimizerConfig,
+    checkpointing: bool,
+    total_optimizer_steps: int | None,
+    *,
+    value_head: bool,
+    lora: LoRAConfig | None = None,
+) -> Actor:
+    dtype = (
+        torch.bfloat16
+        if cfg.trainer.precision == "bf16" and cfg.trainer.zero_stage == 3
+        else torch.float32
+    )
+    model, keep_alive = _load_model(
+        path, dtype, config, value_head=value_head, attention=attention_implementation(cfg)
+    )
     if checkpointing:  # every k-th decoder layer recomputes, the first included
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False},
-                                            every_n_layers=cfg.trainer.gradient_checkpointing_every)
+        model.gradient_checkpointing_enable(
+            gradient_checkpointing_kwargs={"use_reentrant": False},
+            every_n_layers=cfg.trainer.gradient_checkpointing_every,
+        )
     if cfg.trainer.compile_layers:
         compile_layers(model)
     if lora is not None:
@@ -291,8 +366,13 @@ def _build_engine(cfg: Config, path: str, config: dict[str, Any], opt: Optimizer
 
         model = wrap(model, lora, path)
         trained = sum(p.numel() for p in model.parameters() if p.requires_grad)
-        log.info("LoRA r=%d alpha=%d on %s: %d trainable parameters", lora.lora_rank,
-                 lora.lora_alpha, lora.target_modules, trained)
+        log.info(
+            "LoRA r=%d alpha=%d on %s: %d trainable parameters",
+            lora.lora_rank,
+            lora.lora_alpha,
+            lora.target_modules,
+            trained,
+        )
     warmup = warmup_steps(opt.lr_warmup_steps, opt.lr_warmup_steps_ratio, total_optimizer_steps)
     factor = lr_multiplier(opt.warmup_style, warmup, total_optimizer_steps, opt.min_lr_ratio)
 
@@ -300,8 +380,9 @@ def _build_engine(cfg: Config, path: str, config: dict[str, Any], opt: Optimizer
         return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
     trainable = [p for p in model.parameters() if p.requires_grad]
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=trainable,
-                                      config=config, lr_scheduler=scheduler)
+    engine, *_ = deepspeed.initialize(
+        model=model, model_parameters=trainable, config=config, lr_scheduler=scheduler
+    )
     engine.train()
     return Actor(engine, cfg.trainer.zero_stage, keep_alive, lora=lora is not None)
 
@@ -324,9 +405,12 @@ def optimizer_step(actor: Actor) -> float:
 
 # ----------------------------------------------------------------------------- reference
 
+
 @dataclass
 class Reference:
-    module: Any  # a plain module (ZeRO 0-2), a DeepSpeed inference engine (ZeRO-3), or LoRA's policy
+    module: (
+        Any  # a plain module (ZeRO 0-2), a DeepSpeed inference engine (ZeRO-3), or LoRA's policy
+    )
     offload: bool  # kept in CPU memory, moved to the device for each use (ZeRO 0-2 on GPU)
     device: torch.device
     hf_ds_config: Any
@@ -341,9 +425,16 @@ def build_reference(cfg: Config, info: DistInfo, actor: Actor | None = None) -> 
     on_cpu = info.device.type == "cpu"
     dtype = torch.bfloat16 if cfg.trainer.precision == "bf16" else torch.float32
     # ZeRO-3 offloads the reference model's partitions; ZeRO 0-2 move it per use (below).
-    config = ds_config(cfg, info.world_size, on_cpu, train=False,
-                       offload_params=cfg.trainer.ref_offload and cfg.trainer.zero_stage == 3)
-    model, keep_alive = _load_model(cfg.model.model_path, dtype, config, attention=attention_implementation(cfg))
+    config = ds_config(
+        cfg,
+        info.world_size,
+        on_cpu,
+        train=False,
+        offload_params=cfg.trainer.ref_offload and cfg.trainer.zero_stage == 3,
+    )
+    model, keep_alive = _load_model(
+        cfg.model.model_path, dtype, config, attention=attention_implementation(cfg)
+    )
     model.eval().requires_grad_(False)
     if cfg.trainer.zero_stage == 3:
         engine, *_ = deepspeed.initialize(model=model, config=config)
@@ -359,7 +450,9 @@ def build_reference(cfg: Config, info: DistInfo, actor: Actor | None = None) -> 
 # Model types whose causal-LM forward is the decoder, then a bias-free ``lm_head`` on its last
 # hidden states (no logit scaling or soft-capping): their log-probs can be taken from the hidden
 # states (``logprobs_from_hidden``). Others go through the model's own forward and its logits.
-PLAIN_HEAD_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi3"})
+PLAIN_HEAD_MODEL_TYPES = frozenset(
+    {"llama", "mistral", "qwen2", "qwen2_moe", "qwen3", "qwen3_moe", "phi3"}
+)
 
 
 def plain_head(module: Any) -> torch.Tensor | None:
@@ -376,13 +469,18 @@ def plain_head(module: Any) -> torch.Tensor | None:
     if getattr(config, "tie_last_hidden_states", True) is False:
         return None
     head = model.get_output_embeddings()
-    if not isinstance(head, torch.nn.Linear) or head.bias is not None or hasattr(head.weight, "ds_id"):
+    if (
+        not isinstance(head, torch.nn.Linear)
+        or head.bias is not None
+        or hasattr(head.weight, "ds_id")
+    ):
         return None
     return head.weight
 
 
-def forward_logprobs(module: Any, micro: MicroBatch, *, with_entropy: bool,
-                     entropy_grad: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+def forward_logprobs(
+    module: Any, micro: MicroBatch, *, with_entropy: bool, entropy_grad: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs ``[B, R]`` of the response tokens (and their entropies) under ``module``; 0
     where ``micro.response_mask`` is 0 (padding and tokens the loss does not count).
 
@@ -412,17 +510,26 @@ def forward_logprobs(module: Any, micro: MicroBatch, *, with_entropy: bool,
     if weight is not None:
         # Through the module's own forward (a DeepSpeed engine's sets up its backward there),
         # the head on one position only; the last hidden state is what the head would read.
-        out = module(**micro.model_inputs(), use_cache=False, output_hidden_states=True, logits_to_keep=1)
+        out = module(
+            **micro.model_inputs(), use_cache=False, output_hidden_states=True, logits_to_keep=1
+        )
         hidden = out.hidden_states[-1][seqs, positions]  # [M, H]
         del out
-        logprob, entropy = logprobs_from_hidden(hidden, weight, labels,
-                                                temperature=temperature, with_entropy=with_entropy)
+        logprob, entropy = logprobs_from_hidden(
+            hidden, weight, labels, temperature=temperature, with_entropy=with_entropy
+        )
     else:
         # The LM head runs only on positions that predict a counted token (never on prompts).
         keep = positions.unique() if positions.numel() else positions.new_zeros(1)  # [K] sorted
-        logits = module(**micro.model_inputs(), use_cache=False, logits_to_keep=keep).logits  # [B, K, V]
-        logprob, entropy = logprobs_from_logits(logits[seqs, torch.searchsorted(keep, positions)], labels,
-                                                temperature=temperature, with_entropy=with_entropy)
+        logits = module(
+            **micro.model_inputs(), use_cache=False, logits_to_keep=keep
+        ).logits  # [B, K, V]
+        logprob, entropy = logprobs_from_logits(
+            logits[seqs, torch.searchsorted(keep, positions)],
+            labels,
+            temperature=temperature,
+            with_entropy=with_entropy,
+        )
     out = torch.zeros(micro.response_mask.shape, dtype=torch.float32, device=logprob.device)
     logprobs = out.index_put((rows, cols), logprob)  # [B, R]
     if entropy is not None:
@@ -433,7 +540,9 @@ def forward_logprobs(module: Any, micro: MicroBatch, *, with_entropy: bool,
 def forward_values(module: Any, micro: MicroBatch) -> torch.Tensor:
     """The critic's values ``[B, R]``: V of the state before each response token, read at the
     position whose logits predict it (veRL: ``values[:, -R - 1:-1]``), in float32."""
-    values = module(**micro.model_inputs(), use_cache=False).logits.squeeze(-1)  # [B, T] (packed [1, S])
+    values = module(**micro.model_inputs(), use_cache=False).logits.squeeze(
+        -1
+    )  # [B, T] (packed [1, S])
     return values.float()[micro.sequence_index(), micro.logit_positions]  # [B, R]
 
 
@@ -456,6 +565,7 @@ def reference_logprobs(ref: Reference, micro: MicroBatch) -> torch.Tensor:
 
 # ----------------------------------------------------------------------------- weights, checkpoints
 
+
 def gather_weights(actor: Actor) -> dict[str, torch.Tensor] | None:
     """Full 16-bit (or fp32) state dict on rank 0, None elsewhere, each tied tensor once (as an
     HF folder holds it). Collective: call on all ranks."""
@@ -477,7 +587,12 @@ def untied(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     out: dict[str, torch.Tensor] = {}
     seen: set[tuple[Any, ...]] = set()
     for name, tensor in state_dict.items():
-        key = (tensor.device, tensor.data_ptr(), tuple(tensor.shape), tensor.stride())  # same memory
+        key = (
+            tensor.device,
+            tensor.data_ptr(),
+            tuple(tensor.shape),
+            tensor.stride(),
+        )  # same memory
         if key in seen and tensor.numel():
             continue
         seen.add(key)
@@ -493,7 +608,9 @@ def without_tied_duplicates(state_dict: dict[str, torch.Tensor]) -> dict[str, to
 def save_hf_config(actor: Actor, folder: Path) -> None:
     """The model's ``config.json`` (and generation config) into ``folder``."""
     module = actor.module
-    module.config.architectures = [type(module).__name__]  # as save_pretrained records it (a critic's head)
+    module.config.architectures = [
+        type(module).__name__
+    ]  # as save_pretrained records it (a critic's head)
     module.config.save_pretrained(folder)
     if getattr(module, "generation_config", None) is not None:
         module.generation_config.save_pretrained(folder)
@@ -538,14 +655,20 @@ def _hf_tensors(actor: Actor) -> dict[str, tuple[tuple[int, ...], torch.Tensor]]
     if actor.zero_stage != 3:
         return {name: (tuple(t.shape), t) for name, t in untied(module.state_dict()).items()}
     out = {name: (tuple(p.ds_shape), p) for name, p in module.named_parameters()}  # tie: once
-    skip = {f"{prefix}.{b}" if prefix else b for prefix, sub in module.named_modules()
-            for b in getattr(sub, "_non_persistent_buffers_set", ())}
-    out.update((name, (tuple(b.shape), b)) for name, b in module.named_buffers() if name not in skip)
+    skip = {
+        f"{prefix}.{b}" if prefix else b
+        for prefix, sub in module.named_modules()
+        for b in getattr(sub, "_non_persistent_buffers_set", ())
+    }
+    out.update(
+        (name, (tuple(b.shape), b)) for name, b in module.named_buffers() if name not in skip
+    )
     return out
 
 
-def _write_weight_files(folder: Path, specs: list[FileTensor],
-                        produce: Callable[[FileTensor], torch.Tensor]) -> None:
+def _write_weight_files(
+    folder: Path, specs: list[FileTensor], produce: Callable[[FileTensor], torch.Tensor]
+) -> None:
     """``model.safetensors``, or shards of at most :data:`PUBLISH_SHARD_BYTES` and their index."""
     shards = plan_shards(specs, PUBLISH_SHARD_BYTES)
     if len(shards) == 1:
@@ -576,10 +699,15 @@ def save_checkpoint(actor: Actor, folder: Path, tag: str) -> None:
 
 def load_checkpoint(actor: Actor, folder: Path) -> None:
     """Restore model, optimizer and lr scheduler from ``folder`` (its ``latest`` tag)."""
-    path, _client = actor.engine.load_checkpoint(str(folder), load_optimizer_states=True,
-                                                 load_lr_scheduler_states=True,
-                                                 load_module_strict=not actor.lora)
+    path, _client = actor.engine.load_checkpoint(
+        str(folder),
+        load_optimizer_states=True,
+        load_lr_scheduler_states=True,
+        load_module_strict=not actor.lora,
+    )
     if path is None:
-        raise CheckpointError(f"DeepSpeed found no checkpoint in {folder}; delete the damaged "
-                              "global_step folder (and fix latest_checkpointed_iteration.txt) to "
-                              "resume from an earlier one, or set continue_from_checkpoint: false")
+        raise CheckpointError(
+            f"DeepSpeed found no checkpoint in {folder}; delete the damaged "
+            "global_step folder (and fix latest_checkpointed_iteration.txt) to "
+            "resume from an earlier one, or set continue_from_checkpoint: false"
+        )

@@ -30,31 +30,48 @@ WAIT_SLICE_S = 5.0  # a waiting read checks for a stop request this often
 
 def explorer_writers(cfg: Config) -> list[str]:
     """Buffer writer names of the explorer tasks of this run (one per engine)."""
-    return [writer_name(cfg.explorer.name, rank) for rank in range(cfg.explorer.rollout_model.engine_num)]
+    return [
+        writer_name(cfg.explorer.name, rank)
+        for rank in range(cfg.explorer.rollout_model.engine_num)
+    ]
 
 
 class BufferSource:
     """Rollout experiences from the buffer, optionally archived to SQLite as consumed."""
 
-    def __init__(self, cfg: Config, run_dir: Path, cursor: dict[str, Any] | None,
-                 rollouts_per_step: int | None = None):
+    def __init__(
+        self,
+        cfg: Config,
+        run_dir: Path,
+        cursor: dict[str, Any] | None,
+        rollouts_per_step: int | None = None,
+    ):
         buf = cfg.buffer.trainer_input.experience_buffer
         self.cfg, self.run_dir = cfg, run_dir
         # mode train reads this many (whole groups); mix mode leaves room for expert samples
         self.rollouts_per_step = rollouts_per_step or cfg.buffer.train_batch_size
         self.synchronous = cfg.mode == "both"
         self.reader = open_buffer_reader(
-            run_dir, buf.storage_type, buf.path or "", buf.name, cursor=cursor,
+            run_dir,
+            buf.storage_type,
+            buf.path or "",
+            buf.name,
+            cursor=cursor,
             max_staleness_versions=None if self.synchronous else cfg.trainer.max_staleness_versions,
-            num_nodes=cfg.cluster.node_num)
+            num_nodes=cfg.cluster.node_num,
+        )
         self.archive = open_archive(run_dir, buf.storage_type, buf.path or "", buf.name)
 
-    def next_batch(self, step: int, current_version: int,
-                   stop: Callable[[], bool] = lambda: False) -> list[Experience] | None:
+    def next_batch(
+        self, step: int, current_version: int, stop: Callable[[], bool] = lambda: False
+    ) -> list[Experience] | None:
         """The step's batch; None when a stop was requested while waiting, or (``mode: train``)
         when nothing arrived within ``synchronizer.sync_timeout``."""
-        batch = self._read_step(step, current_version, stop) if self.synchronous else \
-            self._read_available(current_version, stop)
+        batch = (
+            self._read_step(step, current_version, stop)
+            if self.synchronous
+            else self._read_available(current_version, stop)
+        )
         if batch is None:
             return None
         batch = [e for e in batch if not e.eval]
@@ -62,7 +79,9 @@ class BufferSource:
             self.archive.record(batch, step)
         return batch
 
-    def _read_available(self, current_version: int, stop: Callable[[], bool]) -> list[Experience] | None:
+    def _read_available(
+        self, current_version: int, stop: Callable[[], bool]
+    ) -> list[Experience] | None:
         """``mode: train``: up to ``rollouts_per_step`` experiences in whole groups, whatever is
         available within ``sync_timeout``; groups older than ``trainer.max_staleness_versions``
         weight versions are dropped (and counted) by the reader. Without ``total_steps`` the
@@ -75,26 +94,40 @@ class BufferSource:
             left = deadline - time.monotonic()
             if left <= 0:
                 if not out:
-                    log.warning("no experiences arrived in synchronizer.sync_timeout=%ds: stopping",
-                                self.cfg.synchronizer.sync_timeout)
+                    log.warning(
+                        "no experiences arrived in synchronizer.sync_timeout=%ds: stopping",
+                        self.cfg.synchronizer.sync_timeout,
+                    )
                 break
-            finished = explorers_finished(self.run_dir)  # before the read: their last segments are sealed
-            got = self.reader.read(want - len(out), current_version=current_version,
-                                   timeout_s=0.0 if finished else min(left, WAIT_SLICE_S), poll_s=POLL_S)
+            finished = explorers_finished(
+                self.run_dir
+            )  # before the read: their last segments are sealed
+            got = self.reader.read(
+                want - len(out),
+                current_version=current_version,
+                timeout_s=0.0 if finished else min(left, WAIT_SLICE_S),
+                poll_s=POLL_S,
+            )
             out += got
             if finished and not got:
-                log.info("every explorer that joined the run has finished and the buffer is "
-                         "drained: %s", "training on the last, partial batch" if out else "stopping")
+                log.info(
+                    "every explorer that joined the run has finished and the buffer is drained: %s",
+                    "training on the last, partial batch" if out else "stopping",
+                )
                 break
         return out or None
 
-    def _read_step(self, step: int, current_version: int, stop: Callable[[], bool]) -> list[Experience] | None:
+    def _read_step(
+        self, step: int, current_version: int, stop: Callable[[], bool]
+    ) -> list[Experience] | None:
         """``mode: both``: exactly the segments ``seq == step`` of every explorer rank
         (``<explorer.name>-<rank>`` for rank < ``engine_num``), waiting up to
         ``synchronizer.sync_timeout`` for them to be sealed."""
         if not hasattr(self.reader, "read_step"):
-            raise NotSupportedError("mode 'both' reads the buffer step by step, which needs "
-                                    "buffer.trainer_input.experience_buffer.storage_type: queue")
+            raise NotSupportedError(
+                "mode 'both' reads the buffer step by step, which needs "
+                "buffer.trainer_input.experience_buffer.storage_type: queue"
+            )
         writers = explorer_writers(self.cfg)
         deadline = time.monotonic() + self.cfg.synchronizer.sync_timeout
         while unsealed_writers(self.reader.buffer_dir, writers, step):
@@ -105,7 +138,8 @@ class BufferSource:
                 raise DataError(
                     f"step {step}: explorer segments of {missing} not sealed after "
                     f"synchronizer.sync_timeout={self.cfg.synchronizer.sync_timeout}s; check the "
-                    "explorer logs (is it running, and with the same explorer.name/engine_num?)")
+                    "explorer logs (is it running, and with the same explorer.name/engine_num?)"
+                )
             time.sleep(POLL_S)
         return self.reader.read_step(step, writers, current_version)
 
@@ -115,7 +149,10 @@ class BufferSource:
     def release(self, cursor: dict[str, Any]) -> None:
         removed = self.reader.release(cursor)
         if removed:
-            log.debug("released %s consumed buffer segments", removed if isinstance(removed, int) else len(removed))
+            log.debug(
+                "released %s consumed buffer segments",
+                removed if isinstance(removed, int) else len(removed),
+            )
 
     def stats(self) -> dict[str, int]:
         return self.reader.stats.as_dict()
@@ -129,11 +166,13 @@ class FileSource:
 
         tokenizer = AutoTokenizer.from_pretrained(cfg.model.model_path)
         self.batch_size = cfg.buffer.train_batch_size
-        self.source = SftSource(cfg.buffer.trainer_input.experience_buffer, tokenizer,
-                                cfg.model.max_model_len, cursor)
+        self.source = SftSource(
+            cfg.buffer.trainer_input.experience_buffer, tokenizer, cfg.model.max_model_len, cursor
+        )
 
-    def next_batch(self, step: int, current_version: int,
-                   stop: Callable[[], bool] = lambda: False) -> list[Experience] | None:
+    def next_batch(
+        self, step: int, current_version: int, stop: Callable[[], bool] = lambda: False
+    ) -> list[Experience] | None:
         return self.source.next_batch(self.batch_size)
 
     def cursor(self) -> dict[str, Any]:

@@ -18,7 +18,6 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from rft.trainer.algorithm import build_loss_fns
 from rft.config.batches import updates_per_step
 from rft.config.rules import uses_critic
 from rft.config.schema import Config
@@ -42,6 +41,7 @@ from rft.placement import TRAINER_MODES
 from rft.rundir import ACTOR_DIR, CRITIC_DIR, HF_DIR, step_dir
 from rft.stages import load_stage
 from rft.sync import publishes_weights
+from rft.trainer.algorithm import build_loss_fns
 from rft.trainer.state import (
     ds_tag,
     finish_checkpoint,
@@ -82,8 +82,10 @@ class StopFlag:
 
     def _handle(self, signum: int, _frame: FrameType | None) -> None:
         self.signum = signum
-        log.warning("received %s: finishing the current step, then checkpoint and exit",
-                    signal.Signals(signum).name)
+        log.warning(
+            "received %s: finishing the current step, then checkpoint and exit",
+            signal.Signals(signum).name,
+        )
 
 
 @dataclass
@@ -111,7 +113,9 @@ def open_trainer_input(cfg: Config, run_dir: Path, cursor: dict[str, Any] | None
 def check_mode(cfg: Config) -> None:
     """Config checks every rank makes before any collective (a rank-0-only error would hang)."""
     if cfg.mode not in TRAINER_MODES:
-        raise ConfigError(f"mode {cfg.mode!r} has no trainer; the trainer runs in mode 'both' or 'train'")
+        raise ConfigError(
+            f"mode {cfg.mode!r} has no trainer; the trainer runs in mode 'both' or 'train'"
+        )
 
 
 def resume_point(cfg: Config, run_dir: Path, world_size: int) -> tuple[int | None, dict[str, Any]]:
@@ -123,21 +127,32 @@ def resume_point(cfg: Config, run_dir: Path, world_size: int) -> tuple[int | Non
         return None, {}
     meta = read_meta(run_dir, step)
     if meta.get("critic", False) != uses_critic(cfg):
-        raise RftError(f"checkpoint {step_dir(run_dir, step)} was written "
-                       f"{'with' if meta.get('critic') else 'without'} a critic but this config "
-                       f"{'trains' if uses_critic(cfg) else 'trains no'} critic "
-                       f"(algorithm.advantage_fn {cfg.algorithm.advantage_fn!r}); resume with the "
-                       "run's algorithm, or start a new run (another name)")
+        raise RftError(
+            f"checkpoint {step_dir(run_dir, step)} was written "
+            f"{'with' if meta.get('critic') else 'without'} a critic but this config "
+            f"{'trains' if uses_critic(cfg) else 'trains no'} critic "
+            f"(algorithm.advantage_fn {cfg.algorithm.advantage_fn!r}); resume with the "
+            "run's algorithm, or start a new run (another name)"
+        )
     if meta.get("world_size") != world_size:
-        raise RftError(f"checkpoint {step_dir(run_dir, step)} was written by "
-                       f"{meta.get('world_size')} ranks but this run has {world_size}; DeepSpeed "
-                       "cannot reshard on resume: relaunch with that many ranks")
+        raise RftError(
+            f"checkpoint {step_dir(run_dir, step)} was written by "
+            f"{meta.get('world_size')} ranks but this run has {world_size}; DeepSpeed "
+            "cannot reshard on resume: relaunch with that many ranks"
+        )
     return step, meta
 
 
-def publish_weights(actor: engine.Actor, publisher: WeightsPublisher | None,
-                    broadcaster: WeightBroadcaster | None, version: int, model_path: str,
-                    rank: int, folder: bool, by_broadcast: bool) -> None:
+def publish_weights(
+    actor: engine.Actor,
+    publisher: WeightsPublisher | None,
+    broadcaster: WeightBroadcaster | None,
+    version: int,
+    model_path: str,
+    rank: int,
+    folder: bool,
+    by_broadcast: bool,
+) -> None:
     """Weights ``version`` to the explorers. Collective (every rank gathers). With
     ``by_broadcast`` (``sync_method: nccl``; ``broadcaster`` on rank 0): gather the state dict,
     broadcast it, and publish ``weights/v<version>/`` too when ``folder`` or when the broadcast
@@ -149,20 +164,27 @@ def publish_weights(actor: engine.Actor, publisher: WeightsPublisher | None,
         from rft.trainer.lora import save_adapter_folder, saved_state
 
         state = engine.gather_adapter(actor)
-        if rank == 0 and (not by_broadcast or not broadcaster.broadcast(version, saved_state(state))
-                          or folder):
+        if rank == 0 and (
+            not by_broadcast or not broadcaster.broadcast(version, saved_state(state)) or folder
+        ):
             publisher.publish(version, lambda tmp: save_adapter_folder(actor.module, state, tmp))
     elif not by_broadcast:
         if rank == 0:
-            publisher.publish(version, lambda tmp: engine.stream_hf_folder(actor, tmp),
-                              extra_files=tokenizer_files(model_path))
+            publisher.publish(
+                version,
+                lambda tmp: engine.stream_hf_folder(actor, tmp),
+                extra_files=tokenizer_files(model_path),
+            )
         else:
             engine.stream_hf_folder(actor, None)  # the gathers rank 0 writes from
     else:  # a broadcast sends the whole state dict
         state = engine.gather_weights(actor)
         if rank == 0 and (not broadcaster.broadcast(version, state) or folder):
-            publisher.publish(version, lambda tmp: engine.save_hf_folder(actor, state, tmp),
-                              extra_files=tokenizer_files(model_path))
+            publisher.publish(
+                version,
+                lambda tmp: engine.save_hf_folder(actor, state, tmp),
+                extra_files=tokenizer_files(model_path),
+            )
     engine.barrier()
 
 
@@ -171,12 +193,16 @@ def needs_weights_folder(cfg: Config, step: int, last_step: int | None) -> bool:
     ``sync_method: checkpoint``; with ``nccl`` at each full checkpoint and the last step (for
     late joiners, resume and conversion), besides the fallback when a broadcast fails."""
     save = cfg.trainer.save_interval
-    return (cfg.synchronizer.sync_method == "checkpoint" or step == last_step
-            or bool(save and step % save == 0))
+    return (
+        cfg.synchronizer.sync_method == "checkpoint"
+        or step == last_step
+        or bool(save and step % save == 0)
+    )
 
 
-def _save_engine(cfg: Config, model: engine.Actor, folder: Path, step: int, rank: int, final: bool,
-                 *, rng: bool) -> None:
+def _save_engine(
+    cfg: Config, model: engine.Actor, folder: Path, step: int, rank: int, final: bool, *, rng: bool
+) -> None:
     """One engine's DeepSpeed shards, the RNG states (``rng``) and its HF folder (config, and
     the weights when ``trainer.save_hf_checkpoint`` says so; a LoRA policy's adapter folder,
     always) into ``folder``. Collective."""
@@ -201,9 +227,17 @@ def _save_engine(cfg: Config, model: engine.Actor, folder: Path, step: int, rank
         copy_files(tokenizer_files(cfg.model.model_path), folder / HF_DIR)
 
 
-def save_full_checkpoint(cfg: Config, run_dir: Path, actor: engine.Actor, source: Source | None,
-                         progress: LoopPosition, rank: int, world_size: int, final: bool,
-                         critic: engine.Actor | None = None) -> None:
+def save_full_checkpoint(
+    cfg: Config,
+    run_dir: Path,
+    actor: engine.Actor,
+    source: Source | None,
+    progress: LoopPosition,
+    rank: int,
+    world_size: int,
+    final: bool,
+    critic: engine.Actor | None = None,
+) -> None:
     """Every rank writes its shards; rank 0 finishes (meta, rename, pointer) and releases input."""
     from rft.trainer import engine
 
@@ -212,11 +246,16 @@ def save_full_checkpoint(cfg: Config, run_dir: Path, actor: engine.Actor, source
     if critic is not None:
         _save_engine(cfg, critic, tmp / CRITIC_DIR, progress.step, rank, final, rng=False)
     if rank == 0:
-        meta = {"buffer_cursor": progress.cursor, "weights_version": progress.weights_version,
-                "world_size": world_size, "zero_stage": cfg.trainer.zero_stage,
-                "lr": engine.current_lr(actor), "time": time.time(),
-                "lr_scheduler": actor.engine.lr_scheduler.state_dict(),
-                "critic": critic is not None}
+        meta = {
+            "buffer_cursor": progress.cursor,
+            "weights_version": progress.weights_version,
+            "world_size": world_size,
+            "zero_stage": cfg.trainer.zero_stage,
+            "lr": engine.current_lr(actor),
+            "time": time.time(),
+            "lr_scheduler": actor.engine.lr_scheduler.state_dict(),
+            "critic": critic is not None,
+        }
         finish_checkpoint(run_dir, tmp, progress.step, meta, cfg.trainer.max_checkpoints_to_keep)
         source.release(progress.cursor)
         log.info("checkpoint global_step_%d saved", progress.step)
@@ -230,8 +269,9 @@ def open_broadcaster(cfg: Config, run_dir: Path, device: torch.device) -> Weight
         return None
     from rft.trainer.broadcaster import WeightBroadcaster
 
-    return WeightBroadcaster(run_dir, device, cfg.synchronizer.sync_timeout,
-                             cfg.explorer.heartbeat_timeout_s)
+    return WeightBroadcaster(
+        run_dir, device, cfg.synchronizer.sync_timeout, cfg.explorer.heartbeat_timeout_s
+    )
 
 
 def staleness_metrics(batch: list[Experience], version: int) -> dict[str, float]:
@@ -263,12 +303,20 @@ def run(cfg: Config) -> int:
     if rank == 0:
         run_dir.mkdir(parents=True, exist_ok=True)
     fns = build_loss_fns(cfg.algorithm)
-    resumed, meta = engine.broadcast_object(resume_point(cfg, run_dir, info.world_size) if rank == 0 else None)
-    progress = LoopPosition(step=resumed or 0, weights_version=meta.get("weights_version", 0),
-                        cursor=meta.get("buffer_cursor", {}), last_saved=resumed or -1)
+    resumed, meta = engine.broadcast_object(
+        resume_point(cfg, run_dir, info.world_size) if rank == 0 else None
+    )
+    progress = LoopPosition(
+        step=resumed or 0,
+        weights_version=meta.get("weights_version", 0),
+        cursor=meta.get("buffer_cursor", {}),
+        last_saved=resumed or -1,
+    )
     source = open_trainer_input(cfg, run_dir, progress.cursor or None) if rank == 0 else None
     steps = engine.broadcast_object(run_steps(cfg) if rank == 0 else None)
-    total_updates = None if steps is None else steps * updates_per_step(cfg)  # the LR schedule's length
+    total_updates = (
+        None if steps is None else steps * updates_per_step(cfg)
+    )  # the LR schedule's length
     actor = engine.build_actor(cfg, info, total_updates)
     ref = engine.build_reference(cfg, info, actor) if fns.needs_ref else None
     critic = engine.build_critic(cfg, info, total_updates) if uses_critic(cfg) else None
@@ -277,22 +325,40 @@ def run(cfg: Config) -> int:
         if critic is not None:
             engine.load_checkpoint(critic, step_dir(run_dir, resumed) / CRITIC_DIR)
         load_rng(step_dir(run_dir, resumed) / ACTOR_DIR, rank)
-        log.info("resumed from global_step_%d (weights version %d)%s", resumed, progress.weights_version,
-                 " with its critic" if critic is not None else "")
-    publisher = WeightsPublisher(run_dir, cfg.synchronizer.weights_versions_to_keep,
-                                 heartbeat_live_s=cfg.explorer.heartbeat_timeout_s) if rank == 0 else None
+        log.info(
+            "resumed from global_step_%d (weights version %d)%s",
+            resumed,
+            progress.weights_version,
+            " with its critic" if critic is not None else "",
+        )
+    publisher = (
+        WeightsPublisher(
+            run_dir,
+            cfg.synchronizer.weights_versions_to_keep,
+            heartbeat_live_s=cfg.explorer.heartbeat_timeout_s,
+        )
+        if rank == 0
+        else None
+    )
     broadcaster = open_broadcaster(cfg, run_dir, info.device) if rank == 0 else None
-    monitor = Monitor(run_dir, "trainer", monitor_type=cfg.monitor.monitor_type, enabled=rank == 0,
-                      flush_interval_s=cfg.monitor.flush_interval_s, project=cfg.project,
-                      name=cfg.name)
+    monitor = Monitor(
+        run_dir,
+        "trainer",
+        monitor_type=cfg.monitor.monitor_type,
+        enabled=rank == 0,
+        flush_interval_s=cfg.monitor.flush_interval_s,
+        project=cfg.project,
+        name=cfg.name,
+    )
     pad_id = actor.module.config.pad_token_id or actor.module.config.eos_token_id or 0
     if isinstance(pad_id, list):
         pad_id = pad_id[0]
     while steps is None or progress.step < steps:
         step = progress.step + 1
         t0 = time.perf_counter()
-        batch = engine.broadcast_object(source.next_batch(step, progress.weights_version, stop.requested)
-                                     if rank == 0 else None)
+        batch = engine.broadcast_object(
+            source.next_batch(step, progress.weights_version, stop.requested) if rank == 0 else None
+        )
         if batch is None:
             break
         t_read = time.perf_counter() - t0
@@ -302,30 +368,53 @@ def run(cfg: Config) -> int:
         progress.cursor = source.cursor() if rank == 0 else {}
         t1 = time.perf_counter()
         if publishes_weights(step, cfg.synchronizer.sync_interval, steps):
-            publish_weights(actor, publisher, broadcaster, step, cfg.model.model_path, rank,
-                            folder=needs_weights_folder(cfg, step, steps),
-                            by_broadcast=cfg.synchronizer.sync_method == "nccl")
+            publish_weights(
+                actor,
+                publisher,
+                broadcaster,
+                step,
+                cfg.model.model_path,
+                rank,
+                folder=needs_weights_folder(cfg, step, steps),
+                by_broadcast=cfg.synchronizer.sync_method == "nccl",
+            )
             progress.weights_version = step
             if broadcaster is not None:
                 metrics.update(broadcaster.last)
         t_publish = time.perf_counter() - t1
         elapsed = time.perf_counter() - t0
         metrics.update(stale)
-        metrics.update({READ_TIME_S: t_read, PUBLISH_TIME_S: t_publish, STEP_TIME_S: elapsed,
-                        TOKENS_PER_S: metrics[BATCH_TOKENS] / max(elapsed - t_read - t_publish, 1e-9),
-                        WEIGHTS_VERSION: progress.weights_version})
+        metrics.update(
+            {
+                READ_TIME_S: t_read,
+                PUBLISH_TIME_S: t_publish,
+                STEP_TIME_S: elapsed,
+                TOKENS_PER_S: metrics[BATCH_TOKENS] / max(elapsed - t_read - t_publish, 1e-9),
+                WEIGHTS_VERSION: progress.weights_version,
+            }
+        )
         if rank == 0:
             metrics.update({f"{BUFFER_STATS_PREFIX}{k}": v for k, v in source.stats().items()})
         monitor.log(step, metrics)
         if cfg.trainer.save_interval and step % cfg.trainer.save_interval == 0:
-            save_full_checkpoint(cfg, run_dir, actor, source, progress, rank, info.world_size,
-                                 final=step == steps, critic=critic)
+            save_full_checkpoint(
+                cfg,
+                run_dir,
+                actor,
+                source,
+                progress,
+                rank,
+                info.world_size,
+                final=step == steps,
+                critic=critic,
+            )
         if engine.all_reduce_max(int(stop.requested())):
             break
     exit_code = EXIT_REQUEUE if engine.all_reduce_max(int(stop.requested())) else EXIT_OK
     if progress.last_saved != progress.step and progress.step > 0:
-        save_full_checkpoint(cfg, run_dir, actor, source, progress, rank, info.world_size, final=True,
-                             critic=critic)
+        save_full_checkpoint(
+            cfg, run_dir, actor, source, progress, rank, info.world_size, final=True, critic=critic
+        )
     if broadcaster is not None:
         broadcaster.close()
     monitor.close()
@@ -335,7 +424,9 @@ def run(cfg: Config) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     setup_logging()
-    args = config_parser("python -m rft.trainer", __doc__.split("\n")[0], stage=True).parse_args(argv)
+    args = config_parser("python -m rft.trainer", __doc__.split("\n")[0], stage=True).parse_args(
+        argv
+    )
     code = run_command(lambda: run(load_stage(args.config, args.overrides, args.stage)))
     from rft.trainer import engine
 

@@ -31,8 +31,14 @@ def wrap(model: torch.nn.Module, lora: LoRAConfig, base_path: str) -> torch.nn.M
 
     if lora.path:
         return PeftModel.from_pretrained(model, lora.path, is_trainable=True)
-    config = LoraConfig(r=lora.lora_rank, lora_alpha=lora.lora_alpha, lora_dropout=lora.lora_dropout,
-                        target_modules=lora.target_modules, task_type="CAUSAL_LM", bias="none")
+    config = LoraConfig(
+        r=lora.lora_rank,
+        lora_alpha=lora.lora_alpha,
+        lora_dropout=lora.lora_dropout,
+        target_modules=lora.target_modules,
+        task_type="CAUSAL_LM",
+        bias="none",
+    )
     with torch.random.fork_rng(devices=[]):  # the run's own random state is left as it was
         torch.manual_seed(INIT_SEED)
         wrapped = get_peft_model(model, config)

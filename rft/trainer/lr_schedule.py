@@ -13,25 +13,32 @@ from typing import Callable
 from rft.errors import ConfigError
 
 
-def warmup_steps(lr_warmup_steps: int, lr_warmup_steps_ratio: float, total_steps: int | None) -> int:
+def warmup_steps(
+    lr_warmup_steps: int, lr_warmup_steps_ratio: float, total_steps: int | None
+) -> int:
     """``lr_warmup_steps`` if >= 0, else ``lr_warmup_steps_ratio`` of ``total_steps``."""
     if lr_warmup_steps >= 0:
         return lr_warmup_steps
     if lr_warmup_steps_ratio == 0:
         return 0
     if total_steps is None:
-        raise ConfigError("algorithm.optimizer.lr_warmup_steps_ratio needs a known number of steps: "
-                          "set buffer.total_steps, or give lr_warmup_steps instead")
+        raise ConfigError(
+            "algorithm.optimizer.lr_warmup_steps_ratio needs a known number of steps: "
+            "set buffer.total_steps, or give lr_warmup_steps instead"
+        )
     return int(lr_warmup_steps_ratio * total_steps)
 
 
-def lr_multiplier(style: str, warmup: int, total_steps: int | None,
-                  min_lr_ratio: float) -> Callable[[int], float]:
+def lr_multiplier(
+    style: str, warmup: int, total_steps: int | None, min_lr_ratio: float
+) -> Callable[[int], float]:
     """``step -> factor``: (step + 1) / warmup during warm-up, then 1 (constant) or a cosine
     from 1 down to ``min_lr_ratio`` at ``total_steps``."""
     if style == "cosine" and total_steps is None:
-        raise ConfigError("algorithm.optimizer.warmup_style 'cosine' needs a known number of steps: "
-                          "set buffer.total_steps (or use warmup_style: constant)")
+        raise ConfigError(
+            "algorithm.optimizer.warmup_style 'cosine' needs a known number of steps: "
+            "set buffer.total_steps (or use warmup_style: constant)"
+        )
 
     def factor(step: int) -> float:
         if step < warmup:

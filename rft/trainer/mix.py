@@ -24,7 +24,11 @@ log = logging.getLogger(__name__)
 # The expert dataset's position inside the checkpoint's buffer_cursor ({"row": n}: rows served
 # so far), beside the rollout buffer's own keys, so a resumed run continues with the next row.
 EXPERT_CURSOR_KEY = "expert"
-def split_cursor(cursor: dict[str, Any] | None) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+
+
+def split_cursor(
+    cursor: dict[str, Any] | None,
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """A checkpoint's ``buffer_cursor`` -> (rollout buffer's cursor, expert cursor)."""
     rest = dict(cursor or {})
     expert = rest.pop(EXPERT_CURSOR_KEY, None)
@@ -39,23 +43,34 @@ class MixSource:
     dataset, reproducible from it and the saved cursor.
     """
 
-    def __init__(self, cfg: Config, run_dir: Path, cursor: dict[str, Any] | None,
-                 tokenizer: Any = None):
+    def __init__(
+        self, cfg: Config, run_dir: Path, cursor: dict[str, Any] | None, tokenizer: Any = None
+    ):
 
         self.counts = mix_counts(cfg)
         self.groups_per_update = groups_per_update(cfg)
         buffer_cursor, expert_cursor = split_cursor(cursor)
-        self.rollouts = BufferSource(cfg, run_dir, buffer_cursor, rollouts_per_step=self.counts.rollout)
+        self.rollouts = BufferSource(
+            cfg, run_dir, buffer_cursor, rollouts_per_step=self.counts.rollout
+        )
         if tokenizer is None:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(cfg.model.model_path)
-        self.experts = SftSource(expert_buffer(cfg), tokenizer, cfg.model.max_model_len, expert_cursor)
-        log.info("mix: %d rollouts + %d expert samples per step (expert data: %d rows, from row %d)",
-                 self.counts.rollout, self.counts.expert, len(self.experts), self.experts.served)
+        self.experts = SftSource(
+            expert_buffer(cfg), tokenizer, cfg.model.max_model_len, expert_cursor
+        )
+        log.info(
+            "mix: %d rollouts + %d expert samples per step (expert data: %d rows, from row %d)",
+            self.counts.rollout,
+            self.counts.expert,
+            len(self.experts),
+            self.experts.served,
+        )
 
-    def next_batch(self, step: int, current_version: int,
-                   stop: Callable[[], bool] = lambda: False) -> list[Experience] | None:
+    def next_batch(
+        self, step: int, current_version: int, stop: Callable[[], bool] = lambda: False
+    ) -> list[Experience] | None:
         """The step's rollouts, then its expert samples (``source: "expert"``, no logprobs,
         reward 0; the trainer turns them into an ``expert_mask`` for the ``mix_chord`` loss);
         None when the rollouts end. How many of each a mini-batch takes is

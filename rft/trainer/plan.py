@@ -41,7 +41,9 @@ class MiniPlan:
 
     micro_rows: list[list[int]]  # row indices per micro-batch; [] = zero-weight padding
     totals: dict[bool, BatchTotals]  # per source (is expert), over the mini-batch on all ranks
-    critic_rows: list[list[int]] = field(default_factory=list)  # the critic's micro-batches (rollout rows)
+    critic_rows: list[list[int]] = field(
+        default_factory=list
+    )  # the critic's micro-batches (rollout rows)
 
 
 @dataclass
@@ -50,7 +52,9 @@ class Plan:
 
     rows: Rows
     minis: list[MiniPlan]  # one optimizer update each, every epoch
-    logprob_rows: list[list[int]]  # this rank's rows (of all minis) per no-grad log-prob micro-batch
+    logprob_rows: list[
+        list[int]
+    ]  # this rank's rows (of all minis) per no-grad log-prob micro-batch
     num_tokens: int  # prompt + response tokens of the whole batch (all ranks)
     packed: bool = False  # micro-batches packed into one row each (trainer.padding_free)
 
@@ -60,16 +64,24 @@ class Plan:
         return sorted({r for micro in self.logprob_rows for r in micro})
 
 
-def rank_micro_batches(rows: Rows, mine: Sequence[int], lengths: Sequence[int], cfg: Config,
-                       micro_batch_size: int) -> list[list[int]]:
+def rank_micro_batches(
+    rows: Rows, mine: Sequence[int], lengths: Sequence[int], cfg: Config, micro_batch_size: int
+) -> list[list[int]]:
     """This rank's rows ``mine`` in micro-batches of ``micro_batch_size`` rows or, with
     ``trainer.use_dynamic_bsz``, a token budget (rollout and expert rows apart), padded with
     [] to the same count on every rank (a collective)."""
-    micros = [micro for part in split_by_source(mine, rows.expert)
-              for micro in plan_micro_batches(part, lengths, use_dynamic_bsz=cfg.trainer.use_dynamic_bsz,
-                                              max_token_len=cfg.trainer.max_token_len_per_gpu,
-                                              micro_batch_size=micro_batch_size,
-                                              packed=cfg.trainer.padding_free)]
+    micros = [
+        micro
+        for part in split_by_source(mine, rows.expert)
+        for micro in plan_micro_batches(
+            part,
+            lengths,
+            use_dynamic_bsz=cfg.trainer.use_dynamic_bsz,
+            max_token_len=cfg.trainer.max_token_len_per_gpu,
+            micro_batch_size=micro_batch_size,
+            packed=cfg.trainer.padding_free,
+        )
+    ]
     count = engine.all_reduce_max(len(micros))
     return micros + [[] for _ in range(count - len(micros))]
 
@@ -81,15 +93,18 @@ def plan_step(exps: Sequence[Experience], cfg: Config, info: engine.DistInfo) ->
     budget = cfg.trainer.max_token_len_per_gpu
     too_long = [n for n in lengths if n > budget]
     if cfg.trainer.use_dynamic_bsz and too_long:
-        raise DataError(f"a sequence of {max(too_long)} tokens exceeds trainer.max_token_len_per_gpu="
-                        f"{budget}; raise it to at least model.max_model_len")
+        raise DataError(
+            f"a sequence of {max(too_long)} tokens exceeds trainer.max_token_len_per_gpu="
+            f"{budget}; raise it to at least model.max_model_len"
+        )
     rollout_groups = len({g for g, e in zip(rows.group_ids, rows.expert.tolist()) if not e})
     count = mini_batch_count(rollout_groups, groups_per_update(cfg))
     critic_size = cfg.trainer.trainer_config.critic.ppo_micro_batch_size_per_gpu
     minis, mine = [], []
     for subset in split_mini_batches(rows.group_ids, rows.expert, count):
-        shares = split_for_ranks([rows.group_ids[i] for i in subset], [lengths[i] for i in subset],
-                                 info.world_size)
+        shares = split_for_ranks(
+            [rows.group_ids[i] for i in subset], [lengths[i] for i in subset], info.world_size
+        )
         share = [subset[i] for i in shares[info.rank]]  # whole groups of this mini-batch
         micros = rank_micro_batches(rows, share, lengths, cfg, cfg.trainer.micro_batch_size_per_gpu)
         mini = MiniPlan(micros, source_totals(rows.response_mask[subset], rows.expert[subset]))
@@ -99,21 +114,37 @@ def plan_step(exps: Sequence[Experience], cfg: Config, info: engine.DistInfo) ->
         minis.append(mini)
         mine += share
     logprob_size = cfg.trainer.log_prob_micro_batch_size_per_gpu
-    return Plan(rows, minis, rank_micro_batches(rows, sorted(mine), lengths, cfg, logprob_size), sum(lengths),
-                packed=cfg.trainer.padding_free)
+    return Plan(
+        rows,
+        minis,
+        rank_micro_batches(rows, sorted(mine), lengths, cfg, logprob_size),
+        sum(lengths),
+        packed=cfg.trainer.padding_free,
+    )
 
 
-def micro_batch(plan: Plan, rows: list[int], adv: torch.Tensor, old: torch.Tensor, pad_id: int,
-                device: torch.device) -> MicroBatch:
+def micro_batch(
+    plan: Plan,
+    rows: list[int],
+    adv: torch.Tensor,
+    old: torch.Tensor,
+    pad_id: int,
+    device: torch.device,
+) -> MicroBatch:
     """The tensors of ``rows`` (a zero-weight micro-batch for ``[]``) on ``device``, packed
     with ``trainer.padding_free``."""
-    micro = collate(plan.rows, rows, adv, old, pad_id, packed=plan.packed) if rows else padding_micro(pad_id)
+    micro = (
+        collate(plan.rows, rows, adv, old, pad_id, packed=plan.packed)
+        if rows
+        else padding_micro(pad_id)
+    )
     return micro.to(device)
 
 
 @torch.no_grad()
-def local_pass(fn: Callable[[MicroBatch], torch.Tensor], plan: Plan, pad_id: int,
-               device: torch.device) -> torch.Tensor:
+def local_pass(
+    fn: Callable[[MicroBatch], torch.Tensor], plan: Plan, pad_id: int, device: torch.device
+) -> torch.Tensor:
     """``[N, R]`` of ``fn`` (log-probs, or the critic's values) on this rank's rows (others 0),
     one micro-batch at a time."""
     out = torch.zeros_like(plan.rows.response_mask)  # [N, R]
@@ -122,7 +153,7 @@ def local_pass(fn: Callable[[MicroBatch], torch.Tensor], plan: Plan, pad_id: int
         micro = micro_batch(plan, rows, zeros, zeros, pad_id, device)
         values = fn(micro).float().cpu()  # [B, R_micro]
         for j, row in enumerate(rows):
-            out[row, :values.shape[1]] = values[j]
+            out[row, : values.shape[1]] = values[j]
     return out
 
 

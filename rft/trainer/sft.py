@@ -24,7 +24,9 @@ log = logging.getLogger(__name__)
 def load_rows(buf: ExperienceBufferConfig) -> list[dict[str, Any]]:
     """All rows of the configured split as dicts (checked for the configured columns)."""
     label = f"buffer.trainer_input.{buf.name}"
-    return list(load_split(buf.path, buf.split, buf.subset_name, label, expert_columns(buf.format, label)))
+    return list(
+        load_split(buf.path, buf.split, buf.subset_name, label, expert_columns(buf.format, label))
+    )
 
 
 def _ids(out: Any) -> list[int]:
@@ -34,17 +36,24 @@ def _ids(out: Any) -> list[int]:
     return list(out)
 
 
-def tokenize_row(tokenizer: Any, row: dict[str, Any], buf: ExperienceBufferConfig, index: int,
-                 max_model_len: int | None) -> Experience:
+def tokenize_row(
+    tokenizer: Any,
+    row: dict[str, Any],
+    buf: ExperienceBufferConfig,
+    index: int,
+    max_model_len: int | None,
+) -> Experience:
     """One dataset row -> an expert experience (prompt = all but the last assistant message)."""
     try:
         messages = chat_messages(row, buf.format, with_reply=True)
     except DataError as e:
         raise DataError(f"{buf.path} row {index}: {e}") from e
-    prompt = _ids(tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=True))
+    prompt = _ids(
+        tokenizer.apply_chat_template(messages[:-1], add_generation_prompt=True, tokenize=True)
+    )
     full = _ids(tokenizer.apply_chat_template(messages, tokenize=True))
-    if full[:len(prompt)] == prompt and len(full) > len(prompt):
-        response = full[len(prompt):]
+    if full[: len(prompt)] == prompt and len(full) > len(prompt):
+        response = full[len(prompt) :]
     else:  # a template that renders the prompt differently once a reply follows
         response = list(tokenizer(messages[-1]["content"], add_special_tokens=False)["input_ids"])
         if tokenizer.eos_token_id is not None:
@@ -52,16 +61,27 @@ def tokenize_row(tokenizer: Any, row: dict[str, Any], buf: ExperienceBufferConfi
     if max_model_len is not None and len(prompt) + len(response) > max_model_len:
         keep = max(1, max_model_len - len(prompt))
         response = response[:keep]
-        prompt = prompt[-(max_model_len - len(response)):]
-    return Experience(task_id=f"sft-{index}", group_id=f"sft-{index}", prompt_ids=prompt,
-                      response_ids=response, source="expert", writer="sft")
+        prompt = prompt[-(max_model_len - len(response)) :]
+    return Experience(
+        task_id=f"sft-{index}",
+        group_id=f"sft-{index}",
+        prompt_ids=prompt,
+        response_ids=response,
+        source="expert",
+        writer="sft",
+    )
 
 
 class SftSource:
     """Expert experiences in dataset order, ``batch_size`` per step, wrapping across epochs."""
 
-    def __init__(self, buf: ExperienceBufferConfig, tokenizer: Any, max_model_len: int | None,
-                 cursor: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        buf: ExperienceBufferConfig,
+        tokenizer: Any,
+        max_model_len: int | None,
+        cursor: dict[str, Any] | None = None,
+    ):
         self.rows = load_rows(buf)
         if not self.rows:
             raise DataError(f"{buf.path} (split {buf.split!r}) has no rows to train on")
@@ -75,7 +95,9 @@ class SftSource:
         out = []
         for _ in range(batch_size):
             index = self.served % len(self.rows)
-            out.append(tokenize_row(self.tokenizer, self.rows[index], self.buf, index, self.max_model_len))
+            out.append(
+                tokenize_row(self.tokenizer, self.rows[index], self.buf, index, self.max_model_len)
+            )
             self.served += 1
         return out
 

@@ -62,7 +62,8 @@ def newest_complete(run_dir: Path) -> int | None:
         raise CheckpointError(
             f"{run_dir / CHECKPOINT_POINTER} names step {step} but {step_dir(run_dir, step) / TRAINER_META} "
             "is missing; restore that folder, or point the file at an older complete "
-            "global_step_N (or delete it to start over)")
+            "global_step_N (or delete it to start over)"
+        )
     return step
 
 
@@ -80,7 +81,11 @@ def read_meta(run_dir: Path, step: int) -> dict[str, Any]:
 def rng_state() -> dict[str, Any]:
     import numpy as np
 
-    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    state = {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+    }
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
@@ -124,8 +129,9 @@ def staging_dir(run_dir: Path, step: int) -> Path:
     return tmp
 
 
-def finish_checkpoint(run_dir: Path, tmp: Path, step: int, meta: dict[str, Any],
-                      keep: int | None) -> Path:
+def finish_checkpoint(
+    run_dir: Path, tmp: Path, step: int, meta: dict[str, Any], keep: int | None
+) -> Path:
     """Rank 0, after every rank wrote into ``tmp``: metadata, rename, pointer, pruning. The
     pointer is replaced only after the rename, so a crash at any point leaves the previous
     checkpoint as the newest complete one."""

@@ -15,8 +15,8 @@ from typing import Callable, Sequence
 
 import torch
 
-from rft.algo.correction import CorrectionSums
 from rft.algo.advantages import token_level_rewards
+from rft.algo.correction import CorrectionSums
 from rft.algo.losses import ENTROPY
 from rft.buffer.experience import Experience
 from rft.config.schema import Config
@@ -29,9 +29,8 @@ from rft.monitor import (
     POLICY_LOSS,
     UPDATES,
 )
-from rft.trainer.algorithm import LossFns
-from rft.trainer.critic import old_values, update_critic, value_metrics
 from rft.trainer import engine
+from rft.trainer.algorithm import LossFns
 from rft.trainer.batching import (
     MetricSums,
     MicroBatch,
@@ -39,12 +38,18 @@ from rft.trainer.batching import (
     micro_source,
     source_fractions,
 )
+from rft.trainer.critic import old_values, update_critic, value_metrics
 from rft.trainer.plan import Plan, local_pass, micro_batch, plan_step
 
 
-def _advantages(plan: Plan, fns: LossFns, ref: torch.Tensor | None, old: torch.Tensor,
-                info: engine.DistInfo, values: torch.Tensor | None = None,
-                ) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
+def _advantages(
+    plan: Plan,
+    fns: LossFns,
+    ref: torch.Tensor | None,
+    old: torch.Tensor,
+    info: engine.DistInfo,
+    values: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, float]]:
     """Advantages ``[N, R]`` of the rollout rows (expert rows, CHORD's, get 0) and, with GAE
     (``values`` from the critic), the returns ``[N, R]`` the critic learns (else None)."""
     rows, mask = plan.rows, plan.rows.response_mask
@@ -57,8 +62,9 @@ def _advantages(plan: Plan, fns: LossFns, ref: torch.Tensor | None, old: torch.T
     if fns.kl_penalty is not None:
         assert ref is not None
         mine = plan.local_rows
-        local, metrics = fns.kl_penalty(token_level_rewards(rows.rewards, mask)[mine],
-                                        old[mine], ref[mine], mask[mine])  # [n, R]
+        local, metrics = fns.kl_penalty(
+            token_level_rewards(rows.rewards, mask)[mine], old[mine], ref[mine], mask[mine]
+        )  # [n, R]
         rewards = torch.zeros_like(mask)  # [N, R]
         for part_rows, part in engine.all_gather_objects((mine, local)):
             rewards[part_rows] = part
@@ -66,17 +72,20 @@ def _advantages(plan: Plan, fns: LossFns, ref: torch.Tensor | None, old: torch.T
         assert values is not None
         returns = torch.zeros_like(mask)  # [N, R]
         adv[rollout], returns[rollout], gae_metrics = fns.gae(
-            token_level_rewards(rewards, mask)[rollout], values[rollout], mask[rollout])
+            token_level_rewards(rewards, mask)[rollout], values[rollout], mask[rollout]
+        )
         return adv, returns, {**metrics, **gae_metrics}
     by_run = {"runs": [rows.runs[i] for i in rollout]} if fns.advantage_by_run else {}
-    part, adv_metrics = fns.advantage(rewards[rollout], [rows.group_ids[i] for i in rollout],
-                                      mask[rollout], **by_run)  # [n, R]
+    part, adv_metrics = fns.advantage(
+        rewards[rollout], [rows.group_ids[i] for i in rollout], mask[rollout], **by_run
+    )  # [n, R]
     adv[rollout] = part
     return adv, None, {**metrics, **adv_metrics}
 
 
-def _correction_rows(plan: Plan, fns: LossFns, rows: list[int],
-                     proximal: torch.Tensor) -> tuple[torch.Tensor, CorrectionSums]:
+def _correction_rows(
+    plan: Plan, fns: LossFns, rows: list[int], proximal: torch.Tensor
+) -> tuple[torch.Tensor, CorrectionSums]:
     """Correction weights ``[n, R]`` of ``rows`` from their proximal log-probs ``[n, R]``
     (1 on expert rows and rows without behaviour log-probs) and their sums."""
     assert fns.correction is not None
@@ -96,7 +105,9 @@ def _gather_correction(sums: CorrectionSums) -> dict[str, float]:
     return total.metrics()
 
 
-def _correction(plan: Plan, fns: LossFns, old: torch.Tensor) -> tuple[torch.Tensor | None, dict[str, float]]:
+def _correction(
+    plan: Plan, fns: LossFns, old: torch.Tensor
+) -> tuple[torch.Tensor | None, dict[str, float]]:
     """Off-policy correction weights ``[N, R]`` (this rank's rollout rows; 1 elsewhere) and the
     step's correction metrics over all ranks; (None, {}) when the correction is off."""
     if fns.correction is None:
@@ -118,20 +129,31 @@ def old_pass_skippable(fns: LossFns, updates: int) -> bool:
     return fns.recompute_old and updates == 1 and fns.kl_penalty is None
 
 
-def _micro_loss(actor: engine.Actor, micro: MicroBatch, fns: LossFns, step: int,
-                on_policy: Callable[[MicroBatch, torch.Tensor], None] | None = None,
-                ) -> tuple[torch.Tensor, dict[str, float]]:
+def _micro_loss(
+    actor: engine.Actor,
+    micro: MicroBatch,
+    fns: LossFns,
+    step: int,
+    on_policy: Callable[[MicroBatch, torch.Tensor], None] | None = None,
+) -> tuple[torch.Tensor, dict[str, float]]:
     """The micro-batch's loss; ``on_policy`` (the skipped old-log-prob pass) first fills its
     old log-probs (and correction weights) from this forward's log-probs, detached."""
-    logprob, entropy = engine.forward_logprobs(actor.engine, micro, with_entropy=True,
-                                            entropy_grad=fns.entropy_in_loss)  # [B, R] each
+    logprob, entropy = engine.forward_logprobs(
+        actor.engine, micro, with_entropy=True, entropy_grad=fns.entropy_in_loss
+    )  # [B, R] each
     assert entropy is not None
     if on_policy is not None:
         on_policy(micro, logprob.detach())
     mask = micro.response_mask
-    loss, metrics = fns.policy(logprob, micro.old_logprobs, micro.advantages, mask,
-                               step=step, expert_mask=micro.expert,  # mix_chord's mu schedule and SFT rows
-                               is_weights=micro.is_weights)
+    loss, metrics = fns.policy(
+        logprob,
+        micro.old_logprobs,
+        micro.advantages,
+        mask,
+        step=step,
+        expert_mask=micro.expert,  # mix_chord's mu schedule and SFT rows
+        is_weights=micro.is_weights,
+    )
     if not fns.sft:  # SFT's loss is its own metric (rft.algo.losses.SFT_LOSS)
         metrics[POLICY_LOSS] = loss.item()
     if fns.entropy_in_loss:
@@ -149,16 +171,19 @@ def _micro_loss(actor: engine.Actor, micro: MicroBatch, fns: LossFns, step: int,
     return loss, metrics
 
 
-def _on_policy_filler(plan: Plan, fns: LossFns, rows: list[int],
-                      sums: CorrectionSums) -> Callable[[MicroBatch, torch.Tensor], None]:
+def _on_policy_filler(
+    plan: Plan, fns: LossFns, rows: list[int], sums: CorrectionSums
+) -> Callable[[MicroBatch, torch.Tensor], None]:
     """For a skipped old-log-prob pass: a function that sets a micro-batch's old log-probs to
     its forward's (detached; PPO ratio 1 in value, the same gradient) and its correction
     weights from them (proximal = old), adding the weights' statistics to ``sums``."""
+
     def fill(micro: MicroBatch, proximal: torch.Tensor) -> None:  # proximal: [B, R]
         micro.old_logprobs = proximal
         if fns.correction is not None and rows:
             micro.is_weights, part = _correction_rows(plan, fns, rows, proximal.float())
             sums.merge(part)
+
     return fill
 
 
@@ -170,9 +195,17 @@ def _reduce_metrics(sums: MetricSums) -> dict[str, float]:
     return total.result()
 
 
-def train_step(actor: engine.Actor, ref: engine.Reference | None, exps: Sequence[Experience], cfg: Config,
-               fns: LossFns, info: engine.DistInfo, step: int, pad_id: int,
-               critic: engine.Actor | None = None) -> dict[str, float]:
+def train_step(
+    actor: engine.Actor,
+    ref: engine.Reference | None,
+    exps: Sequence[Experience],
+    cfg: Config,
+    fns: LossFns,
+    info: engine.DistInfo,
+    step: int,
+    pad_id: int,
+    critic: engine.Actor | None = None,
+) -> dict[str, float]:
     """Prepare and apply one step's updates; return its metrics (timings included). With a
     ``critic`` (``advantage_fn: ppo``) its values give GAE advantages, it is updated first, and
     the policy is left alone during the first ``critic_warmup`` steps."""
@@ -191,13 +224,19 @@ def train_step(actor: engine.Actor, ref: engine.Reference | None, exps: Sequence
     if skip_old:  # filled per micro-batch from the training forward (see _micro_loss)
         old = torch.zeros_like(mask)  # [N, R]
     elif fns.recompute_old:
-        old = local_pass(lambda m: engine.forward_logprobs(actor.engine, m, with_entropy=False)[0],
-                              plan, pad_id, info.device)
+        old = local_pass(
+            lambda m: engine.forward_logprobs(actor.engine, m, with_entropy=False)[0],
+            plan,
+            pad_id,
+            info.device,
+        )
     else:
         old = plan.rows.rollout_logprobs
         if not fns.sft and not bool((plan.rows.has_logprobs | plan.rows.expert).all()):
-            raise DataError("algorithm.old_logprobs is 'rollout' but some experiences carry no "
-                            "logprobs; use old_logprobs: recompute")
+            raise DataError(
+                "algorithm.old_logprobs is 'rollout' but some experiences carry no "
+                "logprobs; use old_logprobs: recompute"
+            )
     t_old = time.perf_counter() - t_old
     values = None if critic is None else old_values(critic, plan, pad_id, info.device)  # [N, R]
     adv, returns, metrics = _advantages(plan, fns, ref_lp, old, info, values)
@@ -205,13 +244,30 @@ def train_step(actor: engine.Actor, ref: engine.Reference | None, exps: Sequence
         assert values is not None and returns is not None
         rollout_mask = mask * (~plan.rows.expert).unsqueeze(-1)  # [N, R]
         metrics.update(value_metrics(values, returns, rollout_mask))
-        metrics.update(update_critic(critic, plan, values, returns, epochs=cfg.trainer.ppo_epochs,
-                                           cliprange_value=cfg.trainer.trainer_config.critic.cliprange_value,
-                                           pad_id=pad_id, info=info))
+        metrics.update(
+            update_critic(
+                critic,
+                plan,
+                values,
+                returns,
+                epochs=cfg.trainer.ppo_epochs,
+                cliprange_value=cfg.trainer.trainer_config.critic.cliprange_value,
+                pad_id=pad_id,
+                info=info,
+            )
+        )
     if step <= cfg.trainer.trainer_config.trainer.critic_warmup:  # the critic learns first
-        return {**metrics, UPDATES: 0, CRITIC_WARMUP: 1, BATCH_EXPERIENCES: len(exps),
-                BATCH_TOKENS: plan.num_tokens, OLD_LOGPROBS_TIME_S: t_old}
-    is_weights, correction_metrics = (None, {}) if skip_old else _correction(plan, fns, old)  # [N, R] or None
+        return {
+            **metrics,
+            UPDATES: 0,
+            CRITIC_WARMUP: 1,
+            BATCH_EXPERIENCES: len(exps),
+            BATCH_TOKENS: plan.num_tokens,
+            OLD_LOGPROBS_TIME_S: t_old,
+        }
+    is_weights, correction_metrics = (
+        (None, {}) if skip_old else _correction(plan, fns, old)
+    )  # [N, R] or None
     metrics.update(correction_metrics)
     correction_sums = CorrectionSums()  # of the skipped pass's micro-batches
     t_prep = time.perf_counter() - t0
@@ -225,14 +281,24 @@ def train_step(actor: engine.Actor, ref: engine.Reference | None, exps: Sequence
             for rows in mini.micro_rows:
                 micro = micro_batch(plan, rows, adv, old, pad_id, info.device)
                 if ref_lp is not None:
-                    micro.ref_logprobs = ref_lp[rows, :micro.response_mask.shape[1]].to(info.device) if rows \
+                    micro.ref_logprobs = (
+                        ref_lp[rows, : micro.response_mask.shape[1]].to(info.device)
+                        if rows
                         else torch.zeros_like(micro.response_mask)
+                    )
                 if is_weights is not None:
-                    micro.is_weights = is_weights[rows, :micro.response_mask.shape[1]].to(info.device) if rows \
+                    micro.is_weights = (
+                        is_weights[rows, : micro.response_mask.shape[1]].to(info.device)
+                        if rows
                         else torch.ones_like(micro.response_mask)
+                    )
                 source = micro_source(micro)
-                scale = micro_loss_scale(micro.response_mask, mini.totals[source], fns.agg_mode, info.world_size)
-                on_policy = _on_policy_filler(plan, fns, rows, correction_sums) if skip_old else None
+                scale = micro_loss_scale(
+                    micro.response_mask, mini.totals[source], fns.agg_mode, info.world_size
+                )
+                on_policy = (
+                    _on_policy_filler(plan, fns, rows, correction_sums) if skip_old else None
+                )
                 loss, micro_metrics = _micro_loss(actor, micro, fns, step, on_policy)
                 engine.backward(actor, loss * scale)
                 sums.add(micro_metrics, scale / info.world_size / updates, fractions[source])
@@ -248,14 +314,24 @@ def train_step(actor: engine.Actor, ref: engine.Reference | None, exps: Sequence
     if bool(plan.rows.expert.any()) and not fns.sft:
         metrics["batch_expert_samples"] = int(plan.rows.expert.sum())
     metrics.update(
-        grad_norm=sum(grad_norms) / len(grad_norms), lr=engine.current_lr(actor),
+        grad_norm=sum(grad_norms) / len(grad_norms),
+        lr=engine.current_lr(actor),
         advantages_mean=float(adv_rows.mean()) if len(adv_rows) else 0.0,
         advantages_std=float(adv_rows.std()) if len(adv_rows) > 1 else 0.0,
-        response_length_mean=float(mask.sum(-1).mean()), response_length_max=float(mask.sum(-1).max()),
+        response_length_mean=float(mask.sum(-1).mean()),
+        response_length_max=float(mask.sum(-1).max()),
         micro_batches=sum(len(mini.micro_rows) for mini in plan.minis),
-        time_prepare_s=t_prep, old_logprobs_skipped=int(skip_old),
-        time_forward_backward_s=t_fb, time_optimizer_s=t_opt,
+        time_prepare_s=t_prep,
+        old_logprobs_skipped=int(skip_old),
+        time_forward_backward_s=t_fb,
+        time_optimizer_s=t_opt,
     )
-    metrics.update({UPDATES: updates, BATCH_EXPERIENCES: len(exps), BATCH_TOKENS: plan.num_tokens,
-                    OLD_LOGPROBS_TIME_S: t_old})
+    metrics.update(
+        {
+            UPDATES: updates,
+            BATCH_EXPERIENCES: len(exps),
+            BATCH_TOKENS: plan.num_tokens,
+            OLD_LOGPROBS_TIME_S: t_old,
+        }
+    )
     return metrics

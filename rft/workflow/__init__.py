@@ -14,6 +14,16 @@ from rft.workflow.registry import WORKFLOWS, register_workflow
 from rft.workflow.task import GenerationArgs, Task
 from rft.workflow.tools import ToolBox
 
-__all__ = ["EID", "Experience", "GenerationArgs", "ModelWrapper", "MultiTurnWorkflow",
-           "StepWiseRewardWorkflow", "Task", "ToolBox", "WORKFLOWS", "Workflow",
-           "register_workflow"]
+__all__ = [
+    "EID",
+    "Experience",
+    "GenerationArgs",
+    "ModelWrapper",
+    "MultiTurnWorkflow",
+    "StepWiseRewardWorkflow",
+    "Task",
+    "ToolBox",
+    "WORKFLOWS",
+    "Workflow",
+    "register_workflow",
+]

@@ -43,8 +43,9 @@ class Workflow:
         self.run_id_base = run_id_base
 
     def run(self) -> list[Experience]:
-        raise NotImplementedError(f"{type(self).__name__} defines no run() (or set is_async and "
-                                  "define run_async())")
+        raise NotImplementedError(
+            f"{type(self).__name__} defines no run() (or set is_async and define run_async())"
+        )
 
     async def run_async(self) -> list[Experience]:
         raise NotImplementedError(f"{type(self).__name__} sets is_async but defines no run_async()")
@@ -55,9 +56,13 @@ class MultiTurnWorkflow(Workflow):
 
     can_repeat = True
 
-    def process_messages_to_experience(self, messages: Messages, reward: float,
-                                       info: Optional[dict] = None,
-                                       truncate_status: Optional[str] = None) -> Experience:
+    def process_messages_to_experience(
+        self,
+        messages: Messages,
+        reward: float,
+        info: Optional[dict] = None,
+        truncate_status: Optional[str] = None,
+    ) -> Experience:
         """The sample of ``messages``: the model's own tokens and log-probs for every assistant
         turn, the chat template's tokens between them (masked), ``reward`` on it. Every
         assistant message must be a reply of ``self.model`` in this episode, as returned."""
@@ -67,16 +72,28 @@ class MultiTurnWorkflow(Workflow):
                 f"{type(self).__name__}.process_messages_to_experience: the assistant messages are "
                 "not replies of self.model in this episode as returned (rft trains the engine's own "
                 "tokens only); append each reply as {'role': 'assistant', 'content': "
-                "response.response_text}")
+                "response.response_text}"
+            )
         info = dict(info or {})
-        metrics = {k: float(v) for k, v in info.items()
-                   if isinstance(v, (int, float)) and not isinstance(v, bool)}
-        return Experience(tokens=thread.tokens, prompt_length=len(thread.prompt_ids),
-                          logprobs=thread.logprobs, action_mask=thread.action_mask, reward=reward,
-                          info=info, metrics=metrics, truncate_status=truncate_status,
-                          response_text=None, finish_reason=thread.finish_reason,
-                          model_version=min(thread.versions) if thread.versions else None,
-                          eid=EID(run=self.run_id_base))
+        metrics = {
+            k: float(v)
+            for k, v in info.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        return Experience(
+            tokens=thread.tokens,
+            prompt_length=len(thread.prompt_ids),
+            logprobs=thread.logprobs,
+            action_mask=thread.action_mask,
+            reward=reward,
+            info=info,
+            metrics=metrics,
+            truncate_status=truncate_status,
+            response_text=None,
+            finish_reason=thread.finish_reason,
+            model_version=min(thread.versions) if thread.versions else None,
+            eid=EID(run=self.run_id_base),
+        )
 
 
 class StepWiseRewardWorkflow(Workflow):
@@ -84,8 +101,14 @@ class StepWiseRewardWorkflow(Workflow):
     multi_step_grpo``): ``step(step_num)`` talks to the model and says whether to go on,
     ``reward(exps, step_num)`` scores the step's replies, ``max_step_num`` bounds the run."""
 
-    def __init__(self, *, task: Task, model: ModelWrapper, auxiliary_models: Optional[list] = None,
-                 use_openai_client: bool = False):
+    def __init__(
+        self,
+        *,
+        task: Task,
+        model: ModelWrapper,
+        auxiliary_models: Optional[list] = None,
+        use_openai_client: bool = False,
+    ):
         super().__init__(task=task, model=model, auxiliary_models=auxiliary_models)
         self.client = model.get_openai_client() if use_openai_client else None
 
@@ -123,11 +146,13 @@ def workflow_signature_problem(cls: Any) -> Optional[str]:
     try:
         inspect.signature(cls).bind(task=None, model=None, auxiliary_models=None)
     except TypeError as e:
-        return (f"{cls.__qualname__}(*, task, model, auxiliary_models=None) cannot be called: {e}")
+        return f"{cls.__qualname__}(*, task, model, auxiliary_models=None) cannot be called: {e}"
     if cls.is_async and cls.run_async is Workflow.run_async:
         return f"{cls.__qualname__} sets is_async = True but defines no async run_async()"
     if not cls.is_async and cls.run is Workflow.run:
-        return f"{cls.__qualname__} defines no run() (or set is_async = True and define run_async())"
+        return (
+            f"{cls.__qualname__} defines no run() (or set is_async = True and define run_async())"
+        )
     if cls.can_reset and cls.reset is Workflow.reset:
         return f"{cls.__qualname__} sets can_reset = True but defines no reset(task)"
     return None

@@ -34,23 +34,37 @@ class Completion:
 class ChatTemplate:
     """A tokenizer's chat template: renders messages and says what it adds around turns."""
 
-    def __init__(self, tokenizer: Any, chat_template: Optional[str] = None,
-                 enable_thinking: Optional[bool] = None):
+    def __init__(
+        self,
+        tokenizer: Any,
+        chat_template: Optional[str] = None,
+        enable_thinking: Optional[bool] = None,
+    ):
         self.tokenizer = tokenizer
         self.lock = threading.Lock()  # episodes run in threads; one tokenizer call at a time
         self.chat_template = chat_template
         self.extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
 
-    def render(self, messages: Messages, *, tools: Optional[list] = None,
-               add_generation_prompt: bool = True, continue_final: bool = False) -> str:
+    def render(
+        self,
+        messages: Messages,
+        *,
+        tools: Optional[list] = None,
+        add_generation_prompt: bool = True,
+        continue_final: bool = False,
+    ) -> str:
         kwargs = dict(self.extra)
         if tools:
             kwargs["tools"] = tools
         with self.lock:
             return self.tokenizer.apply_chat_template(
-                messages, tokenize=False, chat_template=self.chat_template,
+                messages,
+                tokenize=False,
+                chat_template=self.chat_template,
                 add_generation_prompt=add_generation_prompt and not continue_final,
-                continue_final_message=continue_final, **kwargs)
+                continue_final_message=continue_final,
+                **kwargs,
+            )
 
     def encode(self, text: str) -> list[int]:
         with self.lock:
@@ -64,11 +78,12 @@ class ChatTemplate:
     def end_of_turn(self) -> str:
         """Text the template writes right after an assistant message's content (ChatML:
         ``<|im_end|>\\n``)."""
-        probe = self.render([{"role": "user", "content": "hi"},
-                             {"role": "assistant", "content": _SENTINEL}],
-                            add_generation_prompt=False)
+        probe = self.render(
+            [{"role": "user", "content": "hi"}, {"role": "assistant", "content": _SENTINEL}],
+            add_generation_prompt=False,
+        )
         at = probe.rfind(_SENTINEL)
-        return "" if at < 0 else probe[at + len(_SENTINEL):]
+        return "" if at < 0 else probe[at + len(_SENTINEL) :]
 
     def owed_after(self, response_ids: Sequence[int]) -> str:
         """Text the template still adds after a model turn that ended with ``response_ids``: the
@@ -77,7 +92,7 @@ class ChatTemplate:
         if response_ids:
             last = self.decode(response_ids[-1:])
             if last and end.startswith(last):
-                return end[len(last):]
+                return end[len(last) :]
         return end
 
 
@@ -116,8 +131,9 @@ class History:
         self.threads: list[Thread] = []
         self.prefix_breaks = 0  # calls whose history the template re-rendered differently
 
-    def prompt_for(self, messages: Messages, tools: Optional[list] = None,
-                   continue_final: bool = False) -> tuple[list[int], Optional[Thread]]:
+    def prompt_for(
+        self, messages: Messages, tools: Optional[list] = None, continue_final: bool = False
+    ) -> tuple[list[int], Optional[Thread]]:
         """Prompt ids for a call with ``messages`` and the thread it extends (None: a new one).
         Extending, the ids are the thread's own tokens, then the template's text between the
         model's last token and the next generation prompt, encoded alone."""
@@ -126,7 +142,7 @@ class History:
             before = self.template.render(parent.messages, tools=tools, add_generation_prompt=False)
             after = self.template.render(messages, tools=tools)
             if after.startswith(before):
-                added = self.template.owed_after(parent.response_ids) + after[len(before):]
+                added = self.template.owed_after(parent.response_ids) + after[len(before) :]
                 return parent.tokens + self.template.encode(added), parent
             self.prefix_breaks += 1
         text = self.template.render(messages, tools=tools, continue_final=continue_final)
@@ -138,25 +154,41 @@ class History:
         best = None
         for thread in self.threads:
             k = len(thread.messages)
-            if (k < len(messages) and thread.tools == tools
-                    and all(_same_message(a, b) for a, b in zip(thread.messages, messages))
-                    and all(m.get("role") != "assistant" for m in messages[k:])
-                    and (best is None or k > len(best.messages))):
+            if (
+                k < len(messages)
+                and thread.tools == tools
+                and all(_same_message(a, b) for a, b in zip(thread.messages, messages))
+                and all(m.get("role") != "assistant" for m in messages[k:])
+                and (best is None or k > len(best.messages))
+            ):
                 best = thread
         return best
 
-    def record(self, messages: Messages, tools: Optional[list], prompt_ids: list[int],
-               parent: Optional[Thread], completion: Completion,
-               reply: dict[str, Any]) -> Thread:
+    def record(
+        self,
+        messages: Messages,
+        tools: Optional[list],
+        prompt_ids: list[int],
+        parent: Optional[Thread],
+        completion: Completion,
+        reply: dict[str, Any],
+    ) -> Thread:
         """The thread after the model answered ``messages`` with ``completion`` (``reply``: the
         assistant message as the workflow will append it)."""
         if parent is None:
             thread = Thread(list(messages) + [reply], tools, list(prompt_ids))
         else:
-            added = prompt_ids[len(parent.tokens):]
-            thread = Thread(list(messages) + [reply], tools, list(parent.prompt_ids),
-                            parent.response_ids + added, parent.logprobs + [0.0] * len(added),
-                            parent.action_mask + [0] * len(added), parent.turns, parent.versions)
+            added = prompt_ids[len(parent.tokens) :]
+            thread = Thread(
+                list(messages) + [reply],
+                tools,
+                list(parent.prompt_ids),
+                parent.response_ids + added,
+                parent.logprobs + [0.0] * len(added),
+                parent.action_mask + [0] * len(added),
+                parent.turns,
+                parent.versions,
+            )
             parent.extended = True
         thread.response_ids += completion.response_ids
         thread.logprobs += completion.logprobs
@@ -174,9 +206,10 @@ class History:
     def find(self, messages: Messages) -> Optional[Thread]:
         """The sample covering ``messages`` up to their last assistant message, if any."""
         last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=-1)
-        wanted = messages[:last + 1]
+        wanted = messages[: last + 1]
         for thread in reversed(self.threads):
             if len(thread.messages) == len(wanted) and all(
-                    _same_message(a, b) for a, b in zip(thread.messages, wanted)):
+                _same_message(a, b) for a, b in zip(thread.messages, wanted)
+            ):
                 return thread
         return None

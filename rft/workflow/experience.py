@@ -63,26 +63,32 @@ class Experience:
 
     @property
     def response_ids(self) -> list[int]:
-        return list(self.tokens[self.prompt_length:])
+        return list(self.tokens[self.prompt_length :])
 
     @property
     def prompt_ids(self) -> list[int]:
-        return list(self.tokens[:self.prompt_length])
+        return list(self.tokens[: self.prompt_length])
 
     def check(self, who: str) -> None:
         """WorkflowError naming ``who`` (the workflow) when the fields do not fit together."""
         n = len(self.tokens) - self.prompt_length
         if self.prompt_length < 1 or n < 1:
-            raise WorkflowError(f"{who} returned an experience with prompt_length "
-                                f"{self.prompt_length} of {len(self.tokens)} tokens: it needs at "
-                                "least one prompt and one response token")
+            raise WorkflowError(
+                f"{who} returned an experience with prompt_length "
+                f"{self.prompt_length} of {len(self.tokens)} tokens: it needs at "
+                "least one prompt and one response token"
+            )
         for name in ("logprobs", "action_mask"):
             values = getattr(self, name)
             if values is not None and len(values) != n:
-                raise WorkflowError(f"{who} returned an experience with {len(values)} {name} for "
-                                    f"{n} response tokens: give one per response token")
+                raise WorkflowError(
+                    f"{who} returned an experience with {len(values)} {name} for "
+                    f"{n} response tokens: give one per response token"
+                )
         if self.action_mask is not None and any(v not in (0, 1) for v in self.action_mask):
             raise WorkflowError(f"{who} returned an action_mask with values other than 0 and 1")
         if self.reward is None:
-            raise WorkflowError(f"{who} returned an experience without a reward: set "
-                                "experience.reward before returning it")
+            raise WorkflowError(
+                f"{who} returned an experience without a reward: set "
+                "experience.reward before returning it"
+            )

@@ -19,14 +19,20 @@ class MathEvalWorkflow(Workflow):
 
     def messages(self) -> list[dict]:
         question = self.task.task_desc or ""
-        return [{"role": "system", "content": "You are a helpful assistant."},
-                {"role": "user", "content": f"{question}\nPlease reason step by step, and put "
-                                            "your final answer within \\boxed{}."}]
+        return [
+            {"role": "system", "content": "You are a helpful assistant."},
+            {
+                "role": "user",
+                "content": f"{question}\nPlease reason step by step, and put "
+                "your final answer within \\boxed{}.",
+            },
+        ]
 
     def score(self, replies: list[Experience]) -> list[Experience]:
         for reply in replies:
-            correct = float(answers_match(last_boxed(reply.response_text or "") or "",
-                                          self.task.truth or ""))
+            correct = float(
+                answers_match(last_boxed(reply.response_text or "") or "", self.task.truth or "")
+            )
             reply.reward = correct
             reply.metrics["accuracy"] = correct
         return replies

@@ -31,8 +31,9 @@ class GenerationService(Protocol):
 
     max_model_len: Optional[int]  # prompt + response tokens the engine holds
 
-    def submit(self, prompt_ids: list[int], args: GenerationArgs,
-               stop: Sequence[str]) -> "Future[list[Completion]]": ...
+    def submit(
+        self, prompt_ids: list[int], args: GenerationArgs, stop: Sequence[str]
+    ) -> "Future[list[Completion]]": ...
 
     def parse_tool_calls(self, text: str, tools: list) -> tuple[str, list[dict]]: ...
 
@@ -44,8 +45,9 @@ class ModelWrapper:
 
     enable_history = True  # Trinity's flag: calls are recorded (always, here)
 
-    def __init__(self, service: GenerationService, template: ChatTemplate,
-                 defaults: GenerationArgs):
+    def __init__(
+        self, service: GenerationService, template: ChatTemplate, defaults: GenerationArgs
+    ):
         self.service = service
         self.template = template
         self.defaults = defaults  # the task's rollout_args
@@ -76,8 +78,10 @@ class ModelWrapper:
         return [e for (_, finish), r in zip(pending, results) for e in finish(r)]
 
     def get_openai_client(self) -> Any:
-        raise WorkflowError("model.get_openai_client(): rft has no OpenAI-compatible endpoint per "
-                            "explorer yet; call model.chat(messages, tools=...) instead")
+        raise WorkflowError(
+            "model.get_openai_client(): rft has no OpenAI-compatible endpoint per "
+            "explorer yet; call model.chat(messages, tools=...) instead"
+        )
 
     get_openai_async_client = get_openai_client
 
@@ -98,12 +102,17 @@ class ModelWrapper:
     def _args(self, kwargs: dict[str, Any]) -> tuple[GenerationArgs, list[str], Optional[list]]:
         unknown = sorted(set(kwargs) - CALL_KEYS)
         if unknown:
-            raise WorkflowError(f"model call with unknown argument(s) {unknown}; the model handle "
-                                f"takes {sorted(CALL_KEYS)}")
+            raise WorkflowError(
+                f"model call with unknown argument(s) {unknown}; the model handle "
+                f"takes {sorted(CALL_KEYS)}"
+            )
         fields = {k: v for k, v in kwargs.items() if k not in ("stop", "tools") and v is not None}
         stop = kwargs.get("stop") or []
-        return (dataclasses.replace(self.defaults, **fields),
-                [stop] if isinstance(stop, str) else list(stop), kwargs.get("tools") or None)
+        return (
+            dataclasses.replace(self.defaults, **fields),
+            [stop] if isinstance(stop, str) else list(stop),
+            kwargs.get("tools") or None,
+        )
 
     def _check(self) -> None:
         if self.cancelled:
@@ -116,7 +125,9 @@ class ModelWrapper:
         if limit is None:
             return args
         room = limit - len(prompt_ids)
-        return None if room < 1 else dataclasses.replace(args, max_tokens=min(args.max_tokens, room))
+        return (
+            None if room < 1 else dataclasses.replace(args, max_tokens=min(args.max_tokens, room))
+        )
 
     def _submit_chat(self, messages: Messages, kwargs: dict[str, Any]):
         self._check()
@@ -125,7 +136,11 @@ class ModelWrapper:
         continue_final = bool(messages) and messages[-1].get("role") == "assistant"
         prompt_ids, parent = self.history.prompt_for(messages, tools, continue_final)
         fitted = self._room(prompt_ids, args)
-        future = _nothing_to_wait_for() if fitted is None else self.service.submit(prompt_ids, fitted, stop)
+        future = (
+            _nothing_to_wait_for()
+            if fitted is None
+            else self.service.submit(prompt_ids, fitted, stop)
+        )
 
         def finish(completions: list[Completion]) -> list[Experience]:
             if fitted is None:
@@ -142,6 +157,7 @@ class ModelWrapper:
                 replies.append(_reply(completion, calls, reasoning, content))
             self.calls.extend(replies)
             return replies
+
         return future, finish
 
     def _submit_text(self, prompt: str, kwargs: dict[str, Any]):
@@ -149,7 +165,11 @@ class ModelWrapper:
         args, stop, _ = self._args(kwargs)
         prompt_ids = self.template.encode(prompt)
         fitted = self._room(prompt_ids, args)
-        future = _nothing_to_wait_for() if fitted is None else self.service.submit(prompt_ids, fitted, stop)
+        future = (
+            _nothing_to_wait_for()
+            if fitted is None
+            else self.service.submit(prompt_ids, fitted, stop)
+        )
 
         def finish(completions: list[Completion]) -> list[Experience]:
             if fitted is None:
@@ -157,6 +177,7 @@ class ModelWrapper:
             replies = [_reply(c, []) for c in completions]
             self.calls.extend(replies)
             return replies
+
         return future, finish
 
 
@@ -169,16 +190,33 @@ def _nothing_to_wait_for() -> "Future[list[Completion]]":
 
 def _prompt_truncated(prompt_ids: list[int]) -> Experience:
     """Trinity's reply to a prompt with no room left: no response, ``prompt_truncated``."""
-    return Experience(tokens=prompt_ids, prompt_length=len(prompt_ids), logprobs=[],
-                      action_mask=[], response_text="", truncate_status="prompt_truncated",
-                      finish_reason="length")
+    return Experience(
+        tokens=prompt_ids,
+        prompt_length=len(prompt_ids),
+        logprobs=[],
+        action_mask=[],
+        response_text="",
+        truncate_status="prompt_truncated",
+        finish_reason="length",
+    )
 
 
-def _reply(c: Completion, tool_calls: list[dict], reasoning: Optional[str] = None,
-           content: Optional[str] = None) -> Experience:
-    return Experience(tokens=c.prompt_ids + c.response_ids, prompt_length=len(c.prompt_ids),
-                      logprobs=c.logprobs, action_mask=[1] * len(c.response_ids),
-                      response_text=c.text, model_version=c.model_version, tool_calls=tool_calls,
-                      reasoning_content=reasoning, content=c.text if content is None else content,
-                      finish_reason=c.finish_reason,
-                      truncate_status="response_truncated" if c.finish_reason == "length" else None)
+def _reply(
+    c: Completion,
+    tool_calls: list[dict],
+    reasoning: Optional[str] = None,
+    content: Optional[str] = None,
+) -> Experience:
+    return Experience(
+        tokens=c.prompt_ids + c.response_ids,
+        prompt_length=len(c.prompt_ids),
+        logprobs=c.logprobs,
+        action_mask=[1] * len(c.response_ids),
+        response_text=c.text,
+        model_version=c.model_version,
+        tool_calls=tool_calls,
+        reasoning_content=reasoning,
+        content=c.text if content is None else content,
+        finish_reason=c.finish_reason,
+        truncate_status="response_truncated" if c.finish_reason == "length" else None,
+    )

@@ -23,8 +23,11 @@ from rft.workflow.base import workflow_signature_problem
 
 log = logging.getLogger(__name__)
 
-SHIPPED_MODULES = ("rft.workflow.envs.calculator", "rft.workflow.envs.guess_number",
-                   "rft.workflow.math_eval")
+SHIPPED_MODULES = (
+    "rft.workflow.envs.calculator",
+    "rft.workflow.envs.guess_number",
+    "rft.workflow.math_eval",
+)
 
 # Trinity-RFT workflows that drive an environment rft does not ship: what to bring instead.
 OUTSIDE_ENVIRONMENTS = {
@@ -49,10 +52,13 @@ class Registry:
         def add(cls: type) -> type:
             known = self.classes.get(name)
             if known is not None and known is not cls and not force:
-                raise WorkflowError(f"{self.kind} name {name!r} is taken by "
-                                    f"{known.__module__}.{known.__qualname__}; pick another name")
+                raise WorkflowError(
+                    f"{self.kind} name {name!r} is taken by "
+                    f"{known.__module__}.{known.__qualname__}; pick another name"
+                )
             self.classes[name] = cls
             return cls
+
         return add
 
     def get(self, name: str) -> Optional[type]:
@@ -70,8 +76,11 @@ def register_workflow(name: str) -> Callable[[type], type]:
 def plugin_dirs(extra: Iterable[str] = ()) -> list[Path]:
     """Plugin directories: ``extra`` (``--plugin-dir``), then both environment variables."""
     found: list[Path] = []
-    for spec in [*extra, os.environ.get(PLUGIN_DIRS_ENV, ""),
-                 os.environ.get(TRINITY_PLUGIN_DIRS_ENV, "")]:
+    for spec in [
+        *extra,
+        os.environ.get(PLUGIN_DIRS_ENV, ""),
+        os.environ.get(TRINITY_PLUGIN_DIRS_ENV, ""),
+    ]:
         for part in str(spec).split(os.pathsep):
             if part and Path(part).absolute() not in found:
                 found.append(Path(part).absolute())
@@ -89,8 +98,10 @@ def load_plugins(extra: Iterable[str] = ()) -> list[str]:
         if folder in _loaded:
             continue
         if not folder.is_dir():
-            raise WorkflowError(f"plugin directory {folder} does not exist (from --plugin-dir, "
-                                f"{PLUGIN_DIRS_ENV} or {TRINITY_PLUGIN_DIRS_ENV}); fix the path")
+            raise WorkflowError(
+                f"plugin directory {folder} does not exist (from --plugin-dir, "
+                f"{PLUGIN_DIRS_ENV} or {TRINITY_PLUGIN_DIRS_ENV}); fix the path"
+            )
         if str(folder) not in sys.path:
             sys.path.insert(0, str(folder))
         for entry in sorted(folder.iterdir()):
@@ -101,8 +112,9 @@ def load_plugins(extra: Iterable[str] = ()) -> list[str]:
             try:
                 importlib.import_module(name)
             except Exception as e:
-                raise WorkflowError(f"plugin module {entry} failed to import: "
-                                    f"{type(e).__name__}: {e}") from e
+                raise WorkflowError(
+                    f"plugin module {entry} failed to import: {type(e).__name__}: {e}"
+                ) from e
             imported.append(name)
         _loaded.add(folder)
         log.info("plugins from %s: %s", folder, imported or "none")
@@ -116,15 +128,19 @@ def _import_class(spec: str) -> type:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
-        raise WorkflowError(f"workflow {spec!r}: cannot import module {module_name!r} ({e}); put "
-                            f"its folder in a plugin directory (--plugin-dir or {PLUGIN_DIRS_ENV}) "
-                            "or on PYTHONPATH") from e
+        raise WorkflowError(
+            f"workflow {spec!r}: cannot import module {module_name!r} ({e}); put "
+            f"its folder in a plugin directory (--plugin-dir or {PLUGIN_DIRS_ENV}) "
+            "or on PYTHONPATH"
+        ) from e
     cls = getattr(module, attr, None)
     if cls is None:
         names = [n for n in vars(module) if not n.startswith("_")]
-        raise WorkflowError(f"workflow {spec!r}: module {module_name!r} "
-                            f"({getattr(module, '__file__', '?')}) has no {attr!r}."
-                            f"{did_you_mean(attr, names)}")
+        raise WorkflowError(
+            f"workflow {spec!r}: module {module_name!r} "
+            f"({getattr(module, '__file__', '?')}) has no {attr!r}."
+            f"{did_you_mean(attr, names)}"
+        )
     return cls
 
 
@@ -140,13 +156,16 @@ def workflow_class(spec: str, builtin_names: Iterable[str] = ()) -> type:
             f"workflow {spec!r} is Trinity-RFT's and drives {OUTSIDE_ENVIRONMENTS[spec]}, which "
             "rft does not ship. Bring it as a plugin: a module with a rft.workflow.Workflow "
             f"subclass registered as @register_workflow({spec!r}) in a --plugin-dir / "
-            f"{PLUGIN_DIRS_ENV} folder, with the environment installed on the compute nodes")
+            f"{PLUGIN_DIRS_ENV} folder, with the environment installed on the compute nodes"
+        )
     if cls is None and ("." in spec or ":" in spec):
         cls = _import_class(spec)
     if cls is None:
         known = sorted([*builtin_names, *WORKFLOWS.classes])
-        raise WorkflowError(f"workflow {spec!r} is not a known name ({known}) nor a "
-                            f"'pkg.module.Class' path.{did_you_mean(spec, known)}")
+        raise WorkflowError(
+            f"workflow {spec!r} is not a known name ({known}) nor a "
+            f"'pkg.module.Class' path.{did_you_mean(spec, known)}"
+        )
     problem = workflow_signature_problem(cls)
     if problem:
         raise WorkflowError(f"workflow {spec!r}: {problem}")

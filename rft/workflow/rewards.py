@@ -39,6 +39,7 @@ _THINK_ANSWER_RE = re.compile(r"\s*<think>(.*?)</think>\s*<answer>(.*?)</answer>
 
 # ----------------------------------------------------------------------------- extraction
 
+
 def last_answer_tag(text: str) -> str | None:
     """Content of the last complete ``<answer>...</answer>``, stripped; None if there is none."""
     found = _ANSWER_RE.findall(text)
@@ -69,7 +70,7 @@ def _braced_content(text: str, pos: int) -> str | None:
         elif text[i] == "}":
             depth -= 1
             if depth == 0:
-                return text[pos + 1:i]
+                return text[pos + 1 : i]
     return None
 
 
@@ -160,17 +161,22 @@ def _math_verify_equal(predicted: str, truth: str) -> bool:
     # signal.alarm-based timeouts raise ValueError outside the main thread: there it runs with
     # timeouts, elsewhere without (it cannot hang on the fast path's numbers, but a
     # pathological expression could be slow).
-    timeout_s = MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+    timeout_s = (
+        MATH_VERIFY_TIMEOUT_S if threading.current_thread() is threading.main_thread() else None
+    )
     try:
         gold, pred = _mv_parse(truth, timeout_s), _mv_parse(predicted, timeout_s)
         return bool(gold and pred and verify(gold, pred, timeout_seconds=timeout_s))
     # any math_verify error or timeout counts as a wrong answer, never an exception
     except (Exception, TimeoutException):  # TimeoutException is a BaseException
-        log.debug("math_verify failed on %r vs %r; counted as wrong", predicted, truth, exc_info=True)
+        log.debug(
+            "math_verify failed on %r vs %r; counted as wrong", predicted, truth, exc_info=True
+        )
         return False
 
 
 # ----------------------------------------------------------------------------- reward functions
+
 
 def has_think_answer_format(text: str) -> bool:
     """One ``<think>...</think>`` then one ``<answer>...</answer>``, only whitespace around."""
@@ -178,7 +184,11 @@ def has_think_answer_format(text: str) -> bool:
     if match is None:
         return False
     think, answer = match.groups()
-    return not any(tag in part for part in (think, answer) for tag in ("<think>", "</think>", "<answer>", "</answer>"))
+    return not any(
+        tag in part
+        for part in (think, answer)
+        for tag in ("<think>", "</think>", "<answer>", "</answer>")
+    )
 
 
 def _format_part(ok: bool) -> float:
@@ -234,22 +244,33 @@ _EQUATION_CHARS = re.compile(r"^[\d+\-*/().\s]+$")
 _DAPO_ANSWER = re.compile(r"(?i)answer\s*:\s*([^\n]+)")
 
 
-_ARITHMETIC = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-               ast.Div: operator.truediv, ast.USub: operator.neg, ast.UAdd: operator.pos}
+_ARITHMETIC = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
 
 
 def arithmetic_value(expression: str) -> float:
     """The value of an expression of numbers, + - * / and parentheses (nothing else: no names,
     no powers); ValueError or ZeroDivisionError otherwise."""
+
     def value(node: ast.AST) -> float:
-        if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) \
-                and not isinstance(node.value, bool):
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, (int, float))
+            and not isinstance(node.value, bool)
+        ):
             return node.value
         if isinstance(node, ast.BinOp) and type(node.op) in _ARITHMETIC:
             return _ARITHMETIC[type(node.op)](value(node.left), value(node.right))
         if isinstance(node, ast.UnaryOp) and type(node.op) in _ARITHMETIC:
             return _ARITHMETIC[type(node.op)](value(node.operand))
         raise ValueError("only numbers and + - * / ( ) are allowed")
+
     try:
         return float(value(ast.parse(expression.strip(), mode="eval").body))
     except SyntaxError as e:
@@ -286,10 +307,16 @@ def countdown_reward(response: str, truth: str) -> RewardParts:
     return {"score": 1.0 if abs(value - target) < 1e-5 else FORMAT_SCORE}
 
 
-def math_dapo_reward(response: str, truth: str, *, response_length: int = 0,
-                     enable_overlong_penalty: bool = False, penalty_factor: float | None = None,
-                     max_response_length: int | None = None,
-                     cache_length: int | None = None) -> RewardParts:
+def math_dapo_reward(
+    response: str,
+    truth: str,
+    *,
+    response_length: int = 0,
+    enable_overlong_penalty: bool = False,
+    penalty_factor: float | None = None,
+    max_response_length: int | None = None,
+    cache_length: int | None = None,
+) -> RewardParts:
     """DAPO's math reward (Trinity's ``math_dapo_reward``): +1 for a right last ``Answer: X``
     line, -1 otherwise (``accuracy`` 1/0 plus ``wrong_answer`` 0/-1), and with
     ``enable_overlong_penalty`` the soft overlong penalty in ``format_score``: 0 up to
@@ -299,18 +326,25 @@ def math_dapo_reward(response: str, truth: str, *, response_length: int = 0,
     correct = bool(found) and answers_match(found[-1].strip(), truth)
     penalty = 0.0
     if enable_overlong_penalty:
-        if None in (penalty_factor, max_response_length, cache_length) \
-                or max_response_length <= cache_length:
-            raise ConfigError("math_dapo_reward with enable_overlong_penalty needs penalty_factor, "
-                              "max_response_length and cache_length (max_response_length > "
-                              "cache_length) in reward_fn_args")
+        if (
+            None in (penalty_factor, max_response_length, cache_length)
+            or max_response_length <= cache_length
+        ):
+            raise ConfigError(
+                "math_dapo_reward with enable_overlong_penalty needs penalty_factor, "
+                "max_response_length and cache_length (max_response_length > "
+                "cache_length) in reward_fn_args"
+            )
         expected = max_response_length - cache_length
         if response_length > max_response_length:
             penalty = -float(penalty_factor)
         elif response_length > expected:
             penalty = (expected - response_length) / cache_length * penalty_factor
-    return {"accuracy": float(correct), "wrong_answer": 0.0 if correct else -1.0,
-            "format_score": penalty}
+    return {
+        "accuracy": float(correct),
+        "wrong_answer": 0.0 if correct else -1.0,
+        "format_score": penalty,
+    }
 
 
 def takes_response_length(fn: RewardFn) -> bool:
@@ -369,8 +403,12 @@ def reward_model_part_names(count: int) -> list[str]:
     return [REWARD_MODEL_PART] if count == 1 else [f"{REWARD_MODEL_PART}_{i}" for i in range(count)]
 
 
-def combine_reward(rule_parts: Mapping[str, float], model_scores: Sequence[float],
-                   rule_weight: float = 1.0, reward_model_weight: float = 1.0) -> tuple[float, RewardParts]:
+def combine_reward(
+    rule_parts: Mapping[str, float],
+    model_scores: Sequence[float],
+    rule_weight: float = 1.0,
+    reward_model_weight: float = 1.0,
+) -> tuple[float, RewardParts]:
     """The reward of a sample scored by a rule and by reward models, and all its parts.
 
     reward = rule_weight * sum(rule parts) + reward_model_weight * sum(model scores); the parts
@@ -380,13 +418,16 @@ def combine_reward(rule_parts: Mapping[str, float], model_scores: Sequence[float
     names = reward_model_part_names(len(model_scores)) if model_scores else []
     clash = sorted(set(names) & set(rule_parts))
     if clash:
-        raise ConfigError(f"the rule reward returned part(s) {clash}, the name(s) of the reward "
-                          "model scores (explorer.auxiliary_models); rename them in the reward function")
+        raise ConfigError(
+            f"the rule reward returned part(s) {clash}, the name(s) of the reward "
+            "model scores (explorer.auxiliary_models); rename them in the reward function"
+        )
     reward = rule_weight * total_reward(rule_parts) + reward_model_weight * float(sum(model_scores))
     return float(reward), {**rule_parts, **{n: float(s) for n, s in zip(names, model_scores)}}
 
 
 # ----------------------------------------------------------------------------- resolution
+
 
 def _import_user_fn(spec: str) -> Callable[..., Any]:
     """``pkg.module:function`` (or ``pkg.module.function``) -> the callable."""
@@ -444,13 +485,17 @@ def get_reward_fn(name_or_path: str, args: Mapping[str, Any] | None = None) -> R
         fn = REWARD_FNS[name_or_path]
         if not args:
             return fn
-        takes = [p.name for p in inspect.signature(fn).parameters.values()
-                 if p.kind is p.KEYWORD_ONLY and p.name != "response_length"]
+        takes = [
+            p.name
+            for p in inspect.signature(fn).parameters.values()
+            if p.kind is p.KEYWORD_ONLY and p.name != "response_length"
+        ]
         unknown = sorted(set(args) - set(takes))
         if unknown:
             raise ConfigError(
                 f"reward_fn_args {unknown}: the built-in reward {name_or_path!r} takes "
-                f"{takes or 'no arguments'}.{did_you_mean(unknown[0], takes)}")
+                f"{takes or 'no arguments'}.{did_you_mean(unknown[0], takes)}"
+            )
         bound = functools.partial(fn, **args)
         bound("", "")  # a bad combination of arguments fails here, at load (the login node)
         return bound

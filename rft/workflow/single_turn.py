@@ -58,20 +58,25 @@ class Recipe:
 
     def ground_truth(self, row: Mapping[str, Any], fmt: Any) -> str:
         """The reference answer of ``row`` (GSM8K ``####`` number, last ``\\boxed{}``, or text)."""
-        return extract_ground_truth(str(column(row, format_field(fmt, "response_key") or "response")))
+        return extract_ground_truth(
+            str(column(row, format_field(fmt, "response_key") or "response"))
+        )
 
-    def score(self, response: str, truth: str, reply_prefix: str | None = None,
-              response_length: int = 0) -> RewardParts:
+    def score(
+        self, response: str, truth: str, reply_prefix: str | None = None, response_length: int = 0
+    ) -> RewardParts:
         """Reward parts of a generated ``response`` (without the prefix) against ``truth``;
         ``response_length`` (tokens) reaches a reward that takes it (math_dapo_reward). The
         reward function is given ``reply_prefix + response``, so tags opened in the prefix count."""
         if takes_response_length(self.reward_fn):
-            return self.reward_fn((reply_prefix or "") + response, truth,
-                                  response_length=response_length)
+            return self.reward_fn(
+                (reply_prefix or "") + response, truth, response_length=response_length
+            )
         return self.reward_fn((reply_prefix or "") + response, truth)
 
-    def reward(self, rule_parts: RewardParts,
-               model_scores: Sequence[float] = ()) -> tuple[float, RewardParts]:
+    def reward(
+        self, rule_parts: RewardParts, model_scores: Sequence[float] = ()
+    ) -> tuple[float, RewardParts]:
         """The scalar reward and every part: :func:`~rft.workflow.rewards.combine_reward` with
         this workflow's weights (``model_scores``: one per reward model, config order)."""
         w = self.reward_weights
@@ -87,21 +92,31 @@ _BUILTIN = {
     "simple_workflow": (None, "accuracy_reward"),
 }
 # Trinity's async twins: the same recipe (the explorer batches every prompt of a step anyway).
-ALIASES = {"async_simple_workflow": "simple_workflow", "async_math_workflow": "math_workflow",
-           "async_math_boxed_workflow": "math_boxed_workflow"}
+ALIASES = {
+    "async_simple_workflow": "simple_workflow",
+    "async_math_workflow": "math_workflow",
+    "async_math_boxed_workflow": "math_boxed_workflow",
+}
 WORKFLOWS: tuple[str, ...] = (*_BUILTIN, *ALIASES)
 
 
 def get_workflow(
-    name: str, reward_fn: str | None = None, reward_fn_args: Mapping[str, Any] | None = None,
+    name: str,
+    reward_fn: str | None = None,
+    reward_fn_args: Mapping[str, Any] | None = None,
     reward_weights: RewardWeights = RewardWeights(),
 ) -> Recipe:
     """The single-turn workflow ``name``; ``reward_fn`` (built-in name or ``package.module:function``)
     replaces its default reward, ``reward_fn_args`` are bound to the reward function (without
     the reward weights: :func:`rft.config.auxiliary.split_reward_weights`)."""
     if name not in WORKFLOWS:
-        raise ConfigError(f"workflow {name!r} is not one of {list(WORKFLOWS)}."
-                          f"{did_you_mean(name, WORKFLOWS)}")
+        raise ConfigError(
+            f"workflow {name!r} is not one of {list(WORKFLOWS)}.{did_you_mean(name, WORKFLOWS)}"
+        )
     system_prompt, default_reward = _BUILTIN[ALIASES.get(name, name)]
-    return Recipe(name, system_prompt, get_reward_fn(reward_fn or default_reward, reward_fn_args),
-                    reward_weights)
+    return Recipe(
+        name,
+        system_prompt,
+        get_reward_fn(reward_fn or default_reward, reward_fn_args),
+        reward_weights,
+    )

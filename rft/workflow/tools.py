@@ -23,8 +23,14 @@ from typing import Callable, Optional, Sequence, Union
 
 from rft.errors import WorkflowError
 
-_JSON_TYPES = {int: "integer", float: "number", str: "string", bool: "boolean", list: "array",
-               dict: "object"}
+_JSON_TYPES = {
+    int: "integer",
+    float: "number",
+    str: "string",
+    bool: "boolean",
+    list: "array",
+    dict: "object",
+}
 MAX_RESULT_CHARS = 4000  # longer tool output is cut (the model's context is finite)
 
 
@@ -72,17 +78,27 @@ def _tool(fn: Union[Callable, str]) -> Tool:
             raise WorkflowError(f"tool {fn!r}: cannot import it ({e})") from e
     module, name = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
     if not module or module == "__main__" or "." in name or "<" in name:
-        raise WorkflowError(f"tool {fn!r} must be a function at the top level of an importable "
-                            "module (the call runs in a fresh process that imports it)")
+        raise WorkflowError(
+            f"tool {fn!r} must be a function at the top level of an importable "
+            "module (the call runs in a fresh process that imports it)"
+        )
     params = {}
     for p in inspect.signature(fn).parameters.values():
         kind = _JSON_TYPES.get(p.annotation if isinstance(p.annotation, type) else str, "string")
         params[p.name] = {"type": kind}
-    required = [p.name for p in inspect.signature(fn).parameters.values()
-                if p.default is inspect.Parameter.empty]
-    schema = {"type": "function", "function": {
-        "name": fn.__name__, "description": inspect.getdoc(fn) or fn.__name__,
-        "parameters": {"type": "object", "properties": params, "required": required}}}
+    required = [
+        p.name
+        for p in inspect.signature(fn).parameters.values()
+        if p.default is inspect.Parameter.empty
+    ]
+    schema = {
+        "type": "function",
+        "function": {
+            "name": fn.__name__,
+            "description": inspect.getdoc(fn) or fn.__name__,
+            "parameters": {"type": "object", "properties": params, "required": required},
+        },
+    }
     return Tool(fn.__name__, f"{module}:{fn.__name__}", schema)
 
 
@@ -90,8 +106,13 @@ class ToolBox:
     """A workflow's tools: ``call`` runs one in a subprocess with ``call_timeout_s``; after
     ``episode_timeout_s`` of tool time in this toolbox, every further call fails at once."""
 
-    def __init__(self, functions: Sequence[Union[Callable, str]], *, call_timeout_s: float = 10.0,
-                 episode_timeout_s: Optional[float] = None):
+    def __init__(
+        self,
+        functions: Sequence[Union[Callable, str]],
+        *,
+        call_timeout_s: float = 10.0,
+        episode_timeout_s: Optional[float] = None,
+    ):
         self.tools = {t.name: t for t in map(_tool, functions)}
         self.call_timeout_s = call_timeout_s
         self.episode_timeout_s = episode_timeout_s
@@ -126,12 +147,18 @@ class ToolBox:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
         start = time.monotonic()
         try:
-            done = subprocess.run([sys.executable, "-m", "rft.workflow.tool_worker", tool.spec],
-                                  input=json.dumps(args), capture_output=True, text=True,
-                                  timeout=limit_s, env=env)
+            done = subprocess.run(
+                [sys.executable, "-m", "rft.workflow.tool_worker", tool.spec],
+                input=json.dumps(args),
+                capture_output=True,
+                text=True,
+                timeout=limit_s,
+                env=env,
+            )
         except subprocess.TimeoutExpired:
-            return ToolResult(f"error: {tool.name} took longer than {limit_s:g}s and was stopped",
-                              False, True)
+            return ToolResult(
+                f"error: {tool.name} took longer than {limit_s:g}s and was stopped", False, True
+            )
         finally:
             self.spent_s += time.monotonic() - start
         try:
@@ -151,13 +178,17 @@ class ToolBox:
         for call in tool_calls:
             fn = call.get("function", {})
             result = self.call(fn.get("name", ""), fn.get("arguments"))
-            messages.append({"role": "tool", "tool_call_id": call.get("id", ""),
-                             "content": result.content})
+            messages.append(
+                {"role": "tool", "tool_call_id": call.get("id", ""), "content": result.content}
+            )
         return messages
 
 
 def counts_since(before: tuple[int, int, int]) -> dict[str, int]:
     """Tool calls, errors and timeouts since ``before`` (a :data:`COUNTS` snapshot)."""
     now = COUNTS.snapshot()
-    return {"calls": now[0] - before[0], "errors": now[1] - before[1],
-            "timeouts": now[2] - before[2]}
+    return {
+        "calls": now[0] - before[0],
+        "errors": now[1] - before[1],
+        "timeouts": now[2] - before[2],
+    }

@@ -37,11 +37,17 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--bf16", action="store_true")
     p.add_argument("--train-steps", type=int, default=2)
     p.add_argument("--flat", action="store_true", help="move DeepSpeed's files into actor/ itself")
-    p.add_argument("--hf-files", action="store_true", help="write config+tokenizer to actor/huggingface/")
+    p.add_argument(
+        "--hf-files", action="store_true", help="write config+tokenizer to actor/huggingface/"
+    )
     p.add_argument("--freeze", default=None, help="freeze parameters whose name contains this")
     p.add_argument("--seq-len", type=int, default=16)
-    p.add_argument("--lr", type=float, default=1e-2, help="large by default so that weights visibly move")
-    p.add_argument("--lora", type=int, default=0, help="train a LoRA adapter of this rank (0: full model)")
+    p.add_argument(
+        "--lr", type=float, default=1e-2, help="large by default so that weights visibly move"
+    )
+    p.add_argument(
+        "--lora", type=int, default=0, help="train a LoRA adapter of this rank (0: full model)"
+    )
     return p.parse_args()
 
 
@@ -62,7 +68,9 @@ def wrap_lora(model: torch.nn.Module, rank: int, base_dir: str) -> torch.nn.Modu
     """The model with a LoRA adapter on every linear layer (PEFT's init: B = 0), base frozen."""
     from peft import LoraConfig, get_peft_model
 
-    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules="all-linear", task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=rank, lora_alpha=2 * rank, target_modules="all-linear", task_type="CAUSAL_LM"
+    )
     wrapped = get_peft_model(model, config)
     wrapped.peft_config["default"].base_model_name_or_path = base_dir
     return wrapped
@@ -71,7 +79,9 @@ def wrap_lora(model: torch.nn.Module, rank: int, base_dir: str) -> torch.nn.Modu
 def save_adapter(engine, folder: Path, rank: int) -> None:
     """The PEFT adapter folder of the engine's module (gathered first under ZeRO-3)."""
     trainable = [p for p in engine.module.parameters() if p.requires_grad]
-    with deepspeed.zero.GatheredParameters(trainable, enabled=engine.zero_optimization_stage() == 3):
+    with deepspeed.zero.GatheredParameters(
+        trainable, enabled=engine.zero_optimization_stage() == 3
+    ):
         if rank == 0:
             engine.module.save_pretrained(str(folder))
 
@@ -89,8 +99,11 @@ def main() -> None:
             if args.freeze in name:
                 p.requires_grad_(False)
     params = [p for p in model.parameters() if p.requires_grad]
-    engine, *_ = deepspeed.initialize(model=model, model_parameters=params,
-                                      config=ds_config(args.stage, args.bf16, world, args.lr))
+    engine, *_ = deepspeed.initialize(
+        model=model,
+        model_parameters=params,
+        config=ds_config(args.stage, args.bf16, world, args.lr),
+    )
     vocab = model.config.vocab_size
     gen = torch.Generator().manual_seed(100 + rank)
     for _ in range(args.train_steps):
@@ -99,13 +112,16 @@ def main() -> None:
         engine.backward(loss)
         engine.step()
     engine.eval()
-    eval_ids = torch.randint(0, vocab, (2, args.seq_len), generator=torch.Generator().manual_seed(EVAL_SEED))
+    eval_ids = torch.randint(
+        0, vocab, (2, args.seq_len), generator=torch.Generator().manual_seed(EVAL_SEED)
+    )
     with torch.no_grad():
         logits = engine(input_ids=eval_ids).logits.float()
     step_dir = Path(args.step_dir)
     actor = step_dir / "actor"
-    engine.save_checkpoint(str(actor), tag=f"global_step{args.train_steps}",
-                           exclude_frozen_parameters=bool(args.lora))
+    engine.save_checkpoint(
+        str(actor), tag=f"global_step{args.train_steps}", exclude_frozen_parameters=bool(args.lora)
+    )
     if args.lora and args.hf_files:
         save_adapter(engine, actor / "huggingface", rank)
     dist.barrier()

@@ -47,7 +47,9 @@ def main() -> None:
     actor.mkdir(parents=True, exist_ok=True)
     torch.save(model.state_dict(), actor / f"model_world_size_{world}_rank_{rank}.pt")
     if rank == 0:
-        torch.save({"input_ids": eval_ids, "logits": logits}, Path(args.step_dir) / "reference_logits.pt")
+        torch.save(
+            {"input_ids": eval_ids, "logits": logits}, Path(args.step_dir) / "reference_logits.pt"
+        )
         hf = actor / "huggingface"
         hf.mkdir(exist_ok=True)
         model.config.save_pretrained(hf)

@@ -40,8 +40,10 @@ class CalculatorWorkflow(MultiTurnWorkflow):
         args = self.task.workflow_args
         tools = ToolBox([evaluate], call_timeout_s=float(args.get("tool_timeout_s", 5)))
         system = self.task.format_args.system_prompt or SYSTEM_PROMPT
-        messages = [{"role": "system", "content": system},
-                    {"role": "user", "content": f"{self.task.task_desc or ''} Use the calculator."}]
+        messages = [
+            {"role": "system", "content": system},
+            {"role": "user", "content": f"{self.task.task_desc or ''} Use the calculator."},
+        ]
         calls = 0
         for _ in range(int(args.get("max_env_steps", 4))):
             reply = self.model.chat(messages, stop=["</calc>"])[0]
@@ -62,5 +64,10 @@ class CalculatorWorkflow(MultiTurnWorkflow):
         # An episode that ends on a calculator call (the turns ran out) has no answer.
         answer = last_answer_tag(final) or ("" if _CALC.search(final) else last_number(final)) or ""
         correct = answers_match(answer, self.task.truth or "")
-        return [self.process_messages_to_experience(
-            messages, float(correct), info={"accuracy": float(correct), "calculator_calls": calls})]
+        return [
+            self.process_messages_to_experience(
+                messages,
+                float(correct),
+                info={"accuracy": float(correct), "calculator_calls": calls},
+            )
+        ]

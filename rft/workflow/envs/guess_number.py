@@ -23,8 +23,10 @@ class GuessNumberWorkflow(MultiTurnWorkflow):
     def run(self) -> list[Experience]:
         row = self.task.raw_task or {}
         target, low, high = int(row["target"]), int(row["low"]), int(row["high"])
-        prompt = (f"I picked a whole number from {low} to {high}. Guess it. Reply with one "
-                  "number only; I will say whether the number is higher or lower.")
+        prompt = (
+            f"I picked a whole number from {low} to {high}. Guess it. Reply with one "
+            "number only; I will say whether the number is higher or lower."
+        )
         messages = [{"role": "user", "content": prompt}]
         found, turns = False, 0
         for _ in range(int(self.task.workflow_args.get("max_env_steps", 4))):
@@ -43,5 +45,8 @@ class GuessNumberWorkflow(MultiTurnWorkflow):
             else:
                 feedback = "Higher." if target > guess else "Lower."
             messages.append({"role": "user", "content": feedback})
-        return [self.process_messages_to_experience(
-            messages, float(found), info={"accuracy": float(found), "guesses": turns})]
+        return [
+            self.process_messages_to_experience(
+                messages, float(found), info={"accuracy": float(found), "guesses": turns}
+            )
+        ]
