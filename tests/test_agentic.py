@@ -23,6 +23,12 @@ from tests.test_explorer import read_segments
 from tests.test_local_run import rft_run
 
 PLUGINS = Path(__file__).resolve().parent / "fixtures" / "plugins"
+# ChatML that shows earlier assistant turns as "..." (as templates that strip reasoning do).
+HIDING_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n"
+    "{% if m.role == 'assistant' and not loop.last %}...{% else %}{{ m.content }}{% endif %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 sys.path.insert(0, str(PLUGINS))  # the scripted workflows' tools import from here
 import scripted  # noqa: E402
 
@@ -100,13 +106,7 @@ def test_a_reply_cut_at_max_tokens_owes_the_whole_end_of_turn(template):
 def test_a_template_that_rewrites_history_splits_the_episode(smollm2_tokenizer_dir):
     from transformers import AutoTokenizer
 
-    # Earlier assistant turns lose their text (as templates that strip reasoning do).
-    strip = (
-        "{% for m in messages %}<|im_start|>{{ m.role }}\n{% if m.role == 'assistant' and not loop.last %}"
-        "...{% else %}{{ m.content }}{% endif %}<|im_end|>\n{% endfor %}"
-        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-    )
-    template = ChatTemplate(AutoTokenizer.from_pretrained(smollm2_tokenizer_dir), strip)
+    template = ChatTemplate(AutoTokenizer.from_pretrained(smollm2_tokenizer_dir), HIDING_TEMPLATE)
     history = History(template)
     messages = [{"role": "user", "content": "hi"}]
     ids, _ = history.prompt_for(messages)
@@ -119,7 +119,9 @@ def test_a_template_that_rewrites_history_splits_the_episode(smollm2_tokenizer_d
     history.record(
         messages, None, ids2, None, second, {"role": "assistant", "content": second.text}
     )
-    assert [s.turns for s in history.samples()] == [1, 1]  # two samples, never mixed
+    first_part, second_part = history.samples()
+    assert [first_part.turns, second_part.turns] == [1, 1]  # two samples, never mixed
+    assert second_part.predecessor is first_part and first_part.predecessor is None
 
 
 def test_edited_history_starts_a_new_sample(template):
@@ -629,3 +631,24 @@ def test_sbatch_script_exports_the_plugin_dirs(monkeypatch):
     monkeypatch.setenv(registry.PLUGIN_DIRS_ENV, "/site/my plugins")
     text = slurm.render(cfg, Path("/c.yaml"), [], python="py", workdir=Path("/w"))
     assert "export RFT_PLUGIN_DIRS='/site/my plugins'" in text.splitlines()
+
+
+@pytest.mark.integration
+def test_a_template_that_rewrites_history_gives_per_turn_samples_on_the_engine(
+    engine, vllm_model_dir, tmp_path, plugins
+):
+    """With a chat template that hides earlier replies, each turn is its own sample (never a
+    mixed one), counted in episodes/prefix_breaks, and each still carries the engine's tokens."""
+    data = rows_file(tmp_path / "d" / "train.jsonl", [{"question": "q", "answer": "x"}])
+    cfg = agent_cfg(tmp_path, vllm_model_dir, data, "scripted_turns", workflow_args={"turns": 2})
+    cfg.model.custom_chat_template = HIDING_TEMPLATE
+    metrics, records = explore(engine, cfg)
+    assert metrics["episodes/prefix_breaks"] == 2  # one per episode: its second call
+    # Each episode gives two one-turn samples with the episode's reward: the first turn's, and
+    # the second's, whose prompt shows the first reply as the template rendered it ("...").
+    assert len(records) == 4 and all(r.action_mask == [] and r.reward == 1.0 for r in records)
+    split = [r for r in records if r.info.get("split_part")]
+    assert len(split) == 2 and all(
+        "..." not in engine.tokenizer.decode(r.prompt_ids) for r in split
+    )
+    assert all("..." in engine.tokenizer.decode(r.prompt_ids) for r in records if r not in split)

@@ -229,6 +229,8 @@ def _run_workflow(job: EpisodeJob, model: ModelWrapper) -> list[Experience]:
             f"{type(workflow).__name__}.run returned {type(result).__name__}: it "
             "must return a list of rft.workflow.Experience"
         )
+    returned = {id(exp) for exp in result}
+    result = result + [exp for exp in model.split_samples if id(exp) not in returned]
     for exp in result:
         exp.check(type(workflow).__name__)
     return result

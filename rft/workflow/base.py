@@ -13,7 +13,7 @@ import logging
 from typing import Any, Optional
 
 from rft.errors import WorkflowError
-from rft.workflow.conversation import Messages
+from rft.workflow.conversation import Messages, Thread
 from rft.workflow.experience import EID, Experience
 from rft.workflow.model import ModelWrapper
 from rft.workflow.task import Task
@@ -80,6 +80,23 @@ class MultiTurnWorkflow(Workflow):
             for k, v in info.items()
             if isinstance(v, (int, float)) and not isinstance(v, bool)
         }
+        # A prefix break split the conversation: its earlier parts are trained too, same reward.
+        part = thread.predecessor
+        while part is not None:
+            self.model.split_samples.append(
+                self._sample(part, reward, {**info, "split_part": True}, metrics, None)
+            )
+            part = part.predecessor
+        return self._sample(thread, reward, info, metrics, truncate_status)
+
+    def _sample(
+        self,
+        thread: Thread,
+        reward: float,
+        info: dict,
+        metrics: dict,
+        truncate_status: Optional[str],
+    ) -> Experience:
         return Experience(
             tokens=thread.tokens,
             prompt_length=len(thread.prompt_ids),

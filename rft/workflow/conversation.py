@@ -110,6 +110,8 @@ class Thread:
     versions: tuple[int, ...] = ()  # weights versions of its turns
     finish_reason: str = ""  # of the last turn
     extended: bool = False  # a later thread continues this one (so this is not a sample)
+    # The sample this conversation was in before a prefix break started this one (or None).
+    predecessor: Optional["Thread"] = None
 
     @property
     def tokens(self) -> list[int]:
@@ -176,7 +178,13 @@ class History:
         """The thread after the model answered ``messages`` with ``completion`` (``reply``: the
         assistant message as the workflow will append it)."""
         if parent is None:
-            thread = Thread(list(messages) + [reply], tools, list(prompt_ids))
+            # A conversation that could not be continued token for token goes on here.
+            thread = Thread(
+                list(messages) + [reply],
+                tools,
+                list(prompt_ids),
+                predecessor=self._extendable(messages, tools),
+            )
         else:
             added = prompt_ids[len(parent.tokens) :]
             thread = Thread(

@@ -53,6 +53,8 @@ class ModelWrapper:
         self.defaults = defaults  # the task's rollout_args
         self.history = History(template)
         self.calls: list[Experience] = []  # every reply, for extract_experience_from_history
+        # Earlier parts of conversations a prefix break split (the explorer trains them too).
+        self.split_samples: list[Experience] = []
         self.model_calls = 0
         self.cancelled: Optional[str] = None  # why the explorer stopped the episode
 
