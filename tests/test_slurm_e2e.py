@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -161,9 +162,12 @@ def test_heterogeneous_job_script_end_to_end(slurm_cluster, vllm_model_dir, tmp_
 
 
 def test_requeue_resumes_without_consuming_twice(slurm_cluster, vllm_model_dir, tmp_path):
+    # A step takes about 0.5 s here and the requeue lands a few seconds after the second trainer
+    # step: with 16 steps the requeued explorer surely has steps left, so it must rejoin.
+    total = 16
     out = tmp_path / "job.out"
     overrides = run_overrides(
-        vllm_model_dir, tmp_path, "buffer.total_steps=6", "trainer.save_interval=1"
+        vllm_model_dir, tmp_path, f"buffer.total_steps={total}", "trainer.save_interval=1"
     )
     job = submit(
         slurm_cluster,
@@ -178,14 +182,18 @@ def test_requeue_resumes_without_consuming_twice(slurm_cluster, vllm_model_dir, 
     state = wait_job(slurm_cluster, job)
     assert state == "COMPLETED", show_logs(out, run_dir)
     steps = trainer_steps(run_dir)
-    assert steps[-1] == 6 and set(steps) == set(range(1, 7)), steps
+    assert steps[-1] == total and set(steps) == set(range(1, total + 1)), steps
     # Each step consumed its own 4 experiences: one consumed twice would have moved to a later
     # step (same id, one row) and left a step short.
-    assert archived_per_step(run_dir) == {s: 4 for s in range(1, 7)}
+    assert archived_per_step(run_dir) == {s: 4 for s in range(1, total + 1)}
     # sync_method nccl: the requeued trainer opened a new rendezvous, the explorer joined it.
     log = out.read_text()
-    assert log.count("explorers rendezvous at") == 2
-    assert log.rindex("formed with ['explorer-0']") > log.rindex("explorers rendezvous at")
+    resumed = [int(s) for s in re.findall(r"explorer-0 resumes after step (\d+)", log)]
+    assert resumed and resumed[-1] < total, ("the requeue came too late", show_logs(out, run_dir))
+    assert log.count("explorers rendezvous at") == 2, show_logs(out, run_dir)
+    assert log.rindex("formed with ['explorer-0']") > log.rindex("explorers rendezvous at"), (
+        show_logs(out, run_dir)
+    )
 
 
 def test_async_jobs_with_an_explorer_added_and_one_killed(slurm_cluster, vllm_model_dir, tmp_path):
