@@ -12,7 +12,9 @@ import json
 import os
 import socket
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
+
+from rft.errors import storage_errors
 
 TMP_MARK = ".tmp"
 
@@ -49,23 +51,33 @@ def write_bytes(path: Path | str, data: bytes, overwrite: bool = True) -> None:
     """
     path = Path(path)
     tmp = tmp_name(path)
-    try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if overwrite:
-            os.replace(tmp, path)
-        else:  # link() fails if path exists: no check-then-replace window between two writers
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                raise FileExistsError(f"{path} already exists and is never rewritten") from None
-            tmp.unlink()
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    with storage_errors(path):  # a full disk, a read-only folder: one message naming path
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            if overwrite:
+                os.replace(tmp, path)
+            else:  # link() fails if path exists: no check-then-replace window between writers
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    raise FileExistsError(f"{path} already exists and is never rewritten") from None
+                tmp.unlink()
+        except BaseException:
+            discard(tmp)
+            raise
     fsync_dir(path.parent)
+
+
+def discard(path: Path) -> None:
+    """Delete a temporary file after a failed write, if the filesystem lets us (a read-only one
+    refuses even that: then the write's own error is the one to report)."""
+    try:
+        path.unlink(missing_ok=True)
+    except OSError:
+        pass
 
 
 def write_text(path: Path | str, text: str) -> None:
@@ -94,10 +106,11 @@ def publish_dir(tmp_dir: Path | str, final_dir: Path | str) -> None:
     writers chose one name, which is a bug in the caller.
     """
     tmp_dir, final_dir = Path(tmp_dir), Path(final_dir)
-    fsync_tree(tmp_dir)
-    if final_dir.exists():
-        raise FileExistsError(f"{final_dir} already exists; published folders never change")
-    os.rename(tmp_dir, final_dir)
+    with storage_errors(final_dir, "publish"):
+        fsync_tree(tmp_dir)
+        if final_dir.exists():
+            raise FileExistsError(f"{final_dir} already exists; published folders never change")
+        os.rename(tmp_dir, final_dir)
     fsync_dir(final_dir.parent)
 
 
@@ -148,25 +161,28 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def remove_stale_tmp(folder: Path | str, prefix: str = "") -> list[Path]:
-    """Delete temporaries in ``folder`` (names starting with ``prefix``) left by dead processes
-    of this host; return them.
+def remove_stale_tmp(
+    folder: Path | str, prefix: str = "", alive: Callable[[str, int], bool] | None = None
+) -> list[Path]:
+    """Delete temporaries in ``folder`` (names starting with ``prefix``) whose writer is dead;
+    return them.
 
-    Temporaries of other hosts are left alone: this host cannot tell whether their writer still
-    runs. A restarted writer calls this before writing, so a crash leaves no lasting debris.
+    ``alive(host, pid)`` says whether a writer still runs; by default only this host's pids
+    are probed and temporaries of other hosts are left alone (this host cannot tell). A
+    restarted writer calls this before writing, so a crash leaves no lasting debris.
     """
     import shutil
 
     host = socket.gethostname()
+    alive = alive or (lambda h, pid: h != host or pid_alive(pid))
     removed = []
     for entry in sorted(Path(folder).iterdir()):
         owner = tmp_owner(entry)
         if (
             not entry.name.startswith(prefix)
             or owner is None
-            or owner[0] != host
-            or owner[1] == os.getpid()
-            or pid_alive(owner[1])
+            or owner == (host, os.getpid())
+            or alive(*owner)
         ):
             continue
         if entry.is_dir() and not entry.is_symlink():

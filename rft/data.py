@@ -25,9 +25,9 @@ if TYPE_CHECKING:
 
     from rft.config.schema import Config, FormatConfig
 
-    Format = FormatConfig | Mapping[str, str] | None  # a taskset's format, as config or YAML
+    Format = FormatConfig | Mapping[str, Any] | None  # a taskset's format, as config or YAML
 
-Messages = list[dict[str, str]]
+Messages = list[dict[str, Any]]  # chat messages: role, content (tool_calls...)
 
 EXTENSIONS = {
     ".parquet": "parquet",
@@ -203,12 +203,8 @@ def read_columns(source: DatasetSource) -> list[str]:
     if source.format == "parquet":
         import pyarrow.parquet as pq
 
-        try:
-            return list(pq.read_schema(first).names)
-        except Exception as e:  # pyarrow raises several types for damaged files
-            raise DataError(
-                f"{first}: cannot read the parquet schema ({e}); is the file complete?"
-            ) from e
+        check_parquet_files(source.files)
+        return list(pq.read_schema(first).names)
     if source.format == "json":
         return _json_columns(first)
     if source.format == "csv":
@@ -220,6 +216,24 @@ def read_columns(source: DatasetSource) -> list[str]:
 
     with pa.memory_map(str(first)) as stream:
         return list(pa.ipc.open_stream(stream).schema.names)
+
+
+def check_parquet_files(files: Sequence[Path]) -> None:
+    """Every parquet shard must open: its footer (schema, row groups) and the first row of its
+    first row group are read. DataError naming the first damaged shard: datasets and a plain
+    pyarrow read fail on it with a traceback, or name shard 0."""
+    import pyarrow.parquet as pq
+
+    for number, file in enumerate(files, 1):
+        try:
+            with pq.ParquetFile(file) as parquet:
+                next(parquet.iter_batches(batch_size=1), None)
+        except Exception as e:  # pyarrow raises several types for damaged files
+            which = f" (shard {number} of {len(files)})" if len(files) > 1 else ""
+            raise DataError(
+                f"{file}{which}: cannot read the parquet schema or its first rows ({e}); the "
+                "file was copied or downloaded incompletely: fetch it again"
+            ) from e
 
 
 def _json_columns(file: Path) -> list[str]:
@@ -257,9 +271,12 @@ def check_columns(columns: list[str], required: dict[str, str], where: str) -> N
     for key, column in required.items():
         if column not in columns:
             hint = nearest(column, columns)
+            advice = format_advice(columns, required)
+            lead = "" if key.startswith(where) else f"{where}: "  # the key path names it
             raise DataError(
-                f"{where}: {key}={column!r} is not a column of the dataset (columns: "
+                f"{lead}{key}={column!r} is not a column of the dataset (columns: "
                 f"{', '.join(columns)}){f'; did you mean {hint!r}?' if hint else ''}"
+                f"{f'; {advice}' if advice else ''}"
             )
 
 
@@ -268,7 +285,11 @@ def count_rows(source: DatasetSource) -> int | None:
     if source.format == "parquet":
         import pyarrow.parquet as pq
 
-        return sum(pq.ParquetFile(f).metadata.num_rows for f in source.files)
+        try:
+            return sum(pq.ParquetFile(f).metadata.num_rows for f in source.files)
+        except Exception:  # pyarrow's own error names no file
+            check_parquet_files(source.files)  # raises a DataError naming the damaged shard
+            raise
     if source.format == "json" and all(f.suffix.lower() == ".jsonl" for f in source.files):
         total = 0
         for f in source.files:
@@ -300,6 +321,11 @@ def _load(source: DatasetSource, label: str) -> datasets.Dataset:
             keep_in_memory=True,
         )
     except Exception as e:  # datasets raises many types for unreadable files
+        if source.format == "parquet":
+            try:
+                check_parquet_files(source.files)
+            except DataError as damaged:  # names the damaged shard, not the first
+                raise DataError(f"{label}: {damaged}") from e
         raise DataError(f"{label}: cannot load {source.files[0]} ({e})") from e
     finally:
         shutil.rmtree(cache, ignore_errors=True)
@@ -320,8 +346,14 @@ def load_split(
 
 # ----------------------------------------------------------------------------- columns, messages
 
+# Trinity's FormatConfig.messages_key default, used when prompt_type is messages and no
+# messages_key is given (rft's own default is unset: prompt_key/response_key rows).
+DEFAULT_MESSAGES_KEY = "message"
+# Column names that usually hold a chat (for the advice of a failed column check).
+CHAT_COLUMNS = ("messages", "message", "conversations", "conversation", "chat", "dialog")
 
-def format_field(fmt: Format, key: str) -> str | None:
+
+def format_field(fmt: Format, key: str) -> Any:
     """A ``format`` field (``prompt_key``, ``response_key``...) from a FormatConfig, a mapping,
     or None (then None)."""
     if fmt is None:
@@ -331,53 +363,184 @@ def format_field(fmt: Format, key: str) -> str | None:
     return getattr(fmt, key, None)
 
 
+def prompt_type(fmt: Format) -> str:
+    """The row shape (Trinity's ``format.prompt_type``): ``messages``, ``plaintext`` or
+    ``chatpair``; unset, ``messages`` when ``messages_key`` is set, else ``plaintext``."""
+    return format_field(fmt, "prompt_type") or (
+        "messages" if format_field(fmt, "messages_key") else "plaintext"
+    )
+
+
+def messages_key(fmt: Format) -> str:
+    """The column of a ``messages`` row (Trinity's default ``message`` when unset)."""
+    return format_field(fmt, "messages_key") or DEFAULT_MESSAGES_KEY
+
+
+def _key(fmt: Format, key: str, default: str) -> str:
+    return format_field(fmt, key) or default
+
+
+def _prompt_columns(fmt: Format, prefix: str) -> dict[str, str]:
+    """The columns holding the prompt: the chat (messages) or ``prompt_key`` (plaintext,
+    chatpair), and ``system_prompt_key`` when set."""
+    shape = prompt_type(fmt)
+    out = (
+        {f"{prefix}.messages_key": messages_key(fmt)}
+        if shape == "messages"
+        else {f"{prefix}.prompt_key": _key(fmt, "prompt_key", "prompt")}
+    )
+    system = format_field(fmt, "system_prompt_key")
+    if system and shape != "messages":
+        out[f"{prefix}.system_prompt_key"] = system
+    return out
+
+
+def _prefix(label: str) -> str:
+    return f"{label}.format" if label else "format"
+
+
 def task_columns(fmt: Format, label: str = "") -> dict[str, str]:
     """Columns a taskset must have (config key -> column): the prompt, or the messages, and the
     reference answer, which every reward compares with."""
-    prefix = f"{label}.format" if label else "format"
-    prompt = "messages_key" if format_field(fmt, "messages_key") else "prompt_key"
+    prefix = _prefix(label)
     return {
-        f"{prefix}.{prompt}": format_field(fmt, prompt) or "prompt",
-        f"{prefix}.response_key": format_field(fmt, "response_key") or "response",
+        **_prompt_columns(fmt, prefix),
+        f"{prefix}.response_key": _key(fmt, "response_key", "response"),
     }
 
 
 def expert_columns(fmt: Format, label: str = "") -> dict[str, str]:
-    """Columns an SFT/expert dataset must have: messages ending with the reply, or prompt and
-    response."""
-    prefix = f"{label}.format" if label else "format"
-    if format_field(fmt, "messages_key"):
-        return {f"{prefix}.messages_key": format_field(fmt, "messages_key")}
+    """Columns an SFT/expert dataset must have: messages ending with the reply (``messages``),
+    or prompt and response (``plaintext``: text; ``chatpair``: messages)."""
+    prefix = _prefix(label)
+    if prompt_type(fmt) == "messages":
+        return _prompt_columns(fmt, prefix)
+    return task_columns(fmt, label)
+
+
+def pair_columns(fmt: Format, label: str = "") -> dict[str, str]:
+    """Columns a DPO dataset must have: the prompt (as :func:`expert_columns`) and the chosen
+    and rejected replies."""
+    prefix = _prefix(label)
     return {
-        f"{prefix}.prompt_key": format_field(fmt, "prompt_key") or "prompt",
-        f"{prefix}.response_key": format_field(fmt, "response_key") or "response",
+        **_prompt_columns(fmt, prefix),
+        f"{prefix}.chosen_key": _key(fmt, "chosen_key", "chosen"),
+        f"{prefix}.rejected_key": _key(fmt, "rejected_key", "rejected"),
     }
+
+
+def trains_pairs(cfg: Config) -> bool:
+    """Whether the trainer's dataset holds preference pairs (``algorithm.policy_loss_fn: dpo``)."""
+    return cfg.algorithm.policy_loss_fn == "dpo"
+
+
+def trainer_dataset_columns(cfg: Config, label: str, buf: Any) -> dict[str, str]:
+    """Columns of a trainer-input dataset ``buf`` at key path ``label``: pairs for DPO's
+    experience buffer (:func:`pair_columns`), else SFT/expert rows (:func:`expert_columns`)."""
+    pairs = trains_pairs(cfg) and label.endswith("experience_buffer")
+    return (pair_columns if pairs else expert_columns)(buf.format, label)
+
+
+def format_advice(columns: Sequence[str], required: Mapping[str, str]) -> str:
+    """What to set when the dataset's columns do not fit ``required`` (config key -> column):
+    a chat column for a prompt/response format, prompt/response columns for a messages one."""
+    keys = {key.rpartition(".")[2]: key.rpartition(".")[0] for key in required}
+    chat = next((c for c in CHAT_COLUMNS if c in columns), None)
+    if "prompt_key" in keys and chat is not None:
+        prefix = keys["prompt_key"]
+        return (
+            f"the dataset has a `{chat}` column: set {prefix}.prompt_type: messages and "
+            f"{prefix}.messages_key: {chat}"
+        )
+    if "messages_key" in keys:
+        prefix = keys["messages_key"]
+        if chat is not None:
+            return f"the dataset has a `{chat}` column: set {prefix}.messages_key: {chat}"
+        if "prompt" in columns:
+            return (
+                f"the dataset has a `prompt` column: set {prefix}.prompt_type: plaintext "
+                f"(text) or chatpair (messages), and {prefix}.prompt_key / response_key"
+            )
+    return ""
 
 
 def column(row: Mapping[str, Any], key: str) -> Any:
     """``row[key]``, or DataError naming the row's columns and the format keys to fix."""
     if key not in row:
         raise DataError(
-            f"task row has no column {key!r}; its columns are {sorted(row)}. Set the taskset's "
-            f"format (prompt_key / response_key / messages_key) to the right column."
+            f"row has no column {key!r}; its columns are {sorted(row)}. Set the format "
+            f"(prompt_type, prompt_key / response_key / messages_key / chosen_key / "
+            f"rejected_key) to the right columns."
         )
     return row[key]
 
 
-def _row_messages(row: Mapping[str, Any], key: str) -> Messages:
-    value = column(row, key)
-    ok = isinstance(value, list) and all(
-        isinstance(m, Mapping)
-        and isinstance(m.get("role"), str)
-        and isinstance(m.get("content"), str)
-        for m in value
+def _message(value: Any, where: str) -> dict[str, Any]:
+    """One chat message: a role and a text content (None only beside ``tool_calls``); keys a
+    table gave every row (None here) are left out."""
+    ok = (
+        isinstance(value, Mapping)
+        and isinstance(value.get("role"), str)
+        and (isinstance(value.get("content"), str) or bool(value.get("tool_calls")))
     )
-    if not ok or not value:
+    if not ok:
         raise DataError(
-            f"task column {key!r} must be a non-empty list of {{'role': str, 'content': str}} "
-            f"messages; got {str(value)[:200]!r}."
+            f"{where} must hold {{'role': str, 'content': str}} messages; got {str(value)[:200]!r}."
         )
-    return [{"role": m["role"], "content": m["content"]} for m in value]
+    return {k: v for k, v in value.items() if v is not None}
+
+
+def _as_messages(value: Any, role: str, where: str, *, parse_json: bool = False) -> Messages:
+    """``value`` as a non-empty message list: a list of messages, one message, or a text (one
+    ``role`` message); with ``parse_json`` a JSON-encoded list is decoded first (Trinity's)."""
+    if parse_json and isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{where} is a string but not JSON-encoded messages ({e})") from e
+    if isinstance(value, str):
+        return [{"role": role, "content": value}]
+    items = [value] if isinstance(value, Mapping) else value
+    if not isinstance(items, list) or not items:
+        raise DataError(f"{where} must be a non-empty list of messages; got {str(value)[:200]!r}.")
+    return [_message(m, where) for m in items]
+
+
+def _with_system(
+    messages: Messages, row: Mapping[str, Any], fmt: Format, default: str | None
+) -> Messages:
+    """``messages`` led by the row's ``system_prompt_key`` column, else ``format.system_prompt``,
+    else ``default``, unless they already start with a system message."""
+    key = format_field(fmt, "system_prompt_key")
+    system = str(column(row, key)) if key else format_field(fmt, "system_prompt") or default
+    if system and messages[0]["role"] != "system":
+        return [{"role": "system", "content": system}] + messages
+    return messages
+
+
+def _ends_with_reply(messages: Messages, where: str) -> Messages:
+    if messages[-1]["role"] != "assistant":
+        raise DataError(f"{where} must end with an assistant reply to train on")
+    return messages
+
+
+def prompt_messages(
+    row: Mapping[str, Any], fmt: Format, default_system_prompt: str | None = None
+) -> Messages:
+    """The prompt of ``row`` as chat messages (any trailing assistant reply dropped)."""
+    shape = prompt_type(fmt)
+    if shape == "plaintext":
+        prompt = str(column(row, _key(fmt, "prompt_key", "prompt")))
+        messages: Messages = [{"role": "user", "content": prompt}]
+    else:
+        key = messages_key(fmt) if shape == "messages" else _key(fmt, "prompt_key", "prompt")
+        where = f"column {key!r}"
+        messages = _as_messages(column(row, key), "user", where, parse_json=shape == "messages")
+        while messages and messages[-1]["role"] == "assistant":
+            messages.pop()
+        if not messages:
+            raise DataError(f"{where} holds only assistant messages: there is no prompt.")
+    return _with_system(messages, row, fmt, default_system_prompt)
 
 
 def chat_messages(
@@ -387,42 +550,55 @@ def chat_messages(
     *,
     with_reply: bool = False,
 ) -> Messages:
-    """``row`` as chat messages.
+    """``row`` as chat messages, in the shape of ``format.prompt_type`` (:func:`prompt_type`).
 
-    Without ``with_reply`` (generation): the prompt, a trailing assistant reply in
-    ``messages_key`` dropped, then ``reply_prefix`` as an assistant message the model continues.
-    With ``with_reply`` (SFT/expert data): the prompt and the reply (the last message, which
-    must be the assistant's). Either way ``format.system_prompt`` (else
-    ``default_system_prompt``) leads unless the messages already start with a system message.
+    Without ``with_reply`` (generation): the prompt (:func:`prompt_messages`), then
+    ``reply_prefix`` as an assistant message the model continues. With ``with_reply``
+    (SFT/expert data): the prompt and the reply, which must end with the assistant's message
+    (``messages``: the chat as it is; ``plaintext``: ``response_key``'s text; ``chatpair``:
+    ``response_key``'s messages). Either way the system prompt (:func:`_with_system`) leads
+    unless the messages already start with a system message.
     """
-    messages_key = format_field(fmt, "messages_key")
-    if messages_key:
-        messages = _row_messages(row, messages_key)
-        if with_reply and messages[-1]["role"] != "assistant":
-            raise DataError(f"column {messages_key!r} must end with an assistant reply to train on")
-        while not with_reply and messages and messages[-1]["role"] == "assistant":
-            messages.pop()
-        if not messages:
-            raise DataError(
-                f"task column {messages_key!r} holds only assistant messages: there is no prompt."
-            )
-    else:
-        messages = [
-            {
-                "role": "user",
-                "content": str(column(row, format_field(fmt, "prompt_key") or "prompt")),
-            }
-        ]
-        if with_reply:
-            reply = column(row, format_field(fmt, "response_key") or "response")
-            messages.append({"role": "assistant", "content": str(reply)})
-    system_prompt = format_field(fmt, "system_prompt") or default_system_prompt
-    if system_prompt and messages[0]["role"] != "system":
-        messages = [{"role": "system", "content": system_prompt}] + messages
+    shape = prompt_type(fmt)
+    if with_reply and shape == "messages":
+        key = messages_key(fmt)
+        where = f"column {key!r}"
+        messages = _as_messages(column(row, key), "user", where, parse_json=True)
+        return _with_system(_ends_with_reply(messages, where), row, fmt, default_system_prompt)
+    messages = prompt_messages(row, fmt, default_system_prompt)
+    if with_reply:
+        key = _key(fmt, "response_key", "response")
+        reply = _as_messages(column(row, key), "assistant", f"column {key!r}")
+        return messages + _ends_with_reply(reply, f"column {key!r}")
     reply_prefix = format_field(fmt, "reply_prefix")
-    if reply_prefix and not with_reply:
+    if reply_prefix:
         messages = messages + [{"role": "assistant", "content": reply_prefix}]
     return messages
+
+
+def preference_messages(row: Mapping[str, Any], fmt: Format) -> tuple[Messages, Messages, Messages]:
+    """A DPO row as (prompt, chosen reply, rejected reply) messages: the prompt as
+    :func:`prompt_messages`; each reply a text (one assistant message), a message or a list of
+    messages that ends with the assistant's (Trinity's DPO formatter)."""
+    prompt = prompt_messages(row, fmt)
+    replies = []
+    for name, default in (("chosen_key", "chosen"), ("rejected_key", "rejected")):
+        key = _key(fmt, name, default)
+        where = f"column {key!r}"
+        replies.append(_ends_with_reply(_as_messages(column(row, key), "assistant", where), where))
+    return prompt, replies[0], replies[1]
+
+
+def row_tools(row: Mapping[str, Any], fmt: Format) -> list[dict[str, Any]] | None:
+    """The row's tool schemas for the chat template (``format.tools_key``; a JSON string is
+    decoded), or None when the row has none."""
+    value = row.get(_key(fmt, "tools_key", "tools"))
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise DataError(f"column {format_field(fmt, 'tools_key')!r}: not JSON ({e})") from e
+    return value or None
 
 
 # ----------------------------------------------------------------------------- steps

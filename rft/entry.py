@@ -13,7 +13,8 @@ import os
 import sys
 from typing import Callable
 
-from rft.errors import EXIT_OK, EXIT_USER_ERROR, RftError
+from rft.errors import EXIT_OK, EXIT_USER_ERROR, RftError, storage_error
+from rft.lease import TAKE_OVER_ENV
 from rft.placement import process_rank
 
 PLUGIN_DIRS_ENV = "RFT_PLUGIN_DIRS"  # os.pathsep-separated folders of workflow plugin modules
@@ -21,10 +22,15 @@ TRINITY_PLUGIN_DIRS_ENV = "TRINITY_PLUGIN_DIRS"  # Trinity's spelling, read too
 
 
 def config_parser(
-    prog: str, description: str, epilog: str | None = None, stage: bool = False
+    prog: str,
+    description: str,
+    epilog: str | None = None,
+    stage: bool = False,
+    take_over: bool = False,
 ) -> argparse.ArgumentParser:
     """A parser with ``--config FILE`` and trailing ``key=value`` overrides (and, for the roles,
-    ``--stage I``: run stage I of a staged config, see :mod:`rft.stages`)."""
+    ``--stage I``: run stage I of a staged config, see :mod:`rft.stages`; for the commands that
+    start roles, ``--take-over``: :func:`add_take_over`)."""
     parser = argparse.ArgumentParser(
         prog=prog,
         description=description,
@@ -45,7 +51,29 @@ def config_parser(
     )
     if stage:
         parser.add_argument("--stage", type=int, default=None, help="run this stage of the config")
+    if take_over:
+        add_take_over(parser)
     return parser
+
+
+class _TakeOver(argparse.Action):
+    """``--take-over`` sets :data:`~rft.lease.TAKE_OVER_ENV`, so every process this command
+    starts (roles, SLURM tasks, requeues) takes its lease over."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:  # noqa: ANN001
+        os.environ[TAKE_OVER_ENV] = "1"
+        setattr(namespace, self.dest, True)
+
+
+def add_take_over(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--take-over",
+        nargs=0,
+        action=_TakeOver,
+        default=False,
+        help="take the run directory over from a live trainer/explorer of the same name "
+        "(it stops at its next save; see README: run-directory ownership)",
+    )
 
 
 def _plugin_dir(path: str) -> str:
@@ -72,10 +100,17 @@ def setup_logging(timestamps: bool = True) -> None:
 
 
 def run_command(body: Callable[[], int | None]) -> int:
-    """Run a command's body; an :class:`~rft.errors.RftError` prints its message alone and
+    """Run a command's body; an :class:`~rft.errors.RftError`, or an OSError a user can fix
+    (:func:`~rft.errors.storage_error`: full disk, read-only...), prints its message alone and
     returns ``EXIT_USER_ERROR``."""
     try:
         return body() or EXIT_OK
     except RftError as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
+        return EXIT_USER_ERROR
+    except OSError as e:
+        user = storage_error(e, doing="use")
+        if user is None:
+            raise
+        print(f"error: {user}", file=sys.stderr, flush=True)
         return EXIT_USER_ERROR

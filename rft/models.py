@@ -88,6 +88,8 @@ def check_model_dir(
             f"{path} has a config but no weights (model.safetensors); if it is a training "
             "checkpoint's huggingface/ folder, run bin/rft-convert on the step first"
         )
+    if need_weights:
+        check_weights(path)
     return ModelDirInfo(
         path,
         str(config.get("model_type", "")),
@@ -95,6 +97,20 @@ def check_model_dir(
         config.get("vocab_size"),
         has_weights,
     )
+
+
+def check_weights(path: Path) -> None:
+    """The safetensors weights of ``path`` must be whole (headers and sizes only, no tensor is
+    read): an index's shards all present, no file empty or shorter than its header says.
+    Otherwise the trainer and vLLM fail only once loading starts, with a traceback."""
+    from rft.safetensors_io import safetensors_problem  # imports torch: only when one is checked
+
+    problem = safetensors_problem(path)
+    if problem:
+        raise CheckpointError(
+            f"{path}: {problem}; the weights were not copied or downloaded completely: "
+            "copy them again from the model's source (huggingface-cli download resumes)"
+        )
 
 
 def is_adapter_folder(folder: Path | str) -> bool:

@@ -56,6 +56,7 @@ GENERATE_TIME_S = "generate_time_s"  # explorer: the step's generation call (vLL
 RESPONSE_LENGTH_MAX = "response_length/max"  # explorer: the step's longest response (tokens)
 BATCH_TOKENS = "batch_tokens"  # trainer: prompt + response tokens the step trained on
 BATCH_EXPERIENCES = "batch_experiences"  # trainer: experiences the step trained on
+BATCH_PAIRS = "batch_pairs"  # trainer (DPO): preference pairs the step trained on
 UPDATES = (
     "updates"  # trainer: optimizer updates of the policy in the step (0: none, e.g. critic warm-up)
 )

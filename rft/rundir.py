@@ -28,6 +28,8 @@ CHECKPOINT_POINTER = "latest_checkpointed_iteration.txt"  # newest complete full
 TRAINER_META = "trainer_meta.json"  # the newest checkpoint's metadata
 EXPLORERS_DIR = "explorers"  # explorers/<writer>.json: explorer heartbeats
 EXPLORER_META = "explorer_meta.json"  # explorer task cursors
+LEASES_DIR = "leases"  # leases/<name>/<gen>.json: who owns a role here (rft.lease)
+TRAINER_LEASE = "trainer"  # the trainer's lease name (an explorer task's: its writer)
 MONITOR_DIR = "monitor"  # metrics.jsonl and the monitors' files (rft.monitor)
 LOG_DIR = "log"  # process logs, the configs of each launch
 SUBMITIT_DIR = (
@@ -45,7 +47,8 @@ HF_DIR = (
 MERGED_HF_DIR = (
     "huggingface_merged"  # beside it, a LoRA run's: base + adapter merged (rft-convert --merge)
 )
-STEP_RE = re.compile(r"^global_step_(\d+)$")
+STEP_PREFIX = "global_step_"  # global_step_N: one full checkpoint
+STEP_RE = re.compile(rf"^{STEP_PREFIX}(\d+)$")
 
 # Keys two launches into one run directory must agree on (roles may differ in everything else:
 # mode, explorer name and engines, cluster size, tasksets of an added explorer).
@@ -69,9 +72,19 @@ def explorer_role(explorer_name: str, rank: int = 0) -> str:
     )
 
 
+def lease_dir(run_dir: Path | str, name: str) -> Path:
+    """``leases/<name>``: the claims on role instance ``name`` (``trainer`` or a writer name)."""
+    return Path(run_dir) / LEASES_DIR / name
+
+
+def lease_file(run_dir: Path | str, name: str, gen: int) -> Path:
+    """``leases/<name>/<gen:06d>.json``: one claim; the highest generation owns the role."""
+    return lease_dir(run_dir, name) / f"{gen:06d}.json"
+
+
 def step_dir(run_dir: Path | str, step: int) -> Path:
     """``global_step_<step>``: one full checkpoint."""
-    return Path(run_dir) / f"global_step_{step}"
+    return Path(run_dir) / f"{STEP_PREFIX}{step}"
 
 
 def step_of(folder: Path | str) -> int | None:

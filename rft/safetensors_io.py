@@ -2,8 +2,8 @@
 
 :func:`write_safetensors` takes :class:`TensorSpec` s and a callback that produces each tensor,
 and writes ``model.safetensors`` (or ``model-0000k-of-0000n.safetensors`` and the index) holding
-one tensor in memory at a time. :func:`weights_complete`, :func:`weight_shapes` and
-:func:`is_weights_file` read headers and names only.
+one tensor in memory at a time. :func:`safetensors_problem` / :func:`weights_complete`,
+:func:`weight_shapes` and :func:`is_weights_file` read headers and names only.
 """
 
 from __future__ import annotations
@@ -174,30 +174,60 @@ def read_header(path: Path) -> dict:
         raise CheckpointError(f"{path} is not a readable safetensors file ({e})") from e
 
 
-def file_complete(path: Path) -> bool:
-    """True if ``path`` is a safetensors file whose size covers every tensor its header lists."""
+def file_problem(path: Path) -> str | None:
+    """Why ``path`` is not a whole safetensors file (missing, empty, no header, shorter than
+    its header says), or None: the 8-byte header length and the JSON header are read, no data."""
     if not path.is_file():
-        return False
+        return f"{path.name} is missing"
+    size = path.stat().st_size
+    if size == 0:
+        return f"{path.name} is empty (0 bytes)"
     try:
         header = read_header(path)
-    except CheckpointError:
-        return False
+        ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+    except (CheckpointError, AttributeError, KeyError, IndexError, TypeError) as e:
+        return f"{path.name} has no readable safetensors header ({e.__cause__ or e})"
     with open(path, "rb") as f:
         (length,) = struct.unpack("<Q", f.read(8))
-    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
-    return path.stat().st_size >= 8 + length + max(ends, default=0)
+    needed = 8 + length + max(ends, default=0)
+    if size < needed:
+        return f"{path.name} is truncated ({size} of {needed} bytes)"
+    return None
+
+
+def file_complete(path: Path) -> bool:
+    """True if ``path`` is a safetensors file whose size covers every tensor its header lists."""
+    return file_problem(path) is None
+
+
+def safetensors_problem(folder: Path) -> str | None:
+    """Why the safetensors weights of ``folder`` are not whole (the index names a shard that is
+    missing or damaged, or the single file is), or None (also when it holds none)."""
+    index = folder / INDEX_FILE
+    if index.is_file():
+        try:
+            files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+            return f"{INDEX_FILE} is not a readable index ({type(e).__name__}: {e})"
+        if not files:
+            return f"{INDEX_FILE} names no shard files"
+        missing = [name for name in files if not (folder / name).is_file()]
+        if missing:
+            return (
+                f"{INDEX_FILE} names {len(files)} shard(s) of which {len(missing)} are "
+                f"missing ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})"
+            )
+        return next(filter(None, (file_problem(folder / name) for name in files)), None)
+    if (folder / SINGLE_FILE).is_file():
+        return file_problem(folder / SINGLE_FILE)
+    return None
 
 
 def weights_complete(folder: Path) -> bool:
     """True if ``folder`` holds whole safetensors weights: a single file, or an index and all shards."""
-    index = folder / INDEX_FILE
-    if index.is_file():
-        try:
-            files = set(json.loads(index.read_text())["weight_map"].values())
-        except (OSError, ValueError, KeyError):
-            return False
-        return bool(files) and all(file_complete(folder / name) for name in files)
-    return file_complete(folder / SINGLE_FILE)
+    if not (folder / INDEX_FILE).is_file() and not (folder / SINGLE_FILE).is_file():
+        return False
+    return safetensors_problem(folder) is None
 
 
 def weight_shapes(folder: Path) -> dict[str, tuple[int, ...]]:

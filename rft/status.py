@@ -4,13 +4,14 @@ Reads the trainer's metrics, the weights pointer, the explorers' heartbeats, the
 checkpoint and, per buffer writer, its sealed segments (by file name: none is opened), how far
 the checkpoint's cursor consumed them and the fault counters the trainer's reader logged. Prints
 where the pipeline waits (trainer on experiences, explorers on weights) and which side to
-scale. Writes nothing.
+scale; a weights pointer no explorer can follow is an ``error:`` and exit code 2. Writes nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +22,7 @@ from rft.buffer.experience import parse_writer_stat_key
 from rft.buffer.segment_file import format_seqs, list_segments, list_writers
 from rft.config.schema import ExplorerConfig
 from rft.entry import run_command
-from rft.errors import RftError
+from rft.errors import EXIT_OK, EXIT_USER_ERROR, RftError
 from rft.monitor import (
     EXPLORER_STEP_S,
     EXPLORER_WAIT_S,
@@ -43,7 +44,13 @@ from rft.rundir import (
     WEIGHTS_POINTER,
     step_dir,
 )
-from rft.sync import EVALUATING_FIELD, LOADED_FIELD, read_heartbeats
+from rft.sync import (
+    EVALUATING_FIELD,
+    LOADED_FIELD,
+    pointer_fault,
+    read_heartbeats,
+    trainer_state,
+)
 
 
 @dataclass
@@ -89,6 +96,8 @@ class RunStatus:
         default_factory=dict
     )  # monitor -> share waiting for weights
     broadcast: dict[str, float] = field(default_factory=dict)  # the last step's sync/* (nccl)
+    trainer: str = ""  # what the trainer's lease says (running or not, host, pid, heartbeat)
+    pointer: tuple[str, bool] | None = None  # rft.sync.pointer_fault: (message, fatal)
 
 
 def _cursor(run_dir: Path, step: int | None) -> dict:
@@ -197,6 +206,7 @@ def collect(run_dir: Path, live_threshold_s: float | None = None) -> RunStatus:
         raise RftError(
             f"{run_dir} is not a run directory (expected <checkpoint_root_dir>/<project>/<name>)"
         )
+    live_s = live_threshold_s or heartbeat_timeout_s(run_dir)
     listing = list_buffer(run_dir)  # before the cursor: a release in between fakes no gap
     rows = read_metrics(run_dir, "trainer")
     last = rows[-1] if rows else {}
@@ -224,13 +234,15 @@ def collect(run_dir: Path, live_threshold_s: float | None = None) -> RunStatus:
         last.get(TOKENS_PER_S),
         max(versions) if versions else None,
         checkpoint,
-        read_heartbeats(run_dir, live_threshold_s or heartbeat_timeout_s(run_dir)),
+        read_heartbeats(run_dir, live_s),
         sum(w.backlog for w in writers),
         explorer_steps,
         writers,
         idle_fraction(rows, READ_TIME_S, STEP_TIME_S),
         explorer_idle,
         {k: last[k] for k in (SYNC_BROADCAST_OK, SYNC_MEMBERS, SYNC_GENERATION) if k in last},
+        trainer_state(run_dir, live_s)[1],
+        pointer_fault(run_dir, live_s),
     )
 
 
@@ -241,6 +253,7 @@ def format_status(st: RunStatus) -> str:
         f"trainer step    {st.trainer_step if st.trainer_step is not None else '-'}{tps}",
         f"weights version {st.weights_version if st.weights_version is not None else '-'}",
         f"checkpoint      {st.checkpoint_step if st.checkpoint_step is not None else '-'}",
+        f"trainer lease   {st.trainer}",
         *format_broadcast(st.broadcast),
         f"buffer backlog  {st.backlog_segments} sealed segment(s) not yet consumed",
     ]
@@ -259,6 +272,8 @@ def format_status(st: RunStatus) -> str:
     if not st.explorers:
         lines.append("explorers       none have written a heartbeat")
     lines += format_pipeline(st)
+    if st.pointer is not None and not st.pointer[1]:
+        lines.append(f"warning         {st.pointer[0]}")
     return "\n".join(lines)
 
 
@@ -320,4 +335,13 @@ def main(argv: list[str] | None = None) -> int:
         "run's explorer.heartbeat_timeout_s)",
     )
     args = parser.parse_args(argv)
-    return run_command(lambda: print(format_status(collect(Path(args.run_dir), args.dead_after_s))))
+
+    def body() -> int:
+        st = collect(Path(args.run_dir), args.dead_after_s)
+        print(format_status(st), flush=True)
+        if st.pointer is not None and st.pointer[1]:  # no explorer can start or go on
+            print(f"error: {st.pointer[0]}", file=sys.stderr, flush=True)
+            return EXIT_USER_ERROR
+        return EXIT_OK
+
+    return run_command(body)

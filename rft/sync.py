@@ -24,8 +24,10 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from rft import atomic
-from rft.errors import CheckpointError
-from rft.rundir import EXPLORERS_DIR, WEIGHTS_DIR, WEIGHTS_POINTER, weights_dir
+from rft.config.schema import ExplorerConfig
+from rft.errors import CheckpointError, storage_errors
+from rft.lease import describe, newest_claim
+from rft.rundir import EXPLORERS_DIR, TRAINER_LEASE, WEIGHTS_DIR, WEIGHTS_POINTER, weights_dir
 
 log = logging.getLogger(__name__)
 
@@ -140,6 +142,37 @@ def weights_problem(run_dir: Path | str) -> str | None:
     )
 
 
+def trainer_state(run_dir: Path | str, live_s: float, now: float | None = None) -> tuple[bool, str]:
+    """(running, what the trainer's lease says), read from its newest claim (:mod:`rft.lease`):
+    running while it is held and beats within ``live_s``."""
+    _gen, claim = newest_claim(Path(run_dir), TRAINER_LEASE)
+    now = time.time() if now is None else now
+    if claim is None:
+        return False, "no trainer has claimed the run directory"
+    who = describe(claim, now)
+    if claim.get("released"):
+        return False, f"the last trainer exited ({who})"
+    if now - float(claim.get("heartbeat_time") or 0.0) > live_s:
+        return False, f"the last trainer stopped beating ({who})"
+    return True, f"the trainer is running ({who})"
+
+
+def pointer_fault(run_dir: Path | str, trainer_live_s: float) -> tuple[str, bool] | None:
+    """(message, fatal) when the pointer names a missing or incomplete version, else None.
+
+    Fatal unless the trainer runs: only a running trainer can be mid-publish (it removes a
+    version it republishes right before renaming the new copy in), so without one waiting
+    cannot help; with one, the message names it and says to wait.
+    """
+    problem = weights_problem(run_dir)
+    if problem is None:
+        return None
+    running, trainer = trainer_state(run_dir, trainer_live_s)
+    if running:
+        return f"{problem}. Waiting: {trainer} and may be publishing it", False
+    return f"{problem}. Waiting would not help: {trainer}", True
+
+
 def latest_weights(run_dir: Path | str) -> tuple[int, Path] | None:
     """(version, folder) the pointer names, if that folder is complete; else None."""
     version = read_weights_pointer(run_dir)
@@ -203,7 +236,8 @@ class WeightsPublisher:
         self.root = self.run_dir / WEIGHTS_DIR
         self.keep_versions = keep_versions
         self.heartbeat_live_s = heartbeat_live_s
-        self.root.mkdir(parents=True, exist_ok=True)
+        with storage_errors(self.root, "create"):
+            self.root.mkdir(parents=True, exist_ok=True)
         self.clean_stale_tmp()
 
     def clean_stale_tmp(self) -> list[Path]:
@@ -229,19 +263,22 @@ class WeightsPublisher:
         final = weights_dir(self.run_dir, version)
         tmp = atomic.tmp_name(final)
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
-        try:
-            write_fn(tmp)
-            copy_files(extra_files, tmp)
-            _write_marker(tmp, version)
-            if final.exists() and not self._may_replace(final, version):
+        # A full disk or a read-only folder: one message naming the folder; the temporary goes,
+        # and the pointer still names the last version published, which is intact.
+        with storage_errors(final, "publish"):
+            tmp.mkdir(parents=True)
+            try:
+                write_fn(tmp)
+                copy_files(extra_files, tmp)
+                _write_marker(tmp, version)
+                if final.exists() and not self._may_replace(final, version):
+                    shutil.rmtree(tmp, ignore_errors=True)
+                else:
+                    _remove_version(final)  # a no-op unless republishing
+                    atomic.publish_dir(tmp, final)
+            except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
-            else:
-                _remove_version(final)  # a no-op unless republishing
-                atomic.publish_dir(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+                raise
         atomic.write_pointer(self.run_dir / WEIGHTS_POINTER, version)
         self.prune()
         return final
@@ -317,8 +354,12 @@ class WeightsWatcher:
         loaded_version: int | None = None,
         heartbeat: "Heartbeat | None" = None,
         newer_only: bool = False,
+        trainer_live_s: float | None = None,
     ):
         self.run_dir = Path(run_dir)
+        # the trainer's lease is live if it beat within this (explorer.heartbeat_timeout_s)
+        self.trainer_live_s = trainer_live_s or ExplorerConfig().heartbeat_timeout_s
+        self._warned_pointer: int | None = None  # the pointer value a warning was logged for
         self.loaded_version = loaded_version  # None after a voided load: the engine holds a mix
         self.loaded_marker: dict[str, Any] | None = None  # which copy of loaded_version
         self.heartbeat = heartbeat
@@ -331,18 +372,34 @@ class WeightsWatcher:
 
         Normally that version is newer; it is older, or the same republished, only after the
         trainer resumed from an earlier checkpoint, and then the explorer should follow it too.
+        A pointer to a missing or incomplete version raises CheckpointError at once unless the
+        trainer is running (then a warning, once: it may be republishing that version).
         """
         version = read_weights_pointer(self.run_dir)
         if version is None:
             return None
         folder = weights_dir(self.run_dir, version)
         marker = read_marker(folder)
+        if marker is None:
+            self._check_pointer(version)
+            return None
         same_copy = self.loaded_marker is None or marker == self.loaded_marker
-        if marker is None or (version == self.loaded_version and same_copy):
+        if version == self.loaded_version and same_copy:
             return None
         if self.newer_only and self.loaded_version is not None and version <= self.loaded_version:
             return None  # the broadcast brought this version or a newer one already
         return version, folder
+
+    def _check_pointer(self, version: int) -> None:
+        fault = pointer_fault(self.run_dir, self.trainer_live_s)
+        if fault is None:
+            return  # published meanwhile
+        message, fatal = fault
+        if fatal:
+            raise CheckpointError(message)
+        if self._warned_pointer != version:
+            self._warned_pointer = version
+            log.warning("%s", message)
 
     def load(self, version: int, load_fn: Callable[[Path], object]) -> bool:
         """Load ``version`` with ``load_fn(folder)``; False if the folder vanished or changed
@@ -416,7 +473,8 @@ class Heartbeat:
                 f"heartbeat name {name!r} must be letters, digits, '_.-', e.g. 'explorer-0'"
             )
         self.path = Path(run_dir) / EXPLORERS_DIR / f"{name}.json"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with storage_errors(self.path.parent, "create"):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
         self.interval_s = interval_s
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -462,7 +520,10 @@ class Heartbeat:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
-        self.beat(exited=True, **{LOADING_FIELD: None})
+        try:
+            self.beat(exited=True, **{LOADING_FIELD: None})
+        except OSError as e:  # a full disk: the error that stopped the role is the one to raise
+            log.warning("heartbeat %s not marked exited (dead once stale): %s", self.path, e)
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):

@@ -29,6 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from rft.lease import Lease  # noqa: E402
+from rft.rundir import TRAINER_LEASE  # noqa: E402
 from rft.sync import Heartbeat, WeightsPublisher, WeightsWatcher  # noqa: E402
 
 CHUNK = b"\x01" * (1 << 20)
@@ -77,6 +79,8 @@ def publish(run_dir: str, first: int, count: int, size_mb: int) -> None:
 
 def churn(run_dir: str, seed: int, seconds: float, delay_s: float) -> None:
     rng = random.Random(seed)
+    # a running trainer holds its lease: watchers then wait out a republish's gap (rft.sync)
+    Lease.acquire(run_dir, TRAINER_LEASE, interval_s=0.5, stale_s=60.0, env={}).start()
     publisher = LateSightPublisher(run_dir, keep_versions=1, delay_s=delay_s)
     version, deadline = 0, time.monotonic() + seconds
     while time.monotonic() < deadline:

@@ -14,7 +14,7 @@ import torch
 
 from rft.buffer.experience import Experience as Record
 from rft.buffer.experience import decode_line, encode_line
-from rft.errors import ConfigError, DataError, WorkflowError
+from rft.errors import ConfigError, DataError, NotSupportedError, WorkflowError
 from rft.trainer.batching import rows_from_experiences
 from rft.workflow import registry
 from rft.workflow.conversation import ChatTemplate, Completion, History
@@ -163,7 +163,7 @@ def test_workflows_by_name_dotted_path_and_plugin_dir(monkeypatch, tmp_path):
         registry.workflow_class("scripted.Nope")
     with pytest.raises(WorkflowError, match="cannot import module 'not_there'"):
         registry.workflow_class("not_there.Workflow")
-    with pytest.raises(WorkflowError, match="drives the ALFWorld"):
+    with pytest.raises(NotSupportedError, match="drives the ALFWorld"):
         registry.workflow_class("alfworld_workflow")
     with pytest.raises(WorkflowError, match="Did you mean 'guess_number_workflow'"):
         registry.workflow_class("guess_numbr_workflow")

@@ -31,13 +31,13 @@ from rft.algo.losses import (
     KL_FNS,
     LOSS_AGG_MODES,
     MU,
-    POLICY_LOSS_FNS,
     PPO_KL,
     _ratio_and_kl,
     aggregate,
     chord_mu,
     kl,
 )
+from rft.algo.registry import POLICY_LOSS_FNS
 from rft.config import names
 from rft.errors import ConfigError
 

@@ -17,7 +17,7 @@ def hf_folder(folder: Path) -> Path:
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps({"model_type": "llama"}))
     (folder / "tokenizer.json").write_text("{}")
-    (folder / "model.safetensors").write_bytes(b"w")
+    (folder / "model.safetensors").write_bytes(b"\x02" + b"\0" * 7 + b"{}")  # no tensors, whole
     return folder
 
 

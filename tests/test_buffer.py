@@ -29,7 +29,7 @@ from rft.buffer.segments import (
     open_buffer_writer,
 )
 from rft.buffer.sqlite import check_sql_transport
-from rft.errors import ConfigError, DataError, NotSupportedError
+from rft.errors import ConfigError, DataError, NotSupportedError, StorageError
 
 sys.path.insert(0, str(Path(__file__).parent))
 import buffer_worker  # noqa: E402
@@ -299,7 +299,7 @@ def test_foreign_files_and_bad_buffer_paths_name_the_path(tmp_path):
     (tmp_path / "file").write_text("x")
     with pytest.raises(DataError, match="is not a folder"):
         SegmentReader(tmp_path / "file")
-    with pytest.raises(DataError, match="not a folder"):
+    with pytest.raises(StorageError, match=f"{tmp_path / 'file'} is a file, not a folder"):
         SegmentWriter(tmp_path / "file", "w")
     with pytest.raises(ConfigError, match="writer name"):
         SegmentWriter(tmp_path, "../escape")

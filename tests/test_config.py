@@ -203,21 +203,126 @@ def test_presets_fill_only_unset_functions(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "section,value,needle",
+    "section,refused",
     [
-        ({"synchronizer": {"sync_method": "memory"}}, None, "synchronizer.sync_method"),
-        ({"synchronizer": {"sync_style": "dynamic_by_explorer"}}, None, "synchronizer.sync_style"),
+        ({"synchronizer": {"sync_method": "memory"}}, "synchronizer.sync_method: memory"),
         (
-            {"trainer": {"ulysses_sequence_parallel_size": 2}},
-            None,
-            "ulysses_sequence_parallel_size",
+            {"synchronizer": {"sync_style": "dynamic_by_explorer"}},
+            "synchronizer.sync_style: dynamic_by_explorer",
+        ),
+        ({"explorer": {"max_retry_times": 2}}, "explorer.max_retry_times"),
+        ({"model": {"model_path": "/m", "external_model": "x"}}, "model.external_model"),
+        (
+            {
+                "buffer": {
+                    "explorer_input": {"taskset": {"path": "/t", "format": {"image_key": "i"}}}
+                }
+            },
+            "buffer.explorer_input.taskset.format.image_key",
+        ),
+        ({"synchronizer": {"sync_iteration_interval": 2}}, "synchronizer.sync_iteration_interval"),
+        ({"algorithm": {"algorithm_type": "m2po"}}, "algorithm.algorithm_type: m2po"),
+        ({"algorithm": {"bypass_old_logprobs": True}}, "algorithm.bypass_old_logprobs"),
+        ({"mode": "serve"}, "mode: serve"),
+        (
+            {
+                "trainer": {
+                    "trainer_config": {"actor_rollout_ref": {"actor": {"strategy": "megatron"}}}
+                }
+            },
+            "trainer.trainer_config.actor_rollout_ref.actor.strategy",
         ),
     ],
 )
-def test_not_supported_options(tmp_path, section, value, needle):
-    with pytest.raises(NotSupportedError, match="not supported yet") as e:
+def test_trinity_names_rft_does_not_act_on_are_refused_by_name(tmp_path, section, refused):
+    """A real Trinity/veRL key or choice gets "Trinity's `X` is not supported by rft: <what to
+    do>", never a guess at a similar rft key."""
+    with pytest.raises(NotSupportedError) as e:
         load_dict(tmp_path, minimal(**section))
-    assert needle in str(e.value)
+    message = str(e.value)
+    assert message.startswith(f"Trinity's `{refused}` is not supported by rft: "), message
+    assert "Did you mean" not in message
+
+
+def test_misspelt_names_still_get_the_nearest_name(tmp_path):
+    with pytest.raises(ConfigError, match="Did you mean 'explorer.max_timeout'") as e:
+        load_dict(tmp_path, minimal(explorer={"max_timout": 60}))
+    assert not isinstance(e.value, NotSupportedError)
+
+
+def test_sequence_parallel_is_accepted_with_a_warning(tmp_path, caplog):
+    cfg = load_dict(tmp_path, minimal(trainer={"ulysses_sequence_parallel_size": 2}))
+    assert cfg.trainer.ulysses_sequence_parallel_size == 2
+    assert "ulysses_sequence_parallel_size=2 has no effect" in caplog.text
+
+
+def test_trinity_spellings_set_rft_keys(tmp_path):
+    """Older or veRL spellings in Trinity's examples reach the rft key they name."""
+    verl = {
+        "actor_rollout_ref": {
+            "hybrid_engine": True,
+            "actor": {
+                "use_dynamic_bsz": False,
+                "ppo_max_token_len_per_gpu": 8192,
+                "optim": {"lr": 3e-6},
+                "engine": {"optimizer_offload": True},
+                "checkpoint": {"load_contents": ["model"], "save_contents": ["model"]},
+            },
+            "ref": {"log_prob_use_dynamic_bsz": False, "log_prob_max_token_len_per_gpu": 8192},
+        },
+        "critic": {"ppo_max_token_len_per_gpu": 1, "forward_max_token_len_per_gpu": 1},
+        "trainer": {"balance_batch": True, "max_actor_ckpt_to_keep": 3},
+    }
+    cfg = load_dict(tmp_path, minimal(trainer={"trainer_config": verl}))
+    t = cfg.trainer
+    assert (t.use_dynamic_bsz, t.max_token_len_per_gpu, t.optimizer_offload) == (False, 8192, True)
+    assert cfg.algorithm.optimizer.lr == 3e-6 and t.max_checkpoints_to_keep == 3
+    cfg = load_dict(
+        tmp_path,
+        minimal(
+            trainer={"ppo_max_token_len_per_gpu": 4096},
+            algorithm={"algorithm_type": "grpo", "optimizer": {"lr_scheduler_type": "cosine"}},
+            buffer={
+                "batch_size": 2,
+                "total_steps": 10,
+                "max_retry_times": 3,
+                "explorer_input": {"taskset": {"path": "/t", "enable_progress_bar": True}},
+            },
+        ),
+    )
+    assert cfg.trainer.max_token_len_per_gpu == 4096
+    assert cfg.algorithm.optimizer.warmup_style == "cosine"
+    with pytest.raises(ConfigError, match="contradicts trainer.max_token_len_per_gpu=1000"):
+        load_dict(
+            tmp_path,
+            minimal(trainer={"ppo_max_token_len_per_gpu": 4096, "max_token_len_per_gpu": 1000}),
+        )
+    with pytest.raises(ConfigError, match="max_critic_ckpt_to_keep=2 differs"):
+        load_dict(
+            tmp_path,
+            minimal(
+                trainer={
+                    "trainer_config": {
+                        "trainer": {"max_actor_ckpt_to_keep": 3, "max_critic_ckpt_to_keep": 2}
+                    }
+                }
+            ),
+        )
+
+
+def test_explorer_env_vars_and_chunked_prefill_are_read(tmp_path):
+    from rft.explorer.engine import engine_kwargs
+
+    data = minimal(
+        explorer={
+            "env_vars": {"ALFWORLD_DATA": "/data/alf"},
+            "rollout_model": {"enable_chunked_prefill": True},
+        }
+    )
+    cfg = load_dict(tmp_path, data)
+    assert cfg.explorer.env_vars == {"ALFWORLD_DATA": "/data/alf"}
+    assert engine_kwargs(cfg, on_cpu=True)["enable_chunked_prefill"] is True
+    assert "enable_chunked_prefill" not in engine_kwargs(load_dict(tmp_path, minimal()), True)
 
 
 def test_monitor_type_is_one_name_or_a_list(tmp_path):

@@ -54,6 +54,8 @@ def ppo_cfg(**trainer_config):
                 "algorithm_type": "ppo",
                 "repeat_times": 1,
                 "advantage_fn_args": {"gamma": 1.0, "lam": 1.0},
+                # the critic alone: no reference model (Trinity's ppo preset adds a k2 KL loss)
+                "kl_loss_fn": "none",
             },
             "buffer": {"batch_size": 2, "explorer_input": {"taskset": {"path": "/d"}}},
             "trainer": {
@@ -217,6 +219,7 @@ PPO = {
         "repeat_times": 2,
         "optimizer": {"lr": 1e-3},
         "advantage_fn_args": {"gamma": 1.0, "lam": 0.95},
+        "kl_loss_fn": "none",  # the critic alone (the ppo preset's k2 KL loss needs a reference)
     },
     "trainer": {
         "zero_stage": 2,

@@ -149,32 +149,34 @@ def test_stream_round_robin_epochs_and_rank_shares(tmp_path):
 
 
 def test_cursor_saved_per_rank_and_replayed_past_sealed_segments(tmp_path):
+    from rft.buffer.segments import SegmentWriter
+    from rft.explorer import cursor as C
+    from rft.rundir import BUFFER_DIR
+
     a = write_jsonl(tmp_path / "a.jsonl", arithmetic_rows(20))
     cfg = make_cfg(tmp_path, tmp_path, [taskset_dict(a, "a")])
     stream = T.TaskStream(open_sets(cfg), 3, 1, None)
     cursor = stream.new_cursor()
     stream.next_batch(cursor)
-    T.save_cursor(tmp_path, "explorer", 1, 2, cursor)
-    T.save_cursor(tmp_path, "other", 0, 1, T.Cursor(9, [27], 0))
-    assert T.load_cursor(tmp_path, "explorer", 1, 2) == T.Cursor(1, [3], 0)
+    C.save_cursor(tmp_path, "explorer", 1, C.first_layout(2, stream.new_cursor()), cursor)
+    alone = C.first_layout(1, stream.new_cursor())
+    C.save_cursor(tmp_path, "other", 0, alone, T.Cursor(9, [27], 0))
+    assert C.resume(tmp_path, "explorer", 1, 2, stream).cursor == T.Cursor(1, [3], 0)
     # Rank 0 of the same two has not saved yet (it started later): it never borrows rank 1's
-    # cursor, which would skip rank 0's share of step 1.
-    assert T.load_cursor(tmp_path, "explorer", 0, 2) is None
-    # Three explorers now: the new layout's ranks start from the least advanced old cursor.
-    T.save_cursor(tmp_path, "explorer", 0, 2, T.Cursor(2, [6], 0))
-    T.save_cursor(tmp_path, "explorer", 1, 3, T.Cursor(4, [12], 0))  # already running as 3
-    assert T.load_cursor(tmp_path, "explorer", 2, 3) == T.Cursor(2, [6], 0)
-    assert T.load_cursor(tmp_path, "nobody", 0, 1) is None
+    # cursor, which would skip rank 0's share of step 1. (Count changes: test_explorer_cursor.)
+    assert C.resume(tmp_path, "explorer", 0, 2, stream).cursor == T.Cursor(0, [0], 0)
+    assert C.resume(tmp_path, "nobody", 0, 1, stream).cursor == T.Cursor(0, [0], 0)
     meta = json.loads((tmp_path / EXPLORER_META).read_text())
-    assert set(meta) == {"explorer", "other"} and meta["explorer"]["ranks"]["1"]["count"] == 3
-    T.save_cursor(tmp_path, "explorer", 1, 2, cursor)
-    place = explorer_task(cfg, {"RFT_EXPLORER_RANK": "1", "RFT_EXPLORER_COUNT": "2"})
+    assert set(meta) == {"explorer", "other"} and meta["explorer"]["ranks"]["1"]["count"] == 2
     # Segments up to seq 3 are sealed but the saved cursor says step 1: replay steps 2 and 3.
-    resumed = resume_cursor(tmp_path, place, stream, next_seq=4)
-    assert resumed == T.Cursor(3, [9], 0)
+    writer = SegmentWriter(tmp_path / BUFFER_DIR, "explorer-1")
+    for seq in (1, 2, 3):
+        writer.write([], seq=seq)
+    place = explorer_task(cfg, {"RFT_EXPLORER_RANK": "1", "RFT_EXPLORER_COUNT": "2"})
+    assert resume_cursor(tmp_path, place, stream).cursor == T.Cursor(3, [9], 0)
     (tmp_path / EXPLORER_META).write_text("{not json")
     with pytest.raises(DataError, match="delete it"):
-        T.load_cursor(tmp_path, "explorer", 0, 2)
+        resume_cursor(tmp_path, place, stream)
 
 
 def test_placement_from_env(tmp_path):

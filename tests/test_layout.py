@@ -15,7 +15,14 @@ PKG = REPO / "rft"
 # packages (explorer, trainer, convert) may not import each other.
 LAYERS = [
     ("rft.errors", "rft.atomic"),
-    ("rft.placement", "rft.rundir", "rft.config.typed_dict", "rft.config.names"),
+    (
+        "rft.placement",
+        "rft.rundir",
+        "rft.lease",
+        "rft.config.typed_dict",
+        "rft.config.names",
+        "rft.config.known_names",
+    ),
     ("rft.config",),
     (
         "rft.data",
@@ -97,6 +104,7 @@ def test_roles_are_subpackages_and_the_top_holds_only_shared_modules():
         "devtools",
         "entry",
         "errors",
+        "lease",
         "models",
         "monitor",
         "placement",

@@ -196,6 +196,34 @@ def test_requeue_resumes_without_consuming_twice(slurm_cluster, vllm_model_dir, 
     )
 
 
+def test_an_openai_sdk_agent_trains_in_the_heterogeneous_job(
+    slurm_cluster, vllm_model_dir, tmp_path
+):
+    """The endpoint on a SLURM explorer node: the example agent (OpenAI SDK only) is trained
+    through it by the heterogeneous job."""
+    from tests.test_endpoint import AGENT_RUN
+
+    out = tmp_path / "job.out"
+    overrides = [
+        f"model.model_path={vllm_model_dir}",
+        f"checkpoint_root_dir={tmp_path}",
+        *AGENT_RUN,
+    ]
+    job = submit(
+        slurm_cluster,
+        REPO / "jobs" / "grpo_gsm8k.sbatch",
+        REPO / "configs" / "agent_openai_cpu.yaml",
+        overrides,
+        OUT=str(out),
+    )
+    run_dir = tmp_path / "agent" / "smollm2-135m-openai-agent"
+    assert wait_job(slurm_cluster, job) == "COMPLETED", show_logs(out, run_dir)
+    assert trainer_steps(run_dir) == [1, 2]
+    explored = read_metrics(run_dir, "explorer_explorer")
+    assert [m["episodes/failed"] for m in explored] == [0, 0], show_logs(out, run_dir)
+    assert "OpenAI-compatible endpoint for agents at http://127.0.0.1:" in out.read_text()
+
+
 def test_async_jobs_with_an_explorer_added_and_one_killed(slurm_cluster, vllm_model_dir, tmp_path):
     """Explorer and trainer as separate jobs. The first explorer is SIGKILLed after its first
     segment; the trainer asks for more steps than it left behind, so it can only finish on the

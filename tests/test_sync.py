@@ -77,7 +77,8 @@ def test_watcher_never_returns_an_incomplete_folder(tmp_path):
     folder.mkdir()
     write_tiny(folder)
     atomic.write_pointer(tmp_path / WEIGHTS_POINTER, 2)
-    assert WeightsWatcher(tmp_path).poll() is None
+    with pytest.raises(CheckpointError, match="v000002 is missing or incomplete"):  # no trainer
+        WeightsWatcher(tmp_path).poll()  # (with a running one: None, tests/test_weights_pointer)
     publisher.publish(3, write_tiny)
     (weights_dir(tmp_path, 3) / "model.safetensors").write_bytes(b"\0" * 10)  # truncated
     assert not is_complete(weights_dir(tmp_path, 3)) and latest_weights(tmp_path) is None

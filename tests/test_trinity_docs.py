@@ -39,13 +39,7 @@ REFUSED: dict[str, Refused] = {}
 
 # fixture -> keys of Trinity's own example that rft rejects and no issue covers yet (strict
 # xfail: the test fails once they are accepted, so this entry is removed then).
-GAPS: dict[str, str] = {
-    "chord.yaml": "Trinity's examples/mix_chord keys: algorithm.entropy_loss_fn 'mix'; "
-    "auxiliary_buffers.<name>.total_epochs, .schema_type, .format.prompt_type; "
-    "taskset.workflow_args; trainer.ulysses_sequence_parallel_size 2; "
-    "policy_loss_fn_args sft_loss_agg_mode, use_dynamic_bsz, ppo_mini_batch_size, "
-    "ppo_micro_batch_size_per_gpu, ngpus_trainer, train_batch_size_expert/_usual",
-}
+GAPS: dict[str, str] = {}
 
 FIXTURES = sorted(p.name for p in TRINITY.glob("*.yaml"))
 

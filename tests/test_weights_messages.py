@@ -23,8 +23,8 @@ def write_tiny(folder):
     (folder / "model.safetensors").write_bytes(b"\0" * 100)
 
 
-def timeout_message(run_dir, need: int) -> str:
-    with pytest.raises(SyncTimeoutError) as info:
+def timeout_message(run_dir, need: int, error: type = SyncTimeoutError) -> str:
+    with pytest.raises(error) as info:
         sync_weights(NullEngine(), WeightsWatcher(run_dir, loaded_version=0), need, timeout_s=0)
     return str(info.value)
 
@@ -36,7 +36,7 @@ def test_a_pointer_to_a_missing_or_partial_version_is_named(tmp_path):
         publisher.publish(version, write_tiny)
     assert "is the trainer running?" in timeout_message(tmp_path, 7)  # v6 is there: just wait
     atomic.write_pointer(tmp_path / WEIGHTS_POINTER, 7)
-    message = timeout_message(tmp_path, 7)
+    message = timeout_message(tmp_path, 7, CheckpointError)  # no trainer: at the first poll
     assert (
         f"{WEIGHTS_POINTER} names version 7 but weights/v000007 is missing or incomplete" in message
     )
@@ -44,7 +44,7 @@ def test_a_pointer_to_a_missing_or_partial_version_is_named(tmp_path):
     assert "is the trainer running?" not in message
     (weights_dir(tmp_path, 6) / COMPLETE_MARKER).unlink()  # a partial copy of the run directory
     atomic.write_pointer(tmp_path / WEIGHTS_POINTER, 6)
-    message = timeout_message(tmp_path, 7)
+    message = timeout_message(tmp_path, 7, CheckpointError)
     assert "names version 6 but weights/v000006 is missing or incomplete" in message
     assert "write 5" in message
 

@@ -252,6 +252,88 @@ def step_wise_grpo_advantages(
     return _broadcast(adv, mask), metrics
 
 
+def grpo_verl_advantages(
+    rewards: torch.Tensor,
+    group_ids: GroupIds,
+    mask: torch.Tensor,
+    *,
+    epsilon: float = 1e-6,
+) -> AdvantageOut:
+    """Trinity's ``grpo_verl`` (trinity/algorithm/advantage_fn/grpo_advantage.py,
+    GRPOAdvantageFn, veRL's outcome GRPO): (r_i - mean_g) / (std_g + epsilon), but a group of
+    one keeps its reward, r / (1 + epsilon) (mean 0, std 1), where ``grpo`` gives it 0."""
+    scores = _scores(rewards, mask)  # [B]
+    index, n_groups = group_index(group_ids, scores.device)
+    count, mean, std = _group_stats(scores, index, n_groups)  # [G] each
+    single = count[index] == 1  # [B]
+    mean_b = torch.where(single, torch.zeros_like(scores), mean[index])  # [B]
+    std_b = torch.where(single, torch.ones_like(scores), std[index])  # [B]
+    adv = (scores - mean_b) / (std_b + epsilon)  # [B]
+    return _broadcast(adv, mask), _batch_metrics(scores, adv)
+
+
+def asymre_advantages(
+    rewards: torch.Tensor,
+    group_ids: GroupIds,
+    mask: torch.Tensor,
+    *,
+    baseline_shift: float = -0.1,
+) -> AdvantageOut:
+    """AsymRE (trinity/algorithm/advantage_fn/asymre_advantage.py, ASYMREGroupAdvantage):
+    A_i = r_i - (mean_g + baseline_shift); a negative shift lowers the baseline, so more
+    responses are reinforced than pushed down. A group of one has baseline 0: A = r."""
+    scores = _scores(rewards, mask)  # [B]
+    index, n_groups = group_index(group_ids, scores.device)
+    count, mean, _ = _group_stats(scores, index, n_groups)  # [G]
+    baseline = torch.where(count > 1, mean + baseline_shift, torch.zeros_like(mean))  # [G]
+    adv = scores - baseline[index]  # [B]
+    metrics = _batch_metrics(scores, adv)
+    metrics["group_baseline_mean"] = baseline.mean().item()
+    return _broadcast(adv, mask), metrics
+
+
+def rec_advantages(
+    rewards: torch.Tensor,
+    group_ids: GroupIds,
+    mask: torch.Tensor,
+    *,
+    epsilon: float = 1e-6,
+    std_normalize: bool = False,
+    drop: str | None = None,
+) -> AdvantageOut:
+    """REC (trinity/algorithm/advantage_fn/rec_advantage.py, RECGroupedAdvantage): A_i =
+    r_i - mean_g, or (r_i - mean_g) / (std_g + epsilon) with ``std_normalize`` (population
+    std). ``drop: balance``: a group with more responses below its mean than at or above it
+    drops randomly chosen ones below (advantage 0) until the two counts match, and mean/std
+    are taken over the kept ones. A group with one kept response uses mean 0, std 1."""
+    scores = _scores(rewards, mask)  # [B]
+    index, n_groups = group_index(group_ids, scores.device)
+    adv = torch.zeros_like(scores)  # [B]
+    dropped = 0
+    for g in range(n_groups):
+        members = (index == g).nonzero(as_tuple=True)[0]  # [n_g]
+        group = scores[members]  # [n_g]
+        keep = torch.ones_like(group, dtype=torch.bool)  # [n_g]
+        below = group < group.mean()  # [n_g]
+        extra = int(below.sum()) - int((~below).sum())
+        if drop == "balance" and len(group) > 1 and extra > 0:
+            below_at = below.nonzero(as_tuple=True)[0]
+            keep[below_at[torch.randperm(len(below_at))[:extra]]] = False
+            dropped += extra
+        kept = group[keep]
+        if len(kept) > 1:
+            mean, std = kept.mean(), kept.std(unbiased=False)
+        else:
+            mean, std = torch.tensor(0.0), torch.tensor(1.0)
+        part = group - mean
+        if std_normalize:
+            part = part / (std + epsilon)
+        adv[members] = torch.where(keep, part, torch.zeros_like(part))
+    metrics = _batch_metrics(scores, adv)
+    metrics["drop_balance_frac"] = dropped / max(len(scores), 1)
+    return _broadcast(adv, mask), metrics
+
+
 ADVANTAGE_FNS: dict[str, Callable[..., AdvantageOut]] = {
     "step_wise_grpo": step_wise_grpo_advantages,
     "grpo": grpo_advantages,
@@ -259,4 +341,7 @@ ADVANTAGE_FNS: dict[str, Callable[..., AdvantageOut]] = {
     "reinforce": reinforce_advantages,
     "reinforceplusplus": reinforceplusplus_advantages,
     "opmd": opmd_advantages,
+    "asymre": asymre_advantages,
+    "rec": rec_advantages,
+    "grpo_verl": grpo_verl_advantages,
 }

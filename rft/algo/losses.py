@@ -40,13 +40,13 @@ ROLLOUT_PART_LOSS = f"{ROLLOUT_PART}pg_loss"
 # ----------------------------------------------------------------------------- aggregation
 
 
-def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of ``values`` over positions where ``mask`` is 1 (0 when the mask is empty)."""
     return (values * mask).sum() / mask.sum().clamp(min=1)
 
 
 def _token_mean(loss_mat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    return _masked_mean(loss_mat, mask)
+    return masked_mean(loss_mat, mask)
 
 
 def _seq_sums(loss_mat: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,12 +59,12 @@ def _seq_sums(loss_mat: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor,
 def _seq_mean_token_mean(loss_mat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     sums, has_tokens = _seq_sums(loss_mat, mask)
     per_seq = sums / mask.sum(dim=-1).clamp(min=1)  # [B]
-    return _masked_mean(per_seq, has_tokens)
+    return masked_mean(per_seq, has_tokens)
 
 
 def _seq_mean_token_sum(loss_mat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     sums, has_tokens = _seq_sums(loss_mat, mask)
-    return _masked_mean(sums, has_tokens)
+    return masked_mean(sums, has_tokens)
 
 
 def _seq_mean_token_sum_norm(loss_mat: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -106,7 +106,7 @@ def _ratio_and_kl(
     """Importance ratio ``pi/pi_old`` ``[B, L]`` and the masked-mean k1 estimate of KL(old||new)."""
     log_ratio = (logprob - old_logprob).clamp(-MAX_LOG_RATIO, MAX_LOG_RATIO)  # [B, L]
     ratio = torch.exp(log_ratio)  # [B, L]; exactly 1 where logprob == old_logprob
-    ppo_kl = _masked_mean(-log_ratio.detach(), mask.to(log_ratio.dtype))
+    ppo_kl = masked_mean(-log_ratio.detach(), mask.to(log_ratio.dtype))
     return ratio, ppo_kl
 
 
@@ -127,12 +127,12 @@ def _clipped_surrogate(
     unclipped = -advantages * ratio  # [B, L]
     clipped = -advantages * ratio.clamp(1.0 - low, 1.0 + high)  # [B, L]
     loss = torch.maximum(unclipped, clipped)  # [B, L]
-    metrics = {CLIP_FRAC: _masked_mean((clipped > unclipped).to(ratio.dtype), mask_f).item()}
+    metrics = {CLIP_FRAC: masked_mean((clipped > unclipped).to(ratio.dtype), mask_f).item()}
     lower_frac = 0.0
     if clip_ratio_c is not None:
         cap = -advantages * clip_ratio_c  # [B, L]
         negative = advantages < 0  # [B, L]
-        lower_frac = _masked_mean(((loss > cap) & negative).to(ratio.dtype), mask_f).item()
+        lower_frac = masked_mean(((loss > cap) & negative).to(ratio.dtype), mask_f).item()
         loss = torch.where(negative, torch.minimum(loss, cap), loss)  # [B, L]
     metrics[CLIP_FRAC_LOWER] = lower_frac
     return loss, metrics
@@ -210,7 +210,7 @@ def gspo_loss(
     low, high = _clip_bounds(clip_range, clip_range_low, clip_range_high, (3e-4, 4e-4))
     loss_mat, metrics = _clipped_surrogate(ratio, advantages, mask, low, high, None)
     loss = aggregate(_weighted(loss_mat, is_weights), mask, loss_agg_mode)
-    ppo_kl = _masked_mean(-log_ratio.detach(), mask_f)
+    ppo_kl = masked_mean(-log_ratio.detach(), mask_f)
     metrics[PPO_KL] = ppo_kl.item()
     return loss, metrics
 
@@ -274,13 +274,16 @@ def mix_chord_loss(
     clip_range_low: float | None = None,
     clip_range_high: float | None = None,
     clip_ratio_c: float | None = 3.0,
+    sft_loss_agg_mode: str | None = None,
+    grpo_loss_agg_mode: str | None = None,
 ) -> LossOut:
     """CHORD: loss = (1 - mu) * PPO(rollout rows) + mu * SFT(expert rows), mu = ``chord_mu``.
 
     ``expert_mask`` ``[B]`` marks expert rows (``source: "expert"``); each part is aggregated
     over its own rows, and a part with no rows in this micro-batch contributes 0. The SFT part
     is phi-weighted when ``enable_phi_function`` (CHORD-phi), plain NLL otherwise; ``is_weights``
-    reach the PPO part only.
+    reach the PPO part only. Trinity's ``sft_loss_agg_mode`` / ``grpo_loss_agg_mode`` aggregate
+    one part each (unset: ``loss_agg_mode``).
     """
     if expert_mask is None:
         expert_mask = torch.zeros(logprob.shape[0], dtype=torch.bool, device=logprob.device)
@@ -295,7 +298,7 @@ def mix_chord_loss(
             old_logprob[~expert],
             advantages[~expert],
             mask[~expert],
-            loss_agg_mode=loss_agg_mode,
+            loss_agg_mode=grpo_loss_agg_mode or loss_agg_mode,
             is_weights=None if is_weights is None else is_weights[~expert],
             clip_range=clip_range,
             clip_range_low=clip_range_low,
@@ -306,13 +309,57 @@ def mix_chord_loss(
         metrics[ROLLOUT_PART_LOSS] = ppo_part.item()
     if expert.any():
         sft_fn = _phi_sft_loss if enable_phi_function else _plain_sft
-        sft_part, sft_metrics = sft_fn(logprob[expert], mask[expert], loss_agg_mode)
+        sft_part, sft_metrics = sft_fn(
+            logprob[expert], mask[expert], sft_loss_agg_mode or loss_agg_mode
+        )
         metrics.update({f"{EXPERT_PART}{k}": v for k, v in sft_metrics.items()})
     return (1.0 - mu) * ppo_part + mu * sft_part, metrics
 
 
 def _plain_sft(logprob: torch.Tensor, mask: torch.Tensor, loss_agg_mode: str) -> LossOut:
     return sft_loss(logprob, None, None, mask, loss_agg_mode=loss_agg_mode)
+
+
+def mix_loss(
+    logprob: torch.Tensor,
+    old_logprob: torch.Tensor,
+    advantages: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    step: int = 0,
+    expert_mask: torch.Tensor | None = None,
+    is_weights: torch.Tensor | None = None,
+    mu: float = 0.1,
+    clip_range: float | None = 0.2,
+    clip_range_low: float | None = None,
+    clip_range_high: float | None = None,
+    clip_ratio_c: float | None = 3.0,
+    sft_loss_agg_mode: str | None = None,
+    grpo_loss_agg_mode: str | None = None,
+) -> LossOut:
+    """MIX (trinity/algorithm/policy_loss_fn/mix_policy_loss.py): (1 - mu) * PPO(rollout rows)
+    + mu * NLL(expert rows) with a constant ``mu``: ``mix_chord`` without the schedule and
+    without the phi weighting."""
+    return mix_chord_loss(
+        logprob,
+        old_logprob,
+        advantages,
+        mask,
+        loss_agg_mode=loss_agg_mode,
+        step=step,
+        expert_mask=expert_mask,
+        is_weights=is_weights,
+        mu_peak=mu,
+        mu_valley=mu,
+        enable_phi_function=False,
+        clip_range=clip_range,
+        clip_range_low=clip_range_low,
+        clip_range_high=clip_range_high,
+        clip_ratio_c=clip_ratio_c,
+        sft_loss_agg_mode=sft_loss_agg_mode,
+        grpo_loss_agg_mode=grpo_loss_agg_mode,
+    )
 
 
 def opmd_loss(
@@ -344,6 +391,7 @@ POLICY_LOSS_FNS: dict[str, Callable[..., LossOut]] = {
     "gspo": gspo_loss,
     "sft": sft_loss,
     "mix_chord": mix_chord_loss,
+    "mix": mix_loss,
     "opmd": opmd_loss,
 }
 
@@ -423,7 +471,7 @@ def kl_penalty(
     with torch.no_grad():
         per_token = kl(name, logprob, ref_logprob, mask)  # [B, L]
         penalised = token_rewards - kl_coef * per_token  # [B, L]
-        kl_mean = _masked_mean(per_token, mask.to(per_token.dtype))
+        kl_mean = masked_mean(per_token, mask.to(per_token.dtype))
     return penalised, {KL_PENALTY: kl_mean.item(), KL_COEF: kl_coef}
 
 
@@ -434,6 +482,7 @@ def _entropy_default(
     entropy: torch.Tensor,
     mask: torch.Tensor,
     *,
+    expert_mask: torch.Tensor | None = None,
     loss_agg_mode: str = "token-mean",
     entropy_coef: float = 0.0,
 ) -> LossOut:
@@ -441,10 +490,30 @@ def _entropy_default(
     return -entropy_coef * mean_entropy, {ENTROPY: mean_entropy.item()}
 
 
+def _entropy_mix(
+    entropy: torch.Tensor,
+    mask: torch.Tensor,
+    *,
+    expert_mask: torch.Tensor | None = None,
+    loss_agg_mode: str = "token-mean",
+    entropy_coef: float = 0.0,
+) -> LossOut:
+    # Trinity's MixEntropyLossFn (entropy_loss_fn.py): the bonus counts rollout rows only, the
+    # expert rows being imitated, not explored.
+    rollout = torch.ones(entropy.shape[0], dtype=torch.bool, device=entropy.device)  # [B]
+    if expert_mask is not None:
+        rollout = ~expert_mask.to(device=entropy.device, dtype=torch.bool)
+    if not rollout.any():
+        return entropy.sum() * 0.0, {}
+    mean_entropy = aggregate(entropy[rollout], mask[rollout], loss_agg_mode)
+    return -entropy_coef * mean_entropy, {ENTROPY: mean_entropy.item()}
+
+
 def _entropy_none(
     entropy: torch.Tensor,
     mask: torch.Tensor,
     *,
+    expert_mask: torch.Tensor | None = None,
     loss_agg_mode: str = "token-mean",
     entropy_coef: float = 0.0,
 ) -> LossOut:
@@ -454,5 +523,6 @@ def _entropy_none(
 
 ENTROPY_LOSS_FNS: dict[str, Callable[..., LossOut]] = {
     "default": _entropy_default,  # term added to the loss: -entropy_coef * agg(entropy)
+    "mix": _entropy_mix,  # the same over the rollout rows only (expert_mask [B] marks the rest)
     "none": _entropy_none,
 }

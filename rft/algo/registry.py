@@ -13,15 +13,25 @@ from typing import Any, Callable, Mapping
 
 from rft.algo.advantages import ADVANTAGE_FNS
 from rft.algo.critic import gae_advantages
+from rft.algo.dpo import dpo_loss
 from rft.algo.losses import (
     ENTROPY_LOSS_FNS,
     KL_FNS,
     LOSS_AGG_MODES,
-    POLICY_LOSS_FNS,
     kl_loss,
     kl_penalty,
 )
+from rft.algo.losses import POLICY_LOSS_FNS as _BASE_POLICY_LOSS_FNS
+from rft.algo.weighted_pg import REC_CLIP_MODES, REC_REGULARIZERS, REC_WEIGHTS, WEIGHTED_PG_LOSSES
 from rft.errors import ConfigError, did_you_mean
+
+# Every policy loss by name: rft.algo.losses' and rft.algo.weighted_pg's, and DPO's, whose
+# function takes (logprob, ref_logprob, mask) of pair rows (called by rft.trainer.dpo only).
+POLICY_LOSS_FNS: dict[str, Callable[..., Any]] = {
+    **_BASE_POLICY_LOSS_FNS,
+    **WEIGHTED_PG_LOSSES,
+    "dpo": dpo_loss,
+}
 
 # Supplied by the trainer on each call, never by the config.
 _CONTEXT_PARAMS = frozenset({"step", "expert_mask", "is_weights", "runs"})
@@ -38,6 +48,8 @@ def _is_count(v: Any) -> bool:
 # Argument name -> (check, what a valid value is). Unlisted arguments accept any value.
 _VALUE_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "loss_agg_mode": (lambda v: v in LOSS_AGG_MODES, f"one of {sorted(LOSS_AGG_MODES)}"),
+    "sft_loss_agg_mode": (lambda v: v in LOSS_AGG_MODES, f"one of {sorted(LOSS_AGG_MODES)}"),
+    "grpo_loss_agg_mode": (lambda v: v in LOSS_AGG_MODES, f"one of {sorted(LOSS_AGG_MODES)}"),
     "epsilon": (lambda v: _is_number(v) and v > 0, "a number > 0"),
     "std_threshold": (lambda v: v is None or (_is_number(v) and v >= 0), "null or a number >= 0"),
     "std_normalize": (lambda v: isinstance(v, bool), "true or false"),
@@ -45,7 +57,7 @@ _VALUE_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "gamma": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
     "lam": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
     "opmd_baseline": (lambda v: v in ("mean", "logavgexp"), "'mean' or 'logavgexp'"),
-    "tau": (lambda v: _is_number(v) and v > 0, "a number > 0"),
+    "tau": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
     "clip_range": (lambda v: v is None or (_is_number(v) and v >= 0), "null or a number >= 0"),
     "clip_range_low": (lambda v: v is None or (_is_number(v) and v >= 0), "null or a number >= 0"),
     "clip_range_high": (lambda v: v is None or (_is_number(v) and v >= 0), "null or a number >= 0"),
@@ -60,6 +72,26 @@ _VALUE_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "enable_phi_function": (lambda v: isinstance(v, bool), "true or false"),
     "kl_coef": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
     "entropy_coef": (_is_number, "a number"),
+    "baseline_shift": (_is_number, "a number"),
+    "drop": (lambda v: v in (None, "balance"), "null or 'balance'"),
+    "mu": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
+    "advantage_threshold": (_is_number, "a number"),
+    "enable_mask_clip": (lambda v: isinstance(v, bool), "true or false"),
+    "mask_clip_range_low": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
+    "mask_clip_range_high": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
+    "tau_pos": (lambda v: _is_number(v) and v > 0, "a number > 0"),
+    "tau_neg": (lambda v: _is_number(v) and v > 0, "a number > 0"),
+    "epsilon_low": (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "epsilon_high": (lambda v: _is_number(v) and v > 0, "a number > 0"),
+    "epsilon_low_prime": (lambda v: _is_number(v) and 0 < v <= 1, "a number in (0, 1]"),
+    "epsilon_high_prime": (lambda v: _is_number(v) and v > 0, "a number > 0"),
+    "clip_mode": (lambda v: v in REC_CLIP_MODES, f"one of {list(REC_CLIP_MODES)}"),
+    "weight": (lambda v: v in REC_WEIGHTS, f"one of {list(REC_WEIGHTS)}"),
+    "regularizer": (lambda v: v in REC_REGULARIZERS, f"one of {list(REC_REGULARIZERS)}"),
+    "regularizer_coef": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
+    "temp": (lambda v: _is_number(v) and v > 0, "a number > 0"),
+    "beta": (lambda v: _is_number(v) and v > 0, "a number > 0"),
+    "label_smoothing": (lambda v: _is_number(v) and 0 <= v < 0.5, "a number in [0, 0.5)"),
 }
 
 
@@ -78,6 +110,31 @@ def _config_params(fn: Callable[..., Any]) -> list[str]:
     return [p.name for p in params if p.kind is p.KEYWORD_ONLY and p.name not in _CONTEXT_PARAMS]
 
 
+def _defaults(fn: Callable[..., Any]) -> dict[str, Any]:
+    params = inspect.signature(fn).parameters.values()
+    return {p.name: p.default for p in params if p.default is not p.empty}
+
+
+def _check_sapo(args: Mapping[str, Any]) -> str | None:
+    # SAPO's stability needs negative-advantage tokens gated at least as hard as positive ones.
+    if args["tau_neg"] < args["tau_pos"]:
+        return f"tau_neg={args['tau_neg']!r} must be >= tau_pos={args['tau_pos']!r}"
+    return None
+
+
+def _check_opmd_baseline(args: Mapping[str, Any]) -> str | None:
+    if args["opmd_baseline"] == "logavgexp" and args["tau"] <= 0:
+        return f"opmd_baseline 'logavgexp' divides by tau, which must be > 0 (got {args['tau']!r})"
+    return None
+
+
+# (kind, name) -> a check of the function's full arguments (defaults + config) across keys.
+_JOINT_CHECKS: dict[tuple[str, str], Callable[[Mapping[str, Any]], str | None]] = {
+    ("policy_loss_fn", "sapo"): _check_sapo,
+    ("advantage_fn", "opmd"): _check_opmd_baseline,
+}
+
+
 def _check_args(
     kind: str, name: str, fn: Callable[..., Any], args: Mapping[str, Any] | None
 ) -> dict[str, Any]:
@@ -92,6 +149,10 @@ def _check_args(
         check = _VALUE_CHECKS.get(key)
         if check is not None and not check[0](value):
             raise ConfigError(f"algorithm.{kind}_args.{key}: got {value!r}, expected {check[1]}.")
+    joint = _JOINT_CHECKS.get((kind, name))
+    problem = joint({**_defaults(fn), **args}) if joint is not None else None
+    if problem is not None:
+        raise ConfigError(f"algorithm.{kind}_args ({kind} {name!r}): {problem}.")
     return args
 
 

@@ -13,6 +13,7 @@ import array
 import binascii
 import functools
 import json
+import logging
 import math
 import struct
 import sys
@@ -22,6 +23,8 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 from rft.errors import DataError
+
+log = logging.getLogger(__name__)
 
 SOURCES = ("rollout", "expert")
 RUN_KEY = "run"  # info key: which of its task's runs a workflow experience came from
@@ -35,6 +38,10 @@ _ARRAY_FIELDS = {
     "action_mask": "i32",
 }
 _LITTLE_ENDIAN = sys.byteorder == "little"  # packed arrays are little-endian on disk
+# A log-probability is <= 0; this leaves room for engines that round it in lower precision.
+# Above it the number is not a log-prob (a probability or a logit was written), and the
+# importance ratio exp(new - old) built on it would be wrong.
+LOGPROB_TOLERANCE = 1e-4
 
 
 def new_experience_id() -> str:
@@ -160,6 +167,13 @@ class Experience:
                 raise DataError(f"{who}: {name} must be a string or null")
         if not isinstance(self.source, str) or self.source not in SOURCES:
             raise DataError(f"{who}: source must be one of {SOURCES}, got {self.source!r}")
+        if not self.array_len("prompt_ids"):
+            # The first response token is scored from the logits at the last prompt position;
+            # with no prompt that position is -1, a padding slot of the batch.
+            raise DataError(
+                f"{who}: prompt_ids is empty; a record needs at least one prompt token (the "
+                "chat template's, or the tokenizer's BOS) to score its first response token"
+            )
         num_logprobs, num_tokens = self.array_len("logprobs"), self.array_len("response_ids")
         expert_without_logprobs = self.source == "expert" and not num_logprobs
         if num_logprobs != num_tokens and not expert_without_logprobs:
@@ -212,6 +226,8 @@ def _finite_number(value: object) -> bool:
 
 
 _F32_TOP = bytes(1 if b & 0x7F == 0x7F else 0 for b in range(256))  # exponent >= 254 possible
+# A float32 above LOGPROB_TOLERANCE (1e-4 = 0x38D1B717) is positive with a top byte of 0x38-0x7F.
+_F32_POSITIVE_TOP = bytes(1 if 0x38 <= b <= 0x7F else 0 for b in range(256))
 
 
 def _check_raw(who: str, name: str, code: str, raw: bytes) -> None:
@@ -219,7 +235,8 @@ def _check_raw(who: str, name: str, code: str, raw: bytes) -> None:
 
     i32: the top byte of each value has the sign bit, so all are >= 0 iff those bytes are
     ASCII. f32: a value is nan/inf iff its exponent bits are all ones; the few values whose top
-    byte allows that (|x| >= 2**127) are checked exactly.
+    byte allows that (|x| >= 2**127) are checked exactly. ``logprobs`` must also be at most
+    :data:`LOGPROB_TOLERANCE`; only values whose top byte allows more are checked exactly.
     """
     top = raw[3::4]
     if code == "i32" and not top.isascii():
@@ -231,6 +248,16 @@ def _check_raw(who: str, name: str, code: str, raw: bytes) -> None:
         bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
         if bad is not None:
             raise DataError(f"{who}: {name}[{bad}] is {values[bad]} (must be finite in float32)")
+    if name == "logprobs" and 1 in top.translate(_F32_POSITIVE_TOP):
+        values = array.array("f", raw)
+        if not _LITTLE_ENDIAN:
+            values.byteswap()
+        bad = next((i for i, v in enumerate(values) if v > LOGPROB_TOLERANCE), None)
+        if bad is not None:
+            raise DataError(
+                f"{who}: logprobs[{bad}] is {values[bad]:.6g} > 0; a log-probability is <= 0 "
+                "(write log(p) of each sampled token, not p or a logit)"
+            )
 
 
 @functools.lru_cache(maxsize=8192)
@@ -355,11 +382,53 @@ def decode_line(line: str | bytes) -> Experience:
 
 
 def contiguous_groups(records: Sequence[Experience]) -> list[Experience]:
-    """Reorder a batch so each group's records are adjacent (stable; first appearance order)."""
+    """Reorder a batch so each group's records are adjacent (stable; first appearance order),
+    each record once (:func:`drop_copies`: writers call this before sealing)."""
     by_group: dict[str, list[Experience]] = {}
-    for exp in records:
+    for exp in drop_copies(records):
         by_group.setdefault(exp.group_id, []).append(exp)
     return [exp for group in by_group.values() for exp in group]
+
+
+def drop_copies(records: Sequence[Experience], where: str = "a batch") -> list[Experience]:
+    """``records`` with each ``experience_id`` once.
+
+    A second record with an id already seen and the same content is a copy (a workflow that
+    returned one object twice): it is dropped with a warning, which loses nothing, while keeping
+    it would count one sample twice in its group's mean and std (skewed advantages). A second
+    record with the same id but other content is a DataError: which of the two is the sample
+    cannot be told, and guessing could drop one.
+    """
+    seen: dict[str, Experience] = {}
+    out = []
+    for exp in records:
+        first = seen.setdefault(exp.experience_id, exp)
+        if first is exp:
+            out.append(exp)
+        elif first.to_dict() == exp.to_dict():
+            log.warning(
+                "%s: dropped a copy of experience %s (group %s): each sample is trained once",
+                where,
+                exp.experience_id,
+                exp.group_id,
+            )
+        else:
+            raise DataError(
+                f"{where}: two different records share experience_id {exp.experience_id} "
+                f"(groups {first.group_id}, {exp.group_id}); give each sample its own id "
+                "(Experience's default, new_experience_id())"
+            )
+    return out
+
+
+def read_group(group: list[Experience], where: str) -> list[Experience] | None:
+    """A group as read from the buffer, for readers: copies dropped (:func:`drop_copies`), or
+    None (logged) when two different records share an id, so the reader drops the group."""
+    try:
+        return drop_copies(group, where) if len(group) > 1 else group
+    except DataError as e:
+        log.warning("%s; the group is dropped", e)
+        return None
 
 
 def check_group_fits(group: list[Experience], max_experiences: int) -> None:

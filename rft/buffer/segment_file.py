@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from rft import atomic
-from rft.buffer.experience import Experience, ReaderStats, decode_line
+from rft.buffer.experience import Experience, ReaderStats, decode_line, read_group
 from rft.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -195,9 +195,13 @@ def whole_groups(
             spans[-1][2] = line
         else:
             spans.append([[rec], line, line])
+    unique = [read_group(g, str(path)) for g, _, _ in spans]  # copies out; None: an id clash
     damaged = content.damaged
-    hurt = [any(lo - 1 <= d <= hi + 1 for d in damaged) for _, lo, hi in spans]
-    kept = [(g, lo) for (g, lo, _), bad in zip(spans, hurt) if not bad]
+    hurt = [
+        u is None or any(lo - 1 <= d <= hi + 1 for d in damaged)
+        for u, (_, lo, hi) in zip(unique, spans)
+    ]
+    kept = [(u, lo) for u, (_, lo, _), bad in zip(unique, spans, hurt) if not bad]
     if len(kept) < len(spans):
         dropped = [g[0].group_id for (g, _, _), bad in zip(spans, hurt) if bad]
         stats.count(path.parent.name, "incomplete_groups", len(dropped))

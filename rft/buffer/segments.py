@@ -48,7 +48,7 @@ from rft.buffer.sqlite import (
     check_sql_transport,
     sqlite_url_path,
 )
-from rft.errors import ConfigError, DataError, NotSupportedError
+from rft.errors import ConfigError, DataError, NotSupportedError, storage_errors
 from rft.rundir import BUFFER_DIR
 
 log = logging.getLogger(__name__)
@@ -64,12 +64,8 @@ class SegmentWriter:
     def __init__(self, buffer_dir: Path | str, writer: str):
         self.writer = check_writer_name(writer)
         self.folder = Path(buffer_dir) / writer
-        try:
+        with storage_errors(self.folder, "create"):  # names the file in the way, if one is
             self.folder.mkdir(parents=True, exist_ok=True)
-        except (FileExistsError, NotADirectoryError) as e:
-            raise DataError(f"{self.folder} exists but is not a folder; move it away") from e
-        except PermissionError as e:
-            raise DataError(f"cannot create {self.folder} (permission denied)") from e
         for path in atomic.remove_stale_tmp(self.folder):
             log.info("removed %s (temporary of a dead writer)", path)
         sealed = list_segments(self.folder)
@@ -173,9 +169,9 @@ class SegmentReader:
     ) -> list[Experience]:
         """Every remaining record of each writer's segment ``step`` (synchronous mode).
 
-        Call once :func:`~rft.buffer.segment_file.unsealed_writers` is empty. Writers already past ``step`` (a resumed
-        trainer) contribute nothing; unread segments before ``step`` are an error, because
-        skipping them would lose experiences.
+        Call once :func:`~rft.buffer.segment_file.unsealed_writers` is empty. Writers already past
+        ``step`` (a resumed trainer) contribute nothing; unread segments before ``step`` are an
+        error, because skipping them would lose experiences.
         """
         out: list[Experience] = []
         for writer in writers:

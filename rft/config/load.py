@@ -3,12 +3,16 @@
 :func:`load_config` reads a file (``${oc.env:VAR,default}``), merges ``key=value`` overrides,
 builds the typed :class:`Config`, recording the keys the user set, and applies
 :mod:`rft.config.rules`; each ``stages`` entry is merged onto the base and checked the same way.
+A ``trainer.trainer_config_path`` veRL file is read in as ``trainer.trainer_config``.
 :func:`config_to_yaml` writes YAML that loads back to an equal config. Owns a stage's name.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,9 +23,13 @@ from omegaconf.errors import OmegaConfBaseException
 from rft.config import rules as config_rules
 from rft.config.schema import Config, StageConfig
 from rft.config.typed_dict import from_dict, to_dict
+from rft.config.verl_keys import drop_no_effect_keys
 from rft.errors import ConfigError
 
 _STAGE_KEYS = {"stage_name", "mode"}
+_VERL_FILE_MODES = ("both", "train")  # Trinity reads the trainer's veRL file only in these
+
+log = logging.getLogger(__name__)
 
 
 def load_config(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Config:
@@ -45,7 +53,31 @@ def read_raw(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> d
         data = OmegaConf.to_container(base, resolve=True)
     except OmegaConfBaseException as e:
         raise ConfigError(f"{path}: {_interpolation_message(e)}") from e
-    return data or {}
+    data = data or {}
+    for section in (data, *(s for s in data.get("stages") or [] if isinstance(s, dict))):
+        _locate_verl_file(section, path.parent)
+    return data
+
+
+def _locate_verl_file(section: dict[str, Any], config_dir: Path) -> None:
+    """Make a relative ``trainer.trainer_config_path`` absolute. Trinity opens it from the
+    working directory (its examples name ``examples/<x>/<file>`` from the repository root);
+    failing that, rft looks in the config file's folder and the folders above it."""
+    trainer = section.get("trainer")
+    if not isinstance(trainer, dict) or not _reads_verl_file(section):
+        return
+    given = Path(trainer["trainer_config_path"])
+    if given.is_absolute():
+        return
+    for root in (Path.cwd(), config_dir.resolve(), *config_dir.resolve().parents):
+        if (root / given).is_file():
+            trainer["trainer_config_path"] = str(root / given)
+            return
+    raise ConfigError(
+        f"trainer.trainer_config_path: veRL file {str(given)!r} not found in the working "
+        f"directory ({Path.cwd()}) nor in {config_dir.resolve()} or a folder above it; "
+        "give an existing file (an absolute path is read as it is)"
+    )
 
 
 def _apply_overrides(cfg: DictConfig, overrides: list[str] | tuple[str, ...]) -> None:
@@ -84,13 +116,89 @@ def config_from_dict(data: dict[str, Any]) -> Config:
     """Typed config from a resolved mapping: schema check, stages, then the rules."""
     data = copy.deepcopy(data)
     stages = _split_stages(data.pop("stages", None) or [])
+    written = copy.deepcopy(data)  # stages merge onto what was written (the path, not the file)
+    verl_file = _read_verl_file(data)
+    _drop_no_effect_verl_keys(data)
     seen: set[str] = set()
-    cfg = from_dict(Config, data, "", seen)
-    cfg.stages, cfg.written = stages, data
-    config_rules.apply(cfg, seen)
+    with _naming_verl_file(verl_file):
+        cfg = from_dict(Config, data, "", seen)
+        cfg.stages, cfg.written = stages, written
+        config_rules.apply(cfg, seen)
     for index in range(len(stages)):
         stage_config(cfg, index)  # each stage must be valid on its own
     return cfg
+
+
+def _reads_verl_file(section: dict[str, Any]) -> bool:
+    """Whether Trinity would read the section's ``trainer.trainer_config_path``: a path is set,
+    ``trainer_config`` is empty (it wins) and the mode trains (trinity/common/config.py)."""
+    trainer = section.get("trainer")
+    if not isinstance(trainer, dict):
+        return False
+    path = trainer.get("trainer_config_path")
+    return (
+        isinstance(path, str)
+        and bool(path)
+        and not trainer.get("trainer_config")
+        and section.get("mode", "both") in _VERL_FILE_MODES
+    )
+
+
+def _read_verl_file(data: dict[str, Any]) -> str | None:
+    """Replace ``trainer.trainer_config_path`` by the veRL file's keys as an inline
+    ``trainer.trainer_config`` (checked, mapped and refused exactly like one); return the file
+    read, or None. Trinity's precedence (trinity/common/config.py, check_and_update): a
+    non-empty ``trainer_config`` wins, and the file is read only in modes both and train."""
+    trainer = data.get("trainer")
+    if not isinstance(trainer, dict) or "trainer_config_path" not in trainer:
+        return None
+    path = trainer.pop("trainer_config_path")
+    if path is None or path == "":
+        return None
+    if not isinstance(path, str):
+        raise ConfigError(f"trainer.trainer_config_path: expected a file path, got {path!r}")
+    mode = data.get("mode", "both")
+    if trainer.get("trainer_config"):
+        log.warning(
+            "trainer.trainer_config_path %s has no effect: trainer.trainer_config is set, and "
+            "it wins (as in Trinity)",
+            path,
+        )
+        return None
+    if mode not in _VERL_FILE_MODES:
+        log.info("trainer.trainer_config_path has no effect in mode %s (no trainer)", mode)
+        return None
+    file = Path(path)
+    if not file.is_file():
+        raise ConfigError(
+            f"trainer.trainer_config_path: veRL file not found: {file.resolve()}; "
+            "give an existing file"
+        )
+    try:
+        verl = OmegaConf.to_container(OmegaConf.load(file), resolve=True)
+    except (OmegaConfBaseException, yaml.YAMLError) as e:
+        raise ConfigError(f"trainer.trainer_config_path {file}: cannot read it: {e}") from e
+    if not isinstance(verl, dict):
+        raise ConfigError(f"trainer.trainer_config_path {file}: expected a mapping of veRL keys")
+    trainer["trainer_config"] = verl
+    return str(file)
+
+
+def _drop_no_effect_verl_keys(data: dict[str, Any]) -> None:
+    verl = (data.get("trainer") or {}).get("trainer_config") if isinstance(data, dict) else None
+    if isinstance(verl, dict):
+        drop_no_effect_keys(verl)
+
+
+@contextlib.contextmanager
+def _naming_verl_file(verl_file: str | None) -> Iterator[None]:
+    """Errors about ``trainer.trainer_config.*`` keys that came from a veRL file name it."""
+    try:
+        yield
+    except ConfigError as e:
+        if verl_file is None or "trainer.trainer_config." not in str(e):
+            raise
+        raise type(e)(f"{e} (read from trainer.trainer_config_path {verl_file})") from e
 
 
 def _split_stages(raw: object) -> list[StageConfig]:
@@ -138,9 +246,12 @@ def stage_config(cfg: Config, index: int) -> Config:
         merged["mode"] = stage.mode
     merged["name"] = f"{merged.get('name', cfg.name)}/{stage_name(cfg, index)}"
     try:
+        verl_file = _read_verl_file(merged)
+        _drop_no_effect_verl_keys(merged)
         seen: set[str] = set()
-        sub = from_dict(Config, merged, "", seen)
-        config_rules.apply(sub, seen)
+        with _naming_verl_file(verl_file):
+            sub = from_dict(Config, merged, "", seen)
+            config_rules.apply(sub, seen)
     except ConfigError as e:
         raise type(e)(f"{stage_label(cfg, index)}: {e}") from e
     return sub

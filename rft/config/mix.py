@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from rft.config.names import EXPERT_LOSSES
 from rft.config.schema import Config, ExperienceBufferConfig
 from rft.errors import ConfigError, did_you_mean
 
@@ -75,11 +76,12 @@ def mix_counts(cfg: Config) -> MixCounts:
     plus ``expert``. Raises ConfigError naming the keys to change.
     """
     algo, buf = cfg.algorithm, cfg.buffer
-    if algo.policy_loss_fn != "mix_chord":
+    if algo.policy_loss_fn not in EXPERT_LOSSES:
         raise ConfigError(
             f"algorithm.sample_strategy 'mix' adds expert samples, which only "
-            f"policy_loss_fn 'mix_chord' trains on (got {algo.policy_loss_fn!r}); "
-            "use algorithm_type: mix_chord"
+            f"policy_loss_fn {' or '.join(map(repr, sorted(EXPERT_LOSSES, reverse=True)))} "
+            f"trains on (got {algo.policy_loss_fn!r}); "
+            "use algorithm_type: mix_chord or mix"
         )
     if buf.trainer_input.experience_buffer.storage_type == "file":
         raise ConfigError(

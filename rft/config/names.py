@@ -14,10 +14,26 @@ ADVANTAGE_FN_NAMES = (
     "opmd",
     "ppo",
     "step_wise_grpo",
+    "asymre",
+    "rec",
+    "grpo_verl",
 )
-POLICY_LOSS_FN_NAMES = ("ppo", "gspo", "sft", "mix_chord", "opmd")
+POLICY_LOSS_FN_NAMES = (
+    "ppo",
+    "gspo",
+    "sft",
+    "mix_chord",
+    "mix",
+    "opmd",
+    "topr",
+    "cispo",
+    "sapo",
+    "sppo",
+    "rec",
+    "dpo",
+)
 KL_FN_NAMES = ("none", "k1", "k2", "k3", "low_var_kl", "abs")
-ENTROPY_LOSS_FN_NAMES = ("default", "none")
+ENTROPY_LOSS_FN_NAMES = ("default", "mix", "none")
 LOSS_AGG_MODES = (
     "token-mean",
     "seq-mean-token-mean",
@@ -27,6 +43,7 @@ LOSS_AGG_MODES = (
 SAMPLE_STRATEGIES = ("default", "mix")
 ALGORITHM_TYPES = (
     "grpo",
+    "dapo",
     "ppo",
     "rloo",
     "reinforce",
@@ -36,7 +53,41 @@ ALGORITHM_TYPES = (
     "sft",
     "mix_chord",
     "multi_step_grpo",
+    "asymre",
+    "topr",
+    "cispo",
+    "sapo",
+    "mix",
+    "raft",
+    "sppo",
+    "rec",
+    "on_policy_distill",
+    "jsd",
+    "dpo",
 )
+# Trinity's types that need teacher log-probs on the explorer's rollouts (not built yet).
+NEEDS_TEACHER = frozenset({"on_policy_distill", "jsd"})
+# policy_loss_fn names that train on expert rows too (algorithm.sample_strategy: mix).
+EXPERT_LOSSES = frozenset({"mix_chord", "mix"})
+# Trinity's MIX / CHORD policy_loss_fn_args that only size its own loss scaling (veRL's batch
+# bookkeeping: trinity/algorithm/policy_loss_fn/{mix,chord}_policy_loss.py). rft weighs each
+# part over its rows itself: no effect, checked against rft's values (rft.config.mix_args).
+MIX_BATCH_ARGS = (
+    "use_dynamic_bsz",
+    "ppo_mini_batch_size",
+    "ppo_micro_batch_size_per_gpu",
+    "ngpus_trainer",
+    "train_batch_size_usual",
+    "train_batch_size_expert",
+    "repeat_times",  # mix only
+    "read_batch_size_usual",  # mix only
+    "read_batch_size_expert",  # mix only
+    "gradient_accumulation",  # older mix only
+)
+# entropy_loss_fn names whose bonus counts the rollout rows only (not the expert rows).
+ROLLOUT_ENTROPY = frozenset({"mix"})
+# advantage_fn names that compare a response with the rest of its group (repeat_times >= 2).
+GROUP_BASELINES = frozenset({"grpo", "rloo", "opmd", "asymre", "rec", "step_wise_grpo"})
 ROLLOUT_CORRECTION_MODES = ("none", "tis", "decoupled")  # algorithm.rollout_correction.mode
 TIS_THRESHOLD = 2.0  # rollout_correction.rollout_is_threshold when unset (veRL's default)
 NEEDS_CRITIC = frozenset({"ppo"})  # advantage_fn names that need a critic model (GAE)

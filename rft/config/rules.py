@@ -13,52 +13,81 @@ import logging
 from rft.config.auxiliary import auxiliary_tp, check_auxiliary_models
 from rft.config.batches import check_train_batch_size
 from rft.config.mix import mix_counts
-from rft.config.names import NEEDS_CRITIC, TIS_THRESHOLD, VLLM_LORA_RANKS
+from rft.config.mix_args import check_mix_batch_args
+from rft.config.names import (
+    EXPERT_LOSSES,
+    GROUP_BASELINES,
+    NEEDS_CRITIC,
+    NEEDS_TEACHER,
+    TIS_THRESHOLD,
+    VLLM_LORA_RANKS,
+)
 from rft.config.schema import Config, LoRAConfig, TasksetConfig
+from rft.config.typed_dict import not_supported
 from rft.errors import ConfigError, NotSupportedError
 from rft.placement import task_gpus
 
 log = logging.getLogger(__name__)
 
-# algorithm_type -> the function choices it implies ("ppo": GAE advantages from a critic, as Trinity).
+# algorithm_type -> the choices it implies where the config leaves them unset: Trinity-RFT's
+# AlgorithmType.default_config() (trinity/algorithm/algorithm.py, v0.5.x main) over its base
+# defaults (_COMMON, from AlgorithmConfigValidator). "ppo" is GAE from a critic, as Trinity.
+# Types without advantage_fn train on data, not advantages (sft, raft). "reinforce" is rft's own.
 PRESETS: dict[str, dict[str, str]] = {
-    "grpo": dict(advantage_fn="grpo", policy_loss_fn="ppo", kl_loss_fn="k2", kl_penalty_fn="none"),
-    "ppo": dict(advantage_fn="ppo", policy_loss_fn="ppo", kl_loss_fn="none", kl_penalty_fn="none"),
-    "rloo": dict(
-        advantage_fn="rloo", policy_loss_fn="ppo", kl_loss_fn="none", kl_penalty_fn="none"
+    "sft": dict(policy_loss_fn="sft", kl_loss_fn="none", entropy_loss_fn="none"),
+    "ppo": dict(advantage_fn="ppo"),
+    "grpo": dict(advantage_fn="grpo"),
+    # DAPO (agentscope-ai/Trinity-RFT@0fcd37e algorithm.py): GRPO's advantage and PPO's loss
+    # without KL; its clip-higher, token-mean loss, overlong reward shaping and dynamic sampling
+    # are the example's own keys (policy_loss_fn_args, reward_fn_args, data_processor).
+    "dapo": dict(advantage_fn="grpo", kl_loss_fn="none"),
+    "reinforceplusplus": dict(advantage_fn="reinforceplusplus"),
+    "rloo": dict(advantage_fn="rloo"),
+    "reinforce": dict(advantage_fn="reinforce", kl_loss_fn="none", entropy_loss_fn="none"),
+    "opmd": dict(advantage_fn="opmd", policy_loss_fn="opmd"),
+    "asymre": dict(
+        advantage_fn="asymre", policy_loss_fn="opmd", kl_loss_fn="none", entropy_loss_fn="none"
     ),
-    "reinforce": dict(
-        advantage_fn="reinforce", policy_loss_fn="ppo", kl_loss_fn="none", kl_penalty_fn="none"
+    "topr": dict(advantage_fn="reinforce", policy_loss_fn="topr"),
+    "cispo": dict(advantage_fn="grpo", policy_loss_fn="cispo"),
+    "gspo": dict(advantage_fn="grpo", policy_loss_fn="gspo"),
+    "sapo": dict(advantage_fn="grpo", policy_loss_fn="sapo"),
+    "mix": dict(
+        advantage_fn="grpo", policy_loss_fn="mix", sample_strategy="mix", entropy_loss_fn="mix"
     ),
-    "reinforceplusplus": dict(
-        advantage_fn="reinforceplusplus",
-        policy_loss_fn="ppo",
-        kl_loss_fn="k2",
-        kl_penalty_fn="none",
-    ),
-    "opmd": dict(advantage_fn="opmd", policy_loss_fn="opmd", kl_loss_fn="k2", kl_penalty_fn="none"),
-    "gspo": dict(
-        advantage_fn="grpo", policy_loss_fn="gspo", kl_loss_fn="none", kl_penalty_fn="none"
-    ),
-    "sft": dict(policy_loss_fn="sft", kl_loss_fn="none", kl_penalty_fn="none"),
     "mix_chord": dict(
         advantage_fn="grpo",
         policy_loss_fn="mix_chord",
-        kl_loss_fn="none",
-        kl_penalty_fn="none",
         sample_strategy="mix",
+        entropy_loss_fn="mix",
     ),
+    "raft": dict(policy_loss_fn="sft", kl_loss_fn="none", entropy_loss_fn="none"),
+    "sppo": dict(
+        advantage_fn="opmd", policy_loss_fn="sppo", kl_loss_fn="none", entropy_loss_fn="none"
+    ),
+    "rec": dict(advantage_fn="rec", policy_loss_fn="rec"),
+    "dpo": dict(policy_loss_fn="dpo"),  # pairs from a dataset (mode train), rft.trainer.dpo
     # Trinity's: one experience per step of a workflow's run, the run's last reward broadcast.
-    "multi_step_grpo": dict(
-        advantage_fn="step_wise_grpo",
-        policy_loss_fn="ppo",
-        kl_loss_fn="k2",
-        kl_penalty_fn="none",
-        entropy_loss_fn="default",
-    ),
+    "multi_step_grpo": dict(advantage_fn="step_wise_grpo"),
 }
-_COMMON = dict(entropy_loss_fn="none", sample_strategy="default", loss_agg_mode="token-mean")
-# Every algorithm key a preset may fill (a stage changing algorithm_type drops the base's).
+# Trinity's base defaults under every type's (its "warmup" sample strategy is no type's now).
+_COMMON = dict(
+    policy_loss_fn="ppo",
+    kl_loss_fn="k2",
+    kl_penalty_fn="none",
+    entropy_loss_fn="default",
+    sample_strategy="default",
+    loss_agg_mode="token-mean",
+)
+# Trinity's default_config() repeat_times per type (rft's algorithm.repeat_times default stays
+# 1): named in the warning for a group-baseline advantage with groups of one.
+REPEAT_TIMES: dict[str, int] = {
+    **{t: 2 for t in PRESETS if "advantage_fn" in PRESETS[t]},
+    **dict.fromkeys(("mix", "mix_chord", "multi_step_grpo"), 8),
+    "dapo": 16,
+    "ppo": 1,
+}
+del REPEAT_TIMES["reinforce"]  # rft's own type: no Trinity default
 PRESET_KEYS = tuple(dict.fromkeys(key for preset in (*PRESETS.values(), _COMMON) for key in preset))
 
 
@@ -83,35 +112,32 @@ def apply(cfg: Config, seen: set[str]) -> None:
     check_gpu_split(cfg)
     _check_monitor(cfg)
     if cfg.algorithm.sample_strategy == "mix":
-        mix_counts(cfg)  # rollouts + expert samples of a mini-batch
+        check_mix_batch_args(cfg, mix_counts(cfg))  # rollouts + expert samples of a mini-batch
     check_train_batch_size(cfg)  # a mini-batch fits in the explorer's step
 
 
-def _unsupported(key: str, value: object, what_to_do: str) -> NotSupportedError:
-    return NotSupportedError(f"{key}: {value!r} is not supported yet. {what_to_do}")
-
-
 def check_not_supported(cfg: Config) -> None:
-    """Raise for Trinity options rft reads but does not implement (nothing is ignored)."""
+    """Raise for Trinity choices rft reads but does not implement; say which keys have no effect.
+    (Keys rft lacks altogether are refused by name at parsing: rft.config.known_names.)"""
     sync = cfg.synchronizer
     if sync.sync_method == "memory":
-        raise _unsupported(
-            "synchronizer.sync_method",
-            sync.sync_method,
-            "Use 'nccl' (weights broadcast from the trainer to the explorers) or "
-            "'checkpoint' (weights/vNNNNNN folders on the shared filesystem)",
+        raise not_supported(
+            "synchronizer.sync_method: memory",
+            "use nccl (weights broadcast from the trainer to the explorers) or checkpoint "
+            "(weights/vNNNNNN folders on the shared filesystem)",
         )
     if sync.sync_style != "fixed":
-        raise _unsupported(
-            "synchronizer.sync_style",
-            sync.sync_style,
-            "Use 'fixed' (sync every synchronizer.sync_interval steps).",
+        raise not_supported(
+            f"synchronizer.sync_style: {sync.sync_style}",
+            "use fixed (sync every synchronizer.sync_interval steps; in mode explore, "
+            "synchronizer.max_lead_steps bounds how far explorers run ahead)",
         )
     if cfg.trainer.ulysses_sequence_parallel_size != 1:
-        raise _unsupported(
-            "trainer.ulysses_sequence_parallel_size",
+        log.warning(
+            "trainer.ulysses_sequence_parallel_size=%d has no effect: rft keeps whole sequences "
+            "on each GPU (the same gradients; lower trainer.max_token_len_per_gpu if memory "
+            "runs out)",
             cfg.trainer.ulysses_sequence_parallel_size,
-            "Set it to 1.",
         )
 
 
@@ -126,27 +152,35 @@ def _check_monitor(cfg: Config) -> None:
 
 def _apply_preset(cfg: Config) -> None:
     algo = cfg.algorithm
+    if algo.algorithm_type in NEEDS_TEACHER:
+        raise NotSupportedError(
+            f"algorithm.algorithm_type: {algo.algorithm_type!r} is not supported yet: it needs "
+            "the teacher's log-probs of each sampled token (explorer.auxiliary_models scoring "
+            "the rollouts), which rft's explorer does not compute. Distil offline instead: "
+            "generate with the teacher and train with algorithm_type: sft"
+        )
     preset = {**_COMMON, **PRESETS[algo.algorithm_type]}
     for key in PRESET_KEYS:
         if getattr(algo, key) is None and key in preset:
             setattr(algo, key, preset[key])
-    if algo.algorithm_type != "sft" and algo.advantage_fn is None:
+    if algo.policy_loss_fn not in ("sft", "dpo") and algo.advantage_fn is None:
         raise ConfigError(
-            f"algorithm.advantage_fn must be set for algorithm_type '{algo.algorithm_type}'"
+            f"algorithm.advantage_fn must be set for algorithm_type '{algo.algorithm_type}' "
+            f"(policy_loss_fn {algo.policy_loss_fn!r} trains on advantages)"
         )
-    if algo.policy_loss_fn == "mix_chord" and algo.sample_strategy != "mix":
+    if algo.policy_loss_fn in EXPERT_LOSSES and algo.sample_strategy != "mix":
         raise ConfigError(
-            "algorithm.policy_loss_fn 'mix_chord' needs expert data: set "
+            f"algorithm.policy_loss_fn '{algo.policy_loss_fn}' needs expert data: set "
             "algorithm.sample_strategy=mix (and buffer.trainer_input.auxiliary_buffers)"
         )
-    if (
-        algo.algorithm_type in ("grpo", "rloo", "opmd", "gspo", "multi_step_grpo")
-        and algo.repeat_times < 2
-    ):
+    if algo.advantage_fn in GROUP_BASELINES and algo.repeat_times < 2:
         log.warning(
-            "algorithm.repeat_times=1 with %s: every group has one sample, so all "
-            "advantages are 0 and nothing is learned",
+            "algorithm.repeat_times=1 with advantage_fn %s: every group has one sample, so "
+            "there is no baseline to compare with and nothing is learned; Trinity's %s preset "
+            "suggests repeat_times: %d",
+            algo.advantage_fn,
             algo.algorithm_type,
+            REPEAT_TIMES.get(algo.algorithm_type, 2),
         )
 
 
@@ -204,14 +238,85 @@ def _apply_verl_trainer_config(cfg: Config, seen: set[str]) -> None:
             "trainer.micro_batch_size_per_gpu",
         ),
         ("actor_rollout_ref.actor.ppo_epochs", arr.actor.ppo_epochs, "trainer.ppo_epochs"),
+        ("actor_rollout_ref.actor.grad_clip", arr.actor.grad_clip, "trainer.grad_clip"),
         (
             "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
             arr.rollout.log_prob_micro_batch_size_per_gpu,
             "trainer.log_prob_micro_batch_size_per_gpu",
         ),
+        *_verl_aliases(cfg),
     ]
     for verl_key, value, ours in pairs:
         _set_from_verl(cfg, verl_key, value, ours, seen)
+    _check_alg_type(cfg)
+
+
+# Trinity 0.1's actor.alg_type -> the policy loss it selected (its examples' veRL files).
+_ALG_TYPE_LOSS = {"ppo": "ppo", "opmd": "opmd", "dpo": "dpo", "sft": "sft"}
+
+
+def _check_alg_type(cfg: Config) -> None:
+    """``actor.alg_type`` has no effect when it names the loss the algorithm uses already."""
+    alg_type = cfg.trainer.trainer_config.actor_rollout_ref.actor.alg_type
+    if alg_type is None:
+        return
+    key = "trainer.trainer_config.actor_rollout_ref.actor.alg_type"
+    if alg_type not in _ALG_TYPE_LOSS:
+        raise not_supported(
+            f"{key}: {alg_type}",
+            "Trinity 0.1's pairwise OPMD is not built in rft; set algorithm.algorithm_type: opmd",
+        )
+    loss = cfg.algorithm.policy_loss_fn
+    if _ALG_TYPE_LOSS[alg_type] != loss:
+        raise ConfigError(
+            f"{key}={alg_type!r} (Trinity 0.1's loss switch) contradicts "
+            f"algorithm.policy_loss_fn={loss!r}; remove alg_type (algorithm.algorithm_type "
+            "chooses the loss)"
+        )
+
+
+def _verl_aliases(cfg: Config) -> list[tuple[str, object, str]]:
+    """veRL keys of Trinity's examples that name a trainer.* or algorithm.* setting."""
+    arr, verl = cfg.trainer.trainer_config.actor_rollout_ref, cfg.trainer.trainer_config
+    actor = arr.actor
+    return [
+        (
+            "actor_rollout_ref.actor.use_dynamic_bsz",
+            actor.use_dynamic_bsz,
+            "trainer.use_dynamic_bsz",
+        ),
+        (
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
+            actor.ppo_max_token_len_per_gpu,
+            "trainer.max_token_len_per_gpu",
+        ),
+        (
+            "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+            actor.ulysses_sequence_parallel_size,
+            "trainer.ulysses_sequence_parallel_size",
+        ),
+        ("actor_rollout_ref.actor.optim", actor.optim, "algorithm.optimizer"),
+        (
+            "actor_rollout_ref.actor.engine.param_offload",
+            actor.engine.param_offload,
+            "trainer.param_offload",
+        ),
+        (
+            "actor_rollout_ref.actor.engine.optimizer_offload",
+            actor.engine.optimizer_offload,
+            "trainer.optimizer_offload",
+        ),
+        (
+            "actor_rollout_ref.ref.engine.param_offload",
+            arr.ref.engine.param_offload,
+            "trainer.ref_offload",
+        ),
+        (
+            "trainer.max_actor_ckpt_to_keep",
+            verl.trainer.max_actor_ckpt_to_keep or verl.trainer.max_critic_ckpt_to_keep,
+            "trainer.max_checkpoints_to_keep",
+        ),
+    ]
 
 
 def lora_config(cfg: Config) -> LoRAConfig | None:
@@ -405,12 +510,33 @@ def _check_inputs(cfg: Config) -> None:
     for label, taskset in cfg.labelled_tasksets():
         if not taskset.path:
             raise ConfigError(f"{label}.path is empty: set it to a dataset folder or file")
+        _check_rollout_n(cfg, label, taskset)
     _check_experience_buffer(cfg)
+
+
+def _check_rollout_n(cfg: Config, label: str, taskset: TasksetConfig) -> None:
+    """Trinity overwrites ``rollout_args.n`` with the repeat count (its config says DO NOT SET):
+    accepted when equal, an error when it would ask for another count."""
+    n, repeat = taskset.rollout_args.n, taskset.repeat_times or cfg.algorithm.repeat_times
+    if n is not None and n != repeat:
+        where = f"{label}.repeat_times" if taskset.repeat_times else "algorithm.repeat_times"
+        raise ConfigError(
+            f"{label}.rollout_args.n={n} contradicts {where}={repeat}: Trinity sets n from "
+            "repeat_times (samples per task) and ignores n; set repeat_times and remove n"
+        )
 
 
 def _check_experience_buffer(cfg: Config) -> None:
     buf = cfg.buffer.trainer_input.experience_buffer
     key = "buffer.trainer_input.experience_buffer"
+    if cfg.algorithm.policy_loss_fn == "dpo" and (
+        cfg.mode != "train" or buf.storage_type != "file" or not buf.path
+    ):
+        raise ConfigError(
+            "algorithm.policy_loss_fn 'dpo' trains on a dataset of preference pairs: set mode: "
+            f"train and {key}.path to the dataset (storage_type: file); got mode "
+            f"{cfg.mode!r}, storage_type {buf.storage_type!r}, path {buf.path!r}"
+        )
     if buf.storage_type == "sql" and cfg.cluster.node_num > 1:
         raise ConfigError(
             f"{key}.storage_type 'sql' uses SQLite as the transport, whose locking is unreliable "

@@ -24,6 +24,7 @@ from rft.config.names import (
     SAMPLE_STRATEGIES,
 )
 from rft.config.typed_dict import field
+from rft.errors import ConfigError
 from rft.placement import GpuSplit, auxiliary_gpus, gpu_split
 
 Mode = Literal["both", "explore", "train", "bench"]
@@ -37,6 +38,16 @@ SampleStrategy = Literal[SAMPLE_STRATEGIES]
 RolloutCorrectionMode = Literal[ROLLOUT_CORRECTION_MODES]
 
 
+def _alias(alias: str, value: object, key: str, current: object, default: object) -> object:
+    """``key``'s value when Trinity's other spelling ``alias`` may set it: the alias wins over
+    the default; two different explicit values raise."""
+    if value is None:
+        return current
+    if current != default and current != value:
+        raise ConfigError(f"{alias}={value!r} contradicts {key}={current!r}; set only one")
+    return value
+
+
 @dataclass
 class OptimizerConfig:
     lr: float = field(1e-6, gt=0)  # peak learning rate (AdamW)
@@ -44,9 +55,21 @@ class OptimizerConfig:
     lr_warmup_steps_ratio: float = field(0.0, ge=0, le=1)  # warm-up as a fraction of total steps
     min_lr_ratio: float = field(0.0, ge=0, le=1)  # cosine schedule floor, as a fraction of lr
     warmup_style: Literal["constant", "cosine"] = "constant"  # schedule after warm-up
+    lr_scheduler_type: Optional[Literal["constant", "cosine"]] = (
+        None  # Trinity's newer name of warmup_style (sets it)
+    )
     betas: list[float] = field(factory=lambda: [0.9, 0.999])  # AdamW betas
     weight_decay: float = field(0.01, ge=0)  # AdamW decoupled weight decay
     optimizer_type: Literal["adamw", "adam"] = "adamw"  # optimizer
+
+    def __post_init__(self) -> None:
+        self.warmup_style = _alias(
+            "lr_scheduler_type",
+            self.lr_scheduler_type,
+            "warmup_style",
+            self.warmup_style,
+            "constant",
+        )
 
 
 @dataclass
@@ -138,7 +161,17 @@ class FormatConfig:
     prompt_key: str = "prompt"  # dataset column holding the question
     response_key: str = "response"  # dataset column holding the reference answer
     messages_key: Optional[str] = None  # column holding chat messages (instead of prompt/response)
+    # SFT/DPO row shape (Trinity's): messages (messages_key: a chat ending with the reply),
+    # plaintext (prompt_key/response_key text), chatpair (prompt_key and response_key hold
+    # messages); unset: messages when messages_key is set, else plaintext
+    prompt_type: Optional[Literal["messages", "plaintext", "chatpair"]] = None
     system_prompt: Optional[str] = None  # replaces the workflow's system prompt
+    system_prompt_key: Optional[str] = None  # column holding each row's system prompt (first)
+    chosen_key: str = "chosen"  # DPO: column holding the preferred reply
+    rejected_key: str = "rejected"  # DPO: column holding the dispreferred reply
+    tools_key: str = "tools"  # SFT: column of tool schemas for the chat template (if present)
+    chat_template: Optional[str] = None  # SFT/DPO: Jinja chat template replacing the tokenizer's
+    enable_concatenated_multi_turn: bool = False  # SFT messages: train on every assistant turn
     reply_prefix: Optional[str] = None  # text the reply starts with (no effect on SFT/expert rows)
     workflow_key: Optional[str] = (
         None  # column naming each row's workflow (overrides the taskset's)
@@ -153,6 +186,7 @@ class RolloutArgs:
     top_k: Optional[int] = field(None, ge=-1)  # overrides model.top_k
     logprobs: Optional[int] = field(None, ge=0)  # overrides model.logprobs
     max_tokens: Optional[int] = field(None, ge=1)  # overrides model.max_response_tokens
+    n: Optional[int] = field(None, ge=1)  # no effect: Trinity fills it from repeat_times (equal)
 
 
 @dataclass
@@ -178,6 +212,9 @@ class TasksetConfig:
     default_reward_fn_type: Optional[str] = None  # overrides explorer_input's
     workflow_args: dict = field(factory=dict)  # extra arguments for the workflow
     reward_fn_args: dict = field(factory=dict)  # extra arguments for the reward function
+    max_retry_times: int = field(3, ge=0)  # no effect: Trinity's SQL read retries (files here)
+    max_retry_interval: int = field(1, ge=0)  # no effect: as max_retry_times
+    enable_progress_bar: Optional[bool] = None  # no effect: rft shows no bar reading a taskset
 
 
 @dataclass
@@ -198,6 +235,15 @@ class ExperienceBufferConfig:
     subset_name: Optional[str] = None  # for file datasets (SFT/expert data)
     split: str = "train"  # for file datasets
     format: FormatConfig = field(factory=FormatConfig)  # for file datasets
+    total_epochs: Optional[int] = field(
+        None, ge=1
+    )  # no effect: expert data cycles while the run lasts; SFT reads buffer.total_epochs
+    max_retry_times: int = field(3, ge=0)  # no effect: Trinity's SQL read retries
+    max_retry_interval: int = field(1, ge=0)  # no effect: as max_retry_times
+    enable_progress_bar: Optional[bool] = None  # no effect: rft shows no bar reading data
+    schema_type: Optional[Literal["sft"]] = (
+        None  # no effect: file datasets here are read as SFT rows (Trinity's "sft")
+    )
 
 
 @dataclass
@@ -214,6 +260,8 @@ class BufferConfig:
     total_steps: Optional[int] = field(None, ge=1)  # stop after this many steps (wins over epochs)
     explorer_input: ExplorerInputConfig = field(factory=ExplorerInputConfig)  # tasksets
     trainer_input: TrainerInputConfig = field(factory=TrainerInputConfig)  # experiences
+    max_retry_times: int = field(3, ge=0)  # no effect: older Trinity's SQL read retries
+    max_retry_interval: int = field(1, ge=0)  # no effect: as max_retry_times
 
 
 @dataclass
@@ -224,6 +272,8 @@ class RolloutModelConfig:
     gpu_memory_utilization: float = field(0.9, gt=0, le=1)  # vLLM's share of GPU memory
     dtype: Literal["bfloat16", "float16", "float32", "auto"] = "bfloat16"  # engine dtype
     enable_prefix_caching: bool = False  # reuse KV of shared prompt prefixes
+    enable_chunked_prefill: Optional[bool] = None  # vLLM's chunked prefill; null: vLLM's default
+    use_v1: bool = True  # no effect: vLLM's V1 engine is the only one
     enforce_eager: bool = False  # no CUDA graphs (always on for CPU engines)
     seed: int = 42  # sampling seed
     max_model_len: Optional[int] = field(None, ge=1)  # defaults to model.max_model_len
@@ -236,6 +286,9 @@ class RolloutModelConfig:
         None  # vLLM reasoning parser: chat replies get reasoning_content
     )
     enable_history: bool = False  # no effect: workflow model calls are always recorded
+    # An OpenAI-compatible endpoint per explorer for agent code (model.get_openai_client(),
+    # model.base_url/api_key, agent_program_workflow); calls with a run's key are trained on.
+    enable_openai_api: bool = False
 
 
 @dataclass
@@ -257,6 +310,7 @@ class ExplorerConfig:
     runner_per_model: int = field(8, ge=1)  # workflow runs in flight per engine (workflow classes)
     runner_num: Optional[int] = field(None, ge=1)  # older spelling of runner_per_model
     max_timeout: float = field(900.0, gt=0)  # seconds one workflow run may take; then it is stopped
+    env_vars: dict[str, str] = field(factory=dict)  # set in each explorer task's environment
     rollout_model: RolloutModelConfig = field(factory=RolloutModelConfig)  # vLLM engines
     auxiliary_models: list[AuxiliaryModelConfig] = field(
         factory=list
@@ -298,6 +352,19 @@ class VerlRefConfig:
     fsdp_config: VerlFsdpConfig = field(
         factory=VerlFsdpConfig
     )  # param_offload -> trainer.ref_offload
+    engine: VerlFsdpConfig = field(factory=VerlFsdpConfig)  # newer veRL's name of fsdp_config
+    # No effect: the reference model's log-prob passes batch like the actor's (trainer.*).
+    log_prob_use_dynamic_bsz: Optional[bool] = None  # no effect (trainer.use_dynamic_bsz)
+    log_prob_max_token_len_per_gpu: Optional[int] = None  # no effect (max_token_len_per_gpu)
+    ulysses_sequence_parallel_size: Optional[int] = None  # no effect (as the actor's)
+
+
+@dataclass
+class VerlCheckpointConfig:
+    # No effect: a full checkpoint always holds the model, optimizer and trainer state (resume).
+    contents: Optional[list[str]] = None  # no effect (veRL's older spelling)
+    load_contents: Optional[list[str]] = None  # no effect
+    save_contents: Optional[list[str]] = None  # no effect
 
 
 @dataclass
@@ -306,7 +373,18 @@ class VerlActorConfig:
         None, ge=1
     )  # -> trainer.micro_batch_size_per_gpu
     ppo_epochs: Optional[int] = field(None, ge=1)  # -> trainer.ppo_epochs
+    grad_clip: Optional[float] = field(None, ge=0)  # -> trainer.grad_clip
+    # Trinity 0.1's loss switch (its examples' veRL files): must agree with policy_loss_fn.
+    alg_type: Optional[Literal["ppo", "opmd", "pairwise_opmd", "dpo", "sft"]] = None
+    use_dynamic_bsz: Optional[bool] = None  # -> trainer.use_dynamic_bsz
+    ppo_max_token_len_per_gpu: Optional[int] = field(None, ge=1)  # -> trainer.max_token_len_per_gpu
+    ulysses_sequence_parallel_size: Optional[int] = field(
+        None, ge=1
+    )  # -> trainer.ulysses_sequence_parallel_size
+    optim: Optional[OptimizerConfig] = None  # -> algorithm.optimizer
     fsdp_config: VerlFsdpConfig = field(factory=VerlFsdpConfig)  # -> trainer offload
+    engine: VerlFsdpConfig = field(factory=VerlFsdpConfig)  # newer veRL's name of fsdp_config
+    checkpoint: VerlCheckpointConfig = field(factory=VerlCheckpointConfig)  # no effect
 
 
 @dataclass
@@ -318,6 +396,7 @@ class VerlRolloutConfig:
 
 @dataclass
 class VerlActorRolloutRefConfig:
+    hybrid_engine: Optional[bool] = None  # no effect: rft never colocates rollout and training
     model: VerlModelConfig = field(factory=VerlModelConfig)  # actor model switches
     actor: VerlActorConfig = field(factory=VerlActorConfig)  # actor update
     ref: VerlRefConfig = field(factory=VerlRefConfig)  # reference model (its fsdp offload)
@@ -347,6 +426,12 @@ class VerlCriticConfig:
     )  # null: trainer.micro_batch_size_per_gpu
     cliprange_value: float = field(0.5, gt=0)  # value clip around the old values
     grad_clip: Optional[float] = field(None, ge=0)  # null: trainer.grad_clip
+    # No effect: the critic's passes batch like the actor's (trainer.use_dynamic_bsz, ...).
+    use_dynamic_bsz: Optional[bool] = None  # no effect
+    ppo_max_token_len_per_gpu: Optional[int] = None  # no effect
+    forward_max_token_len_per_gpu: Optional[int] = None  # no effect
+    ulysses_sequence_parallel_size: Optional[int] = None  # no effect
+    checkpoint: VerlCheckpointConfig = field(factory=VerlCheckpointConfig)  # no effect
 
 
 @dataclass
@@ -354,6 +439,20 @@ class VerlTrainerSection:
     critic_warmup: int = field(
         0, ge=0
     )  # first N steps train only the critic (needs advantage_fn ppo)
+    balance_batch: Optional[bool] = None  # no effect: micro-batches are packed by token budget
+    max_actor_ckpt_to_keep: Optional[int] = field(None, ge=1)  # -> trainer.max_checkpoints_to_keep
+    max_critic_ckpt_to_keep: Optional[int] = field(
+        None, ge=1
+    )  # the critic is saved in the same global_step_N: must match the actor's
+
+    def __post_init__(self) -> None:
+        actor, critic = self.max_actor_ckpt_to_keep, self.max_critic_ckpt_to_keep
+        if actor is not None and critic is not None and actor != critic:
+            raise ConfigError(
+                f"trainer.trainer_config.trainer.max_critic_ckpt_to_keep={critic} differs from "
+                f"max_actor_ckpt_to_keep={actor}: rft saves both models in one global_step_N "
+                "folder; give them the same value"
+            )
 
 
 @dataclass
@@ -376,7 +475,11 @@ class TrainerConfig:
         None, ge=1
     )  # log-prob passes (None: as above)
     ppo_epochs: int = field(1, ge=1)  # optimisation passes over each batch
-    ulysses_sequence_parallel_size: int = field(1, ge=1)  # no effect at 1; > 1 refused (not built)
+    ppo_max_token_len_per_gpu: Optional[int] = field(
+        None, ge=1
+    )  # Trinity 0.2's name of max_token_len_per_gpu (sets it)
+    ulysses_sequence_parallel_size: int = field(1, ge=1)  # no effect: whole sequences per GPU
+    enable_preview: bool = True  # no effect: Trinity's rollout preview in wandb
     zero_stage: int = field(2, ge=0, le=3)  # DeepSpeed ZeRO stage
     param_offload: bool = False  # ZeRO-3 parameters in CPU memory
     optimizer_offload: bool = False  # optimizer states in CPU memory
@@ -394,6 +497,15 @@ class TrainerConfig:
     total_steps: Optional[int] = field(None, ge=1)  # veRL's total_training_steps; see buffer
     max_staleness_versions: Optional[int] = field(None, ge=0)  # drop older experiences (async)
     trainer_config: VerlTrainerConfig = field(factory=VerlTrainerConfig)  # veRL-style settings
+
+    def __post_init__(self) -> None:
+        self.max_token_len_per_gpu = _alias(
+            "trainer.ppo_max_token_len_per_gpu",
+            self.ppo_max_token_len_per_gpu,
+            "trainer.max_token_len_per_gpu",
+            self.max_token_len_per_gpu,
+            16384,
+        )
 
 
 MonitorType = Literal["tensorboard", "console", "wandb", "mlflow"]  # sinks of rft.monitor

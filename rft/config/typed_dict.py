@@ -1,10 +1,11 @@
 """Plain dicts (parsed YAML) to typed dataclasses and back, with errors a user can act on.
 
-Knows nothing about rft: it walks a dataclass schema and a nested dict side by side. Every
+Knows no rft schema: it walks a dataclass schema and a nested dict side by side. Every
 error names the full key path (``buffer.explorer_input.taskset.fromat``), the value, and what
-would be valid; an unknown key gets the nearest valid key as a suggestion. Field ranges come
-from ``metadata`` set by :func:`field`. The keys present in the input are recorded, so callers
-can tell a value the user set from a default.
+would be valid. A key or choice that Trinity-RFT or veRL defines but the schema lacks
+(:mod:`rft.config.known_names`, by schema class name) raises NotSupportedError saying what to do;
+any other unknown key gets the nearest valid key as a suggestion. Field ranges come from
+``metadata`` set by :func:`field`. The keys present in the input are recorded.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import types
 import typing
 from typing import Any, Literal, TypeVar, Union
 
-from rft.errors import ConfigError, nearest
+from rft.config.known_names import CHOICES, KEYS
+from rft.errors import ConfigError, NotSupportedError, nearest
 
 _MISSING = dataclasses.MISSING
 Schema = TypeVar("Schema")  # the dataclass from_dict builds
@@ -61,22 +63,48 @@ def from_dict(
     for key, value in data.items():
         key_path = _join(path, str(key))
         if key not in fields:
-            raise ConfigError(_unknown_key_message(key_path, str(key), fields))
+            raise _unknown_key_error(cls, key_path, str(key), fields)
         if seen is not None:
             seen.add(key_path)
         hint = fields[key].metadata.get("text_only")
         if hint and value is not None and not isinstance(value, str):
             raise ConfigError(f"{key_path}: expected text, got {_show(value)}; {hint}")
+        _check_foreign_choice(cls, key, hints[key], value, key_path)
         kwargs[key] = convert(hints[key], value, key_path, seen)
         _check_bounds(fields[key], kwargs[key], key_path)
     return cls(**kwargs)
 
 
-def _unknown_key_message(key_path: str, key: str, fields: dict) -> str:
+def not_supported(name: str, what_to_do: str) -> NotSupportedError:
+    """The refusal of a Trinity-RFT/veRL key or choice that rft does not act on."""
+    return NotSupportedError(f"Trinity's `{name}` is not supported by rft: {what_to_do}")
+
+
+def _unknown_key_error(cls: type, key_path: str, key: str, fields: dict) -> ConfigError:
+    what_to_do = KEYS.get(cls.__name__, {}).get(key)
+    if what_to_do:
+        return not_supported(key_path, what_to_do)
     valid = sorted(fields)
     hint = nearest(key, valid)
     did_you_mean = f" Did you mean '{key_path.rsplit(key, 1)[0]}{hint}'?" if hint else ""
-    return f"unknown config key '{key_path}'.{did_you_mean} Valid keys here: {', '.join(valid)}"
+    return ConfigError(
+        f"unknown config key '{key_path}'.{did_you_mean} Valid keys here: {', '.join(valid)}"
+    )
+
+
+def _check_foreign_choice(cls: type, key: str, tp: Any, value: Any, key_path: str) -> None:
+    """A value outside the field's choices that Trinity accepts there: NotSupportedError."""
+    choices = [a for a in typing.get_args(tp) if typing.get_origin(a) is Literal]
+    choices += [tp] if typing.get_origin(tp) is Literal else []
+    if (
+        not choices
+        or not isinstance(value, str)
+        or any(value in typing.get_args(c) for c in choices)
+    ):
+        return
+    what_to_do = CHOICES.get(f"{cls.__name__}.{key}", {}).get(value)
+    if what_to_do:
+        raise not_supported(f"{key_path}: {value}", what_to_do)
 
 
 def _check_bounds(f: dataclasses.Field, value: object, key_path: str) -> None:

@@ -4,5 +4,6 @@
 folder and ``--merge``), ``readers`` (format detection), ``ds_reader`` and
 ``fsdp_reader`` (streaming readers), ``types``, ``torchfile`` (lazy ``torch.save`` reader with
 CRC checks), ``output`` (crash recovery of the output folder, user files, the swap that
-publishes it); the streaming writer is shared with the trainer: :mod:`rft.safetensors_io`.
+publishes it), ``identity`` (whether a ``huggingface/`` holds the checkpoint's model); the
+streaming writer is shared with the trainer: :mod:`rft.safetensors_io`.
 """

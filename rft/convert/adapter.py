@@ -25,7 +25,13 @@ import yaml
 from rft.atomic import tmp_name
 from rft.config.schema import LoRAConfig
 from rft.convert.ds_reader import read_deepspeed
-from rft.convert.output import backup_path, carry_user_files, publish_replacing, recover
+from rft.convert.output import (
+    backup_path,
+    carry_user_files,
+    output_target,
+    publish_replacing,
+    recover,
+)
 from rft.convert.readers import detect_format, open_checkpoint
 from rft.convert.types import (
     DTYPE_JSON,
@@ -74,7 +80,8 @@ def is_lora(names: Iterable[str]) -> bool:
 def is_lora_checkpoint(job: Job) -> bool:
     """Whether ``job`` is a LoRA run's checkpoint. The DeepSpeed shards' names decide; when the
     shards cannot be read, an adapter folder at ``job.out_dir`` (or its backup) does. A step
-    whose ``huggingface/`` holds whole model weights is a full one (its skip reads no shard)."""
+    whose ``huggingface/`` holds whole model weights is a full one (whose skip compares them
+    with the checkpoint: :func:`rft.convert.identity.judge_complete`)."""
     if weights_complete(job.out_dir):
         return False
     try:
@@ -480,7 +487,9 @@ def _merged_model(
 
 
 def _replace(final: Path, build: Callable[[Path], tuple[int, str]]) -> tuple[int, str]:
-    """Build a new ``final`` in a temporary folder and swap it in (:mod:`rft.convert.output`)."""
+    """Build a new ``final`` in a temporary folder and swap it in (:mod:`rft.convert.output`;
+    a symlinked ``final`` is written where it points)."""
+    final = output_target(final)
     tmp = tmp_name(final)
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -497,11 +506,9 @@ def convert_lora(job: Job, opts: Options) -> Outcome:
     model; each skipped when complete unless ``opts.force``. Raises RftError for bad input."""
     start = time.monotonic()
     merged_dir = job.out_dir.with_name(MERGED_HF_DIR)
-    recover(
-        job.out_dir, complete=adapter_complete
-    )  # first, so that a skipped step leaves no debris
+    recover(output_target(job.out_dir), complete=adapter_complete)  # first: a skip leaves no debris
     if opts.merge:
-        recover(merged_dir, complete=merged_complete)
+        recover(output_target(merged_dir), complete=merged_complete)
     notes, nbytes, built = [], 0, False
     todo = [(job.out_dir, adapter_complete, lambda tmp: build_adapter_folder(job, opts, tmp))]
     if opts.merge:

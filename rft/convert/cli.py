@@ -3,9 +3,9 @@
 For each step that the given path names (:func:`find_jobs`), ``actor/`` (DeepSpeed ZeRO 1/2/3 or
 FSDP, :mod:`rft.convert.readers`) becomes ``actor/huggingface/``, and a PPO critic's ``critic/``
 ``critic/huggingface/``; LoRA checkpoints go to :mod:`rft.convert.adapter`. Tensors stream one
-at a time into the shards, CRC-checked; the folder is swapped in atomically
-(:mod:`rft.convert.output`), a complete one skipped unless ``--force``. One failed step never
-stops the others: a summary table ends the run, and the exit code is 1 if a step failed.
+at a time into the shards, CRC-checked; the folder is swapped in atomically (:mod:`.output`),
+a complete one of the checkpoint's model skipped unless ``--force`` (:mod:`.identity`). One
+failed step never stops the others: a summary table ends, exit code 1 if a step failed.
 """
 
 from __future__ import annotations
@@ -23,7 +23,14 @@ import torch
 
 from rft.atomic import is_tmp, tmp_name
 from rft.convert.adapter import convert_lora, is_lora_checkpoint
-from rft.convert.output import carry_user_files, publish_replacing, recover
+from rft.convert.identity import foreign_model, judge_complete, reference_config
+from rft.convert.output import (
+    carry_user_files,
+    output_problem,
+    output_target,
+    publish_replacing,
+    recover,
+)
 from rft.convert.readers import (
     CheckpointContents,
     SourceTensor,
@@ -32,7 +39,14 @@ from rft.convert.readers import (
     refuse_megatron,
 )
 from rft.convert.types import DTYPE_JSON, DTYPES, Job, Options, Outcome, resolve_dtype
-from rft.errors import EXIT_FAILED, EXIT_OK, EXIT_USER_ERROR, CheckpointError, RftError
+from rft.errors import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_USER_ERROR,
+    CheckpointError,
+    RftError,
+    storage_errors,
+)
 from rft.models import has_tokenizer
 from rft.rundir import ACTOR_DIR, CRITIC_DIR, HF_DIR, MERGED_HF_DIR, STEP_RE
 from rft.safetensors_io import (
@@ -109,6 +123,9 @@ def find_jobs(path: Path, steps: set[int] | None = None) -> list[Job]:
     for job in jobs:  # refused before anything is written, not once per step as a failure
         refuse_megatron(job.out_dir.parent)
         refuse_megatron(job.ckpt_dir)
+        problem = output_problem(job.out_dir)
+        if problem:
+            raise CheckpointError(problem)
     return jobs
 
 
@@ -320,6 +337,9 @@ def build_folder(job: Job, opts: Options, tmp: Path) -> tuple[int, str]:
     dtype = resolve_dtype(opts.dtype, config)
     contents = open_checkpoint(job.ckpt_dir)
     try:
+        foreign = foreign_model(job.out_dir, contents, reference_config(job))
+        if foreign:  # its config.json would be kept beside the checkpoint's weights
+            raise CheckpointError(foreign)
         if not (job.out_dir / "config.json").is_file():  # the config comes from the base model
             check_against_reference(contents, opts.base_model_dir)
         nbytes = write_weights(contents, config, dtype, tmp, opts.max_shard_bytes, job.label)
@@ -338,16 +358,19 @@ def build_folder(job: Job, opts: Options, tmp: Path) -> tuple[int, str]:
 def convert_job(job: Job, opts: Options) -> Outcome:
     """Convert one checkpoint; never raises for bad input (the outcome says what failed)."""
     start = time.monotonic()
-    tmp = tmp_name(job.out_dir)
+    final = output_target(job.out_dir)  # a symlinked huggingface/ is written where it points
+    tmp = tmp_name(final)
     try:
         if is_lora_checkpoint(job):
             return convert_lora(job, opts)  # the adapter folder, and --merge (rft.convert.adapter)
-        recover(job.out_dir)  # first, so that a skipped step leaves no debris either
-        if weights_complete(job.out_dir) and not opts.force:
-            return Outcome(job.label, "skipped", f"{job.out_dir} is complete (--force redoes it)")
+        recover(final)  # first, so that a skipped step leaves no debris either
+        if weights_complete(final) and not opts.force:
+            status, note = judge_complete(job)
+            return Outcome(job.label, status, note, time.monotonic() - start)
         shutil.rmtree(tmp, ignore_errors=True)
-        nbytes, note = build_folder(job, opts, tmp)
-        publish_replacing(tmp, job.out_dir)
+        with storage_errors(job.out_dir):  # a full disk, a read-only folder: a message, no trace
+            nbytes, note = build_folder(job, opts, tmp)
+            publish_replacing(tmp, final)
         if opts.merge or opts.lora_alpha is not None:
             note += " (not a LoRA checkpoint: --merge and --lora-alpha do nothing)"
     except RftError as e:

@@ -5,7 +5,7 @@ by way of ``X.previous/``; :func:`recover`, run before a step is looked at, undo
 swap a SIGKILL interrupted, so the old folder (the trainer's config and tokenizer) is never
 lost. A reconversion replaces only the weight files (:func:`rft.safetensors_io.is_weights_file`);
 :func:`carry_user_files` brings every other file of the old folder along. Nothing here reads
-or writes tensors.
+or writes tensors; a symlinked ``X`` is followed (:func:`output_target`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from rft.atomic import (
     publish_dir,
     remove_stale_tmp,
 )
-from rft.errors import CheckpointError
+from rft.errors import CheckpointError, storage_errors
 from rft.safetensors_io import is_weights_file, weights_complete
 
 log = logging.getLogger(__name__)
@@ -31,6 +31,31 @@ log = logging.getLogger(__name__)
 BACKUP_SUFFIX = (
     ".previous"  # X.previous: the old folder during a swap (no .tmp: never cleaned as debris)
 )
+
+
+def output_target(final: Path) -> Path:
+    """The folder a conversion writes: ``final``, or where it links to when it is a symlink
+    (a natural way to keep converted models on another disk). The swap happens beside the
+    target, so the link itself is never replaced."""
+    return Path(os.path.realpath(final)) if final.is_symlink() else final
+
+
+def output_problem(final: Path) -> str | None:
+    """Why no folder can be written at ``final`` (a file is there, or it links to a file or
+    into a folder that does not exist), as a message saying what to do; None if one can."""
+    target = output_target(final)
+    link = f"{final} links to {target}, which" if target != final else f"{final}"
+    if target.exists() and not target.is_dir():
+        return (
+            f"{link} is a file, not a folder; rft-convert writes the Hugging Face folder "
+            "there: move the file away (or point the link at a folder) and rerun"
+        )
+    if target != final and not target.parent.is_dir():
+        return (
+            f"{final} links to {target}, but {target.parent} does not exist; create it "
+            f"(mkdir -p {target.parent}) or fix the link, then rerun"
+        )
+    return None
 
 
 def backup_path(final: Path) -> Path:
@@ -49,27 +74,28 @@ def recover(final: Path, complete: Callable[[Path], bool] = weights_complete) ->
     """
     if not final.parent.is_dir():
         return
-    backup = backup_path(final)
-    if backup.exists():
-        if not final.exists():  # state 2: the new folder was never published
-            os.rename(backup, final)
-            fsync_dir(final.parent)
-            log.warning(
-                "%s restored from %s: a conversion was killed while replacing it",
-                final,
-                backup.name,
-            )
-        elif complete(final):  # state 3
-            shutil.rmtree(backup)
-            log.info("removed %s: a conversion was killed after publishing %s", backup, final)
-        else:
-            raise CheckpointError(
-                f"both {final} and {backup} exist and {final} holds no complete weights, so it is "
-                f"unclear which is yours; keep the one you want (rename it to {final.name}), move the "
-                "other away, then rerun"
-            )
-    for stale in remove_stale_tmp(final.parent, prefix=f"{final.name}."):
-        log.info("removed %s, left by an interrupted conversion", stale)
+    with storage_errors(final, "repair"):  # a read-only checkpoint folder: a message
+        backup = backup_path(final)
+        if backup.exists():
+            if not final.exists():  # state 2: the new folder was never published
+                os.rename(backup, final)
+                fsync_dir(final.parent)
+                log.warning(
+                    "%s restored from %s: a conversion was killed while replacing it",
+                    final,
+                    backup.name,
+                )
+            elif complete(final):  # state 3
+                shutil.rmtree(backup)
+                log.info("removed %s: a conversion was killed after publishing %s", backup, final)
+            else:
+                raise CheckpointError(
+                    f"both {final} and {backup} exist and {final} holds no complete weights, so "
+                    f"it is unclear which is yours; keep the one you want (rename it to "
+                    f"{final.name}), move the other away, then rerun"
+                )
+        for stale in remove_stale_tmp(final.parent, prefix=f"{final.name}."):
+            log.info("removed %s, left by an interrupted conversion", stale)
 
 
 def carry_user_files(old: Path, new: Path) -> list[str]:

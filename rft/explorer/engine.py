@@ -116,6 +116,8 @@ def engine_kwargs(cfg: Config, on_cpu: bool, initial_rank: int | None = None) ->
     max_model_len = rollout.max_model_len or cfg.model.max_model_len
     if max_model_len is not None:
         kwargs["max_model_len"] = max_model_len
+    if rollout.enable_chunked_prefill is not None:  # unset: vLLM's own default
+        kwargs["enable_chunked_prefill"] = rollout.enable_chunked_prefill
     lora = lora_config(cfg)
     if lora is not None:
         kwargs.update(lora_kwargs(cfg, lora, initial_rank))

@@ -12,11 +12,12 @@ import asyncio
 import dataclasses
 import json
 import logging
+import re
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 from rft.buffer.experience import ENV_STEP_KEY, RUN_KEY
 from rft.buffer.experience import Experience as Record
@@ -33,6 +34,7 @@ from rft.monitor import (
     GENERATE_BATCHES,
 )
 from rft.workflow.conversation import ChatTemplate, Completion
+from rft.workflow.endpoint import Endpoint
 from rft.workflow.experience import Experience
 from rft.workflow.model import EpisodeCancelled, ModelWrapper
 from rft.workflow.task import GenerationArgs, Task
@@ -213,6 +215,11 @@ def episode_jobs(slot: int, task: Task, workflow_cls: type) -> list[EpisodeJob]:
     return [EpisodeJob(slot, _with_run(task, i), 1) for i in range(task.repeat_times)]
 
 
+def run_name(job: EpisodeJob) -> str:
+    """The task run in an API key: ``<taskset>_<row>_<run>`` (letters, digits, ``_``, ``-``)."""
+    return re.sub(r"[^A-Za-z0-9_-]", "_", f"{job.task.task_id}_{job.task.run_id}")
+
+
 def _with_run(task: Task, run_id: int) -> Task:
     return dataclasses.replace(task, run_id=run_id)
 
@@ -247,10 +254,12 @@ def run_episodes(
     max_model_len: Optional[int],
     tool_parser: Optional[str] = None,
     reasoning_parser: Optional[str] = None,
+    endpoint: Optional[Callable[[], Endpoint]] = None,
 ) -> tuple[list[EpisodeResult], dict[str, float]]:
     """Run ``jobs``, at most ``concurrency`` at once, serving their model calls meanwhile. An
     episode that raises or runs past ``timeout_s`` (``explorer.max_timeout``) is counted and
-    left out; it never stops the explorer."""
+    left out; it never stops the explorer. ``endpoint``: the OpenAI-compatible endpoint the
+    episodes' agent code may call (started on first use), if offered."""
     service = BatchingService(engine, version, max_model_len, tool_parser, reasoning_parser)
     results = [EpisodeResult(job) for job in jobs]
     threads: dict[int, tuple[threading.Thread, float, ModelWrapper]] = {}
@@ -272,6 +281,7 @@ def run_episodes(
                     exc_info=not isinstance(e, WorkflowError),
                 )
         finally:
+            model.close_endpoint_key()  # later calls with the run's key are refused
             results[i].seconds = time.monotonic() - start
             results[i].turns = model.model_calls
             results[i].prefix_breaks = model.history.prefix_breaks
@@ -291,6 +301,9 @@ def run_episodes(
         while next_job < len(jobs) and running() < concurrency:
             i = next_job
             model = ModelWrapper(service.channel(i), template, jobs[i].task.rollout_args)
+            model.time_limit_s = timeout_s
+            model.endpoint_factory = endpoint
+            model.run_name = run_name(jobs[i])
             service.started(i)
             thread = threading.Thread(
                 target=body, args=(i, model), daemon=True, name=f"rft-episode-{i}"

@@ -17,7 +17,8 @@ import signal
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
 
 from rft import atomic
 from rft.buffer.experience import Experience
@@ -25,11 +26,13 @@ from rft.buffer.segments import open_buffer_writer
 from rft.config.schema import Config
 from rft.entry import config_parser, run_command, setup_logging
 from rft.errors import EXIT_OK, ConfigError, SyncTimeoutError
+from rft.explorer import cursor as C
 from rft.explorer import tasksets as T
 from rft.explorer.engine import Engine, Sample
 from rft.explorer.episodes import EpisodeJob, episode_jobs, run_episodes, to_record
 from rft.explorer.receiver import BroadcastReceiver
 from rft.explorer.reward_model import RewardModel, conversation, load_reward_models
+from rft.lease import Lease, remove_dead_tmp
 from rft.monitor import (
     ACCURACY,
     EVAL_WEIGHTS_VERSION,
@@ -64,6 +67,7 @@ from rft.sync import (
 )
 from rft.workflow import tools
 from rft.workflow.conversation import ChatTemplate
+from rft.workflow.endpoint import Endpoint, shared_endpoint
 from rft.workflow.single_turn import Recipe
 from rft.workflow.task import GenerationArgs
 from rft.workflow.task import Task as WorkflowTask
@@ -130,6 +134,7 @@ def run_explorer(
     """Explore until the tasks (or ``buffer.total_steps``) are done, or ``max_steps`` more steps."""
     explorer = explorer_task(cfg, env)
     run_dir = cfg.run_dir
+    lease = claim_writer(cfg, explorer.writer)  # before anything of this writer is written
     train_sets = T.training_tasksets(cfg)
     eval_sets = T.eval_tasksets(cfg) if explorer.rank == 0 else []
     stream = T.TaskStream(
@@ -139,15 +144,22 @@ def run_explorer(
     writer = open_buffer_writer(
         run_dir, explorer.writer, buf.storage_type, buf.path or "", buf.name, cfg.cluster.node_num
     )
-    cursor = resume_cursor(run_dir, explorer, stream, getattr(writer, "next_seq", 0))
+    plan = resume_cursor(run_dir, explorer, stream)
+    cursor = plan.cursor  # advanced in place by stream.next_batch
     heartbeat = Heartbeat(run_dir, explorer.writer, cfg.explorer.heartbeat_interval_s).start()
     if handle_signals:
-        install_exit_handlers(heartbeat)
+        install_exit_handlers(heartbeat, lease)
     nccl = cfg.synchronizer.sync_method == "nccl"
     # with nccl the weights also arrive by broadcast (BroadcastReceiver), looked for at the same
     # points; folders then only bring versions newer than the loaded one (published at
     # checkpoints, at the end, or when a broadcast failed)
-    watcher = WeightsWatcher(run_dir, loaded_version=0, heartbeat=heartbeat, newer_only=nccl)
+    watcher = WeightsWatcher(
+        run_dir,
+        loaded_version=0,
+        heartbeat=heartbeat,
+        newer_only=nccl,
+        trainer_live_s=cfg.explorer.heartbeat_timeout_s,
+    )
     monitor = Monitor(
         run_dir,
         explorer.role,
@@ -194,7 +206,7 @@ def run_explorer(
         if eval_sets and cfg.explorer.eval_on_startup and cursor.step == 0:
             sync_weights(engine, watcher, 0, sync.sync_timeout, receiver)
             result.eval_metrics.append(evaluate_now(0))
-        while not stream.finished(cursor) and (max_steps is None or len(result.steps) < max_steps):
+        while not plan.finished(stream) and (max_steps is None or len(result.steps) < max_steps):
             step_start = time.monotonic()
             step = cursor.step + 1
             # Steps are numbered from 1; weights version v is the trainer step that produced
@@ -207,14 +219,23 @@ def run_explorer(
             version, reload_s, wait_s = sync_weights(
                 engine, watcher, need, sync.sync_timeout, receiver, lead_key
             )
-            share = T.rank_share(stream.next_batch(cursor), explorer.rank, explorer.count)
+            carried, share = plan.take(step, stream.next_batch(cursor))
             exps, stats = rollout(
                 cfg, engine, train_sets, share, step, version, explorer.writer, reward_models
             )
+            if carried:  # slots of earlier steps (the explorer count changed: rft.explorer.cursor)
+                exps = (
+                    rollout_carried(
+                        cfg, engine, train_sets, carried, version, explorer.writer, reward_models
+                    )
+                    + exps
+                )
+                share = share + [pair for pairs in carried.values() for pair in pairs]
             # step s is sealed as segment seq s: experiences with token ids, logprobs, reward and
             # its parts (with explorer.auxiliary_models the reward models' scores too), version
+            lease.check(f"sealing segment {step} and saving the task cursor")
             writer.write(exps, seq=step)
-            T.save_cursor(run_dir, explorer.name, explorer.rank, explorer.count, cursor)
+            C.save_cursor(run_dir, explorer.name, explorer.rank, plan.layout, cursor)
             heartbeat.beat(steps_done=step, tasks_done=heartbeat.fields["tasks_done"] + len(share))
             metrics = {
                 **stats,
@@ -249,7 +270,18 @@ def run_explorer(
             engine.discard_received()
         heartbeat.stop()
         monitor.close()
+        lease.release()
     return result
+
+
+def claim_writer(cfg: Config, writer: str) -> Lease:
+    """This task's lease on its writer name (refused while another instance holds it), beating;
+    then the cursor file's temporaries of dead writers are removed."""
+    lease = Lease.acquire(
+        cfg.run_dir, writer, cfg.explorer.heartbeat_interval_s, cfg.explorer.heartbeat_timeout_s
+    ).start()
+    remove_dead_tmp(cfg.run_dir, (EXPLORER_META,), cfg.explorer.heartbeat_timeout_s)
+    return lease
 
 
 def evaluates_final(cfg: Config, has_eval_sets: bool) -> bool:
@@ -260,29 +292,36 @@ def evaluates_final(cfg: Config, has_eval_sets: bool) -> bool:
     return has_eval_sets and cfg.mode == "both" and cfg.explorer.eval_interval > 0
 
 
-def resume_cursor(
-    run_dir: Any, explorer: ExplorerTask, stream: T.TaskStream, next_seq: int
-) -> T.Cursor:
-    """This rank's saved cursor (or a new one), replayed forward past steps it already sealed."""
-    cursor = (
-        T.load_cursor(run_dir, explorer.name, explorer.rank, explorer.count) or stream.new_cursor()
-    )
-    if len(cursor.positions) != len(stream.selectors):
-        raise ConfigError(
-            f"{EXPLORER_META}: the cursor of {explorer.name} has "
-            f"{len(cursor.positions)} tasksets but the config has "
-            f"{len(stream.selectors)}; delete its entry to restart the tasks"
-        )
-    while cursor.step < next_seq - 1:  # sealed after the cursor was saved: skip those steps
-        stream.next_batch(cursor)
-    if cursor.step:
+def resume_cursor(run_dir: Any, explorer: ExplorerTask, stream: T.TaskStream) -> C.RankPlan:
+    """This rank's plan (:func:`rft.explorer.cursor.resume`): its saved cursor, moved past the
+    segments it sealed after saving; under a changed explorer count, the recorded layout's."""
+    plan = C.resume(run_dir, explorer.name, explorer.rank, explorer.count, stream)
+    if plan.cursor.step or plan.carried:
         log.info(
-            "%s resumes after step %d (task positions %s)",
+            "%s resumes after step %d (task positions %s; %d earlier steps' slots carried)",
             explorer.writer,
-            cursor.step,
-            cursor.positions,
+            plan.cursor.step,
+            plan.cursor.positions,
+            len(plan.carried),
         )
-    return cursor
+    return plan
+
+
+def rollout_carried(
+    cfg: Config,
+    engine: Engine,
+    tasksets: list[T.Taskset],
+    carried: dict[int, C.Share],
+    version: int,
+    writer: str,
+    reward_models: Sequence[RewardModel] = (),
+) -> list[Experience]:
+    """The groups of ``carried``: earlier steps' slots this rank's writer can no longer seal,
+    generated now (sealed with the current step), with their own step in ids and info."""
+    out: list[Experience] = []
+    for step, items in sorted(carried.items()):
+        out += rollout(cfg, engine, tasksets, items, step, version, writer, reward_models)[0]
+    return out
 
 
 def sync_weights(
@@ -544,6 +583,14 @@ def _chat_template(
     return ChatTemplate(AutoTokenizer.from_pretrained(model_path), chat_template, thinking)
 
 
+def agent_endpoint(cfg: Config) -> Optional[Callable[[], Endpoint]]:
+    """How episodes reach this process's OpenAI-compatible endpoint (started on first use),
+    with ``explorer.rollout_model.enable_openai_api``; else None."""
+    if not cfg.explorer.rollout_model.enable_openai_api:
+        return None
+    return functools.partial(shared_endpoint, Path(cfg.model.model_path).name)
+
+
 def rollout_episodes(
     cfg: Config,
     engine: Engine,
@@ -596,6 +643,7 @@ def rollout_episodes(
         max_model_len=engine.max_model_len,
         tool_parser=parser,
         reasoning_parser=rollout.reasoning_parser,
+        endpoint=agent_endpoint(cfg),
     )
     used = tools.counts_since(before)
     stats.update(
@@ -702,12 +750,15 @@ def evaluate(
 # ----------------------------------------------------------------------------- entry
 
 
-def install_exit_handlers(heartbeat: Heartbeat) -> None:
-    """SIGTERM/SIGUSR1: mark the heartbeat exited and leave at once (unsealed batch lost)."""
+def install_exit_handlers(heartbeat: Heartbeat, lease: Lease | None = None) -> None:
+    """SIGTERM/SIGUSR1: mark the heartbeat exited, release the lease, and leave at once
+    (unsealed batch lost)."""
 
     def _exit(signum: int, _frame: Any) -> None:
         log.warning("signal %d: exiting now (sealed segments are kept)", signum)
         try:  # not heartbeat.beat(): the interrupted code may hold its lock
+            if lease is not None:
+                lease.release(blocking=False)
             atomic.write_json(
                 heartbeat.path,
                 {**heartbeat.fields, "exited": True, LOADING_FIELD: None, "time": time.time()},
@@ -724,13 +775,17 @@ def main(argv: list[str] | None = None) -> int:
     sealed segments stay (:func:`install_exit_handlers`)."""
     setup_logging()
     args = config_parser(
-        "python -m rft.explorer", "Run one explorer task (one vLLM engine).", stage=True
+        "python -m rft.explorer",
+        "Run one explorer task (one vLLM engine).",
+        stage=True,
+        take_over=True,
     ).parse_args(argv)
 
     def body() -> int:
         cfg = load_stage(args.config, args.overrides, args.stage)
         if cfg.mode not in EXPLORER_MODES:
             raise ConfigError(f"mode '{cfg.mode}' runs no explorer loop; use mode both or explore")
+        os.environ.update(cfg.explorer.env_vars)  # Trinity's: the workflow runners' environment
         result = run_explorer(cfg, handle_signals=True)
         log.info(
             "explorer done: %d steps, weights version %d", len(result.steps), result.loaded_version

@@ -2,8 +2,8 @@
 
 Data in: ``buffer.explorer_input`` tasksets (local datasets found by :func:`rft.data.resolve`,
 loaded with ``datasets``), ``buffer.batch_size``/``total_epochs``/``total_steps``, and the
-explorer task's rank and count. Data out: per step, this task's share of the step's tasks
-(:class:`Task`), and a :class:`Cursor` saved in ``explorer_meta.json`` to resume from.
+explorer task's rank and count. Data out: per step, the step's tasks (:class:`Task`) and the
+:class:`Cursor` after it (saved by :mod:`rft.explorer.cursor`, which deals the slots to ranks).
 Every explorer task computes the same stream, so no coordination is needed (:class:`TaskStream`).
 """
 
@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
-from rft import atomic, data
+from rft import data
 from rft.config.auxiliary import split_reward_weights
 from rft.config.rules import taskset_temperature
 from rft.config.schema import Config, TasksetConfig
@@ -137,7 +136,8 @@ def resolve_workflow(
         )
         return WorkflowClass(cls, reward_cls)
     except (ConfigError, WorkflowError) as e:
-        raise ConfigError(f"{label}: {e}") from e
+        kind = type(e) if isinstance(e, ConfigError) else ConfigError  # keeps NotSupportedError
+        raise kind(f"{label}: {e}") from e
 
 
 def taskset_workflow(cfg: Config, ts: TasksetConfig, label: str, is_eval: bool) -> WorkflowChoice:
@@ -336,73 +336,6 @@ class TaskStream:
 def rank_share(batch: list[Task], rank: int, count: int) -> list[tuple[int, Task]]:
     """(slot, task) pairs of ``rank``: slots rank, rank + count, ... of the step's batch."""
     return [(slot, task) for slot, task in enumerate(batch) if slot % count == rank]
-
-
-# ----------------------------------------------------------------------------- resume
-
-
-def load_cursor(run_dir: Path | str, name: str, rank: int, count: int) -> Cursor | None:
-    """This task's saved cursor, or None: a rank resumes from its own cursor only.
-
-    Another rank's cursor is never borrowed while the rank count is unchanged: ranks start at
-    different times, and a rank given a faster one's cursor would skip that rank's share of the
-    steps in between (they would never be generated). Only when the explorer count changed
-    (``count`` differs from the count the saved cursors were written under) is this rank's share
-    new, and it starts from the least advanced old cursor (its own sealed segments still move it
-    forward, see ``rft.explorer.loop.resume_cursor``).
-    """
-    entry = _read_meta(Path(run_dir) / EXPLORER_META).get(name, {})
-    ranks = entry.get("ranks", {}) if isinstance(entry, dict) else {}
-    if str(rank) in ranks:
-        return Cursor.from_dict(ranks[str(rank)]["cursor"])
-    old_layout = [r for r in ranks.values() if r.get("count") != count]
-    if not old_layout:
-        return None
-    other = min(old_layout, key=lambda r: r["cursor"]["step"])
-    log.warning(
-        "%s: the explorer count of %s changed to %d; rank %d resumes from the least "
-        "advanced saved cursor (step %s)",
-        EXPLORER_META,
-        name,
-        count,
-        rank,
-        other["cursor"]["step"],
-    )
-    return Cursor.from_dict(other["cursor"])
-
-
-def save_cursor(run_dir: Path | str, name: str, rank: int, count: int, cursor: Cursor) -> None:
-    """Record this task's cursor under ``explorer_meta.json[name]["ranks"][rank]`` (atomic).
-
-    Several tasks rewrite the same file without locks: each re-reads after writing and
-    rewrites if a concurrent writer replaced its entry (a resumed task also checks its buffer
-    segments, so a lost update costs nothing but a replay of the stream).
-    """
-    path = Path(run_dir) / EXPLORER_META
-    record = {"cursor": cursor.to_dict(), "count": count, "time": time.time()}
-    for _ in range(5):
-        meta = _read_meta(path)
-        meta.setdefault(name, {}).setdefault("ranks", {})[str(rank)] = record
-        atomic.write_json(path, meta)
-        if _read_meta(path).get(name, {}).get("ranks", {}).get(str(rank)) == record:
-            return
-    log.warning(
-        "%s: could not confirm the cursor of %s rank %d (concurrent writers)", path, name, rank
-    )
-
-
-def _read_meta(path: Path) -> dict[str, Any]:
-    import json
-
-    try:
-        meta = json.loads(path.read_text())
-    except FileNotFoundError:
-        return {}
-    except ValueError as e:
-        raise DataError(f"{path} is not valid JSON ({e}); delete it to restart task cursors") from e
-    if not isinstance(meta, dict):
-        raise DataError(f"{path} must hold a JSON object; delete it to restart task cursors")
-    return meta
 
 
 # ----------------------------------------------------------------------------- prompts

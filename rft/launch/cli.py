@@ -39,7 +39,9 @@ def run_main(argv: list[str] | None = None) -> int:
     """``rft-run``: run a config on this machine."""
     setup_logging(timestamps=False)
     parser = config_parser(
-        "rft-run", "Run an rft config on this machine (explorer and trainer processes)."
+        "rft-run",
+        "Run an rft config on this machine (explorer and trainer processes).",
+        take_over=True,
     )
     parser.add_argument(
         "--dry-run",
@@ -63,7 +65,7 @@ def run_main(argv: list[str] | None = None) -> int:
 
 
 def _slurm_parser(prog: str, description: str) -> argparse.ArgumentParser:
-    parser = config_parser(prog, description)
+    parser = config_parser(prog, description, take_over=True)
     parser.add_argument("--dry-run", action="store_true", help="print the sbatch script only")
     parser.add_argument(
         "--sbatch",

@@ -20,13 +20,14 @@ from rft.config.auxiliary import auxiliary_tp, scoring_max_len
 from rft.config.load import stage_config, stage_label
 from rft.config.rules import lora_config, uses_critic
 from rft.config.schema import Config, ExperienceBufferConfig
-from rft.errors import ConfigError, RftError
+from rft.errors import ConfigError, DataError, RftError
 from rft.explorer.tasksets import required_columns, taskset_workflow
 from rft.models import (
     ADAPTER_CONFIG,
     check_critic_dir,
     check_model_dir,
     check_reward_model_dir,
+    has_chat_template,
     is_adapter_folder,
     read_config,
 )
@@ -38,9 +39,10 @@ from rft.placement import (
     local_trainer_ranks,
     scorer_gpu_index,
 )
-from rft.rundir import newest_checkpoint
+from rft.rundir import BUFFER_DIR, EXPLORERS_DIR, WEIGHTS_DIR, newest_checkpoint
 from rft.trainer.algorithm import build_loss_fns
 from rft.workflow.rewards import reward_model_part_names
+from rft.workflow.single_turn import Recipe
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,7 @@ def check_config(cfg: Config, prefix: str = "") -> list[DatasetInfo]:
                 training=not is_eval,
             )
         )
+    check_chat_template(cfg)
     for label, buf in _file_buffers(cfg):
         infos.append(
             _inspect(
@@ -105,7 +108,7 @@ def check_config(cfg: Config, prefix: str = "") -> list[DatasetInfo]:
                 buf.path or "",
                 buf.split,
                 buf.subset_name,
-                data.expert_columns(buf.format, label),
+                data.trainer_dataset_columns(cfg, label, buf),
                 training=label.endswith("experience_buffer"),
             )
         )
@@ -125,8 +128,43 @@ def _check_lora_path(cfg: Config) -> None:
         )
 
 
+def chat_template_users(cfg: Config) -> list[str]:
+    """What renders chat with the policy's tokenizer template, by config key: the explorer's
+    single-turn tasksets (prompts; ``model.custom_chat_template`` replaces it) and the trainer's
+    dataset buffers (SFT/DPO rows; their ``format.chat_template`` replaces it). A workflow
+    class renders only when it calls ``model.chat``, which cannot be told before it runs."""
+    users = []
+    if cfg.mode in ENGINE_MODES and not cfg.model.custom_chat_template:
+        for label, taskset in cfg.labelled_tasksets():
+            is_eval = label.startswith("buffer.explorer_input.eval_tasksets")
+            if isinstance(taskset_workflow(cfg, taskset, label, is_eval), Recipe):
+                users.append(label)
+    if cfg.mode in TRAINER_MODES:
+        users += [label for label, buf in _file_buffers(cfg) if not buf.format.chat_template]
+    return users
+
+
+def check_chat_template(cfg: Config) -> None:
+    """The policy's tokenizer must have a chat template when :func:`chat_template_users` need
+    it (else the explorer fails after vLLM has loaded, the trainer at its first batch)."""
+    users = chat_template_users(cfg)
+    if users and not has_chat_template(cfg.model.model_path):
+        raise DataError(
+            f"{users[0]} renders chat with the tokenizer's template, but the tokenizer in "
+            f"model.model_path={cfg.model.model_path} has none (no chat_template.jinja, no "
+            "chat_template in tokenizer_config.json: a base model?); use the instruct model, "
+            "copy its chat_template.jinja into the folder, or set "
+            + (
+                "model.custom_chat_template"
+                if users[0].startswith("buffer.explorer_input")
+                else f"{users[0]}.format.chat_template"
+            )
+        )
+
+
 def check_run_root(cfg: Config) -> None:
-    """``checkpoint_root_dir`` (or its nearest existing parent) must be a writable folder."""
+    """``checkpoint_root_dir`` (or its nearest existing parent) must be a writable folder, and
+    so must the run directory and the folders the roles write into, where they exist."""
     root = Path(cfg.checkpoint_root_dir).expanduser().absolute()
     existing = next(p for p in (root, *root.parents) if p.exists())
     if not existing.is_dir():
@@ -134,11 +172,21 @@ def check_run_root(cfg: Config) -> None:
             f"checkpoint_root_dir={cfg.checkpoint_root_dir!r}: {existing} is a file, "
             "not a folder; set checkpoint_root_dir to a folder on the shared filesystem"
         )
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ConfigError(
-            f"checkpoint_root_dir={cfg.checkpoint_root_dir!r}: cannot create the run "
-            f"directory in {existing} (no write permission); choose a folder you own"
-        )
+    run_dir = Path(cfg.run_dir).expanduser().absolute()
+    folders = [run_dir, *(run_dir / sub for sub in (BUFFER_DIR, WEIGHTS_DIR, EXPLORERS_DIR))]
+    for folder in [existing, *(f for f in folders if f.exists())]:
+        if not folder.is_dir():
+            raise ConfigError(f"{folder} is a file, not a folder: the run writes a folder there")
+        if not os.access(folder, os.W_OK | os.X_OK):
+            readonly = os.statvfs(folder).f_flag & os.ST_RDONLY
+            raise ConfigError(
+                f"checkpoint_root_dir={cfg.checkpoint_root_dir!r}: cannot write in {folder} "
+                + (
+                    "(read-only filesystem); put the run on a writable filesystem"
+                    if readonly
+                    else "(no write permission); choose a folder you own"
+                )
+            )
 
 
 def _check_context_length(cfg: Config) -> None:

@@ -26,6 +26,7 @@ from rft.config.schema import Config
 from rft.entry import PLUGIN_DIRS_ENV
 from rft.errors import EXIT_REQUEUE, SlurmError
 from rft.launch.worker import WORKER_MODULE
+from rft.lease import TAKE_OVER_ENV
 from rft.placement import EXPLORER_MODES, TRAINER_MODES, task_gpus
 from rft.rundir import LOG_DIR, SUBMITIT_DIR
 
@@ -137,8 +138,9 @@ def render(
         *cfg.slurm.setup,
         f"cd {shlex.quote(str(workdir or Path.cwd()))}",
     ]
-    if os.environ.get(PLUGIN_DIRS_ENV):  # also where sites submit with --export=NONE
-        lines.append(f"export {PLUGIN_DIRS_ENV}={shlex.quote(os.environ[PLUGIN_DIRS_ENV])}")
+    for var in (PLUGIN_DIRS_ENV, TAKE_OVER_ENV):  # also where sites submit with --export=NONE
+        if os.environ.get(var):
+            lines.append(f"export {var}={shlex.quote(os.environ[var])}")
     args = " ".join(shlex.quote(a) for a in ["--config", str(config_path), *overrides])
     py = shlex.quote(python or sys.executable)
     het = len(parts) > 1

@@ -19,7 +19,7 @@ import time
 
 from rft import placement, stages
 from rft.config.schema import Config
-from rft.entry import run_command, setup_logging
+from rft.entry import add_take_over, run_command, setup_logging
 from rft.errors import EXIT_FAILED, EXIT_OK, EXIT_REQUEUE, EXIT_USER_ERROR, RftError
 
 log = logging.getLogger(__name__)
@@ -57,6 +57,7 @@ def _parse(args: list[str]) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--config", required=True)
     parser.add_argument("--stage", type=int, default=None)
+    add_take_over(parser)  # passed on to the role, which takes its lease over
     return parser.parse_known_args(args)
 
 
@@ -198,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if not argv or argv[0] not in ROLES:
         print(
-            f"usage: python -m {WORKER_MODULE} {{{','.join(ROLES)}}} --config FILE [key=value ...]",
+            f"usage: python -m {WORKER_MODULE} {{{','.join(ROLES)}}} --config FILE "
+            "[--take-over] [key=value ...]",
             file=sys.stderr,
         )
         return EXIT_USER_ERROR

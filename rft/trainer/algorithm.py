@@ -11,8 +11,9 @@ from typing import Any, Callable
 
 from rft.algo.advantages import ADVANTAGE_FNS
 from rft.algo.correction import CORRECTIONS, correction_weights
-from rft.algo.losses import ENTROPY_LOSS_FNS, KL_FNS, LOSS_AGG_MODES, POLICY_LOSS_FNS
+from rft.algo.losses import ENTROPY_LOSS_FNS, KL_FNS, LOSS_AGG_MODES
 from rft.algo.registry import (
+    POLICY_LOSS_FNS,
     get_advantage_fn,
     get_entropy_loss_fn,
     get_gae_fn,
@@ -23,11 +24,14 @@ from rft.algo.registry import (
 )
 from rft.config import names
 from rft.config.schema import AlgorithmConfig, RolloutCorrectionConfig
+from rft.errors import ConfigError
 
 # The registries implement exactly the names the config declares (GAE, which needs values, apart).
 assert set(ADVANTAGE_FNS) == set(names.ADVANTAGE_FN_NAMES) - names.NEEDS_CRITIC
 assert names.NEEDS_CRITIC == {"ppo"}
-assert names.BY_RUN <= set(ADVANTAGE_FNS)
+assert names.BY_RUN <= set(ADVANTAGE_FNS) and names.GROUP_BASELINES <= set(ADVANTAGE_FNS)
+assert names.EXPERT_LOSSES <= set(POLICY_LOSS_FNS)
+assert names.ROLLOUT_ENTROPY <= set(ENTROPY_LOSS_FNS)
 assert set(POLICY_LOSS_FNS) == set(names.POLICY_LOSS_FN_NAMES)
 assert set(KL_FNS) == set(names.KL_FN_NAMES)
 assert set(ENTROPY_LOSS_FNS) == set(names.ENTROPY_LOSS_FN_NAMES)
@@ -45,6 +49,7 @@ class LossFns:
     kl_penalty: Callable[..., Any] | None
     entropy: Callable[..., Any]
     entropy_in_loss: bool
+    entropy_rollout_only: bool  # the bonus counts rollout rows only (entropy_loss_fn: mix)
     agg_mode: str
     recompute_old: bool
     sft: bool
@@ -69,10 +74,43 @@ def _with_agg(
     return args
 
 
+# Trinity's SFTLossFn(use_token_level_loss): a mean over all tokens, else over sequences.
+_TOKEN_LEVEL_SFT = {True: "token-mean", False: "seq-mean-token-mean"}
+
+
+def expert_loss_args(name: str, args: dict[str, Any]) -> dict[str, Any]:
+    """MIX / CHORD args as rft's loss takes them: Trinity's batch bookkeeping
+    (``names.MIX_BATCH_ARGS``: no effect, checked by ``rft.config.mix_args``) dropped, and its
+    ``use_token_level_loss_in_sft`` as the ``sft_loss_agg_mode`` it means."""
+    if name not in names.EXPERT_LOSSES:
+        return args
+    args = {k: v for k, v in args.items() if k not in names.MIX_BATCH_ARGS}
+    if "use_token_level_loss_in_sft" not in args:
+        return args
+    token_level = args.pop("use_token_level_loss_in_sft")
+    key = "algorithm.policy_loss_fn_args"
+    if not isinstance(token_level, bool):
+        raise ConfigError(
+            f"{key}.use_token_level_loss_in_sft: got {token_level!r}, expected true or false"
+        )
+    mode = _TOKEN_LEVEL_SFT[token_level]
+    if args.setdefault("sft_loss_agg_mode", mode) != mode:
+        raise ConfigError(
+            f"{key}.use_token_level_loss_in_sft={token_level} (SFT part {mode}) contradicts "
+            f"sft_loss_agg_mode={args['sft_loss_agg_mode']!r}; set only one"
+        )
+    return args
+
+
 def build_loss_fns(algo: AlgorithmConfig) -> LossFns:
     """The ``algorithm`` section's choices as functions; ConfigError for a bad name or argument."""
     agg = algo.loss_agg_mode or "token-mean"
-    policy_args = _with_agg(algo.policy_loss_fn_args, agg, algo.policy_loss_fn, get_policy_loss_fn)
+    policy_args = _with_agg(
+        expert_loss_args(algo.policy_loss_fn, algo.policy_loss_fn_args),
+        agg,
+        algo.policy_loss_fn,
+        get_policy_loss_fn,
+    )
     sft = algo.policy_loss_fn == "sft"
     kl_on = algo.kl_loss_fn not in (None, "none")
     pen_on = algo.kl_penalty_fn not in (None, "none")
@@ -80,7 +118,7 @@ def build_loss_fns(algo: AlgorithmConfig) -> LossFns:
     gae = not sft and algo.advantage_fn in names.NEEDS_CRITIC
     return LossFns(
         advantage=None
-        if sft or gae
+        if sft or gae or algo.advantage_fn is None  # None: DPO (pairs, no advantages)
         else get_advantage_fn(algo.advantage_fn, algo.advantage_fn_args),
         policy=get_policy_loss_fn(algo.policy_loss_fn, policy_args),
         kl_loss=get_kl_loss_fn(
@@ -95,7 +133,10 @@ def build_loss_fns(algo: AlgorithmConfig) -> LossFns:
             entropy_name,
             _with_agg(algo.entropy_loss_fn_args, agg, entropy_name, get_entropy_loss_fn),
         ),
-        entropy_in_loss=entropy_name != "none",
+        # a zero coefficient adds nothing: skip the entropy's gradient (memory) as for "none"
+        entropy_in_loss=entropy_name != "none"
+        and algo.entropy_loss_fn_args.get("entropy_coef", 0.0) != 0,
+        entropy_rollout_only=entropy_name in names.ROLLOUT_ENTROPY,
         agg_mode=policy_args.get("loss_agg_mode", agg),
         recompute_old=algo.old_logprobs == "recompute" and not sft,
         sft=sft,

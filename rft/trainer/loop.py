@@ -3,14 +3,16 @@
 Run as ``python -m rft.trainer --config FILE`` (one process per GPU under torchrun/srun).
 Data in: a batch per step from the buffer, an SFT dataset or CHORD's mix (read on rank 0,
 broadcast). Data out: weights every ``sync_interval`` steps (folders or an NCCL broadcast),
-full checkpoints every ``save_interval`` steps and at the end, ``monitor/trainer/``. Exit
-codes: 0 done, ``EXIT_REQUEUE`` after SIGUSR1/SIGTERM (the step in flight finished and
-checkpointed, so a requeued job resumes there), 2 for a user error.
+full checkpoints every ``save_interval`` steps and at the end, ``monitor/trainer/``; rank 0
+holds the run directory's trainer lease (:mod:`rft.lease`) and checks it before each write.
+Exit codes: 0 done, ``EXIT_REQUEUE`` after SIGUSR1/SIGTERM (the step in flight finished and
+checkpointed, so a requeued job resumes there), 2 for a user error or a lost lease.
 """
 
 from __future__ import annotations
 
 import logging
+import shutil
 import signal
 import time
 from dataclasses import dataclass, field
@@ -21,9 +23,10 @@ from typing import TYPE_CHECKING, Any
 from rft.config.batches import updates_per_step
 from rft.config.rules import uses_critic
 from rft.config.schema import Config
-from rft.data import run_steps
+from rft.data import run_steps, trains_pairs
 from rft.entry import config_parser, run_command, setup_logging
-from rft.errors import EXIT_OK, EXIT_REQUEUE, ConfigError, RftError
+from rft.errors import EXIT_OK, EXIT_REQUEUE, ConfigError, LeaseError, RftError
+from rft.lease import Lease, remove_dead_tmp
 from rft.models import tokenizer_files
 from rft.monitor import (
     BATCH_TOKENS,
@@ -38,7 +41,7 @@ from rft.monitor import (
     WEIGHTS_VERSION,
 )
 from rft.placement import TRAINER_MODES
-from rft.rundir import ACTOR_DIR, CRITIC_DIR, HF_DIR, step_dir
+from rft.rundir import ACTOR_DIR, CRITIC_DIR, HF_DIR, TRAINER_LEASE, step_dir
 from rft.stages import load_stage
 from rft.sync import publishes_weights
 from rft.trainer.algorithm import build_loss_fns
@@ -50,6 +53,7 @@ from rft.trainer.state import (
     read_meta,
     save_rng,
     staging_dir,
+    temporary_prefixes,
 )
 
 if TYPE_CHECKING:
@@ -59,10 +63,11 @@ if TYPE_CHECKING:
     from rft.sync import WeightsPublisher
     from rft.trainer import engine
     from rft.trainer.broadcaster import WeightBroadcaster
+    from rft.trainer.dpo import DpoSource
     from rft.trainer.inputs import BufferSource, FileSource
     from rft.trainer.mix import MixSource
 
-    Source = BufferSource | FileSource | MixSource  # the trainer's input (rank 0)
+    Source = BufferSource | FileSource | MixSource | DpoSource  # the trainer's input (rank 0)
 
 log = logging.getLogger(__name__)
 
@@ -99,10 +104,14 @@ class LoopPosition:
 
 
 def open_trainer_input(cfg: Config, run_dir: Path, cursor: dict[str, Any] | None) -> Source:
-    """The trainer's input (rank 0): CHORD's mix, an SFT dataset, or the rollout buffer."""
+    """The trainer's input (rank 0): CHORD's mix, DPO's pairs, an SFT dataset, or the rollout
+    buffer."""
+    from rft.trainer.dpo import DpoSource
     from rft.trainer.inputs import BufferSource, FileSource
     from rft.trainer.mix import MixSource
 
+    if trains_pairs(cfg):
+        return DpoSource(cfg, cursor)
     if cfg.algorithm.sample_strategy == "mix":
         return MixSource(cfg, run_dir, cursor)
     if cfg.buffer.trainer_input.experience_buffer.storage_type == "file":
@@ -141,6 +150,41 @@ def resume_point(cfg: Config, run_dir: Path, world_size: int) -> tuple[int | Non
             "cannot reshard on resume: relaunch with that many ranks"
         )
     return step, meta
+
+
+def claim_run_dir(cfg: Config, run_dir: Path, rank: int) -> Lease | None:
+    """Rank 0 takes the run directory's trainer lease and removes its dead writers' temporaries
+    (before anything is written); a refusal is raised on every rank, so none waits alone in a
+    collective. Returns rank 0's held, beating lease (None on the other ranks)."""
+    from rft.trainer import engine
+
+    lease, refused = None, None
+    if rank == 0:
+        try:
+            lease = Lease.acquire(
+                run_dir,
+                TRAINER_LEASE,
+                cfg.explorer.heartbeat_interval_s,
+                cfg.explorer.heartbeat_timeout_s,
+            ).start()
+        except LeaseError as e:
+            refused = str(e)
+    refused = engine.broadcast_object(refused)
+    if refused is not None:
+        raise LeaseError(refused)
+    if lease is not None:
+        remove_dead_tmp(run_dir, temporary_prefixes(), cfg.explorer.heartbeat_timeout_s)
+    return lease
+
+
+def check_lease(lease: Lease | None, before: str) -> None:
+    """Collective: stop every rank with :class:`LeaseError` if rank 0 lost the trainer lease
+    (another trainer took the run directory over), before ``before`` is written."""
+    from rft.trainer import engine
+
+    message = engine.broadcast_object(None if lease is None else lease.lost_message(before))
+    if message is not None:
+        raise LeaseError(message)
 
 
 def publish_weights(
@@ -237,14 +281,25 @@ def save_full_checkpoint(
     world_size: int,
     final: bool,
     critic: engine.Actor | None = None,
+    lease: Lease | None = None,
 ) -> None:
-    """Every rank writes its shards; rank 0 finishes (meta, rename, pointer) and releases input."""
+    """Every rank writes its shards; rank 0 finishes (meta, rename, pointer) and releases input.
+    The trainer lease is checked before the shards and again before the checkpoint is made
+    visible (shards of a large model take minutes: a take-over meanwhile is caught there)."""
     from rft.trainer import engine
 
+    what = f"writing checkpoint {step_dir(run_dir, progress.step).name}"
+    check_lease(lease, what)
     tmp = engine.broadcast_object(staging_dir(run_dir, progress.step) if rank == 0 else None)
     _save_engine(cfg, actor, tmp / ACTOR_DIR, progress.step, rank, final, rng=True)
     if critic is not None:
         _save_engine(cfg, critic, tmp / CRITIC_DIR, progress.step, rank, final, rng=False)
+    try:
+        check_lease(lease, what)
+    except LeaseError:
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)  # ours: never published
+        raise
     if rank == 0:
         meta = {
             "buffer_cursor": progress.cursor,
@@ -292,16 +347,29 @@ def run(cfg: Config) -> int:
     check_mode(cfg)
     stop = StopFlag()
     stop.install()
+    from rft.trainer import engine
+
+    info = engine.init_distributed(max(1800.0, cfg.synchronizer.sync_timeout + 600.0))
+    if info.rank == 0:
+        cfg.run_dir.mkdir(parents=True, exist_ok=True)
+    lease = claim_run_dir(cfg, cfg.run_dir, info.rank)
+    try:
+        return train(cfg, info, stop, lease)
+    finally:
+        if lease is not None:
+            lease.release()
+
+
+def train(cfg: Config, info: engine.DistInfo, stop: StopFlag, lease: Lease | None) -> int:
+    """The loop itself, on every rank; rank 0 holds ``lease``."""
     from rft.monitor import Monitor
     from rft.sync import WeightsPublisher
     from rft.trainer import engine
+    from rft.trainer.dpo import dpo_step
     from rft.trainer.step import train_step
 
-    info = engine.init_distributed(max(1800.0, cfg.synchronizer.sync_timeout + 600.0))
     rank = info.rank
     run_dir = cfg.run_dir
-    if rank == 0:
-        run_dir.mkdir(parents=True, exist_ok=True)
     fns = build_loss_fns(cfg.algorithm)
     resumed, meta = engine.broadcast_object(
         resume_point(cfg, run_dir, info.world_size) if rank == 0 else None
@@ -318,7 +386,8 @@ def run(cfg: Config) -> int:
         None if steps is None else steps * updates_per_step(cfg)
     )  # the LR schedule's length
     actor = engine.build_actor(cfg, info, total_updates)
-    ref = engine.build_reference(cfg, info, actor) if fns.needs_ref else None
+    pairs = trains_pairs(cfg)  # DPO: its own step, always against the reference model
+    ref = engine.build_reference(cfg, info, actor) if fns.needs_ref or pairs else None
     critic = engine.build_critic(cfg, info, total_updates) if uses_critic(cfg) else None
     if resumed is not None:
         engine.load_checkpoint(actor, step_dir(run_dir, resumed) / ACTOR_DIR)
@@ -363,11 +432,14 @@ def run(cfg: Config) -> int:
             break
         t_read = time.perf_counter() - t0
         stale = staleness_metrics(batch, progress.weights_version)
-        metrics = train_step(actor, ref, batch, cfg, fns, info, step, pad_id, critic)
+        metrics = (dpo_step if pairs else train_step)(
+            actor, ref, batch, cfg, fns, info, step, pad_id, critic
+        )
         progress.step = step
         progress.cursor = source.cursor() if rank == 0 else {}
         t1 = time.perf_counter()
         if publishes_weights(step, cfg.synchronizer.sync_interval, steps):
+            check_lease(lease, f"publishing weights version {step}")
             publish_weights(
                 actor,
                 publisher,
@@ -407,13 +479,23 @@ def run(cfg: Config) -> int:
                 info.world_size,
                 final=step == steps,
                 critic=critic,
+                lease=lease,
             )
         if engine.all_reduce_max(int(stop.requested())):
             break
     exit_code = EXIT_REQUEUE if engine.all_reduce_max(int(stop.requested())) else EXIT_OK
     if progress.last_saved != progress.step and progress.step > 0:
         save_full_checkpoint(
-            cfg, run_dir, actor, source, progress, rank, info.world_size, final=True, critic=critic
+            cfg,
+            run_dir,
+            actor,
+            source,
+            progress,
+            rank,
+            info.world_size,
+            final=True,
+            critic=critic,
+            lease=lease,
         )
     if broadcaster is not None:
         broadcaster.close()
@@ -424,9 +506,9 @@ def run(cfg: Config) -> int:
 
 def main(argv: list[str] | None = None) -> None:
     setup_logging()
-    args = config_parser("python -m rft.trainer", __doc__.split("\n")[0], stage=True).parse_args(
-        argv
-    )
+    args = config_parser(
+        "python -m rft.trainer", __doc__.split("\n")[0], stage=True, take_over=True
+    ).parse_args(argv)
     code = run_command(lambda: run(load_stage(args.config, args.overrides, args.stage)))
     from rft.trainer import engine
 

@@ -23,7 +23,9 @@ from rft.rundir import (
     ACTOR_DIR,
     CHECKPOINT_POINTER,
     HF_DIR,
+    STEP_PREFIX,
     TRAINER_META,
+    WEIGHTS_POINTER,
     step_dir,
     step_of,
 )
@@ -115,6 +117,13 @@ def load_rng(actor_dir: Path, rank: int) -> None:
         log.warning("%s missing: random state not restored", path)
         return
     set_rng_state(torch.load(path, weights_only=False))
+
+
+def temporary_prefixes() -> tuple[str, ...]:
+    """Names of the temporaries the trainer leaves in the run directory's root when killed
+    mid-write (staged checkpoints, pointer and metadata files): removed at start when their
+    writer is dead (:func:`rft.lease.remove_dead_tmp`)."""
+    return (STEP_PREFIX, CHECKPOINT_POINTER, TRAINER_META, WEIGHTS_POINTER)
 
 
 def staging_dir(run_dir: Path, step: int) -> Path:

@@ -135,9 +135,12 @@ def _micro_loss(
     fns: LossFns,
     step: int,
     on_policy: Callable[[MicroBatch, torch.Tensor], None] | None = None,
+    batch_weight: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The micro-batch's loss; ``on_policy`` (the skipped old-log-prob pass) first fills its
-    old log-probs (and correction weights) from this forward's log-probs, detached."""
+    old log-probs (and correction weights) from this forward's log-probs, detached.
+    ``batch_weight`` (:func:`_batch_term_weight`) weights the terms over every row (KL, entropy
+    bonus) of a micro-batch that holds one source of a mixed batch."""
     logprob, entropy = engine.forward_logprobs(
         actor.engine, micro, with_entropy=True, entropy_grad=fns.entropy_in_loss
     )  # [B, R] each
@@ -157,18 +160,27 @@ def _micro_loss(
     if not fns.sft:  # SFT's loss is its own metric (rft.algo.losses.SFT_LOSS)
         metrics[POLICY_LOSS] = loss.item()
     if fns.entropy_in_loss:
-        ent_loss, ent_metrics = fns.entropy(entropy, mask)
-        loss = loss + ent_loss
+        ent_loss, ent_metrics = fns.entropy(entropy, mask, expert_mask=micro.expert)
+        # a rollout-only bonus is its source's own part, like the policy loss's
+        loss = loss + ent_loss * (1.0 if fns.entropy_rollout_only else batch_weight)
         metrics.update(ent_metrics)
     else:
         metrics[ENTROPY] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
     if fns.kl_loss is not None:
         assert micro.ref_logprobs is not None
         kl_term, kl_metrics = fns.kl_loss(logprob, micro.ref_logprobs, mask)
-        loss = loss + kl_term
+        loss = loss + kl_term * batch_weight
         metrics.update(kl_metrics)
     metrics["logprob_mean"] = float((logprob.detach() * mask).sum() / mask.sum().clamp(min=1))
     return loss, metrics
+
+
+def _batch_term_weight(source_fraction: float, agg_mode: str) -> float:
+    """Weight of a whole-batch term (KL, entropy) in a one-source micro-batch: the micro-batch
+    scales make each source's terms sum to that source's aggregate, so the whole batch's is
+    their mean weighted by each source's share; under seq-mean-token-sum-norm (a total token
+    sum over the padded width, no mean) it is their plain sum."""
+    return 1.0 if agg_mode == "seq-mean-token-sum-norm" else source_fraction
 
 
 def _on_policy_filler(
@@ -299,7 +311,8 @@ def train_step(
                 on_policy = (
                     _on_policy_filler(plan, fns, rows, correction_sums) if skip_old else None
                 )
-                loss, micro_metrics = _micro_loss(actor, micro, fns, step, on_policy)
+                whole = _batch_term_weight(fractions[source], fns.agg_mode)
+                loss, micro_metrics = _micro_loss(actor, micro, fns, step, on_policy, whole)
                 engine.backward(actor, loss * scale)
                 sums.add(micro_metrics, scale / info.world_size / updates, fractions[source])
             t2 = time.perf_counter()

@@ -10,6 +10,7 @@ built-ins and the token bookkeeping live in this package's modules.
 from rft.workflow.base import MultiTurnWorkflow, StepWiseRewardWorkflow, Workflow
 from rft.workflow.experience import EID, Experience
 from rft.workflow.model import ModelWrapper
+from rft.workflow.recording import RecordingWorkflow
 from rft.workflow.registry import WORKFLOWS, register_workflow
 from rft.workflow.task import GenerationArgs, Task
 from rft.workflow.tools import ToolBox
@@ -20,6 +21,7 @@ __all__ = [
     "GenerationArgs",
     "ModelWrapper",
     "MultiTurnWorkflow",
+    "RecordingWorkflow",
     "StepWiseRewardWorkflow",
     "Task",
     "ToolBox",

@@ -112,6 +112,8 @@ class Thread:
     extended: bool = False  # a later thread continues this one (so this is not a sample)
     # The sample this conversation was in before a prefix break started this one (or None).
     predecessor: Optional["Thread"] = None
+    # The thread this one continues (its parent call).
+    extends: Optional["Thread"] = field(default=None, repr=False, compare=False)
 
     @property
     def tokens(self) -> list[int]:
@@ -132,6 +134,8 @@ class History:
         self.template = template
         self.threads: list[Thread] = []
         self.prefix_breaks = 0  # calls whose history the template re-rendered differently
+        # Calls may come from several threads at once (the OpenAI endpoint's request handlers).
+        self.lock = threading.RLock()
 
     def prompt_for(
         self, messages: Messages, tools: Optional[list] = None, continue_final: bool = False
@@ -139,6 +143,12 @@ class History:
         """Prompt ids for a call with ``messages`` and the thread it extends (None: a new one).
         Extending, the ids are the thread's own tokens, then the template's text between the
         model's last token and the next generation prompt, encoded alone."""
+        with self.lock:
+            return self._prompt_for(messages, tools, continue_final)
+
+    def _prompt_for(
+        self, messages: Messages, tools: Optional[list], continue_final: bool
+    ) -> tuple[list[int], Optional[Thread]]:
         parent = self._extendable(messages, tools)
         if parent is not None and not continue_final:
             before = self.template.render(parent.messages, tools=tools, add_generation_prompt=False)
@@ -177,6 +187,18 @@ class History:
     ) -> Thread:
         """The thread after the model answered ``messages`` with ``completion`` (``reply``: the
         assistant message as the workflow will append it)."""
+        with self.lock:
+            return self._record(messages, tools, prompt_ids, parent, completion, reply)
+
+    def _record(
+        self,
+        messages: Messages,
+        tools: Optional[list],
+        prompt_ids: list[int],
+        parent: Optional[Thread],
+        completion: Completion,
+        reply: dict[str, Any],
+    ) -> Thread:
         if parent is None:
             # A conversation that could not be continued token for token goes on here.
             thread = Thread(
@@ -196,6 +218,7 @@ class History:
                 parent.action_mask + [0] * len(added),
                 parent.turns,
                 parent.versions,
+                extends=parent,
             )
             parent.extended = True
         thread.response_ids += completion.response_ids
@@ -209,7 +232,17 @@ class History:
 
     def samples(self) -> list[Thread]:
         """Threads no later call continued: the episode's samples, in the order they began."""
-        return [t for t in self.threads if not t.extended and t.response_ids]
+        with self.lock:
+            return [t for t in self.threads if not t.extended and t.response_ids]
+
+    def retract(self, thread: Thread) -> None:
+        """Forget a call whose answer never reached its caller (it is not trained on); the
+        thread it continued is a sample again unless another call continues it."""
+        with self.lock:
+            self.threads = [t for t in self.threads if t is not thread]
+            parent = thread.extends
+            if parent is not None and not any(t.extends is parent for t in self.threads):
+                parent.extended = False
 
     def find(self, messages: Messages) -> Optional[Thread]:
         """The sample covering ``messages`` up to their last assistant message, if any."""

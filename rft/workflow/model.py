@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from concurrent.futures import Future
-from typing import Any, Optional, Protocol, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 from rft.errors import WorkflowError
 from rft.workflow.conversation import ChatTemplate, Completion, History, Messages, Thread
@@ -57,17 +57,23 @@ class ModelWrapper:
         self.split_samples: list[Experience] = []
         self.model_calls = 0
         self.cancelled: Optional[str] = None  # why the explorer stopped the episode
+        self.time_limit_s: Optional[float] = None  # the episode's limit (explorer.max_timeout)
+        # The explorer's OpenAI-compatible endpoint (rft.workflow.endpoint), started on demand
+        # by get_openai_client()/api_key; None where the explorer offers none.
+        self.endpoint_factory: Optional[Callable[[], Any]] = None
+        self.run_name = "run"  # names this task run in its API key
+        self._api_key: Optional[str] = None
 
     # -- chat
 
     def chat(self, messages: Messages, **kwargs: Any) -> list[Experience]:
         """``n`` replies to ``messages`` (OpenAI-style dicts; ``tools=`` OpenAI tool schemas)."""
         future, finish = self._submit_chat(messages, kwargs)
-        return finish(future.result())
+        return [reply for reply, _ in finish(future.result())]
 
     async def chat_async(self, messages: Messages, **kwargs: Any) -> list[Experience]:
         future, finish = self._submit_chat(messages, kwargs)
-        return finish(await asyncio.wrap_future(future))
+        return [reply for reply, _ in finish(await asyncio.wrap_future(future))]
 
     def generate(self, prompts: Sequence[str], **kwargs: Any) -> list[Experience]:
         """Replies to raw prompt strings (no chat template), ``n`` per prompt, in order."""
@@ -79,13 +85,61 @@ class ModelWrapper:
         results = await asyncio.gather(*(asyncio.wrap_future(f) for f, _ in pending))
         return [e for (_, finish), r in zip(pending, results) for e in finish(r)]
 
+    # -- the OpenAI-compatible endpoint (agent code that speaks the OpenAI API)
+
+    @property
+    def base_url(self) -> str:
+        """The endpoint's ``.../v1`` URL; calls with :attr:`api_key` are this episode's."""
+        return self._endpoint().base_url
+
+    @property
+    def api_key(self) -> str:
+        """This task run's key: calls carrying it are answered by the engine and recorded."""
+        if self._api_key is None:
+            self._api_key = self._endpoint().register(self, self.run_name)
+        return self._api_key
+
+    @property
+    def model_name(self) -> str:
+        return self._endpoint().model_name
+
     def get_openai_client(self) -> Any:
-        raise WorkflowError(
-            "model.get_openai_client(): rft has no OpenAI-compatible endpoint per "
-            "explorer yet; call model.chat(messages, tools=...) instead"
+        """An ``openai.OpenAI`` client whose calls are this episode's (recorded, trained)."""
+        import openai
+
+        return openai.OpenAI(
+            base_url=self.base_url,
+            api_key=self.api_key,
+            max_retries=0,
+            http_client=self._endpoint().http_client(),
         )
 
-    get_openai_async_client = get_openai_client
+    def get_openai_async_client(self) -> Any:
+        import openai
+
+        return openai.AsyncOpenAI(base_url=self.base_url, api_key=self.api_key, max_retries=0)
+
+    def close_endpoint_key(self) -> None:
+        """The episode ended: its key stops working."""
+        if self._api_key is not None:
+            self._endpoint().unregister(self._api_key)
+
+    def _endpoint(self) -> Any:
+        if self.endpoint_factory is None:
+            raise WorkflowError(
+                "this model handle has no OpenAI-compatible endpoint: set "
+                "explorer.rollout_model.enable_openai_api: true"
+            )
+        return self.endpoint_factory()
+
+    def chat_recorded(
+        self, messages: Messages, **kwargs: Any
+    ) -> list[tuple[Experience, Optional[Thread]]]:
+        """The endpoint's call: replies as :meth:`chat`, each with the thread that recorded it.
+        The recorded assistant message is the one the endpoint returns (content without
+        reasoning or tool-call markup, ``tool_calls``), as an agent sends it back."""
+        future, finish = self._submit_chat(messages, kwargs, as_openai=True)
+        return finish(future.result())
 
     # -- what the episode produced
 
@@ -131,7 +185,7 @@ class ModelWrapper:
             None if room < 1 else dataclasses.replace(args, max_tokens=min(args.max_tokens, room))
         )
 
-    def _submit_chat(self, messages: Messages, kwargs: dict[str, Any]):
+    def _submit_chat(self, messages: Messages, kwargs: dict[str, Any], as_openai: bool = False):
         self._check()
         args, stop, tools = self._args(kwargs)
         messages = [dict(m) for m in messages]
@@ -144,21 +198,29 @@ class ModelWrapper:
             else self.service.submit(prompt_ids, fitted, stop)
         )
 
-        def finish(completions: list[Completion]) -> list[Experience]:
+        def finish(completions: list[Completion]) -> list[tuple[Experience, Optional[Thread]]]:
+            """Each reply with the thread that recorded it (None: answered without the engine)."""
             if fitted is None:
-                return [_prompt_truncated(prompt_ids) for _ in range(args.n)]
-            replies = []
+                return [(_prompt_truncated(prompt_ids), None) for _ in range(args.n)]
+            recorded = []
             for completion in completions:
                 split = self.service.parse_reasoning(completion.text)
                 reasoning, content = split if split is not None else (None, completion.text)
                 calls: list[dict] = []
                 if tools:
                     content, calls = self.service.parse_tool_calls(content or "", tools)
-                reply = {"role": "assistant", "content": completion.text}
-                self.history.record(messages, tools, prompt_ids, parent, completion, reply)
-                replies.append(_reply(completion, calls, reasoning, content))
-            self.calls.extend(replies)
-            return replies
+                reply = _reply(completion, calls, reasoning, content)
+                message = (
+                    openai_message(reply)
+                    if as_openai
+                    else {"role": "assistant", "content": completion.text}
+                )
+                thread = self.history.record(
+                    messages, tools, prompt_ids, parent, completion, message
+                )
+                recorded.append((reply, thread))
+            self.calls.extend(reply for reply, _ in recorded)
+            return recorded
 
         return future, finish
 
@@ -201,6 +263,18 @@ def _prompt_truncated(prompt_ids: list[int]) -> Experience:
         truncate_status="prompt_truncated",
         finish_reason="length",
     )
+
+
+def openai_message(reply: Experience) -> dict[str, Any]:
+    """A reply as the OpenAI API's assistant message (content without reasoning or tool-call
+    markup, ``tool_calls``, ``reasoning_content``): what the endpoint returns and records."""
+    message: dict[str, Any] = {"role": "assistant", "content": reply.content}
+    if reply.tool_calls:
+        message["tool_calls"] = reply.tool_calls
+        message["content"] = reply.content or None
+    if reply.reasoning_content is not None:
+        message["reasoning_content"] = reply.reasoning_content
+    return message
 
 
 def _reply(

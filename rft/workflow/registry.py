@@ -17,6 +17,8 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
+from rft.config.known_names import WORKFLOWS as TRINITY_WORKFLOWS
+from rft.config.typed_dict import not_supported
 from rft.entry import PLUGIN_DIRS_ENV, TRINITY_PLUGIN_DIRS_ENV
 from rft.errors import WorkflowError, did_you_mean
 from rft.workflow.base import workflow_signature_problem
@@ -25,20 +27,12 @@ log = logging.getLogger(__name__)
 
 SHIPPED_MODULES = (
     "rft.workflow.envs.calculator",
+    "rft.workflow.envs.frozen_lake",
     "rft.workflow.envs.guess_number",
+    "rft.workflow.envs.toolcall",
     "rft.workflow.math_eval",
+    "rft.workflow.recording",
 )
-
-# Trinity-RFT workflows that drive an environment rft does not ship: what to bring instead.
-OUTSIDE_ENVIRONMENTS = {
-    "alfworld_workflow": "the ALFWorld environment (pip package alfworld and its data)",
-    "webshop_workflow": "the WebShop environment (its server and product data)",
-    "sciworld_workflow": "the ScienceWorld environment (pip package scienceworld, a JVM)",
-    "agentscope_react_workflow": "AgentScope (pip package agentscope)",
-    "agentscopev1_react_workflow": "AgentScope (pip package agentscope)",
-    "as_react_workflow": "AgentScope (pip package agentscope)",
-    "email_search_workflow": "the email-search environment (its SQLite corpus)",
-}
 
 
 class Registry:
@@ -151,12 +145,13 @@ def workflow_class(spec: str, builtin_names: Iterable[str] = ()) -> type:
     for module in SHIPPED_MODULES:
         importlib.import_module(module)
     cls = WORKFLOWS.get(spec)
-    if cls is None and spec in OUTSIDE_ENVIRONMENTS:
-        raise WorkflowError(
-            f"workflow {spec!r} is Trinity-RFT's and drives {OUTSIDE_ENVIRONMENTS[spec]}, which "
-            "rft does not ship. Bring it as a plugin: a module with a rft.workflow.Workflow "
-            f"subclass registered as @register_workflow({spec!r}) in a --plugin-dir / "
-            f"{PLUGIN_DIRS_ENV} folder, with the environment installed on the compute nodes"
+    if cls is None and spec in TRINITY_WORKFLOWS:
+        raise not_supported(
+            f"workflow {spec}",
+            f"{TRINITY_WORKFLOWS[spec]}. rft does not ship it; bring it as a plugin: a "
+            f"module with a rft.workflow.Workflow subclass registered as "
+            f"@register_workflow({spec!r}) in a --plugin-dir / {PLUGIN_DIRS_ENV} folder "
+            "(with what it needs installed on the compute nodes)",
         )
     if cls is None and ("." in spec or ":" in spec):
         cls = _import_class(spec)

@@ -21,6 +21,8 @@ import threading
 from fractions import Fraction
 from typing import Any, Callable, Mapping, Sequence
 
+from rft.config.known_names import REWARD_FNS as TRINITY_REWARD_FNS
+from rft.config.typed_dict import not_supported
 from rft.errors import ConfigError, did_you_mean
 
 log = logging.getLogger(__name__)
@@ -430,7 +432,10 @@ def combine_reward(
 
 
 def _import_user_fn(spec: str) -> Callable[..., Any]:
-    """``pkg.module:function`` (or ``pkg.module.function``) -> the callable."""
+    """``pkg.module:function`` (or ``pkg.module.function``) -> the callable; a Trinity reward
+    name rft does not ship is refused saying what to do (no guess)."""
+    if spec in TRINITY_REWARD_FNS:
+        raise not_supported(f"reward function {spec}", TRINITY_REWARD_FNS[spec])
     if ":" in spec:
         module_name, _, attr = spec.partition(":")
     else:

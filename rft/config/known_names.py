@@ -1,0 +1,566 @@
+"""Trinity-RFT's and veRL's own names for config keys and choices that rft does not act on.
+
+Data only (no imports). :mod:`rft.config.typed_dict` reads :data:`KEYS` and :data:`CHOICES`,
+:mod:`rft.workflow.registry` reads :data:`WORKFLOWS` and :mod:`rft.workflow.rewards` reads
+:data:`REWARD_FNS`: a name found here is refused as "Trinity's `X` is not supported by rft:
+<what to do>" (never a "did you mean" guess); only other names get the nearest-name hint.
+A name rft implements is in its schema, so an entry here is reached only while rft lacks it.
+"""
+
+from __future__ import annotations
+
+# Where the names come from (modelscope/Trinity-RFT; repository moved to agentscope-ai/Trinity-RFT).
+SOURCES = {
+    "config": "trinity/common/config.py at c3d094d (v0.3 era), plus keys of older releases "
+    "that its examples still use (buffer.max_retry_times, trainer.ppo_max_token_len_per_gpu, "
+    "synchronizer.sync_iteration_interval)",
+    "verl": "trinity/common/verl_config.py at 3f14a35 (veRL's ppo_trainer config as Trinity "
+    "embeds it under trainer.trainer_config) and the examples' trainer_config sections",
+    "algorithms": "trinity/algorithm/__init__.py ALGORITHM_TYPE at cb89407, the policy_loss_fn/"
+    "advantage_fn/sample_strategy registries of trinity/algorithm/*/__init__.py",
+    "workflows": "trinity/common/workflows/__init__.py WORKFLOWS default_mapping (v0.3.x)",
+    "rewards": "trinity/common/rewards/__init__.py REWARD_FUNCTIONS default_mapping (v0.3.x)",
+}
+
+_NO_RAY = "rft runs without Ray (SLURM tasks and files); remove it"
+_AUTO = "Trinity sets it itself (its comment says DO NOT SET); remove it"
+_SQL_RETRY = "remove it (rft reads datasets from files; the SQLite archive has one writer)"
+_ONE_MODEL = "rft generates with model.model_path (and model.lora_configs); remove it"
+_SAMPLING = (
+    "set it once in model.{key} (or per taskset in rollout_args.{key}); the engine is "
+    "configured from those"
+)
+_LENGTH = "set model.{key} (the engine and the trainer read one value)"
+_NO_MULTIMODAL = "rft trains text-only models; remove it and give a text dataset"
+_TASKSET_AUTO = "Trinity derives it from buffer.{key}; set that instead"
+_SERVE = (
+    "mode serve (the explorer as a standing server for outside agents) is not built in rft; "
+    "train an agent program through the explorer's endpoint instead: "
+    "explorer.rollout_model.enable_openai_api: true with agent_program_workflow or a "
+    "RecordingWorkflow (README: Agents through the OpenAI API)"
+)
+_QUEUE = "rft's queue is sealed files on the shared filesystem with no such setting; remove it"
+_LOG_PROB_PASS = (
+    "the log-prob passes use trainer.use_dynamic_bsz / max_token_len_per_gpu like the actor; "
+    "set those"
+)
+
+
+def _lengths(*keys: str) -> dict[str, str]:
+    return {key: _LENGTH.format(key=key) for key in keys}
+
+
+def _sampling(*keys: str) -> dict[str, str]:
+    return {key: _SAMPLING.format(key=key) for key in keys}
+
+
+# Trinity's FormatConfig (config.py); rft's FormatConfig holds the ones it reads.
+_FORMAT = {
+    "image_key": _NO_MULTIMODAL,
+    "video_key": _NO_MULTIMODAL,
+}
+
+# Trinity's TasksetConfig / StorageConfig (config.py).
+_TASKSET = {
+    "index": "rft resumes the task position from explorer_meta.json; remove it",
+    "is_eval": "list evaluation sets under buffer.explorer_input.eval_tasksets instead",
+    "batch_size": _TASKSET_AUTO.format(key="batch_size"),
+    "total_epochs": _TASKSET_AUTO.format(key="total_epochs"),
+    "total_steps": _TASKSET_AUTO.format(key="total_steps"),
+    "ray_namespace": _NO_RAY,
+    "wrap_in_ray": _NO_RAY,
+    "tokenizer_path": "rft tokenizes with model.model_path's tokenizer; remove it",
+    "schema_type": _AUTO,
+}
+
+# Trinity's ExperienceBufferConfig (config.py).
+_EXPERIENCE_BUFFER = {
+    "capacity": _QUEUE,
+    "max_read_timeout": "set synchronizer.sync_timeout (how long the trainer waits for data)",
+    "replay_buffer": "rft consumes each experience once (no replay buffer); remove it",
+    "index": "rft keeps its read cursor in trainer_meta.json; remove it",
+    "batch_size": "set buffer.train_batch_size",
+    "tokenizer_path": "rft tokenizes with model.model_path's tokenizer; remove it",
+    "total_steps": "set buffer.total_steps",
+    "ray_namespace": _NO_RAY,
+}
+
+# Trinity's InferenceModelConfig (config.py): explorer.rollout_model and auxiliary_models.
+_INFERENCE_MODEL = {
+    "model_path": "set model.model_path (Trinity fills this key from it)",
+    "ignore_eos": "rft always stops at the end-of-sequence token; remove it",
+    "chat_template": "set model.custom_chat_template",
+    "bundle_indices": _NO_RAY,
+    "enable_lora": "set model.lora_configs (Trinity derives this key from it)",
+    "lora_modules": "set model.lora_configs (Trinity derives this key from it)",
+    "lora_kwargs": "set model.lora_configs (Trinity derives this key from it)",
+    **_sampling("temperature", "top_p", "top_k", "logprobs"),
+    **_lengths("max_prompt_tokens", "max_response_tokens", "min_response_tokens"),
+}
+_AUXILIARY_MODEL = {
+    **_INFERENCE_MODEL,
+    "model_path": "",  # rft reads it (listed here only to be dropped below)
+    "engine_type": "reward models are scored with a vLLM engine always; remove it",
+    "gpu_memory_utilization": "a reward model's engine takes vLLM's default share; remove it",
+    "dtype": "a reward model's engine runs in bfloat16; remove it",
+    "seed": "scoring is deterministic; remove it",
+    "enforce_eager": "remove it (scoring engines decide CUDA graphs themselves)",
+    "enable_prefix_caching": "remove it (scoring engines keep vLLM's default)",
+    "enable_chunked_prefill": "remove it (scoring engines keep vLLM's default)",
+    "use_v1": "no effect: vLLM's V1 engine is the only one; remove it",
+    "enable_history": "remove it: a reward model only scores",
+    "enable_openai_api": "remove it: a reward model only scores",
+    "enable_auto_tool_choice": "remove it: a reward model only scores",
+    "tool_call_parser": "remove it: a reward model only scores",
+    "reasoning_parser": "remove it: a reward model only scores",
+}
+del _AUXILIARY_MODEL["model_path"]
+
+_VERL_FSDP = {
+    "wrap_policy": "DeepSpeed ZeRO shards whole parameters (no FSDP wrap policy); remove it",
+    "min_num_params": "DeepSpeed ZeRO shards whole parameters (no FSDP wrap policy); remove it",
+    "fsdp_size": "set trainer.zero_stage (DeepSpeed ZeRO over all trainer GPUs); remove it",
+    "offload_policy": "set trainer.param_offload / optimizer_offload",
+    "model_dtype": "set trainer.precision",
+}
+
+# rft schema class -> {Trinity/veRL key defined at that place: what to do in rft}.
+KEYS: dict[str, dict[str, str]] = {
+    "Config": {
+        "group": "put the group in the run name (name: group/experiment): rft's run directory is "
+        "<checkpoint_root_dir>/<project>/<name>",
+        "checkpoint_job_dir": "set checkpoint_root_dir, project and name (the run directory is "
+        "<checkpoint_root_dir>/<project>/<name>)",
+        "ray_namespace": _NO_RAY,
+        "data_processor": "prepare tasksets before the run (e.g. rft-data) and filter "
+        "experiences in a workflow or reward function; rft has no Data-Juicer pipelines",
+        "service": "rft starts no outside services (Data-Juicer); remove it",
+        "log": "rft logs with Python logging to <run>/log/ (level: RFT_LOG_LEVEL); remove it",
+        "algorithm_type": "move it under algorithm: (algorithm.algorithm_type), as Trinity now "
+        "spells it",
+        "data": "this is Trinity's pre-0.2 layout: move the dataset to "
+        "buffer.explorer_input.taskset (path, split, format)",
+    },
+    "AlgorithmConfig": {
+        "bypass_old_logprobs": "set algorithm.old_logprobs: rollout (the rollout's log-probs as "
+        "the old policy's, the same thing)",
+    },
+    "OptimizerConfig": {
+        "clip_grad": "set trainer.grad_clip",
+        "total_training_steps": "set buffer.total_steps",
+        "lr_warmup_init": "warm-up starts from 0 in rft; remove it",
+        "num_cycles": "rft's cosine schedule has one cycle; remove it",
+        "beta1": "set algorithm.optimizer.betas: [beta1, beta2]",
+        "beta2": "set algorithm.optimizer.betas: [beta1, beta2]",
+    },
+    "ModelConfig": {
+        "external_model": _ONE_MODEL,
+        "checkpoint_path": "this is Trinity's pre-0.2 layout: set checkpoint_root_dir",
+        "trust_remote_code": "rft loads models with transformers' own classes; remove it",
+    },
+    "ClusterConfig": {"ray_address": _NO_RAY},
+    "FormatConfig": _FORMAT,
+    "TaskSelectorConfig": {
+        "feature_keys": "rft's selectors (sequential, shuffle, random) read no features; remove it",
+        "kwargs": "rft's selectors (sequential, shuffle, random) take only seed; remove it",
+    },
+    "TasksetConfig": _TASKSET,
+    "ExperienceBufferConfig": _EXPERIENCE_BUFFER,
+    "BufferConfig": {
+        "explorer_output": _AUTO,
+        "tokenizer_path": _AUTO,
+        "pad_token_id": _AUTO,
+        "cache_dir": _AUTO,
+        "train_dataset": "this is Trinity's pre-0.2 layout: use "
+        "buffer.trainer_input.experience_buffer",
+    },
+    "RolloutModelConfig": _INFERENCE_MODEL,
+    "AuxiliaryModelConfig": _AUXILIARY_MODEL,
+    "ExplorerConfig": {
+        "max_retry_times": "rft runs each task once and counts a failed run; remove it",
+        "max_repeat_times_per_runner": "rft keeps a task's repeat_times samples in one run; "
+        "remove it",
+        "api_port": _SERVE,
+        "listen_address": _SERVE,
+        "service_status_check_interval": _SERVE,
+        "min_running_model_num": _SERVE,
+        "engine_type": "move it under explorer.rollout_model (Trinity's pre-0.2 layout)",
+        "engine_num": "move it under explorer.rollout_model (Trinity's pre-0.2 layout)",
+    },
+    "TrainerConfig": {
+        "name": "rft's trainer is one role named trainer; remove it",
+        "fix_actor_microbatch_loss_scale": "rft scales each micro-batch's loss by its share of "
+        "the batch's tokens already; remove it",
+        "save_strategy": "rft saves a full checkpoint every trainer.save_interval steps; remove it",
+        "algorithm_type": "move it to algorithm.algorithm_type",
+        "sft_warmup_steps": "add an SFT stage under stages: (algorithm_type: sft)",
+        "sft_warmup_iteration": "add an SFT stage under stages: (algorithm_type: sft)",
+        "eval_interval": "set explorer.eval_interval",
+    },
+    "MonitorConfig": {
+        "monitor_args": "rft's wandb/mlflow sinks read their own environment variables "
+        "(WANDB_*, MLFLOW_TRACKING_URI); remove it",
+        "enable_ray_timeline": _NO_RAY,
+        "cache_dir": "rft writes metrics under <run>/monitor/; remove it",
+        "project": "set the top-level project (Trinity's pre-0.2 layout)",
+        "name": "set the top-level name (Trinity's pre-0.2 layout)",
+    },
+    "SynchronizerConfig": {
+        "sync_iteration_interval": "Trinity renamed it synchronizer.sync_interval; use that",
+        "wait_for_checkpoint": "an explorer always loads the newest complete weights; remove it",
+        "explorer_world_size": _AUTO,
+        "ray_namespace": _NO_RAY,
+    },
+    # veRL, as Trinity embeds it under trainer.trainer_config (verl_config.py). Keys Trinity
+    # overwrites or never reads are in VERL_IGNORED below (accepted, no effect), not here.
+    "VerlTrainerConfig": {
+        "reward_model": "set explorer.auxiliary_models (reward models) or a reward function",
+        "custom_reward_function": "set default_reward_fn_type: 'package.module:function'",
+        "ray_init": _NO_RAY,
+    },
+    "VerlActorRolloutRefConfig": {
+        "synchronizer": "set the top-level synchronizer section",
+        "nccl_timeout": "set synchronizer.sync_timeout",
+    },
+    "VerlModelConfig": {
+        "external_lib": "rft imports no model library by name; remove it",
+        "override_config": "rft loads the model's config.json as it is; remove it",
+        "custom_chat_template": "set model.custom_chat_template",
+        "trust_remote_code": "rft loads models with transformers' own classes; remove it",
+        "lora_rank": "set model.lora_configs",
+        "lora_alpha": "set model.lora_configs",
+        "target_modules": "set model.lora_configs",
+    },
+    "VerlActorConfig": {
+        "strategy": "rft trains with DeepSpeed ZeRO (trainer.zero_stage): fsdp and fsdp2 are "
+        "accepted as its equivalent; remove it",
+        "ppo_micro_batch_size": "set ppo_micro_batch_size_per_gpu (veRL's deprecated spelling)",
+        "shuffle": "rft trains the experiences of a step in arrival order; remove it",
+        "use_torch_compile": "set trainer.compile_layers",
+        "algorithm_type": "set algorithm.algorithm_type",
+        "entropy_from_logits_with_chunking": "rft computes the entropy of each micro-batch at "
+        "once; remove it",
+        "entropy_checkpointing": "rft computes the entropy of each micro-batch at once; remove it",
+        "tau": "Trinity 0.1's OPMD setting: set algorithm.algorithm_type: opmd and its "
+        "policy_loss_fn_args",
+        "opmd_baseline": "Trinity 0.1's OPMD setting: set algorithm.algorithm_type: opmd and "
+        "its advantage_fn_args",
+        "use_uid": "Trinity 0.1's pairwise OPMD setting: set algorithm.algorithm_type: opmd",
+    },
+    "VerlRefConfig": {
+        "log_prob_micro_batch_size": "set trainer.log_prob_micro_batch_size_per_gpu",
+        "entropy_from_logits_with_chunking": "rft computes no entropy in the reference pass; "
+        "remove it",
+        "entropy_checkpointing": "rft computes no entropy in the reference pass; remove it",
+    },
+    "VerlFsdpConfig": _VERL_FSDP,
+    "VerlRolloutConfig": {
+        "log_prob_micro_batch_size": "set log_prob_micro_batch_size_per_gpu",
+    },
+    "VerlCriticModelConfig": {
+        "external_lib": "rft imports no model library by name; remove it",
+        "override_config": "rft loads the critic's config.json as it is; remove it",
+    },
+    "VerlCriticConfig": {
+        "strategy": "rft trains with DeepSpeed ZeRO (trainer.zero_stage): fsdp and fsdp2 are "
+        "accepted as its equivalent; remove it",
+        "ppo_micro_batch_size": "set ppo_micro_batch_size_per_gpu",
+        "forward_micro_batch_size": "set ppo_micro_batch_size_per_gpu (one size for the "
+        "critic's passes)",
+        "forward_micro_batch_size_per_gpu": "set ppo_micro_batch_size_per_gpu (one size for "
+        "the critic's passes)",
+        "ppo_epochs": "the critic trains trainer.ppo_epochs passes, as the actor; set that",
+        "shuffle": "rft trains the experiences of a step in arrival order; remove it",
+    },
+    "VerlTrainerSection": {
+        "resume_from_path": "set continue_from_checkpoint (rft resumes from the run directory)",
+        "default_hdfs_dir": "rft writes to the shared filesystem only; remove it",
+        "del_local_ckpt_after_load": "remove it (rft never deletes the checkpoint it resumed)",
+        "remove_previous_ckpt_in_save": "set trainer.max_checkpoints_to_keep",
+    },
+}
+
+_OVERWRITTEN = "Trinity overwrites it from {key} (verl_config.py synchronize_config); set that"
+_DO_NOT_SET = "Trinity marks it DO NOT SET and takes it from {key}; set that"
+_ROLLOUT_ENGINE = (
+    "veRL's rollout engine is replaced by the explorer's vLLM engine (Trinity's too); "
+    "set explorer.rollout_model.{key}"
+)
+_ROLLOUT_ONLY = "veRL's rollout engine is replaced by the explorer's vLLM engine (Trinity's too)"
+_ARR = "actor_rollout_ref"
+
+# Paths under trainer.trainer_config -> why they have no effect (trinity/common/verl_config.py
+# at 02667a1: synchronize_config overwrites them, its "DO NOT SET" fields, or veRL parts Trinity
+# replaces). Accepted with a warning that says what to set instead; never refused, since a full
+# veRL file (trainer_config_path) carries them all.
+VERL_IGNORED: dict[str, str] = {
+    "data": "Trinity fills veRL's data from buffer.* (tasksets, batch sizes); set those",
+    "algorithm": "Trinity's own algorithm section replaces veRL's (advantage_fn_args gamma/lam, "
+    "kl_penalty_fn, kl_loss_fn); set that",
+    f"{_ARR}.model.path": _OVERWRITTEN.format(key="model.model_path"),
+    f"{_ARR}.actor.ppo_mini_batch_size": _OVERWRITTEN.format(key="buffer.train_batch_size"),
+    f"{_ARR}.actor.optim.total_training_steps": _OVERWRITTEN.format(key="buffer.total_steps"),
+    f"{_ARR}.actor.use_kl_loss": _OVERWRITTEN.format(key="algorithm.kl_loss_fn"),
+    f"{_ARR}.actor.kl_loss_coef": _DO_NOT_SET.format(key="algorithm.kl_loss_fn_args.kl_coef"),
+    f"{_ARR}.actor.kl_loss_type": _DO_NOT_SET.format(key="algorithm.kl_loss_fn"),
+    f"{_ARR}.actor.clip_ratio": _DO_NOT_SET.format(key="algorithm.policy_loss_fn_args.clip_range"),
+    f"{_ARR}.actor.clip_ratio_low": _DO_NOT_SET.format(
+        key="algorithm.policy_loss_fn_args.clip_range_low"
+    ),
+    f"{_ARR}.actor.clip_ratio_high": _DO_NOT_SET.format(
+        key="algorithm.policy_loss_fn_args.clip_range_high"
+    ),
+    f"{_ARR}.actor.entropy_coeff": _DO_NOT_SET.format(
+        key="algorithm.entropy_loss_fn_args.entropy_coef"
+    ),
+    f"{_ARR}.actor.loss_agg_mode": _DO_NOT_SET.format(key="algorithm.loss_agg_mode"),
+    f"{_ARR}.ref.log_prob_micro_batch_size_per_gpu": "rft's reference pass takes "
+    "trainer.log_prob_micro_batch_size_per_gpu (one size for both log-prob passes); set that",
+    f"{_ARR}.rollout.temperature": _OVERWRITTEN.format(
+        key="the taskset's rollout_args.temperature"
+    ),
+    f"{_ARR}.rollout.n": _OVERWRITTEN.format(key="algorithm.repeat_times"),
+    f"{_ARR}.rollout.log_prob_use_dynamic_bsz": _LOG_PROB_PASS,
+    f"{_ARR}.rollout.log_prob_max_token_len_per_gpu": _LOG_PROB_PASS,
+    f"{_ARR}.rollout.prompt_length": f"{_ROLLOUT_ONLY}; set model.max_prompt_tokens",
+    f"{_ARR}.rollout.response_length": f"{_ROLLOUT_ONLY}; set model.max_response_tokens",
+    f"{_ARR}.rollout.max_model_len": f"{_ROLLOUT_ONLY}; set model.max_model_len",
+    f"{_ARR}.rollout.top_p": f"{_ROLLOUT_ONLY}; set model.top_p",
+    f"{_ARR}.rollout.top_k": f"{_ROLLOUT_ONLY}; set model.top_k",
+    f"{_ARR}.rollout.tensor_model_parallel_size": _ROLLOUT_ENGINE.format(
+        key="tensor_parallel_size"
+    ),
+    **{
+        f"{_ARR}.rollout.{key}": _ROLLOUT_ENGINE.format(key=key)
+        for key in ("gpu_memory_utilization", "enforce_eager", "enable_chunked_prefill", "dtype")
+    },
+    **{
+        f"{_ARR}.rollout.{key}": _ROLLOUT_ONLY
+        for key in (
+            "name",
+            "ignore_eos",
+            "use_fire_sampling",
+            "free_cache_engine",
+            "load_format",
+            "max_num_batched_tokens",
+            "max_num_seqs",
+            "disable_log_stats",
+            "do_sample",
+        )
+    },
+    "critic.ppo_mini_batch_size": _OVERWRITTEN.format(key="buffer.train_batch_size"),
+    "critic.rollout_n": _OVERWRITTEN.format(key="algorithm.repeat_times"),
+    "critic.model.tokenizer_path": _OVERWRITTEN.format(key="model.critic_model_path"),
+    "critic.optim.total_training_steps": _OVERWRITTEN.format(key="buffer.total_steps"),
+    "trainer.total_training_steps": _OVERWRITTEN.format(key="trainer.total_steps"),
+    "trainer.nnodes": _OVERWRITTEN.format(key="cluster.node_num"),
+    "trainer.n_gpus_per_node": _OVERWRITTEN.format(key="cluster.gpu_per_node"),
+    "trainer.sync_freq": _OVERWRITTEN.format(key="synchronizer.sync_interval"),
+    "trainer.save_freq": _OVERWRITTEN.format(key="trainer.save_interval"),
+    "trainer.project_name": _OVERWRITTEN.format(key="the top-level project"),
+    "trainer.group_name": _OVERWRITTEN.format(key="the top-level group"),
+    "trainer.experiment_name": _OVERWRITTEN.format(key="the top-level name"),
+    "trainer.default_local_dir": _OVERWRITTEN.format(key="checkpoint_root_dir"),
+    "trainer.resume_mode": _OVERWRITTEN.format(key="continue_from_checkpoint"),
+    "trainer.total_epochs": "Trinity's trainer reads no epochs (buffer.total_epochs does)",
+    "trainer.logger": "Trinity logs through its monitor section; set monitor.monitor_type",
+    "trainer.test_freq": "Trinity's explorer evaluates, not veRL; set explorer.eval_interval",
+    "trainer.val_before_train": "Trinity's explorer evaluates, not veRL; set "
+    "explorer.eval_on_startup",
+    "trainer.val_generations_to_log_to_wandb": "Trinity's explorer evaluates, not veRL",
+}
+
+# Paths under trainer.trainer_config accepted (no effect) only with these values: the ones
+# that ask for nothing (null, {}, false) or that DeepSpeed ZeRO stands for (fsdp). Any other
+# value is refused with the KEYS message above.
+_FSDP_INERT = {
+    "fsdp_size": (-1,),
+    "wrap_policy": ({}, {"min_num_params": 0}),
+    "forward_prefetch": (False,),
+}
+VERL_INERT: dict[str, tuple] = {
+    **{
+        f"{section}.fsdp_config.{key}": values
+        for section in (f"{_ARR}.actor", f"{_ARR}.ref", "critic.model")
+        for key, values in _FSDP_INERT.items()
+    },
+    **{
+        f"{model}.{key}": values
+        for model in (f"{_ARR}.model", "critic.model")
+        for key, values in (("external_lib", (None,)), ("override_config", ({},)))
+    },
+    **{f"{role}.strategy": ("fsdp", "fsdp2") for role in (f"{_ARR}.actor", "critic")},
+    **{f"{role}.shuffle": (False,) for role in (f"{_ARR}.actor", "critic")},
+    **{
+        f"{role}.{key}": (False,)
+        for role in (f"{_ARR}.actor", f"{_ARR}.ref")
+        for key in ("entropy_from_logits_with_chunking", "entropy_checkpointing")
+    },
+    "trainer.default_hdfs_dir": (None,),
+    "trainer.del_local_ckpt_after_load": (False,),
+    "trainer.remove_previous_ckpt_in_save": (False,),
+}
+
+# veRL sections accepted (no effect) while their switch key is false or null: Trinity scores
+# rewards in workflows and never runs veRL's reward model or reward function.
+VERL_SWITCHED_OFF: dict[str, str] = {"reward_model": "enable", "custom_reward_function": "path"}
+
+# Trinity 0.1's OPMD keys under actor_rollout_ref.actor, read only when its alg_type is opmd or
+# pairwise_opmd: accepted (no effect) with any other alg_type, else refused (KEYS above).
+VERL_OPMD_ONLY = ("tau", "opmd_baseline", "use_uid")
+VERL_OPMD_ALG_TYPES = ("opmd", "pairwise_opmd")
+
+# Paths under trainer.trainer_config accepted (no effect) when equal to another veRL key there:
+# rft has one setting for both (veRL's own files interpolate one from the other).
+VERL_SAME_AS: dict[str, str] = {
+    "critic.ppo_epochs": f"{_ARR}.actor.ppo_epochs",
+    "critic.forward_micro_batch_size_per_gpu": "critic.ppo_micro_batch_size_per_gpu",
+}
+
+_USE_PPO_FAMILY = "use a policy_loss_fn rft implements (e.g. ppo, gspo, opmd)"
+
+# "rft class.key" -> {a value Trinity accepts there: what to do in rft}.
+CHOICES: dict[str, dict[str, str]] = {
+    "Config.mode": {"serve": _SERVE},
+    "AlgorithmConfig.algorithm_type": {
+        # Registered in agentscope-ai/Trinity-RFT examples/m2po_gsm8k (402adb2) only: its loss is
+        # in no Trinity source rft can follow (not in trinity/algorithm at 0fcd37e).
+        "m2po": "Trinity's M2PO (second-moment trust policy optimisation for stale rollouts) "
+        "is not built in rft; for stale data use grpo with algorithm.old_logprobs: rollout and "
+        "algorithm.rollout_correction.mode: tis",
+        **{
+            name: f"Trinity's {name} algorithm is not built in rft; use one rft implements "
+            "(e.g. grpo, ppo, opmd, gspo, rloo, reinforceplusplus, sft, mix_chord)"
+            for name in (
+                "sft",
+                "ppo",
+                "grpo",
+                "reinforceplusplus",
+                "rloo",
+                "opmd",
+                "asymre",
+                "dpo",
+                "topr",
+                "cispo",
+                "gspo",
+                "sapo",
+                "mix",
+                "mix_chord",
+                "raft",
+                "sppo",
+                "rec",
+                "multi_step_grpo",
+                "on_policy_distill",
+            )
+        },
+    },
+    "AlgorithmConfig.policy_loss_fn": {
+        name: _USE_PPO_FAMILY
+        for name in (
+            "ppo",
+            "opmd",
+            "dpo",
+            "sft",
+            "mix",
+            "gspo",
+            "topr",
+            "cispo",
+            "mix_chord",
+            "sft_is",
+            "sft_phi",
+            "sppo",
+            "rec",
+            "importance_sampling",
+            "sapo",
+            "trpo",
+        )
+    },
+    "AlgorithmConfig.advantage_fn": {
+        name: "use an advantage_fn rft implements (e.g. grpo, ppo, rloo, opmd)"
+        for name in (
+            "ppo",
+            "grpo",
+            "reinforceplusplus",
+            "remax",
+            "rloo",
+            "opmd",
+            "mix",
+            "asymre",
+            "rec",
+            "step_wise_grpo",
+            "on_policy_distill",
+            "reinforce",
+        )
+    },
+    "AlgorithmConfig.kl_loss_fn": {"corrected_k3": "use k3 or low_var_kl"},
+    "AlgorithmConfig.kl_penalty_fn": {"corrected_k3": "use k3 or low_var_kl"},
+    "AlgorithmConfig.entropy_loss_fn": {
+        "mix": "use default (rft's CHORD loss has no separate entropy term for expert data)"
+    },
+    "AlgorithmConfig.sample_strategy": {
+        "warmup": "use default (rft's SFT warm-up is a stage: stages: with algorithm_type sft)"
+    },
+    "RolloutModelConfig.engine_type": {
+        "tinker": "rft generates with vLLM on the cluster's GPUs; use vllm"
+    },
+    "TrainerConfig.trainer_type": {
+        "megatron": "rft trains with DeepSpeed ZeRO; use deepspeed (or verl, mapped onto it)",
+        "tinker": "rft trains with DeepSpeed ZeRO on the cluster's GPUs; use deepspeed",
+    },
+    "ExperienceBufferConfig.schema_type": {
+        name: "rft derives the row kind from algorithm.algorithm_type; remove it"
+        for name in ("task", "experience", "dpo")
+    },
+    "TaskSelectorConfig.selector_type": {
+        name: "use sequential, shuffle or random"
+        for name in ("offline_easy2hard", "difficulty_based", "priority")
+    },
+}
+
+_ENV = "it drives the {env} environment"
+
+# Trinity workflows rft does not ship -> what each does (rft.workflow.registry says how to
+# bring one as a plugin).
+WORKFLOWS: dict[str, str] = {
+    "alfworld_workflow": _ENV.format(env="ALFWorld (pip package alfworld and its data)"),
+    "step_wise_alfworld_workflow": _ENV.format(env="ALFWorld (pip package alfworld)"),
+    "RAFT_alfworld_workflow": _ENV.format(env="ALFWorld (pip package alfworld)"),
+    "RAFT_reflect_alfworld_workflow": _ENV.format(env="ALFWorld (pip package alfworld)"),
+    "webshop_workflow": _ENV.format(env="WebShop (its server and product data)"),
+    "sciworld_workflow": _ENV.format(env="ScienceWorld (pip package scienceworld, a JVM)"),
+    "agentscope_react_workflow": _ENV.format(env="AgentScope (pip package agentscope)"),
+    "agentscopev1_react_workflow": _ENV.format(env="AgentScope (pip package agentscope)"),
+    "agentscope_react_math_workflow": _ENV.format(env="AgentScope (pip package agentscope)"),
+    "agentscopev0_react_math_workflow": _ENV.format(env="AgentScope (pip package agentscope)"),
+    "agentscope_v1_react_search_workflow": _ENV.format(env="AgentScope (pip package agentscope)"),
+    "agentscope_workflow_adapter": _ENV.format(env="AgentScope (pip package agentscope)"),
+    "agentscope_workflow_adapter_v1": _ENV.format(env="AgentScope (pip package agentscope)"),
+    "as_react_workflow": _ENV.format(env="AgentScope (pip package agentscope)"),
+    "email_search_workflow": _ENV.format(env="email-search (its SQLite corpus)"),
+    "tool_call_workflow": "ToolACE-style function calls scored against reference calls",
+    "math_rm_workflow": "math answers scored by a reward model inside the workflow; use "
+    "math_workflow with explorer.auxiliary_models (rft's reward models)",
+    "async_math_rm_workflow": "math answers scored by a reward model inside the workflow; use "
+    "math_workflow with explorer.auxiliary_models (rft's reward models)",
+    "math_eval_workflow": "Trinity's math evaluation prompt; use math_boxed_workflow for "
+    "eval_tasksets",
+    "async_math_eval_workflow": "Trinity's math evaluation prompt; use math_boxed_workflow",
+    "math_ruler_workflow": "RULER (an LLM judge ranks the group's answers)",
+    "async_math_ruler_workflow": "RULER (an LLM judge ranks the group's answers)",
+    "math_trainable_ruler_workflow": "RULER with a trained judge",
+    "rubric_judge_workflow": "rubric scores from an LLM judge",
+    "simple_mm_workflow": "multi-modal (image) prompts; rft trains text-only models",
+    "async_simple_mm_workflow": "multi-modal (image) prompts; rft trains text-only models",
+    "on_policy_distill_workflow": "on-policy distillation from a teacher model",
+    "on_policy_distill_math_workflow": "on-policy distillation from a teacher model",
+}
+
+# Trinity reward functions rft does not ship -> what to do (rft.workflow.rewards).
+REWARD_FNS: dict[str, str] = {
+    "trajectory_accuracy_grader_reward": "it asks an OpenJudge LLM grader; write a "
+    "'package.module:function' reward that calls your judge",
+    "openjudge_multi_grader_reward": "it asks OpenJudge LLM graders; write a "
+    "'package.module:function' reward that calls your judge",
+    "rm_gallery_reward": "it calls RM-Gallery; use explorer.auxiliary_models (a reward model) "
+    "or a 'package.module:function' reward",
+}

@@ -1,0 +1,185 @@
+"""Trinity-RFT's own example configs (``tests/fixtures/trinity_examples/``, copied unchanged from
+its repository, with the veRL files their ``trainer_config_path`` names under ``examples/``) dry-run
+in rft with only their paths set: each loads, its loss functions build and its workflows resolve,
+or it is refused by name for what rft lacks, never with a guess at a similar name. ``EXPECTED``
+says which; when a feature lands, change its row to ``LOADS``.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from rft.config.load import config_from_dict, load_config, read_raw
+from rft.errors import ConfigError, NotSupportedError
+from rft.explorer.tasksets import taskset_workflow
+from rft.launch.cli import run_main
+from rft.trainer.algorithm import build_loss_fns
+
+REPO = Path(__file__).resolve().parent.parent
+EXAMPLES = REPO / "tests" / "fixtures" / "trinity_examples"
+ARITHMETIC = REPO / "data" / "arithmetic"
+FIXTURES = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
+
+
+@dataclass(frozen=True)
+class Refused:
+    """Loading raises NotSupportedError "Trinity's `<name>` is not supported by rft: ..."."""
+
+    name: str  # the key path (or "key: value", "workflow x") the message names first
+    alone: bool = False  # True: without this key the example loads (nothing else is missing)
+
+
+@dataclass(frozen=True)
+class Typo:
+    """The example misspells a key (Trinity would reject it too): the nearest name is offered."""
+
+    key: str
+
+
+@dataclass(frozen=True)
+class Pending:
+    """Another piece of rft work makes it load; strict xfail until then (then: LOADS)."""
+
+    reason: str
+
+
+LOADS = None
+
+# fixture -> what rft does with it today.
+EXPECTED: dict[str, Refused | Typo | Pending | None] = {
+    "agentscope_react_gsm8k.yaml": Refused("synchronizer.sync_style: dynamic_by_explorer"),
+    "asymre_gsm8k.yaml": LOADS,
+    "async_gsm8k_explorer.yaml": LOADS,
+    "async_gsm8k_trainer.yaml": LOADS,
+    "cispo_gsm8k.yaml": LOADS,
+    "dapo_math.yaml": Refused("data_processor"),
+    "dpo_humanlike.yaml": LOADS,
+    "grpo_alfworld.yaml": Refused("workflow alfworld_workflow"),
+    "grpo_frozen_lake.yaml": LOADS,
+    "grpo_gsm8k.yaml": LOADS,
+    "grpo_lora_gsm8k.yaml": LOADS,
+    "grpo_sciworld.yaml": Refused("workflow sciworld_workflow"),
+    "grpo_toolcall.yaml": LOADS,
+    "grpo_vlm.yaml": Refused("buffer.explorer_input.taskset.format.image_key"),
+    "gspo_gsm8k.yaml": LOADS,
+    "m2po_explorer.yaml": Refused("algorithm.algorithm_type: m2po"),
+    "m2po_trainer.yaml": Refused("algorithm.algorithm_type: m2po"),
+    "mix_chord.yaml": Pending(
+        "math_boxed_workflow's workflow_args (with_think) are not read by rft's single-turn "
+        "workflow yet"
+    ),
+    "opmd_gsm8k.yaml": LOADS,
+    "ppo_countdown.yaml": Typo("model.max_repsonse_tokens"),
+    "rec_gsm8k.yaml": Typo("algorithm.optiimzer"),
+    "reinforceplusplus_gsm8k.yaml": LOADS,
+    "rloo_gsm8k.yaml": LOADS,
+    "sapo_gsm8k.yaml": LOADS,
+    "sft_mot.yaml": LOADS,
+    "sppo_gsm8k.yaml": LOADS,
+    "topr_gsm8k.yaml": LOADS,
+}
+
+
+@pytest.fixture
+def trinity_env(monkeypatch, tmp_path):
+    """The environment variables the examples read, pointing at local paths."""
+    for var in ("MODEL_PATH", "TASKSET_PATH", "EVAL_TASKSET_PATH", "SFT_DATASET_PATH"):
+        monkeypatch.setenv(f"TRINITY_{var}", f"/data/{var.lower()}")
+    monkeypatch.setenv("TRINITY_CHECKPOINT_ROOT_DIR", str(tmp_path))
+
+
+def dry_run(raw_or_name: dict | str, tmp_path: Path):
+    """What ``rft-run --dry-run`` checks without the files: config, losses, workflows."""
+    if isinstance(raw_or_name, str):
+        cfg = load_config(EXAMPLES / raw_or_name, [f"checkpoint_root_dir={tmp_path}"])
+    else:
+        cfg = config_from_dict(raw_or_name)
+    build_loss_fns(cfg.algorithm)
+    for label, taskset in cfg.labelled_tasksets():
+        taskset_workflow(cfg, taskset, label, is_eval="eval_tasksets" in label)
+    return cfg
+
+
+def marks(name: str) -> list:
+    expected = EXPECTED.get(name)
+    if isinstance(expected, Pending):
+        return [pytest.mark.xfail(strict=True, reason=expected.reason)]
+    return []
+
+
+def test_every_example_has_an_expected_outcome_and_its_source():
+    assert sorted(EXPECTED) == FIXTURES
+    assert len(FIXTURES) >= 20
+    for name in FIXTURES:
+        first = (EXAMPLES / name).read_text().splitlines()[0]
+        assert "Trinity-RFT examples/" in first and " at " in first, name
+    for verl in EXAMPLES.glob("examples/*/*.yaml"):  # the veRL files of trainer_config_path
+        first = verl.read_text().splitlines()[0]
+        assert f"Trinity-RFT {verl.relative_to(EXAMPLES)} at " in first, verl
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=marks(n)) for n in FIXTURES])
+def test_example_loads_or_is_refused_by_name(name, tmp_path, trinity_env):
+    expected = EXPECTED[name]
+    if expected is LOADS or isinstance(expected, Pending):
+        cfg = dry_run(name, tmp_path)
+        assert cfg.run_dir.is_relative_to(tmp_path)
+        return
+    with pytest.raises(ConfigError) as e:
+        dry_run(name, tmp_path)
+    message = str(e.value)
+    if isinstance(expected, Typo):
+        assert f"unknown config key '{expected.key}'. Did you mean" in message
+        return
+    assert isinstance(e.value, NotSupportedError), message
+    assert f"Trinity's `{expected.name}` is not supported by rft: " in message
+    assert "Did you mean" not in message
+
+
+@pytest.mark.parametrize("name", sorted(n for n, e in EXPECTED.items() if getattr(e, "alone", 0)))
+def test_refused_example_lacks_only_that_key(name, tmp_path, trinity_env):
+    """Without the refused key, the example loads: nothing else stands in its way."""
+    raw = read_raw(EXAMPLES / name, [f"checkpoint_root_dir={tmp_path}"])
+    *parents, last = EXPECTED[name].name.split(".")
+    section = raw
+    for part in parents:
+        section = section[part]
+    del section[last]
+    dry_run(copy.deepcopy(raw), tmp_path)
+
+
+def test_examples_keys_reach_rft_settings(tmp_path, trinity_env):
+    """The veRL and older spellings the examples use set the rft keys they name."""
+    lora = dry_run("grpo_lora_gsm8k.yaml", tmp_path)
+    assert lora.algorithm.optimizer.lr == 1e-5  # actor.optim.lr
+    assert (lora.trainer.padding_free, lora.trainer.max_token_len_per_gpu) == (True, 16384)
+    assert lora.trainer.trainer_config.actor_rollout_ref.actor.checkpoint.save_contents == ["model"]
+    opmd = dry_run("opmd_gsm8k.yaml", tmp_path)
+    assert opmd.trainer.max_token_len_per_gpu == 16384  # trainer.ppo_max_token_len_per_gpu
+    assert opmd.algorithm.optimizer.betas == [0.0, 0.95]
+    sft = dry_run("sft_mot.yaml", tmp_path)  # trainer_config_path: examples/sft_mot/train_sft.yaml
+    assert (sft.trainer.max_token_len_per_gpu, sft.trainer.micro_batch_size_per_gpu) == (22000, 4)
+    assert sft.trainer.padding_free is True and sft.trainer.log_prob_micro_batch_size_per_gpu == 4
+    dpo = dry_run("dpo_humanlike.yaml", tmp_path)  # veRL's older optim.beta1/beta2
+    assert (dpo.algorithm.optimizer.lr, dpo.algorithm.optimizer.betas) == (5e-7, [0.9, 0.95])
+    assert dpo.trainer.padding_free is False and dpo.trainer.use_dynamic_bsz is False
+    raw = read_raw(EXAMPLES / "grpo_frozen_lake.yaml", [f"checkpoint_root_dir={tmp_path}"])
+    frozen = config_from_dict(raw)
+    assert frozen.explorer.rollout_model.enable_chunked_prefill is True
+    assert (frozen.trainer.param_offload, frozen.trainer.optimizer_offload) == (True, True)
+    assert frozen.trainer.ref_offload is True and frozen.trainer.zero_stage == 3
+
+
+def test_dry_run_of_an_example(tmp_path, monkeypatch, smollm2_dir, capsys):
+    """``bin/rft-run --config grpo_gsm8k.yaml --dry-run`` with a local model and taskset."""
+    monkeypatch.setenv("TRINITY_TASKSET_PATH", str(ARITHMETIC))
+    monkeypatch.setenv("TRINITY_CHECKPOINT_ROOT_DIR", str(tmp_path))
+    config = str(EXAMPLES / "grpo_gsm8k.yaml")
+    code = run_main(["--config", config, "--dry-run", f"model.model_path={smollm2_dir}"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "dry run: config and inputs are valid" in out
