@@ -4,9 +4,9 @@ One process, one vLLM engine with LoRA enabled (:class:`rft.explorer.engine.Engi
 config's ``model.lora_configs``), one model. Methods alternate after one untimed warm-up each:
 
 * ``full``: what a full fine-tuning run does each sync (``sync_method: checkpoint``):
-  :class:`rft.sync.WeightsPublisher` ``.publish`` writes ``weights/v<version>/`` (config and
+  :class:`rft.sync.publisher.WeightsPublisher` ``.publish`` writes ``weights/v<version>/`` (config and
   the whole state dict through :mod:`rft.safetensors_io`, tokenizer files), then
-  :class:`rft.sync.WeightsWatcher` ``.load(version, engine.reload)`` reloads the engine's
+  :class:`rft.sync.watcher.WeightsWatcher` ``.load(version, engine.reload)`` reloads the engine's
   weights in place;
 * ``adapter``: what a LoRA run does (:mod:`rft.trainer.lora`): the publish writes the adapter
   folder (``adapter_config.json`` + ``adapter_model.safetensors``), and ``engine.reload``
@@ -22,7 +22,7 @@ Usage::
 
     HF_HUB_OFFLINE=1 python benchmarks/lora_sync_bench.py --trials 5 [--rank 16]
 
-Measured on this 2-core CPU machine: see the README ("LoRA") for the table of the last run.
+Measured on this 2-core CPU machine: see docs/performance.md ("LoRA") for the table of the last run.
 """
 
 from __future__ import annotations
@@ -49,7 +49,8 @@ from rft.config.load import config_from_dict  # noqa: E402
 from rft.devtools import materialize_smollm2  # noqa: E402
 from rft.explorer.tasksets import SamplingArgs  # noqa: E402
 from rft.models import tokenizer_files  # noqa: E402
-from rft.sync import WeightsPublisher, WeightsWatcher  # noqa: E402
+from rft.sync.publisher import WeightsPublisher  # noqa: E402
+from rft.sync.watcher import WeightsWatcher  # noqa: E402
 
 PROMPT = "What is 2 + 3?"
 METHODS = ("full", "adapter")

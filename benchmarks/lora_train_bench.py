@@ -13,7 +13,7 @@ publish writes (the full state dict vs the adapter).
     DS_ACCELERATOR=cpu OMP_NUM_THREADS=2 .venv/bin/python benchmarks/lora_train_bench.py \\
         --model .cache/models/smollm2-135m-instruct --rank 16
 
-Measured figures: README, "LoRA".
+Measured figures: docs/performance.md, "LoRA".
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """A discrete-event simulator of rft's explorer/trainer pipeline: steps/min of synchronous,
 one-step-off and asynchronous runs, for shapes this machine cannot run.
 
-Pure and deterministic (the standard library and rft's own sync rules, ``rft.sync``): the same
+Pure and deterministic (the standard library and rft's own sync rules, ``rft.sync.schedule``): the same
 arguments give the same numbers.
 
 The model
@@ -19,9 +19,9 @@ time it takes when the actor has its resources to itself.
   steps (rft reloads in place, never mid-batch).
 - Trainer, one step: ``train_overhead_s + train_s_per_token * tokens / M`` over the batch's
   prompt + response tokens, M trainer nodes in data parallel; then ``publish_s`` when it
-  publishes (every ``sync_interval`` steps and after the last, ``rft.sync.publishes_weights``).
+  publishes (every ``sync_interval`` steps and after the last, ``rft.sync.schedule.publishes_weights``).
 
-**Modes** (the rules of ``rft.sync`` and ``rft.trainer.inputs``):
+**Modes** (the rules of ``rft.sync.schedule`` and ``rft.trainer.inputs``):
 
 - ``both`` with ``sync_offset`` k: explorer step s starts once it can load weights version
   >= ``((s-1-k)//sync_interval)*sync_interval`` (``required_version``); trainer step s takes
@@ -29,7 +29,7 @@ time it takes when the actor has its resources to itself.
   (nothing overlaps), k=1 one-step-off (step s+1 generates while step s trains).
 - ``async`` (``mode: explore`` + ``mode: train``): explorers never wait for weights (they load
   the newest version between their own steps) unless ``max_lead_steps`` bounds them (the same
-  rule with it for ``sync_offset``, ``rft.sync.explorer_lead``), and run their steps
+  rule with it for ``sync_offset``, ``rft.sync.schedule.explorer_lead``), and run their steps
   independently; the trainer takes the first ``batch_size`` groups sealed, whoever sealed them.
   An explorer's step may hold ``explorer_batch_factor`` trainer steps' worth of tasks (its own
   ``buffer.batch_size``). Staleness is the trainer's newest published version minus the version
@@ -77,7 +77,7 @@ from typing import Protocol, Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rft.sync import explorer_lead, publishes_weights, required_version  # noqa: E402  (rft's rules)
+from rft.sync.schedule import explorer_lead, publishes_weights, required_version
 
 # ----------------------------------------------------------------------------- workload
 

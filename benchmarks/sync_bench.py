@@ -8,13 +8,13 @@ the model's own ``model.safetensors`` with small noise (a CPU state dict, as the
 right before the trainer side starts to right after a greedy 1-token generate on a short prompt
 returns:
 
-* ``checkpoint``: :class:`rft.sync.WeightsPublisher` ``.publish`` writes ``weights/v<version>/``
+* ``checkpoint``: :class:`rft.sync.publisher.WeightsPublisher` ``.publish`` writes ``weights/v<version>/``
   the way the trainer writes a gathered state dict (config, generation config, the weights through
   :mod:`rft.safetensors_io`, the tokenizer files; the table below was measured when it still
   called ``save_pretrained``; with the writer, one run of ``--trials 3``: checkpoint 1.05 s,
   nccl 0.75 s, 1.40x),
   then the explorer side's
-  :class:`rft.sync.WeightsWatcher` ``.poll()`` sees it and ``.load(version, engine.reload)``
+  :class:`rft.sync.watcher.WeightsWatcher` ``.poll()`` sees it and ``.load(version, engine.reload)``
   reloads the engine in place, then the generate. The explorer's poll interval
   (``WEIGHTS_POLL_S``) is not counted: the poll comes right after the publish.
 * ``nccl``: :class:`rft.trainer.broadcaster.WeightBroadcaster` ``.broadcast`` runs on a thread
@@ -34,6 +34,16 @@ NCCL refuses two ranks of a group on one device, so a 1-GPU machine cannot run t
 side (the GPU path is written but was not run: this machine has none). Usage::
 
     HF_HUB_OFFLINE=1 python benchmarks/sync_bench.py --trials 3
+
+``--delta``: full folders against delta folders (``synchronizer.delta_sync``), no vLLM. The
+quick start's model (SmolLM2-135M-Instruct) takes ``--steps`` real AdamW steps (fp32 master
+weights, ``--lr``, a fixed arithmetic batch); after each, the weights are published as fp32 and
+as bf16 (the master cast, as a bf16 trainer holds them) to four run directories: full and delta
+per dtype. Per sync: bytes written (the version folder), bytes read (folder, plus the anchor
+when an explorer copies it), publish s, load s (``WeightsWatcher.load``: local rebuild for
+deltas, then reading every tensor, which an engine reload does alike). Usage::
+
+    HF_HUB_OFFLINE=1 python benchmarks/sync_bench.py --delta --steps 5
 
 Before the trials, an untimed check: the same weights loaded by folder and by broadcast give
 the same greedy log-prob, unlike the base model's.
@@ -79,7 +89,9 @@ from rft.config.load import config_from_dict  # noqa: E402
 from rft.devtools import materialize_smollm2  # noqa: E402
 from rft.explorer.tasksets import SamplingArgs  # noqa: E402
 from rft.models import tokenizer_files  # noqa: E402
-from rft.sync import Heartbeat, WeightsPublisher, WeightsWatcher  # noqa: E402
+from rft.sync.heartbeat import Heartbeat  # noqa: E402
+from rft.sync.publisher import WeightsPublisher  # noqa: E402
+from rft.sync.watcher import WeightsWatcher  # noqa: E402
 
 EXPLORER = "explorer-0"  # the receiver's and the heartbeat's name
 PROMPT = "What is 2 + 3?"
@@ -271,8 +283,16 @@ def main() -> None:
         default=None,
         help="run directory for weights/ and the rendezvous (default: a temp dir)",
     )
+    parser.add_argument("--delta", action="store_true", help="full vs delta folders, no vLLM")
+    parser.add_argument("--steps", type=int, default=5, help="--delta: training steps")
+    parser.add_argument("--lr", type=float, default=1e-6, help="--delta: AdamW learning rate")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
+    if args.delta:
+        model = args.model or materialize_smollm2(
+            REPO / ".cache" / "models" / "smollm2-135m-instruct"
+        )
+        return delta_rows(Path(model), args.steps, args.lr, args.run_dir)
     device = trainer_device()
     model = args.model or materialize_smollm2(REPO / ".cache" / "models" / "smollm2-135m-instruct")
     run_dir = args.run_dir or Path(tempfile.mkdtemp(prefix="rft-sync-bench-"))
@@ -336,6 +356,118 @@ def print_table(args, model, device, weights_mb: float, trials: list[Trial]) -> 
             f"{statistics.median(t.generate_s for t in rows):.3f} |"
         )
     print(f"\ncheckpoint / nccl (median total): {medians['checkpoint'] / medians['nccl']:.2f}x")
+
+
+class DeltaSide:
+    """One run directory: a publisher (full or delta) and a watcher that loads every version."""
+
+    def __init__(self, root: Path, name: str, delta: bool):
+        from rft.sync.local import DeltaPolicy, LocalCopy
+
+        self.name, self.run_dir = name, root / name
+        policy = DeltaPolicy(anchor_interval=8, local_dir=str(root / "local")) if delta else None
+        self.publisher = WeightsPublisher(self.run_dir, keep_versions=2, delta=policy)
+        local = LocalCopy(self.run_dir, policy.scratch(self.run_dir, EXPLORER)) if delta else None
+        self.watcher = WeightsWatcher(self.run_dir, loaded_version=0, local=local)
+        self.rows: list[dict] = []
+
+    def sync(self, version: int, write) -> None:
+        from rft.sync.versions import delta_base
+
+        start = time.perf_counter()
+        folder = self.publisher.publish(version, write)
+        published = time.perf_counter()
+        loaded: dict[str, torch.Tensor] = {}
+        ok = self.watcher.load(version, lambda f: loaded.update(load_file(f / "model.safetensors")))
+        assert ok and loaded, f"{self.name}: version {version} not loaded"
+        written = sum(p.stat().st_size for p in folder.iterdir())
+        base = delta_base(folder)
+        self.rows.append(
+            {
+                "version": version,
+                "kind": "full" if base is None else "delta",
+                "written": written,
+                "read": written,  # a delta's anchor was copied when it was published (full)
+                "publish_s": published - start,
+                "load_s": time.perf_counter() - published,
+            }
+        )
+        self.loaded = loaded
+
+
+def train_steps(model_dir: Path, steps: int, lr: float):
+    """Yield the fp32 state dict after each of ``steps`` AdamW steps on a fixed batch."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    text = [f"What is {a} + {b}? The answer is {a + b}." for a, b in ((3, 4), (12, 7), (9, 9))]
+    batch = tok(text, return_tensors="pt", padding=True)
+    optim = torch.optim.AdamW(model.parameters(), lr=lr)
+    for step in range(1, steps + 1):
+        loss = model(**batch, labels=batch["input_ids"]).loss
+        loss.backward()
+        optim.step()
+        optim.zero_grad()
+        log(f"step {step}: loss {loss.item():.4f}")
+        yield step, {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def delta_rows(model_dir: Path, steps: int, lr: float, run_dir: Path | None) -> None:
+    from rft.safetensors_io import SINGLE_FILE, TensorSpec, write_safetensors
+
+    root = run_dir or Path(tempfile.mkdtemp(prefix="rft-delta-bench-"))
+    sides = {
+        (dtype, kind): DeltaSide(root, f"{dtype}-{kind}", kind == "delta")
+        for dtype in ("fp32", "bf16")
+        for kind in ("full", "delta")
+    }
+    config = (model_dir / "config.json").read_text()
+    try:
+        for step, state in train_steps(model_dir, steps, lr):
+            for (dtype, _kind), side in sides.items():
+                tensors = state if dtype == "fp32" else {k: v.bfloat16() for k, v in state.items()}
+
+                def write(folder: Path, tensors=tensors) -> None:
+                    (folder / "config.json").write_text(config)
+                    specs = [TensorSpec(k, tuple(t.shape), t.dtype) for k, t in tensors.items()]
+                    write_safetensors(folder / SINGLE_FILE, specs, lambda sp: tensors[sp.name])
+
+                side.sync(step, write)
+            for dtype in ("fp32", "bf16"):
+                full, delta = sides[dtype, "full"].loaded, sides[dtype, "delta"].loaded
+                assert all(torch.equal(full[k], delta[k]) for k in full), "delta != full"
+        print_delta_table(model_dir, steps, lr, sides)
+    finally:
+        if run_dir is None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def print_delta_table(model_dir: Path, steps: int, lr: float, sides: dict) -> None:
+    print(
+        f"\n{model_dir.name}: {steps} AdamW steps at lr {lr:g}, a version after each (v1 is the "
+        f"anchor: full both ways); medians over v2..v{steps}; OMP_NUM_THREADS="
+        f"{os.environ.get('OMP_NUM_THREADS')}"
+    )
+    print("| dtype | sync | MiB written | MiB read | publish s | load s | publish + load s |")
+    print("|---|---|---:|---:|---:|---:|---:|")
+    for (dtype, kind), side in sides.items():
+        rows = [r for r in side.rows if r["version"] > 1]
+        med = {
+            k: statistics.median(r[k] for r in rows)
+            for k in ("written", "read", "publish_s", "load_s")
+        }
+        total = statistics.median(r["publish_s"] + r["load_s"] for r in rows)
+        print(
+            f"| {dtype} | {kind} | {med['written'] / 2**20:.1f} | {med['read'] / 2**20:.1f} | "
+            f"{med['publish_s']:.2f} | {med['load_s']:.2f} | {total:.2f} |"
+        )
+    for dtype in ("fp32", "bf16"):
+        full, delta = (
+            statistics.median(r["written"] for r in sides[dtype, k].rows if r["version"] > 1)
+            for k in ("full", "delta")
+        )
+        print(f"{dtype}: delta bytes / full bytes per sync = {delta / full:.3f}")
 
 
 if __name__ == "__main__":

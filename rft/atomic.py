@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
-from rft.errors import storage_errors
+from rft.errors import CheckpointError, storage_errors
 
 TMP_MARK = ".tmp"
 
@@ -191,3 +192,11 @@ def remove_stale_tmp(
             entry.unlink(missing_ok=True)
         removed.append(entry)
     return removed
+
+
+def copy_files(files: Iterable[Path | str], dest: Path | str) -> None:
+    """Copy extra files (tokenizer, generation config...) into a folder being published."""
+    for src in map(Path, files):
+        if not src.is_file():
+            raise CheckpointError(f"{src} does not exist or is not a file; cannot publish it")
+        shutil.copy2(src, Path(dest) / src.name)

@@ -72,7 +72,7 @@ def add_take_over(parser: argparse.ArgumentParser) -> None:
         action=_TakeOver,
         default=False,
         help="take the run directory over from a live trainer/explorer of the same name "
-        "(it stops at its next save; see README: run-directory ownership)",
+        "(it stops at its next save; see docs/reliability.md: run-directory ownership)",
     )
 
 

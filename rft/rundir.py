@@ -22,7 +22,7 @@ BUFFER_DIR = "buffer"  # buffer/<writer>/seg-NNNNNN.jsonl: experiences (rft.buff
 WEIGHTS_DIR = "weights"  # weights/vNNNNNN/: published weights (rft.sync)
 WEIGHTS_POINTER = "latest_state_dict_iteration.txt"  # newest complete weights version
 WEIGHTS_GROUP = (
-    "weights_group.json"  # where the trainer's weight-sync store listens (nccl; rft.broadcast)
+    "weights_group.json"  # where the trainer's weight-sync store listens (nccl; rft.sync.broadcast)
 )
 CHECKPOINT_POINTER = "latest_checkpointed_iteration.txt"  # newest complete full checkpoint
 TRAINER_META = "trainer_meta.json"  # the newest checkpoint's metadata

@@ -19,7 +19,7 @@ from rft.config.schema import Config
 from rft.errors import ConfigError
 from rft.placement import EXPLORER_MODES, TRAINER_MODES
 from rft.rundir import STAGE_FAILED, STAGE_FINISHED
-from rft.sync import latest_weights
+from rft.sync.versions import latest_weights
 
 
 def roles(mode: str) -> tuple[str, ...]:

@@ -44,13 +44,8 @@ from rft.rundir import (
     WEIGHTS_POINTER,
     step_dir,
 )
-from rft.sync import (
-    EVALUATING_FIELD,
-    LOADED_FIELD,
-    pointer_fault,
-    read_heartbeats,
-    trainer_state,
-)
+from rft.sync.heartbeat import EVALUATING_FIELD, LOADED_FIELD, read_heartbeats
+from rft.sync.versions import pointer_fault, trainer_state
 
 
 @dataclass
@@ -87,7 +82,7 @@ class RunStatus:
     tokens_per_s: float | None  # trainer throughput at that step
     weights_version: int | None  # the trainer's newest (its metrics; else the folder pointer)
     checkpoint_step: int | None  # newest complete full checkpoint
-    explorers: list  # rft.sync.ExplorerStatus
+    explorers: list  # rft.sync.heartbeat.ExplorerStatus
     backlog_segments: int  # sealed segments after the checkpoint's cursor
     explorer_steps: dict[str, int]  # newest explored step per explorer monitor
     writers: list[WriterStatus] = field(default_factory=list)  # buffer writer folders
@@ -97,7 +92,7 @@ class RunStatus:
     )  # monitor -> share waiting for weights
     broadcast: dict[str, float] = field(default_factory=dict)  # the last step's sync/* (nccl)
     trainer: str = ""  # what the trainer's lease says (running or not, host, pid, heartbeat)
-    pointer: tuple[str, bool] | None = None  # rft.sync.pointer_fault: (message, fatal)
+    pointer: tuple[str, bool] | None = None  # rft.sync.versions.pointer_fault: (message, fatal)
 
 
 def _cursor(run_dir: Path, step: int | None) -> dict:

@@ -26,10 +26,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rft import broadcast as B  # noqa: E402
 from rft.explorer.receiver import BroadcastReceiver  # noqa: E402
 from rft.explorer.vllm_worker import WeightSyncExtension  # noqa: E402
-from rft.sync import Heartbeat  # noqa: E402
+from rft.sync import broadcast as B  # noqa: E402
+from rft.sync.heartbeat import Heartbeat  # noqa: E402
 
 
 def make_module() -> torch.nn.Module:

@@ -4,6 +4,7 @@ under explorers) and an explorer that loads every new version slowly.
     python tests/sync_worker.py publish RUN_DIR FIRST_VERSION COUNT SIZE_MB
     python tests/sync_worker.py churn RUN_DIR SEED SECONDS DELAY_S
     python tests/sync_worker.py explore RUN_DIR NAME SEED SECONDS DELAY_S
+    python tests/sync_worker.py delta RUN_DIR FIRST_VERSION COUNT LOCAL_DIR
 
 ``publish`` writes versions FIRST_VERSION.. with a model.safetensors of SIZE_MB written slowly
 in 1 MiB chunks, so a kill at a random moment usually lands inside a write.
@@ -12,6 +13,9 @@ in 1 MiB chunks, so a kill at a random moment usually lands inside a write.
 or republishes the newest or an older one (a new copy), keeps one version, and acts on
 heartbeats DELAY_S after reading them (a shared filesystem shows them late). Every shard of a
 copy holds ``<version>:<copy token>``.
+
+``delta`` publishes versions FIRST_VERSION.. as deltas (an anchor every 3), each version's
+tensors :func:`delta_weights` (so a reader can check every byte), killed at a random moment.
 
 ``explore`` is an explorer (Heartbeat + WeightsWatcher) that loads each new version, up to
 DELAY_S after it read the pointer, with a loader reading the shards one by one with sleeps
@@ -31,7 +35,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from rft.lease import Lease  # noqa: E402
 from rft.rundir import TRAINER_LEASE  # noqa: E402
-from rft.sync import Heartbeat, WeightsPublisher, WeightsWatcher  # noqa: E402
+from rft.sync.heartbeat import Heartbeat  # noqa: E402
+from rft.sync.local import DeltaPolicy  # noqa: E402
+from rft.sync.publisher import WeightsPublisher  # noqa: E402
+from rft.sync.watcher import WeightsWatcher  # noqa: E402
 
 CHUNK = b"\x01" * (1 << 20)
 SHARDS = 3
@@ -77,6 +84,30 @@ def publish(run_dir: str, first: int, count: int, size_mb: int) -> None:
         publisher.publish(version, lambda folder: write_weights(folder, size_mb))
 
 
+def delta_weights(version: int, numel: int = 1 << 21) -> dict:
+    """Version ``version``'s tensors: fixed random weights, the first 1% moved by the version."""
+    import torch
+
+    w = torch.randn(numel, generator=torch.Generator().manual_seed(0))
+    w[: numel // 100] += version * 1e-3
+    return {"w": w, "h": w[: numel // 4].bfloat16()}
+
+
+def write_delta_weights(folder: Path, version: int) -> None:
+    from safetensors.torch import save_file
+
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    save_file(delta_weights(version), folder / "model.safetensors")
+
+
+def publish_deltas(run_dir: str, first: int, count: int, local_dir: str) -> None:
+    policy = DeltaPolicy(anchor_interval=3, local_dir=local_dir)
+    publisher = WeightsPublisher(run_dir, keep_versions=2, delta=policy)
+    print("started", flush=True)
+    for version in range(first, first + count):
+        publisher.publish(version, lambda folder: write_delta_weights(folder, version))
+
+
 def churn(run_dir: str, seed: int, seconds: float, delay_s: float) -> None:
     rng = random.Random(seed)
     # a running trainer holds its lease: watchers then wait out a republish's gap (rft.sync)
@@ -117,6 +148,8 @@ if __name__ == "__main__":
         publish(args[0], *map(int, args[1:4]))
     elif role == "churn":
         churn(args[0], int(args[1]), float(args[2]), float(args[3]))
+    elif role == "delta":
+        publish_deltas(args[0], int(args[1]), int(args[2]), args[3])
     elif role == "explore":
         explore(args[0], args[1], int(args[2]), float(args[3]), float(args[4]))
     else:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rft.explorer.bench import BASE_LABEL, bench_plan, find_checkpoints, format_table
 from rft.rundir import hf_dir
-from rft.sync import WeightsPublisher
+from rft.sync.publisher import WeightsPublisher
 
 
 def hf_folder(folder: Path) -> Path:

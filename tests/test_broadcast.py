@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from rft import broadcast as B
 from rft.monitor import SYNC_MEMBERS
 from rft.rundir import WEIGHTS_GROUP
+from rft.sync import broadcast as B
 from rft.trainer.broadcaster import WeightBroadcaster
 
 REPO = Path(__file__).resolve().parent.parent

@@ -124,6 +124,50 @@ def test_openai_sdk_calls_are_recorded_per_key_and_refused_after_the_run(templat
         endpoint.close()
 
 
+class _Calling(_Counting):
+    """Replies carry a tool call (as the engine's tool parser reads it)."""
+
+    def parse_tool_calls(self, text, tools):
+        call = {"name": "add", "arguments": '{"a": 1, "b": 2}'}
+        return "", [{"id": f"call_{self.calls}", "type": "function", "function": call}]
+
+
+def test_tool_calls_come_back_as_openai_messages_and_the_echo_extends_the_sample(template):
+    endpoint = Endpoint("policy")
+    try:
+        model = ModelWrapper(_Calling(template), template, GenerationArgs(max_tokens=8))
+        model.endpoint_factory = lambda: endpoint
+        client = model.get_openai_client()
+        tools = [
+            {
+                "type": "function",
+                "function": {
+                    "name": "add",
+                    "description": "Add two numbers.",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+                    },
+                },
+            }
+        ]
+        messages = [{"role": "user", "content": "1 + 2?"}]
+        first = client.chat.completions.create(model="policy", messages=messages, tools=tools)
+        choice = first.choices[0]
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        [call] = choice.message.tool_calls
+        assert call.function.name == "add" and call.id == "call_1"
+        messages += [
+            choice.message.model_dump(exclude_none=True),
+            {"role": "tool", "tool_call_id": call.id, "content": "3"},
+        ]
+        client.chat.completions.create(model="policy", messages=messages, tools=tools)
+        [sample] = model.samples()
+        assert sample.turns == 2  # the echoed tool-call message matched the recorded one
+    finally:
+        endpoint.close()
+
+
 def test_a_client_that_leaves_before_its_answer_leaves_no_sample(template):
     """The agent disconnects mid-call: the answer it never read is not trained on, and the
     conversation it came from is a sample again."""

@@ -369,7 +369,7 @@ def test_explorer_writes_groups_with_logprobs_and_resumes(
     from rft.explorer import loop
     from rft.explorer.loop import run_explorer
     from rft.monitor import read_metrics
-    from rft.sync import EVALUATING_FIELD, read_heartbeats
+    from rft.sync.heartbeat import EVALUATING_FIELD, read_heartbeats
 
     said = []  # the heartbeat's evaluating field while each evaluation runs
 
@@ -545,7 +545,7 @@ def test_an_async_explorer_runs_at_most_max_lead_steps_ahead_of_the_weights(
 def test_reload_in_place_matches_a_fresh_engine(engine, vllm_model_dir, data_dir, tmp_path):
     from rft.explorer.loop import run_explorer
     from rft.rundir import weights_dir
-    from rft.sync import WeightsPublisher
+    from rft.sync.publisher import WeightsPublisher
 
     greedy = taskset_dict(
         data_dir / "a.jsonl", "a", rollout_args={"temperature": 0.0}, repeat_times=1

@@ -388,7 +388,7 @@ def test_explorer_steps_with_published_adapters(
     from test_explorer import arithmetic_rows, read_segments, taskset_dict, write_jsonl
 
     from rft.explorer.loop import run_explorer
-    from rft.sync import WeightsPublisher
+    from rft.sync.publisher import WeightsPublisher
 
     data = write_jsonl(tmp_path / "a.jsonl", arithmetic_rows(4))
     task = taskset_dict(data, "a", rollout_args={"temperature": 0.0}, repeat_times=1)

@@ -27,7 +27,7 @@ from rft import atomic
 from rft.buffer.experience import ReaderStats
 from rft.buffer.segment_file import list_segments, load_segment
 from rft.rundir import BUFFER_DIR, CHECKPOINT_POINTER, WEIGHTS_POINTER
-from rft.sync import is_complete, list_versions
+from rft.sync.versions import is_complete, list_versions
 from tests.helpers.faults import fault_seed
 from tests.helpers.groups import split_groups
 from tests.helpers.synthetic import rollout_groups

@@ -29,7 +29,6 @@ LAYERS = [
         "rft.models",
         "rft.safetensors_io",
         "rft.sync",
-        "rft.broadcast",
         "rft.monitor",
         "rft.entry",
         "rft.stages",
@@ -99,7 +98,6 @@ def test_roles_are_subpackages_and_the_top_holds_only_shared_modules():
     assert top == [
         "__init__",
         "atomic",
-        "broadcast",
         "data",
         "devtools",
         "entry",
@@ -113,7 +111,6 @@ def test_roles_are_subpackages_and_the_top_holds_only_shared_modules():
         "safetensors_io",
         "stages",
         "status",
-        "sync",
     ]
     assert sorted(p.name for p in PKG.iterdir() if p.is_dir() and p.name != "__pycache__") == [
         "algo",
@@ -122,6 +119,7 @@ def test_roles_are_subpackages_and_the_top_holds_only_shared_modules():
         "convert",
         "explorer",
         "launch",
+        "sync",
         "trainer",
         "workflow",
     ]

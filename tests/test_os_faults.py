@@ -21,7 +21,8 @@ from rft.buffer.segments import SegmentReader, SegmentWriter
 from rft.entry import run_command
 from rft.errors import EXIT_FAILED, EXIT_USER_ERROR, StorageError
 from rft.rundir import WEIGHTS_POINTER, weights_dir
-from rft.sync import WeightsPublisher, is_complete, list_versions
+from rft.sync.publisher import WeightsPublisher
+from rft.sync.versions import is_complete, list_versions
 from tests.test_buffer import make_batch
 from tests.test_convert_faults import make_checkpoint
 

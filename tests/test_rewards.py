@@ -142,13 +142,38 @@ def test_math_reward_no_answer_is_zero_accuracy():
     assert R.math_reward("<think>I give up</think>", "4") == {"accuracy": 0.0, "format_score": -0.1}
 
 
-def test_math_boxed_reward():
+def test_math_boxed_reward_as_trinitys():
+    """Trinity's math_boxed_reward: accuracy of the last box; a format penalty only with
+    with_think, for a reply without exactly one <think> block closed in order."""
     assert R.math_boxed_reward("so \\boxed{\\frac{1}{2}}", "0.5") == {
         "accuracy": 1.0,
-        "format_score": 0.1,
+        "format_score": 0.0,
     }
-    assert R.math_boxed_reward("so 1/2", "0.5") == {"accuracy": 0.0, "format_score": -0.1}
+    assert R.math_boxed_reward("so 1/2", "0.5") == {"accuracy": 0.0, "format_score": 0.0}
     assert R.math_boxed_reward("\\boxed{2} no, \\boxed{3}", "3")["accuracy"] == 1.0
+    think = "<think>half</think> \\boxed{0.5}"
+    assert R.math_boxed_reward(think, "0.5", with_think=True)["format_score"] == 0.0
+    for bad in ("\\boxed{0.5}", "</think><think> \\boxed{0.5}", "<think><think></think>"):
+        parts = R.math_boxed_reward(bad, "0.5", with_think=True, format_score_coef=0.3)
+        assert parts["format_score"] == -0.3, bad
+
+
+def test_math_boxed_workflow_reads_trinitys_workflow_args():
+    from rft.errors import ConfigError, NotSupportedError
+
+    wf = get_workflow("math_boxed_workflow", workflow_args={"with_think": True})
+    assert "<think>" in wf.system_prompt
+    assert wf.score("\\boxed{1}", "1") == {"accuracy": 1.0, "format_score": -0.1}
+    coef = get_workflow("math_boxed_workflow", workflow_args={"format_score_coef": 0.5})
+    assert coef.score("\\boxed{1}", "1")["format_score"] == 0.0  # no penalty without with_think
+    with pytest.raises(NotSupportedError, match="use_base"):
+        get_workflow("math_boxed_workflow", workflow_args={"use_base": True})
+    with pytest.raises(ConfigError, match="takes none"):
+        get_workflow("math_workflow", workflow_args={"with_think": True})
+    with pytest.raises(ConfigError, match="reward_fn_args instead"):
+        get_workflow(
+            "math_boxed_workflow", "accuracy_reward", None, workflow_args={"with_think": True}
+        )
 
 
 def test_accuracy_and_format_rewards():

@@ -16,25 +16,28 @@ from typing import Callable
 
 import pytest
 
-from rft import atomic, sync
+from rft import atomic
 from rft.errors import CheckpointError
 from rft.explorer.loop import sync_weights
 from rft.rundir import WEIGHTS_POINTER, weights_dir
-from rft.sync import (
-    COMPLETE_MARKER,
+from rft.sync import publisher as publisher_module
+from rft.sync.heartbeat import (
     EVALUATING_FIELD,
     LOADED_FIELD,
     LOADING_FIELD,
     Heartbeat,
-    WeightsPublisher,
-    WeightsWatcher,
     evaluating_explorers,
+    read_heartbeats,
+)
+from rft.sync.publisher import WeightsPublisher
+from rft.sync.versions import (
+    COMPLETE_MARKER,
     is_complete,
     latest_weights,
     list_versions,
-    read_heartbeats,
     read_marker,
 )
+from rft.sync.watcher import WeightsWatcher
 from tests.helpers.faults import fault_seed
 
 WORKER = str(Path(__file__).parent / "sync_worker.py")
@@ -269,13 +272,13 @@ def test_prune_decides_each_removal_from_heartbeats_read_right_before_it(tmp_pat
     for version in range(1, 4):
         publisher.publish(version, write_tiny)
     heartbeat = Heartbeat(tmp_path, "explorer-0")
-    remove = sync._remove_version
+    remove = publisher_module.remove_version
 
     def remove_then_announce(folder: Path) -> None:  # explorer-0 starts loading v2 meanwhile
         remove(folder)
         heartbeat.beat(**{LOADING_FIELD: 2})
 
-    monkeypatch.setattr(sync, "_remove_version", remove_then_announce)
+    monkeypatch.setattr(publisher_module, "remove_version", remove_then_announce)
     publisher.keep_versions = 1
     assert publisher.prune() == [1]
     assert list_versions(tmp_path) == [2, 3]

@@ -116,7 +116,7 @@ def test_async_input_ends_only_when_every_joined_explorer_finished(tmp_path):
     """mode train: a live (unfinished) explorer keeps the trainer waiting; once every explorer
     that joined says finished and the buffer is drained, the input ends by itself."""
     from rft.config.load import load_config
-    from rft.sync import Heartbeat
+    from rft.sync.heartbeat import Heartbeat
     from rft.trainer.inputs import BufferSource
 
     config = write_config(
@@ -822,7 +822,7 @@ def objective(model: torch.nn.Module) -> float:
 
 @pytest.mark.integration
 def test_training_raises_the_objective_and_publishes_loadable_weights(ds_runs):
-    from rft.sync import latest_weights
+    from rft.sync.versions import latest_weights
 
     version, folder = latest_weights(ds_runs["full"])
     assert version == STEPS

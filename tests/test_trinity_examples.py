@@ -30,7 +30,6 @@ class Refused:
     """Loading raises NotSupportedError "Trinity's `<name>` is not supported by rft: ..."."""
 
     name: str  # the key path (or "key: value", "workflow x") the message names first
-    alone: bool = False  # True: without this key the example loads (nothing else is missing)
 
 
 @dataclass(frozen=True)
@@ -40,17 +39,10 @@ class Typo:
     key: str
 
 
-@dataclass(frozen=True)
-class Pending:
-    """Another piece of rft work makes it load; strict xfail until then (then: LOADS)."""
-
-    reason: str
-
-
 LOADS = None
 
 # fixture -> what rft does with it today.
-EXPECTED: dict[str, Refused | Typo | Pending | None] = {
+EXPECTED: dict[str, Refused | Typo | None] = {
     "agentscope_react_gsm8k.yaml": Refused("synchronizer.sync_style: dynamic_by_explorer"),
     "asymre_gsm8k.yaml": LOADS,
     "async_gsm8k_explorer.yaml": LOADS,
@@ -68,10 +60,7 @@ EXPECTED: dict[str, Refused | Typo | Pending | None] = {
     "gspo_gsm8k.yaml": LOADS,
     "m2po_explorer.yaml": Refused("algorithm.algorithm_type: m2po"),
     "m2po_trainer.yaml": Refused("algorithm.algorithm_type: m2po"),
-    "mix_chord.yaml": Pending(
-        "math_boxed_workflow's workflow_args (with_think) are not read by rft's single-turn "
-        "workflow yet"
-    ),
+    "mix_chord.yaml": LOADS,
     "opmd_gsm8k.yaml": LOADS,
     "ppo_countdown.yaml": Typo("model.max_repsonse_tokens"),
     "rec_gsm8k.yaml": Typo("algorithm.optiimzer"),
@@ -104,13 +93,6 @@ def dry_run(raw_or_name: dict | str, tmp_path: Path):
     return cfg
 
 
-def marks(name: str) -> list:
-    expected = EXPECTED.get(name)
-    if isinstance(expected, Pending):
-        return [pytest.mark.xfail(strict=True, reason=expected.reason)]
-    return []
-
-
 def test_every_example_has_an_expected_outcome_and_its_source():
     assert sorted(EXPECTED) == FIXTURES
     assert len(FIXTURES) >= 20
@@ -122,10 +104,10 @@ def test_every_example_has_an_expected_outcome_and_its_source():
         assert f"Trinity-RFT {verl.relative_to(EXAMPLES)} at " in first, verl
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=marks(n)) for n in FIXTURES])
+@pytest.mark.parametrize("name", FIXTURES)
 def test_example_loads_or_is_refused_by_name(name, tmp_path, trinity_env):
     expected = EXPECTED[name]
-    if expected is LOADS or isinstance(expected, Pending):
+    if expected is LOADS:
         cfg = dry_run(name, tmp_path)
         assert cfg.run_dir.is_relative_to(tmp_path)
         return
@@ -138,18 +120,6 @@ def test_example_loads_or_is_refused_by_name(name, tmp_path, trinity_env):
     assert isinstance(e.value, NotSupportedError), message
     assert f"Trinity's `{expected.name}` is not supported by rft: " in message
     assert "Did you mean" not in message
-
-
-@pytest.mark.parametrize("name", sorted(n for n, e in EXPECTED.items() if getattr(e, "alone", 0)))
-def test_refused_example_lacks_only_that_key(name, tmp_path, trinity_env):
-    """Without the refused key, the example loads: nothing else stands in its way."""
-    raw = read_raw(EXAMPLES / name, [f"checkpoint_root_dir={tmp_path}"])
-    *parents, last = EXPECTED[name].name.split(".")
-    section = raw
-    for part in parents:
-        section = section[part]
-    del section[last]
-    dry_run(copy.deepcopy(raw), tmp_path)
 
 
 def test_examples_keys_reach_rft_settings(tmp_path, trinity_env):

@@ -10,7 +10,9 @@ from rft.errors import CheckpointError, SyncTimeoutError
 from rft.explorer.loop import sync_weights
 from rft.models import check_model_dir
 from rft.rundir import WEIGHTS_POINTER, weights_dir
-from rft.sync import COMPLETE_MARKER, WeightsPublisher, WeightsWatcher
+from rft.sync.publisher import WeightsPublisher
+from rft.sync.versions import COMPLETE_MARKER
+from rft.sync.watcher import WeightsWatcher
 
 
 class NullEngine:

@@ -19,7 +19,9 @@ from rft.explorer.loop import sync_weights
 from rft.lease import Lease
 from rft.rundir import TRAINER_LEASE, WEIGHTS_POINTER, weights_dir
 from rft.status import main as status_main
-from rft.sync import COMPLETE_MARKER, WeightsPublisher, WeightsWatcher, pointer_fault
+from rft.sync.publisher import WeightsPublisher
+from rft.sync.versions import COMPLETE_MARKER, pointer_fault
+from rft.sync.watcher import WeightsWatcher
 from tests.test_weights_messages import NullEngine, write_tiny
 
 MISSING = f"{WEIGHTS_POINTER} names version 7 but weights/v000007 is missing or incomplete"

@@ -5,6 +5,7 @@ Data only (no imports). :mod:`rft.config.typed_dict` reads :data:`KEYS` and :dat
 :data:`REWARD_FNS`: a name found here is refused as "Trinity's `X` is not supported by rft:
 <what to do>" (never a "did you mean" guess); only other names get the nearest-name hint.
 A name rft implements is in its schema, so an entry here is reached only while rft lacks it.
+The ``VERL_*`` tables name veRL keys with no effect, which :mod:`rft.config.verl_keys` removes.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ SOURCES = {
     "config": "trinity/common/config.py at c3d094d (v0.3 era), plus keys of older releases "
     "that its examples still use (buffer.max_retry_times, trainer.ppo_max_token_len_per_gpu, "
     "synchronizer.sync_iteration_interval)",
-    "verl": "trinity/common/verl_config.py at 3f14a35 (veRL's ppo_trainer config as Trinity "
-    "embeds it under trainer.trainer_config) and the examples' trainer_config sections",
+    "verl": "trinity/common/verl_config.py at 3f14a35 and 02667a1 (veRL's ppo_trainer config as "
+    "Trinity embeds it under trainer.trainer_config; synchronize_config for what it overwrites) "
+    "and the examples' trainer_config sections and trainer_config_path files",
     "algorithms": "trinity/algorithm/__init__.py ALGORITHM_TYPE at cb89407, the policy_loss_fn/"
     "advantage_fn/sample_strategy registries of trinity/algorithm/*/__init__.py",
     "workflows": "trinity/common/workflows/__init__.py WORKFLOWS default_mapping (v0.3.x)",
@@ -37,7 +39,7 @@ _SERVE = (
     "mode serve (the explorer as a standing server for outside agents) is not built in rft; "
     "train an agent program through the explorer's endpoint instead: "
     "explorer.rollout_model.enable_openai_api: true with agent_program_workflow or a "
-    "RecordingWorkflow (README: Agents through the OpenAI API)"
+    "RecordingWorkflow (docs/agentic-workflows.md: Agents through the OpenAI API)"
 )
 _QUEUE = "rft's queue is sealed files on the shared filesystem with no such setting; remove it"
 _LOG_PROB_PASS = (

@@ -243,7 +243,7 @@ def render() -> str:
         about = _escape(section.about or "the keys at the top of a config file")
         out += [f"`{section.cls.__name__}`: {about}."]
         if note:
-            out += ["", _escape(f"{note[0].upper()}{note[1:]}")]
+            out += ["", _escape(note)]
         if section.also:
             out += ["", "Also at: " + ", ".join(f"`{p}`" for p in section.also) + "."]
         out += [""] + key_table(section, by_class) + [""]

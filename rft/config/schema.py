@@ -74,7 +74,7 @@ class OptimizerConfig:
 
 @dataclass
 class RolloutCorrectionConfig:
-    # veRL's section name; the math is rft.algo.correction, the README says which to use when.
+    # veRL's section name; the math is rft.algo.correction, docs/algorithms.md says which to use when.
     mode: RolloutCorrectionMode = (
         "none"  # none | tis (truncated IS) | decoupled (AReaL's decoupled PPO)
     )
@@ -333,6 +333,9 @@ class SynchronizerConfig:
     )  # rft: the same bound for mode explore (null: none)
     sync_timeout: int = field(3600, ge=1)  # seconds to wait for weights/experiences before failing
     weights_versions_to_keep: int = field(2, ge=1)  # newest weights/v* folders kept on disk
+    delta_sync: bool = False  # rft: publish weights/v* as XOR+zstd deltas against a full anchor
+    delta_anchor_interval: int = field(8, ge=1)  # rft: with delta_sync, a full folder every N
+    delta_local_dir: Optional[str] = None  # rft: node-local copies for delta sync (null: $TMPDIR)
 
 
 @dataclass

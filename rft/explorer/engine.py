@@ -22,7 +22,6 @@ from typing import Any, Sequence
 
 import torch
 
-from rft.broadcast import buckets_from_json
 from rft.config.names import VLLM_LORA_RANKS
 from rft.config.rules import lora_config
 from rft.config.schema import Config, LoRAConfig
@@ -30,6 +29,7 @@ from rft.errors import CheckpointError, ConfigError
 from rft.explorer.tasksets import SamplingArgs
 from rft.models import ADAPTER_CONFIG, ADAPTER_WEIGHTS, is_adapter_folder
 from rft.placement import local_devices
+from rft.sync.broadcast import buckets_from_json
 
 log = logging.getLogger(__name__)
 

@@ -54,17 +54,20 @@ from rft.monitor import (
 from rft.placement import EXPLORER_MODES, explorer_rank
 from rft.rundir import EXPLORER_META, explorer_role, writer_name
 from rft.stages import load_stage
-from rft.sync import (
+from rft.sync.heartbeat import (
     EVALUATING_FIELD,
+    EXITED_FIELD,
     FINISHED_FIELD,
     LOADED_FIELD,
     LOADING_FIELD,
+    STEPS_FIELD,
+    TASKS_FIELD,
     Heartbeat,
-    WeightsWatcher,
-    explorer_lead,
-    required_version,
-    weights_problem,
 )
+from rft.sync.local import DeltaPolicy, LocalCopy
+from rft.sync.schedule import explorer_lead, required_version
+from rft.sync.versions import weights_problem
+from rft.sync.watcher import WeightsWatcher
 from rft.workflow import tools
 from rft.workflow.conversation import ChatTemplate
 from rft.workflow.endpoint import Endpoint, shared_endpoint
@@ -159,6 +162,7 @@ def run_explorer(
         heartbeat=heartbeat,
         newer_only=nccl,
         trainer_live_s=cfg.explorer.heartbeat_timeout_s,
+        local=local_copy(cfg, run_dir, explorer.writer),
     )
     monitor = Monitor(
         run_dir,
@@ -202,7 +206,7 @@ def run_explorer(
             heartbeat.beat(**{EVALUATING_FIELD: False})
 
     try:
-        heartbeat.beat(**{LOADED_FIELD: 0}, steps_done=cursor.step)
+        heartbeat.beat(**{LOADED_FIELD: 0, STEPS_FIELD: cursor.step})
         if eval_sets and cfg.explorer.eval_on_startup and cursor.step == 0:
             sync_weights(engine, watcher, 0, sync.sync_timeout, receiver)
             result.eval_metrics.append(evaluate_now(0))
@@ -236,7 +240,9 @@ def run_explorer(
             lease.check(f"sealing segment {step} and saving the task cursor")
             writer.write(exps, seq=step)
             C.save_cursor(run_dir, explorer.name, explorer.rank, plan.layout, cursor)
-            heartbeat.beat(steps_done=step, tasks_done=heartbeat.fields["tasks_done"] + len(share))
+            heartbeat.beat(
+                **{STEPS_FIELD: step, TASKS_FIELD: heartbeat.fields[TASKS_FIELD] + len(share)}
+            )
             metrics = {
                 **stats,
                 **step_metrics(exps),
@@ -272,6 +278,15 @@ def run_explorer(
         monitor.close()
         lease.release()
     return result
+
+
+def local_copy(cfg: Config, run_dir: Any, writer: str) -> LocalCopy | None:
+    """The node-local folder delta sync rebuilds weights in (None: engines load weights/)."""
+    sync = cfg.synchronizer
+    if not sync.delta_sync:
+        return None
+    policy = DeltaPolicy(sync.delta_anchor_interval, sync.delta_local_dir)
+    return LocalCopy(run_dir, policy.scratch(run_dir, writer))
 
 
 def claim_writer(cfg: Config, writer: str) -> Lease:
@@ -761,7 +776,7 @@ def install_exit_handlers(heartbeat: Heartbeat, lease: Lease | None = None) -> N
                 lease.release(blocking=False)
             atomic.write_json(
                 heartbeat.path,
-                {**heartbeat.fields, "exited": True, LOADING_FIELD: None, "time": time.time()},
+                {**heartbeat.fields, EXITED_FIELD: True, LOADING_FIELD: None, "time": time.time()},
             )
         finally:
             os._exit(128 + signum)

@@ -1,7 +1,7 @@
 """The explorer's side of ``sync_method: nccl``: register with the trainer's weight-sync store,
 join each group generation this explorer is a member of, receive the versions broadcast to it.
 
-Data in: the trainer's rendezvous file and store events (:mod:`rft.broadcast`). Data out:
+Data in: the trainer's rendezvous file and store events (:mod:`rft.sync.broadcast`). Data out:
 weights loaded into the engine, and the version (:meth:`BroadcastReceiver.poll`). Nothing runs
 in the background, and a failure must never stop the explorer: it starts over.
 """
@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rft import broadcast as B
+from rft.sync import broadcast as B
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +181,9 @@ class BroadcastReceiver:
         try:
             self.store = B.connect_store(rv, self.timeout_s)
             self.rv = rv
-            self.next_event = B.event_count(self.store)  # before registering: see rft.broadcast
+            self.next_event = B.event_count(
+                self.store
+            )  # before registering: see rft.sync.broadcast
             self._register()
         except (RuntimeError, OSError, B.BroadcastError) as e:
             if rv.session != self._failed_session:

@@ -119,12 +119,7 @@ def resolve_workflow(
     )
     try:
         if name in single_turn.WORKFLOWS:
-            if ts.workflow_args:
-                raise ConfigError(
-                    f"workflow_args {sorted(ts.workflow_args)}: the single-turn "
-                    f"workflow {name!r} takes none (reward_fn_args reach the reward)"
-                )
-            return get_workflow(name, reward, rule_args or None, weights)
+            return get_workflow(name, reward, rule_args or None, weights, ts.workflow_args)
         if cfg.explorer.auxiliary_models:
             raise ConfigError(
                 f"workflow {name!r}: explorer.auxiliary_models score single-turn "

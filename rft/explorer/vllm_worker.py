@@ -1,7 +1,7 @@
 """Methods rft adds to each vLLM worker (``worker_extension_cls``), called by name through
 ``LLM.collective_rpc``: they run where the model lives, in the engine's process on CPU and in
 each worker process on GPUs. Data in: RPC arguments and the weight-sync group's broadcasts
-(:mod:`rft.broadcast`); data out: the worker's model, changed in place. Must import neither
+(:mod:`rft.sync.broadcast`); data out: the worker's model, changed in place. Must import neither
 vLLM nor the explorer.
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from rft import broadcast as B
+from rft.sync import broadcast as B
 
 
 class WeightSyncExtension:

@@ -36,7 +36,7 @@ from rft.placement import (
 )
 from rft.report import write_report
 from rft.rundir import LOG_DIR, explorer_role, newest_checkpoint, tail_log, writer_name
-from rft.sync import evaluating_explorers
+from rft.sync.heartbeat import evaluating_explorers
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """Trainer rank 0's side of ``sync_method: nccl``: broadcast each new weights version to the
-explorers that registered for it (protocol: :mod:`rft.broadcast`).
+explorers that registered for it (protocol: :mod:`rft.sync.broadcast`).
 
 Data in: a version's state dict, explorers' registrations and heartbeats. Data out: the
 rendezvous file, store events and the broadcast tensors, and whether every member loaded the
@@ -18,7 +18,6 @@ from typing import Any
 
 import torch
 
-from rft import broadcast as B
 from rft.monitor import (
     SYNC_BROADCAST_OK,
     SYNC_BROADCAST_S,
@@ -26,7 +25,8 @@ from rft.monitor import (
     SYNC_MEMBERS,
 )
 from rft.rundir import WEIGHTS_GROUP
-from rft.sync import read_heartbeats
+from rft.sync import broadcast as B
+from rft.sync.heartbeat import read_heartbeats
 
 log = logging.getLogger(__name__)
 

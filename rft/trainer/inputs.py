@@ -20,7 +20,7 @@ from rft.buffer.segments import open_archive, open_buffer_reader
 from rft.config.schema import Config
 from rft.errors import DataError, NotSupportedError
 from rft.rundir import writer_name
-from rft.sync import explorers_finished
+from rft.sync.heartbeat import explorers_finished
 from rft.trainer.sft import SftSource
 
 log = logging.getLogger(__name__)

@@ -43,7 +43,7 @@ from rft.monitor import (
 from rft.placement import TRAINER_MODES
 from rft.rundir import ACTOR_DIR, CRITIC_DIR, HF_DIR, TRAINER_LEASE, step_dir
 from rft.stages import load_stage
-from rft.sync import publishes_weights
+from rft.sync.schedule import publishes_weights
 from rft.trainer.algorithm import build_loss_fns
 from rft.trainer.state import (
     ds_tag,
@@ -60,7 +60,8 @@ if TYPE_CHECKING:
     import torch
 
     from rft.buffer.experience import Experience
-    from rft.sync import WeightsPublisher
+    from rft.sync.local import DeltaPolicy
+    from rft.sync.publisher import WeightsPublisher
     from rft.trainer import engine
     from rft.trainer.broadcaster import WeightBroadcaster
     from rft.trainer.dpo import DpoSource
@@ -232,6 +233,16 @@ def publish_weights(
     engine.barrier()
 
 
+def delta_policy(cfg: Config, last_step: int | None) -> DeltaPolicy | None:
+    """How weights folders are written with ``synchronizer.delta_sync`` (None: in full)."""
+    from rft.sync.local import DeltaPolicy
+
+    sync = cfg.synchronizer
+    if not sync.delta_sync:
+        return None
+    return DeltaPolicy(sync.delta_anchor_interval, sync.delta_local_dir, last_step)
+
+
 def needs_weights_folder(cfg: Config, step: int, last_step: int | None) -> bool:
     """Whether a published version also goes to ``weights/`` as a folder: always with
     ``sync_method: checkpoint``; with ``nccl`` at each full checkpoint and the last step (for
@@ -250,7 +261,7 @@ def _save_engine(
     """One engine's DeepSpeed shards, the RNG states (``rng``) and its HF folder (config, and
     the weights when ``trainer.save_hf_checkpoint`` says so; a LoRA policy's adapter folder,
     always) into ``folder``. Collective."""
-    from rft.sync import copy_files
+    from rft.atomic import copy_files
     from rft.trainer import engine
 
     engine.save_checkpoint(model, folder, ds_tag(step))
@@ -363,7 +374,7 @@ def run(cfg: Config) -> int:
 def train(cfg: Config, info: engine.DistInfo, stop: StopFlag, lease: Lease | None) -> int:
     """The loop itself, on every rank; rank 0 holds ``lease``."""
     from rft.monitor import Monitor
-    from rft.sync import WeightsPublisher
+    from rft.sync.publisher import WeightsPublisher
     from rft.trainer import engine
     from rft.trainer.dpo import dpo_step
     from rft.trainer.step import train_step
@@ -405,6 +416,7 @@ def train(cfg: Config, info: engine.DistInfo, stop: StopFlag, lease: Lease | Non
             run_dir,
             cfg.synchronizer.weights_versions_to_keep,
             heartbeat_live_s=cfg.explorer.heartbeat_timeout_s,
+            delta=delta_policy(cfg, steps) if not actor.lora else None,  # adapters: megabytes
         )
         if rank == 0
         else None

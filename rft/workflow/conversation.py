@@ -56,6 +56,9 @@ class ChatTemplate:
         kwargs = dict(self.extra)
         if tools:
             kwargs["tools"] = tools
+        # OpenAI's assistant message with tool calls has content null (or none): templates
+        # that concatenate the content get "".
+        messages = [m if m.get("content") is not None else {**m, "content": ""} for m in messages]
         with self.lock:
             return self.tokenizer.apply_chat_template(
                 messages,

@@ -249,6 +249,9 @@ class _Handler(BaseHTTPRequestHandler):
             recorded = model.chat_recorded(body["messages"], **kwargs)
         except WorkflowError as e:  # the episode was stopped, or a bad call
             return self._error(409, str(e))
+        except Exception as e:  # noqa: BLE001 - the engine failed: the agent gets an answer
+            log.warning("endpoint call failed: %s: %s", type(e).__name__, e)
+            return self._error(500, f"the explorer could not answer: {type(e).__name__}: {e}")
         endpoint.calls += 1
         answer = completion_body(endpoint.model_name, [reply for reply, _ in recorded])
         try:
@@ -297,5 +300,7 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
 
     def _error(self, status: int, message: str) -> None:
-        kind = "invalid_request_error" if status in (400, 404, 409) else "authentication_error"
+        kind = {401: "authentication_error", 500: "server_error"}.get(
+            status, "invalid_request_error"
+        )
         self._json(status, {"error": {"message": message, "type": kind, "code": status}})

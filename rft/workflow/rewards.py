@@ -204,11 +204,21 @@ def math_reward(response: str, truth: str) -> RewardParts:
     return {"accuracy": accuracy, "format_score": _format_part(has_think_answer_format(response))}
 
 
-def math_boxed_reward(response: str, truth: str) -> RewardParts:
-    """Accuracy of the last ``\\boxed{}``, plus +0.1 for having a box (-0.1 without)."""
+def math_boxed_reward(
+    response: str, truth: str, *, with_think: bool = False, format_score_coef: float = 0.1
+) -> RewardParts:
+    """Trinity's ``math_boxed_reward``: accuracy of the last ``\\boxed{}``; ``format_score`` 0,
+    or ``-format_score_coef`` with ``with_think`` when the reply lacks one ``<think>`` block
+    closed before any other (trinity/common/rewards/math_reward.py, math_utils.py)."""
     answer = last_boxed(response)
     accuracy = 1.0 if answer is not None and answers_match(answer, truth) else 0.0
-    return {"accuracy": accuracy, "format_score": _format_part(answer is not None)}
+    fault = with_think and not _one_think_block(response)
+    return {"accuracy": accuracy, "format_score": -float(format_score_coef) if fault else 0.0}
+
+
+def _one_think_block(text: str) -> bool:
+    opened, closed = text.count("<think>"), text.count("</think>")
+    return opened == closed == 1 and text.find("<think>") < text.find("</think>")
 
 
 def accuracy_reward(response: str, truth: str) -> RewardParts:

@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any, Mapping, Sequence
 
 from rft.config.auxiliary import RewardWeights
+from rft.config.typed_dict import not_supported
 from rft.data import Messages, chat_messages, column, format_field
 from rft.errors import ConfigError, did_you_mean
 from rft.workflow.rewards import (
@@ -32,6 +33,10 @@ MATH_SYSTEM_PROMPT = (
 MATH_BOXED_SYSTEM_PROMPT = (
     "Solve the problem step by step, showing your reasoning. Write the final answer, and only "
     "the final answer, inside \\boxed{} at the end of your reply."
+)
+MATH_BOXED_THINK_SYSTEM_PROMPT = (
+    "You solve math problems. First reason about the problem inside <think> </think> tags, "
+    "then give the final answer, in closed form, inside \\boxed{}."
 )
 
 
@@ -98,6 +103,15 @@ ALIASES = {
     "async_math_boxed_workflow": "math_boxed_workflow",
 }
 WORKFLOWS: tuple[str, ...] = (*_BUILTIN, *ALIASES)
+# The workflow_args a recipe reads (Trinity's), each passed to its default reward as a keyword;
+# ``with_think`` also picks the system prompt that asks for a <think> block.
+WORKFLOW_ARGS: dict[str, tuple[str, ...]] = {
+    "math_boxed_workflow": ("with_think", "format_score_coef"),
+}
+_REFUSED_ARGS = {
+    "use_base": "rft always renders the model's chat template (Trinity's raw 'User:/Assistant:' "
+    "prompt for base models is not built); remove it, or set model.custom_chat_template",
+}
 
 
 def get_workflow(
@@ -105,18 +119,42 @@ def get_workflow(
     reward_fn: str | None = None,
     reward_fn_args: Mapping[str, Any] | None = None,
     reward_weights: RewardWeights = RewardWeights(),
+    workflow_args: Mapping[str, Any] | None = None,
 ) -> Recipe:
     """The single-turn workflow ``name``; ``reward_fn`` (built-in name or ``package.module:function``)
     replaces its default reward, ``reward_fn_args`` are bound to the reward function (without
-    the reward weights: :func:`rft.config.auxiliary.split_reward_weights`)."""
+    the reward weights: :func:`rft.config.auxiliary.split_reward_weights`); ``workflow_args``:
+    those of :data:`WORKFLOW_ARGS`, which reach the default reward."""
     if name not in WORKFLOWS:
         raise ConfigError(
             f"workflow {name!r} is not one of {list(WORKFLOWS)}.{did_you_mean(name, WORKFLOWS)}"
         )
-    system_prompt, default_reward = _BUILTIN[ALIASES.get(name, name)]
+    base = ALIASES.get(name, name)
+    system_prompt, default_reward = _BUILTIN[base]
+    args = _checked_workflow_args(name, base, dict(workflow_args or {}))
+    if args and reward_fn not in (None, default_reward):
+        raise ConfigError(
+            f"workflow_args {sorted(args)} of {name!r} reach its reward {default_reward!r}; "
+            f"with reward {reward_fn!r} give that reward's arguments in reward_fn_args instead"
+        )
+    if args.get("with_think"):
+        system_prompt = MATH_BOXED_THINK_SYSTEM_PROMPT
     return Recipe(
         name,
         system_prompt,
-        get_reward_fn(reward_fn or default_reward, reward_fn_args),
+        get_reward_fn(reward_fn or default_reward, {**(reward_fn_args or {}), **args} or None),
         reward_weights,
     )
+
+
+def _checked_workflow_args(name: str, base: str, args: dict[str, Any]) -> dict[str, Any]:
+    takes = WORKFLOW_ARGS.get(base, ())
+    for key in args:
+        if key in _REFUSED_ARGS:
+            raise not_supported(f"workflow_args.{key} of {name}", _REFUSED_ARGS[key])
+        if key not in takes:
+            raise ConfigError(
+                f"workflow_args {key!r}: the single-turn workflow {name!r} takes "
+                f"{list(takes) or 'none'} (reward_fn_args reach the reward)"
+            )
+    return args

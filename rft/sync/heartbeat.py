@@ -1,0 +1,173 @@
+"""Explorer heartbeats: ``explorers/<name>.json``, one per explorer, rewritten atomically.
+
+An explorer's :class:`Heartbeat` says which weights version it has loaded or is loading (the
+publisher never prunes those), how far it got and whether it finished; every reader (trainer,
+launchers, ``rft-status``) goes through :func:`read_heartbeats`. The fields are the attributes
+of :class:`BeatFields`; the ``*_FIELD`` names below are the ones other modules read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import socket
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+from dataclasses import fields as dataclass_fields
+from pathlib import Path
+from typing import Any
+
+from rft import atomic
+from rft.errors import CheckpointError, storage_errors
+from rft.rundir import EXPLORERS_DIR
+
+log = logging.getLogger(__name__)
+
+FINISHED_FIELD = "finished"  # heartbeat field: the explorer generated all its tasks
+LOADED_FIELD = "loaded_version"  # heartbeat field: weights version in the engine (None: unknown)
+LOADING_FIELD = "loading_version"  # heartbeat field: version being read from weights/ now
+EVALUATING_FIELD = "evaluating"  # heartbeat field: an evaluation is running (launchers wait for it)
+EXITED_FIELD = "exited"  # heartbeat field: the explorer stopped (dead at once for readers)
+STEPS_FIELD = "steps_done"  # heartbeat field: explorer steps finished
+TASKS_FIELD = "tasks_done"  # heartbeat field: tasks generated
+
+
+@dataclass
+class BeatFields:
+    """What one heartbeat file holds; the attribute names are its JSON keys."""
+
+    name: str
+    host: str = field(default_factory=socket.gethostname)
+    pid: int = field(default_factory=os.getpid)
+    slurm_job_id: str | None = field(default_factory=lambda: os.environ.get("SLURM_JOB_ID"))
+    slurm_procid: str | None = field(default_factory=lambda: os.environ.get("SLURM_PROCID"))
+    loaded_version: int | None = None
+    loading_version: int | None = None
+    tasks_done: int = 0
+    steps_done: int = 0
+    started_time: float = field(default_factory=time.time)
+    time: float = 0.0  # of the last beat
+    exited: bool = False
+    finished: bool = False
+    evaluating: bool = False
+
+
+BEAT_KEYS = frozenset(f.name for f in dataclass_fields(BeatFields))
+assert {FINISHED_FIELD, LOADED_FIELD, LOADING_FIELD, EVALUATING_FIELD} <= BEAT_KEYS
+assert {EXITED_FIELD, STEPS_FIELD, TASKS_FIELD} <= BEAT_KEYS
+
+
+class Heartbeat:
+    """``explorers/<name>.json``, rewritten atomically by ``beat()`` and an optional thread."""
+
+    def __init__(self, run_dir: Path | str, name: str, interval_s: float = 5.0):
+        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", name) or atomic.is_tmp(name):
+            raise CheckpointError(
+                f"heartbeat name {name!r} must be letters, digits, '_.-', e.g. 'explorer-0'"
+            )
+        self.path = Path(run_dir) / EXPLORERS_DIR / f"{name}.json"
+        with storage_errors(self.path.parent, "create"):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.interval_s = interval_s
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.fields: dict[str, Any] = asdict(BeatFields(name))
+        self.fields["time"] = self.fields["started_time"]
+
+    def beat(self, **fields: Any) -> None:
+        """Merge ``fields`` into the heartbeat and rewrite it with the current time."""
+        unknown = set(fields) - BEAT_KEYS
+        assert not unknown, f"not heartbeat fields: {sorted(unknown)}"
+        with self._lock:
+            self.fields.update(fields)
+            self.fields["time"] = time.time()
+            atomic.write_json(self.path, self.fields)
+
+    def start(self) -> "Heartbeat":
+        """Beat now and then every ``interval_s`` from a daemon thread until :meth:`stop`."""
+        self.beat()
+        self._stop.clear()
+        self._thread = threading.Thread(
+            target=self._run, name=f"heartbeat-{self.path.stem}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        """Stop the thread and mark the explorer as exited (dead at once for readers)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        try:
+            self.beat(**{EXITED_FIELD: True, LOADING_FIELD: None})
+        except OSError as e:  # a full disk: the error that stopped the role is the one to raise
+            log.warning("heartbeat %s not marked exited (dead once stale): %s", self.path, e)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                self.beat()
+            except OSError as e:  # a hiccup of the shared filesystem must not kill the explorer
+                log.warning("heartbeat %s not written: %s", self.path, e)
+
+    def __enter__(self) -> "Heartbeat":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+@dataclass
+class ExplorerStatus:
+    """One heartbeat as read back: its fields, its age and whether it counts as live."""
+
+    name: str
+    age_s: float
+    live: bool
+    fields: dict[str, Any] = field(default_factory=dict)
+
+
+def read_heartbeats(
+    run_dir: Path | str, live_threshold_s: float = 30.0, now: float | None = None
+) -> list[ExplorerStatus]:
+    """Every explorer heartbeat, sorted by name; live = not exited and beat within the threshold.
+
+    Ages compare the writer's clock with this host's: cluster nodes keep NTP time.
+    """
+    folder = Path(run_dir) / EXPLORERS_DIR
+    now = time.time() if now is None else now
+    statuses = []
+    for path in sorted(folder.glob("*.json")):
+        if atomic.is_tmp(path) or path.name.startswith("."):
+            continue
+        try:
+            fields = json.loads(path.read_text())
+            age_s = now - float(fields["time"])
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            log.warning("unreadable heartbeat %s (%s): counted as dead", path, e)
+            statuses.append(ExplorerStatus(path.stem, float("inf"), False))
+            continue
+        live = not fields.get(EXITED_FIELD, False) and age_s <= live_threshold_s
+        statuses.append(ExplorerStatus(path.stem, age_s, live, fields))
+    return statuses
+
+
+def explorers_finished(run_dir: Path | str) -> bool:
+    """Whether at least one explorer joined the run and every one that did has finished its
+    tasks (heartbeat field ``finished``, written after its last segment was sealed)."""
+    statuses = read_heartbeats(run_dir)
+    return bool(statuses) and all(s.fields.get(FINISHED_FIELD) for s in statuses)
+
+
+def evaluating_explorers(run_dir: Path | str, live_threshold_s: float = 30.0) -> list[str]:
+    """Names of live explorers whose heartbeat says an evaluation is running."""
+    return [
+        s.name
+        for s in read_heartbeats(run_dir, live_threshold_s)
+        if s.live and s.fields.get(EVALUATING_FIELD)
+    ]
