@@ -19,7 +19,7 @@ from rft.config.schema import Config
 from rft.errors import ConfigError
 from rft.placement import EXPLORER_MODES, TRAINER_MODES
 from rft.rundir import STAGE_FAILED, STAGE_FINISHED
-from rft.sync.versions import latest_weights
+from rft.sync.versions import delta_base, latest_weights
 
 
 def roles(mode: str) -> tuple[str, ...]:
@@ -66,6 +66,12 @@ def resolve(cfg: Config, index: int, chain: bool = True) -> Config:
                 f"{stage_label(cfg, index)} starts from the weights of "
                 f"{stage_label(cfg, index - 1)}, but {previous.run_dir} has none "
                 "published (weights/v*): run that stage first"
+            )
+        if delta_base(newest[1]) is not None:  # synchronizer.delta_sync; its last step is full
+            raise ConfigError(
+                f"{stage_label(cfg, index)} starts from {newest[1]}, a delta folder (the stage "
+                "stopped before its last step): run that stage to its end, or start from its "
+                "checkpoint converted by rft-convert (model.model_path)"
             )
         stage.model.model_path = str(newest[1])
     return stage

@@ -44,7 +44,13 @@ from rft.rundir import (
     WEIGHTS_POINTER,
     step_dir,
 )
-from rft.sync.heartbeat import EVALUATING_FIELD, LOADED_FIELD, read_heartbeats
+from rft.sync.heartbeat import (
+    EVALUATING_FIELD,
+    EXITED_FIELD,
+    LOADED_FIELD,
+    STEPS_FIELD,
+    read_heartbeats,
+)
 from rft.sync.versions import pointer_fault, trainer_state
 
 
@@ -256,12 +262,12 @@ def format_status(st: RunStatus) -> str:
     for name, step in st.explorer_steps.items():
         lines.append(f"{name:<15} explored step {step}")
     for ex in st.explorers:
-        state = "live" if ex.live else ("exited" if ex.fields.get("exited") else "DEAD")
+        state = "live" if ex.live else ("exited" if ex.fields.get(EXITED_FIELD) else "DEAD")
         f = ex.fields
         lines.append(
             f"explorer {ex.name:<14} {state:<6} heartbeat {ex.age_s:.0f}s ago, "
             f"host {f.get('host', '?')}, job {f.get('slurm_job_id') or '-'}, "
-            f"version {f.get(LOADED_FIELD, '-')}, steps {f.get('steps_done', '-')}"
+            f"version {f.get(LOADED_FIELD, '-')}, steps {f.get(STEPS_FIELD, '-')}"
             + (", evaluating" if ex.live and f.get(EVALUATING_FIELD) else "")
         )
     if not st.explorers:

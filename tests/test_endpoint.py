@@ -392,9 +392,15 @@ def test_an_openai_sdk_agent_trains_on_the_engines_tokens(engine, vllm_model_dir
 @pytest.mark.integration
 def test_agents_that_crash_hang_or_never_call_fail_their_episode(engine, vllm_model_dir, tmp_path):
     crash = tmp_path / "crash.py"
+    # Killed mid-call: the request is sent, the agent dies before the answer comes.
     crash.write_text(
-        "import os, signal\nfrom openai import OpenAI\n"
-        "OpenAI().chat.completions.create(model='m', messages=[{'role':'user','content':'x'}])\n"
+        "import json, os, signal, socket, urllib.parse\n"
+        "url = urllib.parse.urlparse(os.environ['OPENAI_BASE_URL'])\n"
+        "body = json.dumps({'messages': [{'role': 'user', 'content': 'x'}]}).encode()\n"
+        "s = socket.create_connection((url.hostname, url.port))\n"
+        "s.sendall(b'POST /v1/chat/completions HTTP/1.1\\r\\nHost: x\\r\\nAuthorization: Bearer '"
+        " + os.environ['OPENAI_API_KEY'].encode() + b'\\r\\nContent-Length: '"
+        " + str(len(body)).encode() + b'\\r\\n\\r\\n' + body)\n"
         "os.kill(os.getpid(), signal.SIGKILL)\n"
     )
     silent = tmp_path / "silent.py"

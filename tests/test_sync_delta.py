@@ -226,6 +226,7 @@ def test_apply_leaves_nothing_when_a_checksum_fails(tmp_path):
 
 def test_a_publisher_killed_mid_delta_leaves_whole_versions_only(tmp_path):
     run, local = tmp_path / "run", tmp_path / "local"
+    left: list[str] = []  # temporaries the killed publisher left: it died inside a publish
     for seed in range(3):
         proc = subprocess.Popen(
             [sys.executable, WORKER, "delta", str(run), str(1 + 20 * seed), "20", str(local)],
@@ -233,7 +234,10 @@ def test_a_publisher_killed_mid_delta_leaves_whole_versions_only(tmp_path):
             text=True,
         )
         assert proc.stdout.readline().strip() == "started"
-        time.sleep(random.Random(seed).uniform(0.3, 1.5))
+        deadline = time.monotonic() + 120
+        while (read_weights_pointer(run) or 0) < 1 + 20 * seed and time.monotonic() < deadline:
+            time.sleep(0.01)  # its first version is out (a loaded machine may take seconds)
+        time.sleep(random.Random(seed).uniform(0.0, 1.0))
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait()
         pointer = read_weights_pointer(run)
@@ -242,7 +246,25 @@ def test_a_publisher_killed_mid_delta_leaves_whole_versions_only(tmp_path):
         engine.numel = 1 << 21
         watcher = explorer(run, local, f"explorer-{seed}")
         assert sync(watcher, engine) == pointer and engine.loaded == [pointer]
+        left += [p.name for p in (run / "weights").iterdir() if ".tmp" in p.name]
         publisher = WeightsPublisher(run, keep_versions=2, delta=DeltaPolicy(3, str(local)))
         assert not [p for p in (run / "weights").iterdir() if ".tmp" in p.name]
         publisher.publish(pointer + 1, lambda folder: write_delta_weights(folder, pointer + 1))
         assert sync(watcher, engine) == pointer + 1 and engine.loaded == [pointer, pointer + 1]
+    assert left, "no kill landed inside a publish"
+
+
+def test_a_next_stage_never_starts_from_a_delta(tmp_path):
+    from rft.config.load import load_config, stage_config
+    from rft.errors import ConfigError
+    from rft.stages import resolve
+
+    config = Path(__file__).resolve().parent.parent / "configs" / "sft_warmup.yaml"
+    cfg = load_config(config, [f"checkpoint_root_dir={tmp_path}"])
+    first = stage_config(cfg, 0).run_dir
+    publisher = delta_publisher(first, tmp_path / "local", interval=8)
+    publish(publisher, 1)
+    assert resolve(cfg, 1).model.model_path == str(weights_dir(first, 1))
+    publish(publisher, 2)  # the stage stopped here: its pointer names a delta
+    with pytest.raises(ConfigError, match="a delta folder"):
+        resolve(cfg, 1)

@@ -84,7 +84,11 @@ def debug(
 
 def main(argv: Sequence[str] | None = None) -> int:
     setup_logging()
-    parser = config_parser("rft-debug", __doc__.split("\n")[0])
+    parser = config_parser(
+        "rft-debug",
+        "Run a config's first tasks through their workflow with the real engine; print every "
+        "sample turn by turn and write the experiences to a JSONL file.",
+    )
     parser.add_argument("--tasks", type=int, default=2, help="how many tasks (default 2)")
     parser.add_argument("--eval", action="store_true", help="the first eval taskset instead")
     parser.add_argument(
