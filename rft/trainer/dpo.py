@@ -190,15 +190,6 @@ def _check_pairs(exps: Sequence[Experience]) -> None:
 # ----------------------------------------------------------------------------- the step
 
 
-def _reduce(sums: MetricSums) -> dict[str, float]:
-    from rft.trainer import engine
-
-    total = MetricSums()
-    for part in engine.all_gather_objects(sums):
-        total.merge(part)
-    return total.result()
-
-
 def _micro_loss(
     actor: engine.Actor,
     micro: MicroBatch,
@@ -279,7 +270,8 @@ def dpo_step(
             loss = _micro_loss(actor, micro, ref_lp, fns, pair_share, token_share, sums)
             engine.backward(actor, loss)
         grad_norms.append(engine.optimizer_step(actor))
-    metrics = _reduce(sums)  # weighted means over the pairs (DPO) and tokens (KL, entropy)
+    # weighted means over the pairs (DPO) and tokens (KL, entropy)
+    metrics = engine.reduce_metric_sums(sums)
     mask = rows.response_mask
     metrics.update(
         {

@@ -38,7 +38,7 @@ from rft.safetensors_io import (  # noqa: E402
     write_safetensors,
 )
 from rft.safetensors_io import TensorSpec as FileTensor  # noqa: E402
-from rft.trainer.batching import MicroBatch  # noqa: E402
+from rft.trainer.batching import MetricSums, MicroBatch  # noqa: E402
 from rft.trainer.lr_schedule import lr_multiplier, warmup_steps  # noqa: E402
 
 log = logging.getLogger(__name__)
@@ -93,6 +93,14 @@ def all_gather_objects(obj: Any) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
+
+
+def reduce_metric_sums(sums: MetricSums) -> dict[str, float]:
+    """A step's metrics: every rank's micro-batch sums combined (collective)."""
+    total = MetricSums()
+    for part in all_gather_objects(sums):
+        total.merge(part)
+    return total.result()
 
 
 def all_reduce_max(value: int) -> int:

@@ -434,6 +434,12 @@ def train(cfg: Config, info: engine.DistInfo, stop: StopFlag, lease: Lease | Non
     pad_id = actor.module.config.pad_token_id or actor.module.config.eos_token_id or 0
     if isinstance(pad_id, list):
         pad_id = pad_id[0]
+
+    def save(final: bool) -> None:
+        save_full_checkpoint(
+            cfg, run_dir, actor, source, progress, rank, info.world_size, final, critic, lease
+        )
+
     while steps is None or progress.step < steps:
         step = progress.step + 1
         t0 = time.perf_counter()
@@ -481,34 +487,12 @@ def train(cfg: Config, info: engine.DistInfo, stop: StopFlag, lease: Lease | Non
             metrics.update({f"{BUFFER_STATS_PREFIX}{k}": v for k, v in source.stats().items()})
         monitor.log(step, metrics)
         if cfg.trainer.save_interval and step % cfg.trainer.save_interval == 0:
-            save_full_checkpoint(
-                cfg,
-                run_dir,
-                actor,
-                source,
-                progress,
-                rank,
-                info.world_size,
-                final=step == steps,
-                critic=critic,
-                lease=lease,
-            )
+            save(final=step == steps)
         if engine.all_reduce_max(int(stop.requested())):
             break
     exit_code = EXIT_REQUEUE if engine.all_reduce_max(int(stop.requested())) else EXIT_OK
     if progress.last_saved != progress.step and progress.step > 0:
-        save_full_checkpoint(
-            cfg,
-            run_dir,
-            actor,
-            source,
-            progress,
-            rank,
-            info.world_size,
-            final=True,
-            critic=critic,
-            lease=lease,
-        )
+        save(final=True)
     if broadcaster is not None:
         broadcaster.close()
     monitor.close()

@@ -199,14 +199,6 @@ def _on_policy_filler(
     return fill
 
 
-def _reduce_metrics(sums: MetricSums) -> dict[str, float]:
-    """Combine the metric sums of all ranks into the step's metrics."""
-    total = MetricSums()
-    for part in engine.all_gather_objects(sums):
-        total.merge(part)
-    return total.result()
-
-
 def train_step(
     actor: engine.Actor,
     ref: engine.Reference | None,
@@ -319,7 +311,7 @@ def train_step(
             grad_norms.append(engine.optimizer_step(actor))
             t_fb += t2 - t1
             t_opt += time.perf_counter() - t2
-    metrics.update(_reduce_metrics(sums))
+    metrics.update(engine.reduce_metric_sums(sums))
     if skip_old and fns.correction is not None:
         metrics.update(_gather_correction(correction_sums))
     rollout = ~plan.rows.expert  # [N]
