@@ -119,7 +119,11 @@ def test_take_over_flag_reaches_every_process_through_the_environment(monkeypatc
     from rft.entry import config_parser
     from rft.launch import worker
 
-    monkeypatch.delenv("RFT_TAKE_OVER", raising=False)
+    # setenv first: it records that the variable was unset, so the test leaves it unset (a
+    # delenv of an unset variable records nothing, and the flag below would leak into the
+    # trainers the later tests start).
+    monkeypatch.setenv("RFT_TAKE_OVER", "0")
+    monkeypatch.delenv("RFT_TAKE_OVER")
     args = config_parser("rft-run", "x", take_over=True).parse_args(["--config", "c.yaml", "a=1"])
     assert not args.take_over and "RFT_TAKE_OVER" not in os.environ
     known, overrides = worker._parse(["--config", "c.yaml", "--take-over", "a=1"])
