@@ -5,6 +5,7 @@ log shown."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -159,11 +160,19 @@ def test_ctrl_c_stops_with_a_checkpoint(vllm_model_dir, tmp_path):
     assert saved == steps[-1], "the trainer checkpoints the step it finished before stopping"
 
 
+def broken_model(model_dir: Path, root: Path) -> Path:
+    """A model folder the dry run accepts (a config, complete weights) that no engine loads: its
+    config asks for a wider MLP than its weights hold."""
+    broken = root / "broken-model"
+    shutil.copytree(model_dir, broken)
+    config = json.loads((broken / "config.json").read_text())
+    config["intermediate_size"] *= 2
+    (broken / "config.json").write_text(json.dumps(config))
+    return broken
+
+
 def test_a_failing_role_stops_the_run_and_shows_its_log(vllm_model_dir, tmp_path):
-    broken = tmp_path / "broken-model"
-    shutil.copytree(vllm_model_dir, broken)
-    weights = broken / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:1000])  # passes the folder check, fails to load
+    broken = broken_model(vllm_model_dir, tmp_path)
     proc = rft_run(
         "--config", "configs/cpu/grpo_gsm8k.yaml", *overrides(broken, tmp_path), timeout=600
     )

@@ -395,10 +395,9 @@ def test_launch_errors_are_clear(slurm_cluster, vllm_model_dir, tmp_path):
 
 
 def test_failed_job_shows_its_log(slurm_cluster, vllm_model_dir, tmp_path):
-    broken = tmp_path / "broken-model"
-    shutil.copytree(vllm_model_dir, broken)
-    weights = broken / "model.safetensors"
-    weights.write_bytes(weights.read_bytes()[:1000])  # passes the folder check, fails to load
+    from tests.test_local_run import broken_model
+
+    broken = broken_model(vllm_model_dir, tmp_path)
     proc = subprocess.run(
         [
             sys.executable,
