@@ -296,11 +296,6 @@ def explore(engine, cfg):
 
 @pytest.mark.integration
 def test_multi_turn_samples_score_as_the_engine_did(engine, vllm_model_dir, tmp_path, plugins):
-    from transformers import AutoModelForCausalLM
-
-    from rft.trainer import engine as trainer_engine
-    from rft.trainer.batching import collate
-
     data = write_jsonl(
         tmp_path / "d" / "train.jsonl", [{"question": f"say {i}", "answer": "x"} for i in range(2)]
     )
@@ -320,11 +315,22 @@ def test_multi_turn_samples_score_as_the_engine_did(engine, vllm_model_dir, tmp_
         assert mask[0] == 1 and 0 in mask and rec.reward == 1.0
         assert sum(1 for a, b in zip(mask, mask[1:]) if a == 0 and b == 1) == 2  # 3 turns, 2 gaps
         assert all(lp == 0.0 for lp, m in zip(rec.logprobs, mask) if not m)
+    assert_trainer_scores_as_vllm(records, vllm_model_dir)
+
+
+def assert_trainer_scores_as_vllm(records, model_dir) -> None:
+    """The trainer's forward gives the model tokens of ``records`` the log-probs vLLM recorded
+    (the single-turn tolerance, 2e-3)."""
+    from transformers import AutoModelForCausalLM
+
+    from rft.trainer import engine as trainer_engine
+    from rft.trainer.batching import collate
+
     rows = rows_from_experiences(records)
     micro = collate(
         rows, list(range(len(records))), torch.zeros_like(rows.response_mask), rows.rollout_logprobs
     )
-    model = AutoModelForCausalLM.from_pretrained(vllm_model_dir, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     counted = micro.response_mask > 0
     with torch.no_grad():
         scored = trainer_engine.forward_logprobs(model, micro, with_entropy=False)[0]

@@ -21,7 +21,7 @@ from rft.workflow.conversation import ChatTemplate, Completion
 from rft.workflow.endpoint import Endpoint, call_arguments
 from rft.workflow.model import ModelWrapper
 from rft.workflow.task import GenerationArgs
-from tests.test_agentic import PLUGINS, agent_cfg, explore
+from tests.test_agentic import PLUGINS, agent_cfg, assert_trainer_scores_as_vllm, explore
 from tests.test_explorer import read_segments, write_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
@@ -363,11 +363,6 @@ def _agent_cfg(tmp_path, model_dir, command, rows, **explorer):
 
 @pytest.mark.integration
 def test_an_openai_sdk_agent_trains_on_the_engines_tokens(engine, vllm_model_dir, tmp_path):
-    from transformers import AutoModelForCausalLM
-
-    from rft.trainer import engine as trainer_engine
-    from rft.trainer.batching import collate
-
     rows = [{"question": f"What is {a} * 3?", "answer": str(3 * a)} for a in (4, 7)]
     cfg = _agent_cfg(tmp_path, vllm_model_dir, ["python", str(AGENT)], rows)
     metrics, records = explore(engine, cfg)
@@ -375,18 +370,7 @@ def test_an_openai_sdk_agent_trains_on_the_engines_tokens(engine, vllm_model_dir
     assert len(records) >= 4 and all(r.reward in (0.0, 1.0) for r in records)
     assert all(r.info["run"] in (0, 1) for r in records)
     # The tokens are the engine's: the trainer scores them as vLLM did.
-    rows_ = rows_from_experiences(records)
-    micro = collate(
-        rows_,
-        list(range(len(records))),
-        torch.zeros_like(rows_.response_mask),
-        rows_.rollout_logprobs,
-    )
-    model = AutoModelForCausalLM.from_pretrained(vllm_model_dir, dtype=torch.float32).eval()
-    counted = micro.response_mask > 0
-    with torch.no_grad():
-        scored = trainer_engine.forward_logprobs(model, micro, with_entropy=False)[0]
-    torch.testing.assert_close(scored[counted], micro.old_logprobs[counted], rtol=0, atol=2e-3)
+    assert_trainer_scores_as_vllm(records, vllm_model_dir)
 
 
 @pytest.mark.integration
