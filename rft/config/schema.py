@@ -320,6 +320,11 @@ class ExplorerConfig:
     bench_on_latest_checkpoint: bool = False  # mode bench: only the newest checkpoint
     heartbeat_interval_s: float = field(10.0, gt=0)  # explorers/<name>.json refresh period
     heartbeat_timeout_s: float = field(120.0, gt=0)  # an older heartbeat means a dead explorer
+    # rft: asynchronous runs stream: the next steps' requests enter the engine as earlier ones
+    # finish and new weights load between engine steps, requests kept (rft.explorer.streaming)
+    partial_rollout: bool = False
+    max_inflight_samples: Optional[int] = field(None, ge=1)  # rft: null: 2 steps' samples
+    max_version_span: Optional[int] = field(None, ge=0)  # rft: drop groups spanning more; null: keep
 
 
 @dataclass
