@@ -25,7 +25,7 @@ os.chdir(REPO)
 from rft.config.load import load_config  # noqa: E402
 from rft.explorer import tasksets  # noqa: E402
 from rft.explorer.engine import Engine  # noqa: E402
-from rft.explorer.loop import rollout  # noqa: E402
+from rft.explorer.rollout import rollout  # noqa: E402
 from rft.monitor import EPISODE_TURNS, GENERATE_BATCHES, GENERATED_TOKENS  # noqa: E402
 
 

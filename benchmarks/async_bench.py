@@ -16,10 +16,19 @@ set to ``--steps`` and evaluation off:
 - ``async-lead1``: the same, the explorer with ``synchronizer.max_lead_steps: 1``;
 - ``async-batch2``: the same, the explorer with twice the ``batch_size`` over half the steps
   (the trainer reads each of its segments over two steps): with long-tailed lengths an explorer
-  then waits for its longest sample once per two trainer steps.
+  then waits for its longest sample once per two trainer steps;
+- ``async-partial``: as ``async``, the explorer with ``explorer.partial_rollout: true`` (issue
+  34: the engine kept full across steps, groups sealed as they finish, weights loaded with the
+  requests kept).
 
-Per mode it prints steady-state steps/min (trainer step end times, the first step excluded, so
-engine start-up does not count), the mean train reward (the explorer's ``reward/mean``), the
+``--taskset long-tail`` trains on ``benchmarks/make_longtail.py``'s taskset instead (written
+under ``--out``, seeded: most replies about ten tokens, one task in eight counting to the
+256-token limit; its results go to ``async_bench_longtail_cpu.json``).
+
+Per mode it prints steady-state steps/min and trained samples/s (trainer step end times, the
+first step excluded, so engine start-up does not count), the explorer's generated samples/s
+(its own step ends), the reward per sample (the explorer's ``reward/mean``; per step, paired
+with sync's), the spanning share and tokens discarded (streaming explorer), the
 trainer's waiting share (``time/read_s`` over ``time/step_s``), the explorer's (``wait_time_s``
 over ``step_time_s``), both over steps 2.., the mean staleness, and the speed-up vs sync.
 
@@ -69,6 +78,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from benchmarks import make_longtail  # noqa: E402
 from benchmarks.pipeline_fit import calibrate  # noqa: E402
 from benchmarks.pipeline_sim import (  # noqa: E402
     CLUSTER_COSTS,
@@ -85,6 +95,8 @@ from benchmarks.pipeline_sim import (  # noqa: E402
     share_from_cores,
 )
 from rft.atomic import write_text  # noqa: E402
+from rft.buffer.experience import decode_line  # noqa: E402
+from rft.buffer.segment_file import list_segments, segment_name  # noqa: E402
 from rft.config.load import load_config  # noqa: E402
 from rft.launch.worker import WORKER_MODULE  # noqa: E402
 from rft.monitor import (  # noqa: E402
@@ -103,7 +115,14 @@ from rft.monitor import (  # noqa: E402
     WEIGHTS_VERSION,
     read_metrics,
 )
-from rft.rundir import explorer_role  # noqa: E402
+from rft.rundir import BUFFER_DIR, explorer_role, writer_name  # noqa: E402
+
+# the streaming explorer's metrics (explorer.partial_rollout), read when it logs them
+SPAN_SHARE, SPAN_MEAN, TOKENS_DISCARDED = (
+    "rollout/span_share",
+    "rollout/span_mean",
+    "rollout/tokens_discarded",
+)
 
 TRAINER_KEYS = (
     "step",
@@ -126,6 +145,9 @@ EXPLORER_KEYS = (
     RESPONSE_LENGTH_MAX,
     REWARD_MEAN,
     WEIGHTS_VERSION,
+    SPAN_SHARE,
+    SPAN_MEAN,
+    TOKENS_DISCARDED,
 )
 # mode -> the rft-run processes (each a list of overrides) that make it; "{batch2}" and
 # "{half_steps}": twice the config's batch_size, half the steps (rounded up): async-batch2's
@@ -139,7 +161,9 @@ RUNS = {
         ["mode=explore", "buffer.batch_size={batch2}", "buffer.total_steps={half_steps}"],
         ["mode=train"],
     ],
+    "async-partial": [["mode=explore", "explorer.partial_rollout=true"], ["mode=train"]],
 }
+TASKSETS = ("quickstart", "long-tail")  # --taskset: the config's own, or make_longtail.py's
 CLUSTER_SHAPE = Shape(explorers=4, trainers=2)
 CLUSTER_RUN = Schedule(steps=30, batch_size=128, repeat_times=8)  # configs/grpo_gsm8k.yaml's step
 LONG_STEPS = 100  # the same workload, run longer: start-up and the last steps matter less
@@ -254,9 +278,10 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     explorer = [
         {k: r[k] for k in EXPLORER_KEYS if k in r}
         for r in read_metrics(run_dir, role)
-        if EXPLORER_STEP_S in r
+        if EXPLORER_STEP_S in r or REWARD_MEAN in r  # training steps, not evaluations
     ]
     print(f"[{mode}] done in {(time.time() - start) / 60:.1f} min", flush=True)
+    lengths = group_lengths(run_dir / BUFFER_DIR / writer_name(cfg.explorer.name, 0))
     if not args.keep_runs:  # weights and checkpoints: several GB a mode, not needed once read
         shutil.rmtree(run_dir, ignore_errors=True)
     return {
@@ -265,7 +290,25 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         "trainer": trainer,
         "explorer": explorer,
         "cpu_samples": [[t, c["explorer"], c["trainer"]] for t, c in samples],
+        "group_lengths": lengths,
+        "samples_per_step": base.buffer.batch_size * base.algorithm.repeat_times,
+        "explorer_samples_per_step": cfg.buffer.batch_size * cfg.algorithm.repeat_times,
     }
+
+
+def group_lengths(writer_dir: Path) -> dict[str, list[list[int]]]:
+    """Each sealed segment's groups' response lengths, by segment seq (a synchronous run: the
+    step): the per-sample lengths the simulator's streaming mode replays."""
+    out = {}
+    for seq in list_segments(writer_dir):
+        groups: dict[str, list[int]] = {}
+        lines = (writer_dir / segment_name(seq)).read_bytes().splitlines()[1:]  # past the header
+        for line in lines:
+            exp = decode_line(line)
+            if not exp.eval:
+                groups.setdefault(exp.group_id, []).append(len(exp.response_ids))
+        out[str(seq)] = list(groups.values())
+    return out
 
 
 # ----------------------------------------------------------------------------- measurements
@@ -290,27 +333,46 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     e_later = explorer[1:]
     trainer_busy = sum(r[STEP_TIME_S] - r[READ_TIME_S] for r in later)
     explorer_busy = sum(
-        r[EXPLORER_STEP_S] - r[EXPLORER_WAIT_S] for r in explorer if t0 < r["time"] <= t1
+        r.get(EXPLORER_STEP_S, 0.0) - r.get(EXPLORER_WAIT_S, 0.0)
+        for r in explorer
+        if t0 < r["time"] <= t1
     )
     samples = run["cpu_samples"]
     cpu_e = cpu_at(samples, t1, 1) - cpu_at(samples, t0, 1)
     cpu_t = cpu_at(samples, t1, 2) - cpu_at(samples, t0, 2)
+    e_ends = [r["time"] for r in explorer]
+    per_step = run["samples_per_step"]
     return {
         "steps": len(trainer),
         "steps_per_min": 60.0 * (len(ends) - 1) / (t1 - t0),
+        # trained samples/s (the trainer's steps); generated: the explorer's own steps 2..
+        "samples_per_s": per_step * (len(ends) - 1) / (t1 - t0),
+        "generated_samples_per_s": (
+            run["explorer_samples_per_step"] * (len(e_ends) - 1) / (e_ends[-1] - e_ends[0])
+            if len(e_ends) > 1
+            else None
+        ),
+        "span_share": _mean_of(explorer, SPAN_SHARE),
+        "span_mean": _mean_of(explorer, SPAN_MEAN),
+        "tokens_discarded": sum(r.get(TOKENS_DISCARDED, 0) for r in explorer),
         "reward_per_step": [r.get(REWARD_MEAN) for r in explorer],
         "reward_mean": statistics.fmean(r[REWARD_MEAN] for r in explorer if REWARD_MEAN in r),
         "trainer_wait_share": sum(r[READ_TIME_S] for r in later)
         / sum(r[STEP_TIME_S] for r in later),
         "explorer_wait_share": (
-            sum(r[EXPLORER_WAIT_S] for r in e_later)
-            / max(sum(r[EXPLORER_STEP_S] for r in e_later), 1e-9)
+            sum(r.get(EXPLORER_WAIT_S, 0.0) for r in e_later)
+            / max(sum(r.get(EXPLORER_STEP_S, 0.0) for r in e_later), 1e-9)
         ),
         "staleness_mean": statistics.fmean(r.get(STALENESS_MEAN, 0.0) for r in trainer),
         "explorer_cores": cpu_e / explorer_busy if explorer_busy > 0 else None,
         "trainer_cores": cpu_t / trainer_busy if trainer_busy > 0 else None,
         "wall_min": run["wall_min"],
     }
+
+
+def _mean_of(rows: list[dict[str, Any]], key: str) -> float | None:
+    values = [r[key] for r in rows if key in r]
+    return statistics.fmean(values) if values else None
 
 
 def step_records(run: dict[str, Any]) -> list[StepRecord]:
@@ -329,6 +391,9 @@ def step_records(run: dict[str, Any]) -> list[StepRecord]:
                 train_tokens=int(t[BATCH_TOKENS]),
                 train_s=t[STEP_TIME_S] - t[READ_TIME_S] - t[PUBLISH_TIME_S],
                 publish_s=t[PUBLISH_TIME_S],
+                group_lengths=tuple(
+                    tuple(g) for g in run.get("group_lengths", {}).get(str(t["step"]), [])
+                ),
             )
         )
     return out
@@ -373,22 +438,35 @@ def analyze(results: dict[str, Any]) -> None:
         f"{results['run']['repeat_times']} samples):"
     )
     print(
-        "| mode | steps/min | speed-up vs sync | reward (mean) | trainer waiting | explorer waiting "
-        "| staleness | wall min |"
+        "| mode | steps/min | samples/s | vs sync | vs async | generated samples/s | reward per "
+        "sample | trainer waiting | explorer waiting | staleness | spanning | tokens discarded "
+        "| wall min |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    per_step = results["run"]["batch_size"] * results["run"]["repeat_times"]
+    async_spm = modes["async"]["summary"]["steps_per_min"] if "async" in modes else None
     for name, m in modes.items():
         s = m["summary"]
+        spm, made = s["steps_per_min"], s.get("generated_samples_per_s")
         print(
-            f"| {name} | {s['steps_per_min']:.3f} | {s['steps_per_min'] / sync_spm:.2f}x | "
-            f"{s['reward_mean']:.3f} | {s['trainer_wait_share']:.0%} | {s['explorer_wait_share']:.0%} | "
-            f"{s['staleness_mean']:.2f} | {s['wall_min']:.1f} |"
+            f"| {name} | {spm:.3f} | {spm * per_step / 60:.3f} | {spm / sync_spm:.2f}x | "
+            + (f"{spm / async_spm:.2f}x | " if async_spm else "- | ")
+            + (f"{made:.3f} | " if made else "- | ")
+            + f"{s['reward_mean']:.3f} | {s['trainer_wait_share']:.0%} | "
+            f"{s['explorer_wait_share']:.0%} | {s['staleness_mean']:.2f} | "
+            + (f"{s['span_share']:.0%} | " if s.get("span_share") is not None else "- | ")
+            + (f"{s['tokens_discarded']} | " if s.get("span_share") is not None else "- | ")
+            + f"{s['wall_min']:.1f} |"
         )
+    sync_rewards = modes["sync"]["summary"]["reward_per_step"]
     for name, m in modes.items():
-        print(
-            f"reward per step, {name}: "
-            + " ".join(f"{r:.3f}" for r in m["summary"]["reward_per_step"])
-        )
+        rewards = m["summary"]["reward_per_step"]
+        line = f"reward per step, {name}: " + " ".join(f"{r:.3f}" for r in rewards)
+        pairs = [b - a for a, b in zip(sync_rewards, rewards) if a is not None and b is not None]
+        if name != "sync" and len(pairs) > 1:  # paired by step: the same tasks each step
+            se = statistics.stdev(pairs) / len(pairs) ** 0.5
+            line += f" (minus sync: {statistics.fmean(pairs):+.3f} +- {se:.3f})"
+        print(line)
 
     predicted, calibration = local_prediction(results)
     results["calibration"] = calibration
@@ -475,7 +553,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=8, help="buffer.total_steps of every run")
     parser.add_argument("--out", type=Path, default=Path("/tmp/rft-async-bench"))
     parser.add_argument(
-        "--results", type=Path, default=REPO / "benchmarks" / "results" / "async_bench_cpu.json"
+        "--taskset",
+        choices=TASKSETS,
+        default="quickstart",
+        help="long-tail: make_longtail.py's taskset (written under --out), its length limit",
+    )
+    parser.add_argument(
+        "--results",
+        type=Path,
+        default=None,
+        help="default: benchmarks/results/async_bench_cpu.json (quickstart), "
+        "async_bench_longtail_cpu.json (long-tail)",
     )
     parser.add_argument("--modes", nargs="+", choices=list(RUNS), default=list(RUNS))
     parser.add_argument("--timeout-min", type=float, default=20.0, help="per mode")
@@ -494,11 +582,22 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
     args = parser.parse_args(argv)
+    if args.results is None:
+        name = (
+            "async_bench_cpu.json"
+            if args.taskset == "quickstart"
+            else "async_bench_longtail_cpu.json"
+        )
+        args.results = REPO / "benchmarks" / "results" / name
     if args.analyze:
         results = json.loads(args.results.read_text())
     else:
         args.out = args.out.resolve()
         args.out.mkdir(parents=True, exist_ok=True)
+        if args.taskset == "long-tail":  # seeded: the same rows for every mode and every --add
+            data = args.out / "longtail-data"
+            make_longtail.write(data, make_longtail.SEED, 400, 48)
+            args.overrides = [*make_longtail.overrides(data), *args.overrides]
         cfg = load_config(args.config, args.overrides)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         results = {

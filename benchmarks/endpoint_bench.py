@@ -29,7 +29,7 @@ os.chdir(REPO)
 from rft.config.load import load_config  # noqa: E402
 from rft.explorer.engine import Engine  # noqa: E402
 from rft.explorer.episodes import EpisodeJob, run_episodes  # noqa: E402
-from rft.explorer.loop import agent_endpoint, episode_template  # noqa: E402
+from rft.explorer.rollout import agent_endpoint, episode_template  # noqa: E402
 from rft.workflow import RecordingWorkflow, Workflow  # noqa: E402
 from rft.workflow.experience import Experience  # noqa: E402
 from rft.workflow.task import GenerationArgs, Task  # noqa: E402

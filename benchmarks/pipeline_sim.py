@@ -34,6 +34,14 @@ time it takes when the actor has its resources to itself.
   An explorer's step may hold ``explorer_batch_factor`` trainer steps' worth of tasks (its own
   ``buffer.batch_size``). Staleness is the trainer's newest published version minus the version
   a group was generated with, as the trainer logs it.
+- ``async`` with ``partial_rollout`` (``explorer.partial_rollout: true``): a streaming engine.
+  Each engine step decodes one token of every sample in flight and costs
+  ``gen_s_per_decode_step + gen_s_per_token * in_flight`` (the share formula above, step by
+  step); the next step's samples enter while fewer than ``max_inflight_samples`` (default one
+  step's) are in flight and the lead bound allows it, paying ``gen_overhead_s``; a step is
+  sealed once all its samples have finished, in step order.
+  New weights load as soon as published (``load_s``, requests kept: no token discarded); a
+  group's version is its admission's, and ``span_share`` counts samples that spanned versions.
 
 **Resources.** ``disjoint`` (a cluster): explorers and trainer on separate nodes, no
 contention. ``shared`` (this machine): the explorers and the trainer share the same cores,
@@ -43,7 +51,7 @@ at full speed. ``share=0.5`` conserves work (two jobs on the cores take as long 
 other); above 0.5 the two sides leave cores idle when alone (e.g. a one-thread explorer and a
 two-rank trainer on two cores: ``share_from_cores`` gives 2/3).
 
-**Lengths** (per sample, lognormal around a median, capped, seeded per step and task so every
+**Lengths** (``benchmarks/pipeline_workload.py``; per sample, lognormal around a median, capped, seeded per step and task so every
 mode and shape sees the same samples): ``gsm8k-like`` and ``long-tail`` (``LENGTHS``), or the
 per-step totals of a measured run (:class:`ReplayWorkload`).
 
@@ -54,7 +62,8 @@ as ``time/read_s / time/step_s``), the explorers' idle share (waiting for weight
 
 Left out: start-up (every actor starts at t=0), evaluation, full checkpoints, polling delays
 (explorers look for weights every 1 s and the trainer for segments every 0.5 s: about 0.75 s
-per synchronous step) and ``trainer.max_staleness_versions`` (nothing is dropped). Without
+per synchronous step), ``trainer.max_staleness_versions`` and ``explorer.max_version_span``
+(nothing is dropped), and engine steps are fluid (new weights may land mid-step). Without
 ``max_lead_steps``, over a long run an asynchronous explorer's lead, and the staleness, grow
 when it is faster than the trainer.
 
@@ -67,124 +76,26 @@ when it is faster than the trainer.
 from __future__ import annotations
 
 import argparse
+import heapq
 import math
-import random
 import statistics
 import sys
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rft.sync.schedule import explorer_lead, publishes_weights, required_version
-
-# ----------------------------------------------------------------------------- workload
-
-
-@dataclass(frozen=True)
-class LengthModel:
-    """Response lengths: lognormal with median ``median_tokens`` and log-std ``sigma``, cut at
-    ``max_tokens`` (the generation limit), at least 1; every sample has ``prompt_tokens``."""
-
-    name: str
-    median_tokens: float
-    sigma: float
-    max_tokens: int
-    prompt_tokens: int
-
-    def sample(self, rng: random.Random, n: int) -> list[int]:
-        mu = math.log(self.median_tokens)
-        return [
-            max(1, min(self.max_tokens, round(rng.lognormvariate(mu, self.sigma))))
-            for _ in range(n)
-        ]
-
-
-LENGTHS = {
-    # GSM8K chain-of-thought replies of a 1.5B instruct model: median 180 tokens, 95% within
-    # 2.1x of it (sigma 0.45), limit 1024 as configs/grpo_gsm8k.yaml; ~150-token prompts.
-    "gsm8k-like": LengthModel(
-        "gsm8k-like", median_tokens=180, sigma=0.45, max_tokens=1024, prompt_tokens=150
-    ),
-    # Reasoning-style replies: most a few hundred tokens (median 400), a heavy tail (sigma 1.2:
-    # 1 in 20 above 2,900 tokens) up to an 8,192-token limit that a few samples per step reach.
-    "long-tail": LengthModel(
-        "long-tail", median_tokens=400, sigma=1.2, max_tokens=8192, prompt_tokens=200
-    ),
-}
-
-
-@dataclass(frozen=True)
-class Share:
-    """One explorer's share of one step: what generating and training it cost."""
-
-    gen_tokens: int  # sum of the response lengths
-    max_len: int  # the longest response (the batch's tail)
-    group_train_tokens: tuple[float, ...]  # prompt + response tokens of each group (task)
-
-
-class Workload(Protocol):
-    def share(
-        self, step: int, rank: int, explorers: int, batch_size: int, repeat_times: int
-    ) -> Share: ...
-
-
-@dataclass(frozen=True)
-class SampledWorkload:
-    """Lengths drawn from a :class:`LengthModel`, seeded by (seed, step, task slot): a step's
-    samples are the same whatever the number of explorers or the mode."""
-
-    lengths: LengthModel
-    seed: int = 0
-
-    def share(
-        self, step: int, rank: int, explorers: int, batch_size: int, repeat_times: int
-    ) -> Share:
-        groups = [
-            self.lengths.sample(random.Random(f"{self.seed}/{step}/{slot}"), repeat_times)
-            for slot in range(rank, batch_size, explorers)
-        ]
-        flat = [n for g in groups for n in g] or [0]
-        return Share(
-            sum(flat),
-            max(flat),
-            tuple(float(sum(g) + self.lengths.prompt_tokens * len(g)) for g in groups),
-        )
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """One step of a measured synchronous run (one explorer), in the simulator's terms."""
-
-    step: int
-    gen_tokens: int  # responses' tokens the explorer generated
-    max_len: int  # its longest response
-    explore_s: float  # explorer busy time: generating, scoring, sealing (not waiting, not loading)
-    load_s: float  # explorer reload time of new weights (0: none this step)
-    train_tokens: int  # prompt + response tokens the trainer trained on
-    train_s: float  # trainer compute time (step time less reading and publishing)
-    publish_s: float  # trainer time publishing weights (0: none this step)
-
-
-@dataclass(frozen=True)
-class ReplayWorkload:
-    """The per-step totals of a measured run, replayed (split evenly over explorers and groups);
-    steps past the end wrap around."""
-
-    records: tuple[StepRecord, ...]
-    batch_size: int  # tasks per step of the recorded run
-
-    def share(
-        self, step: int, rank: int, explorers: int, batch_size: int, repeat_times: int
-    ) -> Share:
-        rec = self.records[(step - 1) % len(self.records)]
-        groups = len(range(rank, batch_size, explorers))
-        per_group = rec.train_tokens / self.batch_size
-        return Share(
-            round(rec.gen_tokens * groups / self.batch_size), rec.max_len, (per_group,) * groups
-        )
-
+from benchmarks.pipeline_workload import (  # noqa: E402, F401 (the samples; re-exported)
+    LENGTHS,
+    LengthModel,
+    ReplayWorkload,
+    SampledWorkload,
+    Share,
+    StepRecord,
+    Workload,
+)
+from rft.sync.schedule import explorer_lead, publishes_weights, required_version  # noqa: E402
 
 # ----------------------------------------------------------------------------- costs, shape, run
 
@@ -241,6 +152,8 @@ class Schedule:
     repeat_times: int = 4  # samples per task
     explorer_batch_factor: int = 1  # async: the explorers' batch_size over the trainer's
     max_lead_steps: int | None = None  # async: synchronizer.max_lead_steps (None: unbounded)
+    partial_rollout: bool = False  # async: explorer.partial_rollout (a streaming engine)
+    max_inflight_samples: int | None = None  # streaming, per explorer (None: one step's samples)
 
     def explore_batch(self) -> int:
         """Tasks per explorer step: an async explorer job has its own ``buffer.batch_size``,
@@ -263,8 +176,9 @@ def share_from_cores(explorer_cores: float, trainer_cores: float, cores: float) 
 class Group:
     """One task's samples in the buffer."""
 
-    version: int  # weights version it was generated with
+    version: int  # weights version it was generated with (streaming: its first token's)
     train_tokens: float  # its prompt + response tokens
+    spanning: float = 0.0  # streaming: share of its samples whose tokens span versions
 
 
 @dataclass
@@ -287,6 +201,16 @@ class Explorer:
     waiting_since: float | None = None
     waits: list[float] = field(default_factory=list)  # per step: seconds waiting for weights
     durations: list[float] = field(default_factory=list)  # per step: seal - step start
+    # streaming (partial_rollout): samples in flight, each done once ``progress`` (tokens every
+    # in-flight sample has decoded) reaches its ``finish_at``
+    inflight: list[tuple[float, int, int, int]] = field(default_factory=list)  # heap: (finish_at,
+    # step, slot, version at admission)
+    progress: float = 0.0
+    token_s: float = 0.0  # seconds of the decode job's every engine step (one token each)
+    next_step: int = 1  # the step admitted next
+    left: dict = field(default_factory=dict)  # (step, group) -> samples unfinished; step -> groups
+    spans: dict = field(default_factory=dict)  # (step, group) -> samples spanning versions
+    versions: dict = field(default_factory=dict)  # (step, group) -> version at admission
 
 
 @dataclass
@@ -300,6 +224,7 @@ class Trainer:
     waits: list[float] = field(default_factory=list)  # per step: seconds waiting for the batch
     ends: list[float] = field(default_factory=list)  # per step: end time (after publishing)
     staleness: list[float] = field(default_factory=list)  # per trained group
+    spanning: list[float] = field(default_factory=list)  # per trained group
 
 
 @dataclass(frozen=True)
@@ -311,6 +236,7 @@ class Result:
     explorer_idle: float  # share of explorer time (steps 2..) waiting for weights
     staleness_mean: float  # versions between a trained sample's weights and the trainer's
     step_ends_s: tuple[float, ...]  # trainer step end times
+    span_share: float = 0.0  # share of trained samples whose tokens span weights versions
 
 
 def simulate(schedule: Schedule, shape: Shape, costs: Costs, workload: Workload) -> Result:
@@ -329,31 +255,112 @@ def simulate(schedule: Schedule, shape: Shape, costs: Costs, workload: Workload)
     trainer = Trainer()
     sealed: dict[int, list[list[Group]]] = {}  # mode both: step -> each explorer's groups
     queue: list[Group] = []  # async: groups in order of sealing
+    streaming = schedule.mode == "async" and schedule.partial_rollout
+    # rft.explorer.streaming.inflight_limit: the next step enters while fewer samples are in
+    # flight than this (default: one step's)
+    inflight_limit = (
+        schedule.max_inflight_samples or schedule.explore_batch() * schedule.repeat_times
+    )
+    lead, _key = explorer_lead(
+        "both" if schedule.mode == "both" else "explore",
+        schedule.sync_offset,
+        schedule.max_lead_steps,
+    )
     now = 0.0
+
+    def weights_allow(step: int) -> bool:
+        """Whether an explorer may start ``step`` with the weights published now."""
+        need = 0 if lead is None else required_version(step, lead, schedule.sync_interval)
+        return trainer.published >= need
+
+    def wait(e: Explorer, waiting: bool) -> None:
+        """Count the time ``e`` waits for weights (from the call with True to one with False)."""
+        if waiting and e.waiting_since is None:
+            e.waiting_since = now
+        elif not waiting and e.waiting_since is not None:
+            e.waits[-1] += now - e.waiting_since
+            e.waiting_since = None
 
     def start_explorer(e: Explorer) -> None:
         """Begin e's next piece of work, or wait for weights (mode both)."""
+        if streaming:
+            return start_streaming(e)
         step = e.done + 1
         if e.job is not None or step > explorer_steps:
             return
-        lead, _key = explorer_lead(
-            "both" if schedule.mode == "both" else "explore",
-            schedule.sync_offset,
-            schedule.max_lead_steps,
-        )
-        need = 0 if lead is None else required_version(step, lead, schedule.sync_interval)
-        if trainer.published < need:
-            if e.waiting_since is None:
-                e.waiting_since = now
-            return
+        wait(e, not weights_allow(step))
         if e.waiting_since is not None:
-            e.waits[-1] += now - e.waiting_since
-            e.waiting_since = None
+            return
         if trainer.published > e.loaded:
             e.job = Job("load", costs.load_s)
             e.loaded = trainer.published  # the newest at the start of the load
         else:
             e.job = Job("gen", costs.gen_s(shares[step, e.rank]))
+
+    def start_streaming(e: Explorer) -> None:
+        """The streaming engine's next piece of work (``rft.explorer.streaming.stream_steps``):
+        new weights first (requests kept, no token discarded), then whole steps while fewer
+        samples than the limit are in flight (each paying the step's overhead), then decoding
+        until the next sample finishes."""
+        if e.job is not None and e.job.kind != "decode":
+            return
+        e.job = None  # a decode job is replanned at every event: its progress is already counted
+        if trainer.published > e.loaded:
+            e.job = Job("load", costs.load_s)
+            e.loaded = trainer.published
+            return
+        while (
+            e.next_step <= explorer_steps
+            and len(e.inflight) < inflight_limit
+            and weights_allow(e.next_step)
+        ):
+            step, share = e.next_step, shares[e.next_step, e.rank]
+            e.left[step] = len(share.group_lengths)
+            for group, lengths in enumerate(share.group_lengths):
+                e.left[step, group], e.spans[step, group] = len(lengths), 0
+                for n in lengths:
+                    heapq.heappush(e.inflight, (e.progress + n, step, group, e.loaded))
+            e.next_step += 1
+            seal_streamed(e)  # an explorer with no slot in the step
+            if costs.gen_overhead_s > 0:
+                e.job = Job("overhead", costs.gen_overhead_s)
+                break
+        wait(e, not e.inflight and e.job is None and e.next_step <= explorer_steps)
+        if e.job is None and e.inflight:
+            # an engine step decodes one token of every sample in flight
+            e.token_s = costs.gen_s_per_decode_step + costs.gen_s_per_token * len(e.inflight)
+            e.job = Job("decode", (e.inflight[0][0] - e.progress) * e.token_s)
+
+    def finish_streaming(e: Explorer, job: Job) -> None:
+        """Samples that reached their length leave the engine; steps whose groups have all
+        finished are sealed, in step order."""
+        if job.kind != "decode":
+            return
+        e.progress = e.inflight[0][0]
+        while e.inflight and e.inflight[0][0] <= e.progress + 1e-9:
+            _, step, group, version = heapq.heappop(e.inflight)
+            e.spans[step, group] += e.loaded != version
+            e.left[step, group] -= 1
+            if not e.left[step, group]:
+                e.left[step] -= 1
+                e.versions[step, group] = version
+        seal_streamed(e)
+
+    def seal_streamed(e: Explorer) -> None:
+        while e.done + 1 < e.next_step and not e.left[e.done + 1]:
+            e.done += 1
+            share = shares[e.done, e.rank]
+            queue.extend(
+                Group(
+                    e.versions[e.done, group],
+                    share.group_train_tokens[group],
+                    e.spans[e.done, group] / len(lengths),
+                )
+                for group, lengths in enumerate(share.group_lengths)
+            )
+            e.durations.append(now - e.step_start)
+            e.step_start = now
+            e.waits.append(0.0)
 
     def take_batch() -> list[Group] | None:
         step = trainer.done + 1
@@ -374,6 +381,7 @@ def simulate(schedule: Schedule, shape: Shape, costs: Costs, workload: Workload)
             return
         trainer.waits.append(now - trainer.ready_since)
         trainer.staleness += [trainer.published - g.version for g in batch]
+        trainer.spanning += [g.spanning for g in batch]
         trainer.job = Job(
             "train", costs.train_s(sum(g.train_tokens for g in batch), shape.trainers)
         )
@@ -382,7 +390,9 @@ def simulate(schedule: Schedule, shape: Shape, costs: Costs, workload: Workload)
         """``actor`` completed its job: the next state."""
         job, actor.job = actor.job, None
         assert job is not None
-        if isinstance(actor, Explorer):
+        if isinstance(actor, Explorer) and streaming:
+            finish_streaming(actor, job)
+        elif isinstance(actor, Explorer):
             if job.kind == "load":
                 actor.job = Job("gen", costs.gen_s(shares[actor.done + 1, actor.rank]))
                 return
@@ -424,6 +434,8 @@ def simulate(schedule: Schedule, shape: Shape, costs: Costs, workload: Workload)
                 finish(a)
             else:
                 a.job.left -= dt * rate  # type: ignore[union-attr]
+                if a.job.kind == "decode":  # type: ignore[union-attr]
+                    a.progress += dt * rate / a.token_s  # type: ignore[union-attr]
     return summarize(trainer, explorers)
 
 
@@ -441,6 +453,7 @@ def summarize(trainer: Trainer, explorers: Sequence[Explorer]) -> Result:
         e_wait / e_time if e_time > 0 else 0.0,
         statistics.fmean(trainer.staleness) if trainer.staleness else 0.0,
         tuple(ends),
+        statistics.fmean(trainer.spanning) if trainer.spanning else 0.0,
     )
 
 
@@ -452,6 +465,7 @@ MODES = {  # name -> what differs from the base Schedule
     "async": {"mode": "async", "explorer_batch_factor": 1},
     "async-lead1": {"mode": "async", "explorer_batch_factor": 1, "max_lead_steps": 1},
     "async-batch2": {"mode": "async", "explorer_batch_factor": 2},  # explorers' batch x2
+    "async-partial": {"mode": "async", "partial_rollout": True},  # a streaming engine
 }
 
 
@@ -466,13 +480,15 @@ def predict(base: Schedule, shape: Shape, costs: Costs, workload: Workload) -> d
 def format_table(results: dict[str, Result]) -> str:
     sync = results["sync"].steps_per_min
     lines = [
-        "| mode | steps/min | speed-up vs sync | trainer idle | explorer idle | staleness |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| mode | steps/min | speed-up vs sync | trainer idle | explorer idle | staleness "
+        "| spanning |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in results.items():
         lines.append(
             f"| {name} | {r.steps_per_min:.3f} | {r.steps_per_min / sync:.2f}x | "
-            f"{r.trainer_idle:.0%} | {r.explorer_idle:.0%} | {r.staleness_mean:.2f} |"
+            f"{r.trainer_idle:.0%} | {r.explorer_idle:.0%} | {r.staleness_mean:.2f} | "
+            f"{r.span_share:.0%} |"
         )
     return "\n".join(lines)
 

@@ -17,9 +17,9 @@ returns:
   :class:`rft.sync.watcher.WeightsWatcher` ``.poll()`` sees it and ``.load(version, engine.reload)``
   reloads the engine in place, then the generate. The explorer's poll interval
   (``WEIGHTS_POLL_S``) is not counted: the poll comes right after the publish.
-* ``nccl``: :class:`rft.trainer.broadcaster.WeightBroadcaster` ``.broadcast`` runs on a thread
+* ``nccl``: :class:`rft.sync.broadcaster.WeightBroadcaster` ``.broadcast`` runs on a thread
   (it returns when every explorer confirmed the load) while
-  :class:`rft.explorer.receiver.BroadcastReceiver` ``.poll`` runs until it returns the version,
+  :class:`rft.sync.receiver.BroadcastReceiver` ``.poll`` runs until it returns the version,
   then the generate. Both ends are in this process (on CPU the engine too), so they share the
   cores; the group is formed by an untimed warm-up version, as it is once per run.
 
@@ -144,8 +144,8 @@ class Bench:
         from transformers import AutoModelForCausalLM
 
         from rft.explorer.engine import Engine
-        from rft.explorer.receiver import BroadcastReceiver
-        from rft.trainer.broadcaster import WeightBroadcaster
+        from rft.sync.broadcaster import WeightBroadcaster
+        from rft.sync.receiver import BroadcastReceiver
 
         self.model = model
         cfg = config_from_dict(
@@ -370,6 +370,17 @@ class DeltaSide:
         local = LocalCopy(self.run_dir, policy.scratch(self.run_dir, EXPLORER)) if delta else None
         self.watcher = WeightsWatcher(self.run_dir, loaded_version=0, local=local)
         self.rows: list[dict] = []
+        self.loaded: dict[str, torch.Tensor] = {}  # the "engine's" weights, allocated once
+
+    def reload(self, folder: Path) -> None:
+        """Copy every tensor of ``folder`` into :attr:`loaded`, as an engine reload copies into
+        its parameters (``load_file`` alone maps the file and reads nothing)."""
+        from safetensors import safe_open
+
+        with safe_open(str(folder / "model.safetensors"), "pt") as f:
+            for name in f.keys():
+                tensor = f.get_tensor(name)
+                self.loaded.setdefault(name, torch.empty_like(tensor)).copy_(tensor)
 
     def sync(self, version: int, write) -> None:
         from rft.sync.versions import delta_base
@@ -377,9 +388,8 @@ class DeltaSide:
         start = time.perf_counter()
         folder = self.publisher.publish(version, write)
         published = time.perf_counter()
-        loaded: dict[str, torch.Tensor] = {}
-        ok = self.watcher.load(version, lambda f: loaded.update(load_file(f / "model.safetensors")))
-        assert ok and loaded, f"{self.name}: version {version} not loaded"
+        ok = self.watcher.load(version, self.reload)
+        assert ok and self.loaded, f"{self.name}: version {version} not loaded"
         written = sum(p.stat().st_size for p in folder.iterdir())
         base = delta_base(folder)
         self.rows.append(
@@ -392,7 +402,6 @@ class DeltaSide:
                 "load_s": time.perf_counter() - published,
             }
         )
-        self.loaded = loaded
 
 
 def train_steps(model_dir: Path, steps: int, lr: float):

@@ -159,8 +159,12 @@ def publish_times(actor, device: torch.device) -> tuple[float, float, int]:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def time_rft(cfg, batch, steps: int) -> tuple[float, int, float, dict[str, float]]:
-    """Seconds for ``steps`` steps, tokens per step, peak memory (GiB) and the mean step anatomy."""
+def time_rft(
+    cfg, batch, steps: int, publish_runs: int = 1
+) -> tuple[float, int, float, dict[str, float]]:
+    """Seconds for ``steps`` steps, tokens per step, peak memory (GiB) and the mean step anatomy
+    with ``publish_runs`` publishes timed beside a raw write (the last one's figures, and
+    ``publish_vs_raw_runs``: each run's ratio)."""
     from rft.trainer import engine as dse
     from rft.trainer.algorithm import build_loss_fns
     from rft.trainer.step import train_step
@@ -180,14 +184,19 @@ def time_rft(cfg, batch, steps: int) -> tuple[float, int, float, dict[str, float
     sync(info.device)
     seconds = time.perf_counter() - t0
     peak = peak_memory_gib(info.device)
-    published, raw, size = publish_times(actor, info.device)
-    anatomy.update(
-        publish_s=published,
-        raw_write_s=raw,
-        publish_vs_raw=published / raw,
-        published_mib=size / 2**20,
-        old_logprobs_skipped=metrics["old_logprobs_skipped"],
-    )
+    anatomy["old_logprobs_skipped"] = metrics["old_logprobs_skipped"]
+    ratios = []
+    for _ in range(publish_runs):
+        published, raw, size = publish_times(actor, info.device)
+        ratios.append(published / raw)
+        anatomy.update(
+            publish_s=published,
+            raw_write_s=raw,
+            publish_vs_raw=published / raw,
+            published_mib=size / 2**20,
+        )
+    if publish_runs > 1:
+        anatomy["publish_vs_raw_runs"] = ratios
     return seconds, int(metrics["batch_tokens"]), peak, anatomy
 
 

@@ -57,8 +57,23 @@ else
       fi
     done
   fi
+  if [ "$flavor" = gpu ]; then
+    # FlashAttention-2 for packed micro-batches (trainer.padding_free): a prebuilt wheel only
+    # (a source build takes an hour and nvcc); RFT_FLASH_ATTN_WHEEL names one (file or URL)
+    # from github.com/Dao-AILab/flash-attention/releases that matches torch, CUDA and Python.
+    if "$venv/bin/python" -c 'import flash_attn' >/dev/null 2>&1; then
+      say "flash-attn already installed"
+    elif "${pip[@]}" install -q --no-deps --only-binary=:all: "${RFT_FLASH_ATTN_WHEEL:-flash-attn}" >/dev/null 2>&1; then
+      say "flash-attn installed"
+    else
+      say "no flash-attn wheel fits this torch/CUDA/Python (set RFT_FLASH_ATTN_WHEEL to one from github.com/Dao-AILab/flash-attention/releases)"
+    fi
+  fi
   echo "$want" > "$stamp"
   say "dependencies installed"
+fi
+if [ "$flavor" = gpu ]; then
+  say "$("$venv/bin/python" -m rft.trainer.attention 2>/dev/null || echo 'attention kernels: rft is not importable yet')"
 fi
 
 model_dir="$repo/.cache/models/SmolLM2-135M-Instruct"

@@ -74,6 +74,12 @@ GENERATE_BATCHES = "episodes/generate_batches"  # explorer: engine calls serving
 TOOL_CALLS = "tools/calls"  # explorer: tool calls the step's runs made
 TOOL_ERRORS = "tools/errors"  # explorer: tool calls that raised or returned what JSON cannot hold
 TOOL_TIMEOUTS = "tools/timeouts"  # explorer: tool calls stopped at their time limit
+ROLLOUT_SPAN_SHARE = (
+    "rollout/span_share"  # explorer (streaming): share of samples spanning versions
+)
+ROLLOUT_SPAN_MEAN = "rollout/span_mean"  # explorer (streaming): mean versions such a sample spans
+ROLLOUT_TOKENS_DISCARDED = "rollout/tokens_discarded"  # explorer: tokens of groups dropped
+ROLLOUT_INFLIGHT = "rollout/inflight_samples"  # explorer (streaming): samples in flight at sealing
 EVAL_WEIGHTS_VERSION = "eval/weights_version"  # explorer: weights version an evaluation measured
 SYNC_BROADCAST_OK = "sync/broadcast_ok"  # trainer (nccl): 1 when the version reached every member
 SYNC_BROADCAST_S = "sync/broadcast_s"  # trainer (nccl): forming the group, sending, confirming

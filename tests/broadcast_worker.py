@@ -1,5 +1,5 @@
 """An explorer process for the weight-broadcast protocol tests, without vLLM: the real
-:class:`~rft.explorer.receiver.BroadcastReceiver` and the real worker methods
+:class:`~rft.sync.receiver.BroadcastReceiver` and the real worker methods
 (:class:`~rft.explorer.vllm_worker.WeightSyncExtension`) around a small torch module in place of
 vLLM's model runner.
 
@@ -26,10 +26,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from rft.explorer.receiver import BroadcastReceiver  # noqa: E402
 from rft.explorer.vllm_worker import WeightSyncExtension  # noqa: E402
 from rft.sync import broadcast as B  # noqa: E402
 from rft.sync.heartbeat import Heartbeat  # noqa: E402
+from rft.sync.receiver import BroadcastReceiver  # noqa: E402
 
 
 def make_module() -> torch.nn.Module:

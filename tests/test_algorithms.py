@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from rft.algo import registry
-from rft.algo.advantages import ADVANTAGE_FNS, discounted_returns, token_level_rewards
+from rft.algo.advantages import discounted_returns, token_level_rewards
 from rft.algo.correction import (
     IS_CAPPED_FRAC,
     IS_RATIO_MAX,
@@ -569,7 +569,7 @@ def test_call_time_loss_agg_mode_overrides_the_bound_one():
 @pytest.mark.parametrize(
     "kind, declared, registry",
     [
-        ("advantage_fn", names.ADVANTAGE_FN_NAMES, ADVANTAGE_FNS),
+        ("advantage_fn", names.ADVANTAGE_FN_NAMES, registry.ADVANTAGE_FNS),
         ("policy_loss_fn", names.POLICY_LOSS_FN_NAMES, POLICY_LOSS_FNS),
         ("kl_loss_fn", names.KL_FN_NAMES, KL_FNS),
         ("entropy_loss_fn", names.ENTROPY_LOSS_FN_NAMES, ENTROPY_LOSS_FNS),

@@ -235,7 +235,7 @@ TRINITY = {
 KEYS = ("advantage_fn", "policy_loss_fn", "kl_loss_fn", "kl_penalty_fn", "entropy_loss_fn")
 
 
-@pytest.mark.parametrize("algorithm_type", sorted(set(TRINITY) - names.NEEDS_TEACHER))
+@pytest.mark.parametrize("algorithm_type", sorted(TRINITY))
 def test_preset_equals_trinitys_default_config(algorithm_type):
     preset = {**_COMMON, **PRESETS[algorithm_type]}
     *fns, strategy, repeat = TRINITY[algorithm_type]
@@ -247,7 +247,7 @@ def test_preset_equals_trinitys_default_config(algorithm_type):
 
 def test_every_trinity_type_is_declared_and_only_reinforce_is_rfts_own():
     assert set(names.ALGORITHM_TYPES) == set(TRINITY) | {"reinforce"}
-    assert set(PRESETS) == set(names.ALGORITHM_TYPES) - names.NEEDS_TEACHER
+    assert set(PRESETS) == set(names.ALGORITHM_TYPES)
 
 
 def _config(algorithm: dict) -> dict:
@@ -260,9 +260,13 @@ def _config(algorithm: dict) -> dict:
 
 
 @pytest.mark.parametrize("algorithm_type", sorted(names.NEEDS_TEACHER))
-def test_distillation_types_are_refused_naming_the_missing_feature(algorithm_type):
-    with pytest.raises(NotSupportedError, match="teacher's log-probs"):
+def test_distillation_types_need_one_teacher(algorithm_type):
+    with pytest.raises(ConfigError, match="needs exactly one teacher in explorer.auxiliary_models"):
         config_from_dict(_config({"algorithm_type": algorithm_type}))
+    raw = _config({"algorithm_type": algorithm_type})
+    raw["explorer"] = {"auxiliary_models": [{"model_path": "/models/teacher"}]}
+    raw["cluster"]["gpu_per_node"] = 3  # explorer: the engine's GPU and the teacher's
+    assert config_from_dict(raw).algorithm.advantage_fn == algorithm_type
 
 
 @pytest.mark.parametrize("algorithm_type", ["asymre", "topr", "cispo", "sapo", "sppo", "rec"])

@@ -20,7 +20,7 @@ import torch
 from rft.monitor import SYNC_MEMBERS
 from rft.rundir import WEIGHTS_GROUP
 from rft.sync import broadcast as B
-from rft.trainer.broadcaster import WeightBroadcaster
+from rft.sync.broadcaster import WeightBroadcaster
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))

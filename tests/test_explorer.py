@@ -256,7 +256,7 @@ def test_overlong_prompts_are_left_out_and_counted_never_cut(
     and resume are unchanged. false (as Trinity): kept whole, unless vLLM could not take it."""
     from transformers import AutoTokenizer
 
-    from rft.explorer.loop import build_prompts
+    from rft.explorer.rollout import build_prompts
 
     tok = AutoTokenizer.from_pretrained(str(smollm2_tokenizer_dir))
     rows = arithmetic_rows(6)
@@ -590,7 +590,7 @@ def test_weights_by_broadcast_match_a_fresh_engine(engine, vllm_model_dir, data_
     from safetensors.torch import load_file
 
     from rft.explorer.loop import run_explorer
-    from rft.trainer.broadcaster import WeightBroadcaster
+    from rft.sync.broadcaster import WeightBroadcaster
 
     greedy = taskset_dict(
         data_dir / "a.jsonl", "a", rollout_args={"temperature": 0.0}, repeat_times=1

@@ -45,6 +45,54 @@ def test_compiled_layers_give_the_eager_log_probs_and_gradients(tiny_model_dir):
         torch.testing.assert_close(grads_compiled[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
+def ragged_micro(response_lens: list[int], packed: bool = False):
+    """A micro-batch of rows with 3-token prompts and these response lengths."""
+    from rft.buffer.experience import Experience
+    from rft.trainer.batching import collate, rows_from_experiences
+
+    exps = [
+        Experience("t", f"g{i}", [1, 2, 3 + i], [5 + i] * n, logprobs=[-1.0] * n)
+        for i, n in enumerate(response_lens)
+    ]
+    rows = rows_from_experiences(exps)
+    zeros = torch.zeros_like(rows.response_mask)
+    return collate(rows, list(range(len(exps))), zeros, zeros, packed=packed)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="torch.compile on CPU needs a C++ compiler")
+def test_compiled_layers_neither_break_the_graph_nor_recompile_for_new_lengths(tiny_model_dir):
+    """Issue 35: after the first micro-batch, micro-batches of other lengths and row counts
+    (sequence buckets 64 to 192) run the graphs already compiled, and no layer's graph breaks
+    (the log-prob path asks for no hidden-state capture). The counters catch the old way:
+    ``output_hidden_states`` breaks the graph in every compiled layer."""
+    from torch._dynamo.utils import counters
+    from transformers import AutoModelForCausalLM
+
+    from rft.trainer import engine
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    engine.compile_layers(model)
+
+    def train_on(response_lens: list[int]) -> None:
+        micro = ragged_micro(response_lens)
+        lp, ent = engine.forward_logprobs(model, micro, with_entropy=True)
+        (lp.sum() + ent.sum()).backward()
+
+    train_on([5, 9, 12])  # warm-up: batch and sequence dims compiled dynamic at once
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs >= 1 and not counters["graph_break"]
+    for lens in ([30, 70, 3], [100, 2], [50, 51, 52, 53, 20], [180, 7]):
+        train_on(lens)
+    assert counters["stats"]["unique_graphs"] == graphs, "a micro-batch recompiled"
+    assert not counters["graph_break"], dict(counters["graph_break"])
+
+    micro = ragged_micro([30, 70, 3])
+    model(**micro.model_inputs(64), use_cache=False, output_hidden_states=True)
+    assert counters["graph_break"], "transformers' output capture no longer breaks the graph"
+
+
 def test_compile_layers_with_zero3_is_refused_on_the_login_node(tmp_path):
     from rft.config.load import config_from_dict
     from rft.errors import NotSupportedError

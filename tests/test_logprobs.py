@@ -171,52 +171,75 @@ def test_forward_from_hidden_states_equals_the_models_logits(tiny_model_dir):
 
 
 ENGINE_SCRIPT = """
-import sys, torch
+import sys, torch, deepspeed
+from transformers import AutoModelForCausalLM
 from rft.buffer.experience import Experience
 from rft.config.load import config_from_dict
 from rft.trainer import engine
 from rft.trainer.batching import collate, rows_from_experiences
 
+stage = int(sys.argv[3])
+settings = engine.zero3_gather_settings  # as on 2 ranks: large tensors partitioned, gathered
+engine.zero3_gather_settings = lambda hidden, world, offload: settings(hidden, 2, offload)
+plain = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)  # before ZeRO-3's
 cfg = config_from_dict({"mode": "train", "checkpoint_root_dir": sys.argv[2], "model": {"model_path": sys.argv[1]},
-                        "trainer": {"zero_stage": 2, "precision": "fp32", "gradient_checkpointing_every": 2}})
+                        "trainer": {"zero_stage": stage, "precision": "fp32", "gradient_checkpointing_every": 2}})
 actor = engine.build_actor(cfg, engine.init_distributed(), 4)
-assert engine.plain_head(actor.engine) is not None  # the hidden-state path
+head = engine.plain_head(actor.engine)
+assert head is not None  # the hidden-state path, under ZeRO-3 too
+print("partitioned head", head.weight.numel() == 0)
 print("checkpointed", [layer.gradient_checkpointing for layer in actor.module.model.layers])
 calls = []
 prologue = actor.engine._backward_prologue
 actor.engine._backward_prologue = lambda *a, **k: (calls.append(1), prologue(*a, **k))[1]
-exps = [Experience("t", "g", [1, 2, 3], [5, 6, 7], logprobs=[-1.0] * 3)]
+exps = [Experience("t", "g", [1, 2, 3], [5, 6, 7], logprobs=[-1.0] * 3),
+        Experience("t", "g", [4, 2], [9, 8, 7, 6, 5], logprobs=[-1.0] * 5)]
 rows = rows_from_experiences(exps)
-micro = collate(rows, [0], torch.zeros_like(rows.response_mask), rows.rollout_logprobs)
+micro = collate(rows, [0, 1], torch.zeros_like(rows.response_mask), rows.rollout_logprobs)
+want, _ = engine.forward_logprobs(plain, micro, with_entropy=False)
+with deepspeed.zero.GatheredParameters([head.weight]):
+    head_before = head.weight.detach().clone()
 for step in range(2):
-    logprob, _ = engine.forward_logprobs(actor.engine, micro, with_entropy=False)
-    engine.backward(actor, logprob.sum())
+    logprob, entropy = engine.forward_logprobs(actor.engine, micro, with_entropy=True)
+    if step == 0:
+        print("as the plain model", torch.allclose(logprob, want, atol=1e-5))
+    engine.backward(actor, logprob.sum() + 0.1 * entropy.sum())
     engine.optimizer_step(actor)
+with deepspeed.zero.GatheredParameters([head.weight]):
+    print("head trained", not torch.equal(head.weight.detach(), head_before))
 print("prologues", len(calls))
 engine.teardown(0)
 """
 
 
 @pytest.mark.integration
-def test_the_hidden_state_path_goes_through_the_engines_forward(tiny_model_dir, tmp_path):
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_the_hidden_state_path_goes_through_the_engines_forward(
+    tiny_model_dir, tmp_path, zero_stage
+):
     """DeepSpeed sets up each backward in its engine's forward (ZeRO's gradient-accumulation
     boundary among it): log-probs from hidden states must come from that forward, one
-    backward prologue per micro-batch. The engine's model checkpoints every second layer
-    with ``trainer.gradient_checkpointing_every: 2``."""
+    backward prologue per micro-batch. Under ZeRO-3 (issue 35) the head stays partitioned and
+    the log-probs are computed inside its forward, where ZeRO gathers it: they equal the plain
+    model's and the head trains. The engine's model checkpoints every second layer with
+    ``trainer.gradient_checkpointing_every: 2``."""
     import os
     import subprocess
     import sys
 
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
-        [sys.executable, "-c", ENGINE_SCRIPT, str(tiny_model_dir), str(tmp_path)],
+        [sys.executable, "-c", ENGINE_SCRIPT, str(tiny_model_dir), str(tmp_path), str(zero_stage)],
         capture_output=True,
         text=True,
         timeout=300,
         env=env,
     )
-    assert "prologues 2" in out.stdout, out.stdout[-2000:] + out.stderr[-4000:]
+    logs = out.stdout[-2000:] + out.stderr[-4000:]
+    assert "prologues 2" in out.stdout, logs
     assert "checkpointed [True, False]" in out.stdout  # trainer.gradient_checkpointing_every: 2
+    assert "as the plain model True" in out.stdout and "head trained True" in out.stdout, logs
+    assert f"partitioned head {zero_stage == 3}" in out.stdout, logs
 
 
 def test_bf16_head_gradient_is_summed_over_chunks_in_float32():

@@ -73,7 +73,7 @@ def test_packed_log_probs_losses_and_gradients_equal_the_padded(tiny_model_dir, 
     adv = torch.tensor([-1.0, 0.5, 2.0]).unsqueeze(-1) * rows.response_mask
     old = torch.full_like(rows.response_mask, -3.0)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    if via_logits:  # the model's own forward and logits (the ZeRO-3 path)
+    if via_logits:  # the model's own forward and logits (model types not listed)
         model.config.model_type = "not-listed"
     assert (engine.plain_head(model) is None) == via_logits
 
@@ -137,3 +137,47 @@ def test_use_remove_padding_packs_and_the_attention_stays_default_on_cpu(tmp_pat
     assert cfg.trainer.padding_free
     assert not trainer(use_remove_padding=False).trainer.padding_free
     assert attention_implementation(cfg) is None  # no GPU: transformers' default (SDPA)
+
+
+def test_packed_attention_prefers_flash_attention_then_flex_on_gpus():
+    from rft.trainer.attention import FLASH_ATTENTION_2, FLEX_ATTENTION, packed_attention
+
+    assert packed_attention(True, True, "bf16") == FLASH_ATTENTION_2
+    assert packed_attention(True, True, "fp32") == FLEX_ATTENTION  # FA2 takes no float32
+    assert packed_attention(True, False, "bf16") == FLEX_ATTENTION
+    assert packed_attention(False, True, "bf16") is None  # CPU: flex_attention has no backward
+
+
+@pytest.mark.parametrize("length_multiple", [1, 64])
+def test_packed_log_probs_through_flex_attention_equal_the_padded(tiny_model_dir, length_multiple):
+    """Issue 35: a packed micro-batch through flex_attention (a block mask built from the
+    restarting position ids, no dense mask) scores as the padded micro-batch through SDPA, also
+    with the packed row padded to a multiple of 64 (as compiled layers see it). Forward only:
+    flex_attention has no backward on CPU."""
+    from transformers import AutoModelForCausalLM
+
+    from rft.trainer import engine
+
+    rows = ragged_rows()
+    zeros = torch.zeros_like(rows.response_mask)
+    padded = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    flex = AutoModelForCausalLM.from_pretrained(
+        tiny_model_dir, dtype=torch.float32, attn_implementation="flex_attention"
+    )
+    assert flex.config._attn_implementation == "flex_attention"
+    packed_micro = collate(rows, [0, 1, 2], zeros, zeros, packed=True)
+    if length_multiple > 1:  # the padding of compiled models: one more sequence, never read
+        engine._COMPILED_MODELS.add(flex)
+        inputs = packed_micro.model_inputs(length_multiple)
+        assert inputs["input_ids"].shape[1] == 64 and inputs["position_ids"][0, -1] > 0
+    try:
+        with torch.no_grad():
+            lp_pad, ent_pad = engine.forward_logprobs(
+                padded, collate(rows, [0, 1, 2], zeros, zeros), with_entropy=True
+            )
+            lp_flex, ent_flex = engine.forward_logprobs(flex, packed_micro, with_entropy=True)
+    finally:
+        engine._COMPILED_MODELS.discard(flex)
+    assert (lp_pad[rows.response_mask > 0] < 0).all()
+    torch.testing.assert_close(lp_flex, lp_pad, rtol=0, atol=1e-5)
+    torch.testing.assert_close(ent_flex, ent_pad, rtol=0, atol=1e-5)

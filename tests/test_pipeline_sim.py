@@ -16,6 +16,7 @@ from benchmarks.pipeline_fit import calibrate
 from benchmarks.pipeline_sim import (
     LENGTHS,
     Costs,
+    ReplayWorkload,
     SampledWorkload,
     Schedule,
     Shape,
@@ -250,3 +251,94 @@ def test_max_lead_steps_holds_an_async_explorer_to_the_one_step_off_rule():
     assert free.staleness_mean > 10 and bounded.staleness_mean <= 1
     assert bounded.steps_per_min == pytest.approx(one_off.steps_per_min)
     assert bounded.explorer_idle > 0 and free.explorer_idle == 0
+
+
+@dataclass(frozen=True)
+class OneLong:
+    """Each step: task slot 0 writes ``long`` tokens, every other slot ``short`` (one sample a
+    task, no prompt)."""
+
+    long: int = 100
+    short: int = 10
+
+    def share(
+        self, step: int, rank: int, explorers: int, batch_size: int, repeat_times: int
+    ) -> Share:
+        groups = [
+            (self.long if slot == 0 else self.short,) * repeat_times
+            for slot in range(rank, batch_size, explorers)
+        ]
+        flat = [n for g in groups for n in g]
+        return Share(sum(flat), max(flat), tuple(float(sum(g)) for g in groups), tuple(groups))
+
+
+# 0.1 s per engine step whatever the batch, nothing else costs (the trainer 1 ms a step)
+DECODE = Costs(0.0, 0.0, 0.1, 0.001, 0.0, 0.0, 0.0)
+ONE_LONG = Schedule(mode="async", steps=12, batch_size=2, repeat_times=1)
+
+
+def test_partial_rollouts_stop_a_step_waiting_for_its_longest_sample():
+    """Two tasks a step, one 100 tokens long, one 10. A step of the plain explorer lasts its
+    longest sample: 100 x 0.1 = 10 s. The streaming engine admits the next step while fewer
+    than one step's samples (2) are in flight: step 2 at 1 s (step 1's short one done), step 3
+    at 10 s (step 1 sealed), step 4 at 11 s (step 2's long and step 3's short one done), step 5
+    at 20 s, step 6 at 21 s...: steps end at 10, 11, 20, 21, 30, 31, ...: 2 per 10 s."""
+    plain = simulate(ONE_LONG, Shape(), DECODE, OneLong())
+    stream = simulate(replace(ONE_LONG, partial_rollout=True), Shape(), DECODE, OneLong())
+    assert plain.steps_per_min == pytest.approx(60 / 10, rel=1e-3)
+    ends = [10 + 10 * (i // 2) + i % 2 + 0.001 for i in range(12)]  # + the trainer's 1 ms
+    assert stream.step_ends_s == pytest.approx(ends)
+    assert stream.steps_per_min == pytest.approx(60 * 11 / (61 - 10))
+    assert stream.explorer_idle == 0
+    sync = simulate(replace(ONE_LONG, mode="both"), Shape(), DECODE, OneLong())
+    assert sync.steps_per_min == pytest.approx(60 / 10.001)
+
+
+def test_weights_load_in_flight_and_samples_span_versions():
+    """The same run; the trainer publishes version k 1 ms after step k is sealed (10.001,
+    11.001, 20.001, ...), loaded at once with the requests kept. Step 1 (admitted at 0, done by
+    10) and step 2's short sample (1-2 s) keep version 0; step 2's long one (1-11 s) spans v0
+    and v1; step 3 enters at 10 s with v0 and every later step just before a publish: every
+    sample from step 3 on spans: 21 of 24. Trainer step k trains step k (admitted with version
+    0, 0, 0, 1, 2, ...) with k-1 published: staleness 0, 1, then 2."""
+    schedule = replace(ONE_LONG, partial_rollout=True)
+    r = simulate(schedule, Shape(), replace(DECODE, load_s=0.0), OneLong())
+    assert r.span_share == pytest.approx(21 / 24)
+    assert r.staleness_mean == pytest.approx((0 + 1 + 10 * 2) / 12)
+
+
+def test_more_room_in_flight_keeps_the_engine_fuller():
+    """With 0.1 s an engine step whatever the batch, samples in flight are free throughput:
+    room for two steps beats room for one, which beats the plain explorer; equal lengths gain
+    nothing from streaming (each step is as long as any of its samples)."""
+    base = replace(ONE_LONG, steps=40)
+    plain = simulate(base, Shape(), DECODE, OneLong())
+    one = simulate(replace(base, partial_rollout=True), Shape(), DECODE, OneLong())
+    two = simulate(
+        replace(base, partial_rollout=True, max_inflight_samples=4), Shape(), DECODE, OneLong()
+    )
+    assert two.steps_per_min > one.steps_per_min > 1.9 * plain.steps_per_min
+    even = OneLong(long=10, short=10)
+    assert simulate(
+        replace(base, partial_rollout=True), Shape(), DECODE, even
+    ).steps_per_min == pytest.approx(simulate(base, Shape(), DECODE, even).steps_per_min)
+
+
+def test_streaming_keeps_the_lead_bound():
+    """max_lead_steps 1: step s's samples enter only once version s-2 is published, so no
+    trained sample is more than one version old at admission plus the versions it spans."""
+    trainer_bound = Costs(0.0, 0.0, 0.01, 5.0, 0.0, 0.0, 0.0)
+    schedule = replace(ONE_LONG, steps=20, partial_rollout=True, max_lead_steps=1)
+    bounded = simulate(schedule, Shape(), trainer_bound, OneLong())
+    free = simulate(replace(schedule, max_lead_steps=None), Shape(), trainer_bound, OneLong())
+    assert bounded.staleness_mean <= 1 < free.staleness_mean
+    assert bounded.steps_per_min == pytest.approx(60 / 5.0, rel=0.02)  # the trainer's pace
+
+
+def test_replayed_steps_stream_their_recorded_lengths():
+    rec = StepRecord(1, 110, 100, 10.0, 0.0, 110, 1.0, 0.0, group_lengths=((100,), (10,)))
+    work = ReplayWorkload((rec,), batch_size=2)
+    assert work.share(1, 0, 1, 2, 1).group_lengths == ((100,), (10,))
+    assert work.share(1, 0, 1, 4, 1).group_lengths == ((100,), (10,), (100,), (10,))  # batch x2
+    unknown = ReplayWorkload((replace(rec, group_lengths=()),), batch_size=2)
+    assert unknown.share(1, 0, 1, 2, 1).group_lengths == ((100,), (55,))  # the max, then the mean

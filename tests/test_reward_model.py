@@ -18,7 +18,7 @@ from rft.config.schema import AuxiliaryModelConfig, FormatConfig, TasksetConfig
 from rft.errors import CheckpointError, ConfigError, DataError
 from rft.explorer import tasksets as T
 from rft.explorer.engine import Sample
-from rft.explorer.loop import PromptJob, score_all
+from rft.explorer.rollout import PromptJob, score_all
 from rft.explorer.reward_model import (
     RewardModel,
     conversation,

@@ -310,6 +310,8 @@ def test_answer_extractor_of_each_workflow_and_user_functions(user_module):
         "math_workflow": "last <answer>...</answer> tag",
         "math_boxed_workflow": "last \\boxed{...}",
         "simple_workflow": "last <answer>...</answer> tag, else last \\boxed{...}, else the whole response",
+        "on_policy_distill_workflow": "last <answer>...</answer> tag, else last \\boxed{...}, else the whole response",
+        "on_policy_distill_math_workflow": "last \\boxed{...}",
     }
     assert R.answer_extractor(R.format_reward).startswith("none")
     assert (
@@ -328,6 +330,8 @@ def test_unknown_workflow():
         "math_workflow",
         "math_boxed_workflow",
         "simple_workflow",
+        "on_policy_distill_workflow",
+        "on_policy_distill_math_workflow",
     }
     assert get_workflow("async_math_workflow").system_prompt == MATH_SYSTEM_PROMPT
 

@@ -18,9 +18,9 @@ import pytest
 
 from rft import atomic
 from rft.errors import CheckpointError
-from rft.explorer.loop import sync_weights
 from rft.rundir import WEIGHTS_POINTER, weights_dir
 from rft.sync import publisher as publisher_module
+from rft.sync.explorer_side import WeightsIn, open_weights_in
 from rft.sync.heartbeat import (
     EVALUATING_FIELD,
     LOADED_FIELD,
@@ -298,12 +298,12 @@ def test_a_copy_replaced_mid_load_is_voided_then_loaded_whole(tmp_path):
     assert heartbeat_fields(heartbeat) == (5, None) and watcher.poll() is None
 
 
-def test_sync_weights_retries_with_the_newest_when_a_folder_is_pruned_mid_load(tmp_path):
+def test_wait_for_retries_with_the_newest_when_a_folder_is_pruned_mid_load(tmp_path):
     publisher = late_publisher(tmp_path, keep_versions=1)
     publisher.publish(1, shards("1:a"))
     watcher = WeightsWatcher(tmp_path, loaded_version=0, heartbeat=Heartbeat(tmp_path, "e-0"))
     engine = ShardEngine(between=lambda: publisher.publish(2, shards("2:a")))  # prunes v1
-    version, _reload_s, _wait_s = sync_weights(engine, watcher, need=1, timeout_s=10)
+    version, _reload_s, _wait_s = WeightsIn(watcher, engine, 10).wait_for(1)
     assert version == 2 and engine.loads == [["2:a", "2:a"]]  # v1's load hit a missing shard
     assert list_versions(tmp_path) == [2]
 
@@ -365,3 +365,42 @@ def test_explorers_never_load_a_mix_nor_a_vanishing_folder_unnoticed(tmp_path):
     )
     assert len(taken) >= 10
     assert noticed, "no folder vanished under an explorer: the test did not test the race"
+
+
+def test_wait_for_zero_loads_the_newest_at_once_and_never_waits(tmp_path):
+    """The streaming explorer polls with ``wait_for(0)`` between engine steps: no sleep."""
+    engine = ShardEngine()
+    weights = WeightsIn(WeightsWatcher(tmp_path, loaded_version=0), engine, timeout_s=30)
+    start = time.monotonic()
+    assert weights.wait_for(0)[0] == 0 and engine.loads == []  # nothing published yet
+    publisher = WeightsPublisher(tmp_path)
+    publisher.publish(1, shards("1:a"))
+    publisher.publish(2, shards("2:a"))
+    version, reload_s, wait_s = weights.wait_for(0)
+    assert (version, engine.loads) == (2, [["2:a", "2:a"]])  # the newest only, v1 skipped
+    assert weights.wait_for(0)[0] == 2 and len(engine.loads) == 1  # loaded already: no reload
+    assert time.monotonic() - start < 0.9  # WEIGHTS_POLL_S is 1 s: no poll slept
+    assert reload_s >= 0.0 and wait_s >= 0.0
+
+
+def test_open_weights_in_wires_folders_deltas_and_broadcasts_from_the_config(tmp_path):
+    from rft.config.load import load_config
+    from rft.sync.local import DeltaPolicy
+
+    config = Path(__file__).resolve().parent.parent / "configs" / "sft_warmup.yaml"
+    local = tmp_path / "local"
+    cfg = load_config(
+        config,
+        [
+            f"checkpoint_root_dir={tmp_path}",
+            "synchronizer.delta_sync=true",
+            f"synchronizer.delta_local_dir={local}",
+        ],
+    )
+    heartbeat = Heartbeat(cfg.run_dir, "explorer-0")
+    weights = open_weights_in(cfg, "explorer-0", ShardEngine(), heartbeat)
+    expected = DeltaPolicy(8, str(local)).scratch(cfg.run_dir, "explorer-0")
+    assert weights.watcher.local is not None and weights.watcher.local.root == expected
+    assert weights.receiver is None and not weights.watcher.newer_only  # sync_method checkpoint
+    assert weights.watcher.heartbeat is heartbeat and weights.loaded_version == 0
+    weights.close()

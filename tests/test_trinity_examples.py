@@ -48,7 +48,9 @@ EXPECTED: dict[str, Refused | Typo | None] = {
     "async_gsm8k_explorer.yaml": LOADS,
     "async_gsm8k_trainer.yaml": LOADS,
     "cispo_gsm8k.yaml": LOADS,
-    "dapo_math.yaml": Refused("data_processor"),
+    # Its data_processor operators act (test_dapo_example_past_use_base); Trinity's raw
+    # 'User:/Assistant:' prompt for base models is rendered by the explorer, which rft lacks.
+    "dapo_math.yaml": Refused("workflow_args.use_base of math_boxed_workflow"),
     "dpo_humanlike.yaml": LOADS,
     "grpo_alfworld.yaml": Refused("workflow alfworld_workflow"),
     "grpo_frozen_lake.yaml": LOADS,
@@ -61,8 +63,12 @@ EXPECTED: dict[str, Refused | Typo | None] = {
     "m2po_explorer.yaml": Refused("algorithm.algorithm_type: m2po"),
     "m2po_trainer.yaml": Refused("algorithm.algorithm_type: m2po"),
     "mix_chord.yaml": LOADS,
+    # The teacher's vLLM engine keys come first; past them (test_distillation_example_...) the
+    # layout: Trinity's one shared teacher engine vs rft's teacher inside each explorer task.
+    "opd_gsm8k.yaml": Refused("explorer.auxiliary_models[0].enable_prefix_caching"),
+    "opd_gsm8k_jsd.yaml": Refused("explorer.auxiliary_models[0].enable_prefix_caching"),
     "opmd_gsm8k.yaml": LOADS,
-    "ppo_countdown.yaml": Typo("model.max_repsonse_tokens"),
+    "ppo_countdown.yaml": LOADS,  # modelscope 049b898 fixed a20efa4's model.max_repsonse_tokens
     "rec_gsm8k.yaml": Typo("algorithm.optiimzer"),
     "reinforceplusplus_gsm8k.yaml": LOADS,
     "rloo_gsm8k.yaml": LOADS,
@@ -153,3 +159,61 @@ def test_dry_run_of_an_example(tmp_path, monkeypatch, smollm2_dir, capsys):
     out, err = capsys.readouterr()
     assert code == 0, err
     assert "dry run: config and inputs are valid" in out
+
+
+# The teacher's vLLM engine options (Trinity serves it with vLLM; rft runs a forward pass).
+_TEACHER_ENGINE_KEYS = ("enable_prefix_caching", "enforce_eager", "dtype", "seed")
+
+
+@pytest.mark.parametrize(
+    "name,lambda_coef", [("opd_gsm8k.yaml", None), ("opd_gsm8k_jsd.yaml", 0.5)]
+)
+def test_distillation_example_past_the_engine_keys(name, lambda_coef, tmp_path, trinity_env):
+    """Without the teacher's engine keys, the example is refused for its layout (one teacher
+    engine shared by four explorers; rft runs a teacher in each explorer task); with one teacher
+    per explorer task it loads: the distillation preset, the teacher, the math recipe."""
+    raw = read_raw(EXAMPLES / name, [f"checkpoint_root_dir={tmp_path}"])
+    teacher = raw["explorer"]["auxiliary_models"][0]
+    for key in _TEACHER_ENGINE_KEYS:
+        del teacher[key]
+    with pytest.raises(ConfigError, match=r"auxiliary_models\[0\].engine_num=1 differs from "):
+        dry_run(copy.deepcopy(raw), tmp_path)
+    raw["explorer"]["rollout_model"]["engine_num"] = teacher["engine_num"] = 2  # 2 x (1 + 2) GPUs
+    cfg = dry_run(raw, tmp_path)
+    algo = cfg.algorithm
+    assert (algo.advantage_fn, algo.policy_loss_fn, algo.kl_loss_fn) == (
+        name_type(name),
+        "ppo",
+        "none",
+    )
+    assert algo.advantage_fn_args.get("lambda_coef") == lambda_coef
+    assert build_loss_fns(algo).advantage_by_teacher
+    recipe = taskset_workflow(cfg, cfg.buffer.explorer_input.taskset, "taskset", is_eval=False)
+    assert recipe.name == "on_policy_distill_math_workflow"
+    question = recipe.build_messages({"question": "1+1?"}, cfg.buffer.explorer_input.taskset.format)
+    assert question[-1]["content"].endswith("put your final answer within \\boxed{}.")
+
+
+def name_type(name: str) -> str:
+    return "jsd" if "jsd" in name else "on_policy_distill"
+
+
+def test_dapo_example_past_use_base(tmp_path, trinity_env):
+    """Without ``workflow_args.use_base`` the DAPO example loads as written: its experience
+    operators typed (rft.trainer.experience_ops), the clip-higher PPO loss, the overlong reward."""
+    from rft.config.schema import DynamicSamplingArgs
+    from rft.trainer.experience_ops import ExperiencePipeline
+
+    raw = read_raw(EXAMPLES / "dapo_math.yaml", [f"checkpoint_root_dir={tmp_path}"])
+    del raw["buffer"]["explorer_input"]["taskset"]["workflow_args"]["use_base"]
+    cfg = dry_run(raw, tmp_path)
+    ops = cfg.data_processor.experience_pipeline.operators
+    assert [op.name for op in ops] == ["mask_response_truncated", "dapo_dynamic_sampling"]
+    assert ops[1].typed_args() == DynamicSamplingArgs(metric_key="accuracy", correct_threshold=0.0)
+    assert (
+        len(ExperiencePipeline.from_config(cfg.data_processor.experience_pipeline).operators) == 2
+    )
+    algo = cfg.algorithm
+    assert (algo.advantage_fn, algo.policy_loss_fn, algo.kl_loss_fn) == ("grpo", "ppo", "none")
+    assert algo.policy_loss_fn_args["clip_range_high"] == 0.28
+    assert cfg.buffer.explorer_input.default_reward_fn_type == "math_dapo_reward"

@@ -7,9 +7,9 @@ import pytest
 
 from rft import atomic
 from rft.errors import CheckpointError, SyncTimeoutError
-from rft.explorer.loop import sync_weights
 from rft.models import check_model_dir
 from rft.rundir import WEIGHTS_POINTER, weights_dir
+from rft.sync.explorer_side import WeightsIn
 from rft.sync.publisher import WeightsPublisher
 from rft.sync.versions import COMPLETE_MARKER
 from rft.sync.watcher import WeightsWatcher
@@ -27,7 +27,7 @@ def write_tiny(folder):
 
 def timeout_message(run_dir, need: int, error: type = SyncTimeoutError) -> str:
     with pytest.raises(error) as info:
-        sync_weights(NullEngine(), WeightsWatcher(run_dir, loaded_version=0), need, timeout_s=0)
+        WeightsIn(WeightsWatcher(run_dir, loaded_version=0), NullEngine(), 0).wait_for(need)
     return str(info.value)
 
 

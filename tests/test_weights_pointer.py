@@ -15,10 +15,10 @@ import pytest
 
 from rft import atomic
 from rft.errors import EXIT_OK, EXIT_USER_ERROR, CheckpointError
-from rft.explorer.loop import sync_weights
 from rft.lease import Lease
 from rft.rundir import TRAINER_LEASE, WEIGHTS_POINTER, weights_dir
 from rft.status import main as status_main
+from rft.sync.explorer_side import WeightsIn
 from rft.sync.publisher import WeightsPublisher
 from rft.sync.versions import COMPLETE_MARKER, pointer_fault
 from rft.sync.watcher import WeightsWatcher
@@ -46,7 +46,7 @@ def test_without_a_trainer_the_first_poll_fails_with_the_fault(broken_run, need)
     watcher = WeightsWatcher(broken_run, loaded_version=0)
     start = time.monotonic()
     with pytest.raises(CheckpointError) as info:
-        sync_weights(NullEngine(), watcher, need, timeout_s=20)
+        WeightsIn(watcher, NullEngine(), 20).wait_for(need)
     assert time.monotonic() - start < 5  # not synchronizer.sync_timeout later
     message = str(info.value)
     assert MISSING in message and "write 6" in message  # what is wrong and how to repair it
@@ -78,7 +78,7 @@ def test_with_a_running_trainer_it_is_a_warning_and_the_wait_goes_on(broken_run,
     try:
         watcher = WeightsWatcher(broken_run, loaded_version=0, trainer_live_s=30)
         with caplog.at_level(logging.WARNING, logger="rft.sync"):
-            assert sync_weights(NullEngine(), watcher, 0, timeout_s=20)[0] == 0
+            assert WeightsIn(watcher, NullEngine(), 20).wait_for(0)[0] == 0
             assert watcher.poll() is None and watcher.poll() is None
         warnings = [r.getMessage() for r in caplog.records if MISSING in r.getMessage()]
         assert len(warnings) == 1, warnings  # once per pointer value, not once per poll

@@ -11,8 +11,9 @@ import functools
 import inspect
 from typing import Any, Callable, Mapping
 
-from rft.algo.advantages import ADVANTAGE_FNS
+from rft.algo.advantages import ADVANTAGE_FNS as _BASE_ADVANTAGE_FNS
 from rft.algo.critic import gae_advantages
+from rft.algo.distill import DISTILL_ADVANTAGE_FNS, DISTILL_LOSSES
 from rft.algo.dpo import dpo_loss
 from rft.algo.losses import (
     ENTROPY_LOSS_FNS,
@@ -30,11 +31,17 @@ from rft.errors import ConfigError, did_you_mean
 POLICY_LOSS_FNS: dict[str, Callable[..., Any]] = {
     **_BASE_POLICY_LOSS_FNS,
     **WEIGHTED_PG_LOSSES,
+    **DISTILL_LOSSES,
     "dpo": dpo_loss,
 }
+# Every group/batch advantage by name (GAE, which needs a critic's values, apart): the
+# distillation ones take the student's and the teacher's log-probs too (context parameters).
+ADVANTAGE_FNS: dict[str, Callable[..., Any]] = {**_BASE_ADVANTAGE_FNS, **DISTILL_ADVANTAGE_FNS}
 
 # Supplied by the trainer on each call, never by the config.
-_CONTEXT_PARAMS = frozenset({"step", "expert_mask", "is_weights", "runs"})
+_CONTEXT_PARAMS = frozenset(
+    {"step", "expert_mask", "is_weights", "runs", "old_logprobs", "teacher_logprobs"}
+)
 
 
 def _is_number(v: Any) -> bool:
@@ -71,6 +78,7 @@ _VALUE_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "mu_valley": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
     "enable_phi_function": (lambda v: isinstance(v, bool), "true or false"),
     "kl_coef": (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
+    "lambda_coef": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
     "entropy_coef": (_is_number, "a number"),
     "baseline_shift": (_is_number, "a number"),
     "drop": (lambda v: v in (None, "balance"), "null or 'balance'"),

@@ -36,6 +36,8 @@ _ARRAY_FIELDS = {
     "response_ids": "i32",
     "logprobs": "f32",
     "action_mask": "i32",
+    "response_versions": "i32",
+    "teacher_logprobs": "f32",
 }
 _LITTLE_ENDIAN = sys.byteorder == "little"  # packed arrays are little-endian on disk
 # A log-probability is <= 0; this leaves room for engines that round it in lower precision.
@@ -97,6 +99,13 @@ class Experience:
     # One per response token, 1 where the model generated it, 0 where a tool, the environment
     # or the chat template added it (multi-turn); empty: every response token is the model's.
     action_mask: list[int] = _ArrayField(required=False)
+    # One per response token, the weights version that generated it; empty: all model_version.
+    # A streaming explorer (explorer.partial_rollout) loads new weights mid-sample: model_version
+    # is then the first token's and these say where each later version took over.
+    response_versions: list[int] = _ArrayField(required=False)
+    # One per response token, a teacher's log-prob of it (explorer.auxiliary_models[0], for
+    # on-policy distillation: rft.explorer.teacher); empty: no teacher scored it.
+    teacher_logprobs: list[float] = _ArrayField(required=False)
     reward: float = 0.0  # total reward
     reward_parts: dict[str, float] = field(default_factory=dict)  # name -> value, e.g. accuracy
     model_version: int = 0  # weights version that generated it (0: the initial model)
@@ -189,6 +198,18 @@ class Experience:
             )
         if num_mask and any(v not in (0, 1) for v in self.action_mask):
             raise DataError(f"{who}: action_mask values must be 0 or 1")
+        num_versions = self.array_len("response_versions")
+        if num_versions and num_versions != num_tokens:
+            raise DataError(
+                f"{who}: {num_versions} response_versions for {num_tokens} response tokens "
+                "(need one per token, or none)"
+            )
+        num_teacher = self.array_len("teacher_logprobs")
+        if num_teacher and num_teacher != num_tokens:
+            raise DataError(
+                f"{who}: {num_teacher} teacher_logprobs for {num_tokens} response tokens "
+                "(need one per token, or none)"
+            )
         if not _finite_number(self.reward):
             raise DataError(f"{who}: reward must be a finite number, got {self.reward!r}")
         if not isinstance(self.reward_parts, dict):
@@ -248,14 +269,14 @@ def _check_raw(who: str, name: str, code: str, raw: bytes) -> None:
         bad = next((i for i, v in enumerate(values) if not math.isfinite(v)), None)
         if bad is not None:
             raise DataError(f"{who}: {name}[{bad}] is {values[bad]} (must be finite in float32)")
-    if name == "logprobs" and 1 in top.translate(_F32_POSITIVE_TOP):
+    if name in ("logprobs", "teacher_logprobs") and 1 in top.translate(_F32_POSITIVE_TOP):
         values = array.array("f", raw)
         if not _LITTLE_ENDIAN:
             values.byteswap()
         bad = next((i for i, v in enumerate(values) if v > LOGPROB_TOLERANCE), None)
         if bad is not None:
             raise DataError(
-                f"{who}: logprobs[{bad}] is {values[bad]:.6g} > 0; a log-probability is <= 0 "
+                f"{who}: {name}[{bad}] is {values[bad]:.6g} > 0; a log-probability is <= 0 "
                 "(write log(p) of each sampled token, not p or a logit)"
             )
 

@@ -22,6 +22,8 @@ SOURCES = {
     "advantage_fn/sample_strategy registries of trinity/algorithm/*/__init__.py",
     "workflows": "trinity/common/workflows/__init__.py WORKFLOWS default_mapping (v0.3.x)",
     "rewards": "trinity/common/rewards/__init__.py REWARD_FUNCTIONS default_mapping (v0.3.x)",
+    "operators": "trinity/buffer/operators/__init__.py EXPERIENCE_OPERATORS at 139d1c4 and "
+    "DataProcessorConfig / ExperiencePipelineConfig of trinity/common/config.py",
 }
 
 _NO_RAY = "rft runs without Ray (SLURM tasks and files); remove it"
@@ -42,6 +44,14 @@ _SERVE = (
     "RecordingWorkflow (docs/agentic-workflows.md: Agents through the OpenAI API)"
 )
 _QUEUE = "rft's queue is sealed files on the shared filesystem with no such setting; remove it"
+_PIPELINE_BUFFERS = (
+    "rft's operators read the trainer's one experience buffer and hand the batch to the "
+    "trainer; remove it"
+)
+_WRITE_A_FILTER = (
+    "rft applies mask_response_truncated and dapo_dynamic_sampling only; drop or shape "
+    "experiences in your workflow or reward function ('package.module:function') instead"
+)
 _LOG_PROB_PASS = (
     "the log-prob passes use trainer.use_dynamic_bsz / max_token_len_per_gpu like the actor; "
     "set those"
@@ -134,8 +144,6 @@ KEYS: dict[str, dict[str, str]] = {
         "checkpoint_job_dir": "set checkpoint_root_dir, project and name (the run directory is "
         "<checkpoint_root_dir>/<project>/<name>)",
         "ray_namespace": _NO_RAY,
-        "data_processor": "prepare tasksets before the run (e.g. rft-data) and filter "
-        "experiences in a workflow or reward function; rft has no Data-Juicer pipelines",
         "service": "rft starts no outside services (Data-Juicer); remove it",
         "log": "rft logs with Python logging to <run>/log/ (level: RFT_LOG_LEVEL); remove it",
         "algorithm_type": "move it under algorithm: (algorithm.algorithm_type), as Trinity now "
@@ -161,6 +169,17 @@ KEYS: dict[str, dict[str, str]] = {
         "trust_remote_code": "rft loads models with transformers' own classes; remove it",
     },
     "ClusterConfig": {"ray_address": _NO_RAY},
+    "DataProcessorConfig": {
+        "task_pipeline": "rft runs no Data-Juicer task pipeline: prepare the taskset before "
+        "the run (e.g. rft-data) and point buffer.explorer_input.taskset at it",
+    },
+    "ExperiencePipelineConfig": {
+        "input_save_path": "rft keeps no copy of the operators' input beside the buffer; remove "
+        "it (set buffer.trainer_input.experience_buffer.path: sqlite:///FILE to archive what "
+        "the trainer consumed)",
+        "inputs": _PIPELINE_BUFFERS,
+        "output": _PIPELINE_BUFFERS,
+    },
     "FormatConfig": _FORMAT,
     "TaskSelectorConfig": {
         "feature_keys": "rft's selectors (sequential, shuffle, random) read no features; remove it",
@@ -452,7 +471,6 @@ CHOICES: dict[str, dict[str, str]] = {
                 "sppo",
                 "rec",
                 "multi_step_grpo",
-                "on_policy_distill",
             )
         },
     },
@@ -472,7 +490,6 @@ CHOICES: dict[str, dict[str, str]] = {
             "sft_phi",
             "sppo",
             "rec",
-            "importance_sampling",
             "sapo",
             "trpo",
         )
@@ -490,7 +507,6 @@ CHOICES: dict[str, dict[str, str]] = {
             "asymre",
             "rec",
             "step_wise_grpo",
-            "on_policy_distill",
             "reinforce",
         )
     },
@@ -512,6 +528,18 @@ CHOICES: dict[str, dict[str, str]] = {
     "ExperienceBufferConfig.schema_type": {
         name: "rft derives the row kind from algorithm.algorithm_type; remove it"
         for name in ("task", "experience", "dpo")
+    },
+    # Trinity's other experience operators (trinity/buffer/operators/__init__.py).
+    "OperatorConfig.name": {
+        "reward_filter": _WRITE_A_FILTER,
+        "reward_std_filter": _WRITE_A_FILTER,
+        "invalid_reward_filter": _WRITE_A_FILTER,
+        "reward_shaping_mapper": _WRITE_A_FILTER,
+        "pass_rate_calculator": "rft's task selectors read no pass rates; remove it",
+        "data_juicer": "rft runs no Data-Juicer service; remove it",
+        "cod_advantage_fn": "CoD's advantage is not built in rft; use an advantage_fn rft "
+        "implements",
+        "cod_overwrite_reward_with_returns": "CoD's advantage is not built in rft; remove it",
     },
     "TaskSelectorConfig.selector_type": {
         name: "use sequential, shuffle or random"
@@ -553,8 +581,6 @@ WORKFLOWS: dict[str, str] = {
     "rubric_judge_workflow": "rubric scores from an LLM judge",
     "simple_mm_workflow": "multi-modal (image) prompts; rft trains text-only models",
     "async_simple_mm_workflow": "multi-modal (image) prompts; rft trains text-only models",
-    "on_policy_distill_workflow": "on-policy distillation from a teacher model",
-    "on_policy_distill_math_workflow": "on-policy distillation from a teacher model",
 }
 
 # Trinity reward functions rft does not ship -> what to do (rft.workflow.rewards).

@@ -17,6 +17,8 @@ ADVANTAGE_FN_NAMES = (
     "asymre",
     "rec",
     "grpo_verl",
+    "on_policy_distill",
+    "jsd",
 )
 POLICY_LOSS_FN_NAMES = (
     "ppo",
@@ -31,6 +33,7 @@ POLICY_LOSS_FN_NAMES = (
     "sppo",
     "rec",
     "dpo",
+    "importance_sampling",
 )
 KL_FN_NAMES = ("none", "k1", "k2", "k3", "low_var_kl", "abs")
 ENTROPY_LOSS_FN_NAMES = ("default", "mix", "none")
@@ -65,7 +68,9 @@ ALGORITHM_TYPES = (
     "jsd",
     "dpo",
 )
-# Trinity's types that need teacher log-probs on the explorer's rollouts (not built yet).
+# advantage_fn names (and the algorithm types presetting them) that read the teacher's log-probs
+# of each sampled token, computed by the explorer with explorer.auxiliary_models[0]
+# (rft.explorer.teacher) and carried on each experience (teacher_logprobs).
 NEEDS_TEACHER = frozenset({"on_policy_distill", "jsd"})
 # policy_loss_fn names that train on expert rows too (algorithm.sample_strategy: mix).
 EXPERT_LOSSES = frozenset({"mix_chord", "mix"})
@@ -89,6 +94,9 @@ ROLLOUT_ENTROPY = frozenset({"mix"})
 # advantage_fn names that compare a response with the rest of its group (repeat_times >= 2).
 GROUP_BASELINES = frozenset({"grpo", "rloo", "opmd", "asymre", "rec", "step_wise_grpo"})
 ROLLOUT_CORRECTION_MODES = ("none", "tis", "decoupled")  # algorithm.rollout_correction.mode
+# data_processor.experience_pipeline operators rft applies (rft.trainer.experience_ops), as
+# Trinity registers them (trinity/buffer/operators/__init__.py EXPERIENCE_OPERATORS).
+EXPERIENCE_OPERATORS = ("mask_response_truncated", "dapo_dynamic_sampling")
 TIS_THRESHOLD = 2.0  # rollout_correction.rollout_is_threshold when unset (veRL's default)
 NEEDS_CRITIC = frozenset({"ppo"})  # advantage_fn names that need a critic model (GAE)
 BY_RUN = frozenset({"step_wise_grpo"})  # advantage_fn names that take each row's (run, env step)

@@ -25,7 +25,7 @@ from rft.config.names import (
 from rft.config.schema import Config, LoRAConfig, TasksetConfig
 from rft.config.typed_dict import not_supported
 from rft.errors import ConfigError, NotSupportedError
-from rft.placement import task_gpus
+from rft.placement import EXPLORER_MODES, task_gpus
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,12 @@ PRESETS: dict[str, dict[str, str]] = {
     "dpo": dict(policy_loss_fn="dpo"),  # pairs from a dataset (mode train), rft.trainer.dpo
     # Trinity's: one experience per step of a workflow's run, the run's last reward broadcast.
     "multi_step_grpo": dict(advantage_fn="step_wise_grpo"),
+    # A teacher's log-probs of the student's samples as advantages (no reward, no KL term);
+    # the teacher is explorer.auxiliary_models[0] (rft.explorer.teacher).
+    **{
+        t: dict(advantage_fn=t, kl_loss_fn="none", entropy_loss_fn="none")
+        for t in ("on_policy_distill", "jsd")
+    },
 }
 # Trinity's base defaults under every type's (its "warmup" sample strategy is no type's now).
 _COMMON = dict(
@@ -83,7 +89,7 @@ _COMMON = dict(
 # 1): named in the warning for a group-baseline advantage with groups of one.
 REPEAT_TIMES: dict[str, int] = {
     **{t: 2 for t in PRESETS if "advantage_fn" in PRESETS[t]},
-    **dict.fromkeys(("mix", "mix_chord", "multi_step_grpo"), 8),
+    **dict.fromkeys(("mix", "mix_chord", "multi_step_grpo", "on_policy_distill", "jsd"), 8),
     "dapo": 16,
     "ppo": 1,
 }
@@ -108,6 +114,9 @@ def apply(cfg: Config, seen: set[str]) -> None:
     _check_trainer(cfg)
     _check_rollout_correction(cfg)
     _check_lead(cfg)
+    _check_partial_rollout(cfg)
+    _check_teacher(cfg)
+    _check_experience_pipeline(cfg)
     check_auxiliary_models(cfg)
     check_gpu_split(cfg)
     _check_monitor(cfg)
@@ -141,6 +150,40 @@ def check_not_supported(cfg: Config) -> None:
         )
 
 
+def _check_experience_pipeline(cfg: Config) -> None:
+    """The experience operators act where the trainer reads rollouts (rft.trainer.inputs), not
+    in the explorer as in Trinity: refused where they would do nothing."""
+    pipeline = cfg.data_processor.experience_pipeline
+    if pipeline is None or not pipeline.operators:
+        return
+    key = "data_processor.experience_pipeline.operators"
+    if cfg.mode == "explore":
+        raise not_supported(
+            f"{key} in mode explore",
+            "rft applies them in the trainer as it reads each batch (the explorer writes every "
+            "experience): move them to the trainer's config (mode train)",
+        )
+    if cfg.buffer.trainer_input.experience_buffer.storage_type == "file":
+        raise ConfigError(
+            f"{key}: they act on rollouts, but this trainer reads a dataset "
+            "(buffer.trainer_input.experience_buffer.storage_type: file); remove them"
+        )
+
+
+def _check_teacher(cfg: Config) -> None:
+    """A distillation advantage (on_policy_distill, jsd) scores the rollouts with one teacher,
+    ``explorer.auxiliary_models[0]`` (Trinity's first auxiliary model), and no reward model."""
+    algo, models = cfg.algorithm, cfg.explorer.auxiliary_models
+    if not uses_teacher(cfg) or cfg.mode not in EXPLORER_MODES:
+        return
+    if len(models) != 1:
+        raise ConfigError(
+            f"algorithm.advantage_fn {algo.advantage_fn} needs exactly one teacher in "
+            f"explorer.auxiliary_models (it has {len(models)}): set explorer.auxiliary_models: "
+            "[{model_path: <a causal LM sharing the student's tokenizer>}]"
+        )
+
+
 def _check_monitor(cfg: Config) -> None:
     kinds = cfg.monitor.monitor_type
     if isinstance(kinds, list) and (not kinds or len(set(kinds)) < len(kinds)):
@@ -152,13 +195,6 @@ def _check_monitor(cfg: Config) -> None:
 
 def _apply_preset(cfg: Config) -> None:
     algo = cfg.algorithm
-    if algo.algorithm_type in NEEDS_TEACHER:
-        raise NotSupportedError(
-            f"algorithm.algorithm_type: {algo.algorithm_type!r} is not supported yet: it needs "
-            "the teacher's log-probs of each sampled token (explorer.auxiliary_models scoring "
-            "the rollouts), which rft's explorer does not compute. Distil offline instead: "
-            "generate with the teacher and train with algorithm_type: sft"
-        )
     preset = {**_COMMON, **PRESETS[algo.algorithm_type]}
     for key in PRESET_KEYS:
         if getattr(algo, key) is None and key in preset:
@@ -359,6 +395,12 @@ def _check_lora(cfg: Config) -> None:
 def uses_critic(cfg: Config) -> bool:
     """Whether the run trains a value model: ``advantage_fn: ppo`` (GAE needs values)."""
     return cfg.algorithm.advantage_fn in NEEDS_CRITIC
+
+
+def uses_teacher(cfg: Config) -> bool:
+    """Whether the run distils: its advantage reads a teacher's log-probs, and
+    ``explorer.auxiliary_models[0]`` is that teacher, not a reward model."""
+    return cfg.algorithm.advantage_fn in NEEDS_TEACHER
 
 
 def _derive_critic(cfg: Config, seen: set[str]) -> None:
@@ -694,6 +736,36 @@ def _check_lead(cfg: Config) -> None:
             explored,
             buf.train_batch_size,
             -(-buf.train_batch_size // cfg.algorithm.repeat_times),
+        )
+
+
+def streams(cfg: Config) -> bool:
+    """Whether the explorer streams (:mod:`rft.explorer.streaming`): ``explorer.partial_rollout``
+    in an asynchronous run (``mode: explore``, or ``mode: both`` with ``sync_offset`` >= 1). A
+    synchronous run generates step s only after the trainer's step s - 1: nothing could overlap,
+    so the plain loop runs there."""
+    asynchronous = cfg.mode == "explore" or cfg.synchronizer.sync_offset > 0
+    return cfg.explorer.partial_rollout and asynchronous
+
+
+def _check_partial_rollout(cfg: Config) -> None:
+    """``explorer.partial_rollout``: what it cannot do, refused; where it has no effect, said."""
+    ex = cfg.explorer
+    if not ex.partial_rollout:
+        for key in ("max_inflight_samples", "max_version_span"):
+            if getattr(ex, key) is not None:
+                log.warning("explorer.%s has no effect without explorer.partial_rollout", key)
+        return
+    if lora_config(cfg) is not None:
+        raise NotSupportedError(
+            "explorer.partial_rollout with model.lora_configs: vLLM holds one adapter, so a new "
+            "version would pull the adapter from under the requests in flight; turn one off"
+        )
+    if cfg.mode == "both" and not streams(cfg):
+        log.warning(
+            "explorer.partial_rollout has no effect in a synchronous run (mode both, "
+            "synchronizer.sync_offset 0): step s waits for the trainer's step s - 1, nothing "
+            "overlaps; set sync_offset >= 1 or run mode explore + mode train"
         )
 
 

@@ -17,13 +17,14 @@ from rft.config.names import (
     ADVANTAGE_FN_NAMES,
     ALGORITHM_TYPES,
     ENTROPY_LOSS_FN_NAMES,
+    EXPERIENCE_OPERATORS,
     KL_FN_NAMES,
     LOSS_AGG_MODES,
     POLICY_LOSS_FN_NAMES,
     ROLLOUT_CORRECTION_MODES,
     SAMPLE_STRATEGIES,
 )
-from rft.config.typed_dict import field
+from rft.config.typed_dict import field, from_dict
 from rft.errors import ConfigError
 from rft.placement import GpuSplit, auxiliary_gpus, gpu_split
 
@@ -36,6 +37,7 @@ EntropyLossFn = Literal[ENTROPY_LOSS_FN_NAMES]
 LossAggMode = Literal[LOSS_AGG_MODES]
 SampleStrategy = Literal[SAMPLE_STRATEGIES]
 RolloutCorrectionMode = Literal[ROLLOUT_CORRECTION_MODES]
+ExperienceOperatorName = Literal[EXPERIENCE_OPERATORS]
 
 
 def _alias(alias: str, value: object, key: str, current: object, default: object) -> object:
@@ -294,7 +296,7 @@ class RolloutModelConfig:
 @dataclass
 class AuxiliaryModelConfig:
     model_path: str = (
-        ""  # a reward model: an HF folder with a score head (*ForSequenceClassification)
+        ""  # a reward model (*ForSequenceClassification), or on_policy_distill/jsd's teacher LM
     )
     engine_num: int = field(1, ge=1)  # scoring engines (GPUs counted in the explorers' split)
     tensor_parallel_size: int = field(1, ge=1)  # GPUs per engine
@@ -323,8 +325,10 @@ class ExplorerConfig:
     # rft: asynchronous runs stream: the next steps' requests enter the engine as earlier ones
     # finish and new weights load between engine steps, requests kept (rft.explorer.streaming)
     partial_rollout: bool = False
-    max_inflight_samples: Optional[int] = field(None, ge=1)  # rft: null: 2 steps' samples
-    max_version_span: Optional[int] = field(None, ge=0)  # rft: drop groups spanning more; null: keep
+    max_inflight_samples: Optional[int] = field(None, ge=1)  # rft: null: one step's samples
+    max_version_span: Optional[int] = field(
+        None, ge=0
+    )  # rft: drop groups spanning more; null: keep
 
 
 @dataclass
@@ -545,6 +549,60 @@ class SlurmConfig:
     extra_sbatch_args: list[str] = field(factory=list)  # more #SBATCH lines, e.g. "--exclusive"
 
 
+# Trinity's data_processor (trinity/common/config.py DataProcessorConfig) with the experience
+# operators rft applies as the trainer reads a batch (rft.trainer.experience_ops).
+@dataclass
+class NoOperatorArgs:
+    """mask_response_truncated takes no arguments."""
+
+
+@dataclass
+class DynamicSamplingArgs:
+    metric_key: str = "accuracy"  # reward part that says right or wrong (the reward if absent)
+    correct_threshold: float = 0.0  # a response is right when that score is above this
+
+
+OPERATOR_ARGS: dict[str, type] = {
+    "mask_response_truncated": NoOperatorArgs,
+    "dapo_dynamic_sampling": DynamicSamplingArgs,
+}
+_OPERATORS_PATH = "data_processor.experience_pipeline.operators"
+
+
+@dataclass
+class OperatorConfig:
+    name: Optional[ExperienceOperatorName] = None  # the operator (required)
+    args: dict = field(factory=dict)  # its arguments (OPERATOR_ARGS), checked at load
+
+    def typed_args(self, path: str = _OPERATORS_PATH) -> NoOperatorArgs | DynamicSamplingArgs:
+        """``args`` as the operator's typed arguments; ConfigError naming ``path`` if wrong."""
+        return from_dict(OPERATOR_ARGS[self.name], self.args, f"{path}.args")
+
+
+@dataclass
+class ExperiencePipelineConfig:
+    operators: list[OperatorConfig] = field(factory=list)  # applied in order to each batch read
+    # no effect: the buffer's segments are the operators' input (kept until a checkpoint
+    # releases them); archive consumed experiences with experience_buffer.path: sqlite:///...
+    save_input: bool = True
+
+    def __post_init__(self) -> None:
+        for i, op in enumerate(self.operators):
+            if op.name is None:
+                raise ConfigError(
+                    f"{_OPERATORS_PATH}[{i}].name is missing: name one of "
+                    f"{', '.join(EXPERIENCE_OPERATORS)}"
+                )
+            op.typed_args(f"{_OPERATORS_PATH}[{i}]")
+
+
+@dataclass
+class DataProcessorConfig:
+    experience_pipeline: Optional[ExperiencePipelineConfig] = field(
+        factory=ExperiencePipelineConfig
+    )  # operators on rollouts before training
+
+
 @dataclass
 class StageConfig:
     stage_name: str = ""  # label; each stage runs after the previous one
@@ -569,6 +627,7 @@ class Config:
     trainer: TrainerConfig = field(factory=TrainerConfig)  # DeepSpeed trainer
     monitor: MonitorConfig = field(factory=MonitorConfig)  # metrics sinks
     slurm: SlurmConfig = field(factory=SlurmConfig)  # sbatch resources
+    data_processor: DataProcessorConfig = field(factory=DataProcessorConfig)  # experience ops
     # Not a key: the mapping the user wrote (overrides merged), onto which each stage merges its
     # keys, so that a stage re-derives what the rules derived for the base (rft.config.load).
     written: dict = dataclasses.field(default_factory=dict, init=False, repr=False, compare=False)

@@ -18,7 +18,9 @@ from rft.entry import config_parser, run_command, setup_logging
 from rft.errors import ConfigError, RftError
 from rft.explorer import loop as X
 from rft.explorer import tasksets as T
+from rft.explorer.engine import Engine
 from rft.explorer.reward_model import RewardModel, load_reward_models
+from rft.explorer.rollout import rollout
 from rft.models import check_model_dir
 from rft.monitor import Monitor
 from rft.rundir import hf_dir, step_of, weights_dir
@@ -85,7 +87,7 @@ def _loadable(folder: Path) -> bool:
 
 def evaluate_checkpoint(
     cfg: Config,
-    engine: X.Engine,
+    engine: Engine,
     eval_sets: list[T.Taskset],
     step: int,
     reward_models: Sequence[RewardModel] = (),
@@ -93,7 +95,7 @@ def evaluate_checkpoint(
     metrics: dict[str, float] = {}
     for ts in eval_sets:
         items = [(i, T.Task(0, i, 0)) for i in range(len(ts))]
-        exps, _ = X.rollout(cfg, engine, [ts], items, step, step, "bench", reward_models)
+        exps, _ = rollout(cfg, engine, [ts], items, step, step, "bench", reward_models)
         groups = [
             [e for e in exps if e.group_id == g] for g in dict.fromkeys(e.group_id for e in exps)
         ]
@@ -166,7 +168,7 @@ def run_bench(cfg: Config) -> str:
     }
     for name, extractor in extractors.items():
         log.info("%s: answer extractor: %s", name, extractor)
-    engine = X.Engine(cfg)
+    engine = Engine(cfg)
     reward_models = load_reward_models(cfg)
     loaded = Path(engine.weights_path)  # the base model (or model.lora_configs[0].path's adapter)
     rows = []

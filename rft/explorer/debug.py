@@ -21,7 +21,7 @@ from rft.entry import config_parser, run_command, setup_logging
 from rft.errors import EXIT_OK, ConfigError
 from rft.explorer import tasksets
 from rft.explorer.engine import Engine
-from rft.explorer.loop import rollout
+from rft.explorer.rollout import rollout
 
 log = logging.getLogger(__name__)
 

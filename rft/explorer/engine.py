@@ -9,6 +9,7 @@ it must not restart vLLM between versions.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
@@ -16,9 +17,9 @@ import os
 import shutil
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import torch
 
@@ -61,6 +62,9 @@ class Sample:
     logprobs: list[float]
     finish_reason: str  # "stop", "length", ...
     text: str
+    # per response token, the weights version that generated it (vLLM's labels; empty when the
+    # engine was not labelled, see Engine.label_version)
+    versions: list[int] = field(default_factory=list)
 
     @property
     def truncated(self) -> bool:
@@ -232,6 +236,9 @@ class Engine:
         self.lora_request: Any = None  # vLLM's LoRARequest every generate uses; None: no adapter
         self._lora_ids = itertools.count(1)  # vLLM's adapter ids: a new one per load
         self._received: Path | None = None  # local folder of the adapter received by broadcast
+        self._streams: dict[str, tuple[int, list[Sample]]] = {}  # add(): key -> (parts, samples)
+        self._keys: dict[str, str] = {}  # vLLM request id -> add()'s key
+        self.in_flight = 0  # samples of add() not yet returned by step()
         self.tokenizer = self.llm.get_tokenizer()
         hf_config = self.llm.llm_engine.model_config.hf_config
         self.tied_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
@@ -284,6 +291,71 @@ class Engine:
             groups[i].extend(_sample(list(out.prompt_token_ids), c) for c in out.outputs)
         return groups
 
+    # ---------------------------------------------------------------- streaming (requests)
+
+    def add(self, key: str, prompt_ids: Sequence[int], args: SamplingArgs) -> None:
+        """Start ``args.n`` samples of a prompt now, while earlier requests run; :meth:`step`
+        returns them under ``key`` once all are done. Not to be mixed with :meth:`generate`
+        while requests are in flight (its engine loop would collect theirs)."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        if key in self._streams:
+            raise ValueError(f"request {key!r} is already in flight")
+        greedy = args.temperature == 0  # vLLM refuses n > 1 greedy: n requests of n = 1
+        ids = [f"{key}#{i}" for i in range(args.n)] if greedy else [key]
+        params = _params(SamplingParams, args, n=1 if greedy else args.n)
+        params.output_kind = RequestOutputKind.FINAL_ONLY  # a request's n samples come together
+        for rid in ids:
+            self._keys[rid] = key
+            self.llm.llm_engine.add_request(
+                rid,
+                TokensPrompt(prompt_token_ids=list(prompt_ids)),
+                params,
+                lora_request=self.lora_request,
+            )
+        self._streams[key] = (len(ids), [])
+        self.in_flight += args.n
+
+    def step(self) -> list[tuple[str, list[Sample]]]:
+        """One engine step: the requests of :meth:`add` that finished in it, with their
+        samples (a key's ``n`` samples come together)."""
+        done = []
+        for out in self.llm.llm_engine.step():
+            if not out.finished:
+                continue
+            key = self._keys.pop(out.request_id)
+            parts, samples = self._streams[key]
+            samples.extend(_sample(list(out.prompt_token_ids), c) for c in out.outputs)
+            if parts == 1:
+                del self._streams[key]
+                self.in_flight -= len(samples)
+                done.append((key, samples))
+            else:
+                self._streams[key] = (parts - 1, samples)
+        return done
+
+    def label_version(self, version: int) -> None:
+        """Label every token generated from now on with weights ``version`` (vLLM's weight
+        version spans: :attr:`Sample.versions`)."""
+        self.llm.llm_engine.set_weight_version(str(version))
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No engine step runs inside (requests kept, with their KV cache): a weights load and
+        its version label land between two steps. In-process engines step only when
+        :meth:`step` is called; a multiprocess engine core is paused in keep mode."""
+        core = self.llm.llm_engine.engine_core
+        remote = hasattr(core, "call_utility")  # vLLM's multiprocess client
+        if remote:
+            core.call_utility("pause_scheduler", "keep", False)
+        try:
+            yield
+        finally:
+            if remote:
+                core.call_utility("resume_scheduler")
+
     def reload(self, folder: Path | str) -> float:
         """Load ``folder`` in place, without an engine restart; seconds taken. A PEFT adapter
         folder (``adapter_config.json`` + ``adapter_model.safetensors``, as the trainer publishes
@@ -300,7 +372,8 @@ class Engine:
                 # the output layer's process_weights_after_loading again: without it a tied
                 # lm_head keeps the old weights on CPU
                 self.llm.collective_rpc("rft_refresh_tied_lm_head")
-            self.llm.reset_prefix_cache()  # cached KV blocks were computed with the old weights
+            if not self.in_flight:  # cached KV blocks were computed with the old weights
+                self.llm.reset_prefix_cache()  # (in flight: vLLM's keep mode, see add())
             self.base_path = str(folder)
             self.lora_request = None  # vLLM's reload removed every adapter
         seconds = time.monotonic() - start
@@ -396,7 +469,7 @@ class Engine:
             ) from e
         return reader.extract_reasoning(text, ChatCompletionRequest(model="rft", messages=[]))
 
-    # -- weights by broadcast (sync_method nccl): rft.explorer.receiver drives these
+    # -- weights by broadcast (sync_method nccl): rft.sync.receiver drives these
 
     def join_group(
         self,
@@ -514,6 +587,17 @@ def _sample(prompt_ids: list[int], completion: Any) -> Sample:
     positions = completion.logprobs or []
     assert len(positions) == len(response_ids), "vLLM returned a logprob dict per token"
     logprobs = [float(pos[token].logprob) for token, pos in zip(response_ids, positions)]
+    versions = [
+        int(span.version)
+        for span in getattr(completion, "weight_versions", None) or ()
+        if span.version.isdigit()  # vLLM's "default": never labelled
+        for _ in range(span.start, span.end)
+    ]
     return Sample(
-        prompt_ids, response_ids, logprobs, str(completion.finish_reason), completion.text
+        prompt_ids,
+        response_ids,
+        logprobs,
+        str(completion.finish_reason),
+        completion.text,
+        versions if len(versions) == len(response_ids) else [],
     )

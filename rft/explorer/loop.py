@@ -10,28 +10,27 @@ Entry: ``python -m rft.explorer --config FILE [key=value ...]`` (:func:`main`).
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import signal
 import statistics
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from rft import atomic
 from rft.buffer.experience import Experience
 from rft.buffer.segments import open_buffer_writer
+from rft.config.rules import streams
 from rft.config.schema import Config
 from rft.entry import config_parser, run_command, setup_logging
-from rft.errors import EXIT_OK, ConfigError, SyncTimeoutError
+from rft.errors import EXIT_OK, ConfigError
 from rft.explorer import cursor as C
 from rft.explorer import tasksets as T
-from rft.explorer.engine import Engine, Sample
-from rft.explorer.episodes import EpisodeJob, episode_jobs, run_episodes, to_record
-from rft.explorer.receiver import BroadcastReceiver
-from rft.explorer.reward_model import RewardModel, conversation, load_reward_models
+from rft.explorer.engine import Engine
+from rft.explorer.reward_model import RewardModel, load_reward_models
+from rft.explorer.rollout import rollout, rollout_carried
+from rft.explorer.streaming import Seal, stream_steps
 from rft.lease import Lease, remove_dead_tmp
 from rft.monitor import (
     ACCURACY,
@@ -39,21 +38,17 @@ from rft.monitor import (
     EXPLORER_RELOAD_S,
     EXPLORER_STEP_S,
     EXPLORER_WAIT_S,
-    GENERATE_TIME_S,
-    GENERATE_TOKENS_PER_S,
     GENERATED_TOKENS,
     LOOP_TOKENS_PER_S,
     RESPONSE_LENGTH_MAX,
     REWARD_MEAN,
-    TOOL_CALLS,
-    TOOL_ERRORS,
-    TOOL_TIMEOUTS,
     WEIGHTS_VERSION,
     Monitor,
 )
 from rft.placement import EXPLORER_MODES, explorer_rank
 from rft.rundir import EXPLORER_META, explorer_role, writer_name
 from rft.stages import load_stage
+from rft.sync.explorer_side import WeightsIn, open_weights_in
 from rft.sync.heartbeat import (
     EVALUATING_FIELD,
     EXITED_FIELD,
@@ -64,20 +59,9 @@ from rft.sync.heartbeat import (
     TASKS_FIELD,
     Heartbeat,
 )
-from rft.sync.local import DeltaPolicy, LocalCopy
 from rft.sync.schedule import explorer_lead, required_version
-from rft.sync.versions import weights_problem
-from rft.sync.watcher import WeightsWatcher
-from rft.workflow import tools
-from rft.workflow.conversation import ChatTemplate
-from rft.workflow.endpoint import Endpoint, shared_endpoint
-from rft.workflow.single_turn import Recipe
-from rft.workflow.task import GenerationArgs
-from rft.workflow.task import Task as WorkflowTask
 
 log = logging.getLogger(__name__)
-
-WEIGHTS_POLL_S = 1.0  # pointer checks while waiting for weights (mode both)
 
 
 @dataclass(frozen=True)
@@ -152,18 +136,6 @@ def run_explorer(
     heartbeat = Heartbeat(run_dir, explorer.writer, cfg.explorer.heartbeat_interval_s).start()
     if handle_signals:
         install_exit_handlers(heartbeat, lease)
-    nccl = cfg.synchronizer.sync_method == "nccl"
-    # with nccl the weights also arrive by broadcast (BroadcastReceiver), looked for at the same
-    # points; folders then only bring versions newer than the loaded one (published at
-    # checkpoints, at the end, or when a broadcast failed)
-    watcher = WeightsWatcher(
-        run_dir,
-        loaded_version=0,
-        heartbeat=heartbeat,
-        newer_only=nccl,
-        trainer_live_s=cfg.explorer.heartbeat_timeout_s,
-        local=local_copy(cfg, run_dir, explorer.writer),
-    )
     monitor = Monitor(
         run_dir,
         explorer.role,
@@ -182,111 +154,127 @@ def run_explorer(
     reward_models = load_reward_models(
         cfg
     )  # after vLLM started: this process touches CUDA only now
-    receiver = (
-        BroadcastReceiver(
-            run_dir,
-            explorer.writer,
-            engine,
-            cfg.explorer.rollout_model.tensor_parallel_size,
-            cfg.synchronizer.sync_timeout,
-        )
-        if nccl
-        else None
-    )
+    weights = open_weights_in(cfg, explorer.writer, engine, heartbeat)  # folders, broadcasts
     result = ExplorerResult()
     sync = cfg.synchronizer
-    lead, lead_key = explorer_lead(cfg.mode, sync.sync_offset, sync.max_lead_steps)
+    lead, _ = explorer_lead(cfg.mode, sync.sync_offset, sync.max_lead_steps)
 
     def evaluate_now(step: int) -> dict[str, Any]:
         """:func:`evaluate`, said in the heartbeat while it runs (a launcher waits for it)."""
         heartbeat.beat(**{EVALUATING_FIELD: True})
         try:
-            return evaluate(cfg, engine, eval_sets, monitor, step, watcher, reward_models)
+            return evaluate(cfg, engine, eval_sets, monitor, step, weights, reward_models)
         finally:
             heartbeat.beat(**{EVALUATING_FIELD: False})
+
+    def seal(
+        step: int, exps: list, share: C.Share, stats: dict[str, float], after: T.Cursor
+    ) -> bool:
+        """Seal ``step`` as segment seq ``step`` (experiences with token ids, logprobs, reward
+        and its parts, version), save the task cursor ``after`` it, log its metrics; whether
+        the periodic evaluation is due now (not at the last step when the final one follows)."""
+        lease.check(f"sealing segment {step} and saving the task cursor")
+        writer.write(exps, seq=step)
+        C.save_cursor(run_dir, explorer.name, explorer.rank, plan.layout, after)
+        heartbeat.beat(
+            **{STEPS_FIELD: step, TASKS_FIELD: heartbeat.fields[TASKS_FIELD] + len(share)}
+        )
+        metrics = {**stats, **step_metrics(exps)}
+        monitor.log(step, metrics)
+        result.steps.append(step)
+        result.metrics.append(metrics)
+        final_eval = evaluates_final(cfg, bool(eval_sets)) and stream.finished(after)
+        every = cfg.explorer.eval_interval
+        return bool(eval_sets) and bool(every) and step % every == 0 and not final_eval
 
     try:
         heartbeat.beat(**{LOADED_FIELD: 0, STEPS_FIELD: cursor.step})
         if eval_sets and cfg.explorer.eval_on_startup and cursor.step == 0:
-            sync_weights(engine, watcher, 0, sync.sync_timeout, receiver)
+            weights.wait_for(0)
             result.eval_metrics.append(evaluate_now(0))
-        while not plan.finished(stream) and (max_steps is None or len(result.steps) < max_steps):
-            step_start = time.monotonic()
-            step = cursor.step + 1
-            # Steps are numbered from 1; weights version v is the trainer step that produced
-            # them, version 0 is model.model_path. mode both: wait for
-            # ((s - 1 - sync_offset) // sync_interval) * sync_interval, never below 0 (no wait
-            # while s <= 1 + sync_offset): the newest version the trainer publishes after its
-            # step s - 1 - sync_offset. mode explore: the same with max_lead_steps for
-            # sync_offset when set (bounds how stale the rollouts get), else never wait.
-            need = 0 if lead is None else required_version(step, lead, sync.sync_interval)
-            version, reload_s, wait_s = sync_weights(
-                engine, watcher, need, sync.sync_timeout, receiver, lead_key
-            )
-            carried, share = plan.take(step, stream.next_batch(cursor))
-            exps, stats = rollout(
-                cfg, engine, train_sets, share, step, version, explorer.writer, reward_models
-            )
-            if carried:  # slots of earlier steps (the explorer count changed: rft.explorer.cursor)
-                exps = (
-                    rollout_carried(
-                        cfg, engine, train_sets, carried, version, explorer.writer, reward_models
-                    )
-                    + exps
-                )
-                share = share + [pair for pairs in carried.values() for pair in pairs]
-            # step s is sealed as segment seq s: experiences with token ids, logprobs, reward and
-            # its parts (with explorer.auxiliary_models the reward models' scores too), version
-            lease.check(f"sealing segment {step} and saving the task cursor")
-            writer.write(exps, seq=step)
-            C.save_cursor(run_dir, explorer.name, explorer.rank, plan.layout, cursor)
-            heartbeat.beat(
-                **{STEPS_FIELD: step, TASKS_FIELD: heartbeat.fields[TASKS_FIELD] + len(share)}
-            )
-            metrics = {
-                **stats,
-                **step_metrics(exps),
-                WEIGHTS_VERSION: version,
-                EXPLORER_RELOAD_S: reload_s,
-                EXPLORER_WAIT_S: wait_s,
-                EXPLORER_STEP_S: time.monotonic() - step_start,
-            }
-            metrics[LOOP_TOKENS_PER_S] = stats[GENERATED_TOKENS] / metrics[EXPLORER_STEP_S]
-            monitor.log(step, metrics)
-            result.steps.append(step)
-            result.metrics.append(metrics)
-            final_eval = evaluates_final(cfg, bool(eval_sets)) and stream.finished(cursor)
-            if (
-                eval_sets
-                and cfg.explorer.eval_interval
-                and step % cfg.explorer.eval_interval == 0
-                and not final_eval
-            ):
-                result.eval_metrics.append(evaluate_now(step))
+        explore = stream_steps if streams(cfg) else step_by_step
+        explore(
+            cfg,
+            engine,
+            train_sets,
+            plan,
+            stream,
+            weights,
+            seal,
+            writer=explorer.writer,
+            lead=lead,
+            max_steps=max_steps,
+            reward_models=reward_models,
+            evaluate=lambda step: result.eval_metrics.append(evaluate_now(step)),
+        )
         if stream.finished(cursor):  # after the last segment was sealed: a trainer may now end
             heartbeat.beat(**{FINISHED_FIELD: True})
             if result.steps and evaluates_final(cfg, bool(eval_sets)):
                 # The trained model: the trainer publishes its last step's weights (sync.py).
-                sync_weights(engine, watcher, stream.total_steps, sync.sync_timeout, receiver)
+                weights.wait_for(stream.total_steps)
                 result.eval_metrics.append(evaluate_now(result.steps[-1]))
-        result.loaded_version = watcher.loaded_version or 0
+        result.loaded_version = weights.loaded_version or 0
     finally:
-        if receiver is not None:
-            receiver.close()
-            engine.discard_received()
+        weights.close()
         heartbeat.stop()
         monitor.close()
         lease.release()
     return result
 
 
-def local_copy(cfg: Config, run_dir: Any, writer: str) -> LocalCopy | None:
-    """The node-local folder delta sync rebuilds weights in (None: engines load weights/)."""
-    sync = cfg.synchronizer
-    if not sync.delta_sync:
-        return None
-    policy = DeltaPolicy(sync.delta_anchor_interval, sync.delta_local_dir)
-    return LocalCopy(run_dir, policy.scratch(run_dir, writer))
+def step_by_step(
+    cfg: Config,
+    engine: Engine,
+    tasksets: list[T.Taskset],
+    plan: C.RankPlan,
+    stream: T.TaskStream,
+    weights: WeightsIn,
+    seal: Seal,
+    *,
+    writer: str,
+    lead: int | None,
+    max_steps: int | None = None,
+    reward_models: Sequence[RewardModel] = (),
+    evaluate: Callable[[int], None] | None = None,
+) -> None:
+    """Generate and seal one step after the other until the task stream ends (or ``max_steps``
+    steps are sealed): each step waits for the weights it may be generated with, then generates
+    all its groups at once (:func:`rft.explorer.rollout.rollout`); :func:`stream_steps` is the
+    overlapping variant, with the same arguments."""
+    cursor = plan.cursor  # advanced in place by stream.next_batch
+    interval = cfg.synchronizer.sync_interval
+    done = 0
+    while not plan.finished(stream) and (max_steps is None or done < max_steps):
+        step_start = time.monotonic()
+        step = cursor.step + 1
+        # Steps are numbered from 1; weights version v is the trainer step that produced
+        # them, version 0 is model.model_path. mode both: wait for
+        # ((s - 1 - sync_offset) // sync_interval) * sync_interval, never below 0 (no wait
+        # while s <= 1 + sync_offset): the newest version the trainer publishes after its
+        # step s - 1 - sync_offset. mode explore: the same with max_lead_steps for
+        # sync_offset when set (bounds how stale the rollouts get), else never wait.
+        need = 0 if lead is None else required_version(step, lead, interval)
+        version, reload_s, wait_s = weights.wait_for(need)
+        carried, share = plan.take(step, stream.next_batch(cursor))
+        exps, stats = rollout(cfg, engine, tasksets, share, step, version, writer, reward_models)
+        if carried:  # slots of earlier steps (the explorer count changed: rft.explorer.cursor)
+            exps = (
+                rollout_carried(cfg, engine, tasksets, carried, version, writer, reward_models)
+                + exps
+            )
+            share = share + [pair for pairs in carried.values() for pair in pairs]
+        step_s = time.monotonic() - step_start
+        stats = {
+            **stats,
+            WEIGHTS_VERSION: version,
+            EXPLORER_RELOAD_S: reload_s,
+            EXPLORER_WAIT_S: wait_s,
+            EXPLORER_STEP_S: step_s,
+            LOOP_TOKENS_PER_S: stats[GENERATED_TOKENS] / step_s,
+        }
+        done += 1
+        if seal(step, exps, share, stats, cursor) and evaluate is not None:
+            evaluate(step)
 
 
 def claim_writer(cfg: Config, writer: str) -> Lease:
@@ -320,375 +308,6 @@ def resume_cursor(run_dir: Any, explorer: ExplorerTask, stream: T.TaskStream) ->
             len(plan.carried),
         )
     return plan
-
-
-def rollout_carried(
-    cfg: Config,
-    engine: Engine,
-    tasksets: list[T.Taskset],
-    carried: dict[int, C.Share],
-    version: int,
-    writer: str,
-    reward_models: Sequence[RewardModel] = (),
-) -> list[Experience]:
-    """The groups of ``carried``: earlier steps' slots this rank's writer can no longer seal,
-    generated now (sealed with the current step), with their own step in ids and info."""
-    out: list[Experience] = []
-    for step, items in sorted(carried.items()):
-        out += rollout(cfg, engine, tasksets, items, step, version, writer, reward_models)[0]
-    return out
-
-
-def sync_weights(
-    engine: Engine,
-    watcher: WeightsWatcher,
-    need: int,
-    timeout_s: float,
-    receiver: BroadcastReceiver | None = None,
-    lead_key: str = "synchronizer.sync_offset",
-) -> tuple[int, float, float]:
-    """Load the newest weights, waiting until version >= ``need``: from the trainer's broadcast
-    (``receiver``, with ``sync_method: nccl``) or from a published folder, whichever comes.
-    In every mode the newest published version is loaded if it differs from the loaded one;
-    waiting longer than ``timeout_s`` (``synchronizer.sync_timeout``) raises
-    :class:`~rft.errors.SyncTimeoutError`.
-
-    A load whose folder the trainer pruned or republished meanwhile is void
-    (:meth:`WeightsWatcher.load`) and retried at once with the newest version; until one
-    succeeds the engine's weights are unknown and the explorer does not generate.
-    Returns (loaded version, reload seconds, wait seconds).
-    """
-    start = time.monotonic()
-    reload_s = 0.0
-    wait_s = 0.0  # the first look at the broadcast events does not wait
-    while True:
-        if receiver is not None:
-            received = receiver.poll(wait_s)
-            if received is not None:
-                watcher.loaded_by_broadcast(received)
-                reload_s += receiver.receive_s
-        latest = watcher.poll()
-        retry = False
-        if latest is not None:
-            load_start = time.monotonic()
-            retry = not watcher.load(latest[0], engine.reload)
-            reload_s += time.monotonic() - load_start
-        loaded = watcher.loaded_version
-        if not retry and loaded is not None and loaded >= need:
-            return loaded, reload_s, time.monotonic() - start - reload_s
-        if time.monotonic() - start > timeout_s:
-            why = weights_problem(watcher.run_dir) or (
-                f"is the trainer running? Check its log, or raise synchronizer.sync_timeout / "
-                f"{lead_key}"
-            )
-            raise SyncTimeoutError(
-                f"waited {timeout_s:.0f}s for weights version >= {need} in {watcher.run_dir} "
-                f"(loaded: {'none, a load was voided' if loaded is None else loaded}); {why}"
-            )
-        if retry:
-            wait_s = 0.0
-        elif receiver is not None:
-            wait_s = WEIGHTS_POLL_S  # the receiver waits on the trainer's events meanwhile
-        else:
-            time.sleep(WEIGHTS_POLL_S)
-
-
-# ----------------------------------------------------------------------------- generation
-
-
-@dataclass
-class PromptJob:
-    """A task whose prompt fits: what generation and scoring need."""
-
-    slot: int
-    task: T.Task
-    taskset: T.Taskset
-    row: dict
-    ids: list[int]
-    recipe: Recipe  # the row's single-turn workflow
-
-
-def build_prompts(
-    cfg: Config, tokenizer: Any, items: list[tuple[int, T.Task]], tasksets: list[T.Taskset]
-) -> tuple[list[PromptJob], dict[str, int]]:
-    """Prompt ids per task; a prompt over :func:`~rft.explorer.tasksets.prompt_token_limit` is
-    left out (its task yields no experiences), counted in ``prompts_filtered`` and logged."""
-    counts = {"prompts_filtered": 0}
-    limit = T.prompt_token_limit(cfg)
-    thinking = enable_thinking(cfg)
-    jobs = []
-    for slot, task in items:
-        ts = tasksets[task.taskset]
-        row = ts.rows[task.index]
-        fmt = ts.config.format
-        recipe = ts.workflow_of(row)
-        ids = T.prompt_ids(
-            tokenizer,
-            recipe.build_messages(row, fmt),
-            reply_prefix=fmt.reply_prefix,
-            enable_thinking=thinking,
-            chat_template=cfg.model.custom_chat_template,
-        )
-        if limit is not None and len(ids) > limit:
-            counts["prompts_filtered"] += 1
-            continue
-        jobs.append(PromptJob(slot, task, ts, row, ids, recipe))
-    if counts["prompts_filtered"]:
-        log.warning(
-            "%d of %d prompts are longer than %d tokens and were left out "
-            "(model.enable_prompt_truncation=%s)",
-            counts["prompts_filtered"],
-            len(items),
-            limit,
-            cfg.model.enable_prompt_truncation,
-        )
-    return jobs, counts
-
-
-def generate(engine: Engine, jobs: list[PromptJob]) -> tuple[list[list[Sample]], dict[str, float]]:
-    """Samples per job (taskset sampling settings), with generation throughput."""
-    start = time.monotonic()
-    groups = engine.generate([j.ids for j in jobs], [j.taskset.sampling for j in jobs])
-    seconds = time.monotonic() - start
-    tokens = sum(len(s.response_ids) for g in groups for s in g)
-    return groups, {
-        GENERATED_TOKENS: tokens,
-        GENERATE_TIME_S: seconds,
-        GENERATE_TOKENS_PER_S: tokens / seconds if seconds > 0 else 0.0,
-    }
-
-
-def score(job: PromptJob, sample: Sample) -> dict[str, float]:
-    """The rule reward's parts of one sample (the workflow's reward function)."""
-    fmt = job.taskset.config.format
-    truth = job.recipe.ground_truth(job.row, fmt)
-    return job.recipe.score(sample.text, truth, fmt.reply_prefix, len(sample.response_ids))
-
-
-def score_all(
-    jobs: list[PromptJob],
-    groups: list[list[Sample]],
-    reward_models: Sequence[RewardModel] = (),
-) -> tuple[list[list[tuple[float, dict[str, float]]]], dict[str, float]]:
-    """(reward, parts) of every sample, grouped as ``groups``: the rule's parts, and with reward
-    models their scores, each model scoring all the samples in one call; combined by the
-    taskset's weights (:meth:`rft.workflow.single_turn.Recipe.reward`)."""
-    flat = [(job, sample) for job, group in zip(jobs, groups) for sample in group]
-    scores: list[list[float]] = [[] for _ in flat]
-    stats: dict[str, float] = {}
-    if reward_models and flat:
-        start = time.monotonic()
-        prompts = {
-            id(job): job.recipe.build_messages(job.row, job.taskset.config.format) for job in jobs
-        }
-        conversations = [conversation(prompts[id(job)], sample.text) for job, sample in flat]
-        for model in reward_models:
-            for mine, value in zip(scores, model.score(conversations)):
-                mine.append(value)
-        stats = {
-            "reward_model_time_s": time.monotonic() - start,
-            "reward_model_truncated": sum(m.last_truncated for m in reward_models),
-        }
-    rewards = [
-        job.recipe.reward(score(job, sample), mine) for (job, sample), mine in zip(flat, scores)
-    ]
-    out, first = [], 0
-    for group in groups:
-        out.append(rewards[first : first + len(group)])
-        first += len(group)
-    return out, stats
-
-
-def rollout(
-    cfg: Config,
-    engine: Engine,
-    tasksets: list[T.Taskset],
-    items: list[tuple[int, T.Task]],
-    step: int,
-    version: int,
-    writer: str,
-    reward_models: Sequence[RewardModel] = (),
-) -> tuple[list[Experience], dict[str, float]]:
-    """Generate and score this task's share of a step: experiences (groups adjacent) + stats.
-    Tasks of single-turn recipes go to the engine in one call (:func:`rollout_recipes`); tasks
-    of workflow classes run as concurrent episodes (:func:`rollout_episodes`)."""
-    by_class = [
-        (slot, t)
-        for slot, t in items
-        if isinstance(
-            tasksets[t.taskset].workflow_of(tasksets[t.taskset].rows[t.index]), T.WorkflowClass
-        )
-    ]
-    recipes = [item for item in items if item not in by_class]
-    exps: list[Experience] = []
-    stats: dict[str, float] = {GENERATED_TOKENS: 0}
-    if recipes or not by_class:
-        exps, stats = rollout_recipes(
-            cfg, engine, tasksets, recipes, step, version, writer, reward_models
-        )
-    if by_class:
-        episode_exps, episode_stats = rollout_episodes(
-            cfg, engine, tasksets, by_class, step, version, writer
-        )
-        generated = stats[GENERATED_TOKENS] + episode_stats[GENERATED_TOKENS]
-        exps, stats = exps + episode_exps, {**stats, **episode_stats, GENERATED_TOKENS: generated}
-    return exps, {**stats, "tasks": len(items)}
-
-
-def rollout_recipes(
-    cfg: Config,
-    engine: Engine,
-    tasksets: list[T.Taskset],
-    items: list[tuple[int, T.Task]],
-    step: int,
-    version: int,
-    writer: str,
-    reward_models: Sequence[RewardModel] = (),
-) -> tuple[list[Experience], dict[str, float]]:
-    """The single-turn tasks of a step: every prompt in one engine call, then scored."""
-    jobs, counts = build_prompts(cfg, engine.tokenizer, items, tasksets)
-    groups, stats = generate(engine, jobs)
-    rewards, score_stats = score_all(jobs, groups, reward_models)
-    exps = []
-    for job, group, group_rewards in zip(jobs, groups, rewards):
-        group_id = f"{writer}:{step}:{job.slot}"
-        for sample, (reward, parts) in zip(group, group_rewards):
-            exps.append(
-                Experience(
-                    task_id=f"{job.taskset.name}/{job.task.index}",
-                    group_id=group_id,
-                    prompt_ids=sample.prompt_ids,
-                    response_ids=sample.response_ids,
-                    logprobs=sample.logprobs,
-                    reward=reward,
-                    reward_parts=parts,
-                    model_version=version,
-                    temperature=job.taskset.sampling.temperature,
-                    truncated=sample.truncated,
-                    response_text=sample.text,
-                    info={"step": step, "epoch": job.task.epoch, "taskset": job.taskset.name},
-                )
-            )
-    return exps, {**counts, **stats, **score_stats}
-
-
-def enable_thinking(cfg: Config) -> bool | None:
-    """The chat template's thinking switch: ``model.enable_thinking``, else the rollout model's."""
-    return (
-        cfg.model.enable_thinking
-        if cfg.model.enable_thinking is not None
-        else cfg.explorer.rollout_model.enable_thinking
-    )
-
-
-def episode_template(cfg: Config) -> ChatTemplate:
-    """The chat template episodes render with: a tokenizer of their own (the engine's is used by
-    the engine's thread meanwhile), loaded once per model folder and template settings."""
-    return _chat_template(
-        cfg.model.model_path, cfg.model.custom_chat_template, enable_thinking(cfg)
-    )
-
-
-@functools.lru_cache(maxsize=4)
-def _chat_template(
-    model_path: str, chat_template: str | None, thinking: bool | None
-) -> ChatTemplate:
-    from transformers import AutoTokenizer
-
-    return ChatTemplate(AutoTokenizer.from_pretrained(model_path), chat_template, thinking)
-
-
-def agent_endpoint(cfg: Config) -> Optional[Callable[[], Endpoint]]:
-    """How episodes reach this process's OpenAI-compatible endpoint (started on first use),
-    with ``explorer.rollout_model.enable_openai_api``; else None."""
-    if not cfg.explorer.rollout_model.enable_openai_api:
-        return None
-    return functools.partial(shared_endpoint, Path(cfg.model.model_path).name)
-
-
-def rollout_episodes(
-    cfg: Config,
-    engine: Engine,
-    tasksets: list[T.Taskset],
-    items: list[tuple[int, T.Task]],
-    step: int,
-    version: int,
-    writer: str,
-) -> tuple[list[Experience], dict[str, float]]:
-    """Run the workflow classes of ``items`` (``explorer.runner_per_model`` episodes at once,
-    each stopped at ``explorer.max_timeout``); their experiences, one group per task."""
-    jobs: list[EpisodeJob] = []
-    where: dict[int, tuple[T.Taskset, T.Task]] = {}
-    for slot, task in items:
-        ts = tasksets[task.taskset]
-        row = dict(ts.rows[task.index])
-        choice = ts.workflow_of(row)
-        s = ts.sampling
-        workflow_task = WorkflowTask(
-            workflow=choice.cls,
-            repeat_times=s.n,
-            format_args=ts.config.format,
-            rollout_args=GenerationArgs(
-                temperature=s.temperature,
-                top_p=s.top_p,
-                top_k=s.top_k,
-                logprobs=s.logprobs,
-                max_tokens=s.max_tokens,
-            ),
-            workflow_args=dict(ts.config.workflow_args),
-            reward_fn_args=dict(ts.config.reward_fn_args),
-            is_eval=writer == "eval",
-            reward_fn=choice.reward_fn,
-            raw_task=row,
-            batch_id=step,
-            task_id=f"{ts.name}/{task.index}",
-        )
-        jobs += episode_jobs(slot, workflow_task, choice.cls)
-        where[slot] = (ts, task)
-    rollout = cfg.explorer.rollout_model
-    parser = rollout.tool_call_parser if rollout.enable_auto_tool_choice else None
-    before = tools.COUNTS.snapshot()
-    results, stats = run_episodes(
-        jobs,
-        engine,
-        episode_template(cfg),
-        version,
-        concurrency=cfg.explorer.runner_per_model,
-        timeout_s=cfg.explorer.max_timeout,
-        max_model_len=engine.max_model_len,
-        tool_parser=parser,
-        reasoning_parser=rollout.reasoning_parser,
-        endpoint=agent_endpoint(cfg),
-    )
-    used = tools.counts_since(before)
-    stats.update(
-        {
-            TOOL_CALLS: used["calls"],
-            TOOL_ERRORS: used["errors"],
-            TOOL_TIMEOUTS: used["timeouts"],
-            GENERATED_TOKENS: sum(
-                sum(e.action_mask) if e.action_mask else len(e.response_ids)
-                for r in results
-                for e in r.experiences
-            ),
-        }
-    )
-    exps: list[Experience] = []
-    for result in sorted((r for r in results if r.ok), key=lambda r: r.job.slot):  # groups adjacent
-        ts, task = where[result.job.slot]
-        info = {"step": step, "epoch": task.epoch, "taskset": ts.name}
-        for exp in result.experiences:
-            record = to_record(
-                exp,
-                result.job.task,
-                f"{writer}:{step}:{result.job.slot}",
-                version,
-                ts.sampling.temperature,
-                info,
-            )
-            if record is not None:
-                exps.append(record)
-    return exps, stats
 
 
 # ----------------------------------------------------------------------------- metrics, eval
@@ -743,11 +362,11 @@ def evaluate(
     eval_sets: list[T.Taskset],
     monitor: Monitor,
     step: int,
-    watcher: WeightsWatcher,
+    weights: WeightsIn,
     reward_models: Sequence[RewardModel] = (),
 ) -> dict[str, Any]:
     """Every row of every eval taskset with its rollout_args; metrics to the monitor only."""
-    version = watcher.loaded_version or 0
+    version = weights.loaded_version or 0
     metrics: dict[str, Any] = {EVAL_WEIGHTS_VERSION: version}
     start = time.monotonic()
     for ts in eval_sets:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from rft.config.auxiliary import auxiliary_tp, scoring_max_len
+from rft.config.rules import uses_teacher
 from rft.config.schema import Config
 from rft.errors import ConfigError, DataError
 from rft.models import check_reward_model_dir, read_config
@@ -223,7 +224,11 @@ def scorer_device(rollout_tp: int, aux_tp: Sequence[int], index: int, key: str) 
 
 
 def load_reward_models(cfg: Config) -> list[RewardModel]:
-    """One scorer per ``explorer.auxiliary_models`` entry, in config order (none: empty)."""
+    """One scorer per ``explorer.auxiliary_models`` entry, in config order (none: empty). In a
+    distillation run (``advantage_fn`` in NEEDS_TEACHER) the one entry is the teacher
+    (:mod:`rft.explorer.teacher`), no reward model."""
+    if uses_teacher(cfg):
+        return []
     models = cfg.explorer.auxiliary_models
     tps, rollout_tp = auxiliary_tp(cfg), cfg.explorer.rollout_model.tensor_parallel_size
     out = []

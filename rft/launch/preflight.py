@@ -18,10 +18,11 @@ from rft import data, stages
 from rft.config import batches
 from rft.config.auxiliary import auxiliary_tp, scoring_max_len
 from rft.config.load import stage_config, stage_label
-from rft.config.rules import lora_config, uses_critic
+from rft.config.rules import lora_config, uses_critic, uses_teacher
 from rft.config.schema import Config, ExperienceBufferConfig
 from rft.errors import ConfigError, DataError, RftError
 from rft.explorer.tasksets import required_columns, taskset_workflow
+from rft.explorer.teacher import check_teacher_dir
 from rft.models import (
     ADAPTER_CONFIG,
     check_critic_dir,
@@ -206,7 +207,11 @@ def _check_context_length(cfg: Config) -> None:
 
 def check_reward_models(cfg: Config) -> None:
     """Each ``explorer.auxiliary_models`` folder is a reward model (:func:`rft.models.
-    check_reward_model_dir`) whose position embeddings hold its scoring limit."""
+    check_reward_model_dir`) whose position embeddings hold its scoring limit; in a distillation
+    run the one entry is the teacher (:mod:`rft.explorer.teacher`)."""
+    if uses_teacher(cfg):
+        check_teacher_dir(cfg)
+        return
     for i, model in enumerate(cfg.explorer.auxiliary_models):
         key = f"explorer.auxiliary_models[{i}]"
         check_reward_model_dir(model.model_path, f"{key}.model_path")
@@ -422,8 +427,20 @@ def _role_lines(cfg: Config, devices: Devices) -> list[tuple[str, str]]:
 
 
 def _reward_model_lines(cfg: Config) -> list[tuple[str, str]]:
-    """One line per reward model: its folder, its GPUs in each explorer task, its reward part."""
+    """One line per reward model: its folder, its GPUs in each explorer task, its reward part
+    (or the teacher's line in a distillation run)."""
     models = cfg.explorer.auxiliary_models
+    if uses_teacher(cfg) and models:
+        teacher = models[0]
+        return [
+            (
+                "teacher",
+                f"{teacher.model_path}: a forward pass in each explorer task after each step's "
+                f"generation (GPU {cfg.explorer.rollout_model.tensor_parallel_size} of the task, "
+                f"else its CPUs); its log-prob of each sampled token makes the "
+                f"{cfg.algorithm.advantage_fn} advantage (the reward is logged only)",
+            )
+        ]
     names = reward_model_part_names(len(models)) if models else []
     tps, rollout_tp = auxiliary_tp(cfg), cfg.explorer.rollout_model.tensor_parallel_size
     lines = []

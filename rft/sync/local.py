@@ -140,11 +140,11 @@ class LocalCopy:
         if not self._has_anchor(index):
             self._fetch_anchor(index)
         try:
-            apply_folder(folder, self.anchor_dir, out)
+            apply_folder(folder, self.anchor_dir, out, durable=False)
         except DeltaError as e:
             log.warning("local anchor did not rebuild %s (%s): fetching it again", folder, e)
             self._fetch_anchor(index)
-            apply_folder(folder, self.anchor_dir, out)
+            apply_folder(folder, self.anchor_dir, out, durable=False)
         for old in self.root.glob("v*"):
             if old != out:
                 shutil.rmtree(old, ignore_errors=True)

@@ -9,10 +9,10 @@ import functools
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from rft.algo.advantages import ADVANTAGE_FNS
 from rft.algo.correction import CORRECTIONS, correction_weights
 from rft.algo.losses import ENTROPY_LOSS_FNS, KL_FNS, LOSS_AGG_MODES
 from rft.algo.registry import (
+    ADVANTAGE_FNS,
     POLICY_LOSS_FNS,
     get_advantage_fn,
     get_entropy_loss_fn,
@@ -29,6 +29,7 @@ from rft.errors import ConfigError
 # The registries implement exactly the names the config declares (GAE, which needs values, apart).
 assert set(ADVANTAGE_FNS) == set(names.ADVANTAGE_FN_NAMES) - names.NEEDS_CRITIC
 assert names.NEEDS_CRITIC == {"ppo"}
+assert names.NEEDS_TEACHER <= set(ADVANTAGE_FNS)
 assert names.BY_RUN <= set(ADVANTAGE_FNS) and names.GROUP_BASELINES <= set(ADVANTAGE_FNS)
 assert names.EXPERT_LOSSES <= set(POLICY_LOSS_FNS)
 assert names.ROLLOUT_ENTROPY <= set(ENTROPY_LOSS_FNS)
@@ -58,6 +59,8 @@ class LossFns:
     # (token_rewards, values, mask) -> (advantages, returns, metrics): advantage_fn ppo (a critic)
     gae: Callable[..., Any] | None = None
     advantage_by_run: bool = False  # the advantage takes each row's (run, env step): runs=...
+    # the advantage takes old_logprobs= and teacher_logprobs= (on_policy_distill, jsd)
+    advantage_by_teacher: bool = False
 
     @property
     def needs_ref(self) -> bool:
@@ -143,6 +146,7 @@ def build_loss_fns(algo: AlgorithmConfig) -> LossFns:
         correction=get_correction_fn(algo.rollout_correction),
         gae=get_gae_fn(algo.advantage_fn_args) if gae else None,
         advantage_by_run=algo.advantage_fn in names.BY_RUN,
+        advantage_by_teacher=algo.advantage_fn in names.NEEDS_TEACHER,
     )
 
 

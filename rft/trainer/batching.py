@@ -21,6 +21,11 @@ from rft.config.rules import scoring_temperature
 from rft.errors import DataError
 from rft.monitor import POLICY_LOSS
 
+# Compiled decoder layers (trainer.compile_layers) see the sequence dim of every micro-batch
+# padded to a multiple of this: few shapes, and the divisibility guards torch.compile places on
+# sizes (alignment for its kernels) hold for all of them, so none recompiles after warm-up.
+COMPILED_LENGTH_MULTIPLE = 64
+
 
 @dataclass
 class Rows:
@@ -38,6 +43,9 @@ class Rows:
     expert: torch.Tensor  # [N] bool: source == "expert"
     model_versions: list[int]
     temperatures: torch.Tensor  # [N] float: the logits of each row are divided by it
+    # [N, R] a teacher's log-probs of the response tokens (on-policy distillation; 0 where absent)
+    teacher_logprobs: torch.Tensor | None = None
+    has_teacher: torch.Tensor | None = None  # [N] bool: the row came with teacher_logprobs
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -67,6 +75,8 @@ def rows_from_experiences(
     mask = torch.zeros(n, width)  # [N, R]
     logprobs = torch.zeros(n, width)  # [N, R]
     has_logprobs = torch.zeros(n, dtype=torch.bool)  # [N]
+    teacher = torch.zeros(n, width)  # [N, R]
+    has_teacher = torch.zeros(n, dtype=torch.bool)  # [N]
     for i, (exp, length) in enumerate(zip(exps, response_lens)):
         mask[i, :length] = 1.0
         if exp.array_len("action_mask"):  # multi-turn: tokens the model did not generate
@@ -74,6 +84,11 @@ def rows_from_experiences(
         if num_logprobs := exp.array_len("logprobs"):
             logprobs[i, :num_logprobs] = packed_tensor(exp.array_bytes("logprobs"), torch.float32)
             has_logprobs[i] = True
+        if num_teacher := exp.array_len("teacher_logprobs"):
+            teacher[i, :num_teacher] = packed_tensor(
+                exp.array_bytes("teacher_logprobs"), torch.float32
+            )
+            has_teacher[i] = True
     return Rows(
         input_ids=[
             packed_tensor(e.array_bytes("prompt_ids") + e.array_bytes("response_ids"), torch.int32)
@@ -91,6 +106,8 @@ def rows_from_experiences(
         temperatures=torch.tensor(
             [_row_temperature(e, default_temperature) for e in exps], dtype=torch.float32
         ),  # [N]
+        teacher_logprobs=teacher,
+        has_teacher=has_teacher,
     )
 
 
@@ -229,11 +246,20 @@ class MicroBatch:
     def packed(self) -> bool:
         return self.position_ids is not None
 
-    def model_inputs(self) -> dict[str, torch.Tensor]:
-        """Keyword arguments of the model's forward for these tokens."""
+    def model_inputs(self, length_multiple: int = 1) -> dict[str, torch.Tensor]:
+        """Keyword arguments of the model's forward for these tokens, the sequence dim padded at
+        its end to a multiple of ``length_multiple``: masked columns, or packed, one more
+        sequence (positions from 0, so attention keeps it apart) that nothing reads."""
+        extra = -self.input_ids.shape[1] % length_multiple
+        input_ids = torch.nn.functional.pad(self.input_ids, (0, extra))  # [B, T + extra]
         if self.position_ids is not None:
-            return {"input_ids": self.input_ids, "position_ids": self.position_ids}
-        return {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+            tail = torch.arange(extra, device=self.position_ids.device).unsqueeze(0)  # [1, extra]
+            return {
+                "input_ids": input_ids,
+                "position_ids": torch.cat([self.position_ids, tail], dim=1),  # [1, S + extra]
+            }
+        mask = torch.nn.functional.pad(self.attention_mask, (0, extra))  # [B, T + extra]
+        return {"input_ids": input_ids, "attention_mask": mask}
 
     def sequence_index(self) -> torch.Tensor:
         """``[B, 1]``: the row of ``input_ids`` that holds each sequence (all 0 when packed),

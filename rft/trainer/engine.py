@@ -9,12 +9,15 @@ on rank 0, and DeepSpeed checkpoints. CUDA + NCCL on GPU nodes, CPU + gloo witho
 
 from __future__ import annotations
 
+import json
 import logging
 import os
+import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -38,12 +41,20 @@ from rft.safetensors_io import (  # noqa: E402
     write_safetensors,
 )
 from rft.safetensors_io import TensorSpec as FileTensor  # noqa: E402
-from rft.trainer.batching import MetricSums, MicroBatch  # noqa: E402
+from rft.trainer.attention import (  # noqa: E402
+    FLEX_ATTENTION,
+    flash_attn_installed,
+    packed_attention,
+)
+from rft.trainer.batching import COMPILED_LENGTH_MULTIPLE, MetricSums, MicroBatch  # noqa: E402
 from rft.trainer.lr_schedule import lr_multiplier, warmup_steps  # noqa: E402
 
 log = logging.getLogger(__name__)
 
 PUBLISH_SHARD_BYTES = 5 << 30  # weight files of a published folder: at most this each
+# Graphs each compiled layer may keep: batch dim 1 or more (dynamo specialises 1), attention
+# mask or none (transformers drops an all-ones mask), grad or no-grad pass, with headroom.
+COMPILED_GRAPHS_PER_LAYER = 16
 VALUE_HEAD_SEED = 0  # a critic's new value head is the same in every run (and on every rank)
 
 
@@ -153,6 +164,9 @@ def ds_config(
     zero: dict[str, Any] = {"stage": t.zero_stage}
     if t.zero_stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = True
+        hidden = model_hidden_size(cfg.model.model_path)
+        if hidden is not None:
+            zero.update(zero3_gather_settings(hidden, world_size, offload_params and not on_cpu))
     if on_cpu and (offload_params or (train and offload_optimizer)):
         log.info("offload settings have no effect on CPU: everything already is in CPU memory")
     if offload_params and not on_cpu:
@@ -201,24 +215,49 @@ def ds_config(
     return config
 
 
+def zero3_gather_settings(hidden_size: int, world_size: int, offload_params: bool) -> dict:
+    """ZeRO-3's gather schedule for a model of ``hidden_size``: transformers' "auto" values
+    (prefetch buckets of 0.9 h^2 elements, reduce buckets of h^2, tensors under 10 h elements
+    (norms, biases) kept whole), communication overlapped with compute. On one rank there is
+    nothing to partition over, so every parameter stays whole (no gather per micro-batch)
+    unless parameters are offloaded to the CPU, which persistence would undo."""
+    persist = 10 * hidden_size
+    if world_size == 1 and not offload_params:
+        persist = 2**62  # larger than any tensor: all persistent, no gathers
+    return {
+        "overlap_comm": True,
+        "reduce_bucket_size": hidden_size * hidden_size,
+        "stage3_prefetch_bucket_size": int(0.9 * hidden_size * hidden_size),
+        "stage3_param_persistence_threshold": persist,
+    }
+
+
+def model_hidden_size(path: str) -> int | None:
+    """``hidden_size`` of the model folder's ``config.json`` (None: not there or not given)."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    hidden = config.get("hidden_size", config.get("text_config", {}).get("hidden_size"))
+    return int(hidden) if isinstance(hidden, int) else None
+
+
 def attention_implementation(cfg: Config) -> str | None:
     """The attention kernels the trainer's models load with (None: transformers' default,
-    SDPA). Packed micro-batches (``trainer.padding_free``) on GPUs take FlashAttention-2's
-    variable-length kernels when ``flash_attn`` is installed and the precision is bf16 (its
-    kernels take no float32); through SDPA transformers builds a block-diagonal mask from the
-    position ids, which loses SDPA's causal fast path."""
-    if not cfg.trainer.padding_free or not torch.cuda.is_available():
+    SDPA): for packed micro-batches (``trainer.padding_free``) those of
+    :func:`rft.trainer.attention.packed_attention` (FlashAttention-2, else flex_attention on a
+    GPU; SDPA with a block-diagonal mask, which loses the fused causal kernel, on CPU)."""
+    if not cfg.trainer.padding_free:
         return None
-    import importlib.util
-
-    if importlib.util.find_spec("flash_attn") is not None and cfg.trainer.precision == "bf16":
-        return "flash_attention_2"
-    log.warning(
-        "trainer.padding_free without FlashAttention-2 (the flash_attn package, bf16): packed "
-        "sequences go through SDPA with a block-diagonal mask, which can be slower than "
-        "padding; install flash-attn or set trainer.padding_free: false"
+    choice = packed_attention(
+        torch.cuda.is_available(), flash_attn_installed(), cfg.trainer.precision
     )
-    return None
+    if choice == FLEX_ATTENTION:
+        log.info(
+            "trainer.padding_free: packed sequences attend with flex_attention and a block "
+            "mask (FlashAttention-2 needs the flash_attn package and bf16)"
+        )
+    return choice
 
 
 def _load_model(
@@ -321,11 +360,20 @@ def build_critic(cfg: Config, info: DistInfo, total_optimizer_steps: int | None)
     )
 
 
+# Models whose decoder layers are compiled: their forwards pad the sequence dimension to a
+# multiple of COMPILED_LENGTH_MULTIPLE (see compile_layers).
+_COMPILED_MODELS: "weakref.WeakSet[torch.nn.Module]" = weakref.WeakSet()
+
+
 def compile_layers(model: torch.nn.Module) -> int:
     """``torch.compile`` each decoder layer in place (``trainer.compile_layers``): the classes
     transformers keeps whole when it shards a model (``_no_split_modules``). Parameter names,
-    checkpoints and published weights are unchanged; each layer compiles on its first call
-    (and again for new shapes, until torch marks them dynamic). Returns the layers compiled."""
+    checkpoints and published weights are unchanged. Shapes stay few: batch and sequence dims
+    are dynamic from the first compile, and the model's inputs are padded to a multiple of
+    :data:`~rft.trainer.batching.COMPILED_LENGTH_MULTIPLE` (divisibility guards then hold for
+    every micro-batch), so after the first micro-batches no step recompiles; the log-prob
+    path never asks for transformers' output capture, whose hooks break the graph in every
+    layer (:func:`forward_logprobs`). Returns the layers compiled."""
     kinds = set(getattr(model, "_no_split_modules", None) or ())
     layers = [m for m in model.modules() if type(m).__name__ in kinds]
     if not layers:
@@ -333,8 +381,16 @@ def compile_layers(model: torch.nn.Module) -> int:
             f"trainer.compile_layers: {type(model).__name__} names no decoder layer class "
             "(transformers' _no_split_modules); set trainer.compile_layers: false"
         )
+    limit = torch._dynamo.config.recompile_limit
+    torch._dynamo.config.recompile_limit = max(limit, COMPILED_GRAPHS_PER_LAYER)
+    # No duck sizing: a sequence as long as the hidden size would share its symbol, and the
+    # first other length would recompile.
+    from torch.fx.experimental import _config as shape_config
+
+    shape_config.use_duck_shape = False
     for layer in layers:
-        layer.compile()
+        layer.compile(dynamic=True)
+    _COMPILED_MODELS.add(model)
     log.info(
         "torch.compile: %d %s layers (compiled on the first step)",
         len(layers),
@@ -463,27 +519,44 @@ PLAIN_HEAD_MODEL_TYPES = frozenset(
 )
 
 
-def plain_head(module: Any) -> torch.Tensor | None:
-    """The LM head's weight of ``module`` (a DeepSpeed engine, a PEFT model or a plain causal
-    LM) when its log-probs may be computed from the decoder's last hidden states: a model type
-    in :data:`PLAIN_HEAD_MODEL_TYPES` whose ``hidden_states[-1]`` output is the normalised last
-    hidden state (transformers' default) and whose head weight is whole on this rank (not ZeRO-3
-    partitioned: its gather belongs to the head's own forward)."""
+def causal_lm(module: Any) -> Any:
+    """The transformers model inside ``module`` (a DeepSpeed engine, a PEFT model or itself)."""
     model = getattr(module, "module", module)  # a DeepSpeed engine's model
-    model = model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT
-    config = getattr(model, "config", None)
-    if getattr(config, "model_type", None) not in PLAIN_HEAD_MODEL_TYPES:
-        return None
-    if getattr(config, "tie_last_hidden_states", True) is False:
+    return model.get_base_model() if hasattr(model, "get_base_model") else model  # PEFT
+
+
+def plain_head(module: Any) -> torch.nn.Linear | None:
+    """The LM head of ``module`` (a DeepSpeed engine, a PEFT model or a plain causal LM) when
+    its log-probs may be computed from the decoder's last hidden states: a bias-free linear head
+    of a model type in :data:`PLAIN_HEAD_MODEL_TYPES`. Under ZeRO-3 its weight is partitioned;
+    :func:`forward_logprobs` runs inside the head's own forward, where ZeRO gathers it."""
+    model = causal_lm(module)
+    if getattr(getattr(model, "config", None), "model_type", None) not in PLAIN_HEAD_MODEL_TYPES:
         return None
     head = model.get_output_embeddings()
-    if (
-        not isinstance(head, torch.nn.Linear)
-        or head.bias is not None
-        or hasattr(head.weight, "ds_id")
-    ):
+    if not isinstance(head, torch.nn.Linear) or head.bias is not None:
         return None
-    return head.weight
+    return head
+
+
+@contextmanager
+def _head_forward(head: torch.nn.Module, fn: Callable[[torch.Tensor], Any]) -> Iterator[None]:
+    """``head``'s forward replaced by ``fn`` for the block: the model's own forward then computes
+    ``fn(last hidden states [B, T, H])`` where it would compute logits. That keeps the work
+    inside the head's ZeRO-3 gather (its hooks fetch the weight for the forward and again for
+    the backward: once per micro-batch each way) and inside the DeepSpeed engine's forward
+    (which hooks its outputs to set up the backward), with no logits and no hidden-state
+    capture (transformers' capture hooks break compiled layers' graphs)."""
+    head.forward = fn
+    try:
+        yield
+    finally:
+        del head.forward  # the class's forward again
+
+
+def _length_multiple(module: Any) -> int:
+    """Sequence dims of ``module``'s inputs are padded to a multiple of this (compiled layers)."""
+    return COMPILED_LENGTH_MULTIPLE if causal_lm(module) in _COMPILED_MODELS else 1
 
 
 def forward_logprobs(
@@ -493,10 +566,11 @@ def forward_logprobs(
     where ``micro.response_mask`` is 0 (padding and tokens the loss does not count).
 
     Only counted positions are scored, in float32 chunks that are recomputed in the backward
-    (:mod:`rft.algo.logprobs`): with a :func:`plain_head` model from the decoder's hidden states
-    and the head's weight, so ``[tokens, vocab]`` logits exist one chunk at a time; otherwise
-    from the model's logits at the counted positions only. The entropy has no graph unless
-    ``entropy_grad`` (an entropy term in the loss).
+    (:mod:`rft.algo.logprobs`): with a :func:`plain_head` model from the decoder's last hidden
+    states and the head's weight, inside the head's forward (:func:`_head_forward`), so
+    ``[tokens, vocab]`` logits exist one chunk at a time; otherwise from the model's logits at
+    the counted positions only. The entropy has no graph unless ``entropy_grad`` (an entropy
+    term in the loss).
 
     The logits are divided by ``micro.temperature`` (in float32, as veRL's actor does), one
     per row: for a rollout the temperature it was sampled at (``Experience.temperature``, via
@@ -514,24 +588,26 @@ def forward_logprobs(
     if isinstance(temperature, torch.Tensor):
         temperature = temperature.to(rows.device)[rows]  # [M]
     entropy_wanted = with_entropy and entropy_grad and torch.is_grad_enabled()
-    weight = plain_head(module)
-    if weight is not None:
-        # Through the module's own forward (a DeepSpeed engine's sets up its backward there),
-        # the head on one position only; the last hidden state is what the head would read.
-        out = module(
-            **micro.model_inputs(), use_cache=False, output_hidden_states=True, logits_to_keep=1
-        )
-        hidden = out.hidden_states[-1][seqs, positions]  # [M, H]
-        del out
-        logprob, entropy = logprobs_from_hidden(
-            hidden, weight, labels, temperature=temperature, with_entropy=with_entropy
-        )
+    inputs = micro.model_inputs(_length_multiple(module))
+    head = plain_head(module)
+    if head is not None:
+
+        def score(hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+            # hidden: [B, T, H], what the head reads; the counted positions only: [M, H]
+            return logprobs_from_hidden(
+                hidden[seqs, positions],
+                head.weight,
+                labels,
+                temperature=temperature,
+                with_entropy=with_entropy,
+            )
+
+        with _head_forward(head, score):  # logits_to_keep=0: the head sees every position
+            logprob, entropy = module(**inputs, use_cache=False, logits_to_keep=0).logits
     else:
         # The LM head runs only on positions that predict a counted token (never on prompts).
         keep = positions.unique() if positions.numel() else positions.new_zeros(1)  # [K] sorted
-        logits = module(
-            **micro.model_inputs(), use_cache=False, logits_to_keep=keep
-        ).logits  # [B, K, V]
+        logits = module(**inputs, use_cache=False, logits_to_keep=keep).logits  # [B, K, V]
         logprob, entropy = logprobs_from_logits(
             logits[seqs, torch.searchsorted(keep, positions)],
             labels,
@@ -548,9 +624,8 @@ def forward_logprobs(
 def forward_values(module: Any, micro: MicroBatch) -> torch.Tensor:
     """The critic's values ``[B, R]``: V of the state before each response token, read at the
     position whose logits predict it (veRL: ``values[:, -R - 1:-1]``), in float32."""
-    values = module(**micro.model_inputs(), use_cache=False).logits.squeeze(
-        -1
-    )  # [B, T] (packed [1, S])
+    inputs = micro.model_inputs(_length_multiple(module))
+    values = module(**inputs, use_cache=False).logits.squeeze(-1)  # [B, T] (packed [1, S])
     return values.float()[micro.sequence_index(), micro.logit_positions]  # [B, R]
 
 

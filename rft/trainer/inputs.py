@@ -21,6 +21,7 @@ from rft.config.schema import Config
 from rft.errors import DataError, NotSupportedError
 from rft.rundir import writer_name
 from rft.sync.heartbeat import explorers_finished
+from rft.trainer.experience_ops import ExperiencePipeline
 from rft.trainer.sft import SftSource
 
 log = logging.getLogger(__name__)
@@ -61,12 +62,15 @@ class BufferSource:
             num_nodes=cfg.cluster.node_num,
         )
         self.archive = open_archive(run_dir, buf.storage_type, buf.path or "", buf.name)
+        # data_processor.experience_pipeline: applied to each read (rft.trainer.experience_ops)
+        self.pipeline = ExperiencePipeline.from_config(cfg.data_processor.experience_pipeline)
 
     def next_batch(
         self, step: int, current_version: int, stop: Callable[[], bool] = lambda: False
     ) -> list[Experience] | None:
         """The step's batch; None when a stop was requested while waiting, or (``mode: train``)
         when nothing arrived within ``synchronizer.sync_timeout``."""
+        self.pipeline.start_step()
         batch = (
             self._read_step(step, current_version, stop)
             if self.synchronous
@@ -84,8 +88,9 @@ class BufferSource:
     ) -> list[Experience] | None:
         """``mode: train``: up to ``rollouts_per_step`` experiences in whole groups, whatever is
         available within ``sync_timeout``; groups older than ``trainer.max_staleness_versions``
-        weight versions are dropped (and counted) by the reader. Without ``total_steps`` the
-        input ends once every explorer that joined the run has finished (heartbeat
+        weight versions are dropped (and counted) by the reader; groups the experience operators
+        drop (dapo_dynamic_sampling) are replaced by reading on. Without ``total_steps`` the input
+        ends once every explorer that joined the run has finished (heartbeat
         ``finished``) and the buffer is drained; an explorer still running keeps it open."""
         want = self.rollouts_per_step
         deadline = time.monotonic() + self.cfg.synchronizer.sync_timeout
@@ -95,7 +100,8 @@ class BufferSource:
             if left <= 0:
                 if not out:
                     log.warning(
-                        "no experiences arrived in synchronizer.sync_timeout=%ds: stopping",
+                        "no experiences %s in synchronizer.sync_timeout=%ds: stopping",
+                        "kept by the experience operators" if self.pipeline.counts else "arrived",
                         self.cfg.synchronizer.sync_timeout,
                     )
                 break
@@ -108,7 +114,7 @@ class BufferSource:
                 timeout_s=0.0 if finished else min(left, WAIT_SLICE_S),
                 poll_s=POLL_S,
             )
-            out += got
+            out += self.pipeline.apply(got)
             if finished and not got:
                 log.info(
                     "every explorer that joined the run has finished and the buffer is drained: %s",
@@ -122,7 +128,8 @@ class BufferSource:
     ) -> list[Experience] | None:
         """``mode: both``: exactly the segments ``seq == step`` of every explorer rank
         (``<explorer.name>-<rank>`` for rank < ``engine_num``), waiting up to
-        ``synchronizer.sync_timeout`` for them to be sealed."""
+        ``synchronizer.sync_timeout`` for them to be sealed. The experience operators apply to
+        them with no refill: the next step's segments are the next step's (lockstep)."""
         if not hasattr(self.reader, "read_step"):
             raise NotSupportedError(
                 "mode 'both' reads the buffer step by step, which needs "
@@ -141,7 +148,7 @@ class BufferSource:
                     "explorer logs (is it running, and with the same explorer.name/engine_num?)"
                 )
             time.sleep(POLL_S)
-        return self.reader.read_step(step, writers, current_version)
+        return self.pipeline.apply(self.reader.read_step(step, writers, current_version))
 
     def cursor(self) -> dict[str, Any]:
         return self.reader.cursor()
@@ -155,7 +162,8 @@ class BufferSource:
             )
 
     def stats(self) -> dict[str, int]:
-        return self.reader.stats.as_dict()
+        """The reader's counters and the experience operators' counts of the last step."""
+        return {**self.reader.stats.as_dict(), **self.pipeline.counts}
 
 
 class FileSource:

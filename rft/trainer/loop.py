@@ -55,15 +55,13 @@ from rft.trainer.state import (
     staging_dir,
     temporary_prefixes,
 )
+from rft.trainer.weights_out import WeightsOut
 
 if TYPE_CHECKING:
     import torch
 
     from rft.buffer.experience import Experience
-    from rft.sync.local import DeltaPolicy
-    from rft.sync.publisher import WeightsPublisher
     from rft.trainer import engine
-    from rft.trainer.broadcaster import WeightBroadcaster
     from rft.trainer.dpo import DpoSource
     from rft.trainer.inputs import BufferSource, FileSource
     from rft.trainer.mix import MixSource
@@ -188,73 +186,6 @@ def check_lease(lease: Lease | None, before: str) -> None:
         raise LeaseError(message)
 
 
-def publish_weights(
-    actor: engine.Actor,
-    publisher: WeightsPublisher | None,
-    broadcaster: WeightBroadcaster | None,
-    version: int,
-    model_path: str,
-    rank: int,
-    folder: bool,
-    by_broadcast: bool,
-) -> None:
-    """Weights ``version`` to the explorers. Collective (every rank gathers). With
-    ``by_broadcast`` (``sync_method: nccl``; ``broadcaster`` on rank 0): gather the state dict,
-    broadcast it, and publish ``weights/v<version>/`` too when ``folder`` or when the broadcast
-    did not reach every explorer. Otherwise publish the folder, each tensor written as it is
-    gathered."""
-    from rft.trainer import engine
-
-    if actor.lora:  # an adapter: megabytes, gathered whole, no tokenizer (the base has it)
-        from rft.trainer.lora import save_adapter_folder, saved_state
-
-        state = engine.gather_adapter(actor)
-        if rank == 0 and (
-            not by_broadcast or not broadcaster.broadcast(version, saved_state(state)) or folder
-        ):
-            publisher.publish(version, lambda tmp: save_adapter_folder(actor.module, state, tmp))
-    elif not by_broadcast:
-        if rank == 0:
-            publisher.publish(
-                version,
-                lambda tmp: engine.stream_hf_folder(actor, tmp),
-                extra_files=tokenizer_files(model_path),
-            )
-        else:
-            engine.stream_hf_folder(actor, None)  # the gathers rank 0 writes from
-    else:  # a broadcast sends the whole state dict
-        state = engine.gather_weights(actor)
-        if rank == 0 and (not broadcaster.broadcast(version, state) or folder):
-            publisher.publish(
-                version,
-                lambda tmp: engine.save_hf_folder(actor, state, tmp),
-                extra_files=tokenizer_files(model_path),
-            )
-    engine.barrier()
-
-
-def delta_policy(cfg: Config, last_step: int | None) -> DeltaPolicy | None:
-    """How weights folders are written with ``synchronizer.delta_sync`` (None: in full)."""
-    from rft.sync.local import DeltaPolicy
-
-    sync = cfg.synchronizer
-    if not sync.delta_sync:
-        return None
-    return DeltaPolicy(sync.delta_anchor_interval, sync.delta_local_dir, last_step)
-
-
-def needs_weights_folder(cfg: Config, step: int, last_step: int | None) -> bool:
-    """Whether a published version also goes to ``weights/`` as a folder: always with
-    ``sync_method: checkpoint``; with ``nccl`` at each full checkpoint and the last step (for
-    late joiners, resume and conversion), besides the fallback when a broadcast fails."""
-    save = cfg.trainer.save_interval
-    return (
-        cfg.synchronizer.sync_method == "checkpoint"
-        or step == last_step
-        or bool(save and step % save == 0)
-    )
-
-
 def _save_engine(
     cfg: Config, model: engine.Actor, folder: Path, step: int, rank: int, final: bool, *, rng: bool
 ) -> None:
@@ -329,17 +260,6 @@ def save_full_checkpoint(
     engine.barrier()
 
 
-def open_broadcaster(cfg: Config, run_dir: Path, device: torch.device) -> WeightBroadcaster | None:
-    """Rank 0's :class:`~rft.trainer.broadcaster.WeightBroadcaster` with ``sync_method: nccl``."""
-    if cfg.synchronizer.sync_method != "nccl":
-        return None
-    from rft.trainer.broadcaster import WeightBroadcaster
-
-    return WeightBroadcaster(
-        run_dir, device, cfg.synchronizer.sync_timeout, cfg.explorer.heartbeat_timeout_s
-    )
-
-
 def staleness_metrics(batch: list[Experience], version: int) -> dict[str, float]:
     """Weight versions between the rollouts and the trainer (expert samples have none): mean,
     max, and a histogram, the count of rollouts per age from 0 to the max (zeros included)."""
@@ -374,7 +294,6 @@ def run(cfg: Config) -> int:
 def train(cfg: Config, info: engine.DistInfo, stop: StopFlag, lease: Lease | None) -> int:
     """The loop itself, on every rank; rank 0 holds ``lease``."""
     from rft.monitor import Monitor
-    from rft.sync.publisher import WeightsPublisher
     from rft.trainer import engine
     from rft.trainer.dpo import dpo_step
     from rft.trainer.step import train_step
@@ -411,17 +330,7 @@ def train(cfg: Config, info: engine.DistInfo, stop: StopFlag, lease: Lease | Non
             progress.weights_version,
             " with its critic" if critic is not None else "",
         )
-    publisher = (
-        WeightsPublisher(
-            run_dir,
-            cfg.synchronizer.weights_versions_to_keep,
-            heartbeat_live_s=cfg.explorer.heartbeat_timeout_s,
-            delta=delta_policy(cfg, steps) if not actor.lora else None,  # adapters: megabytes
-        )
-        if rank == 0
-        else None
-    )
-    broadcaster = open_broadcaster(cfg, run_dir, info.device) if rank == 0 else None
+    weights = WeightsOut(cfg, info, steps, actor.lora)  # folders, deltas, broadcasts, adapters
     monitor = Monitor(
         run_dir,
         "trainer",
@@ -458,19 +367,8 @@ def train(cfg: Config, info: engine.DistInfo, stop: StopFlag, lease: Lease | Non
         t1 = time.perf_counter()
         if publishes_weights(step, cfg.synchronizer.sync_interval, steps):
             check_lease(lease, f"publishing weights version {step}")
-            publish_weights(
-                actor,
-                publisher,
-                broadcaster,
-                step,
-                cfg.model.model_path,
-                rank,
-                folder=needs_weights_folder(cfg, step, steps),
-                by_broadcast=cfg.synchronizer.sync_method == "nccl",
-            )
+            metrics.update(weights.publish(step, actor))
             progress.weights_version = step
-            if broadcaster is not None:
-                metrics.update(broadcaster.last)
         t_publish = time.perf_counter() - t1
         elapsed = time.perf_counter() - t0
         metrics.update(stale)
@@ -493,8 +391,7 @@ def train(cfg: Config, info: engine.DistInfo, stop: StopFlag, lease: Lease | Non
     exit_code = EXIT_REQUEUE if engine.all_reduce_max(int(stop.requested())) else EXIT_OK
     if progress.last_saved != progress.step and progress.step > 0:
         save(final=True)
-    if broadcaster is not None:
-        broadcaster.close()
+    weights.close()
     monitor.close()
     log.info("trainer stopped at step %d (exit code %d)", progress.step, exit_code)
     return exit_code

@@ -39,6 +39,7 @@ from rft.trainer.batching import (
     source_fractions,
 )
 from rft.trainer.critic import old_values, update_critic, value_metrics
+from rft.trainer.distill import teacher_inputs
 from rft.trainer.plan import Plan, local_pass, micro_batch, plan_step
 
 
@@ -75,9 +76,11 @@ def _advantages(
             token_level_rewards(rewards, mask)[rollout], values[rollout], mask[rollout]
         )
         return adv, returns, {**metrics, **gae_metrics}
-    by_run = {"runs": [rows.runs[i] for i in rollout]} if fns.advantage_by_run else {}
+    context = {"runs": [rows.runs[i] for i in rollout]} if fns.advantage_by_run else {}
+    if fns.advantage_by_teacher:  # on-policy distillation: the teacher's per-token log-probs
+        context = teacher_inputs(rows, rollout, old)
     part, adv_metrics = fns.advantage(
-        rewards[rollout], [rows.group_ids[i] for i in rollout], mask[rollout], **by_run
+        rewards[rollout], [rows.group_ids[i] for i in rollout], mask[rollout], **context
     )  # [n, R]
     adv[rollout] = part
     return adv, None, {**metrics, **adv_metrics}
@@ -126,7 +129,12 @@ def old_pass_skippable(fns: LossFns, updates: int) -> bool:
     penalty in the reward). Then they equal the training forward's own log-probs, detached,
     and each micro-batch takes them (and its correction weights, proximal = old) from its
     forward; metric ``old_logprobs_skipped``."""
-    return fns.recompute_old and updates == 1 and fns.kl_penalty is None
+    return (
+        fns.recompute_old
+        and updates == 1
+        and fns.kl_penalty is None
+        and not fns.advantage_by_teacher  # the distillation advantage reads them first
+    )
 
 
 def _micro_loss(

@@ -49,6 +49,7 @@ class Recipe:
     system_prompt: str | None  # used when the format config sets none
     reward_fn: RewardFn  # fn(response, truth) -> reward parts
     reward_weights: RewardWeights = RewardWeights()  # rule vs reward model scores
+    user_suffix: str | None = None  # appended to the last user message (Qwen2.5-Math's prompt)
 
     def build_messages(self, row: Mapping[str, Any], fmt: Any) -> Messages:
         """Chat messages for generating a reply to ``row`` (:func:`rft.data.chat_messages`).
@@ -59,7 +60,14 @@ class Recipe:
         "content": reply_prefix}``, a reply the model continues: render it with
         ``continue_final_message=True``.
         """
-        return chat_messages(row, fmt, self.system_prompt)
+        messages = chat_messages(row, fmt, self.system_prompt)
+        if self.user_suffix:
+            last = max(i for i, m in enumerate(messages) if m["role"] == "user")
+            messages[last] = {
+                **messages[last],
+                "content": messages[last]["content"] + self.user_suffix,
+            }
+        return messages
 
     def ground_truth(self, row: Mapping[str, Any], fmt: Any) -> str:
         """The reference answer of ``row`` (GSM8K ``####`` number, last ``\\boxed{}``, or text)."""
@@ -95,6 +103,15 @@ _BUILTIN = {
     # the format's system prompt only; the reward given by name or dotted path
     # (default_reward_fn_type), accuracy_reward if none
     "simple_workflow": (None, "accuracy_reward"),
+    # On-policy distillation (trinity/common/workflows/on_policy_distill_workflow.py): the
+    # teacher's log-probs are the explorer's (rft.explorer.teacher); the reward is only logged.
+    "on_policy_distill_workflow": (None, "accuracy_reward"),
+    "on_policy_distill_math_workflow": ("You are a helpful assistant.", "math_boxed_reward"),
+}
+# Qwen2.5-Math's instruction after the question (Trinity's OnPolicyDistillMathWorkflow).
+_USER_SUFFIX = {
+    "on_policy_distill_math_workflow": "\nPlease reason step by step, and put your final answer "
+    "within \\boxed{}.",
 }
 # Trinity's async twins: the same recipe (the explorer batches every prompt of a step anyway).
 ALIASES = {
@@ -144,6 +161,7 @@ def get_workflow(
         system_prompt,
         get_reward_fn(reward_fn or default_reward, {**(reward_fn_args or {}), **args} or None),
         reward_weights,
+        _USER_SUFFIX.get(base),
     )
 
 

@@ -1,0 +1,378 @@
+"""One step's rollouts: prompts, generation, scoring, and the experiences they make.
+
+Single-turn recipes go to the engine in one call (:func:`rollout_recipes`); workflow classes run
+as concurrent episodes (:func:`rollout_episodes`). The explorer loop (:mod:`rft.explorer.loop`)
+and the streaming explorer (:mod:`rft.explorer.streaming`) both build on these.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Optional, Sequence
+
+from rft.buffer.experience import Experience
+from rft.config.schema import Config
+from rft.explorer import cursor as C
+from rft.explorer import tasksets as T
+from rft.explorer.engine import Engine, Sample
+from rft.explorer.episodes import EpisodeJob, episode_jobs, run_episodes, to_record
+from rft.explorer.reward_model import RewardModel, conversation
+from rft.explorer.teacher import add_teacher_logprobs
+from rft.monitor import (
+    GENERATE_TIME_S,
+    GENERATE_TOKENS_PER_S,
+    GENERATED_TOKENS,
+    TOOL_CALLS,
+    TOOL_ERRORS,
+    TOOL_TIMEOUTS,
+)
+from rft.workflow import tools
+from rft.workflow.conversation import ChatTemplate
+from rft.workflow.endpoint import Endpoint, shared_endpoint
+from rft.workflow.single_turn import Recipe
+from rft.workflow.task import GenerationArgs
+from rft.workflow.task import Task as WorkflowTask
+
+log = logging.getLogger(__name__)
+
+
+def rollout_carried(
+    cfg: Config,
+    engine: Engine,
+    tasksets: list[T.Taskset],
+    carried: dict[int, C.Share],
+    version: int,
+    writer: str,
+    reward_models: Sequence[RewardModel] = (),
+) -> list[Experience]:
+    """The groups of ``carried``: earlier steps' slots this rank's writer can no longer seal,
+    generated now (sealed with the current step), with their own step in ids and info."""
+    out: list[Experience] = []
+    for step, items in sorted(carried.items()):
+        out += rollout(cfg, engine, tasksets, items, step, version, writer, reward_models)[0]
+    return out
+
+
+# ----------------------------------------------------------------------------- generation
+
+
+@dataclass
+class PromptJob:
+    """A task whose prompt fits: what generation and scoring need."""
+
+    slot: int
+    task: T.Task
+    taskset: T.Taskset
+    row: dict
+    ids: list[int]
+    recipe: Recipe  # the row's single-turn workflow
+
+
+def build_prompts(
+    cfg: Config, tokenizer: Any, items: list[tuple[int, T.Task]], tasksets: list[T.Taskset]
+) -> tuple[list[PromptJob], dict[str, int]]:
+    """Prompt ids per task; a prompt over :func:`~rft.explorer.tasksets.prompt_token_limit` is
+    left out (its task yields no experiences), counted in ``prompts_filtered`` and logged."""
+    counts = {"prompts_filtered": 0}
+    limit = T.prompt_token_limit(cfg)
+    thinking = enable_thinking(cfg)
+    jobs = []
+    for slot, task in items:
+        ts = tasksets[task.taskset]
+        row = ts.rows[task.index]
+        fmt = ts.config.format
+        recipe = ts.workflow_of(row)
+        ids = T.prompt_ids(
+            tokenizer,
+            recipe.build_messages(row, fmt),
+            reply_prefix=fmt.reply_prefix,
+            enable_thinking=thinking,
+            chat_template=cfg.model.custom_chat_template,
+        )
+        if limit is not None and len(ids) > limit:
+            counts["prompts_filtered"] += 1
+            continue
+        jobs.append(PromptJob(slot, task, ts, row, ids, recipe))
+    if counts["prompts_filtered"]:
+        log.warning(
+            "%d of %d prompts are longer than %d tokens and were left out "
+            "(model.enable_prompt_truncation=%s)",
+            counts["prompts_filtered"],
+            len(items),
+            limit,
+            cfg.model.enable_prompt_truncation,
+        )
+    return jobs, counts
+
+
+def generate(engine: Engine, jobs: list[PromptJob]) -> tuple[list[list[Sample]], dict[str, float]]:
+    """Samples per job (taskset sampling settings), with generation throughput."""
+    start = time.monotonic()
+    groups = engine.generate([j.ids for j in jobs], [j.taskset.sampling for j in jobs])
+    seconds = time.monotonic() - start
+    tokens = sum(len(s.response_ids) for g in groups for s in g)
+    return groups, {
+        GENERATED_TOKENS: tokens,
+        GENERATE_TIME_S: seconds,
+        GENERATE_TOKENS_PER_S: tokens / seconds if seconds > 0 else 0.0,
+    }
+
+
+def score(job: PromptJob, sample: Sample) -> dict[str, float]:
+    """The rule reward's parts of one sample (the workflow's reward function)."""
+    fmt = job.taskset.config.format
+    truth = job.recipe.ground_truth(job.row, fmt)
+    return job.recipe.score(sample.text, truth, fmt.reply_prefix, len(sample.response_ids))
+
+
+def score_all(
+    jobs: list[PromptJob],
+    groups: list[list[Sample]],
+    reward_models: Sequence[RewardModel] = (),
+) -> tuple[list[list[tuple[float, dict[str, float]]]], dict[str, float]]:
+    """(reward, parts) of every sample, grouped as ``groups``: the rule's parts, and with reward
+    models their scores, each model scoring all the samples in one call; combined by the
+    taskset's weights (:meth:`rft.workflow.single_turn.Recipe.reward`)."""
+    flat = [(job, sample) for job, group in zip(jobs, groups) for sample in group]
+    scores: list[list[float]] = [[] for _ in flat]
+    stats: dict[str, float] = {}
+    if reward_models and flat:
+        start = time.monotonic()
+        prompts = {
+            id(job): job.recipe.build_messages(job.row, job.taskset.config.format) for job in jobs
+        }
+        conversations = [conversation(prompts[id(job)], sample.text) for job, sample in flat]
+        for model in reward_models:
+            for mine, value in zip(scores, model.score(conversations)):
+                mine.append(value)
+        stats = {
+            "reward_model_time_s": time.monotonic() - start,
+            "reward_model_truncated": sum(m.last_truncated for m in reward_models),
+        }
+    rewards = [
+        job.recipe.reward(score(job, sample), mine) for (job, sample), mine in zip(flat, scores)
+    ]
+    out, first = [], 0
+    for group in groups:
+        out.append(rewards[first : first + len(group)])
+        first += len(group)
+    return out, stats
+
+
+def rollout(
+    cfg: Config,
+    engine: Engine,
+    tasksets: list[T.Taskset],
+    items: list[tuple[int, T.Task]],
+    step: int,
+    version: int,
+    writer: str,
+    reward_models: Sequence[RewardModel] = (),
+) -> tuple[list[Experience], dict[str, float]]:
+    """Generate and score this task's share of a step: experiences (groups adjacent) + stats.
+    Tasks of single-turn recipes go to the engine in one call (:func:`rollout_recipes`); tasks
+    of workflow classes run as concurrent episodes (:func:`rollout_episodes`)."""
+    by_class = [
+        (slot, t)
+        for slot, t in items
+        if isinstance(
+            tasksets[t.taskset].workflow_of(tasksets[t.taskset].rows[t.index]), T.WorkflowClass
+        )
+    ]
+    recipes = [item for item in items if item not in by_class]
+    exps: list[Experience] = []
+    stats: dict[str, float] = {GENERATED_TOKENS: 0}
+    if recipes or not by_class:
+        exps, stats = rollout_recipes(
+            cfg, engine, tasksets, recipes, step, version, writer, reward_models
+        )
+    if by_class:
+        episode_exps, episode_stats = rollout_episodes(
+            cfg, engine, tasksets, by_class, step, version, writer
+        )
+        generated = stats[GENERATED_TOKENS] + episode_stats[GENERATED_TOKENS]
+        exps, stats = exps + episode_exps, {**stats, **episode_stats, GENERATED_TOKENS: generated}
+    return exps, {**stats, "tasks": len(items)}
+
+
+def rollout_recipes(
+    cfg: Config,
+    engine: Engine,
+    tasksets: list[T.Taskset],
+    items: list[tuple[int, T.Task]],
+    step: int,
+    version: int,
+    writer: str,
+    reward_models: Sequence[RewardModel] = (),
+) -> tuple[list[Experience], dict[str, float]]:
+    """The single-turn tasks of a step: every prompt in one engine call, then scored."""
+    jobs, counts = build_prompts(cfg, engine.tokenizer, items, tasksets)
+    groups, stats = generate(engine, jobs)
+    rewards, score_stats = score_all(jobs, groups, reward_models)
+    exps = []
+    for job, group, group_rewards in zip(jobs, groups, rewards):
+        exps += group_records(job, group, group_rewards, step, version, writer)
+    teacher_stats = add_teacher_logprobs(cfg, exps)  # {} unless advantage_fn needs a teacher
+    return exps, {**counts, **stats, **score_stats, **teacher_stats}
+
+
+def group_records(
+    job: PromptJob,
+    group: list[Sample],
+    rewards: list[tuple[float, dict[str, float]]],
+    step: int,
+    version: int,
+    writer: str,
+) -> list[Experience]:
+    """The experiences of one job's samples (group id ``writer:step:slot``). With per-token
+    weight versions (a streaming explorer) a sample's ``model_version`` is its first token's
+    and ``response_versions`` says where later versions took over; else ``version``."""
+    out = []
+    for sample, (reward, parts) in zip(group, rewards):
+        spans = len(set(sample.versions)) > 1
+        out.append(
+            Experience(
+                task_id=task_id(job.taskset, job.task),
+                group_id=f"{writer}:{step}:{job.slot}",
+                prompt_ids=sample.prompt_ids,
+                response_ids=sample.response_ids,
+                logprobs=sample.logprobs,
+                response_versions=sample.versions if spans else [],
+                reward=reward,
+                reward_parts=parts,
+                model_version=sample.versions[0] if sample.versions else version,
+                temperature=job.taskset.sampling.temperature,
+                truncated=sample.truncated,
+                response_text=sample.text,
+                info={"step": step, "epoch": job.task.epoch, "taskset": job.taskset.name},
+            )
+        )
+    return out
+
+
+def task_id(taskset: T.Taskset, task: T.Task) -> str:
+    """The experience's ``task_id`` of a task: ``<taskset name>/<row index>``."""
+    return f"{taskset.name}/{task.index}"
+
+
+def enable_thinking(cfg: Config) -> bool | None:
+    """The chat template's thinking switch: ``model.enable_thinking``, else the rollout model's."""
+    return (
+        cfg.model.enable_thinking
+        if cfg.model.enable_thinking is not None
+        else cfg.explorer.rollout_model.enable_thinking
+    )
+
+
+def episode_template(cfg: Config) -> ChatTemplate:
+    """The chat template episodes render with: a tokenizer of their own (the engine's is used by
+    the engine's thread meanwhile), loaded once per model folder and template settings."""
+    return _chat_template(
+        cfg.model.model_path, cfg.model.custom_chat_template, enable_thinking(cfg)
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def _chat_template(
+    model_path: str, chat_template: str | None, thinking: bool | None
+) -> ChatTemplate:
+    from transformers import AutoTokenizer
+
+    return ChatTemplate(AutoTokenizer.from_pretrained(model_path), chat_template, thinking)
+
+
+def agent_endpoint(cfg: Config) -> Optional[Callable[[], Endpoint]]:
+    """How episodes reach this process's OpenAI-compatible endpoint (started on first use),
+    with ``explorer.rollout_model.enable_openai_api``; else None."""
+    if not cfg.explorer.rollout_model.enable_openai_api:
+        return None
+    return functools.partial(shared_endpoint, Path(cfg.model.model_path).name)
+
+
+def rollout_episodes(
+    cfg: Config,
+    engine: Engine,
+    tasksets: list[T.Taskset],
+    items: list[tuple[int, T.Task]],
+    step: int,
+    version: int,
+    writer: str,
+) -> tuple[list[Experience], dict[str, float]]:
+    """Run the workflow classes of ``items`` (``explorer.runner_per_model`` episodes at once,
+    each stopped at ``explorer.max_timeout``); their experiences, one group per task."""
+    jobs: list[EpisodeJob] = []
+    where: dict[int, tuple[T.Taskset, T.Task]] = {}
+    for slot, task in items:
+        ts = tasksets[task.taskset]
+        row = dict(ts.rows[task.index])
+        choice = ts.workflow_of(row)
+        s = ts.sampling
+        workflow_task = WorkflowTask(
+            workflow=choice.cls,
+            repeat_times=s.n,
+            format_args=ts.config.format,
+            rollout_args=GenerationArgs(
+                temperature=s.temperature,
+                top_p=s.top_p,
+                top_k=s.top_k,
+                logprobs=s.logprobs,
+                max_tokens=s.max_tokens,
+            ),
+            workflow_args=dict(ts.config.workflow_args),
+            reward_fn_args=dict(ts.config.reward_fn_args),
+            is_eval=writer == "eval",
+            reward_fn=choice.reward_fn,
+            raw_task=row,
+            batch_id=step,
+            task_id=task_id(ts, task),
+        )
+        jobs += episode_jobs(slot, workflow_task, choice.cls)
+        where[slot] = (ts, task)
+    rollout = cfg.explorer.rollout_model
+    parser = rollout.tool_call_parser if rollout.enable_auto_tool_choice else None
+    before = tools.COUNTS.snapshot()
+    results, stats = run_episodes(
+        jobs,
+        engine,
+        episode_template(cfg),
+        version,
+        concurrency=cfg.explorer.runner_per_model,
+        timeout_s=cfg.explorer.max_timeout,
+        max_model_len=engine.max_model_len,
+        tool_parser=parser,
+        reasoning_parser=rollout.reasoning_parser,
+        endpoint=agent_endpoint(cfg),
+    )
+    used = tools.counts_since(before)
+    stats.update(
+        {
+            TOOL_CALLS: used["calls"],
+            TOOL_ERRORS: used["errors"],
+            TOOL_TIMEOUTS: used["timeouts"],
+            GENERATED_TOKENS: sum(
+                sum(e.action_mask) if e.action_mask else len(e.response_ids)
+                for r in results
+                for e in r.experiences
+            ),
+        }
+    )
+    exps: list[Experience] = []
+    for result in sorted((r for r in results if r.ok), key=lambda r: r.job.slot):  # groups adjacent
+        ts, task = where[result.job.slot]
+        info = {"step": step, "epoch": task.epoch, "taskset": ts.name}
+        for exp in result.experiences:
+            record = to_record(
+                exp,
+                result.job.task,
+                f"{writer}:{step}:{result.job.slot}",
+                version,
+                ts.sampling.temperature,
+                info,
+            )
+            if record is not None:
+                exps.append(record)
+    return exps, stats

@@ -1,0 +1,142 @@
+"""The explorer's one door to weight sync: :class:`WeightsIn`, built by :func:`open_weights_in`.
+
+``wait_for(need)`` loads the newest weights into the engine, waiting until version >= ``need``;
+behind it: folders (:class:`~rft.sync.watcher.WeightsWatcher`), delta folders rebuilt in a
+node-local copy (:class:`~rft.sync.local.LocalCopy`) and, with ``sync_method: nccl``, the
+trainer's broadcast (:class:`~rft.sync.receiver.BroadcastReceiver`). The loop sees versions only.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+from rft.config.schema import Config
+from rft.errors import SyncTimeoutError
+from rft.sync.heartbeat import Heartbeat
+from rft.sync.local import DeltaPolicy, LocalCopy
+from rft.sync.receiver import BroadcastReceiver
+from rft.sync.schedule import explorer_lead
+from rft.sync.versions import weights_problem
+from rft.sync.watcher import WeightsWatcher
+
+WEIGHTS_POLL_S = 1.0  # pointer checks while waiting for weights (mode both)
+
+
+class Reloadable(Protocol):
+    """What weight sync needs of an engine (:class:`rft.explorer.engine.Engine` has it all)."""
+
+    def reload(self, folder: Path) -> object: ...
+
+    def discard_received(self) -> None: ...
+
+
+class WeightsIn:
+    """Weights into one engine: :meth:`wait_for` a version, :attr:`loaded_version`, :meth:`close`."""
+
+    def __init__(
+        self,
+        watcher: WeightsWatcher,
+        engine: Reloadable,
+        timeout_s: float,
+        receiver: BroadcastReceiver | None = None,
+        lead_key: str = "synchronizer.sync_offset",
+    ):
+        self.watcher = watcher
+        self.engine = engine
+        self.timeout_s = timeout_s  # synchronizer.sync_timeout
+        self.receiver = receiver  # sync_method nccl: versions also come by broadcast
+        self.lead_key = lead_key  # the key a timeout message suggests raising
+
+    @property
+    def loaded_version(self) -> int | None:
+        """The engine's weights version; None after a voided load (the engine holds a mix)."""
+        return self.watcher.loaded_version
+
+    def wait_for(self, need: int) -> tuple[int, float, float]:
+        """Load the newest weights, waiting until version >= ``need``: from the trainer's
+        broadcast or from a published folder, whichever comes. The newest published version is
+        loaded whenever it differs from the loaded one, so ``wait_for(0)`` is a non-blocking
+        poll; waiting longer than ``timeout_s`` raises :class:`~rft.errors.SyncTimeoutError`.
+
+        A load whose folder the trainer pruned or republished meanwhile is void
+        (:meth:`WeightsWatcher.load`) and retried at once with the newest version; until one
+        succeeds the engine's weights are unknown and the explorer must not generate.
+        Returns (loaded version, reload seconds, wait seconds).
+        """
+        start = time.monotonic()
+        reload_s = 0.0
+        wait_s = 0.0  # the first look at the broadcast events does not wait
+        while True:
+            if self.receiver is not None:
+                received = self.receiver.poll(wait_s)
+                if received is not None:
+                    self.watcher.loaded_by_broadcast(received)
+                    reload_s += self.receiver.receive_s
+            retry, load_s = self._load_newest()
+            reload_s += load_s
+            loaded = self.watcher.loaded_version
+            if not retry and loaded is not None and loaded >= need:
+                return loaded, reload_s, time.monotonic() - start - reload_s
+            if time.monotonic() - start > self.timeout_s:
+                raise SyncTimeoutError(self._timeout_message(need, loaded))
+            if retry:
+                wait_s = 0.0
+            elif self.receiver is not None:
+                wait_s = WEIGHTS_POLL_S  # the receiver waits on the trainer's events meanwhile
+            else:
+                time.sleep(WEIGHTS_POLL_S)
+
+    def _load_newest(self) -> tuple[bool, float]:
+        """(whether the load was voided and must be retried, seconds it took)."""
+        latest = self.watcher.poll()
+        if latest is None:
+            return False, 0.0
+        start = time.monotonic()
+        loaded = self.watcher.load(latest[0], self.engine.reload)
+        return not loaded, time.monotonic() - start
+
+    def _timeout_message(self, need: int, loaded: int | None) -> str:
+        run_dir = self.watcher.run_dir
+        why = weights_problem(run_dir) or (
+            f"is the trainer running? Check its log, or raise synchronizer.sync_timeout / "
+            f"{self.lead_key}"
+        )
+        return (
+            f"waited {self.timeout_s:.0f}s for weights version >= {need} in {run_dir} "
+            f"(loaded: {'none, a load was voided' if loaded is None else loaded}); {why}"
+        )
+
+    def close(self) -> None:
+        """Leave the broadcast group (the trainer stops waiting for this engine)."""
+        if self.receiver is not None:
+            self.receiver.close()
+            self.engine.discard_received()
+            self.receiver = None
+
+
+def open_weights_in(cfg: Config, writer: str, engine: Any, heartbeat: Heartbeat) -> WeightsIn:
+    """The :class:`WeightsIn` of explorer ``writer`` (its heartbeat says what it loads)."""
+    sync = cfg.synchronizer
+    nccl = sync.sync_method == "nccl"
+    local = None
+    if sync.delta_sync:  # engines load node-local rebuilt folders, not weights/
+        policy = DeltaPolicy(sync.delta_anchor_interval, sync.delta_local_dir)
+        local = LocalCopy(cfg.run_dir, policy.scratch(cfg.run_dir, writer))
+    # with nccl, folders only bring versions newer than the loaded one (published at
+    # checkpoints, at the end, or when a broadcast failed)
+    watcher = WeightsWatcher(
+        cfg.run_dir,
+        loaded_version=0,
+        heartbeat=heartbeat,
+        newer_only=nccl,
+        trainer_live_s=cfg.explorer.heartbeat_timeout_s,
+        local=local,
+    )
+    receiver = None
+    if nccl:
+        tp = cfg.explorer.rollout_model.tensor_parallel_size
+        receiver = BroadcastReceiver(cfg.run_dir, writer, engine, tp, sync.sync_timeout)
+    lead_key = explorer_lead(cfg.mode, sync.sync_offset, sync.max_lead_steps)[1]
+    return WeightsIn(watcher, engine, sync.sync_timeout, receiver, lead_key)

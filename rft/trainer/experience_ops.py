@@ -1,0 +1,114 @@
+"""Trinity's experience operators, applied by the trainer to the experiences it reads (rank 0).
+
+Trinity runs them in its explorer before the trainer's queue (trinity/buffer/pipelines/
+experience_pipeline.py); rft runs them as :class:`~rft.trainer.inputs.BufferSource` reads whole
+groups, so the explorer writes every experience. Data in: experiences in whole groups and
+``data_processor.experience_pipeline``. Data out: the experiences kept (truncated ones masked)
+and the step's counts as metrics. Pure functions over experiences; no tensors, no I/O.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from rft.buffer.experience import Experience
+from rft.config.names import EXPERIENCE_OPERATORS
+from rft.config.schema import DynamicSamplingArgs, ExperiencePipelineConfig, OperatorConfig
+
+# Metric names (Trinity's, under its experience_pipeline/ prefix; per step, on the trainer).
+PIPELINE_PREFIX = "experience_pipeline/"
+MASKED_TRUNCATED = f"{PIPELINE_PREFIX}masked_truncated_count"  # responses whose loss mask is 0
+FILTERED = f"{PIPELINE_PREFIX}filtered_count"  # experiences dynamic sampling dropped
+DROPPED_ALL_CORRECT = f"{PIPELINE_PREFIX}dropped_all_correct"  # of those, in all-right groups
+DROPPED_ALL_WRONG = f"{PIPELINE_PREFIX}dropped_all_wrong"  # of those, in all-wrong groups
+DROPPED_GROUPS = f"{PIPELINE_PREFIX}dropped_groups"  # groups dynamic sampling dropped
+EXPERIENCE_COUNT = f"{PIPELINE_PREFIX}experience_count"  # experiences the operators kept
+
+Counts = dict[str, int]
+
+
+def mask_response_truncated(exps: list[Experience]) -> tuple[list[Experience], Counts]:
+    """DAPO's overlong filtering (Trinity's MaskResponseTruncatedOperator in
+    trinity/buffer/operators/filters/reward_filter.py): a response cut at max_tokens gets an
+    all-zero action mask, so it adds no token to the loss. It stays in the batch: its reward
+    still counts in its group's baseline, as in Trinity (advantages are computed after)."""
+    masked = 0
+    for exp in exps:
+        if exp.truncated:
+            exp.action_mask = [0] * exp.array_len("response_ids")
+            masked += 1
+    return exps, {MASKED_TRUNCATED: masked}
+
+
+def outcome_score(exp: Experience, metric_key: str) -> float:
+    """The score dynamic sampling judges by: the reward part ``metric_key`` (Trinity reads
+    ``exp.metrics[metric_key]``; rft's rewards put ``accuracy`` in ``reward_parts``), else the
+    total reward."""
+    return float(exp.reward_parts.get(metric_key, exp.reward))
+
+
+def dapo_dynamic_sampling(
+    exps: list[Experience], args: DynamicSamplingArgs
+) -> tuple[list[Experience], Counts]:
+    """DAPO's dynamic sampling (Trinity's DAPODynamicSamplingFilter, reward_filter.py): keep a
+    group only when some but not all of its responses are right (score > correct_threshold);
+    a group of one is dropped too, as Trinity's group_by filter does. Groups are ``group_id``s
+    (Trinity groups by task id; rft's group is one task's repeat_times responses)."""
+    groups: dict[str, list[Experience]] = {}
+    for exp in exps:
+        groups.setdefault(exp.group_id, []).append(exp)
+    kept: list[Experience] = []
+    counts = {FILTERED: 0, DROPPED_ALL_CORRECT: 0, DROPPED_ALL_WRONG: 0, DROPPED_GROUPS: 0}
+    for group in groups.values():
+        right = sum(outcome_score(e, args.metric_key) > args.correct_threshold for e in group)
+        if len(group) >= 2 and 0 < right < len(group):
+            kept.extend(group)
+            continue
+        counts[FILTERED] += len(group)
+        counts[DROPPED_GROUPS] += 1
+        if len(group) >= 2:  # a group of one is counted as filtered only (as in Trinity)
+            counts[DROPPED_ALL_CORRECT if right else DROPPED_ALL_WRONG] += len(group)
+    return kept, counts
+
+
+Operator = Callable[[list[Experience]], tuple[list[Experience], Counts]]
+
+
+# name -> the operator's function with its configured arguments bound
+BUILDERS: dict[str, Callable[[OperatorConfig], Operator]] = {
+    "mask_response_truncated": lambda op: mask_response_truncated,
+    "dapo_dynamic_sampling": lambda op: functools.partial(
+        dapo_dynamic_sampling, args=op.typed_args()
+    ),
+}
+assert set(BUILDERS) == set(EXPERIENCE_OPERATORS), "rft.config.names lists other operators"
+
+
+@dataclass
+class ExperiencePipeline:
+    """The configured operators, in order, and the counts of the current step."""
+
+    operators: list[Operator] = field(default_factory=list)
+    counts: Counts = field(default_factory=dict)  # summed since start_step()
+
+    @classmethod
+    def from_config(cls, cfg: ExperiencePipelineConfig | None) -> ExperiencePipeline:
+        return cls([BUILDERS[op.name](op) for op in (cfg.operators if cfg else [])])
+
+    def start_step(self) -> None:
+        self.counts = {}
+
+    def apply(self, exps: Sequence[Experience]) -> list[Experience]:
+        """The training experiences of ``exps`` (whole groups) the operators keep; evaluation
+        samples are left out (never trained on)."""
+        out = [e for e in exps if not e.eval]
+        if not self.operators:
+            return out
+        for operator in self.operators:
+            out, counts = operator(out)
+            for key, n in counts.items():
+                self.counts[key] = self.counts.get(key, 0) + n
+        self.counts[EXPERIENCE_COUNT] = self.counts.get(EXPERIENCE_COUNT, 0) + len(out)
+        return out

@@ -1,0 +1,241 @@
+"""Trinity's DAPO experience operators (``data_processor.experience_pipeline``) in rft: the pure
+operators on hand-made groups, their config (typed arguments, refusals by name), and the
+trainer's buffer read that applies them (refilling in mode train, not in mode both)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rft.buffer.experience import Experience
+from rft.config.load import load_config
+from rft.config.schema import DynamicSamplingArgs
+from rft.errors import ConfigError, NotSupportedError
+from rft.trainer.batching import rows_from_experiences
+from rft.trainer.experience_ops import (
+    DROPPED_ALL_CORRECT,
+    DROPPED_ALL_WRONG,
+    DROPPED_GROUPS,
+    EXPERIENCE_COUNT,
+    FILTERED,
+    MASKED_TRUNCATED,
+    ExperiencePipeline,
+    dapo_dynamic_sampling,
+    mask_response_truncated,
+)
+from tests.test_trainer import write_config
+
+DAPO_OPS = [{"name": "mask_response_truncated"}, {"name": "dapo_dynamic_sampling"}]
+
+
+def group(gid: str, accuracies, truncated=(), parts: bool = True) -> list[Experience]:
+    """One task's responses: response i has 2 + i tokens, accuracy ``accuracies[i]`` (a reward
+    part when ``parts``) and reward 2 * accuracy - 1 (DAPO's +1 / -1)."""
+    return [
+        Experience(
+            task_id=gid,
+            group_id=gid,
+            prompt_ids=[1, 2, 3],
+            response_ids=[7] * (2 + i),
+            logprobs=[-1.0] * (2 + i),
+            reward=2.0 * acc - 1.0,
+            reward_parts={"accuracy": float(acc)} if parts else {},
+            truncated=i in truncated,
+        )
+        for i, acc in enumerate(accuracies)
+    ]
+
+
+def groups_of(exps: list[Experience]) -> list[str]:
+    return list(dict.fromkeys(e.group_id for e in exps))
+
+
+# ----------------------------------------------------------------------------- pure operators
+
+
+def test_dynamic_sampling_keeps_only_groups_with_some_right_answers():
+    exps = [
+        *group("all_right", [1, 1]),
+        *group("mixed", [1, 0, 0]),
+        *group("all_wrong", [0, 0, 0]),
+        *group("alone", [1]),  # a group of one has no spread: dropped, counted as filtered only
+        *group("mixed_too", [0, 1]),
+    ]
+    kept, counts = dapo_dynamic_sampling(exps, DynamicSamplingArgs())
+    assert groups_of(kept) == ["mixed", "mixed_too"] and len(kept) == 5
+    assert counts == {
+        FILTERED: 2 + 3 + 1,
+        DROPPED_ALL_CORRECT: 2,
+        DROPPED_ALL_WRONG: 3,
+        DROPPED_GROUPS: 3,
+    }
+
+
+def test_dynamic_sampling_judges_by_the_metric_part_else_the_reward():
+    # no accuracy part: the total reward decides (1 > 0 right, -1 wrong)
+    by_reward = [*group("mixed", [1, 0], parts=False), *group("wrong", [0, 0], parts=False)]
+    kept, _ = dapo_dynamic_sampling(by_reward, DynamicSamplingArgs())
+    assert groups_of(kept) == ["mixed"]
+    # accuracy 0.4 and 0.6: both right above 0, one right above 0.5
+    shaped = group("g", [0.4, 0.6])
+    assert dapo_dynamic_sampling(shaped, DynamicSamplingArgs())[0] == []
+    assert dapo_dynamic_sampling(shaped, DynamicSamplingArgs(correct_threshold=0.5))[0] == shaped
+    # another part named: format_score is absent, so the reward (2 * 0.4 - 1 < 0) decides
+    assert dapo_dynamic_sampling(shaped, DynamicSamplingArgs(metric_key="format_score"))[0] == (
+        shaped
+    )
+
+
+def test_truncated_responses_get_a_zero_loss_mask_and_stay_in_their_group():
+    exps = group("g", [1, 0, 0], truncated=(1,))
+    exps[2].action_mask = [1, 0, 1, 1]  # multi-turn: a tool's token in the middle
+    out, counts = mask_response_truncated(exps)
+    assert out is exps and counts == {MASKED_TRUNCATED: 1}
+    assert exps[1].action_mask == [0, 0, 0]  # 3 response tokens
+    assert exps[0].action_mask == [] and exps[2].action_mask == [1, 0, 1, 1]
+    rows = rows_from_experiences(exps)  # what the trainer's loss mask becomes
+    assert rows.response_mask.sum(-1).tolist() == [2.0, 0.0, 3.0]
+    assert rows.rewards.tolist() == [1.0, -1.0, -1.0]  # the baseline still sees its reward
+
+
+def test_pipeline_applies_operators_in_order_and_sums_a_step():
+    from rft.config.schema import ExperiencePipelineConfig, OperatorConfig
+
+    cfg = ExperiencePipelineConfig(operators=[OperatorConfig(**op) for op in DAPO_OPS])
+    pipeline = ExperiencePipeline.from_config(cfg)
+    evaluation = group("eval", [1, 0])
+    for e in evaluation:
+        e.eval = True
+    first = pipeline.apply([*group("a", [1, 0], truncated=(0,)), *group("b", [1, 1]), *evaluation])
+    second = pipeline.apply(group("c", [0, 0], truncated=(0, 1)))
+    assert groups_of(first) == ["a"] and second == []
+    assert pipeline.counts == {
+        MASKED_TRUNCATED: 3,  # truncated ones are masked before dynamic sampling drops "c"
+        FILTERED: 4,
+        DROPPED_ALL_CORRECT: 2,
+        DROPPED_ALL_WRONG: 2,
+        DROPPED_GROUPS: 2,
+        EXPERIENCE_COUNT: 2,
+    }
+    pipeline.start_step()
+    assert pipeline.counts == {}
+    untouched = group("x", [1, 1])  # no operators: only the evaluation samples leave
+    assert ExperiencePipeline.from_config(None).apply([*untouched, *evaluation]) == untouched
+
+
+# ----------------------------------------------------------------------------- config
+
+
+def _load(tmp_path, operators=DAPO_OPS, **sections):
+    data_processor = sections.pop(
+        "data_processor", {"experience_pipeline": {"operators": operators}}
+    )
+    return load_config(
+        write_config(tmp_path, "ops", tmp_path, data_processor=data_processor, **sections)
+    )
+
+
+def test_operators_and_their_arguments_load_typed(tmp_path):
+    ops = [*DAPO_OPS[:1], {"name": "dapo_dynamic_sampling", "args": {"correct_threshold": "0.5"}}]
+    cfg = _load(tmp_path, ops)
+    pipeline = cfg.data_processor.experience_pipeline
+    assert [op.name for op in pipeline.operators] == ["mask_response_truncated", "dapo_dynamic_sampling"]  # fmt: skip
+    assert pipeline.operators[1].typed_args() == DynamicSamplingArgs("accuracy", 0.5)
+    assert pipeline.save_input is True  # Trinity's default; no effect here
+
+
+@pytest.mark.parametrize(
+    "ops,error,message",
+    [
+        (
+            [{"name": "reward_std_filter"}],
+            NotSupportedError,
+            "Trinity's `data_processor.experience_pipeline.operators[0].name: reward_std_filter` "
+            "is not supported by rft: ",
+        ),
+        (
+            [{"name": "dapo_dynamic_samplng"}],
+            ConfigError,
+            "Did you mean 'dapo_dynamic_sampling'?",
+        ),
+        (
+            [{"name": "dapo_dynamic_sampling", "args": {"metric_kye": "accuracy"}}],
+            ConfigError,
+            "unknown config key 'data_processor.experience_pipeline.operators[0].args.metric_kye'"
+            ". Did you mean 'data_processor.experience_pipeline.operators[0].args.metric_key'?",
+        ),
+        (
+            [{"name": "mask_response_truncated", "args": {"threshold": 1}}],
+            ConfigError,
+            "unknown config key 'data_processor.experience_pipeline.operators[0].args.threshold'",
+        ),
+        ([{"args": {}}], ConfigError, "operators[0].name is missing: name one of "),
+    ],
+)
+def test_operator_mistakes_are_refused_with_the_key(tmp_path, ops, error, message):
+    with pytest.raises(error) as e:
+        _load(tmp_path, ops)
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "sections,name",
+    [
+        (
+            {"data_processor": {"task_pipeline": {"operators": []}}},
+            "data_processor.task_pipeline",
+        ),
+        (
+            {"data_processor": {"experience_pipeline": {"input_save_path": "x.jsonl"}}},
+            "data_processor.experience_pipeline.input_save_path",
+        ),
+        ({"mode": "explore"}, "data_processor.experience_pipeline.operators in mode explore"),
+    ],
+)
+def test_trinity_pipeline_keys_rft_lacks_are_refused_by_name(tmp_path, sections, name):
+    with pytest.raises(NotSupportedError, match=f"Trinity's `{name}` is not supported by rft: "):
+        _load(tmp_path, **sections)
+
+
+# ----------------------------------------------------------------------------- the trainer's read
+
+
+def _write(cfg, *segments: list[Experience]) -> None:
+    from rft.buffer.segments import SegmentWriter
+
+    writer = SegmentWriter(cfg.run_dir / "buffer", "explorer-0")
+    for seq, exps in enumerate(segments, start=1):
+        writer.write(exps, seq=seq)
+
+
+def test_mode_train_reads_more_groups_until_the_batch_is_full(tmp_path):
+    """train_batch_size 4 = two kept groups of 2: the reader reads on past dropped groups."""
+    from rft.sync.heartbeat import Heartbeat
+    from rft.trainer.inputs import BufferSource
+
+    cfg = _load(tmp_path, mode="train", buffer={"batch_size": 4, "train_batch_size": 4})
+    _write(
+        cfg,
+        [*group("right", [1, 1]), *group("mixed1", [1, 0], truncated=(1,))],
+        [*group("wrong", [0, 0]), *group("mixed2", [0, 1]), *group("mixed3", [1, 0])],
+    )
+    Heartbeat(cfg.run_dir, "explorer-0").beat(finished=True)
+    source = BufferSource(cfg, cfg.run_dir, None)
+    batch = source.next_batch(1, 0)
+    assert groups_of(batch) == ["mixed1", "mixed2"]
+    assert [e.action_mask for e in batch] == [[], [0, 0, 0], [], []]
+    stats = source.stats()
+    assert (stats[FILTERED], stats[DROPPED_GROUPS], stats[MASKED_TRUNCATED]) == (4, 2, 1)
+    assert stats["experiences_read"] == 8  # what the reader consumed, dropped groups included
+    rest = source.next_batch(2, 0)  # the last, partial batch; the counts are this step's
+    assert groups_of(rest) == ["mixed3"] and source.stats()[FILTERED] == 0
+
+
+def test_mode_both_trains_the_step_on_the_groups_kept(tmp_path):
+    """Lockstep: a step reads its own segments only, so dropped groups leave it smaller."""
+    from rft.trainer.inputs import BufferSource
+
+    cfg = _load(tmp_path, buffer={"batch_size": 3, "train_batch_size": 6})
+    _write(cfg, [*group("right", [1, 1]), *group("mixed", [1, 0]), *group("wrong", [0, 0])])
+    source = BufferSource(cfg, cfg.run_dir, None)
+    assert groups_of(source.next_batch(1, 0)) == ["mixed"]
+    assert source.stats()[DROPPED_ALL_CORRECT] == source.stats()[DROPPED_ALL_WRONG] == 2

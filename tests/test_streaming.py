@@ -1,0 +1,344 @@
+"""The streaming explorer (explorer.partial_rollout): engine requests across steps, weights
+loaded in flight with every token's version recorded, groups spooled as they finish, kills."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from rft.buffer.experience import Experience
+from rft.config.load import config_from_dict
+from rft.errors import NotSupportedError
+from rft.explorer.spool import GroupSpool, group_key
+from tests.test_explorer import (  # noqa: F401 (fixtures)
+    REPO,
+    arithmetic_rows,
+    data_dir,
+    make_cfg,
+    merge,
+    perturbed_copy,
+    read_segments,
+    taskset_dict,
+    vllm_model_dir,
+    write_jsonl,
+)
+
+
+def record(task: str, group: str, n: int = 3) -> Experience:
+    return Experience(
+        task_id=task,
+        group_id=group,
+        prompt_ids=[1, 2],
+        response_ids=list(range(n)),
+        logprobs=[-0.5] * n,
+    )
+
+
+# ----------------------------------------------------------------------------- fast tests
+
+
+def test_spool_keeps_groups_per_step_and_drops_sealed_ones(tmp_path):
+    spool = GroupSpool(tmp_path, "explorer-0")
+    a, b = [record("a/0", "w:2:0")], [record("a/1", "w:2:1"), record("a/1", "w:2:1")]
+    spool.put(2, group_key(2, 0), a)
+    spool.put(2, group_key(2, 1), b)
+    spool.put(3, group_key(1, 4), [record("a/9", "w:1:4")])  # a carried slot of step 1
+    kept = spool.take(2)
+    assert sorted(kept) == ["2.0", "2.1"]
+    assert [e.experience_id for e in kept["2.1"]] == [e.experience_id for e in b]
+    assert kept["2.1"][1].response_ids == [0, 1, 2]
+    assert list(spool.take(3)) == ["1.4"]
+    # a torn file is not a group: removed, its group generated again; temporaries are ignored
+    (spool.folder / "000003-3.0.jsonl").write_text('{"task_id": ')
+    (spool.folder / "000003-3.1.jsonl.tmp").write_text("half")
+    assert list(spool.take(3)) == ["1.4"]
+    assert not (spool.folder / "000003-3.0.jsonl").exists()
+    spool.drop(2)
+    assert spool.take(2) == {} and list(spool.take(3)) == ["1.4"]
+
+
+def test_config_refuses_what_streaming_cannot_do(tmp_path, vllm_model_dir, data_dir):
+    from rft.config.rules import streams
+
+    ts = [taskset_dict(data_dir / "a.jsonl", "a")]
+    on = {"explorer": {"partial_rollout": True}}
+    assert streams(make_cfg(tmp_path, vllm_model_dir, ts, **on))  # mode explore
+    assert not streams(make_cfg(tmp_path, vllm_model_dir, ts, mode="both", **on))  # synchronous
+    assert streams(
+        make_cfg(tmp_path, vllm_model_dir, ts, mode="both", synchronizer={"sync_offset": 1}, **on)
+    )
+    lora = {"model": {"lora_configs": [{"lora_rank": 8, "lora_alpha": 16}]}}
+    with pytest.raises(NotSupportedError, match="partial_rollout with model.lora_configs"):
+        make_cfg(tmp_path, vllm_model_dir, ts, **merge(on, lora))
+
+
+def test_a_workflow_class_is_refused_when_streaming(tmp_path, vllm_model_dir, data_dir):
+    from rft.explorer import tasksets as T
+
+    ts = [taskset_dict(data_dir / "a.jsonl", "a", default_workflow_type="frozen_lake_workflow")]
+    cfg = make_cfg(tmp_path, vllm_model_dir, ts, explorer={"partial_rollout": True})
+    with pytest.raises(NotSupportedError, match="workflow class .*partial_rollout: false"):
+        T.training_tasksets(cfg)
+    T.eval_tasksets(cfg)  # evaluation runs episodes with the engine alone: allowed
+
+
+# ----------------------------------------------------------------------------- engine
+
+
+@pytest.fixture(scope="module")
+def engine(vllm_model_dir, data_dir, tmp_path_factory):
+    from rft.explorer.engine import Engine
+
+    root = tmp_path_factory.mktemp("engine")
+    return Engine(make_cfg(root, vllm_model_dir, [taskset_dict(data_dir / "a.jsonl", "a")]))
+
+
+@pytest.mark.integration
+def test_weights_load_between_engine_steps_with_requests_kept(engine, vllm_model_dir, tmp_path):
+    """Greedy requests in flight while new weights load: no token is lost or regenerated
+    (every sample has its full length), the tokens labelled with the old version are the old
+    weights' greedy continuation, and the new weights took over from there."""
+    from rft.explorer.tasksets import SamplingArgs
+
+    new = tmp_path / "v1"
+    new.mkdir()
+    perturbed_copy(vllm_model_dir, seed=3)(new)
+    args = SamplingArgs(n=2, temperature=0.0, max_tokens=40, min_tokens=40)
+    prompts = [[1, 5, 9, 12], [1, 7, 3]]
+    engine.reload(vllm_model_dir)
+    old = engine.generate(prompts, [args] * 2)
+    engine.label_version(0)
+    for i, ids in enumerate(prompts):
+        engine.add(f"p{i}", ids, args)
+    done: dict[str, list] = {}
+    steps = 0
+    while engine.in_flight:
+        done.update(engine.step())
+        steps += 1
+        if steps == 10:
+            assert engine.in_flight == 4  # nothing finished yet: the load happens mid-sample
+            with engine.paused():
+                engine.reload(new)
+                engine.label_version(1)
+    assert sorted(done) == ["p0", "p1"]
+    for i in range(2):
+        for sample, reference in zip(done[f"p{i}"], old[i]):
+            assert len(sample.response_ids) == len(sample.logprobs) == 40
+            switch = sample.versions.index(1)
+            assert 0 < switch < 40 and set(sample.versions[switch:]) == {1}
+            assert sample.response_ids[:switch] == reference.response_ids[:switch]
+            assert sample.logprobs[:switch] == pytest.approx(reference.logprobs[:switch], abs=1e-4)
+            assert sample.response_ids != reference.response_ids  # v1 wrote the rest
+    engine.reload(vllm_model_dir)
+
+
+def long_tail_cfg(root: Path, model: Path, data: Path, **extra) -> dict:
+    """Two tasksets in each step: short answers (8 tokens) and long ones (up to 160)."""
+    rows = arithmetic_rows(8)
+    short = taskset_dict(write_jsonl(data / "short.jsonl", rows), "short")
+    long = taskset_dict(
+        write_jsonl(data / "long.jsonl", rows), "long", rollout_args={"max_tokens": 160}
+    )
+    base = {
+        "project": "p",
+        "name": "run",
+        "checkpoint_root_dir": str(root),
+        "mode": "explore",
+        "algorithm": {"repeat_times": 2},
+        "model": {
+            "model_path": str(model),
+            "max_response_tokens": 8,
+            "min_response_tokens": 8,
+            "max_model_len": 256,
+        },
+        "cluster": {"gpu_per_node": 0},
+        "buffer": {
+            "batch_size": 4,
+            "total_steps": 3,
+            "explorer_input": {
+                "tasksets": [short, long],
+                "default_workflow_type": "math_workflow",
+            },
+        },
+        "explorer": {
+            "eval_on_startup": False,
+            "eval_interval": 0,
+            "heartbeat_interval_s": 1,
+            "partial_rollout": True,
+        },
+        "monitor": {"monitor_type": "console"},
+    }
+    return merge(base, extra)
+
+
+def groups_of(segments: dict[int, list[Experience]]) -> dict[int, list[str]]:
+    return {seq: list(dict.fromkeys(e.group_id for e in exps)) for seq, exps in segments.items()}
+
+
+@pytest.mark.integration
+def test_streaming_explorer_loads_weights_in_flight_and_seals_steps_in_order(
+    engine, vllm_model_dir, tmp_path, monkeypatch
+):
+    from rft.explorer import streaming
+    from rft.explorer.loop import run_explorer
+    from rft.sync.publisher import WeightsPublisher
+
+    monkeypatch.setattr(streaming, "WEIGHTS_POLL_S", 0.0)
+    cfg = config_from_dict(
+        long_tail_cfg(
+            tmp_path / "ckpt", vllm_model_dir, tmp_path, explorer={"max_inflight_samples": 64}
+        )
+    )
+    publisher = WeightsPublisher(cfg.run_dir)
+
+    def publish_once_generating() -> None:  # v1 lands while requests are in flight
+        while not engine.in_flight:
+            time.sleep(0.01)
+        time.sleep(0.3)
+        publisher.publish(1, perturbed_copy(vllm_model_dir, seed=1))
+
+    thread = threading.Thread(target=publish_once_generating)
+    thread.start()
+    result = run_explorer(cfg, engine)
+    thread.join()
+    assert result.steps == [1, 2, 3] and result.loaded_version == 1
+    segments = read_segments(cfg.run_dir)["explorer-0"]
+    assert sorted(segments) == [1, 2, 3]
+    for seq, groups in groups_of(segments).items():  # 4 groups of 2, ids of their own step
+        assert len(groups) == 4 and all(g.startswith(f"explorer-0:{seq}:") for g in groups)
+        assert len(segments[seq]) == 8
+    exps = [e for seq in segments.values() for e in seq]
+    spanning = [e for e in exps if e.response_versions]
+    assert spanning, "no sample was generated across the weights update"
+    for e in spanning:
+        assert len(e.response_versions) == len(e.response_ids) == len(e.logprobs)
+        assert e.response_versions == sorted(e.response_versions)
+        assert e.model_version == e.response_versions[0] == 0 and e.response_versions[-1] == 1
+    eos = engine.tokenizer.eos_token_id
+    for e in exps:  # each sample ran to its end: its limit or the end-of-sequence token
+        limit = 8 if e.task_id.startswith("short") else 160
+        assert len(e.response_ids) == limit or e.response_ids[-1] == eos
+    metrics = result.metrics
+    assert sum(m["rollout/tokens_discarded"] for m in metrics) == 0
+    assert max(m["rollout/span_share"] for m in metrics) > 0
+    assert sum(m["generated_tokens"] for m in metrics) == sum(len(e.response_ids) for e in exps)
+    assert not (cfg.run_dir / "groups" / "explorer-0").exists() or not any(
+        (cfg.run_dir / "groups" / "explorer-0").iterdir()
+    )  # every spooled group was sealed, then removed
+
+
+@pytest.mark.integration
+def test_max_version_span_drops_groups_that_span_more(
+    engine, vllm_model_dir, tmp_path, monkeypatch
+):
+    from rft.explorer import streaming
+    from rft.explorer.loop import run_explorer
+    from rft.sync.publisher import WeightsPublisher
+
+    monkeypatch.setattr(streaming, "WEIGHTS_POLL_S", 0.0)
+    extra = {"explorer": {"max_inflight_samples": 64, "max_version_span": 0}}
+    cfg = config_from_dict(long_tail_cfg(tmp_path / "ckpt", vllm_model_dir, tmp_path, **extra))
+
+    def publish_once_generating() -> None:
+        while not engine.in_flight:
+            time.sleep(0.01)
+        time.sleep(0.3)
+        WeightsPublisher(cfg.run_dir).publish(1, perturbed_copy(vllm_model_dir, seed=1))
+
+    thread = threading.Thread(target=publish_once_generating)
+    thread.start()
+    result = run_explorer(cfg, engine)
+    thread.join()
+    exps = [e for seq in read_segments(cfg.run_dir)["explorer-0"].values() for e in seq]
+    dropped = sum(m["rollout/tokens_discarded"] for m in result.metrics)
+    assert dropped > 0 and not any(e.response_versions for e in exps)
+    assert len(exps) < 24  # the groups that spanned v0 and v1 left out; every step sealed
+    assert result.steps == [1, 2, 3]
+
+
+@pytest.mark.integration
+def test_synchronous_mode_ignores_partial_rollout(engine, vllm_model_dir, data_dir, tmp_path):
+    """mode both, sync_offset 0: the plain loop, the same step metrics as without the key."""
+    from rft.explorer.loop import run_explorer
+
+    greedy = taskset_dict(
+        data_dir / "a.jsonl", "a", rollout_args={"temperature": 0.0}, repeat_times=1
+    )
+    runs = []
+    for name, on in (("off", False), ("on", True)):
+        cfg = make_cfg(
+            tmp_path / name,
+            vllm_model_dir,
+            [greedy],
+            mode="both",
+            buffer={"total_steps": 1},
+            explorer={"partial_rollout": on},
+        )
+        result = run_explorer(cfg, engine)
+        assert "rollout/span_share" not in result.metrics[0]
+        runs.append(
+            [(e.response_ids, e.logprobs) for e in read_segments(cfg.run_dir)["explorer-0"][1]]
+        )
+    assert runs[0] == runs[1]
+
+
+KILLABLE = """
+import json, sys
+from rft.config.load import config_from_dict
+from rft.explorer.loop import run_explorer
+run_explorer(config_from_dict(json.loads(sys.argv[1])))
+"""
+
+
+@pytest.mark.integration
+def test_a_killed_streaming_explorer_loses_only_unfinished_groups(engine, vllm_model_dir, tmp_path):
+    """Killed while step 1's long groups run and its short ones are spooled: the restarted
+    explorer seals those short groups as they were (same experience ids), generates only the
+    rest, and the buffer holds every slot once."""
+    from rft.buffer.segments import SegmentReader
+    from rft.explorer.loop import run_explorer
+
+    config = long_tail_cfg(tmp_path / "ckpt", vllm_model_dir, tmp_path)
+    cfg = config_from_dict(config)
+    spool = GroupSpool(cfg.run_dir, "explorer-0")
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", KILLABLE, json.dumps(config)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not spool.take(1) and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        proc.wait()
+    kept = spool.take(1)
+    assert kept, f"nothing spooled before the kill: {proc.stderr.read()[-3000:]!r}"
+    assert not (cfg.run_dir / "buffer" / "explorer-0" / "seg-000001.jsonl").exists()
+    result = run_explorer(cfg, engine)
+    assert result.steps == [1, 2, 3] and result.metrics[0]["groups_resumed"] == len(kept)
+    step1 = read_segments(cfg.run_dir)["explorer-0"][1]
+    by_group = {key: [e.experience_id for e in exps] for key, exps in kept.items()}
+    for key, ids in by_group.items():
+        assert [
+            e.experience_id for e in step1 if e.group_id == f"explorer-0:1:{key.split('.')[1]}"
+        ] == ids
+    reader = SegmentReader(cfg.run_dir / "buffer")
+    read = reader.read(10_000)
+    ids = [e.experience_id for e in read]
+    assert len(ids) == len(set(ids)) == 24  # 3 steps x 4 tasks x 2 samples, each read once
+    groups = [e.group_id for e in read]
+    assert len(set(groups)) == 12
