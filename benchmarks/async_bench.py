@@ -252,8 +252,11 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     )
     seen: dict[int, tuple[str, float]] = {}
     samples, printed = [], {"trainer": 0, role: 0}
+    writer_dir = run_dir / BUFFER_DIR / writer_name(cfg.explorer.name, 0)
+    lengths: dict[str, list[list[int]]] = {}  # read while the run goes: read segments are removed
     while any(p.poll() is None for _, p in procs):
         samples.append((time.time(), cpu_by_role(run_dir, seen)))
+        lengths.update(group_lengths(writer_dir, known=lengths))
         for who in printed:
             rows = read_metrics(run_dir, who)
             for row in rows[printed[who] :]:
@@ -281,7 +284,7 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         if EXPLORER_STEP_S in r or REWARD_MEAN in r  # training steps, not evaluations
     ]
     print(f"[{mode}] done in {(time.time() - start) / 60:.1f} min", flush=True)
-    lengths = group_lengths(run_dir / BUFFER_DIR / writer_name(cfg.explorer.name, 0))
+    lengths.update(group_lengths(writer_dir, known=lengths))
     if not args.keep_runs:  # weights and checkpoints: several GB a mode, not needed once read
         shutil.rmtree(run_dir, ignore_errors=True)
     return {
@@ -296,13 +299,19 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def group_lengths(writer_dir: Path) -> dict[str, list[list[int]]]:
+def group_lengths(writer_dir: Path, known: Any = ()) -> dict[str, list[list[int]]]:
     """Each sealed segment's groups' response lengths, by segment seq (a synchronous run: the
-    step): the per-sample lengths the simulator's streaming mode replays."""
+    step), past those ``known``: the per-sample lengths the simulator's streaming mode replays.
+    A segment the trainer removed meanwhile is left out."""
     out = {}
     for seq in list_segments(writer_dir):
+        if str(seq) in known:
+            continue
         groups: dict[str, list[int]] = {}
-        lines = (writer_dir / segment_name(seq)).read_bytes().splitlines()[1:]  # past the header
+        try:
+            lines = (writer_dir / segment_name(seq)).read_bytes().splitlines()[1:]  # the records
+        except FileNotFoundError:
+            continue
         for line in lines:
             exp = decode_line(line)
             if not exp.eval:
@@ -403,9 +412,11 @@ def step_records(run: dict[str, Any]) -> list[StepRecord]:
 
 
 def local_prediction(results: dict[str, Any]) -> tuple[dict[str, Result], dict[str, Any]]:
-    """The three modes on this machine's shape, from the sync run alone (the test's check too)."""
+    """Every mode on this machine's shape, from the sync run alone (the test's check too); a
+    step whose per-sample lengths the sync run did not keep takes them from another mode's run
+    of the same step (the same tasks)."""
     sync = results["modes"]["sync"]
-    records = [StepRecord(**r) for r in sync["sim_records"]]
+    records = [replay_lengths(StepRecord(**r), results["modes"]) for r in sync["sim_records"]]
     costs = calibrate(records)
     share = share_from_cores(
         sync["summary"]["explorer_cores"],
@@ -426,6 +437,18 @@ def local_prediction(results: dict[str, Any]) -> tuple[dict[str, Result], dict[s
         "shape": asdict(shape),
         "schedule": asdict(schedule),
     }
+
+
+def replay_lengths(record: StepRecord, modes: dict[str, Any]) -> StepRecord:
+    """``record`` with its step's group lengths: its own, else those a run whose explorer steps
+    are the trainer's (not async-batch2) recorded for the step."""
+    if record.group_lengths:
+        return replace(record, group_lengths=tuple(tuple(g) for g in record.group_lengths))
+    for name, mode in modes.items():
+        groups = mode.get("group_lengths", {}).get(str(record.step))
+        if groups and name != "async-batch2":
+            return replace(record, group_lengths=tuple(tuple(g) for g in groups))
+    return record
 
 
 def analyze(results: dict[str, Any]) -> None:
@@ -497,7 +520,8 @@ def analyze(results: dict[str, Any]) -> None:
         )
 
     records = ReplayWorkload(
-        tuple(StepRecord(**r) for r in modes["sync"]["sim_records"]), results["run"]["batch_size"]
+        tuple(replay_lengths(StepRecord(**r), modes) for r in modes["sync"]["sim_records"]),
+        results["run"]["batch_size"],
     )
     costs, shape = Costs(**calibration["costs"]), Shape(**calibration["shape"])
     longer = replace(Schedule(**calibration["schedule"]), steps=LONG_STEPS)

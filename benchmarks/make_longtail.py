@@ -28,6 +28,7 @@ LONG_SHARE = 0.125  # tasks that write at length: about one group in each step o
 SYSTEM_PROMPT = "You are a helpful assistant."
 MAX_RESPONSE_TOKENS = 256  # the length limit the counting tasks run into
 MAX_MODEL_LEN = 384
+TRAIN_TOKENS_PER_MICRO_BATCH = 2048
 SHORT = (
     "What is {a} + {b}? Reply with the number only.",
     "{a} + {b} = ? Give only the final number.",
@@ -84,6 +85,9 @@ def overrides(out: Path) -> list[str]:
         f"{taskset}.format.system_prompt={SYSTEM_PROMPT}",
         f"model.max_response_tokens={MAX_RESPONSE_TOKENS}",
         f"model.max_model_len={MAX_MODEL_LEN}",
+        # a micro-batch of 16 full-length rows held 10 GB of logits per trainer rank: the
+        # out-of-memory killer stopped a run on this 23 GB machine
+        f"trainer.max_token_len_per_gpu={TRAIN_TOKENS_PER_MICRO_BATCH}",
     ]
 
 

@@ -230,11 +230,13 @@ def test_mode_train_reads_more_groups_until_the_batch_is_full(tmp_path):
     assert groups_of(rest) == ["mixed3"] and source.stats()[FILTERED] == 0
 
 
-def test_mode_both_trains_the_step_on_the_groups_kept(tmp_path):
-    """Lockstep: a step reads its own segments only, so dropped groups leave it smaller."""
+def test_mode_both_trains_the_step_on_the_groups_kept(tmp_path, caplog):
+    """Lockstep: a step reads its own segments only, so dropped groups leave it smaller (the
+    config's load says so)."""
     from rft.trainer.inputs import BufferSource
 
     cfg = _load(tmp_path, buffer={"batch_size": 3, "train_batch_size": 6})
+    assert "dapo_dynamic_sampling in mode both" in caplog.text and "no refill" in caplog.text
     _write(cfg, [*group("right", [1, 1]), *group("mixed", [1, 0]), *group("wrong", [0, 0])])
     source = BufferSource(cfg, cfg.run_dir, None)
     assert groups_of(source.next_batch(1, 0)) == ["mixed"]

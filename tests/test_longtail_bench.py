@@ -65,6 +65,7 @@ def test_the_bench_replays_each_steps_group_lengths_from_the_buffer(tmp_path):
     writer.write([exp("c", 1), exp("e", 9, eval=True)], seq=2)
     lengths = group_lengths(tmp_path / "explorer-0")
     assert lengths == {"1": [[3, 5], [7, 7]], "2": [[1]]}
+    assert group_lengths(tmp_path / "explorer-0", known={"1": []}) == {"2": [[1]]}
     run = {
         "explorer": [
             {

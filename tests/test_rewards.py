@@ -159,15 +159,18 @@ def test_math_boxed_reward_as_trinitys():
 
 
 def test_math_boxed_workflow_reads_trinitys_workflow_args():
-    from rft.errors import ConfigError, NotSupportedError
+    from rft.errors import ConfigError
 
     wf = get_workflow("math_boxed_workflow", workflow_args={"with_think": True})
     assert "<think>" in wf.system_prompt
     assert wf.score("\\boxed{1}", "1") == {"accuracy": 1.0, "format_score": -0.1}
     coef = get_workflow("math_boxed_workflow", workflow_args={"format_score_coef": 0.5})
     assert coef.score("\\boxed{1}", "1")["format_score"] == 0.0  # no penalty without with_think
-    with pytest.raises(NotSupportedError, match="use_base"):
-        get_workflow("math_boxed_workflow", workflow_args={"use_base": True})
+    base = get_workflow("math_boxed_workflow", "accuracy_reward", workflow_args={"use_base": True})
+    assert base.base_prompt and not coef.base_prompt  # a prompt argument: the reward never sees it
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "1+1?"}]
+    assert base.prompt_text(messages) == "System:Be brief.\nUser:\n1+1?\nAssistant:\n"
+    assert base.prompt_text(messages[1:]) == "User:\n1+1?\nAssistant:\n"
     with pytest.raises(ConfigError, match="takes none"):
         get_workflow("math_workflow", workflow_args={"with_think": True})
     with pytest.raises(ConfigError, match="reward_fn_args instead"):

@@ -48,9 +48,9 @@ EXPECTED: dict[str, Refused | Typo | None] = {
     "async_gsm8k_explorer.yaml": LOADS,
     "async_gsm8k_trainer.yaml": LOADS,
     "cispo_gsm8k.yaml": LOADS,
-    # Its data_processor operators act (test_dapo_example_past_use_base); Trinity's raw
-    # 'User:/Assistant:' prompt for base models is rendered by the explorer, which rft lacks.
-    "dapo_math.yaml": Refused("workflow_args.use_base of math_boxed_workflow"),
+    # Its data_processor operators act and use_base renders the plain-text prompt
+    # (test_dapo_example_loads_as_written).
+    "dapo_math.yaml": LOADS,
     "dpo_humanlike.yaml": LOADS,
     "grpo_alfworld.yaml": Refused("workflow alfworld_workflow"),
     "grpo_frozen_lake.yaml": LOADS,
@@ -198,15 +198,17 @@ def name_type(name: str) -> str:
     return "jsd" if "jsd" in name else "on_policy_distill"
 
 
-def test_dapo_example_past_use_base(tmp_path, trinity_env):
-    """Without ``workflow_args.use_base`` the DAPO example loads as written: its experience
-    operators typed (rft.trainer.experience_ops), the clip-higher PPO loss, the overlong reward."""
+def test_dapo_example_loads_as_written(tmp_path, trinity_env):
+    """The DAPO example: its experience operators typed (rft.trainer.experience_ops), the
+    clip-higher PPO loss, the overlong reward, and use_base's plain-text prompt."""
     from rft.config.schema import DynamicSamplingArgs
+    from rft.explorer import tasksets as T
     from rft.trainer.experience_ops import ExperiencePipeline
 
     raw = read_raw(EXAMPLES / "dapo_math.yaml", [f"checkpoint_root_dir={tmp_path}"])
-    del raw["buffer"]["explorer_input"]["taskset"]["workflow_args"]["use_base"]
     cfg = dry_run(raw, tmp_path)
+    ts = cfg.buffer.explorer_input.taskset
+    assert T.taskset_workflow(cfg, ts, "taskset", is_eval=False).base_prompt
     ops = cfg.data_processor.experience_pipeline.operators
     assert [op.name for op in ops] == ["mask_response_truncated", "dapo_dynamic_sampling"]
     assert ops[1].typed_args() == DynamicSamplingArgs(metric_key="accuracy", correct_threshold=0.0)

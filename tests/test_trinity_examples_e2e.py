@@ -97,8 +97,8 @@ def test_on_policy_distillation_trains_a_step(vllm_model_dir, tiny_model_dir, tm
 
 
 def test_dapo_example_applies_its_experience_operators(vllm_model_dir, tmp_path):
-    """Trinity's DAPO example (a copy without ``workflow_args.use_base``, which rft refuses, and
-    with a local taskset): the trainer applies mask_response_truncated and dapo_dynamic_sampling
+    """Trinity's DAPO example (with a local taskset; its use_base prompts are plain text): the
+    trainer applies mask_response_truncated and dapo_dynamic_sampling
     to the step it reads. A random model answers every task wrong, so each group is dropped
     whole (all wrong) and the step makes no update; every truncated response was masked first."""
     from rft.monitor import BUFFER_STATS_PREFIX, UPDATES
@@ -106,7 +106,7 @@ def test_dapo_example_applies_its_experience_operators(vllm_model_dir, tmp_path)
 
     raw = yaml.safe_load((EXAMPLES / "dapo_math.yaml").read_text())
     taskset = raw["buffer"]["explorer_input"]["taskset"]
-    del taskset["workflow_args"]["use_base"], taskset["subset_name"]
+    del taskset["subset_name"]
     taskset["format"].update(prompt_key="question", response_key="answer")
     config = tmp_path / "dapo.yaml"
     config.write_text(yaml.safe_dump(raw))

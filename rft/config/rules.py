@@ -168,6 +168,12 @@ def _check_experience_pipeline(cfg: Config) -> None:
             f"{key}: they act on rollouts, but this trainer reads a dataset "
             "(buffer.trainer_input.experience_buffer.storage_type: file); remove them"
         )
+    if cfg.mode == "both" and any(op.name == "dapo_dynamic_sampling" for op in pipeline.operators):
+        log.warning(
+            "dapo_dynamic_sampling in mode both: each step trains on the groups it keeps from its "
+            "own rollouts (no refill from later steps, unlike Trinity's queue); for full batches "
+            "run mode explore + mode train with the operators in the trainer's config"
+        )
 
 
 def _check_teacher(cfg: Config) -> None:
@@ -760,6 +766,12 @@ def _check_partial_rollout(cfg: Config) -> None:
         raise NotSupportedError(
             "explorer.partial_rollout with model.lora_configs: vLLM holds one adapter, so a new "
             "version would pull the adapter from under the requests in flight; turn one off"
+        )
+    if streams(cfg) and cfg.algorithm.rollout_correction.mode == "none":
+        log.warning(
+            "explorer.partial_rollout: samples that span weights versions train as if the "
+            "newest policy made them all; algorithm.rollout_correction.mode: tis (or decoupled) "
+            "weighs each token by the policy that sampled it"
         )
     if cfg.mode == "both" and not streams(cfg):
         log.warning(

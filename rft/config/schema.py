@@ -325,10 +325,10 @@ class ExplorerConfig:
     # rft: asynchronous runs stream: the next steps' requests enter the engine as earlier ones
     # finish and new weights load between engine steps, requests kept (rft.explorer.streaming)
     partial_rollout: bool = False
-    max_inflight_samples: Optional[int] = field(None, ge=1)  # rft: null: one step's samples
-    max_version_span: Optional[int] = field(
-        None, ge=0
-    )  # rft: drop groups spanning more; null: keep
+    # rft: with partial_rollout, the next step is admitted while fewer samples are in flight
+    max_inflight_samples: Optional[int] = field(None, ge=1)  # null: one step's samples
+    # rft: with partial_rollout, groups whose samples span more weights versions are dropped
+    max_version_span: Optional[int] = field(None, ge=0)  # null: keep every group
 
 
 @dataclass
@@ -572,7 +572,7 @@ _OPERATORS_PATH = "data_processor.experience_pipeline.operators"
 @dataclass
 class OperatorConfig:
     name: Optional[ExperienceOperatorName] = None  # the operator (required)
-    args: dict = field(factory=dict)  # its arguments (OPERATOR_ARGS), checked at load
+    args: dict = field(factory=dict)  # dapo_dynamic_sampling: metric_key, correct_threshold
 
     def typed_args(self, path: str = _OPERATORS_PATH) -> NoOperatorArgs | DynamicSamplingArgs:
         """``args`` as the operator's typed arguments; ConfigError naming ``path`` if wrong."""
@@ -582,8 +582,8 @@ class OperatorConfig:
 @dataclass
 class ExperiencePipelineConfig:
     operators: list[OperatorConfig] = field(factory=list)  # applied in order to each batch read
-    # no effect: the buffer's segments are the operators' input (kept until a checkpoint
-    # releases them); archive consumed experiences with experience_buffer.path: sqlite:///...
+    # no effect: the buffer's segments are the operators' input until a checkpoint releases
+    # them (buffer.trainer_input.experience_buffer.path: sqlite:///FILE archives what was read)
     save_input: bool = True
 
     def __post_init__(self) -> None:

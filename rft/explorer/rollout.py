@@ -86,13 +86,17 @@ def build_prompts(
         row = ts.rows[task.index]
         fmt = ts.config.format
         recipe = ts.workflow_of(row)
-        ids = T.prompt_ids(
-            tokenizer,
-            recipe.build_messages(row, fmt),
-            reply_prefix=fmt.reply_prefix,
-            enable_thinking=thinking,
-            chat_template=cfg.model.custom_chat_template,
-        )
+        messages = recipe.build_messages(row, fmt)
+        if recipe.base_prompt:  # workflow_args.use_base: a base model's plain-text prompt
+            ids = tokenizer.encode(recipe.prompt_text(messages))
+        else:
+            ids = T.prompt_ids(
+                tokenizer,
+                messages,
+                reply_prefix=fmt.reply_prefix,
+                enable_thinking=thinking,
+                chat_template=cfg.model.custom_chat_template,
+            )
         if limit is not None and len(ids) > limit:
             counts["prompts_filtered"] += 1
             continue

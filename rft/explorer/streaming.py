@@ -108,8 +108,7 @@ def stream_steps(
     totals = Totals()
     admitted = 0
     eval_at: int | None = None
-    engine.label_version(weights.loaded_version or 0)
-    polled = time.monotonic()
+    polled = -WEIGHTS_POLL_S  # the newest weights load before the first step (a resume)
 
     def load(need: int) -> None:
         """Load the newest weights (waiting for ``need``) between two engine steps."""
@@ -136,10 +135,10 @@ def stream_steps(
                     break  # the engine works meanwhile; the weights are looked for again
                 load(need)
             carried, share = plan.take(step, stream.next_batch(cursor))
+            version = weights.loaded_version or 0
             open_steps.append(
-                admit(cfg, engine, tasksets, spool, step, share, carried, cursor, writer)
+                admit(cfg, engine, tasksets, spool, step, share, carried, cursor, version)
             )
-            open_steps[-1].version = weights.loaded_version or 0
             admitted += 1
         if engine.in_flight:
             for key, samples in engine.step():
@@ -168,11 +167,11 @@ def admit(
     share: C.Share,
     carried: dict[int, C.Share],
     cursor: T.Cursor,
-    writer: str,
+    version: int,
 ) -> OpenStep:
     """Step ``step`` opened: its slots' requests in the engine, except groups the spool kept
     from before a restart; the carried slots of earlier steps keep their own step in ids."""
-    opened = OpenStep(step, [], T.Cursor.from_dict(cursor.to_dict()), 0)
+    opened = OpenStep(step, [], T.Cursor.from_dict(cursor.to_dict()), version)
     kept = spool.take(step)
     filtered = 0
     for group_step, items in [*sorted(carried.items()), (step, share)]:
@@ -219,6 +218,8 @@ def finish(
     rewards, stats = score_all([job], [samples], reward_models)
     exps = group_records(job, samples, rewards[0], group_step, opened.version, writer)
     add_teacher_logprobs(cfg, exps)  # on-policy distillation only
+    for name, value in stats.items():  # the reward models' seconds and truncations
+        opened.stats[name] = opened.stats.get(name, 0.0) + value
     spool.put(opened.step, key, exps)
     opened.done[key] = exps
 

@@ -12,7 +12,6 @@ import dataclasses
 from typing import Any, Mapping, Sequence
 
 from rft.config.auxiliary import RewardWeights
-from rft.config.typed_dict import not_supported
 from rft.data import Messages, chat_messages, column, format_field
 from rft.errors import ConfigError, did_you_mean
 from rft.workflow.rewards import (
@@ -50,6 +49,7 @@ class Recipe:
     reward_fn: RewardFn  # fn(response, truth) -> reward parts
     reward_weights: RewardWeights = RewardWeights()  # rule vs reward model scores
     user_suffix: str | None = None  # appended to the last user message (Qwen2.5-Math's prompt)
+    base_prompt: bool = False  # workflow_args.use_base: plain text, no chat template (base models)
 
     def build_messages(self, row: Mapping[str, Any], fmt: Any) -> Messages:
         """Chat messages for generating a reply to ``row`` (:func:`rft.data.chat_messages`).
@@ -68,6 +68,17 @@ class Recipe:
                 "content": messages[last]["content"] + self.user_suffix,
             }
         return messages
+
+    def prompt_text(self, messages: Messages) -> str:
+        """The messages as a base model's plain-text prompt, the format of Trinity's
+        ``use_base`` (``MathBoxedWorkflow.format_prompt`` in
+        trinity/common/workflows/customized_math_workflows.py): ``System:<system>`` then
+        ``\nUser:\n<question>\nAssistant:\n``, followed by a reply prefix when one is set."""
+        system = "".join(m["content"] for m in messages if m["role"] == "system")
+        user = "\n".join(m["content"] for m in messages if m["role"] == "user")
+        prefix = "".join(m["content"] for m in messages if m["role"] == "assistant")
+        head = f"System:{system}\n" if system else ""
+        return f"{head}User:\n{user}\nAssistant:\n{prefix}"
 
     def ground_truth(self, row: Mapping[str, Any], fmt: Any) -> str:
         """The reference answer of ``row`` (GSM8K ``####`` number, last ``\\boxed{}``, or text)."""
@@ -120,15 +131,13 @@ ALIASES = {
     "async_math_boxed_workflow": "math_boxed_workflow",
 }
 WORKFLOWS: tuple[str, ...] = (*_BUILTIN, *ALIASES)
-# The workflow_args a recipe reads (Trinity's), each passed to its default reward as a keyword;
-# ``with_think`` also picks the system prompt that asks for a <think> block.
+# The workflow_args a recipe reads (Trinity's), each passed to its default reward as a keyword
+# but those of PROMPT_ARGS; ``with_think`` also picks the system prompt that asks for a <think>
+# block, ``use_base`` renders the prompt as plain text (Recipe.prompt_text).
 WORKFLOW_ARGS: dict[str, tuple[str, ...]] = {
-    "math_boxed_workflow": ("with_think", "format_score_coef"),
+    "math_boxed_workflow": ("with_think", "format_score_coef", "use_base"),
 }
-_REFUSED_ARGS = {
-    "use_base": "rft always renders the model's chat template (Trinity's raw 'User:/Assistant:' "
-    "prompt for base models is not built); remove it, or set model.custom_chat_template",
-}
+PROMPT_ARGS = ("use_base",)  # workflow_args that shape the prompt, not the reward
 
 
 def get_workflow(
@@ -141,7 +150,8 @@ def get_workflow(
     """The single-turn workflow ``name``; ``reward_fn`` (built-in name or ``package.module:function``)
     replaces its default reward, ``reward_fn_args`` are bound to the reward function (without
     the reward weights: :func:`rft.config.auxiliary.split_reward_weights`); ``workflow_args``:
-    those of :data:`WORKFLOW_ARGS`, which reach the default reward."""
+    those of :data:`WORKFLOW_ARGS`, which reach the default reward (:data:`PROMPT_ARGS` shape
+    the prompt instead)."""
     if name not in WORKFLOWS:
         raise ConfigError(
             f"workflow {name!r} is not one of {list(WORKFLOWS)}.{did_you_mean(name, WORKFLOWS)}"
@@ -149,6 +159,7 @@ def get_workflow(
     base = ALIASES.get(name, name)
     system_prompt, default_reward = _BUILTIN[base]
     args = _checked_workflow_args(name, base, dict(workflow_args or {}))
+    prompt_args = {key: args.pop(key) for key in PROMPT_ARGS if key in args}
     if args and reward_fn not in (None, default_reward):
         raise ConfigError(
             f"workflow_args {sorted(args)} of {name!r} reach its reward {default_reward!r}; "
@@ -162,14 +173,13 @@ def get_workflow(
         get_reward_fn(reward_fn or default_reward, {**(reward_fn_args or {}), **args} or None),
         reward_weights,
         _USER_SUFFIX.get(base),
+        bool(prompt_args.get("use_base", False)),
     )
 
 
 def _checked_workflow_args(name: str, base: str, args: dict[str, Any]) -> dict[str, Any]:
     takes = WORKFLOW_ARGS.get(base, ())
     for key in args:
-        if key in _REFUSED_ARGS:
-            raise not_supported(f"workflow_args.{key} of {name}", _REFUSED_ARGS[key])
         if key not in takes:
             raise ConfigError(
                 f"workflow_args {key!r}: the single-turn workflow {name!r} takes "
