@@ -1,15 +1,10 @@
 """Issue 35's GPU table in one command: rft's trainer in each configuration beside the naive loop.
 
-Writes a random-initialised model of a named shape (``--shape qwen2.5-1.5b``: the config is
-written here, nothing is downloaded; ``--tiny``: hidden 64, 2 layers, for CPU), then runs each
-row in its own process (fresh CUDA context and compile caches) with ``trainer_bench.py``'s
-``time_plain``/``time_rft``: the naive padded loop, ZeRO-2 eager (with publish vs raw write,
-three runs), ``compile_layers``, ``padding_free``, ZeRO-3, and padded vs packed on a batch with a
-long tail of lengths. Prints the table and the issue's targets; writes both as JSON (``--out``)
-after every row, so a run cut short keeps the rows done.
-
-    python benchmarks/gpu_suite.py --out /tmp/gpu_suite.json   # one H100/H200
-    DS_ACCELERATOR=cpu python benchmarks/gpu_suite.py --tiny --out /tmp/gpu_suite.json
+Writes a random model of a named shape (Qwen2.5-1.5B's config, no download; ``--tiny`` for CPU),
+runs each row in its own process with ``trainer_bench.py``'s timers (naive loop, ZeRO-2 eager
+with publish vs raw write x3, compiled, packed, ZeRO-3, padded vs packed on a long tail), prints
+the table and the issue's targets, and writes both as JSON after every row (``--out``):
+``python benchmarks/gpu_suite.py --out /tmp/gpu_suite.json`` (``--tiny`` on CPU).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The long-tail taskset of ``benchmarks/async_bench.py --taskset long-tail``: most tasks short
 arithmetic that SmolLM2-135M-Instruct answers in about ten tokens, one in eight a counting task
-that runs it to the length limit. Seeded, offline, standard library; writes
+that runs about half its samples to the length limit. Seeded, offline, standard library; writes
 ``<out>/longtail/{train,test}.jsonl`` in GSM8K form (``#### N``: the reward's final number).
 
     python benchmarks/make_longtail.py --out /tmp/longtail
@@ -33,8 +33,8 @@ SHORT = (
     "What is {a} + {b}? Reply with the number only.",
     "{a} + {b} = ? Give only the final number.",
 )
-# Counting to 200-400 takes 2-3 tokens a number: several times the limit, so most samples stop
-# there (measured: see --check); the answer is the last number of a finished count.
+# Counting to 200-400 takes 2-3 tokens a number, several times the limit: the samples that keep
+# counting stop there (about half; docs/performance.md); the answer is a finished count's end.
 LONG = (
     "Count from 1 to {n}, separated by commas.",
     "Write the numbers from 1 to {n} in words, one per line.",

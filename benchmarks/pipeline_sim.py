@@ -51,9 +51,10 @@ at full speed. ``share=0.5`` conserves work (two jobs on the cores take as long 
 other); above 0.5 the two sides leave cores idle when alone (e.g. a one-thread explorer and a
 two-rank trainer on two cores: ``share_from_cores`` gives 2/3).
 
-**Lengths** (``benchmarks/pipeline_workload.py``; per sample, lognormal around a median, capped, seeded per step and task so every
-mode and shape sees the same samples): ``gsm8k-like`` and ``long-tail`` (``LENGTHS``), or the
-per-step totals of a measured run (:class:`ReplayWorkload`).
+**Lengths** (``benchmarks/pipeline_workload.py``; per sample, lognormal around a median,
+capped, seeded per step and task so every mode and shape sees the same samples): ``gsm8k-like``
+and ``long-tail`` (``LENGTHS``), or the per-step totals and per-sample lengths of a measured run
+(:class:`ReplayWorkload`).
 
 **Output** (:class:`Result`): steps/min between the first and the last trainer step end (the
 first step, start-up included, is not counted), the trainer's idle share (waiting for its batch,
@@ -347,6 +348,7 @@ def simulate(schedule: Schedule, shape: Shape, costs: Costs, workload: Workload)
         seal_streamed(e)
 
     def seal_streamed(e: Explorer) -> None:
+        """Seal e's oldest admitted steps whose samples have all finished, in order."""
         while e.done + 1 < e.next_step and not e.left[e.done + 1]:
             e.done += 1
             share = shares[e.done, e.rank]

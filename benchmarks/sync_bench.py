@@ -41,9 +41,20 @@ weights, ``--lr``, a fixed arithmetic batch); after each, the weights are publis
 as bf16 (the master cast, as a bf16 trainer holds them) to four run directories: full and delta
 per dtype. Per sync: bytes written (the version folder), bytes read (folder, plus the anchor
 when an explorer copies it), publish s, load s (``WeightsWatcher.load``: local rebuild for
-deltas, then reading every tensor, which an engine reload does alike). Usage::
+deltas, then every tensor copied into tensors allocated once, as an engine reload copies into its
+parameters; ``load_file`` alone maps the file and reads nothing). Usage::
 
     HF_HUB_OFFLINE=1 python benchmarks/sync_bench.py --delta --steps 5
+
+Measured 2026-11-26 on this 2-core machine (one local disk), ``--delta --steps 5``, medians over
+v2..v5 (docs/performance.md says where the time goes)::
+
+    | dtype | sync | MiB written | MiB read | publish s | load s | publish + load s |
+    |---|---|---:|---:|---:|---:|---:|
+    | fp32 | full | 621.2 | 621.2 | 1.28 | 0.05 | 1.36 |
+    | fp32 | delta | 211.3 | 211.3 | 2.96 | 1.09 | 4.05 |
+    | bf16 | full | 310.6 | 310.6 | 0.21 | 0.03 | 0.25 |
+    | bf16 | delta | 3.7 | 3.7 | 0.46 | 0.30 | 0.76 |
 
 Before the trials, an untimed check: the same weights loaded by folder and by broadcast give
 the same greedy log-prob, unlike the base model's.

@@ -173,12 +173,14 @@ def time_rft(
     reset_peak(info.device)
     actor = dse.build_actor(cfg, info, steps + 1)
     fns = build_loss_fns(cfg.algorithm)
-    train_step(actor, None, batch, cfg, fns, info, 0, 0)  # warm-up (and compilation)
+    # warm-up (and compilation); steps count from 1 as in the trainer's loop: a step 0 would be
+    # inside critic_warmup (0) and update nothing, leaving the compilation to the timed steps
+    train_step(actor, None, batch, cfg, fns, info, 1, 0)
     sync(info.device)
     anatomy = dict.fromkeys(ANATOMY, 0.0)
     t0 = time.perf_counter()
     for step in range(steps):
-        metrics = train_step(actor, None, batch, cfg, fns, info, step + 1, 0)
+        metrics = train_step(actor, None, batch, cfg, fns, info, step + 2, 0)
         for key in ANATOMY:
             anatomy[key] += metrics[key] / steps
     sync(info.device)

@@ -68,6 +68,11 @@ def merge(base: dict, extra: dict) -> dict:
 
 
 def make_cfg(root: Path, model_dir: Path, train: list[dict], **extra: Any):
+    return config_from_dict(cfg_dict(root, model_dir, train, **extra))
+
+
+def cfg_dict(root: Path, model_dir: Path, train: list[dict], **extra: Any) -> dict:
+    """A small explore-mode config as a dict: ``extra`` merged in (nested keys too)."""
     base = {
         "project": "p",
         "name": "run",
@@ -83,7 +88,7 @@ def make_cfg(root: Path, model_dir: Path, train: list[dict], **extra: Any):
         "explorer": {"eval_on_startup": False, "eval_interval": 0, "heartbeat_interval_s": 1},
         "monitor": {"monitor_type": "console"},
     }
-    return config_from_dict(merge(base, extra))
+    return merge(base, extra)
 
 
 def open_sets(cfg) -> list[T.Taskset]:

@@ -3,6 +3,7 @@ loaded in flight with every token's version recorded, groups spooled as they fin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -21,6 +23,7 @@ from rft.explorer.spool import GroupSpool, group_key
 from tests.test_explorer import (  # noqa: F401 (fixtures)
     REPO,
     arithmetic_rows,
+    cfg_dict,
     data_dir,
     make_cfg,
     merge,
@@ -147,36 +150,32 @@ def long_tail_cfg(root: Path, model: Path, data: Path, **extra) -> dict:
     long = taskset_dict(
         write_jsonl(data / "long.jsonl", rows), "long", rollout_args={"max_tokens": 160}
     )
-    base = {
-        "project": "p",
-        "name": "run",
-        "checkpoint_root_dir": str(root),
-        "mode": "explore",
-        "algorithm": {"repeat_times": 2},
-        "model": {
-            "model_path": str(model),
-            "max_response_tokens": 8,
-            "min_response_tokens": 8,
-            "max_model_len": 256,
-        },
-        "cluster": {"gpu_per_node": 0},
-        "buffer": {
-            "batch_size": 4,
-            "total_steps": 3,
-            "explorer_input": {
-                "tasksets": [short, long],
-                "default_workflow_type": "math_workflow",
-            },
-        },
-        "explorer": {
-            "eval_on_startup": False,
-            "eval_interval": 0,
-            "heartbeat_interval_s": 1,
-            "partial_rollout": True,
-        },
-        "monitor": {"monitor_type": "console"},
+    model_args = {"max_response_tokens": 8, "min_response_tokens": 8}
+    settings = {
+        "model": model_args,
+        "buffer": {"batch_size": 4, "total_steps": 3},
+        "explorer": {"partial_rollout": True},
     }
-    return merge(base, extra)
+    return cfg_dict(root, model, [short, long], **merge(settings, extra))
+
+
+@contextlib.contextmanager
+def publishing_while_generating(engine, run_dir: Path, model: Path) -> Iterator[None]:
+    """Weights v1 (``model`` perturbed) published while the engine has requests in flight."""
+    from rft.sync.publisher import WeightsPublisher
+
+    def publish() -> None:
+        while not engine.in_flight:
+            time.sleep(0.01)
+        time.sleep(0.3)
+        WeightsPublisher(run_dir).publish(1, perturbed_copy(model, seed=1))
+
+    thread = threading.Thread(target=publish)
+    thread.start()
+    try:
+        yield
+    finally:
+        thread.join()
 
 
 def groups_of(segments: dict[int, list[Experience]]) -> dict[int, list[str]]:
@@ -189,7 +188,6 @@ def test_streaming_explorer_loads_weights_in_flight_and_seals_steps_in_order(
 ):
     from rft.explorer import streaming
     from rft.explorer.loop import run_explorer
-    from rft.sync.publisher import WeightsPublisher
 
     monkeypatch.setattr(streaming, "WEIGHTS_POLL_S", 0.0)
     cfg = config_from_dict(
@@ -197,18 +195,8 @@ def test_streaming_explorer_loads_weights_in_flight_and_seals_steps_in_order(
             tmp_path / "ckpt", vllm_model_dir, tmp_path, explorer={"max_inflight_samples": 64}
         )
     )
-    publisher = WeightsPublisher(cfg.run_dir)
-
-    def publish_once_generating() -> None:  # v1 lands while requests are in flight
-        while not engine.in_flight:
-            time.sleep(0.01)
-        time.sleep(0.3)
-        publisher.publish(1, perturbed_copy(vllm_model_dir, seed=1))
-
-    thread = threading.Thread(target=publish_once_generating)
-    thread.start()
-    result = run_explorer(cfg, engine)
-    thread.join()
+    with publishing_while_generating(engine, cfg.run_dir, vllm_model_dir):
+        result = run_explorer(cfg, engine)
     assert result.steps == [1, 2, 3] and result.loaded_version == 1
     segments = read_segments(cfg.run_dir)["explorer-0"]
     assert sorted(segments) == [1, 2, 3]
@@ -241,22 +229,12 @@ def test_max_version_span_drops_groups_that_span_more(
 ):
     from rft.explorer import streaming
     from rft.explorer.loop import run_explorer
-    from rft.sync.publisher import WeightsPublisher
 
     monkeypatch.setattr(streaming, "WEIGHTS_POLL_S", 0.0)
     extra = {"explorer": {"max_inflight_samples": 64, "max_version_span": 0}}
     cfg = config_from_dict(long_tail_cfg(tmp_path / "ckpt", vllm_model_dir, tmp_path, **extra))
-
-    def publish_once_generating() -> None:
-        while not engine.in_flight:
-            time.sleep(0.01)
-        time.sleep(0.3)
-        WeightsPublisher(cfg.run_dir).publish(1, perturbed_copy(vllm_model_dir, seed=1))
-
-    thread = threading.Thread(target=publish_once_generating)
-    thread.start()
-    result = run_explorer(cfg, engine)
-    thread.join()
+    with publishing_while_generating(engine, cfg.run_dir, vllm_model_dir):
+        result = run_explorer(cfg, engine)
     exps = [e for seq in read_segments(cfg.run_dir)["explorer-0"].values() for e in seq]
     dropped = sum(m["rollout/tokens_discarded"] for m in result.metrics)
     assert dropped > 0 and not any(e.response_versions for e in exps)
