@@ -18,7 +18,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
-from rft import atomic
 from rft.buffer.experience import Experience
 from rft.buffer.segments import open_buffer_writer
 from rft.config.rules import streams
@@ -51,10 +50,8 @@ from rft.stages import load_stage
 from rft.sync.explorer_side import WeightsIn, open_weights_in
 from rft.sync.heartbeat import (
     EVALUATING_FIELD,
-    EXITED_FIELD,
     FINISHED_FIELD,
     LOADED_FIELD,
-    LOADING_FIELD,
     STEPS_FIELD,
     TASKS_FIELD,
     Heartbeat,
@@ -390,13 +387,10 @@ def install_exit_handlers(heartbeat: Heartbeat, lease: Lease | None = None) -> N
 
     def _exit(signum: int, _frame: Any) -> None:
         log.warning("signal %d: exiting now (sealed segments are kept)", signum)
-        try:  # not heartbeat.beat(): the interrupted code may hold its lock
+        try:
             if lease is not None:
                 lease.release(blocking=False)
-            atomic.write_json(
-                heartbeat.path,
-                {**heartbeat.fields, EXITED_FIELD: True, LOADING_FIELD: None, "time": time.time()},
-            )
+            heartbeat.write_exited()
         finally:
             os._exit(128 + signum)
 

@@ -33,6 +33,7 @@ EVALUATING_FIELD = "evaluating"  # heartbeat field: an evaluation is running (la
 EXITED_FIELD = "exited"  # heartbeat field: the explorer stopped (dead at once for readers)
 STEPS_FIELD = "steps_done"  # heartbeat field: explorer steps finished
 TASKS_FIELD = "tasks_done"  # heartbeat field: tasks generated
+TIME_FIELD = "time"  # heartbeat field: when it was last written (readers judge liveness by it)
 
 
 @dataclass
@@ -76,7 +77,7 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.fields: dict[str, Any] = asdict(BeatFields(name))
-        self.fields["time"] = self.fields["started_time"]
+        self.fields[TIME_FIELD] = self.fields["started_time"]
 
     def beat(self, **fields: Any) -> None:
         """Merge ``fields`` into the heartbeat and rewrite it with the current time."""
@@ -84,8 +85,14 @@ class Heartbeat:
         assert not unknown, f"not heartbeat fields: {sorted(unknown)}"
         with self._lock:
             self.fields.update(fields)
-            self.fields["time"] = time.time()
+            self.fields[TIME_FIELD] = time.time()
             atomic.write_json(self.path, self.fields)
+
+    def write_exited(self) -> None:
+        """Mark the explorer exited, from a signal handler: written without the lock
+        :meth:`beat` takes (the interrupted code may hold it)."""
+        exited = {EXITED_FIELD: True, LOADING_FIELD: None, TIME_FIELD: time.time()}
+        atomic.write_json(self.path, {**self.fields, **exited})
 
     def start(self) -> "Heartbeat":
         """Beat now and then every ``interval_s`` from a daemon thread until :meth:`stop`."""
@@ -147,7 +154,7 @@ def read_heartbeats(
             continue
         try:
             fields = json.loads(path.read_text())
-            age_s = now - float(fields["time"])
+            age_s = now - float(fields[TIME_FIELD])
         except (OSError, ValueError, KeyError, TypeError) as e:
             log.warning("unreadable heartbeat %s (%s): counted as dead", path, e)
             statuses.append(ExplorerStatus(path.stem, float("inf"), False))
