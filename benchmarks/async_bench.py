@@ -19,7 +19,9 @@ set to ``--steps`` and evaluation off:
   then waits for its longest sample once per two trainer steps;
 - ``async-partial``: as ``async``, the explorer with ``explorer.partial_rollout: true`` (issue
   34: the engine kept full across steps, groups sealed as they finish, weights loaded with the
-  requests kept).
+  requests kept);
+- ``async-partial-lead1``: ``async-partial`` with ``synchronizer.max_lead_steps: 1`` (measured
+  only: the simulator has no such mode).
 
 ``--taskset long-tail`` trains on ``benchmarks/make_longtail.py``'s taskset instead (written
 under ``--out``, seeded: most replies about ten tokens, one task in eight counting to the
@@ -61,15 +63,18 @@ reward of an async step measures the old weights it generated with, so unbounded
 do not compare; with ``max_lead_steps: 1`` they equal one-step-off's.
 
 Long-tail lengths (2026-11-26, ``--taskset long-tail --steps 8 --modes sync async
-async-partial``, then ``--add --modes one-step-off``; same machine and shape; replies: median 12
-tokens, p90 80, 6% at the 256 limit)::
+async-partial``, then ``--add --modes one-step-off``, then ``--add --modes async-lead1
+async-partial-lead1``; same machine and shape; replies: median 12 tokens, p90 80, 6% at the
+256 limit)::
 
     | mode | samples/s | vs sync | vs async | generated samples/s | reward per sample | staleness | spanning | tokens discarded |
     | sync | 1.059 | 1.00x | 0.90x | 1.051 | 0.341 | 0.00 | - | - |
     | async | 1.179 | 1.11x | 1.00x | 3.218 | 0.171 | 3.25 | - | - |
     | async-partial | 1.256 | 1.19x | 1.07x | 5.455 | 0.152 | 3.50 | 0% | 0 |
     | one-step-off | 1.087 | 1.03x | 0.92x | 1.111 | 0.224 | 0.88 | - | - |
-    predicted from the sync run (share 0.73): +2.2%, +16.5%, +15.9%, +20.7%
+    | async-lead1 | 1.102 | 1.04x | 0.93x | 1.124 | 0.224 | 0.88 | - | - |
+    | async-partial-lead1 | 0.973 | 0.92x | 0.83x | 1.056 | 0.298 | 0.88 | 0% | 0 |
+    predicted from the sync run (share 0.73): +2.2%, +16.5%, +15.9%, +20.7%, +19.1% (lead1)
 
 The trainer sets the pace here (6.7 ms a trained token on shared cores): streaming made the
 explorer 1.70x faster (generated samples/s) but trained samples/s only 1.07x, short of issue
@@ -77,6 +82,15 @@ explorer 1.70x faster (generated samples/s) but trained samples/s only 1.07x, sh
 before its first, so no sample spanned versions): their rewards are of versions 0-1 rollouts.
 Partial minus async -0.019 +- 0.017 per sample (paired by step), minus one-step-off -0.073 +-
 0.031: not within noise (staleness 3.50 vs 0.88), the reward target missed too.
+
+With ``max_lead_steps: 1`` both explorers keep one-step-off's weights schedule (versions 0, 0,
+1..6 for steps 1-8; staleness 0.88; streaming: no sample spanned versions) and wait 64-67% of
+the time. async-lead1 drew one-step-off's very samples (equal rewards every step). The streaming
+engine batches differently and drew others: reward per sample +0.074 +- 0.027 over
+one-step-off (paired by step; the same weights, so a different draw and the training it led
+to, not fresher weights: the reward target is met, not beaten), with 40% more generated tokens
+(15,484 vs 11,066), so at 96 trained tokens/s against 85 its trainer made 0.90x one-step-off's
+samples/s. Held to one step, streaming has nothing to overlap here: the lead was its gain.
 """
 
 from __future__ import annotations

@@ -309,11 +309,14 @@ def test_a_killed_streaming_explorer_loses_only_unfinished_groups(engine, vllm_m
     result = run_explorer(cfg, engine)
     assert result.steps == [1, 2, 3] and result.metrics[0]["groups_resumed"] == len(kept)
     step1 = read_segments(cfg.run_dir)["explorer-0"][1]
-    by_group = {key: [e.experience_id for e in exps] for key, exps in kept.items()}
-    for key, ids in by_group.items():
-        assert [
-            e.experience_id for e in step1 if e.group_id == f"explorer-0:1:{key.split('.')[1]}"
-        ] == ids
+    resumed = {  # group id -> experience ids spooled before the kill
+        f"explorer-0:1:{key.split('.')[1]}": [e.experience_id for e in exps]
+        for key, exps in kept.items()
+    }
+    for group, ids in resumed.items():
+        assert [e.experience_id for e in step1 if e.group_id == group] == ids
+    generated = sum(len(e.response_ids) for e in step1 if e.group_id not in resumed)
+    assert result.metrics[0]["generated_tokens"] == generated  # kept groups are not counted
     reader = SegmentReader(cfg.run_dir / "buffer")
     read = reader.read(10_000)
     ids = [e.experience_id for e in read]

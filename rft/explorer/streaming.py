@@ -66,6 +66,7 @@ class OpenStep:
     version: int  # weights loaded when it was admitted
     pending: dict[str, tuple[PromptJob, int]] = field(default_factory=dict)  # key -> (job, ids)
     done: dict[str, list[Experience]] = field(default_factory=dict)  # key -> its experiences
+    resumed: set[str] = field(default_factory=set)  # keys taken from the spool (not generated)
     stats: dict[str, float] = field(default_factory=dict)
 
 
@@ -186,11 +187,12 @@ def admit(
             exps = kept.get(key)
             if exps and all(e.task_id == task_id(job.taskset, job.task) for e in exps):
                 opened.done[key] = exps
+                opened.resumed.add(key)
                 continue
             opened.pending[key] = (job, group_step)
             engine.add(f"{step}:{key}", job.ids, job.taskset.sampling)
     opened.stats["prompts_filtered"] = filtered
-    opened.stats["groups_resumed"] = len(opened.done)
+    opened.stats["groups_resumed"] = len(opened.resumed)
     return opened
 
 
@@ -231,7 +233,9 @@ def sealed_step(
     keys = sorted(opened.done, key=lambda k: tuple(int(part) for part in k.split(".")))
     exps = [e for key in keys for e in opened.done[key]]
     seconds = time.monotonic() - totals.since
-    tokens = sum(len(e.response_ids) for e in exps)
+    tokens = sum(
+        len(e.response_ids) for k in keys if k not in opened.resumed for e in opened.done[k]
+    )
     spans = [
         max(e.response_versions) - min(e.response_versions) for e in exps if e.response_versions
     ]
