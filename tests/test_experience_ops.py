@@ -8,7 +8,7 @@ import pytest
 
 from rft.buffer.experience import Experience
 from rft.config.load import load_config
-from rft.config.schema import DynamicSamplingArgs
+from rft.config.schema import DynamicSamplingArgs, RewardThresholdArgs
 from rft.errors import ConfigError, NotSupportedError
 from rft.trainer.batching import rows_from_experiences
 from rft.trainer.experience_ops import (
@@ -20,7 +20,10 @@ from rft.trainer.experience_ops import (
     MASKED_TRUNCATED,
     ExperiencePipeline,
     dapo_dynamic_sampling,
+    invalid_reward_filter,
     mask_response_truncated,
+    reward_filter,
+    reward_std_filter,
 )
 from tests.test_trainer import write_config
 
@@ -134,6 +137,22 @@ def _load(tmp_path, operators=DAPO_OPS, **sections):
     )
 
 
+def test_reward_filters_follow_trinitys():
+    # rewards 2 * accuracy - 1: all_right (1, 1), mixed (1, -1, -1), alone (1,)
+    exps = [*group("all_right", [1, 1]), *group("mixed", [1, 0, 0]), *group("alone", [1])]
+    kept, counts = reward_filter(list(exps), RewardThresholdArgs(0.0))  # reward >= 0
+    assert [e.reward for e in kept] == [1.0, 1.0, 1.0, 1.0] and counts == {FILTERED: 2}
+    kept, counts = reward_std_filter(list(exps), RewardThresholdArgs(0.0))
+    assert groups_of(kept) == ["mixed"] and counts == {FILTERED: 3, DROPPED_GROUPS: 2}
+    # mixed's population std is sqrt(8/9) = 0.943: a threshold above it drops the group too
+    assert reward_std_filter(list(exps), RewardThresholdArgs(0.95))[0] == []
+    assert groups_of(reward_std_filter(list(exps), RewardThresholdArgs(0.94))[0]) == ["mixed"]
+    nan = group("nan", [1, 1])
+    nan[1].reward = float("nan")  # what a custom reader could let through
+    kept, counts = invalid_reward_filter(nan)
+    assert kept == nan[:1] and counts == {FILTERED: 1}
+
+
 def test_operators_and_their_arguments_load_typed(tmp_path):
     ops = [*DAPO_OPS[:1], {"name": "dapo_dynamic_sampling", "args": {"correct_threshold": "0.5"}}]
     cfg = _load(tmp_path, ops)
@@ -141,16 +160,19 @@ def test_operators_and_their_arguments_load_typed(tmp_path):
     assert [op.name for op in pipeline.operators] == ["mask_response_truncated", "dapo_dynamic_sampling"]  # fmt: skip
     assert pipeline.operators[1].typed_args() == DynamicSamplingArgs("accuracy", 0.5)
     assert pipeline.save_input is True  # Trinity's default; no effect here
+    cfg = _load(tmp_path, [{"name": "reward_std_filter", "args": {"threshold": 0.1}}])
+    [op] = cfg.data_processor.experience_pipeline.operators
+    assert op.typed_args() == RewardThresholdArgs(0.1)
 
 
 @pytest.mark.parametrize(
     "ops,error,message",
     [
         (
-            [{"name": "reward_std_filter"}],
+            [{"name": "reward_shaping_mapper"}],
             NotSupportedError,
-            "Trinity's `data_processor.experience_pipeline.operators[0].name: reward_std_filter` "
-            "is not supported by rft: ",
+            "Trinity's `data_processor.experience_pipeline.operators[0].name: "
+            "reward_shaping_mapper` is not supported by rft: ",
         ),
         (
             [{"name": "dapo_dynamic_samplng"}],

@@ -49,8 +49,8 @@ _PIPELINE_BUFFERS = (
     "trainer; remove it"
 )
 _WRITE_A_FILTER = (
-    "rft applies mask_response_truncated and dapo_dynamic_sampling only; drop or shape "
-    "experiences in your workflow or reward function ('package.module:function') instead"
+    "rft applies mask_response_truncated, dapo_dynamic_sampling and the reward filters only; "
+    "shape rewards in your workflow or reward function ('package.module:function') instead"
 )
 _LOG_PROB_PASS = (
     "the log-prob passes use trainer.use_dynamic_bsz / max_token_len_per_gpu like the actor; "
@@ -531,9 +531,6 @@ CHOICES: dict[str, dict[str, str]] = {
     },
     # Trinity's other experience operators (trinity/buffer/operators/__init__.py).
     "OperatorConfig.name": {
-        "reward_filter": _WRITE_A_FILTER,
-        "reward_std_filter": _WRITE_A_FILTER,
-        "invalid_reward_filter": _WRITE_A_FILTER,
         "reward_shaping_mapper": _WRITE_A_FILTER,
         "pass_rate_calculator": "rft's task selectors read no pass rates; remove it",
         "data_juicer": "rft runs no Data-Juicer service; remove it",

@@ -96,7 +96,13 @@ GROUP_BASELINES = frozenset({"grpo", "rloo", "opmd", "asymre", "rec", "step_wise
 ROLLOUT_CORRECTION_MODES = ("none", "tis", "decoupled")  # algorithm.rollout_correction.mode
 # data_processor.experience_pipeline operators rft applies (rft.trainer.experience_ops), as
 # Trinity registers them (trinity/buffer/operators/__init__.py EXPERIENCE_OPERATORS).
-EXPERIENCE_OPERATORS = ("mask_response_truncated", "dapo_dynamic_sampling")
+EXPERIENCE_OPERATORS = (
+    "mask_response_truncated",
+    "dapo_dynamic_sampling",
+    "reward_filter",
+    "reward_std_filter",
+    "invalid_reward_filter",
+)
 TIS_THRESHOLD = 2.0  # rollout_correction.rollout_is_threshold when unset (veRL's default)
 NEEDS_CRITIC = frozenset({"ppo"})  # advantage_fn names that need a critic model (GAE)
 BY_RUN = frozenset({"step_wise_grpo"})  # advantage_fn names that take each row's (run, env step)

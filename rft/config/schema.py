@@ -553,7 +553,7 @@ class SlurmConfig:
 # operators rft applies as the trainer reads a batch (rft.trainer.experience_ops).
 @dataclass
 class NoOperatorArgs:
-    """mask_response_truncated takes no arguments."""
+    """mask_response_truncated and invalid_reward_filter take no arguments."""
 
 
 @dataclass
@@ -562,9 +562,17 @@ class DynamicSamplingArgs:
     correct_threshold: float = 0.0  # a response is right when that score is above this
 
 
+@dataclass
+class RewardThresholdArgs:
+    threshold: float = 0.0  # reward_filter: keep reward >= it; reward_std_filter: group std > it
+
+
 OPERATOR_ARGS: dict[str, type] = {
     "mask_response_truncated": NoOperatorArgs,
     "dapo_dynamic_sampling": DynamicSamplingArgs,
+    "reward_filter": RewardThresholdArgs,
+    "reward_std_filter": RewardThresholdArgs,
+    "invalid_reward_filter": NoOperatorArgs,
 }
 _OPERATORS_PATH = "data_processor.experience_pipeline.operators"
 
@@ -572,9 +580,11 @@ _OPERATORS_PATH = "data_processor.experience_pipeline.operators"
 @dataclass
 class OperatorConfig:
     name: Optional[ExperienceOperatorName] = None  # the operator (required)
-    args: dict = field(factory=dict)  # dapo_dynamic_sampling: metric_key, correct_threshold
+    args: dict = field(factory=dict)  # dapo_dynamic_sampling: metric_key, correct_threshold; ...
 
-    def typed_args(self, path: str = _OPERATORS_PATH) -> NoOperatorArgs | DynamicSamplingArgs:
+    def typed_args(
+        self, path: str = _OPERATORS_PATH
+    ) -> NoOperatorArgs | DynamicSamplingArgs | RewardThresholdArgs:
         """``args`` as the operator's typed arguments; ConfigError naming ``path`` if wrong."""
         return from_dict(OPERATOR_ARGS[self.name], self.args, f"{path}.args")
 

@@ -10,20 +10,27 @@ and the step's counts as metrics. Pure functions over experiences; no tensors, n
 from __future__ import annotations
 
 import functools
+import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from rft.buffer.experience import Experience
 from rft.config.names import EXPERIENCE_OPERATORS
-from rft.config.schema import DynamicSamplingArgs, ExperiencePipelineConfig, OperatorConfig
+from rft.config.schema import (
+    DynamicSamplingArgs,
+    ExperiencePipelineConfig,
+    OperatorConfig,
+    RewardThresholdArgs,
+)
 
 # Metric names (Trinity's, under its experience_pipeline/ prefix; per step, on the trainer).
 PIPELINE_PREFIX = "experience_pipeline/"
 MASKED_TRUNCATED = f"{PIPELINE_PREFIX}masked_truncated_count"  # responses whose loss mask is 0
-FILTERED = f"{PIPELINE_PREFIX}filtered_count"  # experiences dynamic sampling dropped
+FILTERED = f"{PIPELINE_PREFIX}filtered_count"  # experiences the filters dropped
 DROPPED_ALL_CORRECT = f"{PIPELINE_PREFIX}dropped_all_correct"  # of those, in all-right groups
 DROPPED_ALL_WRONG = f"{PIPELINE_PREFIX}dropped_all_wrong"  # of those, in all-wrong groups
-DROPPED_GROUPS = f"{PIPELINE_PREFIX}dropped_groups"  # groups dynamic sampling dropped
+DROPPED_GROUPS = f"{PIPELINE_PREFIX}dropped_groups"  # whole groups the group filters dropped
 EXPERIENCE_COUNT = f"{PIPELINE_PREFIX}experience_count"  # experiences the operators kept
 
 Counts = dict[str, int]
@@ -56,9 +63,7 @@ def dapo_dynamic_sampling(
     group only when some but not all of its responses are right (score > correct_threshold);
     a group of one is dropped too, as Trinity's group_by filter does. Groups are ``group_id``s
     (Trinity groups by task id; rft's group is one task's repeat_times responses)."""
-    groups: dict[str, list[Experience]] = {}
-    for exp in exps:
-        groups.setdefault(exp.group_id, []).append(exp)
+    groups = _groups(exps)
     kept: list[Experience] = []
     counts = {FILTERED: 0, DROPPED_ALL_CORRECT: 0, DROPPED_ALL_WRONG: 0, DROPPED_GROUPS: 0}
     for group in groups.values():
@@ -73,6 +78,46 @@ def dapo_dynamic_sampling(
     return kept, counts
 
 
+def reward_filter(
+    exps: list[Experience], args: RewardThresholdArgs
+) -> tuple[list[Experience], Counts]:
+    """Trinity's RewardFilter (reward_filter.py): keep the experiences whose reward is at least
+    ``threshold``. Per experience: a group may lose members (its baseline is then theirs)."""
+    kept = [e for e in exps if e.reward >= args.threshold]
+    return kept, {FILTERED: len(exps) - len(kept)}
+
+
+def reward_std_filter(
+    exps: list[Experience], args: RewardThresholdArgs
+) -> tuple[list[Experience], Counts]:
+    """Trinity's RewardSTDFilter (reward_filter.py): drop a group whose rewards' population
+    standard deviation is at most ``threshold`` (no learning signal for a group baseline), and
+    groups of one."""
+    kept: list[Experience] = []
+    dropped = 0
+    for group in _groups(exps).values():
+        if len(group) >= 2 and statistics.pstdev(e.reward for e in group) > args.threshold:
+            kept.extend(group)
+        else:
+            dropped += 1
+    return kept, {FILTERED: len(exps) - len(kept), DROPPED_GROUPS: dropped}
+
+
+def invalid_reward_filter(exps: list[Experience]) -> tuple[list[Experience], Counts]:
+    """Trinity's InvalidRewardFilter (reward_filter.py): drop experiences whose reward is not a
+    finite number. rft's records are checked finite when written and read, so it keeps all
+    unless a custom reader let one through."""
+    kept = [e for e in exps if math.isfinite(e.reward)]
+    return kept, {FILTERED: len(exps) - len(kept)}
+
+
+def _groups(exps: list[Experience]) -> dict[str, list[Experience]]:
+    groups: dict[str, list[Experience]] = {}
+    for exp in exps:
+        groups.setdefault(exp.group_id, []).append(exp)
+    return groups
+
+
 Operator = Callable[[list[Experience]], tuple[list[Experience], Counts]]
 
 
@@ -82,6 +127,9 @@ BUILDERS: dict[str, Callable[[OperatorConfig], Operator]] = {
     "dapo_dynamic_sampling": lambda op: functools.partial(
         dapo_dynamic_sampling, args=op.typed_args()
     ),
+    "reward_filter": lambda op: functools.partial(reward_filter, args=op.typed_args()),
+    "reward_std_filter": lambda op: functools.partial(reward_std_filter, args=op.typed_args()),
+    "invalid_reward_filter": lambda op: invalid_reward_filter,
 }
 assert set(BUILDERS) == set(EXPERIENCE_OPERATORS), "rft.config.names lists other operators"
 
