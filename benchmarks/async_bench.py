@@ -91,6 +91,25 @@ one-step-off (paired by step; the same weights, so a different draw and the trai
 to, not fresher weights: the reward target is met, not beaten), with 40% more generated tokens
 (15,484 vs 11,066), so at 96 trained tokens/s against 85 its trainer made 0.90x one-step-off's
 samples/s. Held to one step, streaming has nothing to overlap here: the lead was its gain.
+
+GSM8K-like lengths (2026-11-26, the quick start's taskset, ``--steps 8 --results
+benchmarks/results/async_bench_partial_cpu.json --add --modes async async-partial``, then
+``--add --modes sync``; the code trains faster than on 2026-11-24, so these rows do not compare
+with the first table)::
+
+    | mode | samples/s | vs sync | vs async | generated samples/s | reward per sample | staleness | spanning | tokens discarded |
+    | sync | 1.242 | 1.00x | 0.59x | 1.268 | 0.252 | 0.00 | - | - |
+    | async | 2.101 | 1.69x | 1.00x | 6.657 | 0.079 | 3.50 | - | - |
+    | async-partial | 2.051 | 1.65x | 0.98x | 6.410 | 0.056 | 3.50 | 12% | 0 |
+    predicted from the sync run (share 0.79): +3.5%, -26.8%, -24.9%
+
+Both explorers sealed 7 of 8 steps before the trainer's first step ended, so the trainer alone
+set both rates: 2% slower with streaming (step 2 20.9 s vs 19.2 s, steps 3-8 14.70 s vs 14.55 s
+on average); one-step-off and async-lead1 on the long tail, training the very same samples,
+differed by 1.4%. Generated: 0.96x (short replies leave little tail to fill; step 8 loaded
+version 1 in flight, all its samples spanning, the only step whose reward differs). The
+simulator, fitting training as 16.1 s + 1.73 ms/token from the sync run (trainer steps 18-22 s
+there, 14-15 s here once the explorer was done), underrates both asynchronous rows by a quarter.
 """
 
 from __future__ import annotations
