@@ -83,14 +83,37 @@ def test_config_refuses_what_streaming_cannot_do(tmp_path, vllm_model_dir, data_
         make_cfg(tmp_path, vllm_model_dir, ts, **merge(on, lora))
 
 
-def test_a_workflow_class_is_refused_when_streaming(tmp_path, vllm_model_dir, data_dir):
-    from rft.explorer import tasksets as T
+def test_a_conversation_records_the_version_of_every_response_token():
+    """A multi-turn sample's ``response_versions``: each model token its engine label (or its
+    call's version when unlabelled), the tool tokens between turns their previous turn's."""
+    from rft.workflow.conversation import Completion, History
 
-    ts = [taskset_dict(data_dir / "a.jsonl", "a", default_workflow_type="frozen_lake_workflow")]
-    cfg = make_cfg(tmp_path, vllm_model_dir, ts, explorer={"partial_rollout": True})
-    with pytest.raises(NotSupportedError, match="workflow class .*partial_rollout: false"):
-        T.training_tasksets(cfg)
-    T.eval_tasksets(cfg)  # evaluation runs episodes with the engine alone: allowed
+    class Template:  # what History asks of a chat template, on a toy text-per-character scheme
+        def render(self, messages, tools=None, add_generation_prompt=True, continue_final=False):
+            text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
+            return text + ("<assistant>" if add_generation_prompt else "")
+
+        def encode(self, text):
+            return [ord(c) for c in text]
+
+        def owed_after(self, response_ids):
+            return ""
+
+    history = History(Template())
+    first = [{"role": "user", "content": "q"}]
+    ids, parent = history.prompt_for(first)
+    reply = {"role": "assistant", "content": "ab"}
+    turn1 = Completion(ids, [97, 98, 99], [-0.1] * 3, "stop", "abc", 4, [4, 4, 5])
+    thread = history.record(first, None, ids, parent, turn1, reply)
+    second = first + [reply, {"role": "user", "content": "obs"}]
+    ids2, parent2 = history.prompt_for(second)
+    assert parent2 is thread
+    turn2 = Completion(ids2, [100, 101], [-0.2] * 2, "stop", "de", 5)  # unlabelled: version 5
+    thread2 = history.record(second, None, ids2, parent2, turn2, {"role": "assistant"})
+    between = len(ids2) - len(thread.tokens)
+    assert thread2.response_versions == [4, 4, 5] + [5] * between + [5, 5]
+    assert len(thread2.response_versions) == len(thread2.response_ids)
+    assert thread2.action_mask == [1, 1, 1] + [0] * between + [1, 1]
 
 
 # ----------------------------------------------------------------------------- engine
@@ -323,3 +346,93 @@ def test_a_killed_streaming_explorer_loses_only_unfinished_groups(engine, vllm_m
     assert len(ids) == len(set(ids)) == 24  # 3 steps x 4 tasks x 2 samples, each read once
     groups = [e.group_id for e in read]
     assert len(set(groups)) == 12
+
+
+@pytest.mark.integration
+def test_streaming_runs_workflow_classes_beside_single_turn_groups(
+    engine, vllm_model_dir, tmp_path, monkeypatch
+):
+    """Multi-turn episodes (two model turns with a tool between) share the engine with long
+    single-turn groups while v1 loads in flight: every step is sealed in order with its groups,
+    episodes keep their masks, and a token's recorded version is the one that generated it."""
+    from rft.explorer import streaming
+    from rft.explorer.loop import run_explorer
+    from rft.workflow import registry
+
+    monkeypatch.setenv(registry.PLUGIN_DIRS_ENV, str(REPO / "tests" / "fixtures" / "plugins"))
+    monkeypatch.setattr(streaming, "WEIGHTS_POLL_S", 0.0)
+    rows = arithmetic_rows(8)
+    agent = taskset_dict(
+        write_jsonl(tmp_path / "agent.jsonl", rows),
+        "agent",
+        default_workflow_type="scripted_turns",
+        workflow_args={"turns": 2, "tools": ["echo"]},
+        rollout_args={"max_tokens": 48},
+    )
+    long = taskset_dict(
+        write_jsonl(tmp_path / "long.jsonl", rows), "long", rollout_args={"max_tokens": 160}
+    )
+    settings = {
+        "buffer": {"batch_size": 4, "total_steps": 3},
+        "explorer": {"partial_rollout": True, "max_inflight_samples": 64},
+    }
+    cfg = config_from_dict(cfg_dict(tmp_path / "ckpt", vllm_model_dir, [agent, long], **settings))
+    with publishing_while_generating(engine, cfg.run_dir, vllm_model_dir):
+        result = run_explorer(cfg, engine)
+    assert result.steps == [1, 2, 3] and result.loaded_version == 1
+    segments = read_segments(cfg.run_dir)["explorer-0"]
+    for seq, groups in groups_of(segments).items():
+        assert len(groups) == 4 and all(g.startswith(f"explorer-0:{seq}:") for g in groups)
+        assert len(segments[seq]) == 8
+    exps = [e for seq in segments.values() for e in seq]
+    episodes = [e for e in exps if e.task_id.startswith("agent")]
+    assert len(episodes) == 12 and all(e.reward == 1.0 for e in episodes)
+    for e in episodes:  # two model turns, the tool's observation between them
+        mask = e.action_mask
+        assert mask[0] == 1 and sum(1 for a, b in zip(mask, mask[1:]) if a == 0 and b == 1) == 1
+    for e in exps:
+        if e.response_versions:
+            assert len(e.response_versions) == len(e.response_ids)
+            assert e.response_versions == sorted(e.response_versions)
+            assert e.model_version == e.response_versions[0] == 0
+    metrics = result.metrics
+    assert sum(m.get("episodes/count", 0) for m in metrics) == 12
+    assert sum(m.get("tools/calls", 0) for m in metrics) == 24
+    model_tokens = sum(sum(e.action_mask) if e.action_mask else len(e.response_ids) for e in exps)
+    assert sum(m["generated_tokens"] for m in metrics) == model_tokens
+    assert engine.in_flight == 0
+
+
+@pytest.mark.integration
+def test_an_ended_episode_has_its_calls_aborted_in_the_engine(
+    engine, vllm_model_dir, data_dir, tmp_path
+):
+    """An episode that ends (error, timeout) while its call runs: the call fails at once, the
+    next pump aborts the request, and the engine holds nothing of it; another episode's call
+    is answered with its tokens labelled by the engine."""
+    from rft.explorer.stream_episodes import EngineCalls
+    from rft.workflow.model import EpisodeCancelled
+    from rft.workflow.task import GenerationArgs
+
+    cfg = make_cfg(tmp_path, vllm_model_dir, [taskset_dict(data_dir / "a.jsonl", "a")])
+    engine.reload(vllm_model_dir)
+    engine.label_version(7)
+    calls = EngineCalls(engine, cfg)
+    args = GenerationArgs(temperature=1.0, max_tokens=40, logprobs=0)
+    doomed = calls.submit(0, [1, 5, 9], args, [])
+    kept = calls.submit(1, [1, 7, 3], args, [])
+    calls.pump()
+    assert engine.in_flight == 2 and calls.in_engine == 2
+    engine.step()
+    calls.ended(0)
+    with pytest.raises(EpisodeCancelled):
+        doomed.result(timeout=0)
+    calls.pump()
+    assert engine.in_flight == 1 and calls.in_engine == 1
+    while engine.in_flight:
+        for key, samples in engine.step():
+            assert calls.owns(key)
+            calls.resolve(key, samples)
+    [reply] = kept.result(timeout=0)
+    assert reply.model_version == 7 and set(reply.versions) == {7}
+    assert len(reply.versions) == len(reply.response_ids) > 0

@@ -237,6 +237,7 @@ class Engine:
         self._lora_ids = itertools.count(1)  # vLLM's adapter ids: a new one per load
         self._received: Path | None = None  # local folder of the adapter received by broadcast
         self._streams: dict[str, tuple[int, list[Sample]]] = {}  # add(): key -> (parts, samples)
+        self._sizes: dict[str, int] = {}  # add(): key -> its samples (n)
         self._keys: dict[str, str] = {}  # vLLM request id -> add()'s key
         self.in_flight = 0  # samples of add() not yet returned by step()
         self.tokenizer = self.llm.get_tokenizer()
@@ -316,7 +317,17 @@ class Engine:
                 lora_request=self.lora_request,
             )
         self._streams[key] = (len(ids), [])
+        self._sizes[key] = args.n
         self.in_flight += args.n
+
+    def abort(self, key: str) -> None:
+        """Stop the request :meth:`add` started under ``key`` (its samples never come)."""
+        del self._streams[key]
+        ids = [rid for rid, owner in self._keys.items() if owner == key]
+        for rid in ids:
+            del self._keys[rid]
+        self.llm.llm_engine.abort_request(ids)
+        self.in_flight -= self._sizes.pop(key)
 
     def step(self) -> list[tuple[str, list[Sample]]]:
         """One engine step: the requests of :meth:`add` that finished in it, with their
@@ -330,7 +341,7 @@ class Engine:
             samples.extend(_sample(list(out.prompt_token_ids), c) for c in out.outputs)
             if parts == 1:
                 del self._streams[key]
-                self.in_flight -= len(samples)
+                self.in_flight -= self._sizes.pop(key)
                 done.append((key, samples))
             else:
                 self._streams[key] = (parts - 1, samples)

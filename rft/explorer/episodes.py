@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import json
 import logging
 import re
 import threading
 import time
+from collections import deque
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -22,7 +24,7 @@ from typing import Any, Callable, Optional, Sequence
 from rft.buffer.experience import ENV_STEP_KEY, RUN_KEY
 from rft.buffer.experience import Experience as Record
 from rft.errors import WorkflowError
-from rft.explorer.engine import Engine
+from rft.explorer.engine import Engine, Sample
 from rft.explorer.tasksets import SamplingArgs
 from rft.monitor import (
     EPISODE_FAILED,
@@ -46,7 +48,9 @@ JOIN_GRACE_S = 5.0  # after an episode's deadline, how long its thread may take 
 
 
 @dataclass
-class _Request:
+class ModelCall:
+    """One model call of an episode, waiting for the engine."""
+
     episode: int
     prompt_ids: list[int]
     args: SamplingArgs
@@ -54,7 +58,80 @@ class _Request:
     since: float = field(default_factory=time.monotonic)
 
 
-class BatchingService:
+class ModelCalls:
+    """What every episode's model handle reaches (through :meth:`channel`): its calls, the
+    engine's tool-call and reasoning parsers, the length limit. Subclasses say how calls reach
+    the engine: :class:`BatchingService` (a step's episodes, engine batches) or
+    :class:`rft.explorer.stream_episodes.EngineCalls` (engine requests across steps)."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        version: int,
+        max_model_len: Optional[int],
+        tool_parser: Optional[str] = None,
+        reasoning_parser: Optional[str] = None,
+    ):
+        self.engine = engine
+        self.version = version  # of completions the engine did not label token by token
+        self.max_model_len = max_model_len
+        self.tool_parser = tool_parser
+        self.reasoning_parser = reasoning_parser
+
+    def channel(self, episode: int) -> "_Channel":
+        return _Channel(self, episode)
+
+    def submit(
+        self, episode: int, prompt_ids: list[int], args: GenerationArgs, stop: Sequence[str]
+    ) -> Future:
+        raise NotImplementedError
+
+    def started(self, episode: int) -> None:
+        raise NotImplementedError
+
+    def ended(self, episode: int) -> None:
+        raise NotImplementedError
+
+    def completions(self, group: Sequence[Sample]) -> list[Completion]:
+        """The engine's samples for one call, as its model handle reads them."""
+        return [
+            Completion(
+                s.prompt_ids,
+                s.response_ids,
+                s.logprobs,
+                s.finish_reason,
+                s.text,
+                s.versions[0] if s.versions else self.version,
+                s.versions,
+            )
+            for s in group
+        ]
+
+    def parse_tool_calls(self, text: str, tools: list) -> tuple[str, list[dict]]:
+        if self.tool_parser is None:
+            return text, []
+        return self.engine.parse_tool_calls(text, tools, self.tool_parser)
+
+    def parse_reasoning(self, text: str) -> Optional[tuple[Optional[str], Optional[str]]]:
+        if self.reasoning_parser is None:
+            return None
+        return self.engine.parse_reasoning(text, self.reasoning_parser)
+
+
+def sampling_args(args: GenerationArgs, stop: Sequence[str]) -> SamplingArgs:
+    """A model call's generation arguments as the engine takes them."""
+    return SamplingArgs(
+        n=args.n,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        max_tokens=args.max_tokens,
+        logprobs=args.logprobs,
+        stop=tuple(stop),
+    )
+
+
+class BatchingService(ModelCalls):
     """Model calls of concurrent episodes, generated in batches by one engine (the thread that
     calls :meth:`serve_once` is the only one that touches the engine). Every waiting call goes
     to the engine in one batch as soon as every running episode waits or ``BATCH_WAIT_S``
@@ -68,32 +145,16 @@ class BatchingService:
         tool_parser: Optional[str] = None,
         reasoning_parser: Optional[str] = None,
     ):
-        self.engine = engine
-        self.version = version
-        self.max_model_len = max_model_len
-        self.tool_parser = tool_parser
-        self.reasoning_parser = reasoning_parser
+        super().__init__(engine, version, max_model_len, tool_parser, reasoning_parser)
         self.batches = 0
-        self._pending: list[_Request] = []
+        self._pending: list[ModelCall] = []
         self._running: set[int] = set()
         self._lock = threading.Condition()
-
-    def channel(self, episode: int) -> "_Channel":
-        return _Channel(self, episode)
 
     def submit(
         self, episode: int, prompt_ids: list[int], args: GenerationArgs, stop: Sequence[str]
     ) -> Future:
-        sampling = SamplingArgs(
-            n=args.n,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            max_tokens=args.max_tokens,
-            logprobs=args.logprobs,
-            stop=tuple(stop),
-        )
-        request = _Request(episode, list(prompt_ids), sampling, Future())
+        request = ModelCall(episode, list(prompt_ids), sampling_args(args, stop), Future())
         with self._lock:
             self._pending.append(request)
             self._lock.notify_all()
@@ -130,19 +191,7 @@ class BatchingService:
             raise
         self.batches += 1
         for r, group in zip(batch, groups):
-            r.future.set_result(
-                [
-                    Completion(
-                        s.prompt_ids,
-                        s.response_ids,
-                        s.logprobs,
-                        s.finish_reason,
-                        s.text,
-                        self.version,
-                    )
-                    for s in group
-                ]
-            )
+            r.future.set_result(self.completions(group))
 
     def _due(self) -> bool:
         if not self._pending:
@@ -151,22 +200,12 @@ class BatchingService:
         oldest = min(r.since for r in self._pending)
         return waiting >= self._running or time.monotonic() - oldest >= BATCH_WAIT_S
 
-    def parse_tool_calls(self, text: str, tools: list) -> tuple[str, list[dict]]:
-        if self.tool_parser is None:
-            return text, []
-        return self.engine.parse_tool_calls(text, tools, self.tool_parser)
-
-    def parse_reasoning(self, text: str) -> Optional[tuple[Optional[str], Optional[str]]]:
-        if self.reasoning_parser is None:
-            return None
-        return self.engine.parse_reasoning(text, self.reasoning_parser)
-
 
 @dataclass
 class _Channel:
     """One episode's end of the service (what its model handle calls)."""
 
-    service: BatchingService
+    service: ModelCalls
     episode: int
 
     @property
@@ -243,6 +282,130 @@ def _run_workflow(job: EpisodeJob, model: ModelWrapper) -> list[Experience]:
     return result
 
 
+class EpisodePool:
+    """Episodes running in threads, at most ``concurrency`` at once, each with a model handle on
+    ``service`` (:class:`BatchingService`, or a streaming explorer's engine requests). An
+    episode that raises or runs past ``timeout_s`` (``explorer.max_timeout``) ends as failed; it
+    never stops the explorer. The caller's thread serves the model calls meanwhile."""
+
+    def __init__(
+        self,
+        service: ModelCalls,
+        template: ChatTemplate,
+        *,
+        concurrency: int,
+        timeout_s: Optional[float],
+        endpoint: Optional[Callable[[], Endpoint]] = None,
+    ):
+        self.service = service
+        self.template = template
+        self.concurrency = concurrency
+        self.timeout_s = timeout_s
+        self.endpoint = endpoint
+        self.results: dict[int, EpisodeResult] = {}  # every episode not yet taken by pop()
+        self._ids = itertools.count()
+        self._queued: deque[int] = deque()
+        self._threads: dict[int, tuple[float, ModelWrapper]] = {}  # running: start, model
+        self._ended: list[int] = []  # ended (or abandoned), not yet returned by poll()
+        self._lock = threading.Lock()
+
+    def add(self, jobs: Sequence[EpisodeJob]) -> list[int]:
+        """Queue ``jobs``; their episode ids (keys of :attr:`results`)."""
+        ids = [next(self._ids) for _ in jobs]
+        for i, job in zip(ids, jobs):
+            self.results[i] = EpisodeResult(job)
+        self._queued.extend(ids)
+        return ids
+
+    def pop(self, i: int) -> EpisodeResult:
+        """An ended episode's result, forgotten by the pool."""
+        return self.results.pop(i)
+
+    @property
+    def unfinished_runs(self) -> int:
+        """Task runs of the episodes queued or running (a ``can_repeat`` episode does several)."""
+        with self._lock:
+            live = [*self._queued, *self._threads]
+        return sum(self.results[i].job.repeat for i in live)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing queued or running, and every ended episode returned by :meth:`poll`."""
+        with self._lock:
+            return not (self._queued or self._threads or self._ended)
+
+    def poll(self) -> list[int]:
+        """Start queued episodes while fewer than ``concurrency`` run, stop the ones past their
+        deadline; the ids of the episodes that ended since the last call."""
+        while self._queued and len(self._threads) < self.concurrency:
+            self._start(self._queued.popleft())
+        if self.timeout_s is not None:
+            self._enforce_deadlines(self.timeout_s)
+        with self._lock:
+            ended, self._ended = self._ended, []
+        return ended
+
+    def _start(self, i: int) -> None:
+        job = self.results[i].job
+        model = ModelWrapper(self.service.channel(i), self.template, job.task.rollout_args)
+        model.time_limit_s = self.timeout_s
+        model.endpoint_factory = self.endpoint
+        model.run_name = run_name(job)
+        self.service.started(i)
+        with self._lock:
+            self._threads[i] = (time.monotonic(), model)
+        threading.Thread(
+            target=self._body, args=(i, model), daemon=True, name=f"rft-episode-{i}"
+        ).start()
+
+    def _end(self, i: int) -> None:
+        with self._lock:
+            if self._threads.pop(i, None) is not None:
+                self._ended.append(i)
+
+    def _body(self, i: int, model: ModelWrapper) -> None:
+        result = self.results[i]
+        start = time.monotonic()
+        try:
+            result.experiences = _run_workflow(result.job, model)
+        except Exception as e:  # a workflow's failure ends its episode, never the explorer
+            result.error = f"{type(e).__name__}: {e}"
+            if not isinstance(e, EpisodeCancelled):
+                log.warning(
+                    "episode of task %s failed: %s",
+                    result.job.task.task_id,
+                    result.error,
+                    exc_info=not isinstance(e, WorkflowError),
+                )
+        finally:
+            model.close_endpoint_key()  # later calls with the run's key are refused
+            result.seconds = time.monotonic() - start
+            result.turns = model.model_calls
+            result.prefix_breaks = model.history.prefix_breaks
+            self.service.ended(i)
+            self._end(i)
+
+    def _enforce_deadlines(self, timeout_s: float) -> None:
+        now = time.monotonic()
+        with self._lock:
+            running = list(self._threads.items())
+        for i, (start, model) in running:
+            if now - start < timeout_s:
+                continue
+            result = self.results[i]
+            if model.cancelled is None:
+                model.cancelled = (
+                    f"episode of task {result.job.task.task_id} ran past "
+                    f"explorer.max_timeout={timeout_s:g}s"
+                )
+                result.timed_out = True
+                log.warning("%s: stopping it", model.cancelled)
+                self.service.ended(i)  # its waiting call fails now
+            elif now - start > timeout_s + JOIN_GRACE_S:  # stuck outside model calls: abandon it
+                result.error = result.error or model.cancelled
+                self._end(i)
+
+
 def run_episodes(
     jobs: list[EpisodeJob],
     engine: Engine,
@@ -256,92 +419,19 @@ def run_episodes(
     reasoning_parser: Optional[str] = None,
     endpoint: Optional[Callable[[], Endpoint]] = None,
 ) -> tuple[list[EpisodeResult], dict[str, float]]:
-    """Run ``jobs``, at most ``concurrency`` at once, serving their model calls meanwhile. An
-    episode that raises or runs past ``timeout_s`` (``explorer.max_timeout``) is counted and
-    left out; it never stops the explorer. ``endpoint``: the OpenAI-compatible endpoint the
-    episodes' agent code may call (started on first use), if offered."""
+    """Run ``jobs`` (an :class:`EpisodePool`), serving their model calls in batches
+    meanwhile. ``endpoint``: the OpenAI-compatible endpoint the episodes' agent code may call
+    (started on first use), if offered."""
     service = BatchingService(engine, version, max_model_len, tool_parser, reasoning_parser)
-    results = [EpisodeResult(job) for job in jobs]
-    threads: dict[int, tuple[threading.Thread, float, ModelWrapper]] = {}
-    finished: set[int] = set()
-    done_lock = threading.Lock()
-    next_job = 0
-
-    def body(i: int, model: ModelWrapper) -> None:
-        start = time.monotonic()
-        try:
-            results[i].experiences = _run_workflow(jobs[i], model)
-        except Exception as e:  # a workflow's failure ends its episode, never the explorer
-            results[i].error = f"{type(e).__name__}: {e}"
-            if not isinstance(e, EpisodeCancelled):
-                log.warning(
-                    "episode of task %s failed: %s",
-                    jobs[i].task.task_id,
-                    results[i].error,
-                    exc_info=not isinstance(e, WorkflowError),
-                )
-        finally:
-            model.close_endpoint_key()  # later calls with the run's key are refused
-            results[i].seconds = time.monotonic() - start
-            results[i].turns = model.model_calls
-            results[i].prefix_breaks = model.history.prefix_breaks
-            service.ended(i)
-            with done_lock:
-                finished.add(i)
-
-    def running() -> int:
-        with done_lock:
-            return len(threads) - len(finished)
-
-    def all_done() -> bool:
-        with done_lock:
-            return len(finished) == len(jobs)
-
-    while not all_done():
-        while next_job < len(jobs) and running() < concurrency:
-            i = next_job
-            model = ModelWrapper(service.channel(i), template, jobs[i].task.rollout_args)
-            model.time_limit_s = timeout_s
-            model.endpoint_factory = endpoint
-            model.run_name = run_name(jobs[i])
-            service.started(i)
-            thread = threading.Thread(
-                target=body, args=(i, model), daemon=True, name=f"rft-episode-{i}"
-            )
-            threads[i] = (thread, time.monotonic(), model)
-            thread.start()
-            next_job += 1
+    pool = EpisodePool(
+        service, template, concurrency=concurrency, timeout_s=timeout_s, endpoint=endpoint
+    )
+    ids = pool.add(jobs)
+    while not pool.idle:
+        pool.poll()
         service.serve_once(BATCH_WAIT_S)
-        if timeout_s is not None:
-            _enforce_deadlines(threads, finished, done_lock, results, service, timeout_s)
+    results = [pool.pop(i) for i in ids]
     return results, {GENERATE_BATCHES: service.batches, **episode_metrics(results)}
-
-
-def _enforce_deadlines(
-    threads: dict,
-    finished: set[int],
-    done_lock: threading.Lock,
-    results: list[EpisodeResult],
-    service: BatchingService,
-    timeout_s: float,
-) -> None:
-    now = time.monotonic()
-    for i, (thread, start, model) in threads.items():
-        with done_lock:
-            if i in finished or now - start < timeout_s:
-                continue
-        if model.cancelled is None:
-            model.cancelled = (
-                f"episode of task {results[i].job.task.task_id} ran past "
-                f"explorer.max_timeout={timeout_s:g}s"
-            )
-            results[i].timed_out = True
-            log.warning("%s: stopping it", model.cancelled)
-            service.ended(i)  # its waiting call fails now
-        elif now - start > timeout_s + JOIN_GRACE_S:  # stuck outside model calls: abandon it
-            results[i].error = results[i].error or model.cancelled
-            with done_lock:
-                finished.add(i)
 
 
 def episode_metrics(results: list[EpisodeResult]) -> dict[str, float]:
@@ -368,6 +458,7 @@ def to_record(
     if len(exp.tokens) <= exp.prompt_length:
         return None
     mask = exp.action_mask or []
+    versions = list(exp.response_versions or [])
     return Record(
         task_id=str(task.task_id),
         group_id=group_id,
@@ -378,6 +469,7 @@ def to_record(
         reward=float(exp.reward),
         reward_parts=_numbers(exp.metrics),
         model_version=version if exp.model_version is None else exp.model_version,
+        response_versions=versions if len(set(versions)) > 1 else [],
         temperature=temperature,
         truncated=exp.truncate_status is not None,
         eval=task.is_eval,

@@ -19,7 +19,13 @@ from rft.config.schema import Config
 from rft.explorer import cursor as C
 from rft.explorer import tasksets as T
 from rft.explorer.engine import Engine, Sample
-from rft.explorer.episodes import EpisodeJob, episode_jobs, run_episodes, to_record
+from rft.explorer.episodes import (
+    EpisodeJob,
+    EpisodeResult,
+    episode_jobs,
+    run_episodes,
+    to_record,
+)
 from rft.explorer.reward_model import RewardModel, conversation
 from rft.explorer.teacher import add_teacher_logprobs
 from rft.monitor import (
@@ -180,14 +186,9 @@ def rollout(
     """Generate and score this task's share of a step: experiences (groups adjacent) + stats.
     Tasks of single-turn recipes go to the engine in one call (:func:`rollout_recipes`); tasks
     of workflow classes run as concurrent episodes (:func:`rollout_episodes`)."""
-    by_class = [
-        (slot, t)
-        for slot, t in items
-        if isinstance(
-            tasksets[t.taskset].workflow_of(tasksets[t.taskset].rows[t.index]), T.WorkflowClass
-        )
-    ]
-    recipes = [item for item in items if item not in by_class]
+    classes = episode_slots(items, tasksets)
+    by_class = [item for item in items if item[0] in classes]
+    recipes = [item for item in items if item[0] not in classes]
     exps: list[Experience] = []
     stats: dict[str, float] = {GENERATED_TOKENS: 0}
     if recipes or not by_class:
@@ -201,6 +202,17 @@ def rollout(
         generated = stats[GENERATED_TOKENS] + episode_stats[GENERATED_TOKENS]
         exps, stats = exps + episode_exps, {**stats, **episode_stats, GENERATED_TOKENS: generated}
     return exps, {**stats, "tasks": len(items)}
+
+
+def episode_slots(items: Sequence[tuple[int, T.Task]], tasksets: list[T.Taskset]) -> set[int]:
+    """Slots of ``items`` whose workflow (the taskset's, or the row's own) is a workflow class."""
+    return {
+        slot
+        for slot, t in items
+        if isinstance(
+            tasksets[t.taskset].workflow_of(tasksets[t.taskset].rows[t.index]), T.WorkflowClass
+        )
+    }
 
 
 def rollout_recipes(
@@ -297,6 +309,79 @@ def agent_endpoint(cfg: Config) -> Optional[Callable[[], Endpoint]]:
     return functools.partial(shared_endpoint, Path(cfg.model.model_path).name)
 
 
+def episode_task(ts: T.Taskset, task: T.Task, step: int, writer: str) -> WorkflowTask:
+    """The workflow's view of a task whose taskset (or row) names a workflow class."""
+    row = dict(ts.rows[task.index])
+    choice = ts.workflow_of(row)
+    s = ts.sampling
+    return WorkflowTask(
+        workflow=choice.cls,
+        repeat_times=s.n,
+        format_args=ts.config.format,
+        rollout_args=GenerationArgs(
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            logprobs=s.logprobs,
+            max_tokens=s.max_tokens,
+        ),
+        workflow_args=dict(ts.config.workflow_args),
+        reward_fn_args=dict(ts.config.reward_fn_args),
+        is_eval=writer == "eval",
+        reward_fn=choice.reward_fn,
+        raw_task=row,
+        batch_id=step,
+        task_id=task_id(ts, task),
+    )
+
+
+def episode_records(
+    results: Sequence[EpisodeResult],
+    ts: T.Taskset,
+    task: T.Task,
+    step: int,
+    slot: int,
+    version: int,
+    writer: str,
+) -> list[Experience]:
+    """The buffer records of one task's episodes (group ``writer:step:slot``): the experiences
+    of the episodes that ended well."""
+    info = {"step": step, "epoch": task.epoch, "taskset": ts.name}
+    records = []
+    for result in results:
+        if not result.ok:
+            continue
+        for exp in result.experiences:
+            record = to_record(
+                exp,
+                result.job.task,
+                f"{writer}:{step}:{slot}",
+                version,
+                ts.sampling.temperature,
+                info,
+            )
+            if record is not None:
+                records.append(record)
+    return records
+
+
+def model_tokens(results: Sequence[EpisodeResult]) -> int:
+    """Tokens the model generated in ``results`` (tool and template tokens not counted)."""
+    return sum(generated_tokens(e) for r in results for e in r.experiences)
+
+
+def generated_tokens(exp: Any) -> int:
+    """The response tokens of a workflow's experience or a record that the model generated
+    (an empty or missing ``action_mask``: all of them)."""
+    return sum(exp.action_mask) if exp.action_mask else len(exp.response_ids)
+
+
+def tool_stats(before: dict[str, int]) -> dict[str, float]:
+    """Tool calls, errors and timeouts since the ``tools.COUNTS.snapshot()`` ``before``."""
+    used = tools.counts_since(before)
+    return {TOOL_CALLS: used["calls"], TOOL_ERRORS: used["errors"], TOOL_TIMEOUTS: used["timeouts"]}
+
+
 def rollout_episodes(
     cfg: Config,
     engine: Engine,
@@ -309,35 +394,10 @@ def rollout_episodes(
     """Run the workflow classes of ``items`` (``explorer.runner_per_model`` episodes at once,
     each stopped at ``explorer.max_timeout``); their experiences, one group per task."""
     jobs: list[EpisodeJob] = []
-    where: dict[int, tuple[T.Taskset, T.Task]] = {}
     for slot, task in items:
         ts = tasksets[task.taskset]
-        row = dict(ts.rows[task.index])
-        choice = ts.workflow_of(row)
-        s = ts.sampling
-        workflow_task = WorkflowTask(
-            workflow=choice.cls,
-            repeat_times=s.n,
-            format_args=ts.config.format,
-            rollout_args=GenerationArgs(
-                temperature=s.temperature,
-                top_p=s.top_p,
-                top_k=s.top_k,
-                logprobs=s.logprobs,
-                max_tokens=s.max_tokens,
-            ),
-            workflow_args=dict(ts.config.workflow_args),
-            reward_fn_args=dict(ts.config.reward_fn_args),
-            is_eval=writer == "eval",
-            reward_fn=choice.reward_fn,
-            raw_task=row,
-            batch_id=step,
-            task_id=task_id(ts, task),
-        )
-        jobs += episode_jobs(slot, workflow_task, choice.cls)
-        where[slot] = (ts, task)
-    rollout = cfg.explorer.rollout_model
-    parser = rollout.tool_call_parser if rollout.enable_auto_tool_choice else None
+        workflow = ts.workflow_of(ts.rows[task.index])
+        jobs += episode_jobs(slot, episode_task(ts, task, step, writer), workflow.cls)
     before = tools.COUNTS.snapshot()
     results, stats = run_episodes(
         jobs,
@@ -347,36 +407,20 @@ def rollout_episodes(
         concurrency=cfg.explorer.runner_per_model,
         timeout_s=cfg.explorer.max_timeout,
         max_model_len=engine.max_model_len,
-        tool_parser=parser,
-        reasoning_parser=rollout.reasoning_parser,
+        tool_parser=tool_parser(cfg),
+        reasoning_parser=cfg.explorer.rollout_model.reasoning_parser,
         endpoint=agent_endpoint(cfg),
     )
-    used = tools.counts_since(before)
-    stats.update(
-        {
-            TOOL_CALLS: used["calls"],
-            TOOL_ERRORS: used["errors"],
-            TOOL_TIMEOUTS: used["timeouts"],
-            GENERATED_TOKENS: sum(
-                sum(e.action_mask) if e.action_mask else len(e.response_ids)
-                for r in results
-                for e in r.experiences
-            ),
-        }
-    )
+    stats.update({**tool_stats(before), GENERATED_TOKENS: model_tokens(results)})
     exps: list[Experience] = []
-    for result in sorted((r for r in results if r.ok), key=lambda r: r.job.slot):  # groups adjacent
-        ts, task = where[result.job.slot]
-        info = {"step": step, "epoch": task.epoch, "taskset": ts.name}
-        for exp in result.experiences:
-            record = to_record(
-                exp,
-                result.job.task,
-                f"{writer}:{step}:{result.job.slot}",
-                version,
-                ts.sampling.temperature,
-                info,
-            )
-            if record is not None:
-                exps.append(record)
+    for slot, task in sorted(items, key=lambda item: item[0]):  # groups adjacent
+        ts = tasksets[task.taskset]
+        mine = [r for r in results if r.job.slot == slot]
+        exps += episode_records(mine, ts, task, step, slot, version, writer)
     return exps, stats
+
+
+def tool_parser(cfg: Config) -> Optional[str]:
+    """The engine's tool-call parser of replies, when the rollout model parses tool calls."""
+    rollout = cfg.explorer.rollout_model
+    return rollout.tool_call_parser if rollout.enable_auto_tool_choice else None

@@ -6,6 +6,8 @@ generated with), new weights load between two engine steps with the requests kep
 every token with the version that produced it), each group is scored and spooled
 (:mod:`rft.explorer.spool`) as it completes, and step s is sealed as segment s once all its groups
 are in, in step order: the buffer, cursor and trainer protocols stay those of the plain loop.
+Workflow classes run as episodes whose model calls join the same engine
+(:mod:`rft.explorer.stream_episodes`).
 """
 
 from __future__ import annotations
@@ -21,9 +23,22 @@ from rft.config.schema import Config
 from rft.explorer import cursor as C
 from rft.explorer import tasksets as T
 from rft.explorer.engine import Engine, Sample
+from rft.explorer.episodes import BATCH_WAIT_S, EpisodeResult, episode_metrics
 from rft.explorer.reward_model import RewardModel
-from rft.explorer.rollout import PromptJob, build_prompts, group_records, score_all, task_id
+from rft.explorer.rollout import (
+    PromptJob,
+    build_prompts,
+    episode_records,
+    episode_slots,
+    generated_tokens,
+    group_records,
+    model_tokens,
+    score_all,
+    task_id,
+    tool_stats,
+)
 from rft.explorer.spool import GroupSpool, group_key
+from rft.explorer.stream_episodes import EpisodeGroup, StreamedEpisodes
 from rft.explorer.teacher import add_teacher_logprobs
 from rft.monitor import (
     EXPLORER_RELOAD_S,
@@ -41,6 +56,7 @@ from rft.monitor import (
 )
 from rft.sync.explorer_side import WeightsIn
 from rft.sync.schedule import required_version
+from rft.workflow import tools
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +68,8 @@ Seal = Callable[[int, list[Experience], C.Share, dict[str, float], T.Cursor], bo
 
 def inflight_limit(cfg: Config) -> int:
     """While fewer samples are in flight, the next step is admitted:
-    ``explorer.max_inflight_samples``, else one step's (``batch_size x repeat_times``)."""
+    ``explorer.max_inflight_samples``, else one step's (``batch_size x repeat_times``). Samples
+    in flight: single-turn requests in the engine, and task runs of episodes not ended yet."""
     return cfg.explorer.max_inflight_samples or cfg.buffer.batch_size * cfg.algorithm.repeat_times
 
 
@@ -64,9 +81,11 @@ class OpenStep:
     share: C.Share  # (slot, task) pairs sealed with this step (carried slots included)
     cursor: T.Cursor  # the task stream after this step (saved when it is sealed)
     version: int  # weights loaded when it was admitted
-    pending: dict[str, tuple[PromptJob, int]] = field(default_factory=dict)  # key -> (job, ids)
+    pending: dict[str, int] = field(default_factory=dict)  # key -> the step its group id names
+    prompts: dict[str, PromptJob] = field(default_factory=dict)  # of pending single-turn groups
     done: dict[str, list[Experience]] = field(default_factory=dict)  # key -> its experiences
     resumed: set[str] = field(default_factory=set)  # keys taken from the spool (not generated)
+    episodes: list[EpisodeResult] = field(default_factory=list)  # of its workflow-class groups
     stats: dict[str, float] = field(default_factory=dict)
 
 
@@ -78,6 +97,7 @@ class Totals:
     reload_s: float = 0.0
     wait_s: float = 0.0
     discarded: int = 0  # response tokens of groups dropped by explorer.max_version_span
+    tools: dict[str, int] = field(default_factory=tools.COUNTS.snapshot)  # tool calls so far
 
 
 def stream_steps(
@@ -103,6 +123,7 @@ def stream_steps(
     cursor = plan.cursor
     spool = GroupSpool(cfg.run_dir, writer)
     spool.drop(cursor.step)  # groups of steps sealed before a restart
+    episodes = StreamedEpisodes(cfg, engine, writer)
     limit = inflight_limit(cfg)
     interval = cfg.synchronizer.sync_interval
     open_steps: deque[OpenStep] = deque()
@@ -116,12 +137,13 @@ def stream_steps(
         with engine.paused():
             version, reload_s, wait_s = weights.wait_for(need)
             engine.label_version(version)
+            episodes.label_version(version)
         totals.reload_s += reload_s
         totals.wait_s += wait_s
 
     def admissible() -> bool:
         more = max_steps is None or admitted < max_steps
-        room = engine.in_flight < limit
+        room = engine.in_flight - episodes.calls.in_engine + episodes.runs_in_flight < limit
         return eval_at is None and more and room and not plan.finished(stream)
 
     while True:
@@ -132,18 +154,24 @@ def stream_steps(
             step = cursor.step + 1
             need = 0 if lead is None else required_version(step, lead, interval)
             if (weights.loaded_version or 0) < need:
-                if engine.in_flight:
-                    break  # the engine works meanwhile; the weights are looked for again
+                if open_steps:
+                    break  # steps run meanwhile (the trainer may wait for them); polled again
                 load(need)
             carried, share = plan.take(step, stream.next_batch(cursor))
             version = weights.loaded_version or 0
             open_steps.append(
-                admit(cfg, engine, tasksets, spool, step, share, carried, cursor, version)
+                admit(cfg, engine, episodes, tasksets, spool, step, share, carried, cursor, version)
             )
             admitted += 1
+        episodes.serve(engine_busy=engine.in_flight > 0, timeout_s=BATCH_WAIT_S)
         if engine.in_flight:
             for key, samples in engine.step():
-                finish(cfg, open_steps, spool, key, samples, totals, writer, reward_models)
+                if episodes.calls.owns(key):
+                    episodes.calls.resolve(key, samples)
+                else:
+                    finish(cfg, open_steps, spool, key, samples, totals, writer, reward_models)
+        for group in episodes.poll():
+            finish_episodes(cfg, open_steps, spool, group, totals, writer)
         while open_steps and not open_steps[0].pending:
             done = open_steps.popleft()
             due = seal(done.step, *sealed_step(done, totals, engine.in_flight), done.cursor)
@@ -152,6 +180,7 @@ def stream_steps(
             if due and evaluate is not None and eval_at is None:
                 eval_at = done.step
         if eval_at is not None and not open_steps:
+            episodes.calls.pump()  # ended episodes' calls leave the engine
             evaluate(eval_at)  # drained: the engine generates for the evaluation alone
             eval_at = None
         if not open_steps and not admissible():
@@ -162,6 +191,7 @@ def stream_steps(
 def admit(
     cfg: Config,
     engine: Engine,
+    episodes: StreamedEpisodes,
     tasksets: list[T.Taskset],
     spool: GroupSpool,
     step: int,
@@ -170,27 +200,38 @@ def admit(
     cursor: T.Cursor,
     version: int,
 ) -> OpenStep:
-    """Step ``step`` opened: its slots' requests in the engine, except groups the spool kept
-    from before a restart; the carried slots of earlier steps keep their own step in ids."""
+    """Step ``step`` opened: its slots' requests in the engine and its episodes started, except
+    groups the spool kept from before a restart; the carried slots of earlier steps keep their
+    own step in ids."""
     opened = OpenStep(step, [], T.Cursor.from_dict(cursor.to_dict()), version)
     kept = spool.take(step)
+
+    def resumed(key: str, expected_task: str) -> bool:
+        exps = kept.get(key)
+        if exps and all(e.task_id == expected_task for e in exps):
+            opened.done[key] = exps
+            opened.resumed.add(key)
+            return True
+        return False
+
     filtered = 0
     for group_step, items in [*sorted(carried.items()), (step, share)]:
         opened.share += items
-        for _, task in items:  # a row's own workflow column may name a class
-            ts = tasksets[task.taskset]
-            T.check_streamable(cfg, ts.label, ts.workflow_of(ts.rows[task.index]))
-        jobs, counts = build_prompts(cfg, engine.tokenizer, items, tasksets)
+        classes = episode_slots(items, tasksets)
+        for slot, task in [item for item in items if item[0] in classes]:
+            key, ts = group_key(group_step, slot), tasksets[task.taskset]
+            if not resumed(key, task_id(ts, task)):
+                opened.pending[key] = group_step
+                episodes.start(step, key, group_step, slot, ts, task)
+        recipes = [item for item in items if item[0] not in classes]
+        jobs, counts = build_prompts(cfg, engine.tokenizer, recipes, tasksets)
         filtered += counts["prompts_filtered"]
         for job in jobs:
             key = group_key(group_step, job.slot)
-            exps = kept.get(key)
-            if exps and all(e.task_id == task_id(job.taskset, job.task) for e in exps):
-                opened.done[key] = exps
-                opened.resumed.add(key)
-                continue
-            opened.pending[key] = (job, group_step)
-            engine.add(f"{step}:{key}", job.ids, job.taskset.sampling)
+            if not resumed(key, task_id(job.taskset, job.task)):
+                opened.pending[key] = group_step
+                opened.prompts[key] = job
+                engine.add(f"{step}:{key}", job.ids, job.taskset.sampling)
     opened.stats["prompts_filtered"] = filtered
     opened.stats["groups_resumed"] = len(opened.resumed)
     return opened
@@ -206,22 +247,60 @@ def finish(
     writer: str,
     reward_models: Sequence[RewardModel],
 ) -> None:
-    """A finished request: its group scored, kept in the spool and marked done in its step; a
-    group spanning more than ``explorer.max_version_span`` versions is dropped (counted)."""
+    """A finished request: its group scored and kept (:func:`keep_group`)."""
     step_text, key = request.split(":", 1)
     opened = next(o for o in open_steps if o.step == int(step_text))
-    job, group_step = opened.pending.pop(key)
+    job, group_step = opened.prompts.pop(key), opened.pending.pop(key)
     span = max((s.versions[-1] - s.versions[0] for s in samples if s.versions), default=0)
-    max_span = cfg.explorer.max_version_span
-    if max_span is not None and span > max_span:
+    if too_wide(cfg, span):
         totals.discarded += sum(len(s.response_ids) for s in samples)
         opened.done[key] = []
         return
     rewards, stats = score_all([job], [samples], reward_models)
     exps = group_records(job, samples, rewards[0], group_step, opened.version, writer)
-    add_teacher_logprobs(cfg, exps)  # on-policy distillation only
     for name, value in stats.items():  # the reward models' seconds and truncations
         opened.stats[name] = opened.stats.get(name, 0.0) + value
+    keep_group(cfg, opened, spool, key, exps)
+
+
+def finish_episodes(
+    cfg: Config,
+    open_steps: deque[OpenStep],
+    spool: GroupSpool,
+    group: EpisodeGroup,
+    totals: Totals,
+    writer: str,
+) -> None:
+    """A task whose episodes all ended: the experiences of those that ended well, kept
+    (:func:`keep_group`); the episodes counted in its step's metrics."""
+    opened = next(o for o in open_steps if o.step == group.sealed_with)
+    opened.pending.pop(group.key)
+    opened.episodes += group.results
+    exps = episode_records(
+        group.results, group.taskset, group.task, group.step, group.slot, opened.version, writer
+    )
+    span = max(
+        (max(e.response_versions) - min(e.response_versions) for e in exps if e.response_versions),
+        default=0,
+    )
+    if too_wide(cfg, span):
+        totals.discarded += model_tokens(group.results)
+        opened.done[group.key] = []
+        return
+    keep_group(cfg, opened, spool, group.key, exps)
+
+
+def too_wide(cfg: Config, span: int) -> bool:
+    """A group whose samples span more weights versions than ``explorer.max_version_span``."""
+    return cfg.explorer.max_version_span is not None and span > cfg.explorer.max_version_span
+
+
+def keep_group(
+    cfg: Config, opened: OpenStep, spool: GroupSpool, key: str, exps: list[Experience]
+) -> None:
+    """A complete group: teacher log-probs added (on-policy distillation), kept in the spool,
+    marked done in its step."""
+    add_teacher_logprobs(cfg, exps)
     spool.put(opened.step, key, exps)
     opened.done[key] = exps
 
@@ -234,7 +313,12 @@ def sealed_step(
     exps = [e for key in keys for e in opened.done[key]]
     seconds = time.monotonic() - totals.since
     tokens = sum(
-        len(e.response_ids) for k in keys if k not in opened.resumed for e in opened.done[k]
+        generated_tokens(e) for k in keys if k not in opened.resumed for e in opened.done[k]
+    )
+    episodes = (
+        {**episode_metrics(opened.episodes), **tool_stats(totals.tools)}
+        if (opened.episodes)
+        else {}
     )
     spans = [
         max(e.response_versions) - min(e.response_versions) for e in exps if e.response_versions
@@ -244,6 +328,7 @@ def sealed_step(
         opened.share,
         {
             **opened.stats,
+            **episodes,
             "tasks": len(opened.share),
             GENERATED_TOKENS: tokens,
             GENERATE_TIME_S: seconds,

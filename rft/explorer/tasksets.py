@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional, Union
 
 from rft import data
 from rft.config.auxiliary import split_reward_weights
-from rft.config.rules import streams, taskset_temperature
+from rft.config.rules import taskset_temperature
 from rft.config.schema import Config, TasksetConfig
 from rft.data import planned_steps
 from rft.errors import ConfigError, DataError, NotSupportedError, WorkflowError
@@ -138,20 +138,7 @@ def resolve_workflow(
 def taskset_workflow(cfg: Config, ts: TasksetConfig, label: str, is_eval: bool) -> WorkflowChoice:
     """The taskset's workflow (preflight calls this too, so a misspelt name, a missing plugin
     module or a bad workflow signature fails on the login node)."""
-    choice = resolve_workflow(cfg, ts, label, *workflow_names(cfg, ts, is_eval))
-    if not is_eval and isinstance(choice, WorkflowClass):
-        check_streamable(cfg, label, choice)
-    return choice
-
-
-def check_streamable(cfg: Config, label: str, choice: WorkflowChoice) -> None:
-    """A streaming explorer (``explorer.partial_rollout``) generates single-turn recipes only."""
-    if isinstance(choice, WorkflowClass) and streams(cfg):
-        raise NotSupportedError(
-            f"{label}: workflow {choice.name!r} is a workflow class (episodes, tools), which the "
-            "streaming explorer does not run yet: set explorer.partial_rollout: false, or use a "
-            "single-turn workflow"
-        )
+    return resolve_workflow(cfg, ts, label, *workflow_names(cfg, ts, is_eval))
 
 
 def required_columns(

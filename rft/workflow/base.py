@@ -109,6 +109,7 @@ class MultiTurnWorkflow(Workflow):
             response_text=None,
             finish_reason=thread.finish_reason,
             model_version=min(thread.versions) if thread.versions else None,
+            response_versions=thread.response_versions,
             eid=EID(run=self.run_id_base),
         )
 

@@ -28,7 +28,10 @@ class Completion:
     logprobs: list[float]  # one per response token
     finish_reason: str  # "stop", "length", ...
     text: str
-    model_version: int = 0  # weights version that generated it
+    model_version: int = 0  # weights version that generated it (its first token's)
+    # per response token, the weights version that generated it, when the engine labels them
+    # (a streaming explorer loads weights while requests run); empty: all ``model_version``
+    versions: list[int] = field(default_factory=list)
 
 
 class ChatTemplate:
@@ -111,6 +114,7 @@ class Thread:
     action_mask: list[int] = field(default_factory=list)  # 1: the model generated the token
     turns: int = 0  # model turns in the sample
     versions: tuple[int, ...] = ()  # weights versions of its turns
+    response_versions: list[int] = field(default_factory=list)  # per response token
     finish_reason: str = ""  # of the last turn
     extended: bool = False  # a later thread continues this one (so this is not a sample)
     # The sample this conversation was in before a prefix break started this one (or None).
@@ -221,6 +225,9 @@ class History:
                 parent.action_mask + [0] * len(added),
                 parent.turns,
                 parent.versions,
+                # tokens between turns (not trained) carry the version of the turn before them
+                parent.response_versions
+                + (parent.response_versions[-1:] or [completion.model_version]) * len(added),
                 extends=parent,
             )
             parent.extended = True
@@ -229,6 +236,9 @@ class History:
         thread.action_mask += [1] * len(completion.response_ids)
         thread.turns += 1
         thread.versions += (completion.model_version,)
+        thread.response_versions += completion.versions or [completion.model_version] * len(
+            completion.response_ids
+        )
         thread.finish_reason = completion.finish_reason
         self.threads.append(thread)
         return thread

@@ -53,6 +53,9 @@ class Experience:
     reasoning_content: Optional[str] = None
     content: Optional[str] = None  # the reply less its reasoning and tool calls
     finish_reason: Optional[str] = None  # "stop", "length", ...
+    # Set by rft, not by workflows: per response token, the weights version that generated it
+    # (a streaming explorer loads new weights while an episode's model call runs).
+    response_versions: Optional[Sequence[int]] = None
 
     def __post_init__(self) -> None:
         self.tokens = _ints(self.tokens)
@@ -60,6 +63,8 @@ class Experience:
             self.logprobs = _floats(self.logprobs)
         if self.action_mask is not None:
             self.action_mask = _ints(self.action_mask)
+        if self.response_versions is not None:
+            self.response_versions = _ints(self.response_versions)
 
     @property
     def response_ids(self) -> list[int]:
@@ -78,7 +83,7 @@ class Experience:
                 f"{self.prompt_length} of {len(self.tokens)} tokens: it needs at "
                 "least one prompt and one response token"
             )
-        for name in ("logprobs", "action_mask"):
+        for name in ("logprobs", "action_mask", "response_versions"):
             values = getattr(self, name)
             if values is not None and len(values) != n:
                 raise WorkflowError(

@@ -290,6 +290,7 @@ def _reply(
         action_mask=[1] * len(c.response_ids),
         response_text=c.text,
         model_version=c.model_version,
+        response_versions=c.versions or None,
         tool_calls=tool_calls,
         reasoning_content=reasoning,
         content=c.text if content is None else content,
