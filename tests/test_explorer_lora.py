@@ -433,3 +433,44 @@ def test_lora_ranks_are_vllms():
     from rft.config.names import VLLM_LORA_RANKS
 
     assert VLLM_LORA_RANKS == tuple(sorted(typing.get_args(MaxLoRARanks)))
+
+
+@pytest.mark.integration
+def test_streaming_requests_keep_their_adapter_while_a_newer_one_loads(
+    adapters, vllm_model_dir, tmp_path
+):
+    """A streaming explorer (explorer.partial_rollout) loads a newer adapter while greedy
+    requests run: they finish with the adapter they began with (the old adapter's tokens
+    throughout), the requests added after it use the new one, and the old adapter leaves vLLM
+    once its last request is done. Both references: PEFT in torch."""
+    data = tmp_path / "data.jsonl"
+    data.write_text('{"question": "1+1", "answer": "2"}\n')
+    taskset = {"path": str(data), "split": "train"}
+    taskset["format"] = {"prompt_key": "question", "response_key": "answer"}
+    cfg = lora_cfg(
+        tmp_path,
+        vllm_model_dir,
+        mode="explore",
+        algorithm={"repeat_times": 2},
+        explorer={"partial_rollout": True, "rollout_model": {"dtype": "float32"}},
+        buffer={"batch_size": 1, "explorer_input": {"taskset": taskset}},
+    )
+    engine = Engine(cfg)
+    engine.reload(adapters[0])
+    old_id = engine.lora_request.lora_int_id
+    for i, prompt in enumerate(PROMPTS):
+        engine.add(f"old{i}", prompt, GREEDY)
+    done = dict(engine.step())  # a first token each, with adapter 0
+    engine.reload(adapters[1])
+    assert engine.llm.llm_engine.list_loras() == {old_id, engine.lora_request.lora_int_id}
+    for i, prompt in enumerate(PROMPTS):
+        engine.add(f"new{i}", prompt, GREEDY)
+    while engine.in_flight:
+        done.update(engine.step())
+    for name, adapter in (("old", adapters[0]), ("new", adapters[1])):
+        got = [
+            (done[f"{name}{i}"][0].response_ids, done[f"{name}{i}"][0].logprobs) for i in range(3)
+        ]
+        assert_same(got, reference_outputs(vllm_model_dir, adapter, PROMPTS))
+        assert all(not done[f"{name}{i}"][0].versions for i in range(3))  # no per-token labels
+    assert engine.llm.llm_engine.list_loras() == {engine.lora_request.lora_int_id}

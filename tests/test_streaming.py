@@ -18,7 +18,7 @@ import pytest
 
 from rft.buffer.experience import Experience
 from rft.config.load import config_from_dict
-from rft.errors import NotSupportedError
+from rft.explorer.engine import engine_kwargs
 from rft.explorer.spool import GroupSpool, group_key
 from tests.test_explorer import (  # noqa: F401 (fixtures)
     REPO,
@@ -79,8 +79,9 @@ def test_config_refuses_what_streaming_cannot_do(tmp_path, vllm_model_dir, data_
         make_cfg(tmp_path, vllm_model_dir, ts, mode="both", synchronizer={"sync_offset": 1}, **on)
     )
     lora = {"model": {"lora_configs": [{"lora_rank": 8, "lora_alpha": 16}]}}
-    with pytest.raises(NotSupportedError, match="partial_rollout with model.lora_configs"):
-        make_cfg(tmp_path, vllm_model_dir, ts, **merge(on, lora))
+    kwargs = engine_kwargs(make_cfg(tmp_path, vllm_model_dir, ts, **merge(on, lora)), True)
+    assert (kwargs["max_loras"], kwargs["max_cpu_loras"]) == (2, 4)  # the old adapter finishes
+    assert engine_kwargs(make_cfg(tmp_path, vllm_model_dir, ts, **lora), True)["max_loras"] == 1
 
 
 def test_a_conversation_records_the_version_of_every_response_token():

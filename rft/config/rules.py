@@ -762,12 +762,8 @@ def _check_partial_rollout(cfg: Config) -> None:
             if getattr(ex, key) is not None:
                 log.warning("explorer.%s has no effect without explorer.partial_rollout", key)
         return
-    if lora_config(cfg) is not None:
-        raise NotSupportedError(
-            "explorer.partial_rollout with model.lora_configs: vLLM holds one adapter, so a new "
-            "version would pull the adapter from under the requests in flight; turn one off"
-        )
-    if streams(cfg) and cfg.algorithm.rollout_correction.mode == "none":
+    spans = lora_config(cfg) is None  # with LoRA a request keeps its adapter: no sample spans
+    if streams(cfg) and spans and cfg.algorithm.rollout_correction.mode == "none":
         log.warning(
             "explorer.partial_rollout: samples that span weights versions train as if the "
             "newest policy made them all; algorithm.rollout_correction.mode: tis (or decoupled) "

@@ -24,7 +24,7 @@ from typing import Any, Iterator, Sequence
 import torch
 
 from rft.config.names import VLLM_LORA_RANKS
-from rft.config.rules import lora_config
+from rft.config.rules import lora_config, streams
 from rft.config.schema import Config, LoRAConfig
 from rft.errors import CheckpointError, ConfigError
 from rft.explorer.tasksets import SamplingArgs
@@ -41,6 +41,11 @@ CPU_ENV_DEFAULTS = {
 }
 WORKER_EXTENSION = "rft.explorer.vllm_worker.WeightSyncExtension"
 MAX_LORAS = 1  # adapters in one batch: the explorer generates with one (the newest) at a time
+# A streaming explorer (explorer.partial_rollout): requests in flight finish with the adapter they
+# began with while the newest one serves new requests, so two adapters share a batch, and vLLM's
+# CPU cache keeps a few older ones (a request whose adapter was evicted reloads it from its folder).
+STREAMING_MAX_LORAS = 2
+STREAMING_MAX_CPU_LORAS = 4
 DEFAULT_LORA_NAME = "lora"  # model.lora_configs[0].name when null
 # model.lora_configs[0].lora_dtype -> vLLM's lora_dtype (vLLM 0.32 takes "float32" only as a dtype).
 LORA_DTYPES: dict[str, Any] = {
@@ -130,17 +135,21 @@ def engine_kwargs(cfg: Config, on_cpu: bool, initial_rank: int | None = None) ->
 
 def lora_kwargs(cfg: Config, lora: LoRAConfig, initial_rank: int | None = None) -> dict[str, Any]:
     """``vllm.LLM``'s LoRA arguments: room for one adapter of rank ``lora_rank`` (or the
-    initial adapter's ``initial_rank``, when larger) on the base model."""
+    initial adapter's ``initial_rank``, when larger) on the base model; two in one batch when
+    the explorer streams."""
     rank = max(lora.lora_rank, initial_rank or 0)
+    streaming = streams(cfg)
     kwargs: dict[str, Any] = dict(
         enable_lora=True,
         max_lora_rank=vllm_lora_rank(rank),  # a capacity: adapters of any rank up to it load
-        max_loras=MAX_LORAS,
+        max_loras=STREAMING_MAX_LORAS if streaming else MAX_LORAS,
         lora_dtype=LORA_DTYPES[lora.lora_dtype],
         fully_sharded_loras=cfg.model.fully_sharded_loras,
     )
     if cfg.model.max_cpu_loras is not None:
         kwargs["max_cpu_loras"] = cfg.model.max_cpu_loras
+    elif streaming:
+        kwargs["max_cpu_loras"] = STREAMING_MAX_CPU_LORAS
     return kwargs
 
 
@@ -238,6 +247,8 @@ class Engine:
         self._received: Path | None = None  # local folder of the adapter received by broadcast
         self._streams: dict[str, tuple[int, list[Sample]]] = {}  # add(): key -> (parts, samples)
         self._sizes: dict[str, int] = {}  # add(): key -> its samples (n)
+        self._adapter_of: dict[str, Any] = {}  # add(): key -> the LoRARequest it began with
+        self._retired: list[Any] = []  # replaced adapters that requests in flight still use
         self._keys: dict[str, str] = {}  # vLLM request id -> add()'s key
         self.in_flight = 0  # samples of add() not yet returned by step()
         self.tokenizer = self.llm.get_tokenizer()
@@ -318,6 +329,7 @@ class Engine:
             )
         self._streams[key] = (len(ids), [])
         self._sizes[key] = args.n
+        self._adapter_of[key] = self.lora_request
         self.in_flight += args.n
 
     def abort(self, key: str) -> None:
@@ -327,7 +339,18 @@ class Engine:
         for rid in ids:
             del self._keys[rid]
         self.llm.llm_engine.abort_request(ids)
+        self._ended(key)
+
+    def _ended(self, key: str) -> None:
+        """A request of :meth:`add` is done or aborted: its samples and adapter released."""
         self.in_flight -= self._sizes.pop(key)
+        self._adapter_of.pop(key, None)
+        for adapter in [a for a in self._retired if not self._in_use(a)]:
+            self._retired.remove(adapter)
+            self.llm.llm_engine.remove_lora(adapter.lora_int_id)
+
+    def _in_use(self, adapter: Any) -> bool:
+        return any(a is adapter for a in self._adapter_of.values())
 
     def step(self) -> list[tuple[str, list[Sample]]]:
         """One engine step: the requests of :meth:`add` that finished in it, with their
@@ -341,7 +364,7 @@ class Engine:
             samples.extend(_sample(list(out.prompt_token_ids), c) for c in out.outputs)
             if parts == 1:
                 del self._streams[key]
-                self.in_flight -= self._sizes.pop(key)
+                self._ended(key)
                 done.append((key, samples))
             else:
                 self._streams[key] = (parts - 1, samples)
@@ -349,8 +372,10 @@ class Engine:
 
     def label_version(self, version: int) -> None:
         """Label every token generated from now on with weights ``version`` (vLLM's weight
-        version spans: :attr:`Sample.versions`)."""
-        self.llm.llm_engine.set_weight_version(str(version))
+        version spans: :attr:`Sample.versions`). Not with LoRA: a request keeps the adapter it
+        began with to its end, so its samples are all of its admission's version."""
+        if self.lora is None:
+            self.llm.llm_engine.set_weight_version(str(version))
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -418,7 +443,9 @@ class Engine:
         except Exception as e:
             raise CheckpointError(f"loading the LoRA adapter {folder} failed: {e}") from e
         previous, self.lora_request = self.lora_request, request
-        if previous is not None:
+        if previous is not None and self._in_use(previous):
+            self._retired.append(previous)  # removed once its requests in flight are done
+        elif previous is not None:
             self.llm.llm_engine.remove_lora(previous.lora_int_id)
         if self._received is not None:  # a broadcast adapter's local copy, now replaced
             shutil.rmtree(self._received, ignore_errors=True)

@@ -56,6 +56,7 @@ class ModelCall:
     args: SamplingArgs
     future: Future
     since: float = field(default_factory=time.monotonic)
+    version: Optional[int] = None  # weights loaded when it entered the engine
 
 
 class ModelCalls:
@@ -92,8 +93,11 @@ class ModelCalls:
     def ended(self, episode: int) -> None:
         raise NotImplementedError
 
-    def completions(self, group: Sequence[Sample]) -> list[Completion]:
-        """The engine's samples for one call, as its model handle reads them."""
+    def completions(
+        self, group: Sequence[Sample], version: Optional[int] = None
+    ) -> list[Completion]:
+        """The engine's samples for one call, as its model handle reads them: tokens the engine
+        did not label are of ``version`` (default: :attr:`version`)."""
         return [
             Completion(
                 s.prompt_ids,
@@ -101,7 +105,7 @@ class ModelCalls:
                 s.logprobs,
                 s.finish_reason,
                 s.text,
-                s.versions[0] if s.versions else self.version,
+                s.versions[0] if s.versions else self.version if version is None else version,
                 s.versions,
             )
             for s in group

@@ -83,6 +83,8 @@ class EngineCalls(ModelCalls):
             aborts, self._aborts = self._aborts, []
             aborts = [key for key in aborts if self._live.pop(key, None) is not None]
             added = {f"{REQUEST_PREFIX}{next(self._ids)}": r for r in queued}
+            for r in queued:  # with LoRA the call keeps this version's adapter to its end
+                r.version = self.version
             self._live.update(added)
         for key in aborts:
             self.engine.abort(key)
@@ -100,7 +102,7 @@ class EngineCalls(ModelCalls):
             if key in self._aborts:  # ended in the same engine step: nothing left to abort
                 self._aborts.remove(key)
         if request is not None and not request.future.done():
-            request.future.set_result(self.completions(samples))
+            request.future.set_result(self.completions(samples, request.version))
 
     @property
     def in_engine(self) -> int:

@@ -20,7 +20,7 @@ from rft.config.auxiliary import split_reward_weights
 from rft.config.rules import taskset_temperature
 from rft.config.schema import Config, TasksetConfig
 from rft.data import planned_steps
-from rft.errors import ConfigError, DataError, NotSupportedError, WorkflowError
+from rft.errors import ConfigError, DataError, WorkflowError
 from rft.rundir import EXPLORER_META
 from rft.workflow import single_turn
 from rft.workflow.registry import workflow_class
