@@ -231,6 +231,8 @@ TRINITY = {
     "multi_step_grpo": ("step_wise_grpo", "ppo", "k2", "none", "default", "default", 8),
     "on_policy_distill": ("on_policy_distill", "ppo", "none", "none", "none", "default", 8),
     "jsd": ("jsd", "ppo", "none", "none", "none", "default", 8),
+    # agentscope-ai@402adb2 M2POAlgorithm (its tests/algorithm/test_m2po_policy_loss.py)
+    "m2po": ("grpo", "m2po", "none", "none", "none", "default", 8),
 }
 KEYS = ("advantage_fn", "policy_loss_fn", "kl_loss_fn", "kl_penalty_fn", "entropy_loss_fn")
 

@@ -221,8 +221,6 @@ def test_presets_fill_only_unset_functions(tmp_path):
             "buffer.explorer_input.taskset.format.image_key",
         ),
         ({"synchronizer": {"sync_iteration_interval": 2}}, "synchronizer.sync_iteration_interval"),
-        ({"algorithm": {"algorithm_type": "m2po"}}, "algorithm.algorithm_type: m2po"),
-        ({"algorithm": {"bypass_old_logprobs": True}}, "algorithm.bypass_old_logprobs"),
         ({"mode": "serve"}, "mode: serve"),
         (
             {

@@ -171,13 +171,14 @@ def test_engines_are_imported_only_by_their_engine_module():
 
 def test_light_modules_do_not_pull_in_vllm_or_deepspeed():
     """Importing anything but the trainer's engine and the modules that drive it (a step's plan,
-    the policy's and the critic's updates) leaves both engines unloaded: the login node,
-    preflight and the rewards stay fast."""
+    the policy's and the critic's updates, M2PO's mask) leaves both engines unloaded: the login
+    node, preflight and the rewards stay fast."""
     heavy_users = {
         "rft.trainer.engine",
         "rft.trainer.step",
         "rft.trainer.plan",
         "rft.trainer.critic",
+        "rft.trainer.m2po",
     }
     modules = sorted(m for m in graph() if m not in heavy_users and not m.endswith("__main__"))
     code = (

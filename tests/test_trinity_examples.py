@@ -7,13 +7,13 @@ says which; when a feature lands, change its row to ``LOADS``.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from rft.config.load import config_from_dict, load_config, read_raw
+from rft.config.teacher import teacher_in_trainer
 from rft.errors import ConfigError, NotSupportedError
 from rft.explorer.tasksets import taskset_workflow
 from rft.launch.cli import run_main
@@ -60,13 +60,12 @@ EXPECTED: dict[str, Refused | Typo | None] = {
     "grpo_toolcall.yaml": LOADS,
     "grpo_vlm.yaml": Refused("buffer.explorer_input.taskset.format.image_key"),
     "gspo_gsm8k.yaml": LOADS,
-    "m2po_explorer.yaml": Refused("algorithm.algorithm_type: m2po"),
-    "m2po_trainer.yaml": Refused("algorithm.algorithm_type: m2po"),
+    "m2po_explorer.yaml": LOADS,
+    "m2po_trainer.yaml": LOADS,
     "mix_chord.yaml": LOADS,
-    # The teacher's vLLM engine keys come first; past them (test_distillation_example_...) the
-    # layout: Trinity's one shared teacher engine vs rft's teacher inside each explorer task.
-    "opd_gsm8k.yaml": Refused("explorer.auxiliary_models[0].enable_prefix_caching"),
-    "opd_gsm8k_jsd.yaml": Refused("explorer.auxiliary_models[0].enable_prefix_caching"),
+    # Its one shared teacher engine runs in the trainer (test_distillation_example_...).
+    "opd_gsm8k.yaml": LOADS,
+    "opd_gsm8k_jsd.yaml": LOADS,
     "opmd_gsm8k.yaml": LOADS,
     "ppo_countdown.yaml": LOADS,  # modelscope 049b898 fixed a20efa4's model.max_repsonse_tokens
     "rec_gsm8k.yaml": Typo("algorithm.optiimzer"),
@@ -161,25 +160,29 @@ def test_dry_run_of_an_example(tmp_path, monkeypatch, smollm2_dir, capsys):
     assert "dry run: config and inputs are valid" in out
 
 
-# The teacher's vLLM engine options (Trinity serves it with vLLM; rft runs a forward pass).
-_TEACHER_ENGINE_KEYS = ("enable_prefix_caching", "enforce_eager", "dtype", "seed")
-
-
 @pytest.mark.parametrize(
     "name,lambda_coef", [("opd_gsm8k.yaml", None), ("opd_gsm8k_jsd.yaml", 0.5)]
 )
-def test_distillation_example_past_the_engine_keys(name, lambda_coef, tmp_path, trinity_env):
-    """Without the teacher's engine keys, the example is refused for its layout (one teacher
-    engine shared by four explorers; rft runs a teacher in each explorer task); with one teacher
-    per explorer task it loads: the distillation preset, the teacher, the math recipe."""
+def test_distillation_example_puts_its_teacher_in_the_trainer(
+    name, lambda_coef, tmp_path, trinity_env
+):
+    """As written: the teacher's vLLM engine keys are read (dtype acts, the others have no
+    effect on a forward pass), and its one engine shared by four explorers puts it in the
+    trainer, which holds it on its own GPUs; with one teacher per explorer task it runs there,
+    with GPUs of its own. The distillation preset and the math recipe either way."""
+    cfg = dry_run(name, tmp_path)
+    teacher = cfg.explorer.auxiliary_models[0]
+    assert teacher.dtype == "bfloat16" and teacher.enforce_eager and teacher.seed == 42
+    assert teacher_in_trainer(cfg)
+    split = cfg.gpu_split()  # Trinity: 4 rollout + 2 teacher + 2 trainer GPUs
+    assert (split.explorer, split.trainer) == (4, 4)
     raw = read_raw(EXAMPLES / name, [f"checkpoint_root_dir={tmp_path}"])
-    teacher = raw["explorer"]["auxiliary_models"][0]
-    for key in _TEACHER_ENGINE_KEYS:
-        del teacher[key]
-    with pytest.raises(ConfigError, match=r"auxiliary_models\[0\].engine_num=1 differs from "):
-        dry_run(copy.deepcopy(raw), tmp_path)
-    raw["explorer"]["rollout_model"]["engine_num"] = teacher["engine_num"] = 2  # 2 x (1 + 2) GPUs
-    cfg = dry_run(raw, tmp_path)
+    raw["explorer"]["rollout_model"]["engine_num"] = 2
+    raw["explorer"]["auxiliary_models"][0]["engine_num"] = 2
+    per_explorer = dry_run(raw, tmp_path)
+    assert not teacher_in_trainer(per_explorer)
+    split = per_explorer.gpu_split()
+    assert (split.explorer, split.trainer) == (6, 2)  # 2 x (1 + the teacher's 2)
     algo = cfg.algorithm
     assert (algo.advantage_fn, algo.policy_loss_fn, algo.kl_loss_fn) == (
         name_type(name),
@@ -192,6 +195,20 @@ def test_distillation_example_past_the_engine_keys(name, lambda_coef, tmp_path, 
     assert recipe.name == "on_policy_distill_math_workflow"
     question = recipe.build_messages({"question": "1+1?"}, cfg.buffer.explorer_input.taskset.format)
     assert question[-1]["content"].endswith("put your final answer within \\boxed{}.")
+
+
+def test_dry_run_of_the_distillation_example(tmp_path, monkeypatch, smollm2_dir, capsys):
+    """``bin/rft-run --config opd_gsm8k.yaml --dry-run`` with local paths only: it passes and
+    says that the teacher runs in the trainer."""
+    monkeypatch.setenv("TRINITY_MODEL_PATH", str(smollm2_dir))  # the student and the teacher
+    monkeypatch.setenv("TRINITY_TASKSET_PATH", str(ARITHMETIC))
+    monkeypatch.setenv("TRINITY_CHECKPOINT_ROOT_DIR", str(tmp_path))
+    code = run_main(["--config", str(EXAMPLES / "opd_gsm8k.yaml"), "--dry-run"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "dry run: config and inputs are valid" in out
+    [line] = [x for x in out.splitlines() if "teacher" in x and "in the trainer" in x]
+    assert "explorer.auxiliary_models[0].engine_num=1 differs from" in line
 
 
 def name_type(name: str) -> str:

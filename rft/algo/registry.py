@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import math
 from typing import Any, Callable, Mapping
 
 from rft.algo.advantages import ADVANTAGE_FNS as _BASE_ADVANTAGE_FNS
@@ -23,6 +24,7 @@ from rft.algo.losses import (
     kl_penalty,
 )
 from rft.algo.losses import POLICY_LOSS_FNS as _BASE_POLICY_LOSS_FNS
+from rft.algo.m2po import m2po_loss
 from rft.algo.weighted_pg import REC_CLIP_MODES, REC_REGULARIZERS, REC_WEIGHTS, WEIGHTED_PG_LOSSES
 from rft.errors import ConfigError, did_you_mean
 
@@ -33,6 +35,7 @@ POLICY_LOSS_FNS: dict[str, Callable[..., Any]] = {
     **WEIGHTED_PG_LOSSES,
     **DISTILL_LOSSES,
     "dpo": dpo_loss,
+    "m2po": m2po_loss,  # its mask comes from the trainer (rft.trainer.m2po)
 }
 # Every group/batch advantage by name (GAE, which needs a critic's values, apart): the
 # distillation ones take the student's and the teacher's log-probs too (context parameters).
@@ -40,7 +43,7 @@ ADVANTAGE_FNS: dict[str, Callable[..., Any]] = {**_BASE_ADVANTAGE_FNS, **DISTILL
 
 # Supplied by the trainer on each call, never by the config.
 _CONTEXT_PARAMS = frozenset(
-    {"step", "expert_mask", "is_weights", "runs", "old_logprobs", "teacher_logprobs"}
+    {"step", "expert_mask", "is_weights", "runs", "old_logprobs", "teacher_logprobs", "m2po_mask"}
 )
 
 
@@ -100,6 +103,8 @@ _VALUE_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "temp": (lambda v: _is_number(v) and v > 0, "a number > 0"),
     "beta": (lambda v: _is_number(v) and v > 0, "a number > 0"),
     "label_smoothing": (lambda v: _is_number(v) and 0 <= v < 0.5, "a number in [0, 0.5)"),
+    "m2_threshold": (lambda v: _is_number(v) and 0 <= v < math.inf, "a finite number >= 0"),
+    "log_ratio_clip": (lambda v: _is_number(v) and 0 < v < math.inf, "a finite number > 0"),
 }
 
 
@@ -136,10 +141,18 @@ def _check_opmd_baseline(args: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _check_m2po(args: Mapping[str, Any]) -> str | None:
+    # Trinity's M2POPolicyLossFn: dropped tokens must still count in the denominator.
+    if args["loss_agg_mode"] != "token-mean":
+        return f"loss_agg_mode must be 'token-mean' (got {args['loss_agg_mode']!r})"
+    return None
+
+
 # (kind, name) -> a check of the function's full arguments (defaults + config) across keys.
 _JOINT_CHECKS: dict[tuple[str, str], Callable[[Mapping[str, Any]], str | None]] = {
     ("policy_loss_fn", "sapo"): _check_sapo,
     ("advantage_fn", "opmd"): _check_opmd_baseline,
+    ("policy_loss_fn", "m2po"): _check_m2po,
 }
 
 

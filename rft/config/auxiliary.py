@@ -1,10 +1,11 @@
 """Reward models served next to the explorers (``explorer.auxiliary_models``): their rules.
 
 Owns each reward model's checks (:func:`check_auxiliary_models`, run by
-:func:`rft.config.rules.apply`) and the reward weights a taskset's ``reward_fn_args`` carry
-(:func:`split_reward_weights`). Pure functions of a typed :class:`~rft.config.schema.Config`,
-read by the rules, the launchers and the explorer; the GPU split is not here
-(:func:`rft.config.rules.check_gpu_split`).
+:func:`rft.config.rules.apply`), the dtype of an auxiliary model's forward pass
+(:func:`forward_dtype`) and the reward weights a taskset's ``reward_fn_args`` carry
+(:func:`split_reward_weights`). Pure functions of a typed :class:`~rft.config.schema.Config`;
+where a distillation teacher runs is :mod:`rft.config.teacher`, the GPU split
+:func:`rft.config.rules.check_gpu_split`.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping, Optional
 
 from rft.config.schema import AuxiliaryModelConfig, Config
+from rft.config.teacher import explorer_scorers, teacher_in_trainer
 from rft.errors import ConfigError
 from rft.placement import ENGINE_MODES
 
@@ -31,9 +33,26 @@ class RewardWeights:
     reward_model_weight: float = 1.0  # times the sum of the reward models' scores
 
 
+FORWARD_DTYPES = ("bfloat16", "float16", "float32")  # torch dtype names a forward pass runs in
+
+
 def auxiliary_tp(cfg: Config) -> list[int]:
-    """Each reward model's ``tensor_parallel_size``, in config order (GPUs of its scorer)."""
-    return [m.tensor_parallel_size for m in cfg.explorer.auxiliary_models]
+    """The ``tensor_parallel_size`` of each auxiliary model inside an explorer task, in config
+    order (GPUs of its scorer; a teacher the trainer holds has none there)."""
+    return [m.tensor_parallel_size for m in explorer_scorers(cfg)]
+
+
+def forward_dtype(requested: Optional[str], on_cpu: bool, folder: Mapping[str, Any]) -> str:
+    """The torch dtype name an auxiliary model's forward pass runs in: its ``dtype`` as set
+    (the rollout model's choices, :data:`rft.config.schema.EngineDtype`); ``auto`` the
+    checkpoint's (``folder``: its config.json, ``dtype`` or older ``torch_dtype``, when one of
+    :data:`FORWARD_DTYPES`); unset, or auto without one: bfloat16 on a GPU, float32 on CPUs."""
+    saved = folder.get("dtype") or folder.get("torch_dtype")
+    if requested == "auto" and saved in FORWARD_DTYPES:
+        return saved
+    if requested in FORWARD_DTYPES:
+        return requested
+    return "float32" if on_cpu else "bfloat16"
 
 
 def scoring_max_len(model: AuxiliaryModelConfig) -> Optional[int]:
@@ -79,8 +98,9 @@ def split_reward_weights(
 
 def check_auxiliary_models(cfg: Config) -> None:
     """Each reward model: a folder path, the rollout model's ``engine_num`` (one scorer per
-    explorer task), consistent length limits; reward weights in ``reward_fn_args`` only with
-    reward models."""
+    explorer task; a distillation teacher with another runs in the trainer,
+    :func:`rft.config.teacher.teacher_in_trainer`), consistent length limits; reward weights in
+    ``reward_fn_args`` only with reward models."""
     models, rollout = cfg.explorer.auxiliary_models, cfg.explorer.rollout_model
     if cfg.mode in ENGINE_MODES:
         for label, taskset in cfg.labelled_tasksets():
@@ -92,7 +112,7 @@ def check_auxiliary_models(cfg: Config) -> None:
                 f"{key}.model_path is empty: set it to a reward model folder (a "
                 "Hugging Face folder with a score head, *ForSequenceClassification)"
             )
-        if model.engine_num != rollout.engine_num:
+        if model.engine_num != rollout.engine_num and not (i == 0 and teacher_in_trainer(cfg)):
             raise ConfigError(
                 f"{key}.engine_num={model.engine_num} differs from explorer.rollout_model.engine_num="
                 f"{rollout.engine_num}: rft runs one scorer of each reward model inside each "

@@ -114,10 +114,6 @@ _AUXILIARY_MODEL = {
     "model_path": "",  # rft reads it (listed here only to be dropped below)
     "engine_type": "reward models are scored with a vLLM engine always; remove it",
     "gpu_memory_utilization": "a reward model's engine takes vLLM's default share; remove it",
-    "dtype": "a reward model's engine runs in bfloat16; remove it",
-    "seed": "scoring is deterministic; remove it",
-    "enforce_eager": "remove it (scoring engines decide CUDA graphs themselves)",
-    "enable_prefix_caching": "remove it (scoring engines keep vLLM's default)",
     "enable_chunked_prefill": "remove it (scoring engines keep vLLM's default)",
     "use_v1": "no effect: vLLM's V1 engine is the only one; remove it",
     "enable_history": "remove it: a reward model only scores",
@@ -150,10 +146,6 @@ KEYS: dict[str, dict[str, str]] = {
         "spells it",
         "data": "this is Trinity's pre-0.2 layout: move the dataset to "
         "buffer.explorer_input.taskset (path, split, format)",
-    },
-    "AlgorithmConfig": {
-        "bypass_old_logprobs": "set algorithm.old_logprobs: rollout (the rollout's log-probs as "
-        "the old policy's, the same thing)",
     },
     "OptimizerConfig": {
         "clip_grad": "set trainer.grad_clip",
@@ -444,11 +436,6 @@ _USE_PPO_FAMILY = "use a policy_loss_fn rft implements (e.g. ppo, gspo, opmd)"
 CHOICES: dict[str, dict[str, str]] = {
     "Config.mode": {"serve": _SERVE},
     "AlgorithmConfig.algorithm_type": {
-        # Registered in agentscope-ai/Trinity-RFT examples/m2po_gsm8k (402adb2) only: its loss is
-        # in no Trinity source rft can follow (not in trinity/algorithm at 0fcd37e).
-        "m2po": "Trinity's M2PO (second-moment trust policy optimisation for stale rollouts) "
-        "is not built in rft; for stale data use grpo with algorithm.old_logprobs: rollout and "
-        "algorithm.rollout_correction.mode: tis",
         **{
             name: f"Trinity's {name} algorithm is not built in rft; use one rft implements "
             "(e.g. grpo, ppo, opmd, gspo, rloo, reinforceplusplus, sft, mix_chord)"

@@ -34,6 +34,7 @@ POLICY_LOSS_FN_NAMES = (
     "rec",
     "dpo",
     "importance_sampling",
+    "m2po",
 )
 KL_FN_NAMES = ("none", "k1", "k2", "k3", "low_var_kl", "abs")
 ENTROPY_LOSS_FN_NAMES = ("default", "mix", "none")
@@ -67,6 +68,7 @@ ALGORITHM_TYPES = (
     "on_policy_distill",
     "jsd",
     "dpo",
+    "m2po",
 )
 # advantage_fn names (and the algorithm types presetting them) that read the teacher's log-probs
 # of each sampled token, computed by the explorer with explorer.auxiliary_models[0]

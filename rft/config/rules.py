@@ -18,11 +18,11 @@ from rft.config.names import (
     EXPERT_LOSSES,
     GROUP_BASELINES,
     NEEDS_CRITIC,
-    NEEDS_TEACHER,
     TIS_THRESHOLD,
     VLLM_LORA_RANKS,
 )
 from rft.config.schema import Config, LoRAConfig, TasksetConfig
+from rft.config.teacher import uses_teacher
 from rft.config.typed_dict import not_supported
 from rft.errors import ConfigError, NotSupportedError
 from rft.placement import EXPLORER_MODES, task_gpus
@@ -75,6 +75,13 @@ PRESETS: dict[str, dict[str, str]] = {
         t: dict(advantage_fn=t, kl_loss_fn="none", entropy_loss_fn="none")
         for t in ("on_policy_distill", "jsd")
     },
+    # M2PO (agentscope-ai/Trinity-RFT@402adb2 M2POAlgorithm, as its
+    # tests/algorithm/test_m2po_policy_loss.py pins it): GRPO's advantage, the M2PO loss, no
+    # reference model, no entropy term; its old log-probs are the rollout's
+    # (_resolve_old_logprobs).
+    "m2po": dict(
+        advantage_fn="grpo", policy_loss_fn="m2po", kl_loss_fn="none", entropy_loss_fn="none"
+    ),
 }
 # Trinity's base defaults under every type's (its "warmup" sample strategy is no type's now).
 _COMMON = dict(
@@ -89,7 +96,7 @@ _COMMON = dict(
 # 1): named in the warning for a group-baseline advantage with groups of one.
 REPEAT_TIMES: dict[str, int] = {
     **{t: 2 for t in PRESETS if "advantage_fn" in PRESETS[t]},
-    **dict.fromkeys(("mix", "mix_chord", "multi_step_grpo", "on_policy_distill", "jsd"), 8),
+    **dict.fromkeys(("mix", "mix_chord", "multi_step_grpo", "on_policy_distill", "jsd", "m2po"), 8),
     "dapo": 16,
     "ppo": 1,
 }
@@ -101,6 +108,7 @@ def apply(cfg: Config, seen: set[str]) -> None:
     """Complete and check ``cfg`` in place; ``seen`` holds the key paths the user set."""
     check_not_supported(cfg)
     _apply_preset(cfg)
+    _resolve_old_logprobs(cfg, seen)
     _apply_verl_trainer_config(cfg, seen)
     _derive_critic(cfg, seen)
     _check_lora(cfg)
@@ -224,6 +232,37 @@ def _apply_preset(cfg: Config) -> None:
             algo.algorithm_type,
             REPEAT_TIMES.get(algo.algorithm_type, 2),
         )
+
+
+def _resolve_old_logprobs(cfg: Config, seen: set[str]) -> None:
+    """Trinity's ``algorithm.bypass_old_logprobs`` is rft's ``old_logprobs`` (true: rollout,
+    false: recompute). M2PO's ratio is to the behaviour policy, so its old log-probs are the
+    rollout's: set when the config leaves both keys unset, refused otherwise (as Trinity's
+    M2POAlgorithm.check_config refuses bypass_old_logprobs: false)."""
+    algo = cfg.algorithm
+    if algo.bypass_old_logprobs is not None:
+        bypass = "rollout" if algo.bypass_old_logprobs else "recompute"
+        if "algorithm.old_logprobs" in seen and algo.old_logprobs != bypass:
+            raise ConfigError(
+                f"algorithm.bypass_old_logprobs={algo.bypass_old_logprobs} contradicts "
+                f"algorithm.old_logprobs={algo.old_logprobs!r}; set only one"
+            )
+        algo.old_logprobs = bypass
+    if algo.algorithm_type == "m2po" and algo.policy_loss_fn != "m2po":
+        raise ConfigError(
+            f"algorithm.algorithm_type m2po needs policy_loss_fn m2po (got "
+            f"{algo.policy_loss_fn!r}); remove algorithm.policy_loss_fn, or choose another type"
+        )
+    if algo.policy_loss_fn != "m2po":
+        return
+    written = {"algorithm.old_logprobs", "algorithm.bypass_old_logprobs"} & seen
+    if algo.old_logprobs != "rollout" and written:
+        raise ConfigError(
+            "policy_loss_fn m2po takes the ratio to the rollout's behaviour policy, but the "
+            "old log-probs are recomputed; set algorithm.bypass_old_logprobs: true (or "
+            "algorithm.old_logprobs: rollout)"
+        )
+    algo.old_logprobs = "rollout"
 
 
 def _set_from_verl(cfg: Config, verl_key: str, value: object, ours: str, seen: set[str]) -> None:
@@ -401,12 +440,6 @@ def _check_lora(cfg: Config) -> None:
 def uses_critic(cfg: Config) -> bool:
     """Whether the run trains a value model: ``advantage_fn: ppo`` (GAE needs values)."""
     return cfg.algorithm.advantage_fn in NEEDS_CRITIC
-
-
-def uses_teacher(cfg: Config) -> bool:
-    """Whether the run distils: its advantage reads a teacher's log-probs, and
-    ``explorer.auxiliary_models[0]`` is that teacher, not a reward model."""
-    return cfg.algorithm.advantage_fn in NEEDS_TEACHER
 
 
 def _derive_critic(cfg: Config, seen: set[str]) -> None:

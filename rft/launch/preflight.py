@@ -20,6 +20,7 @@ from rft.config.auxiliary import auxiliary_tp, scoring_max_len
 from rft.config.load import stage_config, stage_label
 from rft.config.rules import lora_config, uses_critic, uses_teacher
 from rft.config.schema import Config, ExperienceBufferConfig
+from rft.config.teacher import teacher_in_trainer, teacher_placement
 from rft.errors import ConfigError, DataError, RftError
 from rft.explorer.tasksets import required_columns, taskset_workflow
 from rft.explorer.teacher import check_teacher_dir
@@ -78,7 +79,7 @@ def check_config(cfg: Config, prefix: str = "") -> list[DatasetInfo]:
     """Every check of one (stage's) config; dataset labels carry ``prefix``."""
     check_model_dir(cfg.model.model_path)
     _check_context_length(cfg)
-    if cfg.mode in ENGINE_MODES:
+    if cfg.mode in ENGINE_MODES or teacher_in_trainer(cfg):
         check_reward_models(cfg)
     if cfg.mode in TRAINER_MODES and uses_critic(cfg):
         check_critic_dir(cfg.model.critic_model_path, cfg.model.model_path)
@@ -362,7 +363,7 @@ def _role_lines(cfg: Config, devices: Devices) -> list[tuple[str, str]]:
     split = cfg.gpu_split()
     lines = []
     if cfg.mode in ENGINE_MODES:
-        scorers = f" + {split.auxiliary} for reward models" if cfg.explorer.auxiliary_models else ""
+        scorers = f" + {split.auxiliary} for reward models" if split.auxiliary else ""
         lines.append(
             (
                 "explorer",
@@ -371,6 +372,8 @@ def _role_lines(cfg: Config, devices: Devices) -> list[tuple[str, str]]:
                 f"{cfg.algorithm.repeat_times} samples per step",
             )
         )
+        lines += _reward_model_lines(cfg)
+    elif teacher_in_trainer(cfg):  # mode train: the trainer's teacher
         lines += _reward_model_lines(cfg)
     if cfg.mode in TRAINER_MODES:
         per_step = (
@@ -431,16 +434,7 @@ def _reward_model_lines(cfg: Config) -> list[tuple[str, str]]:
     (or the teacher's line in a distillation run)."""
     models = cfg.explorer.auxiliary_models
     if uses_teacher(cfg) and models:
-        teacher = models[0]
-        return [
-            (
-                "teacher",
-                f"{teacher.model_path}: a forward pass in each explorer task after each step's "
-                f"generation (GPU {cfg.explorer.rollout_model.tensor_parallel_size} of the task, "
-                f"else its CPUs); its log-prob of each sampled token makes the "
-                f"{cfg.algorithm.advantage_fn} advantage (the reward is logged only)",
-            )
-        ]
+        return [("teacher", teacher_placement(cfg))]
     names = reward_model_part_names(len(models)) if models else []
     tps, rollout_tp = auxiliary_tp(cfg), cfg.explorer.rollout_model.tensor_parallel_size
     lines = []

@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from rft.algo.correction import CORRECTIONS, correction_weights
 from rft.algo.losses import ENTROPY_LOSS_FNS, KL_FNS, LOSS_AGG_MODES
+from rft.algo.m2po import M2_THRESHOLD
 from rft.algo.registry import (
     ADVANTAGE_FNS,
     POLICY_LOSS_FNS,
@@ -61,6 +62,8 @@ class LossFns:
     advantage_by_run: bool = False  # the advantage takes each row's (run, env step): runs=...
     # the advantage takes old_logprobs= and teacher_logprobs= (on_policy_distill, jsd)
     advantage_by_teacher: bool = False
+    # policy_loss_fn m2po: its mask's m2_threshold, applied per mini-batch (rft.trainer.m2po)
+    m2po_threshold: float | None = None
 
     @property
     def needs_ref(self) -> bool:
@@ -147,6 +150,9 @@ def build_loss_fns(algo: AlgorithmConfig) -> LossFns:
         gae=get_gae_fn(algo.advantage_fn_args) if gae else None,
         advantage_by_run=algo.advantage_fn in names.BY_RUN,
         advantage_by_teacher=algo.advantage_fn in names.NEEDS_TEACHER,
+        m2po_threshold=float(policy_args.get("m2_threshold", M2_THRESHOLD))
+        if algo.policy_loss_fn == "m2po"
+        else None,
     )
 
 

@@ -101,6 +101,9 @@ def broadcast_object(obj: Any, src: int = 0) -> Any:
 
 
 def all_gather_objects(obj: Any) -> list[Any]:
+    """Every rank's ``obj``, in rank order (a process without a group: its own)."""
+    if not dist.is_initialized():
+        return [obj]
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, obj)
     return out
@@ -481,13 +484,22 @@ class Reference:
     adapter_off: bool = False  # LoRA: the policy's module with its adapter disabled (the base)
 
 
-def build_reference(cfg: Config, info: DistInfo, actor: Actor | None = None) -> Reference:
+def build_reference(
+    cfg: Config,
+    info: DistInfo,
+    actor: Actor | None = None,
+    *,
+    model_path: str | None = None,
+    dtype: torch.dtype | None = None,
+) -> Reference:
     """The frozen initial policy for KL terms (partitioned like the actor under ZeRO-3); with
-    LoRA the ``actor``'s own base model (its adapter disabled): no second copy."""
+    LoRA the ``actor``'s own base model (its adapter disabled): no second copy. ``model_path``
+    in ``dtype``: another frozen model held the same way (the distillation teacher,
+    :mod:`rft.trainer.distill`)."""
     if actor is not None and actor.lora:
         return Reference(actor.module, False, info.device, None, adapter_off=True)
     on_cpu = info.device.type == "cpu"
-    dtype = torch.bfloat16 if cfg.trainer.precision == "bf16" else torch.float32
+    dtype = dtype or (torch.bfloat16 if cfg.trainer.precision == "bf16" else torch.float32)
     # ZeRO-3 offloads the reference model's partitions; ZeRO 0-2 move it per use (below).
     config = ds_config(
         cfg,
@@ -496,8 +508,10 @@ def build_reference(cfg: Config, info: DistInfo, actor: Actor | None = None) -> 
         train=False,
         offload_params=cfg.trainer.ref_offload and cfg.trainer.zero_stage == 3,
     )
+    config["bf16"] = {"enabled": dtype == torch.bfloat16}  # ZeRO-3 partitions in this dtype
+    config["fp16"] = {"enabled": dtype == torch.float16}
     model, keep_alive = _load_model(
-        cfg.model.model_path, dtype, config, attention=attention_implementation(cfg)
+        model_path or cfg.model.model_path, dtype, config, attention=attention_implementation(cfg)
     )
     model.eval().requires_grad_(False)
     if cfg.trainer.zero_stage == 3:
@@ -708,11 +722,14 @@ def save_hf_folder(actor: Actor, state_dict: dict[str, torch.Tensor] | None, fol
         _write_weight_files(folder, specs, lambda spec: state_dict[spec.name].cpu())
 
 
-def stream_hf_folder(actor: Actor, folder: Path | None) -> None:
+def stream_hf_folder(
+    actor: Actor, folder: Path | None, write_file: Callable = write_safetensors
+) -> None:
     """An HF folder of the live weights, written tensor by tensor as each is gathered, so the
     gather overlaps the write and memory holds one tensor, not a state dict. Collective under
     ZeRO-3: every rank calls it in step, rank 0 with the ``folder`` to write, the others with
-    None (they only take part in each parameter's gather)."""
+    None (they only take part in each parameter's gather). ``write_file``: what writes each
+    safetensors file (delta sync codes the tensors instead: ``rft.sync.local.StreamedFolder``)."""
     named = _hf_tensors(actor)
     specs = [FileTensor(name, shape, t.dtype) for name, (shape, t) in named.items()]
 
@@ -728,7 +745,7 @@ def stream_hf_folder(actor: Actor, folder: Path | None) -> None:
             produce(spec)
         return
     save_hf_config(actor, folder)
-    _write_weight_files(folder, specs, produce)
+    _write_weight_files(folder, specs, produce, write_file)
 
 
 def _hf_tensors(actor: Actor) -> dict[str, tuple[tuple[int, ...], torch.Tensor]]:
@@ -750,16 +767,19 @@ def _hf_tensors(actor: Actor) -> dict[str, tuple[tuple[int, ...], torch.Tensor]]
 
 
 def _write_weight_files(
-    folder: Path, specs: list[FileTensor], produce: Callable[[FileTensor], torch.Tensor]
+    folder: Path,
+    specs: list[FileTensor],
+    produce: Callable[[FileTensor], torch.Tensor],
+    write_file: Callable = write_safetensors,
 ) -> None:
     """``model.safetensors``, or shards of at most :data:`PUBLISH_SHARD_BYTES` and their index."""
     shards = plan_shards(specs, PUBLISH_SHARD_BYTES)
     if len(shards) == 1:
-        write_safetensors(folder / SINGLE_FILE, specs, produce)
+        write_file(folder / SINGLE_FILE, specs, produce)
         return
     names = shard_file_names(len(shards))
     for shard, name in zip(shards, names):
-        write_safetensors(folder / name, shard, produce)
+        write_file(folder / name, shard, produce)
     write_index(folder, shards, names)
 
 

@@ -29,7 +29,7 @@ from rft.monitor import (
     POLICY_LOSS,
     UPDATES,
 )
-from rft.trainer import engine
+from rft.trainer import engine, m2po
 from rft.trainer.algorithm import LossFns
 from rft.trainer.batching import (
     MetricSums,
@@ -39,8 +39,8 @@ from rft.trainer.batching import (
     source_fractions,
 )
 from rft.trainer.critic import old_values, update_critic, value_metrics
-from rft.trainer.distill import teacher_inputs
-from rft.trainer.plan import Plan, local_pass, micro_batch, plan_step
+from rft.trainer.distill import add_trainer_teacher_logprobs, teacher_inputs
+from rft.trainer.plan import Plan, gather_rows, local_pass, micro_batch, plan_step
 
 
 def _advantages(
@@ -78,7 +78,11 @@ def _advantages(
         return adv, returns, {**metrics, **gae_metrics}
     context = {"runs": [rows.runs[i] for i in rollout]} if fns.advantage_by_run else {}
     if fns.advantage_by_teacher:  # on-policy distillation: the teacher's per-token log-probs
-        context = teacher_inputs(rows, rollout, old)
+        # recomputed old log-probs are this rank's rows only: the advantage (and its metrics,
+        # reported by rank 0) reads every row
+        context = teacher_inputs(
+            rows, rollout, gather_rows(plan, old) if fns.recompute_old else old
+        )
     part, adv_metrics = fns.advantage(
         rewards[rollout], [rows.group_ids[i] for i in rollout], mask[rollout], **context
     )  # [n, R]
@@ -144,11 +148,13 @@ def _micro_loss(
     step: int,
     on_policy: Callable[[MicroBatch, torch.Tensor], None] | None = None,
     batch_weight: float = 1.0,
+    m2po_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """The micro-batch's loss; ``on_policy`` (the skipped old-log-prob pass) first fills its
     old log-probs (and correction weights) from this forward's log-probs, detached.
     ``batch_weight`` (:func:`_batch_term_weight`) weights the terms over every row (KL, entropy
-    bonus) of a micro-batch that holds one source of a mixed batch."""
+    bonus) of a micro-batch that holds one source of a mixed batch. ``m2po_mask`` ``[B, R]``:
+    the tokens M2PO keeps (:mod:`rft.trainer.m2po`), for ``policy_loss_fn: m2po`` only."""
     logprob, entropy = engine.forward_logprobs(
         actor.engine, micro, with_entropy=True, entropy_grad=fns.entropy_in_loss
     )  # [B, R] each
@@ -156,6 +162,7 @@ def _micro_loss(
     if on_policy is not None:
         on_policy(micro, logprob.detach())
     mask = micro.response_mask
+    extra = {} if m2po_mask is None else {"m2po_mask": m2po_mask}
     loss, metrics = fns.policy(
         logprob,
         micro.old_logprobs,
@@ -164,6 +171,7 @@ def _micro_loss(
         step=step,
         expert_mask=micro.expert,  # mix_chord's mu schedule and SFT rows
         is_weights=micro.is_weights,
+        **extra,
     )
     if not fns.sft:  # SFT's loss is its own metric (rft.algo.losses.SFT_LOSS)
         metrics[POLICY_LOSS] = loss.item()
@@ -251,7 +259,11 @@ def train_step(
             )
     t_old = time.perf_counter() - t_old
     values = None if critic is None else old_values(critic, plan, pad_id, info.device)  # [N, R]
+    teacher = (  # distillation with the teacher in the trainer: its log-probs, rows lacking them
+        add_trainer_teacher_logprobs(cfg, plan, pad_id, info) if fns.advantage_by_teacher else {}
+    )
     adv, returns, metrics = _advantages(plan, fns, ref_lp, old, info, values)
+    metrics.update(teacher)
     if critic is not None:
         assert values is not None and returns is not None
         rollout_mask = mask * (~plan.rows.expert).unsqueeze(-1)  # [N, R]
@@ -286,11 +298,18 @@ def train_step(
     sums = MetricSums()
     grad_norms = []
     t_fb = t_opt = 0.0
+    m2po_masks: list[m2po.MiniMask] = []  # per update (policy_loss_fn m2po), at its weights
     for _epoch in range(cfg.trainer.ppo_epochs):
         for mini in plan.minis:
             t1 = time.perf_counter()
             fractions = source_fractions(mini.totals, fns.agg_mode)
-            for rows in mini.micro_rows:
+            if fns.m2po_threshold is not None:
+                m2po_masks.append(
+                    m2po.mini_batch_mask(
+                        actor, plan, mini, adv, old, pad_id, info, fns.m2po_threshold
+                    )
+                )
+            for k, rows in enumerate(mini.micro_rows):
                 micro = micro_batch(plan, rows, adv, old, pad_id, info.device)
                 if ref_lp is not None:
                     micro.ref_logprobs = (
@@ -312,7 +331,8 @@ def train_step(
                     _on_policy_filler(plan, fns, rows, correction_sums) if skip_old else None
                 )
                 whole = _batch_term_weight(fractions[source], fns.agg_mode)
-                loss, micro_metrics = _micro_loss(actor, micro, fns, step, on_policy, whole)
+                keep = m2po_masks[-1].keep[k] if fns.m2po_threshold is not None else None
+                loss, micro_metrics = _micro_loss(actor, micro, fns, step, on_policy, whole, keep)
                 engine.backward(actor, loss * scale)
                 sums.add(micro_metrics, scale / info.world_size / updates, fractions[source])
             t2 = time.perf_counter()
@@ -320,6 +340,7 @@ def train_step(
             t_fb += t2 - t1
             t_opt += time.perf_counter() - t2
     metrics.update(engine.reduce_metric_sums(sums))
+    metrics.update(m2po.step_metrics(m2po_masks))
     if skip_old and fns.correction is not None:
         metrics.update(_gather_correction(correction_sums))
     rollout = ~plan.rows.expert  # [N]
