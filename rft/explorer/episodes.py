@@ -78,6 +78,9 @@ class ModelCalls:
         self.max_model_len = max_model_len
         self.tool_parser = tool_parser
         self.reasoning_parser = reasoning_parser
+        self._queued: list[ModelCall] = []  # calls not sent to the engine yet
+        self._running: set[int] = set()  # episodes started and not ended
+        self._lock = threading.Condition()
 
     def channel(self, episode: int) -> "_Channel":
         return _Channel(self, episode)
@@ -85,13 +88,25 @@ class ModelCalls:
     def submit(
         self, episode: int, prompt_ids: list[int], args: GenerationArgs, stop: Sequence[str]
     ) -> Future:
-        raise NotImplementedError
+        """A call of ``episode``'s model handle, queued; its future holds the completions."""
+        request = ModelCall(episode, list(prompt_ids), sampling_args(args, stop), Future())
+        with self._lock:
+            self._queued.append(request)
+            self._lock.notify_all()
+        return request.future
 
     def started(self, episode: int) -> None:
-        raise NotImplementedError
+        with self._lock:
+            self._running.add(episode)
 
     def ended(self, episode: int) -> None:
-        raise NotImplementedError
+        """The episode's thread is done or abandoned: its queued calls fail."""
+        with self._lock:
+            self._running.discard(episode)
+            for r in [r for r in self._queued if r.episode == episode]:
+                self._queued.remove(r)
+                r.future.set_exception(EpisodeCancelled(f"episode {episode} ended"))
+            self._lock.notify_all()
 
     def completions(
         self, group: Sequence[Sample], version: Optional[int] = None
@@ -141,41 +156,7 @@ class BatchingService(ModelCalls):
     to the engine in one batch as soon as every running episode waits or ``BATCH_WAIT_S``
     passed, so a slow tool never idles the engine."""
 
-    def __init__(
-        self,
-        engine: Engine,
-        version: int,
-        max_model_len: Optional[int],
-        tool_parser: Optional[str] = None,
-        reasoning_parser: Optional[str] = None,
-    ):
-        super().__init__(engine, version, max_model_len, tool_parser, reasoning_parser)
-        self.batches = 0
-        self._pending: list[ModelCall] = []
-        self._running: set[int] = set()
-        self._lock = threading.Condition()
-
-    def submit(
-        self, episode: int, prompt_ids: list[int], args: GenerationArgs, stop: Sequence[str]
-    ) -> Future:
-        request = ModelCall(episode, list(prompt_ids), sampling_args(args, stop), Future())
-        with self._lock:
-            self._pending.append(request)
-            self._lock.notify_all()
-        return request.future
-
-    def started(self, episode: int) -> None:
-        with self._lock:
-            self._running.add(episode)
-
-    def ended(self, episode: int) -> None:
-        """The episode's thread is done or abandoned: its waiting calls fail, it holds no batch."""
-        with self._lock:
-            self._running.discard(episode)
-            for r in [r for r in self._pending if r.episode == episode]:
-                self._pending.remove(r)
-                r.future.set_exception(EpisodeCancelled(f"episode {episode} ended"))
-            self._lock.notify_all()
+    batches = 0  # engine batches generated
 
     def serve_once(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for a batch to be due, then generate it."""
@@ -186,7 +167,7 @@ class BatchingService(ModelCalls):
                 if left <= 0:
                     return
                 self._lock.wait(min(left, BATCH_WAIT_S))
-            batch, self._pending = self._pending, []
+            batch, self._queued = self._queued, []
         try:
             groups = self.engine.generate([r.prompt_ids for r in batch], [r.args for r in batch])
         except Exception as e:  # the engine failed: fail the calls, the explorer reports it
@@ -198,10 +179,10 @@ class BatchingService(ModelCalls):
             r.future.set_result(self.completions(group))
 
     def _due(self) -> bool:
-        if not self._pending:
+        if not self._queued:
             return False
-        waiting = {r.episode for r in self._pending}
-        oldest = min(r.since for r in self._pending)
+        waiting = {r.episode for r in self._queued}
+        oldest = min(r.since for r in self._queued)
         return waiting >= self._running or time.monotonic() - oldest >= BATCH_WAIT_S
 
 

@@ -9,10 +9,7 @@ on a tool. A task's group is complete when all its episodes ended (:class:`Strea
 from __future__ import annotations
 
 import itertools
-import threading
-from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from rft.config.schema import Config
 from rft.explorer import tasksets as T
@@ -23,11 +20,9 @@ from rft.explorer.episodes import (
     ModelCall,
     ModelCalls,
     episode_jobs,
-    sampling_args,
 )
 from rft.explorer.rollout import agent_endpoint, episode_task, episode_template, tool_parser
 from rft.workflow.model import EpisodeCancelled
-from rft.workflow.task import GenerationArgs
 
 REQUEST_PREFIX = "episode:"  # engine request keys of episodes' model calls
 
@@ -45,34 +40,17 @@ class EngineCalls(ModelCalls):
             tool_parser(cfg),
             cfg.explorer.rollout_model.reasoning_parser,
         )
-        self._queued: list[ModelCall] = []
         self._live: dict[str, ModelCall] = {}  # request key -> call, in the engine
         self._aborts: list[str] = []  # keys of ended episodes' calls, still in the engine
         self._ids = itertools.count()
-        self._lock = threading.Condition()
-
-    def submit(
-        self, episode: int, prompt_ids: list[int], args: GenerationArgs, stop: Sequence[str]
-    ) -> Future:
-        request = ModelCall(episode, list(prompt_ids), sampling_args(args, stop), Future())
-        with self._lock:
-            self._queued.append(request)
-            self._lock.notify_all()
-        return request.future
-
-    def started(self, episode: int) -> None:
-        """Nothing to do: calls go to the engine as they come, whoever else waits."""
 
     def ended(self, episode: int) -> None:
         """The episode's thread is done or abandoned: its calls fail and leave the engine."""
-        cancelled = EpisodeCancelled(f"episode {episode} ended")
+        super().ended(episode)
         with self._lock:
-            for r in [r for r in self._queued if r.episode == episode]:
-                self._queued.remove(r)
-                r.future.set_exception(cancelled)
             for key, r in self._live.items():
                 if r.episode == episode and not r.future.done():
-                    r.future.set_exception(cancelled)
+                    r.future.set_exception(EpisodeCancelled(f"episode {episode} ended"))
                     self._aborts.append(key)
             self._lock.notify_all()
 

@@ -58,8 +58,6 @@ from rft.trainer.state import (
 from rft.trainer.weights_out import WeightsOut
 
 if TYPE_CHECKING:
-    import torch
-
     from rft.buffer.experience import Experience
     from rft.trainer import engine
     from rft.trainer.dpo import DpoSource
