@@ -437,3 +437,27 @@ def test_an_ended_episode_has_its_calls_aborted_in_the_engine(
     [reply] = kept.result(timeout=0)
     assert reply.model_version == 7 and set(reply.versions) == {7}
     assert len(reply.versions) == len(reply.response_ids) > 0
+
+
+@pytest.mark.integration
+def test_reward_models_score_the_groups_of_an_engine_step_together(
+    engine, vllm_model_dir, tiny_reward_model_dir, tmp_path, monkeypatch
+):
+    """With a reward model, the groups one engine step finished are scored in one call (fewer
+    calls than groups), every sample carries the model's score, and the scoring seconds reach
+    the sealed steps' metrics."""
+    from rft.explorer import reward_model as R
+    from rft.explorer.loop import run_explorer
+
+    calls = []
+    score = R.RewardModel.score
+    monkeypatch.setattr(
+        R.RewardModel, "score", lambda self, convs: calls.append(len(convs)) or score(self, convs)
+    )
+    extra = {"explorer": {"auxiliary_models": [{"model_path": str(tiny_reward_model_dir)}]}}
+    cfg = config_from_dict(long_tail_cfg(tmp_path / "ckpt", vllm_model_dir, tmp_path, **extra))
+    result = run_explorer(cfg, engine)
+    exps = [e for seq in read_segments(cfg.run_dir)["explorer-0"].values() for e in seq]
+    assert len(exps) == 24 and sum(calls) == 24 and len(calls) < 12  # 12 groups of 2
+    assert all(len(e.reward_parts) > 0 for e in exps)
+    assert sum(m.get("reward_model_time_s", 0.0) for m in result.metrics) > 0

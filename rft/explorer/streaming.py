@@ -39,7 +39,7 @@ from rft.explorer.rollout import (
 )
 from rft.explorer.spool import GroupSpool, group_key
 from rft.explorer.stream_episodes import EpisodeGroup, StreamedEpisodes
-from rft.explorer.teacher import add_teacher_logprobs
+from rft.explorer.teacher import TEACHER_KL, add_teacher_logprobs
 from rft.monitor import (
     EXPLORER_RELOAD_S,
     EXPLORER_STEP_S,
@@ -98,6 +98,19 @@ class Totals:
     wait_s: float = 0.0
     discarded: int = 0  # response tokens of groups dropped by explorer.max_version_span
     tools: dict[str, int] = field(default_factory=tools.COUNTS.snapshot)  # tool calls so far
+    scoring: dict[str, list[float]] = field(default_factory=dict)  # reward models', teacher's
+
+    def add(self, stats: dict[str, float]) -> None:
+        """Metrics of one scoring call (reward models, teacher)."""
+        for name, value in stats.items():
+            self.scoring.setdefault(name, []).append(value)
+
+    def scoring_metrics(self) -> dict[str, float]:
+        """The scoring calls' metrics: seconds and counts summed, the teacher's gap averaged."""
+        return {
+            name: sum(values) / len(values) if name == TEACHER_KL else sum(values)
+            for name, values in self.scoring.items()
+        }
 
 
 def stream_steps(
@@ -165,11 +178,13 @@ def stream_steps(
             admitted += 1
         episodes.serve(engine_busy=engine.in_flight > 0, timeout_s=BATCH_WAIT_S)
         if engine.in_flight:
+            finished = []
             for key, samples in engine.step():
                 if episodes.calls.owns(key):
                     episodes.calls.resolve(key, samples)
                 else:
-                    finish(cfg, open_steps, spool, key, samples, totals, writer, reward_models)
+                    finished.append((key, samples))
+            finish(cfg, open_steps, spool, finished, totals, writer, reward_models)
         for group in episodes.poll():
             finish_episodes(cfg, open_steps, spool, group, totals, writer)
         while open_steps and not open_steps[0].pending:
@@ -241,26 +256,37 @@ def finish(
     cfg: Config,
     open_steps: deque[OpenStep],
     spool: GroupSpool,
-    request: str,
-    samples: list[Sample],
+    finished: list[tuple[str, list[Sample]]],
     totals: Totals,
     writer: str,
     reward_models: Sequence[RewardModel],
 ) -> None:
-    """A finished request: its group scored and kept (:func:`keep_group`)."""
-    step_text, key = request.split(":", 1)
-    opened = next(o for o in open_steps if o.step == int(step_text))
-    job, group_step = opened.prompts.pop(key), opened.pending.pop(key)
-    span = max((s.versions[-1] - s.versions[0] for s in samples if s.versions), default=0)
-    if too_wide(cfg, span):
-        totals.discarded += sum(len(s.response_ids) for s in samples)
-        opened.done[key] = []
+    """The requests one engine step finished: their groups scored together (each reward model
+    scores them in one call) and kept (:func:`keep_groups`)."""
+    scored = []
+    for request, samples in finished:
+        step_text, key = request.split(":", 1)
+        opened = next(o for o in open_steps if o.step == int(step_text))
+        job, group_step = opened.prompts.pop(key), opened.pending.pop(key)
+        span = max((s.versions[-1] - s.versions[0] for s in samples if s.versions), default=0)
+        if too_wide(cfg, span):
+            totals.discarded += sum(len(s.response_ids) for s in samples)
+            opened.done[key] = []
+        else:
+            scored.append((opened, key, job, group_step, samples))
+    if not scored:
         return
-    rewards, stats = score_all([job], [samples], reward_models)
-    exps = group_records(job, samples, rewards[0], group_step, opened.version, writer)
-    for name, value in stats.items():  # the reward models' seconds and truncations
-        opened.stats[name] = opened.stats.get(name, 0.0) + value
-    keep_group(cfg, opened, spool, key, exps)
+    rewards, stats = score_all([g[2] for g in scored], [g[4] for g in scored], reward_models)
+    totals.add(stats)
+    groups = [
+        (
+            opened,
+            key,
+            group_records(job, samples, group_rewards, group_step, opened.version, writer),
+        )
+        for (opened, key, job, group_step, samples), group_rewards in zip(scored, rewards)
+    ]
+    keep_groups(cfg, spool, groups, totals)
 
 
 def finish_episodes(
@@ -287,7 +313,7 @@ def finish_episodes(
         totals.discarded += model_tokens(group.results)
         opened.done[group.key] = []
         return
-    keep_group(cfg, opened, spool, group.key, exps)
+    keep_groups(cfg, spool, [(opened, group.key, exps)], totals)
 
 
 def too_wide(cfg: Config, span: int) -> bool:
@@ -295,14 +321,18 @@ def too_wide(cfg: Config, span: int) -> bool:
     return cfg.explorer.max_version_span is not None and span > cfg.explorer.max_version_span
 
 
-def keep_group(
-    cfg: Config, opened: OpenStep, spool: GroupSpool, key: str, exps: list[Experience]
+def keep_groups(
+    cfg: Config,
+    spool: GroupSpool,
+    groups: list[tuple[OpenStep, str, list[Experience]]],
+    totals: Totals,
 ) -> None:
-    """A complete group: teacher log-probs added (on-policy distillation), kept in the spool,
-    marked done in its step."""
-    add_teacher_logprobs(cfg, exps)
-    spool.put(opened.step, key, exps)
-    opened.done[key] = exps
+    """Complete groups (open step, key, experiences): teacher log-probs added (on-policy
+    distillation, one call), kept in the spool, marked done in their step."""
+    totals.add(add_teacher_logprobs(cfg, [e for _, _, exps in groups for e in exps]))
+    for opened, key, exps in groups:
+        spool.put(opened.step, key, exps)
+        opened.done[key] = exps
 
 
 def sealed_step(
@@ -328,6 +358,7 @@ def sealed_step(
         opened.share,
         {
             **opened.stats,
+            **totals.scoring_metrics(),
             **episodes,
             "tasks": len(opened.share),
             GENERATED_TOKENS: tokens,

@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 # the teacher gives e^-10000 is as wrong as one it gives 0.
 MIN_TEACHER_LOGPROB = -1e4
 TEACHER_TIME_S = "teacher_time_s"  # metric: seconds of teacher forward passes in the step
+TEACHER_KL = "teacher_kl"  # metric: mean per-token log-prob gap, student minus teacher
 
 
 def check_teacher_dir(cfg: Config) -> None:
@@ -150,4 +151,4 @@ def add_teacher_logprobs(cfg: Config, exps: Sequence[Experience]) -> dict[str, f
         if exp.array_len("logprobs") == len(lps):
             gaps += sum(s - t for s, t in zip(exp.logprobs, lps))
             tokens += len(lps)
-    return {TEACHER_TIME_S: time.monotonic() - start, "teacher_kl": gaps / max(tokens, 1)}
+    return {TEACHER_TIME_S: time.monotonic() - start, TEACHER_KL: gaps / max(tokens, 1)}
