@@ -39,22 +39,37 @@ side (the GPU path is written but was not run: this machine has none). Usage::
 quick start's model (SmolLM2-135M-Instruct) takes ``--steps`` real AdamW steps (fp32 master
 weights, ``--lr``, a fixed arithmetic batch); after each, the weights are published as fp32 and
 as bf16 (the master cast, as a bf16 trainer holds them) to four run directories: full and delta
-per dtype. Per sync: bytes written (the version folder), bytes read (folder, plus the anchor
-when an explorer copies it), publish s, load s (``WeightsWatcher.load``: local rebuild for
-deltas, then every tensor copied into tensors allocated once, as an engine reload copies into its
-parameters; ``load_file`` alone maps the file and reads nothing). Usage::
+per dtype, each through :class:`rft.sync.local.StreamedFolder` as the trainer streams its
+gathers (a delta codes each tensor against the anchor in RAM; no full file is written). Per
+sync: bytes written (the version folder), bytes read (folder, plus the anchor when an explorer
+copies it), publish s, load s (``WeightsWatcher.load``: the in-place local rebuild for deltas,
+then every tensor copied into tensors allocated once, as an engine reload copies into its
+parameters; ``load_file`` alone maps the file and reads nothing). Then each version's publish +
+load, and the codec alone on the last version in RAM (where a delta's time goes). Usage::
 
     HF_HUB_OFFLINE=1 python benchmarks/sync_bench.py --delta --steps 5
 
-Measured 2026-11-26 on this 2-core machine (one local disk), ``--delta --steps 5``, medians over
-v2..v5 (docs/performance.md says where the time goes)::
+Measured 2026-11-26 on this 2-core machine (one local disk; another user's process kept one
+core busy), ``--delta --steps 5`` under ``flock /tmp/rft-heavy.lock``, medians over v2..v5 (docs/performance.md says where the time
+goes; the full folder's publish is an fsync of 310-621 MiB and moved 0.2-0.9 s between
+versions)::
 
     | dtype | sync | MiB written | MiB read | publish s | load s | publish + load s |
     |---|---|---:|---:|---:|---:|---:|
-    | fp32 | full | 621.2 | 621.2 | 1.28 | 0.05 | 1.36 |
-    | fp32 | delta | 211.3 | 211.3 | 2.96 | 1.09 | 4.05 |
-    | bf16 | full | 310.6 | 310.6 | 0.21 | 0.03 | 0.25 |
-    | bf16 | delta | 3.7 | 3.7 | 0.46 | 0.30 | 0.76 |
+    | fp32 | full | 621.2 | 621.2 | 0.51 | 0.04 | 0.54 |
+    | fp32 | delta | 211.3 | 211.3 | 1.86 | 0.90 | 2.73 |
+    | bf16 | full | 310.6 | 310.6 | 0.35 | 0.04 | 0.41 |
+    | bf16 | delta | 2.8 | 2.8 | 0.19 | 0.16 | 0.36 |
+
+    bf16 delta v5, codec alone in RAM: crc32 of the new bytes 0.047 s (1 thread); encode
+    0.119 s, apply 0.054 s (2 threads, crc32 included); frames {'sparse': 272, 'xor': 1}
+    fp32 delta v5: crc32 0.094 s; encode 1.232 s, apply 0.373 s; frames {'sparse': 0, 'xor': 273}
+
+Three earlier runs that day, before the coders' buffers were mapped with MAP_POPULATE (first-use
+allocations only): bf16 delta 0.36 vs full 0.43 s, 0.44 vs 0.36 s, 0.32 vs 0.47 s; fp32 3.25 vs
+1.16 s, 2.56 vs 0.91 s, 2.41 vs 0.92 s. Before the streamed coder (delta files written full to
+scratch, read back, XOR + zstd; rebuilt into a new folder): bf16 0.76 vs 0.25 s, fp32 4.05 vs
+1.36 s, 3.7 MiB per bf16 delta.
 
 Before the trials, an untimed check: the same weights loaded by folder and by broadcast give
 the same greedy log-prob, unlike the base model's.
@@ -434,7 +449,8 @@ def train_steps(model_dir: Path, steps: int, lr: float):
 
 
 def delta_rows(model_dir: Path, steps: int, lr: float, run_dir: Path | None) -> None:
-    from rft.safetensors_io import SINGLE_FILE, TensorSpec, write_safetensors
+    from rft.safetensors_io import SINGLE_FILE, TensorSpec
+    from rft.sync.local import StreamedFolder
 
     root = run_dir or Path(tempfile.mkdtemp(prefix="rft-delta-bench-"))
     sides = {
@@ -448,16 +464,19 @@ def delta_rows(model_dir: Path, steps: int, lr: float, run_dir: Path | None) -> 
             for (dtype, _kind), side in sides.items():
                 tensors = state if dtype == "fp32" else {k: v.bfloat16() for k, v in state.items()}
 
-                def write(folder: Path, tensors=tensors) -> None:
+                def write(folder: Path, write_file, tensors=tensors) -> None:
                     (folder / "config.json").write_text(config)
                     specs = [TensorSpec(k, tuple(t.shape), t.dtype) for k, t in tensors.items()]
-                    write_safetensors(folder / SINGLE_FILE, specs, lambda sp: tensors[sp.name])
+                    write_file(folder / SINGLE_FILE, specs, lambda sp: tensors[sp.name])
 
-                side.sync(step, write)
+                side.sync(step, StreamedFolder(write))  # as the trainer streams its gathers
             for dtype in ("fp32", "bf16"):
                 full, delta = sides[dtype, "full"].loaded, sides[dtype, "delta"].loaded
                 assert all(torch.equal(full[k], delta[k]) for k in full), "delta != full"
         print_delta_table(model_dir, steps, lr, sides)
+        for dtype in ("fp32", "bf16"):
+            tensors = state if dtype == "fp32" else {k: v.bfloat16() for k, v in state.items()}
+            print_phases(dtype, tensors, sides[dtype, "delta"])
     finally:
         if run_dir is None:
             shutil.rmtree(root, ignore_errors=True)
@@ -488,6 +507,54 @@ def print_delta_table(model_dir: Path, steps: int, lr: float, sides: dict) -> No
             for k in ("full", "delta")
         )
         print(f"{dtype}: delta bytes / full bytes per sync = {delta / full:.3f}")
+    for (dtype, kind), side in sides.items():
+        each = ", ".join(
+            f"v{r['version']} {r['publish_s']:.2f} + {r['load_s']:.2f}"
+            for r in side.rows
+            if r["version"] > 1
+        )
+        print(f"{dtype} {kind}, publish + load s per version: {each}")
+
+
+def print_phases(dtype: str, tensors: dict[str, torch.Tensor], side: DeltaSide) -> None:
+    """Where a delta's time goes: the codec alone on the last version, in RAM (no files), each
+    timed twice (the second printed: buffers warm, as in a run)."""
+    import numpy as np
+
+    from rft.safetensors_io import SINGLE_FILE, TensorSpec, header_bytes
+    from rft.sync.delta import apply, checksum, encode, tensor_bytes
+
+    writer = side.publisher.delta
+    anchor = writer.anchor.files[SINGLE_FILE]
+    specs = [TensorSpec(k, tuple(t.shape), t.dtype) for k, t in tensors.items()]
+    start, spans = len(header_bytes(specs)), []
+    for spec in specs:
+        spans.append((start, start + spec.nbytes, tensors[spec.name].element_size()))
+        start += spec.nbytes
+    news = [tensor_bytes(t) for t in tensors.values()]
+    out = anchor.copy()
+    equal = np.empty(0, dtype=np.int64)
+
+    def timed(work) -> tuple[float, list]:
+        for _ in range(2):
+            begin = time.perf_counter()
+            result = work()
+        return time.perf_counter() - begin, result
+
+    def on_pool(fn, args) -> list:
+        return [job.result() for job in [writer._pool.submit(fn, *a) for a in args]]
+
+    crc_s, _ = timed(lambda: [checksum(n) for n in news])
+    coded = [(n, anchor[a:b], i) for n, (a, b, i) in zip(news, spans)]
+    encode_s, frames = timed(lambda: on_pool(encode, coded))
+    into = [(f, anchor[a:b], out[a:b], i, equal) for f, (a, b, i) in zip(frames, spans)]
+    apply_s, _ = timed(lambda: on_pool(apply, into))
+    kinds = {k: sum(f.kind == k for f in frames) for k in ("sparse", "xor")}
+    print(
+        f"{dtype} delta v{side.rows[-1]['version']}, codec alone in RAM: crc32 of the new bytes "
+        f"{crc_s:.3f} s (1 thread); encode {encode_s:.3f} s, apply {apply_s:.3f} s "
+        f"({writer._pool._max_workers} threads, crc32 included); frames {kinds}"
+    )
 
 
 if __name__ == "__main__":

@@ -120,6 +120,11 @@ def _header(specs: Iterable[TensorSpec], metadata: dict[str, str]) -> bytes:
     return struct.pack("<Q", len(raw)) + raw
 
 
+def header_bytes(specs: Iterable[TensorSpec], metadata: dict[str, str] | None = None) -> bytes:
+    """The header :func:`write_safetensors` writes for ``specs`` (length prefix included)."""
+    return _header(specs, metadata or {"format": "pt"})
+
+
 def _write_tensor(f, tensor: torch.Tensor) -> None:
     tensor = tensor.contiguous()
     nbytes = tensor.numel() * tensor.element_size()
@@ -138,7 +143,7 @@ def write_safetensors(
     # dtype, shape and byte range, then the raw bytes. The specs know all of it before any
     # tensor exists, so the header goes first and each tensor follows as it is produced.
     with open(path, "wb") as f:
-        f.write(_header(specs, metadata or {"format": "pt"}))
+        f.write(header_bytes(specs, metadata))
         for spec in specs:
             tensor = produce(spec)
             if tuple(tensor.shape) != spec.shape or tensor.dtype != spec.dtype:

@@ -8,28 +8,36 @@ import json
 import os
 import random
 import signal
+import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file
 
 from rft.rundir import weights_dir
+from rft.safetensors_io import TensorSpec
 from rft.sync.delta import (
-    DELTA_PAYLOAD,
+    SPARSE,
+    XOR,
     DeltaError,
-    apply_folder,
+    Frame,
+    apply,
     checksum,
     decode_tensor,
     encode_tensor,
+    tensor_bytes,
 )
+from rft.sync.delta_files import DELTA_PAYLOAD, apply_folder
 from rft.sync.heartbeat import Heartbeat
-from rft.sync.local import ANCHOR_DIR, DeltaPolicy, LocalCopy
+from rft.sync.local import ANCHOR_DIR, DeltaPolicy, LocalCopy, StreamedFolder
 from rft.sync.publisher import WeightsPublisher
 from rft.sync.versions import (
+    COMPLETE_MARKER,
     DELTA_INDEX,
     delta_base,
     is_complete,
@@ -51,37 +59,133 @@ def test_round_trip_is_bit_exact(dtype):
     new = base.clone()
     new[0, 2] = 1.0078125  # one mantissa bit up in both dtypes
     new[2] = torch.tensor(SPECIALS[::-1], dtype=dtype)
-    frame, crc = encode_tensor(new, base)
-    out = decode_tensor(frame, base, crc)
+    out = decode_tensor(encode_tensor(new, base), base)
     ints = {torch.float32: torch.int32, torch.bfloat16: torch.int16}[dtype]
     assert out.dtype == dtype and out.shape == new.shape
     assert torch.equal(out.view(ints), new.view(ints))  # bits, NaN and -0.0 included
 
 
-def test_the_xor_is_of_the_bit_patterns():
+def _bits(t: torch.Tensor) -> list[int]:
+    return t.view({2: torch.int16, 4: torch.int32}[t.element_size()]).tolist()
+
+
+def _zstd(data: bytes) -> bytes:
     import zstandard
 
+    return zstandard.ZstdCompressor(level=1, write_checksum=True).compress(data)
+
+
+def _unzstd(data: bytes) -> bytes:
+    import zstandard
+
+    return zstandard.ZstdDecompressor().decompress(data)
+
+
+def test_a_sparse_frame_holds_gaps_and_xored_values():
+    base = torch.zeros(4096, dtype=torch.bfloat16)
+    new = base.clone()
+    new[3], new[1000] = 1.0, -2.0  # bf16 bits 0x3F80 and 0xC000; the base's are 0
+    frame = encode_tensor(new, base)
+    assert frame.kind == SPARSE and frame.crc == checksum(new.view(torch.int16).numpy())
+    raw = _unzstd(frame.data)
+    assert struct.unpack("<2I2H", raw) == (3, 997, 0x3F80, 0xC000)  # gaps, then values
+
+
+def test_an_xor_frame_is_of_the_bit_patterns():
     base, new = torch.tensor([1.0, 3.0]), torch.tensor([2.0, 3.0])
-    frame, crc = encode_tensor(new, base)
-    xor = torch.frombuffer(
-        bytearray(zstandard.ZstdDecompressor().decompress(frame)), dtype=torch.int32
-    )
-    assert xor.tolist() == [0x3F800000 ^ 0x40000000, 0]  # 1.0 ^ 2.0; equal floats give 0
-    assert crc == checksum(new.numpy().tobytes())
+    frame = encode_tensor(new, base)  # 1 of 2 changed: a sparse frame would be 8 bytes raw
+    assert frame.kind == XOR
+    xor = struct.unpack("<2I", _unzstd(frame.data))
+    assert xor == (0x3F800000 ^ 0x40000000, 0)  # 1.0 ^ 2.0; equal floats give 0
+    assert frame.crc == checksum(new.numpy().tobytes())
 
 
-def test_a_corrupt_frame_or_another_base_is_detected():
-    base = torch.randn(256, generator=torch.Generator().manual_seed(1)).bfloat16()
-    new = base + 0.01
-    frame, crc = encode_tensor(new, base)
-    damaged = bytearray(frame)
+def _sparse_size(new: torch.Tensor, base: torch.Tensor) -> int:
+    a, b = (torch.tensor(_bits(t), dtype=torch.int64) for t in (new, base))
+    positions = torch.nonzero(a != b).flatten()
+    gaps = torch.diff(positions, prepend=torch.tensor([0]))
+    values = [(x ^ y) & 0xFFFF for x, y in zip(a[positions].tolist(), b[positions].tolist())]
+    raw = struct.pack(f"<{len(gaps)}I{len(values)}H", *gaps.tolist(), *values)
+    return len(_zstd(raw))
+
+
+@pytest.mark.parametrize("changed", ["block", "scattered"])
+def test_the_smaller_kind_is_kept(changed):
+    """1300 of 4096 bf16 elements flip their last bit: sparse would be 7800 bytes raw, past
+    1/16 of the tensor, so both are coded. In one block the XOR is a run (zstd: a few bytes);
+    scattered, the gaps and values code smaller than the XOR's zero runs."""
+    base = (torch.randn(4096, generator=torch.Generator().manual_seed(0)) * 0.02).bfloat16()
+    if changed == "block":
+        positions = torch.arange(1300)
+    else:
+        positions = torch.randperm(4096, generator=torch.Generator().manual_seed(1))[:1300]
+    new = base.clone()
+    new.view(torch.int16)[positions] ^= 1
+    xor = torch.tensor(_bits(new)) ^ torch.tensor(_bits(base))
+    sizes = {
+        XOR: len(_zstd(xor.to(torch.int16).numpy().tobytes())),
+        SPARSE: _sparse_size(new, base),
+    }
+    frame = encode_tensor(new, base)
+    assert len(frame.data) == min(sizes.values()) and sizes[frame.kind] == len(frame.data)
+    assert frame.kind == (XOR if changed == "block" else SPARSE), sizes
+    assert torch.equal(decode_tensor(frame, base).view(torch.int16), new.view(torch.int16))
+
+
+@pytest.mark.parametrize("share", [0.001, 0.3, 1.0])
+def test_round_trip_at_every_density(share):
+    g = torch.Generator().manual_seed(2)
+    base = torch.randn(3000, generator=g).bfloat16()
+    new = base.clone()
+    moved = torch.rand(3000, generator=g) < share
+    new[moved] = torch.randn(int(moved.sum()), generator=g).bfloat16()
+    frame = encode_tensor(new, base)
+    assert _bits(decode_tensor(frame, base)) == _bits(new), frame.kind
+
+
+@pytest.mark.parametrize("moved", [3, 4096])  # a sparse frame, an XOR frame
+def test_a_corrupt_frame_or_another_base_is_detected(moved):
+    base = torch.randn(4096, generator=torch.Generator().manual_seed(1)).bfloat16()
+    new = base.clone()
+    new[:moved] += 0.01
+    frame = encode_tensor(new, base)
+    assert frame.kind == (SPARSE if moved == 3 else XOR)
+    damaged = bytearray(frame.data)
     damaged[len(damaged) // 2] ^= 0xFF
     with pytest.raises(DeltaError):
-        decode_tensor(bytes(damaged), base, crc)
+        decode_tensor(Frame(frame.kind, bytes(damaged), frame.crc), base)
     with pytest.raises(DeltaError, match="checksum"):
-        decode_tensor(frame, base.clone().fill_(1.0), crc)
+        decode_tensor(frame, base.clone().fill_(1.0))
     with pytest.raises(DeltaError, match="checksum"):
-        decode_tensor(frame, base, crc ^ 1)
+        decode_tensor(Frame(frame.kind, frame.data, frame.crc ^ 1), base)
+
+
+def test_a_sparse_frame_naming_an_element_past_the_end_is_refused():
+    base = torch.zeros(8, dtype=torch.bfloat16)
+    frame = Frame(SPARSE, _zstd(struct.pack("<IH", 8, 1)), 0)  # element 8 of 8
+    with pytest.raises(DeltaError, match="names element 8 of 8"):
+        decode_tensor(frame, base)
+
+
+def test_apply_in_place_rewrites_the_elements_the_last_version_changed():
+    """out holds v1 (elements 1 and 5 moved from the anchor); v2 moved 5 and 9: element 1 must
+    go back to the anchor's bits, and an unknown out (None) is rebuilt whole."""
+    anchor = torch.zeros(16, dtype=torch.bfloat16)
+    v1, v2 = anchor.clone(), anchor.clone()
+    v1[1], v1[5] = 1.0, 2.0
+    v2[5], v2[9] = 3.0, 4.0
+    base = tensor_bytes(anchor)
+    out = base.copy()
+    dirty = apply(encode_tensor(v1, anchor), base, out, 2, np.empty(0, np.int64))
+    assert dirty.tolist() == [1, 5] and _bits(torch.from_numpy(out).view(torch.bfloat16)) == _bits(
+        v1
+    )
+    dirty = apply(encode_tensor(v2, anchor), base, out, 2, dirty)
+    assert dirty.tolist() == [5, 9]
+    assert _bits(torch.from_numpy(out).view(torch.bfloat16)) == _bits(v2)
+    out[:] = 0x7F  # unknown contents
+    apply(encode_tensor(v1, anchor), base, out, 2, None)
+    assert _bits(torch.from_numpy(out).view(torch.bfloat16)) == _bits(v1)
 
 
 def delta_publisher(run_dir: Path, local: Path, interval: int = 3, last: int | None = None):
@@ -156,7 +260,9 @@ def test_prune_never_removes_the_anchor_of_a_kept_delta(tmp_path):
 
 def corrupt_one_tensor(folder: Path) -> None:
     index = json.loads((folder / DELTA_INDEX).read_text())
-    _name, _a, _b, _size, offset, length, _crc = index["files"]["model.safetensors"]["tensors"][0]
+    _name, _a, _b, _size, offset, length, _crc, _kind = index["files"]["model.safetensors"][
+        "tensors"
+    ][0]
     payload = bytearray((folder / DELTA_PAYLOAD).read_bytes())
     payload[offset + length // 2] ^= 0x55  # same size: the completion marker still holds
     (folder / DELTA_PAYLOAD).write_bytes(bytes(payload))
@@ -268,3 +374,118 @@ def test_a_next_stage_never_starts_from_a_delta(tmp_path):
     publish(publisher, 2)  # the stage stopped here: its pointer names a delta
     with pytest.raises(ConfigError, match="a delta folder"):
         resolve(cfg, 1)
+
+
+def streamed(version: int, numel: int = 4096) -> StreamedFolder:
+    """Version ``version`` written as the trainer streams it: each tensor handed to the writer."""
+    tensors = delta_weights(version, numel)
+
+    def write(folder: Path, write_file) -> None:
+        (folder / "config.json").write_text('{"model_type": "llama"}')
+        specs = [TensorSpec(k, tuple(t.shape), t.dtype) for k, t in tensors.items()]
+        write_file(folder / "model.safetensors", specs, lambda spec: tensors[spec.name])
+
+    return StreamedFolder(write)
+
+
+def test_a_streamed_delta_is_coded_from_the_tensors_with_no_full_file(tmp_path):
+    run, local = tmp_path / "run", tmp_path / "local"
+    publisher, engine = delta_publisher(run, local, interval=8), Engine()
+    watcher = explorer(run, local)
+    for version in (1, 2, 3, 4):
+        publisher.publish(version, streamed(version))
+        assert sync(watcher, engine) == version
+    assert engine.loaded == [1, 2, 3, 4]  # v3 and v4 rebuilt in place over the last copy
+    assert sorted(p.name for p in weights_dir(run, 4).iterdir()) == sorted(
+        ["config.json", COMPLETE_MARKER, DELTA_INDEX, DELTA_PAYLOAD]
+    )
+    assert not list(publisher.delta.scratch.iterdir())  # nothing went through the scratch
+    index = json.loads((weights_dir(run, 4) / DELTA_INDEX).read_text())
+    # w: 40 of 4096 fp32 moved (raw sparse 320 bytes, under 1/16 of 16 KiB): sparse alone;
+    # h: its first 40 of 1024 bf16 (240 bytes, over 1/16 of 2 KiB): both coded, the XOR's one
+    # run of changes is the smaller
+    kinds = {row[0]: row[7] for row in index["files"]["model.safetensors"]["tensors"]}
+    assert kinds == {"w": SPARSE, "h": XOR}
+    anchor = load_file(weights_dir(run, 1) / "model.safetensors")  # the full one, streamed
+    assert all(torch.equal(anchor[k], t) for k, t in delta_weights(1, 4096).items())
+
+
+def test_a_file_whose_layout_changed_goes_in_full_inside_the_delta(tmp_path):
+    run, local = tmp_path / "run", tmp_path / "local"
+    publisher, engine = delta_publisher(run, local, interval=8), Engine()
+    watcher = explorer(run, local)
+    for version, numel in ((1, 4096), (2, 4096), (3, 2048), (4, 4096)):
+        publisher.publish(version, streamed(version, numel))
+        engine.numel = numel
+        assert sync(watcher, engine) == version
+    assert engine.loaded == [1, 2, 3, 4]
+    kinds = [delta_base(weights_dir(run, v)) for v in (3, 4)]
+    assert kinds == [1, 1]  # both deltas against v1; v3's file went whole
+    index = json.loads((weights_dir(run, 3) / DELTA_INDEX).read_text())
+    assert index["files"] == {} and (weights_dir(run, 3) / "model.safetensors").is_file()
+
+
+TRAINER_SCRIPT = """
+import filecmp, sys, torch
+from pathlib import Path
+from rft.buffer.experience import Experience
+from rft.config.load import config_from_dict
+from rft.rundir import weights_dir
+from rft.sync.local import LocalCopy
+from rft.sync.versions import delta_base
+from rft.trainer import engine
+from rft.trainer.batching import collate, rows_from_experiences
+from rft.trainer.weights_out import WeightsOut
+
+model, root, local = sys.argv[1], Path(sys.argv[2]), Path(sys.argv[3])
+cfg = config_from_dict({"mode": "train", "checkpoint_root_dir": str(root),
+                        "model": {"model_path": model},
+                        "trainer": {"zero_stage": 3, "precision": "fp32"},
+                        "synchronizer": {"delta_sync": True, "delta_local_dir": str(local)}})
+info = engine.init_distributed()
+actor = engine.build_actor(cfg, info, 4)
+weights = WeightsOut(cfg, info, None, lora=False)
+explorer = LocalCopy(cfg.run_dir, local / "explorer")
+rows = rows_from_experiences([Experience("t", "g", [1, 2, 3], [5, 6, 7], logprobs=[-1.0] * 3)])
+micro = collate(rows, [0], torch.zeros_like(rows.response_mask), rows.rollout_logprobs)
+for version in (1, 2, 3):
+    if version > 1:
+        logprob, _ = engine.forward_logprobs(actor.engine, micro, with_entropy=False)
+        engine.backward(actor, logprob.sum())
+        engine.optimizer_step(actor)
+    weights.publish(version, actor)
+    full = root / f"full-v{version}"
+    full.mkdir()
+    engine.stream_hf_folder(actor, full)
+    folder = weights_dir(cfg.run_dir, version)
+    rebuilt = explorer.folder_for(version, folder)
+    same = filecmp.cmp(rebuilt / "model.safetensors", full / "model.safetensors", shallow=False)
+    print("version", version, "base", delta_base(folder), "same", same)
+weights.close()
+engine.teardown(0)
+"""
+
+
+@pytest.mark.integration
+def test_the_trainer_streams_deltas_from_its_zero3_gathers(tiny_model_dir, tmp_path):
+    """WeightsOut with delta sync on a real ZeRO-3 actor (CPU): v1 in full, v2 and v3 (after
+    optimizer steps) coded from each gathered tensor; the explorer's rebuild is byte for byte
+    the file the trainer writes in full from the same weights."""
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            TRAINER_SCRIPT,
+            str(tiny_model_dir),
+            str(tmp_path / "runs"),
+            str(tmp_path / "local"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    logs = out.stdout[-2000:] + out.stderr[-4000:]
+    for version, base in ((1, None), (2, 1), (3, 1)):
+        assert f"version {version} base {base} same True" in out.stdout, logs

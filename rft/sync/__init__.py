@@ -3,6 +3,6 @@
     trainer rank 0 --publisher--> weights/v<N>/ (full, or a delta vs an anchor) + pointer
                    --broadcaster--> vLLM workers (sync_method: nccl; a folder when it fails)
     explorer <--watcher/receiver-- pointer + complete folders, or the broadcast (WeightsIn)
-Also: ``schedule`` (when), ``versions`` (folders, pointer), ``heartbeat``, ``delta`` (XOR+zstd),
-``local`` (node-local copies), ``broadcast`` (the protocol), ``explorer_side`` (``WeightsIn``).
+Also: ``schedule``, ``versions`` (folders, pointer), ``heartbeat``, ``delta`` + ``delta_files``
+(deltas), ``local`` (anchors, local copies), ``broadcast`` (protocol), ``explorer_side``.
 """

@@ -1,9 +1,10 @@
-"""Node-local weight copies for delta sync: the trainer's anchor and the explorer's rebuilds.
+"""Node-local state for delta sync: the trainer's anchor in RAM, the explorer's local copies.
 
-The trainer (:class:`DeltaWriter`) writes each version to node-local scratch first, publishes it
-as a delta against the anchor it keeps there, or in full (then it becomes the anchor). An
-explorer (:class:`LocalCopy`) copies each anchor it meets to its own scratch, rebuilds deltas
-against it and hands the engine a local folder that is whole and verified, or nothing.
+The trainer (:class:`DeltaWriter`) streams each version straight into ``weights/`` as a delta
+against the anchor it keeps in host RAM, or in full (then it becomes the anchor). An explorer
+(:class:`LocalCopy`) copies each anchor it meets to its own scratch, keeps one more copy there
+that each delta rewrites in place (only the changed elements, for sparse frames) and hands the
+engine that folder once every tensor's crc32 matched, or nothing.
 """
 
 from __future__ import annotations
@@ -13,18 +14,30 @@ import logging
 import os
 import shutil
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Union
 
 from rft import atomic
 from rft.rundir import weights_dir
-from rft.sync.delta import DeltaError, apply_folder, encode_folder
+from rft.safetensors_io import is_weights_file, write_safetensors
+from rft.sync.delta import DeltaError
+from rft.sync.delta_files import (
+    CODER_THREADS,
+    Anchor,
+    DeltaEncoder,
+    Dirty,
+    WriteFile,
+    apply_delta,
+    weight_files,
+)
 from rft.sync.versions import read_index, read_marker
 
 log = logging.getLogger(__name__)
 
-ANCHOR_DIR = "anchor"  # in a scratch folder: the full copy deltas are made against or applied to
+ANCHOR_DIR = "anchor"  # in an explorer's scratch folder: the full copy deltas are made against
+CURRENT_DIR = "current"  # next to it: the anchor's copy each delta rewrites in place
 
 
 @dataclass(frozen=True)
@@ -42,6 +55,27 @@ class DeltaPolicy:
         return Path(root) / f"rft-weights-{run}-{who}"
 
 
+@dataclass(frozen=True)
+class StreamedFolder:
+    """A version folder's writer that writes each safetensors file through the ``write_file``
+    it is handed (``write(folder, write_file)``): :func:`~rft.safetensors_io.write_safetensors`
+    for a full folder, a :class:`~rft.sync.delta_files.DeltaEncoder` for a delta (then no full
+    file is written anywhere). Any other writer is a plain ``write_fn(folder)``."""
+
+    write: Callable[[Path, WriteFile], None]
+
+
+FolderWriter = Union[Callable[[Path], None], StreamedFolder]
+
+
+def write_folder(write_fn: FolderWriter, folder: Path) -> None:
+    """Fill ``folder`` in full with ``write_fn``."""
+    if isinstance(write_fn, StreamedFolder):
+        write_fn.write(folder, write_safetensors)
+    else:
+        write_fn(folder)
+
+
 def _replace_dir(tmp: Path, final: Path) -> None:
     doomed = atomic.tmp_name(final.with_name(final.name + ".old"))
     if final.exists():
@@ -51,68 +85,75 @@ def _replace_dir(tmp: Path, final: Path) -> None:
 
 
 class DeltaWriter:
-    """The trainer's side: fill a version folder with a delta when one is due, else in full."""
+    """The trainer's side: fill a version folder with a delta when one is due, else in full
+    (kept in RAM as the anchor once published)."""
 
     def __init__(self, policy: DeltaPolicy, run_dir: Path | str):
         self.policy = policy
-        self.scratch = policy.scratch(run_dir, "trainer")
-        shutil.rmtree(self.scratch, ignore_errors=True)  # an old anchor's id is unknown: restart
+        self.scratch = policy.scratch(run_dir, "trainer")  # plain writers' files, to be coded
+        shutil.rmtree(self.scratch, ignore_errors=True)
         self.scratch.mkdir(parents=True)
-        self.anchor: dict[str, Any] | None = None  # {"version", "id"} of the local anchor
+        self.anchor = Anchor()
+        self.base: dict[str, Any] | None = None  # {"version", "id"} of the anchor, once out
         self.deltas_since_anchor = 0
-        self._pending: Path | None = None  # a full version written: the anchor once published
         self.last_kind = ""  # "delta" or "full": what the last fill wrote
+        self._pool = ThreadPoolExecutor(CODER_THREADS, thread_name_prefix="rft-delta-code")
 
     def fill(
-        self,
-        tmp: Path,
-        version: int,
-        write_fn: Callable[[Path], None],
-        extra_files: Iterable[Path | str],
+        self, tmp: Path, version: int, write_fn: FolderWriter, extra_files: Iterable[Path | str]
     ) -> None:
-        local = atomic.tmp_name(self.scratch / f"v{version:06d}")
+        if self._delta_due(version):
+            self.last_kind = "delta"
+            encoder = DeltaEncoder(tmp, self.anchor, self._pool)
+            try:
+                if isinstance(write_fn, StreamedFolder):
+                    write_fn.write(tmp, encoder.write_file)
+                else:
+                    self._code_written(write_fn, tmp, encoder)
+                encoder.finish(self.base)
+            finally:
+                encoder.close()
+        else:
+            self.last_kind, self.base = "full", None  # until published: no delta names it
+            self.anchor.begin()
+            if isinstance(write_fn, StreamedFolder):
+                write_fn.write(tmp, self.anchor.write_file)
+            else:
+                write_fn(tmp)
+                for name in weight_files(tmp):
+                    self.anchor.read_file(tmp / name)
+            self.anchor.end()
+        atomic.copy_files(extra_files, tmp)
+
+    def _code_written(self, write_fn: Callable[[Path], None], tmp: Path, encoder) -> None:
+        """A plain writer: its folder goes to scratch, then each weight file is coded."""
+        local = atomic.tmp_name(self.scratch / "version")
         shutil.rmtree(local, ignore_errors=True)
         local.mkdir(parents=True)
         try:
             write_fn(local)
-            atomic.copy_files(extra_files, local)
-            if self._delta_due(version) and encode_folder(
-                local, self.scratch / ANCHOR_DIR, tmp, self.anchor
-            ):
-                shutil.rmtree(local)
-                self.last_kind = "delta"
-                return
-            shutil.copytree(local, tmp, dirs_exist_ok=True)
-        except BaseException:
+            for path in local.iterdir():
+                if path.suffix == ".safetensors" and is_weights_file(path.name):
+                    encoder.copy_file(path)
+                elif path.is_file():
+                    shutil.copyfile(path, tmp / path.name)
+        finally:
             shutil.rmtree(local, ignore_errors=True)
-            raise
-        self._pending, self.last_kind = local, "full"
 
     def _delta_due(self, version: int) -> bool:
         return (
-            self.anchor is not None
+            self.base is not None
             and version != self.policy.last_version
             and self.deltas_since_anchor + 1 < self.policy.anchor_interval
         )
 
     def published(self, version: int, marker: dict[str, Any] | None) -> None:
         """After a publish: ``marker`` of the folder now at ``weights/v<version>``, or None when
-        it was not published (a live explorer kept the old copy)."""
-        pending, self._pending = self._pending, None
+        it was not published (a live explorer kept the old copy: no delta may name this)."""
         if self.last_kind == "delta":
             self.deltas_since_anchor += 1
-        elif marker is None:  # the shared copy is another one: no delta may name this anchor
-            shutil.rmtree(pending, ignore_errors=True)
-            self.anchor = None
-        else:
-            _replace_dir(pending, self.scratch / ANCHOR_DIR)
-            self.anchor, self.deltas_since_anchor = {"version": version, "id": marker["id"]}, 0
-
-    def discard(self) -> None:
-        """A publish failed: drop what it wrote here (the anchor stays)."""
-        if self._pending is not None:
-            shutil.rmtree(self._pending, ignore_errors=True)
-            self._pending = None
+        elif marker is not None:
+            self.base, self.deltas_since_anchor = {"version": version, "id": marker["id"]}, 0
 
 
 class LocalCopy:
@@ -123,32 +164,44 @@ class LocalCopy:
         self.root = root
         self.root.mkdir(parents=True, exist_ok=True)
         self.anchor_dir = root / ANCHOR_DIR
+        self.current_dir = root / CURRENT_DIR
+        # per weight file of current_dir, where it differs from the anchor; None: not trusted
+        # (never built, built on another anchor copy, or a rebuild failed half way)
+        self._dirty: dict[str, Dirty] | None = None
+        self._pool = ThreadPoolExecutor(CODER_THREADS, thread_name_prefix="rft-delta-apply")
 
     def folder_for(self, version: int, folder: Path) -> Path:
         """A local full folder holding the weights of the complete ``folder`` (``version``).
 
-        A full folder is copied and becomes the anchor. A delta is applied to the local anchor
-        (fetched again from ``weights/`` when it is missing, another copy, or a checksum fails
-        against it); DeltaError when no anchor rebuilds it: nothing was handed out.
+        A full folder is copied and becomes the anchor. A delta rewrites the local copy of the
+        anchor (fetched again from ``weights/`` when it is missing, another copy, or a checksum
+        fails against it); DeltaError when no anchor rebuilds it: nothing was handed out. The
+        folder returned is rewritten by the next delta: the engine must copy what it loads.
         """
         index = read_index(folder)
         if index is None:
             self._copy_anchor(folder)
             return self.anchor_dir
-        out = self.root / f"v{version:06d}"
-        shutil.rmtree(out, ignore_errors=True)
         if not self._has_anchor(index):
             self._fetch_anchor(index)
         try:
-            apply_folder(folder, self.anchor_dir, out, durable=False)
+            self._rebuild(folder, index)
         except DeltaError as e:
             log.warning("local anchor did not rebuild %s (%s): fetching it again", folder, e)
             self._fetch_anchor(index)
-            apply_folder(folder, self.anchor_dir, out, durable=False)
-        for old in self.root.glob("v*"):
-            if old != out:
-                shutil.rmtree(old, ignore_errors=True)
-        return out
+            self._rebuild(folder, index)
+        return self.current_dir
+
+    def _rebuild(self, folder: Path, index: dict[str, Any]) -> None:
+        if self._dirty is None:
+            tmp = atomic.tmp_name(self.current_dir)
+            shutil.rmtree(tmp, ignore_errors=True)
+            shutil.copytree(self.anchor_dir, tmp)
+            _replace_dir(tmp, self.current_dir)
+            self._dirty = {name: {} for name in weight_files(self.current_dir)}
+        dirty, self._dirty = self._dirty, None  # untrusted until every tensor checked out
+        apply_delta(folder, index, self.anchor_dir, self.current_dir, dirty, self._pool)
+        self._dirty = dirty
 
     def _has_anchor(self, index: dict[str, Any]) -> bool:
         marker = read_marker(self.anchor_dir)
@@ -166,6 +219,7 @@ class LocalCopy:
 
     def _copy_anchor(self, folder: Path) -> None:
         """Copy a complete full folder here; DeltaError if it changed while being copied."""
+        self._dirty = None  # the rebuilt copy was made from the old anchor
         before = read_marker(folder)
         tmp = atomic.tmp_name(self.anchor_dir)
         shutil.rmtree(tmp, ignore_errors=True)

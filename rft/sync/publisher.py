@@ -10,13 +10,13 @@ from __future__ import annotations
 import logging
 import shutil
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Iterable
 
 from rft import atomic
 from rft.errors import CheckpointError, storage_errors
 from rft.rundir import WEIGHTS_DIR, WEIGHTS_POINTER, weights_dir
 from rft.sync.heartbeat import LOADED_FIELD, LOADING_FIELD, read_heartbeats
-from rft.sync.local import DeltaPolicy, DeltaWriter
+from rft.sync.local import DeltaPolicy, DeltaWriter, FolderWriter, write_folder
 from rft.sync.versions import (
     delta_base,
     list_versions,
@@ -66,10 +66,12 @@ class WeightsPublisher:
     def publish(
         self,
         version: int,
-        write_fn: Callable[[Path], None],
+        write_fn: FolderWriter,
         extra_files: Iterable[Path | str] = (),
     ) -> Path:
-        """Publish weights ``version``: ``write_fn(tmp_dir)`` fills the folder; return its path.
+        """Publish weights ``version``: ``write_fn(tmp_dir)`` fills the folder (or, a
+        :class:`~rft.sync.local.StreamedFolder`, writes its safetensors files through the writer
+        it is handed: a delta then codes each tensor as it comes); return the folder's path.
 
         Republishing an existing version (a trainer resumed from an earlier checkpoint and
         trained that step again) replaces it with the new weights, which are what the trainer
@@ -85,7 +87,7 @@ class WeightsPublisher:
             tmp.mkdir(parents=True)
             try:
                 if self.delta is None:
-                    write_fn(tmp)
+                    write_folder(write_fn, tmp)
                     atomic.copy_files(extra_files, tmp)
                 else:
                     self.delta.fill(tmp, version, write_fn, extra_files)
@@ -98,8 +100,6 @@ class WeightsPublisher:
                     atomic.publish_dir(tmp, final)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
-                if self.delta is not None:
-                    self.delta.discard()
                 raise
         if self.delta is not None:
             self.delta.published(version, marker)

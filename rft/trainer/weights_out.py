@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from rft.config.schema import Config
 from rft.models import tokenizer_files
-from rft.sync.local import DeltaPolicy
+from rft.sync.local import DeltaPolicy, StreamedFolder
 
 if TYPE_CHECKING:
     import torch
@@ -100,7 +100,8 @@ class WeightsOut:
             )
 
     def _stream_folder(self, version: int, actor: Actor) -> None:
-        """A full folder, each tensor written as it is gathered (ranks > 0 only gather)."""
+        """A full folder, each tensor written as it is gathered (ranks > 0 only gather); with
+        delta sync each is coded against the anchor as it is gathered instead (no full file)."""
         from rft.trainer import engine
 
         if self.publisher is None:
@@ -108,7 +109,7 @@ class WeightsOut:
             return
         self.publisher.publish(
             version,
-            lambda tmp: engine.stream_hf_folder(actor, tmp),
+            StreamedFolder(lambda tmp, write_file: engine.stream_hf_folder(actor, tmp, write_file)),
             extra_files=tokenizer_files(self.cfg.model.model_path),
         )
 
