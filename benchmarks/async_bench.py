@@ -148,6 +148,7 @@ from rft.atomic import write_text  # noqa: E402
 from rft.buffer.experience import decode_line  # noqa: E402
 from rft.buffer.segment_file import list_segments, segment_name  # noqa: E402
 from rft.config.load import load_config  # noqa: E402
+from rft.entry import PLUGIN_DIRS_ENV  # noqa: E402
 from rft.launch.worker import WORKER_MODULE  # noqa: E402
 from rft.monitor import (  # noqa: E402
     BATCH_TOKENS,
@@ -217,7 +218,19 @@ RUNS = {
         ["mode=train"],
     ],
 }
-TASKSETS = ("quickstart", "long-tail")  # --taskset: the config's own, or make_longtail.py's
+# --taskset: the config's own, make_longtail.py's, or the quick start's tasks as two-turn episodes
+# with a long-tailed environment step between the turns (benchmarks/plugins/slow_env.py)
+TASKSETS = ("quickstart", "long-tail", "slow-env")
+RESULTS = {
+    "quickstart": "async_bench_cpu.json",
+    "long-tail": "async_bench_longtail_cpu.json",
+    "slow-env": "async_bench_slowenv_cpu.json",
+}
+PLUGINS = REPO / "benchmarks" / "plugins"
+SLOW_ENV_OVERRIDES = [  # every episode of a step at once, and the next steps' while streaming
+    "buffer.explorer_input.default_workflow_type=slow_env_workflow",
+    "explorer.runner_per_model=64",
+]
 CLUSTER_SHAPE = Shape(explorers=4, trainers=2)
 CLUSTER_RUN = Schedule(steps=30, batch_size=128, repeat_times=8)  # configs/grpo_gsm8k.yaml's step
 LONG_STEPS = 100  # the same workload, run longer: start-up and the last steps matter less
@@ -276,6 +289,8 @@ def run_mode(mode: str, args: argparse.Namespace) -> dict[str, Any]:
         "TORCH_EXTENSIONS_DIR": str(REPO / ".cache" / "torch_extensions"),
     }.items():
         env.setdefault(key, value)
+    if args.taskset == "slow-env":
+        env[PLUGIN_DIRS_ENV] = str(PLUGINS)
     procs = []
     start = time.time()
     for i, extra in enumerate(runs):
@@ -634,14 +649,14 @@ def main(argv: list[str] | None = None) -> int:
         "--taskset",
         choices=TASKSETS,
         default="quickstart",
-        help="long-tail: make_longtail.py's taskset (written under --out), its length limit",
+        help="long-tail: make_longtail.py's taskset (written under --out), its length limit; "
+        "slow-env: two-turn episodes with a long-tailed environment step (plugins/slow_env.py)",
     )
     parser.add_argument(
         "--results",
         type=Path,
         default=None,
-        help="default: benchmarks/results/async_bench_cpu.json (quickstart), "
-        "async_bench_longtail_cpu.json (long-tail)",
+        help="default: benchmarks/results/async_bench_<taskset>_cpu.json (RESULTS)",
     )
     parser.add_argument("--modes", nargs="+", choices=list(RUNS), default=list(RUNS))
     parser.add_argument("--timeout-min", type=float, default=20.0, help="per mode")
@@ -661,12 +676,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("overrides", nargs="*", help="extra key=value overrides for every run")
     args = parser.parse_args(argv)
     if args.results is None:
-        name = (
-            "async_bench_cpu.json"
-            if args.taskset == "quickstart"
-            else "async_bench_longtail_cpu.json"
-        )
-        args.results = REPO / "benchmarks" / "results" / name
+        args.results = REPO / "benchmarks" / "results" / RESULTS[args.taskset]
     if args.analyze:
         results = json.loads(args.results.read_text())
     else:
@@ -676,6 +686,8 @@ def main(argv: list[str] | None = None) -> int:
             data = args.out / "longtail-data"
             make_longtail.write(data, make_longtail.SEED, 400, 48)
             args.overrides = [*make_longtail.overrides(data), *args.overrides]
+        if args.taskset == "slow-env":
+            args.overrides = [*SLOW_ENV_OVERRIDES, *args.overrides]
         cfg = load_config(args.config, args.overrides)
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
         results = {

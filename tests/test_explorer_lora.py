@@ -461,8 +461,10 @@ def test_streaming_requests_keep_their_adapter_while_a_newer_one_loads(
     for i, prompt in enumerate(PROMPTS):
         engine.add(f"old{i}", prompt, GREEDY)
     done = dict(engine.step())  # a first token each, with adapter 0
+    assert engine.may_reload()
     engine.reload(adapters[1])
     assert engine.llm.llm_engine.list_loras() == {old_id, engine.lora_request.lora_int_id}
+    assert not engine.may_reload()  # a third adapter waits for adapter 0's requests
     for i, prompt in enumerate(PROMPTS):
         engine.add(f"new{i}", prompt, GREEDY)
     while engine.in_flight:
@@ -474,3 +476,4 @@ def test_streaming_requests_keep_their_adapter_while_a_newer_one_loads(
         assert_same(got, reference_outputs(vllm_model_dir, adapter, PROMPTS))
         assert all(not done[f"{name}{i}"][0].versions for i in range(3))  # no per-token labels
     assert engine.llm.llm_engine.list_loras() == {engine.lora_request.lora_int_id}
+    assert engine.may_reload()

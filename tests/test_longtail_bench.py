@@ -90,3 +90,24 @@ def test_the_bench_replays_each_steps_group_lengths_from_the_buffer(tmp_path):
     }
     (record,) = step_records(run)
     assert record.group_lengths == ((3, 5), (7, 7)) and record.train_s == 1.5
+
+
+def test_the_slow_environment_is_seeded_and_one_episode_in_eight_is_slow(monkeypatch):
+    """benchmarks/plugins/slow_env.py (async_bench.py --taskset slow-env): the bench's overrides
+    name the workflow the plugin dir registers, and every mode waits the same."""
+    import sys
+
+    from benchmarks.async_bench import PLUGINS, SLOW_ENV_OVERRIDES
+    from rft.explorer.tasksets import taskset_workflow
+    from rft.workflow import registry
+
+    monkeypatch.setenv(registry.PLUGIN_DIRS_ENV, str(PLUGINS))
+    cfg = load_config("configs/quickstart_cpu.yaml", SLOW_ENV_OVERRIDES)
+    choice = taskset_workflow(cfg, cfg.buffer.explorer_input.taskset, "taskset", is_eval=False)
+    assert choice.cls.__name__ == "SlowEnvWorkflow"
+    env = sys.modules[choice.cls.__module__]
+    runs = [(f"arithmetic/{i}", run) for i in range(400) for run in range(4)]
+    draws = [env.environment_seconds(task, run) for task, run in runs]
+    assert draws == [env.environment_seconds(task, run) for task, run in runs]
+    assert set(draws) == {env.FAST_S, env.SLOW_S}
+    assert abs(draws.count(env.SLOW_S) / len(draws) - 1 / env.SLOW_EVERY) < 0.03

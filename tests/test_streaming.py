@@ -117,6 +117,61 @@ def test_a_conversation_records_the_version_of_every_response_token():
     assert thread2.action_mask == [1, 1, 1] + [0] * between + [1, 1]
 
 
+def test_a_call_its_workflow_stopped_awaiting_never_breaks_the_service():
+    """A call cancelled by its workflow (asyncio.wait_for) is settled by nobody: the episode's
+    end and the engine's answer leave it as it is; a call made after the episode ended fails
+    at once instead of reaching the engine."""
+    from rft.explorer.episodes import BatchingService
+    from rft.workflow.model import EpisodeCancelled
+    from rft.workflow.task import GenerationArgs
+
+    service = BatchingService(engine=None, version=0, max_model_len=64)  # no call reaches it
+    service.started(0)
+    call = service.submit(0, [1, 2], GenerationArgs(), [])
+    assert call.cancel()  # what asyncio.wrap_future does when the awaiting task is cancelled
+    service.ended(0)  # would set_exception on the cancelled future
+    late = service.submit(0, [1, 2], GenerationArgs(), [])
+    with pytest.raises(EpisodeCancelled):
+        late.result(timeout=0)
+
+
+def test_steps_sealed_together_share_the_window_by_tokens(monkeypatch):
+    """Two steps sealed in one loop iteration: the seconds since the last seal are split by
+    the tokens each generated (both show the window's rate); the window's loads and drops are
+    the first's."""
+    from rft.explorer import stream_steps as S
+
+    monkeypatch.setattr(S.time, "monotonic", lambda: 130.0)
+    totals = S.Totals(since=100.0, reload_s=2.0, discarded=7)
+    steps = []
+    for step, n in ((3, 30), (4, 10)):
+        opened = S.OpenStep(step, [], None, version=1)
+        opened.done["%d.0" % step] = [record("a/0", f"w:{step}:0", n)]
+        steps.append(opened)
+
+    (_, _, first), (_, _, second) = S.sealed_steps(steps, totals, in_flight=0)
+    assert (first["generate_time_s"], second["generate_time_s"]) == pytest.approx((22.5, 7.5))
+    assert (
+        first["generate_tokens_per_s"] == second["generate_tokens_per_s"] == pytest.approx(40 / 30)
+    )
+    assert (first["reload_time_s"], first["rollout/tokens_discarded"]) == (2.0, 7)
+    assert (second["reload_time_s"], second["rollout/tokens_discarded"]) == (0.0, 0)
+
+
+def test_a_group_spans_versions_from_its_earliest_token_to_its_latest(
+    tmp_path, vllm_model_dir, data_dir
+):
+    from rft.explorer.streaming import too_wide
+
+    ts = [taskset_dict(data_dir / "a.jsonl", "a")]
+    cfg = make_cfg(
+        tmp_path, vllm_model_dir, ts, explorer={"partial_rollout": True, "max_version_span": 1}
+    )
+    assert not too_wide(cfg, [[0, 0, 1], [1, 1]])
+    assert too_wide(cfg, [[0, 0, 1], [1, 2]])  # each sample spans 1, the group 2
+    assert not too_wide(cfg, [[], []])  # unlabelled (LoRA): a request keeps its adapter
+
+
 # ----------------------------------------------------------------------------- engine
 
 
@@ -411,6 +466,7 @@ def test_an_ended_episode_has_its_calls_aborted_in_the_engine(
     """An episode that ends (error, timeout) while its call runs: the call fails at once, the
     next pump aborts the request, and the engine holds nothing of it; another episode's call
     is answered with its tokens labelled by the engine."""
+    from rft.errors import WorkflowError
     from rft.explorer.stream_episodes import EngineCalls
     from rft.workflow.model import EpisodeCancelled
     from rft.workflow.task import GenerationArgs
@@ -420,9 +476,14 @@ def test_an_ended_episode_has_its_calls_aborted_in_the_engine(
     engine.label_version(7)
     calls = EngineCalls(engine, cfg)
     args = GenerationArgs(temperature=1.0, max_tokens=40, logprobs=0)
+    for episode in (0, 1, 2):
+        calls.started(episode)
     doomed = calls.submit(0, [1, 5, 9], args, [])
     kept = calls.submit(1, [1, 7, 3], args, [])
+    refused = calls.submit(2, [1, 7, 3], GenerationArgs(max_tokens=40, logprobs=10_000), [])
     calls.pump()
+    with pytest.raises(WorkflowError, match="the engine refused the model call"):
+        refused.result(timeout=0)  # that call fails alone; the others run
     assert engine.in_flight == 2 and calls.in_engine == 2
     engine.step()
     calls.ended(0)

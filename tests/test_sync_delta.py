@@ -213,12 +213,14 @@ class Engine:
 
     def reload(self, folder: Path) -> None:
         tensors = load_file(folder / "model.safetensors")
-        for version in range(0, 64):
-            truth = delta_weights(version, self.numel)
-            if all(torch.equal(tensors[k], truth[k]) for k in truth):
-                self.loaded.append(version)
-                return
-        raise AssertionError(f"{folder} holds weights of no version: a mix")
+        base = delta_weights(0, self.numel)["w"]
+        # the version its first weight says (delta_weights moves it by version * 1e-3), then
+        # every byte of every tensor checked against that version's
+        version = round(float(tensors["w"][0] - base[0]) / 1e-3)
+        truth = delta_weights(version, self.numel)
+        if version < 0 or not all(torch.equal(tensors[k], truth[k]) for k in truth):
+            raise AssertionError(f"{folder} holds weights of no version: a mix")
+        self.loaded.append(version)
 
 
 def explorer(run_dir: Path, local: Path, name: str = "explorer-0") -> WeightsWatcher:
@@ -334,14 +336,15 @@ def test_a_publisher_killed_mid_delta_leaves_whole_versions_only(tmp_path):
     run, local = tmp_path / "run", tmp_path / "local"
     left: list[str] = []  # temporaries the killed publisher left: it died inside a publish
     for seed in range(3):
+        first = 1 + 1000 * seed  # more versions than it can publish before the kill
         proc = subprocess.Popen(
-            [sys.executable, WORKER, "delta", str(run), str(1 + 20 * seed), "20", str(local)],
+            [sys.executable, WORKER, "delta", str(run), str(first), "1000", str(local)],
             stdout=subprocess.PIPE,
             text=True,
         )
         assert proc.stdout.readline().strip() == "started"
         deadline = time.monotonic() + 120
-        while (read_weights_pointer(run) or 0) < 1 + 20 * seed and time.monotonic() < deadline:
+        while (read_weights_pointer(run) or 0) < first and time.monotonic() < deadline:
             time.sleep(0.01)  # its first version is out (a loaded machine may take seconds)
         time.sleep(random.Random(seed).uniform(0.0, 1.0))
         os.kill(proc.pid, signal.SIGKILL)
@@ -444,7 +447,7 @@ cfg = config_from_dict({"mode": "train", "checkpoint_root_dir": str(root),
                         "synchronizer": {"delta_sync": True, "delta_local_dir": str(local)}})
 info = engine.init_distributed()
 actor = engine.build_actor(cfg, info, 4)
-weights = WeightsOut(cfg, info, None, lora=False)
+weights = WeightsOut(cfg, info, None)
 explorer = LocalCopy(cfg.run_dir, local / "explorer")
 rows = rows_from_experiences([Experience("t", "g", [1, 2, 3], [5, 6, 7], logprobs=[-1.0] * 3)])
 micro = collate(rows, [0], torch.zeros_like(rows.response_mask), rows.rollout_logprobs)

@@ -42,8 +42,9 @@ CPU_ENV_DEFAULTS = {
 WORKER_EXTENSION = "rft.explorer.vllm_worker.WeightSyncExtension"
 MAX_LORAS = 1  # adapters in one batch: the explorer generates with one (the newest) at a time
 # A streaming explorer (explorer.partial_rollout): requests in flight finish with the adapter they
-# began with while the newest one serves new requests, so two adapters share a batch, and vLLM's
-# CPU cache keeps a few older ones (a request whose adapter was evicted reloads it from its folder).
+# began with while the newest one serves new requests, so two adapters share a batch (a third
+# version waits until the oldest one's requests are done: Engine.may_reload), and vLLM's CPU cache
+# has room beyond them, so an adapter in use is never evicted.
 STREAMING_MAX_LORAS = 2
 STREAMING_MAX_CPU_LORAS = 4
 DEFAULT_LORA_NAME = "lora"  # model.lora_configs[0].name when null
@@ -244,7 +245,8 @@ class Engine:
         self.base_path = cfg.model.model_path  # folder of the base weights now loaded
         self.lora_request: Any = None  # vLLM's LoRARequest every generate uses; None: no adapter
         self._lora_ids = itertools.count(1)  # vLLM's adapter ids: a new one per load
-        self._received: Path | None = None  # local folder of the adapter received by broadcast
+        # local folders of adapters received by broadcast, by vLLM adapter id (deleted with it)
+        self._received: dict[int, Path] = {}
         self._streams: dict[str, tuple[int, list[Sample]]] = {}  # add(): key -> (parts, samples)
         self._sizes: dict[str, int] = {}  # add(): key -> its samples (n)
         self._adapter_of: dict[str, Any] = {}  # add(): key -> the LoRARequest it began with
@@ -333,8 +335,10 @@ class Engine:
         self.in_flight += args.n
 
     def abort(self, key: str) -> None:
-        """Stop the request :meth:`add` started under ``key`` (its samples never come)."""
-        del self._streams[key]
+        """Stop the request :meth:`add` started under ``key`` (its samples never come); a key
+        not in flight (already returned by :meth:`step`) is left alone."""
+        if self._streams.pop(key, None) is None:
+            return
         ids = [rid for rid, owner in self._keys.items() if owner == key]
         for rid in ids:
             del self._keys[rid]
@@ -347,10 +351,16 @@ class Engine:
         self._adapter_of.pop(key, None)
         for adapter in [a for a in self._retired if not self._in_use(a)]:
             self._retired.remove(adapter)
-            self.llm.llm_engine.remove_lora(adapter.lora_int_id)
+            self._remove_adapter(adapter)
 
     def _in_use(self, adapter: Any) -> bool:
         return any(a is adapter for a in self._adapter_of.values())
+
+    def may_reload(self) -> bool:
+        """Whether a new version may load while requests run. With LoRA, not while requests of
+        an adapter older than the current one still run: a batch holds two adapters
+        (``STREAMING_MAX_LORAS``), and no adapter in use is ever evicted from vLLM's cache."""
+        return self.lora is None or not self._retired
 
     def step(self) -> list[tuple[str, list[Sample]]]:
         """One engine step: the requests of :meth:`add` that finished in it, with their
@@ -446,15 +456,19 @@ class Engine:
         if previous is not None and self._in_use(previous):
             self._retired.append(previous)  # removed once its requests in flight are done
         elif previous is not None:
-            self.llm.llm_engine.remove_lora(previous.lora_int_id)
-        if self._received is not None:  # a broadcast adapter's local copy, now replaced
-            shutil.rmtree(self._received, ignore_errors=True)
-            self._received = None
+            self._remove_adapter(previous)
+
+    def _remove_adapter(self, adapter: Any) -> None:
+        """Take ``adapter`` out of vLLM, and delete its folder if it came by broadcast."""
+        self.llm.llm_engine.remove_lora(adapter.lora_int_id)
+        received = self._received.pop(adapter.lora_int_id, None)
+        if received is not None:
+            shutil.rmtree(received, ignore_errors=True)
 
     def _drop_adapter(self) -> None:
         """Generate with the base model alone again."""
         if self.lora_request is not None:
-            self.llm.llm_engine.remove_lora(self.lora_request.lora_int_id)
+            self._remove_adapter(self.lora_request)
             self.lora_request = None
 
     def parse_tool_calls(self, text: str, tools: list, parser: str) -> tuple[str, list[dict]]:
@@ -555,7 +569,7 @@ class Engine:
         """A broadcast adapter (with LoRA the trainer broadcasts only the adapter's tensors):
         the workers write its tensors into a local temporary folder with the config
         :func:`received_adapter_config` writes, then added as from a published folder (which
-        deletes the previous received folder: one on disk at a time)."""
+        deletes the previous one's folder once no request uses it)."""
         start = time.monotonic()
         folder = Path(tempfile.mkdtemp(prefix=f"rft-adapter-v{version:06d}-"))
         slots = [(t.name, t.shape) for bucket in buckets_from_json(layout) for t in bucket.tensors]
@@ -573,11 +587,11 @@ class Engine:
             if errors:
                 shutil.rmtree(folder, ignore_errors=True)
                 return errors[0]
-            self._load_adapter(folder)  # deletes the previous received folder
+            self._load_adapter(folder)
         except Exception:
             shutil.rmtree(folder, ignore_errors=True)
             raise
-        self._received = folder
+        self._received[self.lora_request.lora_int_id] = folder
         log.info(
             "received adapter version %d by broadcast in %.2fs into %s",
             version,
@@ -587,11 +601,11 @@ class Engine:
         return ""
 
     def discard_received(self) -> None:
-        """Delete the local folder of the adapter last received by broadcast (the explorer's
-        loop ends; vLLM read it when it was added)."""
-        if self._received is not None:
-            shutil.rmtree(self._received, ignore_errors=True)
-            self._received = None
+        """Delete the local folders of adapters received by broadcast (the explorer's loop
+        ends; vLLM read each when it was added)."""
+        for folder in self._received.values():
+            shutil.rmtree(folder, ignore_errors=True)
+        self._received.clear()
 
     def confirm(self, ok: bool) -> bool:
         """Report the load to the group; True when every member loaded (raises if it failed)."""

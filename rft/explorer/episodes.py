@@ -17,7 +17,7 @@ import re
 import threading
 import time
 from collections import deque
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -88,9 +88,13 @@ class ModelCalls:
     def submit(
         self, episode: int, prompt_ids: list[int], args: GenerationArgs, stop: Sequence[str]
     ) -> Future:
-        """A call of ``episode``'s model handle, queued; its future holds the completions."""
+        """A call of ``episode``'s model handle, queued; its future holds the completions (a
+        call of an episode that ended fails at once: it never reaches the engine)."""
         request = ModelCall(episode, list(prompt_ids), sampling_args(args, stop), Future())
         with self._lock:
+            if episode not in self._running:
+                settle(request.future, error=EpisodeCancelled(f"episode {episode} ended"))
+                return request.future
             self._queued.append(request)
             self._lock.notify_all()
         return request.future
@@ -105,7 +109,7 @@ class ModelCalls:
             self._running.discard(episode)
             for r in [r for r in self._queued if r.episode == episode]:
                 self._queued.remove(r)
-                r.future.set_exception(EpisodeCancelled(f"episode {episode} ended"))
+                settle(r.future, error=EpisodeCancelled(f"episode {episode} ended"))
             self._lock.notify_all()
 
     def completions(
@@ -135,6 +139,18 @@ class ModelCalls:
         if self.reasoning_parser is None:
             return None
         return self.engine.parse_reasoning(text, self.reasoning_parser)
+
+
+def settle(future: Future, result: Any = None, error: Optional[BaseException] = None) -> None:
+    """Complete a call's future, unless it is done already: a workflow that stopped awaiting
+    it (``asyncio.wait_for``) cancelled it, and its episode goes on without it."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except InvalidStateError:
+        pass
 
 
 def sampling_args(args: GenerationArgs, stop: Sequence[str]) -> SamplingArgs:
@@ -172,11 +188,11 @@ class BatchingService(ModelCalls):
             groups = self.engine.generate([r.prompt_ids for r in batch], [r.args for r in batch])
         except Exception as e:  # the engine failed: fail the calls, the explorer reports it
             for r in batch:
-                r.future.set_exception(e)
+                settle(r.future, error=e)
             raise
         self.batches += 1
         for r, group in zip(batch, groups):
-            r.future.set_result(self.completions(group))
+            settle(r.future, self.completions(group))
 
     def _due(self) -> bool:
         if not self._queued:

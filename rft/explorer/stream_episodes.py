@@ -12,6 +12,7 @@ import itertools
 from dataclasses import dataclass, field
 
 from rft.config.schema import Config
+from rft.errors import WorkflowError
 from rft.explorer import tasksets as T
 from rft.explorer.engine import Engine, Sample
 from rft.explorer.episodes import (
@@ -20,6 +21,7 @@ from rft.explorer.episodes import (
     ModelCall,
     ModelCalls,
     episode_jobs,
+    settle,
 )
 from rft.explorer.rollout import agent_endpoint, episode_task, episode_template, tool_parser
 from rft.workflow.model import EpisodeCancelled
@@ -49,25 +51,39 @@ class EngineCalls(ModelCalls):
         super().ended(episode)
         with self._lock:
             for key, r in self._live.items():
-                if r.episode == episode and not r.future.done():
-                    r.future.set_exception(EpisodeCancelled(f"episode {episode} ended"))
+                if r.episode == episode and key not in self._aborts:
+                    settle(r.future, error=EpisodeCancelled(f"episode {episode} ended"))
                     self._aborts.append(key)
             self._lock.notify_all()
 
     def pump(self) -> None:
-        """Into the engine: the calls submitted since the last pump; out: ended episodes'."""
+        """Into the engine: the calls submitted since the last pump (a call the engine refuses
+        fails alone, as a WorkflowError of its episode); out: ended episodes' calls."""
         with self._lock:
             queued, self._queued = self._queued, []
             aborts, self._aborts = self._aborts, []
             aborts = [key for key in aborts if self._live.pop(key, None) is not None]
-            added = {f"{REQUEST_PREFIX}{next(self._ids)}": r for r in queued}
-            for r in queued:  # with LoRA the call keeps this version's adapter to its end
-                r.version = self.version
-            self._live.update(added)
+            version = self.version  # with LoRA a call keeps this version's adapter to its end
         for key in aborts:
             self.engine.abort(key)
-        for key, r in added.items():
-            self.engine.add(key, r.prompt_ids, r.args)
+        for r in queued:
+            key = f"{REQUEST_PREFIX}{next(self._ids)}"
+            r.version = version
+            try:
+                self.engine.add(key, r.prompt_ids, r.args)
+            except Exception as e:  # e.g. sampling arguments vLLM refuses
+                settle(r.future, error=WorkflowError(f"the engine refused the model call: {e}"))
+                continue
+            with self._lock:
+                self._live[key] = r
+
+    def drain(self) -> None:
+        """Every episode call out of the engine (none of them is awaited any more)."""
+        with self._lock:
+            keys, self._aborts = list(self._live), []
+            self._live.clear()
+        for key in keys:
+            self.engine.abort(key)
 
     @staticmethod
     def owns(key: str) -> bool:
@@ -79,8 +95,8 @@ class EngineCalls(ModelCalls):
             request = self._live.pop(key, None)
             if key in self._aborts:  # ended in the same engine step: nothing left to abort
                 self._aborts.remove(key)
-        if request is not None and not request.future.done():
-            request.future.set_result(self.completions(samples, request.version))
+        if request is not None:
+            settle(request.future, self.completions(samples, request.version))
 
     @property
     def in_engine(self) -> int:

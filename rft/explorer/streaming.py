@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from rft.buffer.experience import Experience
@@ -23,40 +22,23 @@ from rft.config.schema import Config
 from rft.explorer import cursor as C
 from rft.explorer import tasksets as T
 from rft.explorer.engine import Engine, Sample
-from rft.explorer.episodes import BATCH_WAIT_S, EpisodeResult, episode_metrics
+from rft.explorer.episodes import BATCH_WAIT_S
 from rft.explorer.reward_model import RewardModel
 from rft.explorer.rollout import (
-    PromptJob,
     build_prompts,
     episode_records,
     episode_slots,
-    generated_tokens,
     group_records,
     model_tokens,
     score_all,
     task_id,
-    tool_stats,
 )
 from rft.explorer.spool import GroupSpool, group_key
 from rft.explorer.stream_episodes import EpisodeGroup, StreamedEpisodes
+from rft.explorer.stream_steps import OpenStep, Totals, add_stats, sealed_steps
 from rft.explorer.teacher import TEACHER_KL, add_teacher_logprobs
-from rft.monitor import (
-    EXPLORER_RELOAD_S,
-    EXPLORER_STEP_S,
-    EXPLORER_WAIT_S,
-    GENERATE_TIME_S,
-    GENERATE_TOKENS_PER_S,
-    GENERATED_TOKENS,
-    LOOP_TOKENS_PER_S,
-    ROLLOUT_INFLIGHT,
-    ROLLOUT_SPAN_MEAN,
-    ROLLOUT_SPAN_SHARE,
-    ROLLOUT_TOKENS_DISCARDED,
-    WEIGHTS_VERSION,
-)
 from rft.sync.explorer_side import WeightsIn
 from rft.sync.schedule import required_version
-from rft.workflow import tools
 
 log = logging.getLogger(__name__)
 
@@ -71,46 +53,6 @@ def inflight_limit(cfg: Config) -> int:
     ``explorer.max_inflight_samples``, else one step's (``batch_size x repeat_times``). Samples
     in flight: single-turn requests in the engine, and task runs of episodes not ended yet."""
     return cfg.explorer.max_inflight_samples or cfg.buffer.batch_size * cfg.algorithm.repeat_times
-
-
-@dataclass
-class OpenStep:
-    """An admitted step: its groups in flight and finished."""
-
-    step: int
-    share: C.Share  # (slot, task) pairs sealed with this step (carried slots included)
-    cursor: T.Cursor  # the task stream after this step (saved when it is sealed)
-    version: int  # weights loaded when it was admitted
-    pending: dict[str, int] = field(default_factory=dict)  # key -> the step its group id names
-    prompts: dict[str, PromptJob] = field(default_factory=dict)  # of pending single-turn groups
-    done: dict[str, list[Experience]] = field(default_factory=dict)  # key -> its experiences
-    resumed: set[str] = field(default_factory=set)  # keys taken from the spool (not generated)
-    episodes: list[EpisodeResult] = field(default_factory=list)  # of its workflow-class groups
-    stats: dict[str, float] = field(default_factory=dict)
-
-
-@dataclass
-class Totals:
-    """What happened since the last sealed step (its metrics)."""
-
-    since: float = field(default_factory=time.monotonic)
-    reload_s: float = 0.0
-    wait_s: float = 0.0
-    discarded: int = 0  # response tokens of groups dropped by explorer.max_version_span
-    tools: dict[str, int] = field(default_factory=tools.COUNTS.snapshot)  # tool calls so far
-    scoring: dict[str, list[float]] = field(default_factory=dict)  # reward models', teacher's
-
-    def add(self, stats: dict[str, float]) -> None:
-        """Metrics of one scoring call (reward models, teacher)."""
-        for name, value in stats.items():
-            self.scoring.setdefault(name, []).append(value)
-
-    def scoring_metrics(self) -> dict[str, float]:
-        """The scoring calls' metrics: seconds and counts summed, the teacher's gap averaged."""
-        return {
-            name: sum(values) / len(values) if name == TEACHER_KL else sum(values)
-            for name, values in self.scoring.items()
-        }
 
 
 def stream_steps(
@@ -160,7 +102,7 @@ def stream_steps(
         return eval_at is None and more and room and not plan.finished(stream)
 
     while True:
-        if time.monotonic() - polled >= WEIGHTS_POLL_S:
+        if time.monotonic() - polled >= WEIGHTS_POLL_S and engine.may_reload():
             load(0)
             polled = time.monotonic()
         while admissible():
@@ -187,15 +129,21 @@ def stream_steps(
             finish(cfg, open_steps, spool, finished, totals, writer, reward_models)
         for group in episodes.poll():
             finish_episodes(cfg, open_steps, spool, group, totals, writer)
+        done = []
         while open_steps and not open_steps[0].pending:
-            done = open_steps.popleft()
-            due = seal(done.step, *sealed_step(done, totals, engine.in_flight), done.cursor)
-            spool.drop(done.step)
-            totals = Totals()
+            done.append(open_steps.popleft())
+        for opened, (exps, share, metrics) in zip(
+            done, sealed_steps(done, totals, engine.in_flight)
+        ):
+            due = seal(opened.step, exps, share, metrics, opened.cursor)
+            spool.drop(opened.step)
             if due and evaluate is not None and eval_at is None:
-                eval_at = done.step
+                eval_at = opened.step
+        if done:
+            totals = Totals()
         if eval_at is not None and not open_steps:
-            episodes.calls.pump()  # ended episodes' calls leave the engine
+            episodes.calls.drain()  # calls of ended episodes leave the engine
+            assert engine.in_flight == 0, f"{engine.in_flight} samples still in the engine"
             evaluate(eval_at)  # drained: the engine generates for the evaluation alone
             eval_at = None
         if not open_steps and not admissible():
@@ -262,14 +210,14 @@ def finish(
     reward_models: Sequence[RewardModel],
 ) -> None:
     """The requests one engine step finished: their groups scored together (each reward model
-    scores them in one call) and kept (:func:`keep_groups`)."""
+    scores them in one call; its seconds shared out to their steps by samples) and kept
+    (:func:`keep_groups`)."""
     scored = []
     for request, samples in finished:
         step_text, key = request.split(":", 1)
         opened = next(o for o in open_steps if o.step == int(step_text))
         job, group_step = opened.prompts.pop(key), opened.pending.pop(key)
-        span = max((s.versions[-1] - s.versions[0] for s in samples if s.versions), default=0)
-        if too_wide(cfg, span):
+        if too_wide(cfg, [s.versions for s in samples]):
             totals.discarded += sum(len(s.response_ids) for s in samples)
             opened.done[key] = []
         else:
@@ -277,16 +225,13 @@ def finish(
     if not scored:
         return
     rewards, stats = score_all([g[2] for g in scored], [g[4] for g in scored], reward_models)
-    totals.add(stats)
-    groups = [
-        (
-            opened,
-            key,
-            group_records(job, samples, group_rewards, group_step, opened.version, writer),
-        )
-        for (opened, key, job, group_step, samples), group_rewards in zip(scored, rewards)
-    ]
-    keep_groups(cfg, spool, groups, totals)
+    groups = []
+    total = sum(len(g[4]) for g in scored)
+    for (opened, key, job, group_step, samples), group_rewards in zip(scored, rewards):
+        add_stats(opened, stats, len(samples) / total)
+        exps = group_records(job, samples, group_rewards, group_step, opened.version, writer)
+        groups.append((opened, key, exps))
+    keep_groups(cfg, spool, groups)
 
 
 def finish_episodes(
@@ -305,73 +250,33 @@ def finish_episodes(
     exps = episode_records(
         group.results, group.taskset, group.task, group.step, group.slot, opened.version, writer
     )
-    span = max(
-        (max(e.response_versions) - min(e.response_versions) for e in exps if e.response_versions),
-        default=0,
-    )
-    if too_wide(cfg, span):
+    if too_wide(cfg, [e.response_versions for e in exps]):
         totals.discarded += model_tokens(group.results)
         opened.done[group.key] = []
         return
-    keep_groups(cfg, spool, [(opened, group.key, exps)], totals)
+    keep_groups(cfg, spool, [(opened, group.key, exps)])
 
 
-def too_wide(cfg: Config, span: int) -> bool:
-    """A group whose samples span more weights versions than ``explorer.max_version_span``."""
-    return cfg.explorer.max_version_span is not None and span > cfg.explorer.max_version_span
+def too_wide(cfg: Config, versions: Sequence[Sequence[int]]) -> bool:
+    """A group whose samples (their per-token ``versions``; empty: unlabelled) span more weights
+    versions, from the earliest token of any to the latest, than ``explorer.max_version_span``."""
+    labelled = [v for v in versions if v]
+    if cfg.explorer.max_version_span is None or not labelled:
+        return False
+    span = max(v[-1] for v in labelled) - min(v[0] for v in labelled)
+    return span > cfg.explorer.max_version_span
 
 
 def keep_groups(
-    cfg: Config,
-    spool: GroupSpool,
-    groups: list[tuple[OpenStep, str, list[Experience]]],
-    totals: Totals,
+    cfg: Config, spool: GroupSpool, groups: list[tuple[OpenStep, str, list[Experience]]]
 ) -> None:
     """Complete groups (open step, key, experiences): teacher log-probs added (on-policy
-    distillation, one call), kept in the spool, marked done in their step."""
-    totals.add(add_teacher_logprobs(cfg, [e for _, _, exps in groups for e in exps]))
-    for opened, key, exps in groups:
-        spool.put(opened.step, key, exps)
-        opened.done[key] = exps
-
-
-def sealed_step(
-    opened: OpenStep, totals: Totals, in_flight: int
-) -> tuple[list[Experience], C.Share, dict[str, float]]:
-    """The step's experiences (groups adjacent, in slot order) and its metrics."""
-    keys = sorted(opened.done, key=lambda k: tuple(int(part) for part in k.split(".")))
-    exps = [e for key in keys for e in opened.done[key]]
-    seconds = time.monotonic() - totals.since
-    tokens = sum(
-        generated_tokens(e) for k in keys if k not in opened.resumed for e in opened.done[k]
-    )
-    episodes = (
-        {**episode_metrics(opened.episodes), **tool_stats(totals.tools)}
-        if (opened.episodes)
-        else {}
-    )
-    spans = [
-        max(e.response_versions) - min(e.response_versions) for e in exps if e.response_versions
-    ]
-    return (
-        exps,
-        opened.share,
-        {
-            **opened.stats,
-            **totals.scoring_metrics(),
-            **episodes,
-            "tasks": len(opened.share),
-            GENERATED_TOKENS: tokens,
-            GENERATE_TIME_S: seconds,
-            GENERATE_TOKENS_PER_S: tokens / seconds if seconds > 0 else 0.0,
-            EXPLORER_STEP_S: seconds,  # since the previous step was sealed: steps overlap
-            LOOP_TOKENS_PER_S: tokens / seconds if seconds > 0 else 0.0,
-            WEIGHTS_VERSION: opened.version,
-            EXPLORER_RELOAD_S: totals.reload_s,
-            EXPLORER_WAIT_S: totals.wait_s,
-            ROLLOUT_SPAN_SHARE: len(spans) / len(exps) if exps else 0.0,
-            ROLLOUT_SPAN_MEAN: sum(spans) / len(spans) if spans else 0.0,
-            ROLLOUT_TOKENS_DISCARDED: totals.discarded,
-            ROLLOUT_INFLIGHT: in_flight,
-        },
-    )
+    distillation, one call; its seconds shared out to their steps), kept in the spool, marked
+    done in their step."""
+    exps = [e for _, _, group in groups for e in group]
+    stats = add_teacher_logprobs(cfg, exps)
+    stats.pop(TEACHER_KL, None)  # per step, from its experiences (sealed_steps)
+    for opened, key, group in groups:
+        add_stats(opened, stats, len(group) / max(len(exps), 1))
+        spool.put(opened.step, key, group)
+        opened.done[key] = group

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from rft.config.schema import Config
 from rft.errors import SyncTimeoutError
 from rft.sync.heartbeat import Heartbeat
-from rft.sync.local import DeltaPolicy, LocalCopy
+from rft.sync.local import LocalCopy, delta_policy
 from rft.sync.receiver import BroadcastReceiver
 from rft.sync.schedule import explorer_lead
 from rft.sync.versions import weights_problem
@@ -121,8 +121,8 @@ def open_weights_in(cfg: Config, writer: str, engine: Any, heartbeat: Heartbeat)
     sync = cfg.synchronizer
     nccl = sync.sync_method == "nccl"
     local = None
-    if sync.delta_sync:  # engines load node-local rebuilt folders, not weights/
-        policy = DeltaPolicy(sync.delta_anchor_interval, sync.delta_local_dir)
+    policy = delta_policy(cfg)
+    if policy is not None:  # engines load node-local rebuilt folders, not weights/
         local = LocalCopy(cfg.run_dir, policy.scratch(cfg.run_dir, writer))
     # with nccl, folders only bring versions newer than the loaded one (published at
     # checkpoints, at the end, or when a broadcast failed)

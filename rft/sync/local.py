@@ -20,6 +20,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Union
 
 from rft import atomic
+from rft.config.rules import lora_config
+from rft.config.schema import Config
 from rft.rundir import weights_dir
 from rft.safetensors_io import is_weights_file, write_safetensors
 from rft.sync.delta import DeltaError
@@ -53,6 +55,16 @@ class DeltaPolicy:
         root = self.local_dir or os.environ.get("TMPDIR") or tempfile.gettempdir()
         run = hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:10]
         return Path(root) / f"rft-weights-{run}-{who}"
+
+
+def delta_policy(cfg: Config, last_version: int | None = None) -> DeltaPolicy | None:
+    """The run's delta folders (``synchronizer.delta_sync``), read by the trainer and the
+    explorers alike; None: full folders. Adapters (``model.lora_configs``) are megabytes: always
+    in full (and an adapter in flight in a streaming explorer keeps its own folder)."""
+    sync = cfg.synchronizer
+    if not sync.delta_sync or lora_config(cfg) is not None:
+        return None
+    return DeltaPolicy(sync.delta_anchor_interval, sync.delta_local_dir, last_version)
 
 
 @dataclass(frozen=True)

@@ -328,7 +328,7 @@ def train(cfg: Config, info: engine.DistInfo, stop: StopFlag, lease: Lease | Non
             progress.weights_version,
             " with its critic" if critic is not None else "",
         )
-    weights = WeightsOut(cfg, info, steps, actor.lora)  # folders, deltas, broadcasts, adapters
+    weights = WeightsOut(cfg, info, steps)  # folders, deltas, broadcasts, adapters
     monitor = Monitor(
         run_dir,
         "trainer",

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from rft.config.schema import Config
 from rft.models import tokenizer_files
-from rft.sync.local import DeltaPolicy, StreamedFolder
+from rft.sync.local import StreamedFolder, delta_policy
 
 if TYPE_CHECKING:
     import torch
@@ -38,7 +38,7 @@ def needs_weights_folder(cfg: Config, step: int, last_step: int | None) -> bool:
 class WeightsOut:
     """Weights versions to the explorers: :meth:`publish` (collective), :meth:`close`."""
 
-    def __init__(self, cfg: Config, info: DistInfo, last_step: int | None, lora: bool):
+    def __init__(self, cfg: Config, info: DistInfo, last_step: int | None):
         from rft.sync.broadcaster import WeightBroadcaster
         from rft.sync.publisher import WeightsPublisher
 
@@ -47,9 +47,7 @@ class WeightsOut:
         self.last_step = last_step  # the run's last step (None: until the data ends)
         self.rank = info.rank
         self.by_broadcast = sync.sync_method == "nccl"
-        delta = None
-        if sync.delta_sync and not lora:  # adapters are megabytes: always in full
-            delta = DeltaPolicy(sync.delta_anchor_interval, sync.delta_local_dir, last_step)
+        delta = delta_policy(cfg, last_step)
         self.publisher: WeightsPublisher | None = None
         self.broadcaster: WeightBroadcaster | None = None
         if self.rank == 0:
