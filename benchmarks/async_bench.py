@@ -110,6 +110,25 @@ differed by 1.4%. Generated: 0.96x (short replies leave little tail to fill; ste
 version 1 in flight, all its samples spanning, the only step whose reward differs). The
 simulator, fitting training as 16.1 s + 1.73 ms/token from the sync run (trainer steps 18-22 s
 there, 14-15 s here once the explorer was done), underrates both asynchronous rows by a quarter.
+
+Agentic episodes with a slow environment (2026-11-26, ``--taskset slow-env --steps 8 --modes
+sync async async-partial``; same machine and shape; two model turns per episode around an
+environment step of 0.2 s, 30 s for one episode in eight, seeded by task and run:
+``benchmarks/plugins/slow_env.py``; ``explorer.runner_per_model: 64``)::
+
+    | mode | samples/s | vs sync | vs async | generated samples/s | reward per sample | staleness | spanning | tokens discarded |
+    | sync | 0.505 | 1.00x | 0.57x | 0.494 | 0.102 | 0.00 | - | - |
+    | async | 0.889 | 1.76x | 1.00x | 0.863 | 0.133 | 0.88 | - | - |
+    | async-partial | 1.346 | 2.66x | 1.51x | 3.340 | 0.117 | 3.50 | 5% | 0 |
+    predicted from the sync run (share 0.88): +1.0%, -9.4%, -37.9% (partial)
+
+Here the explorer is the bottleneck: a plain async step waits about 30 s for its slowest
+episode (explorer steps of 37.5 s, trainer steps of 37 s waiting for them), while streaming
+keeps the next steps' episodes running beside the slow ones (explorer steps every 7-12 s) and
+the trainer sets the pace (22 s a step): 1.51x plain async's trained samples/s, 3.87x its
+generated, 0 tokens discarded, reward per sample within noise of sync's (+0.016 +- 0.035 per
+step, paired; async +0.031 +- 0.016). The simulator has no environment time that overlaps
+(it fits the 30 s wait as generation), so it underrates streaming by 38%.
 """
 
 from __future__ import annotations
