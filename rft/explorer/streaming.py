@@ -243,14 +243,15 @@ def finish_episodes(
     writer: str,
 ) -> None:
     """A task whose episodes all ended: the experiences of those that ended well, kept
-    (:func:`keep_group`); the episodes counted in its step's metrics."""
+    (:func:`keep_groups`); the episodes counted in its step's metrics."""
     opened = next(o for o in open_steps if o.step == group.sealed_with)
     opened.pending.pop(group.key)
     opened.episodes += group.results
     exps = episode_records(
         group.results, group.taskset, group.task, group.step, group.slot, opened.version, writer
     )
-    if too_wide(cfg, [e.response_versions for e in exps]):
+    # a record spanning no versions has its tokens' one version as model_version
+    if too_wide(cfg, [e.response_versions or [e.model_version] for e in exps]):
         totals.discarded += model_tokens(group.results)
         opened.done[group.key] = []
         return
