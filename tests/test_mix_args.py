@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rft.algo.losses import mix_chord_loss
+from rft.config.gpus import split_gpus
 from rft.config.load import config_from_dict, read_raw
 from rft.errors import ConfigError
 from rft.trainer.algorithm import build_loss_fns, expert_loss_args
@@ -95,7 +96,7 @@ def test_the_examples_bookkeeping_agrees_with_rfts_values(chord, caplog):
     with caplog.at_level(logging.WARNING):
         cfg = config_from_dict(chord)
     assert "has no effect: rft weighs" not in caplog.text  # 320 = 256 rollouts + 64 expert
-    assert cfg.gpu_split().trainer == 4  # ngpus_trainer
+    assert split_gpus(cfg).trainer == 4  # ngpus_trainer
     build_loss_fns(cfg.algorithm)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from rft.config.auxiliary import RewardWeights, scoring_max_len, split_reward_weights
+from rft.config.gpus import split_gpus
 from rft.config.load import config_from_dict, load_config
 from rft.config.schema import AuxiliaryModelConfig, FormatConfig, TasksetConfig
 from rft.errors import CheckpointError, ConfigError, DataError
@@ -348,7 +349,7 @@ def test_gpu_split_and_local_ids_count_reward_models():
 
 def test_config_gpu_split_and_trainer_group_count_reward_models(tmp_path):
     cfg = config_from_dict(base_config(tmp_path))
-    assert cfg.gpu_split().explorer == 4 and cfg.gpu_split().trainer == 4
+    assert split_gpus(cfg).explorer == 4 and split_gpus(cfg).trainer == 4
     assert [g.ntasks for g in slurm.groups(cfg)] == [2, 4]
     plan = "\n".join(f"{label}: {value}" for label, value in _role_lines(cfg, Devices(8)))
     assert "explorer: 'explorer': 2 vLLM task(s) x TP 1 + 2 for reward models = 4 GPU(s)" in plan

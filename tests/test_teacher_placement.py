@@ -14,6 +14,7 @@ import torch
 
 from rft.buffer.experience import Experience
 from rft.config.auxiliary import auxiliary_tp, forward_dtype
+from rft.config.gpus import split_gpus
 from rft.config.load import config_from_dict
 from rft.config.teacher import explorer_scorers, teacher_in_trainer
 from rft.errors import ConfigError
@@ -45,7 +46,7 @@ def test_a_shared_teacher_runs_in_the_trainer_and_takes_no_explorer_gpus():
     cfg = _cfg()
     assert teacher_in_trainer(cfg)
     assert explorer_scorers(cfg) == [] and auxiliary_tp(cfg) == []
-    split = cfg.gpu_split()
+    split = split_gpus(cfg)
     # Trinity gives the teacher 2 GPUs of its own; rft's trainer holds it on its own 4
     assert (split.explorer, split.trainer, split.auxiliary) == (4, 4, 0)
 
@@ -54,7 +55,7 @@ def test_a_teacher_per_explorer_runs_in_each_explorer_task():
     cfg = _cfg(rollout={"engine_num": 2}, teacher={"engine_num": 2})
     assert not teacher_in_trainer(cfg)
     assert auxiliary_tp(cfg) == [2]
-    split = cfg.gpu_split()
+    split = split_gpus(cfg)
     assert (split.explorer, split.trainer, split.auxiliary) == (6, 2, 4)  # 2 x (1 + 2)
 
 
@@ -67,7 +68,7 @@ def test_the_teacher_in_the_trainer_counts_no_explorer_gpus_in_the_split_check()
     # as a teacher per explorer task: 4 x (1 + 2) = 12 GPUs > 8; in the trainer the run fits
     with pytest.raises(ConfigError, match="leaving none of"):
         _cfg(rollout={"engine_num": 4}, teacher={"engine_num": 4})
-    assert _cfg(rollout={"engine_num": 7}).gpu_split().trainer == 1
+    assert split_gpus(_cfg(rollout={"engine_num": 7})).trainer == 1
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from rft.config.gpus import split_gpus
 from rft.config.load import config_from_dict, load_config, read_raw
 from rft.errors import NotSupportedError
 from rft.launch.cli import run_main
@@ -141,7 +142,7 @@ def test_async_pair_and_added_explorer_share_one_run(tmp_path, trinity_env):
     assert explorer.run_dir == trainer.run_dir == added.run_dir
     assert (explorer.mode, trainer.mode, added.mode) == ("explore", "train", "explore")
     assert added.explorer.name == "explorer_new" != explorer.explorer.name
-    assert explorer.gpu_split().explorer == 4 and trainer.gpu_split().trainer == 4
+    assert split_gpus(explorer).explorer == 4 and split_gpus(trainer).trainer == 4
     assert trainer.buffer.train_batch_size == 512
 
 

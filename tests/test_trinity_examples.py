@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from rft.config.gpus import split_gpus
 from rft.config.load import config_from_dict, load_config, read_raw
 from rft.config.teacher import teacher_in_trainer
 from rft.errors import ConfigError, NotSupportedError
@@ -174,14 +175,14 @@ def test_distillation_example_puts_its_teacher_in_the_trainer(
     teacher = cfg.explorer.auxiliary_models[0]
     assert teacher.dtype == "bfloat16" and teacher.enforce_eager and teacher.seed == 42
     assert teacher_in_trainer(cfg)
-    split = cfg.gpu_split()  # Trinity: 4 rollout + 2 teacher + 2 trainer GPUs
+    split = split_gpus(cfg)  # Trinity: 4 rollout + 2 teacher + 2 trainer GPUs
     assert (split.explorer, split.trainer) == (4, 4)
     raw = read_raw(EXAMPLES / name, [f"checkpoint_root_dir={tmp_path}"])
     raw["explorer"]["rollout_model"]["engine_num"] = 2
     raw["explorer"]["auxiliary_models"][0]["engine_num"] = 2
     per_explorer = dry_run(raw, tmp_path)
     assert not teacher_in_trainer(per_explorer)
-    split = per_explorer.gpu_split()
+    split = split_gpus(per_explorer)
     assert (split.explorer, split.trainer) == (6, 2)  # 2 x (1 + the teacher's 2)
     algo = cfg.algorithm
     assert (algo.advantage_fn, algo.policy_loss_fn, algo.kl_loss_fn) == (

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 
+from rft.config.gpus import split_gpus
 from rft.config.mix import MixCounts
 from rft.config.names import MIX_BATCH_ARGS
 from rft.config.schema import Config
@@ -50,7 +51,7 @@ def check_mix_batch_args(cfg: Config, counts: MixCounts) -> None:
 
 def _derived(cfg: Config, counts: MixCounts) -> list[tuple[str, object, str]]:
     """(arg, rft's value, where rft's value comes from) for each count rft derives."""
-    trainer, split = cfg.trainer, cfg.gpu_split()
+    trainer, split = cfg.trainer, split_gpus(cfg)
     rows = [
         ("ppo_mini_batch_size", counts.total, "buffer.train_batch_size"),
         ("train_batch_size_usual", counts.rollout, "rollouts per step"),

@@ -12,6 +12,7 @@ import logging
 
 from rft.config.auxiliary import auxiliary_tp, check_auxiliary_models
 from rft.config.batches import check_train_batch_size
+from rft.config.gpus import split_gpus
 from rft.config.mix import mix_counts
 from rft.config.mix_args import check_mix_batch_args
 from rft.config.names import (
@@ -818,7 +819,7 @@ def check_gpu_split(cfg: Config, mode: str | None = None) -> None:
     rollout, cluster = cfg.explorer.rollout_model, cfg.cluster
     if cluster.gpu_per_node == 0:
         return  # CPU-only cluster description: the local runner decides
-    split = cfg.gpu_split(mode)
+    split = split_gpus(cfg, mode)
     per_task = task_gpus(rollout.tensor_parallel_size, auxiliary_tp(cfg))
     scorers = " plus one scorer of each reward model" if cfg.explorer.auxiliary_models else ""
     if per_task > cluster.gpu_per_node:

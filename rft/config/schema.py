@@ -24,10 +24,8 @@ from rft.config.names import (
     ROLLOUT_CORRECTION_MODES,
     SAMPLE_STRATEGIES,
 )
-from rft.config.teacher import explorer_scorers
 from rft.config.typed_dict import field, from_dict
 from rft.errors import ConfigError
-from rft.placement import GpuSplit, auxiliary_gpus, gpu_split
 
 Mode = Literal["both", "explore", "train", "bench"]
 AlgorithmType = Literal[ALGORITHM_TYPES]
@@ -675,18 +673,6 @@ class Config:
                 for i, taskset in enumerate(inputs.eval_tasksets)
             ]
         return out
-
-    def gpu_split(self, mode: Optional[str] = None) -> GpuSplit:
-        """How ``mode`` (default: this config's) divides the cluster section's GPUs."""
-        rollout = self.explorer.rollout_model
-        return gpu_split(
-            mode or self.mode,
-            node_num=self.cluster.node_num,
-            gpu_per_node=self.cluster.gpu_per_node,
-            engine_num=rollout.engine_num,
-            tensor_parallel_size=rollout.tensor_parallel_size,
-            auxiliary_gpus=auxiliary_gpus(explorer_scorers(self)),  # a trainer's teacher: none
-        )
 
     def training_tasksets(self) -> list[TasksetConfig]:
         """The training tasksets, whether written as ``taskset`` or ``tasksets``."""

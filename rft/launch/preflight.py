@@ -17,6 +17,7 @@ from pathlib import Path
 from rft import data, stages
 from rft.config import batches
 from rft.config.auxiliary import auxiliary_tp, scoring_max_len
+from rft.config.gpus import split_gpus
 from rft.config.load import stage_config, stage_label
 from rft.config.rules import lora_config, uses_critic, uses_teacher
 from rft.config.schema import Config, ExperienceBufferConfig
@@ -360,7 +361,7 @@ def _cluster_line(cfg: Config) -> str:
 
 def _role_lines(cfg: Config, devices: Devices) -> list[tuple[str, str]]:
     r, t, b = cfg.explorer.rollout_model, cfg.trainer, cfg.buffer
-    split = cfg.gpu_split()
+    split = split_gpus(cfg)
     lines = []
     if cfg.mode in ENGINE_MODES:
         scorers = f" + {split.auxiliary} for reward models" if split.auxiliary else ""

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from rft import stages
 from rft.config.auxiliary import auxiliary_tp
+from rft.config.gpus import split_gpus
 from rft.config.load import stage_label
 from rft.config.rules import check_gpu_split
 from rft.config.schema import Config
@@ -56,7 +57,7 @@ def groups(cfg: Config, mode: str | None = None) -> list[Group]:
     check_gpu_split(cfg, mode)  # a staged config's job mode may be none of its stages' modes
     rollout, cluster = cfg.explorer.rollout_model, cfg.cluster
     gpn = cluster.gpu_per_node
-    split = cfg.gpu_split(mode)
+    split = split_gpus(cfg, mode)
     out = []
     if mode in EXPLORER_MODES:
         per_task = task_gpus(rollout.tensor_parallel_size, auxiliary_tp(cfg))  # <= gpn: on one node
