@@ -205,6 +205,30 @@ def test_tools_that_raise_hang_crash_or_return_garbage_become_observations():
         ToolBox([lambda: 1])
 
 
+def test_tool_calls_count_in_the_episode_thread_that_made_them():
+    import threading
+
+    from rft.workflow.tools import ToolCounts, counting
+
+    box = ToolBox([scripted.echo, scripted.garbage])
+    counts = [ToolCounts(), ToolCounts()]
+
+    def episode(mine: ToolCounts, calls: int) -> None:
+        with counting(mine):
+            for _ in range(calls):
+                box.call("echo", {"text": "x"})
+            box.call("garbage", {"text": ""})  # an error observation
+
+    threads = [threading.Thread(target=episode, args=(c, n)) for c, n in zip(counts, (1, 3))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [(c.calls, c.errors, c.timeouts) for c in counts] == [(2, 1, 0), (4, 1, 0)]
+    box.call("echo", {"text": "x"})  # outside every episode: counted nowhere
+    assert counts[0].calls == 2
+
+
 def test_dry_run_resolution_names_the_taskset(tmp_path):
     from rft.config.load import config_from_dict
     from rft.explorer.tasksets import taskset_workflow

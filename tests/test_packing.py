@@ -139,6 +139,27 @@ def test_use_remove_padding_packs_and_the_attention_stays_default_on_cpu(tmp_pat
     assert attention_implementation(cfg) is None  # no GPU: transformers' default (SDPA)
 
 
+def test_a_float32_teacher_gets_no_flash_attention_in_a_bf16_packed_run(tmp_path, monkeypatch):
+    from rft.config.load import config_from_dict
+    from rft.trainer import engine
+    from rft.trainer.attention import FLASH_ATTENTION_2, FLEX_ATTENTION
+
+    monkeypatch.setattr(engine.torch.cuda, "is_available", lambda: True)  # a GPU with flash_attn
+    monkeypatch.setattr(engine, "flash_attn_installed", lambda: True)
+    cfg = config_from_dict(
+        {
+            "mode": "train",
+            "checkpoint_root_dir": str(tmp_path),
+            "model": {"model_path": str(tmp_path)},
+            "trainer": {"padding_free": True, "precision": "bf16"},
+        }
+    )
+    assert engine.attention_implementation(cfg) == FLASH_ATTENTION_2  # the actor trains in bf16
+    assert engine.attention_implementation(cfg, torch.bfloat16) == FLASH_ATTENTION_2
+    # FlashAttention-2 takes no float32: a teacher with dtype float32 attends with flex_attention
+    assert engine.attention_implementation(cfg, torch.float32) == FLEX_ATTENTION
+
+
 def test_packed_attention_prefers_flash_attention_then_flex_on_gpus():
     from rft.trainer.attention import FLASH_ATTENTION_2, FLEX_ATTENTION, packed_attention
 

@@ -404,3 +404,38 @@ def test_open_weights_in_wires_folders_deltas_and_broadcasts_from_the_config(tmp
     assert weights.receiver is None and not weights.watcher.newer_only  # sync_method checkpoint
     assert weights.watcher.heartbeat is heartbeat and weights.loaded_version == 0
     weights.close()
+
+
+def test_explorer_sync_writes_the_loops_heartbeat_and_waits_for_weights(tmp_path):
+    from rft.config.load import load_config
+    from rft.sync.explorer_side import open_explorer_sync
+
+    config = Path(__file__).resolve().parent.parent / "configs" / "sft_warmup.yaml"
+    cfg = load_config(config, [f"checkpoint_root_dir={tmp_path}"])
+
+    def beat() -> dict:
+        (status,) = read_heartbeats(cfg.run_dir, 60)
+        return status.fields
+
+    sync = open_explorer_sync(cfg, "explorer-0", steps_done=4)  # a resume after step 4
+    assert (beat()["steps_done"], beat()["finished"], beat()[LOADED_FIELD]) == (4, False, None)
+    engine = ShardEngine()
+    sync.attach(engine)  # the engine started with the model path: version 0
+    assert beat()[LOADED_FIELD] == 0 and sync.loaded_version == 0
+    sync.sealed(5, tasks=3, finished=False)
+    sync.sealed(6, tasks=2, finished=True)  # the last step: a trainer may end
+    assert (beat()["steps_done"], beat()["tasks_done"], beat()["finished"]) == (6, 5, True)
+    late_publisher(cfg.run_dir).publish(1, shards("1:a"))
+    with sync.evaluating(need=1) as version:  # loads v1 first, then says it evaluates
+        assert version == 1 and beat()[EVALUATING_FIELD] is True
+        assert engine.loads == [["1:a", "1:a"]]
+    assert beat()[EVALUATING_FIELD] is False and beat()[LOADED_FIELD] == 1
+    with pytest.raises(RuntimeError):  # an evaluation that fails still clears the field
+        with sync.evaluating():
+            raise RuntimeError("eval failed")
+    assert beat()[EVALUATING_FIELD] is False
+    sync.close()
+    assert beat()["exited"] and not read_heartbeats(cfg.run_dir, 60)[0].live
+    done = open_explorer_sync(cfg, "explorer-0", steps_done=6, finished=True)  # nothing left
+    assert beat()["finished"] and beat()["steps_done"] == 6 and not beat()["exited"]
+    done.close()

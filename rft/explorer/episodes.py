@@ -34,12 +34,16 @@ from rft.monitor import (
     EPISODE_TURNS,
     EPISODES,
     GENERATE_BATCHES,
+    TOOL_CALLS,
+    TOOL_ERRORS,
+    TOOL_TIMEOUTS,
 )
 from rft.workflow.conversation import ChatTemplate, Completion
 from rft.workflow.endpoint import Endpoint
 from rft.workflow.experience import Experience
 from rft.workflow.model import EpisodeCancelled, ModelWrapper
 from rft.workflow.task import GenerationArgs, Task
+from rft.workflow.tools import ToolCounts, counting
 
 log = logging.getLogger(__name__)
 
@@ -241,6 +245,7 @@ class EpisodeResult:
     turns: int = 0
     prefix_breaks: int = 0
     seconds: float = 0.0
+    tools: ToolCounts = field(default_factory=ToolCounts)  # its tool calls (ToolBox.call)
 
     @property
     def ok(self) -> bool:
@@ -368,7 +373,8 @@ class EpisodePool:
         result = self.results[i]
         start = time.monotonic()
         try:
-            result.experiences = _run_workflow(result.job, model)
+            with counting(result.tools):
+                result.experiences = _run_workflow(result.job, model)
         except Exception as e:  # a workflow's failure ends its episode, never the explorer
             result.error = f"{type(e).__name__}: {e}"
             if not isinstance(e, EpisodeCancelled):
@@ -444,6 +450,9 @@ def episode_metrics(results: list[EpisodeResult]) -> dict[str, float]:
         EPISODE_TURNS: sum(r.turns for r in ok) / max(len(ok), 1),
         EPISODE_SAMPLES: sum(len(r.experiences) for r in ok),
         EPISODE_PREFIX_BREAKS: sum(r.prefix_breaks for r in results),
+        TOOL_CALLS: sum(r.tools.calls for r in results),
+        TOOL_ERRORS: sum(r.tools.errors for r in results),
+        TOOL_TIMEOUTS: sum(r.tools.timeouts for r in results),
     }
 
 

@@ -47,15 +47,7 @@ from rft.monitor import (
 from rft.placement import EXPLORER_MODES, explorer_rank
 from rft.rundir import EXPLORER_META, explorer_role, writer_name
 from rft.stages import load_stage
-from rft.sync.explorer_side import WeightsIn, open_weights_in
-from rft.sync.heartbeat import (
-    EVALUATING_FIELD,
-    FINISHED_FIELD,
-    LOADED_FIELD,
-    STEPS_FIELD,
-    TASKS_FIELD,
-    Heartbeat,
-)
+from rft.sync.explorer_side import ExplorerSync, open_explorer_sync
 from rft.sync.schedule import explorer_lead, required_version
 
 log = logging.getLogger(__name__)
@@ -130,9 +122,9 @@ def run_explorer(
     )
     plan = resume_cursor(run_dir, explorer, stream)
     cursor = plan.cursor  # advanced in place by stream.next_batch
-    heartbeat = Heartbeat(run_dir, explorer.writer, cfg.explorer.heartbeat_interval_s).start()
+    sync = open_explorer_sync(cfg, explorer.writer, cursor.step, stream.finished(cursor))
     if handle_signals:
-        install_exit_handlers(heartbeat, lease)
+        install_exit_handlers(sync, lease)
     monitor = Monitor(
         run_dir,
         explorer.role,
@@ -151,18 +143,17 @@ def run_explorer(
     reward_models = load_reward_models(
         cfg
     )  # after vLLM started: this process touches CUDA only now
-    weights = open_weights_in(cfg, explorer.writer, engine, heartbeat)  # folders, broadcasts
+    sync.attach(engine)  # weights by folders, deltas or broadcasts
     result = ExplorerResult()
-    sync = cfg.synchronizer
-    lead, _ = explorer_lead(cfg.mode, sync.sync_offset, sync.max_lead_steps)
+    synchronizer = cfg.synchronizer
+    lead, _ = explorer_lead(cfg.mode, synchronizer.sync_offset, synchronizer.max_lead_steps)
 
-    def evaluate_now(step: int) -> dict[str, Any]:
-        """:func:`evaluate`, said in the heartbeat while it runs (a launcher waits for it)."""
-        heartbeat.beat(**{EVALUATING_FIELD: True})
-        try:
-            return evaluate(cfg, engine, eval_sets, monitor, step, weights, reward_models)
-        finally:
-            heartbeat.beat(**{EVALUATING_FIELD: False})
+    def evaluate_now(step: int, need: int | None = None) -> None:
+        """:func:`evaluate` the weights loaded (first those >= ``need`` when given), said in
+        the heartbeat while it runs (a launcher waits for it)."""
+        with sync.evaluating(need) as version:
+            metrics = evaluate(cfg, engine, eval_sets, monitor, step, version, reward_models)
+        result.eval_metrics.append(metrics)
 
     def seal(
         step: int, exps: list, share: C.Share, stats: dict[str, float], after: T.Cursor
@@ -173,9 +164,7 @@ def run_explorer(
         lease.check(f"sealing segment {step} and saving the task cursor")
         writer.write(exps, seq=step)
         C.save_cursor(run_dir, explorer.name, explorer.rank, plan.layout, after)
-        heartbeat.beat(
-            **{STEPS_FIELD: step, TASKS_FIELD: heartbeat.fields[TASKS_FIELD] + len(share)}
-        )
+        sync.sealed(step, len(share), finished=stream.finished(after))  # a trainer may end
         metrics = {**stats, **step_metrics(exps)}
         monitor.log(step, metrics)
         result.steps.append(step)
@@ -185,10 +174,8 @@ def run_explorer(
         return bool(eval_sets) and bool(every) and step % every == 0 and not final_eval
 
     try:
-        heartbeat.beat(**{LOADED_FIELD: 0, STEPS_FIELD: cursor.step})
         if eval_sets and cfg.explorer.eval_on_startup and cursor.step == 0:
-            weights.wait_for(0)
-            result.eval_metrics.append(evaluate_now(0))
+            evaluate_now(0, need=0)
         explore = stream_steps if streams(cfg) else step_by_step
         explore(
             cfg,
@@ -196,24 +183,20 @@ def run_explorer(
             train_sets,
             plan,
             stream,
-            weights,
+            sync,
             seal,
             writer=explorer.writer,
             lead=lead,
             max_steps=max_steps,
             reward_models=reward_models,
-            evaluate=lambda step: result.eval_metrics.append(evaluate_now(step)),
+            evaluate=evaluate_now,
         )
-        if stream.finished(cursor):  # after the last segment was sealed: a trainer may now end
-            heartbeat.beat(**{FINISHED_FIELD: True})
-            if result.steps and evaluates_final(cfg, bool(eval_sets)):
-                # The trained model: the trainer publishes its last step's weights (sync.py).
-                weights.wait_for(stream.total_steps)
-                result.eval_metrics.append(evaluate_now(result.steps[-1]))
-        result.loaded_version = weights.loaded_version or 0
+        if result.steps and stream.finished(cursor) and evaluates_final(cfg, bool(eval_sets)):
+            # The trained model: the trainer publishes its last step's weights.
+            evaluate_now(result.steps[-1], need=stream.total_steps)
+        result.loaded_version = sync.loaded_version or 0
     finally:
-        weights.close()
-        heartbeat.stop()
+        sync.close()
         monitor.close()
         lease.release()
     return result
@@ -225,7 +208,7 @@ def step_by_step(
     tasksets: list[T.Taskset],
     plan: C.RankPlan,
     stream: T.TaskStream,
-    weights: WeightsIn,
+    weights: ExplorerSync,
     seal: Seal,
     *,
     writer: str,
@@ -359,11 +342,11 @@ def evaluate(
     eval_sets: list[T.Taskset],
     monitor: Monitor,
     step: int,
-    weights: WeightsIn,
+    version: int,
     reward_models: Sequence[RewardModel] = (),
 ) -> dict[str, Any]:
-    """Every row of every eval taskset with its rollout_args; metrics to the monitor only."""
-    version = weights.loaded_version or 0
+    """Every row of every eval taskset with its rollout_args, generated with weights version
+    ``version`` (the engine's); metrics to the monitor only."""
     metrics: dict[str, Any] = {EVAL_WEIGHTS_VERSION: version}
     start = time.monotonic()
     for ts in eval_sets:
@@ -381,7 +364,7 @@ def evaluate(
 # ----------------------------------------------------------------------------- entry
 
 
-def install_exit_handlers(heartbeat: Heartbeat, lease: Lease | None = None) -> None:
+def install_exit_handlers(sync: ExplorerSync, lease: Lease | None = None) -> None:
     """SIGTERM/SIGUSR1: mark the heartbeat exited, release the lease, and leave at once
     (unsealed batch lost)."""
 
@@ -390,7 +373,7 @@ def install_exit_handlers(heartbeat: Heartbeat, lease: Lease | None = None) -> N
         try:
             if lease is not None:
                 lease.release(blocking=False)
-            heartbeat.write_exited()
+            sync.exit_now()
         finally:
             os._exit(128 + signum)
 

@@ -32,11 +32,7 @@ from rft.monitor import (
     GENERATE_TIME_S,
     GENERATE_TOKENS_PER_S,
     GENERATED_TOKENS,
-    TOOL_CALLS,
-    TOOL_ERRORS,
-    TOOL_TIMEOUTS,
 )
-from rft.workflow import tools
 from rft.workflow.conversation import ChatTemplate
 from rft.workflow.endpoint import Endpoint, shared_endpoint
 from rft.workflow.single_turn import Recipe
@@ -376,12 +372,6 @@ def generated_tokens(exp: Any) -> int:
     return sum(exp.action_mask) if exp.action_mask else len(exp.response_ids)
 
 
-def tool_stats(before: dict[str, int]) -> dict[str, float]:
-    """Tool calls, errors and timeouts since the ``tools.COUNTS.snapshot()`` ``before``."""
-    used = tools.counts_since(before)
-    return {TOOL_CALLS: used["calls"], TOOL_ERRORS: used["errors"], TOOL_TIMEOUTS: used["timeouts"]}
-
-
 def rollout_episodes(
     cfg: Config,
     engine: Engine,
@@ -398,7 +388,6 @@ def rollout_episodes(
         ts = tasksets[task.taskset]
         workflow = ts.workflow_of(ts.rows[task.index])
         jobs += episode_jobs(slot, episode_task(ts, task, step, writer), workflow.cls)
-    before = tools.COUNTS.snapshot()
     results, stats = run_episodes(
         jobs,
         engine,
@@ -411,7 +400,7 @@ def rollout_episodes(
         reasoning_parser=cfg.explorer.rollout_model.reasoning_parser,
         endpoint=agent_endpoint(cfg),
     )
-    stats.update({**tool_stats(before), GENERATED_TOKENS: model_tokens(results)})
+    stats[GENERATED_TOKENS] = model_tokens(results)
     exps: list[Experience] = []
     for slot, task in sorted(items, key=lambda item: item[0]):  # groups adjacent
         ts = tasksets[task.taskset]

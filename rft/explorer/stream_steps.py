@@ -12,7 +12,7 @@ from rft.buffer.experience import Experience
 from rft.explorer import cursor as C
 from rft.explorer import tasksets as T
 from rft.explorer.episodes import EpisodeResult, episode_metrics
-from rft.explorer.rollout import PromptJob, generated_tokens, tool_stats
+from rft.explorer.rollout import PromptJob, generated_tokens
 from rft.explorer.teacher import TEACHER_KL
 from rft.monitor import (
     EXPLORER_RELOAD_S,
@@ -28,7 +28,6 @@ from rft.monitor import (
     ROLLOUT_TOKENS_DISCARDED,
     WEIGHTS_VERSION,
 )
-from rft.workflow import tools
 
 
 @dataclass
@@ -55,7 +54,6 @@ class Totals:
     reload_s: float = 0.0
     wait_s: float = 0.0
     discarded: int = 0  # response tokens of groups dropped by explorer.max_version_span
-    tools: dict[str, int] = field(default_factory=tools.COUNTS.snapshot)  # tool calls so far
 
 
 def add_stats(opened: OpenStep, stats: dict[str, float], share: float) -> None:
@@ -69,14 +67,14 @@ def sealed_steps(
 ) -> list[tuple[list[Experience], C.Share, dict[str, float]]]:
     """The experiences (groups adjacent, in slot order), share and metrics of the steps sealed
     together. The time since the last seal is shared out by the model tokens each generated
-    (so each step shows the window's rate); the loads, waits, drops and tool calls of the window
-    go to the first."""
+    (so each step shows the window's rate); the loads, waits and drops of the window go to the
+    first."""
     seconds = time.monotonic() - totals.since
     parts = [step_experiences(opened) for opened in steps]
     tokens = [generated for _, generated in parts]
     out = []
     for k, (opened, (exps, generated)) in enumerate(zip(steps, parts)):
-        window = totals if k == 0 else Totals(since=totals.since, tools=tools.COUNTS.snapshot())
+        window = totals if k == 0 else Totals(since=totals.since)
         mine = seconds * (generated / sum(tokens) if sum(tokens) else 1 / len(steps))
         out.append(
             (exps, opened.share, step_metrics(opened, exps, generated, mine, window, in_flight))
@@ -113,7 +111,7 @@ def step_metrics(
     return {
         **opened.stats,
         **teacher_gap(exps),
-        **({**episode_metrics(episodes), **tool_stats(window.tools)} if episodes else {}),
+        **(episode_metrics(episodes) if episodes else {}),
         "tasks": len(opened.share),
         GENERATED_TOKENS: generated,
         GENERATE_TIME_S: seconds,

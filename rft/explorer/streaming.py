@@ -37,7 +37,7 @@ from rft.explorer.spool import GroupSpool, group_key
 from rft.explorer.stream_episodes import EpisodeGroup, StreamedEpisodes
 from rft.explorer.stream_steps import OpenStep, Totals, add_stats, sealed_steps
 from rft.explorer.teacher import TEACHER_KL, add_teacher_logprobs
-from rft.sync.explorer_side import WeightsIn
+from rft.sync.explorer_side import ExplorerSync
 from rft.sync.schedule import required_version
 
 log = logging.getLogger(__name__)
@@ -61,7 +61,7 @@ def stream_steps(
     tasksets: list[T.Taskset],
     plan: C.RankPlan,
     stream: T.TaskStream,
-    weights: WeightsIn,
+    weights: ExplorerSync,
     seal: Seal,
     *,
     writer: str,

@@ -1,20 +1,29 @@
-"""The explorer's one door to weight sync: :class:`WeightsIn`, built by :func:`open_weights_in`.
+"""The explorer's one door to sync: :class:`ExplorerSync`, opened by :func:`open_explorer_sync`.
 
-``wait_for(need)`` loads the newest weights into the engine, waiting until version >= ``need``;
-behind it: folders (:class:`~rft.sync.watcher.WeightsWatcher`), delta folders rebuilt in a
-node-local copy (:class:`~rft.sync.local.LocalCopy`) and, with ``sync_method: nccl``, the
-trainer's broadcast (:class:`~rft.sync.receiver.BroadcastReceiver`). The loop sees versions only.
+It owns the explorer's heartbeat and :class:`WeightsIn`, whose ``wait_for(need)`` loads the
+newest weights into the engine, waiting until version >= ``need``; behind it: folders
+(:class:`~rft.sync.watcher.WeightsWatcher`), delta folders rebuilt in a node-local copy
+(:class:`~rft.sync.local.LocalCopy`) and, with ``sync_method: nccl``, the trainer's broadcast
+(:class:`~rft.sync.receiver.BroadcastReceiver`). The loops see versions and steps only.
 """
 
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Iterator, Protocol
 
 from rft.config.schema import Config
 from rft.errors import SyncTimeoutError
-from rft.sync.heartbeat import Heartbeat
+from rft.sync.heartbeat import (
+    EVALUATING_FIELD,
+    FINISHED_FIELD,
+    LOADED_FIELD,
+    STEPS_FIELD,
+    TASKS_FIELD,
+    Heartbeat,
+)
 from rft.sync.local import LocalCopy, delta_policy
 from rft.sync.receiver import BroadcastReceiver
 from rft.sync.schedule import explorer_lead
@@ -140,3 +149,75 @@ def open_weights_in(cfg: Config, writer: str, engine: Any, heartbeat: Heartbeat)
         receiver = BroadcastReceiver(cfg.run_dir, writer, engine, tp, sync.sync_timeout)
     lead_key = explorer_lead(cfg.mode, sync.sync_offset, sync.max_lead_steps)[1]
     return WeightsIn(watcher, engine, sync.sync_timeout, receiver, lead_key)
+
+
+class ExplorerSync:
+    """One explorer's side of sync: its heartbeat (what it loads, how far it got) and, once
+    :meth:`attach` gave it the engine, the weights into that engine (:class:`WeightsIn`)."""
+
+    def __init__(self, cfg: Config, writer: str, steps_done: int, finished: bool):
+        self.cfg = cfg
+        self.writer = writer
+        self.heartbeat = Heartbeat(cfg.run_dir, writer, cfg.explorer.heartbeat_interval_s)
+        self.heartbeat.fields.update({STEPS_FIELD: steps_done, FINISHED_FIELD: finished})
+        self.weights: WeightsIn | None = None
+
+    def attach(self, engine: Any) -> "ExplorerSync":
+        """Weights from now on go into ``engine``, which holds version 0 (the model path)."""
+        self.weights = open_weights_in(self.cfg, self.writer, engine, self.heartbeat)
+        self.heartbeat.beat(**{LOADED_FIELD: 0})
+        return self
+
+    @property
+    def loaded_version(self) -> int | None:
+        """The engine's weights version (None after a voided load)."""
+        return self._weights().loaded_version
+
+    def wait_for(self, need: int) -> tuple[int, float, float]:
+        """:meth:`WeightsIn.wait_for`: (loaded version, reload seconds, wait seconds)."""
+        return self._weights().wait_for(need)
+
+    def sealed(self, step: int, tasks: int, finished: bool) -> None:
+        """Step ``step`` is sealed with ``tasks`` more tasks generated; ``finished``: it was the
+        explorer's last (a trainer may end once every explorer says so)."""
+        done = self.heartbeat.fields[TASKS_FIELD] + tasks
+        self.heartbeat.beat(**{STEPS_FIELD: step, TASKS_FIELD: done, FINISHED_FIELD: finished})
+
+    @contextmanager
+    def evaluating(self, need: int | None = None) -> Iterator[int]:
+        """Said in the heartbeat while the body evaluates (a launcher waits for it): the weights
+        loaded, or first those >= ``need`` when given; yields their version."""
+        if need is not None:
+            self.wait_for(need)
+        self.heartbeat.beat(**{EVALUATING_FIELD: True})
+        try:
+            yield self.loaded_version or 0
+        finally:
+            self.heartbeat.beat(**{EVALUATING_FIELD: False})
+
+    def exit_now(self) -> None:
+        """Mark the explorer exited, from a signal handler (:meth:`Heartbeat.write_exited`)."""
+        self.heartbeat.write_exited()
+
+    def close(self) -> None:
+        """Leave the broadcast group, stop the heartbeat and mark the explorer exited."""
+        try:
+            if self.weights is not None:
+                self.weights.close()
+        finally:
+            self.heartbeat.stop()
+
+    def _weights(self) -> WeightsIn:
+        assert self.weights is not None, "ExplorerSync.attach(engine) comes first"
+        return self.weights
+
+
+def open_explorer_sync(
+    cfg: Config, writer: str, steps_done: int, finished: bool = False
+) -> ExplorerSync:
+    """Explorer ``writer``'s :class:`ExplorerSync`, beating from now on (``steps_done``: the
+    steps it sealed before this run; ``finished``: it has no task left, a resume after its last
+    step); :meth:`ExplorerSync.attach` its engine once it started."""
+    sync = ExplorerSync(cfg, writer, steps_done, finished)
+    sync.heartbeat.start()
+    return sync

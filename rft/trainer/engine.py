@@ -245,16 +245,19 @@ def model_hidden_size(path: str) -> int | None:
     return int(hidden) if isinstance(hidden, int) else None
 
 
-def attention_implementation(cfg: Config) -> str | None:
+def attention_implementation(cfg: Config, dtype: torch.dtype | None = None) -> str | None:
     """The attention kernels the trainer's models load with (None: transformers' default,
     SDPA): for packed micro-batches (``trainer.padding_free``) those of
     :func:`rft.trainer.attention.packed_attention` (FlashAttention-2, else flex_attention on a
-    GPU; SDPA with a block-diagonal mask, which loses the fused causal kernel, on CPU)."""
+    GPU; SDPA with a block-diagonal mask, which loses the fused causal kernel, on CPU).
+    ``dtype``: a frozen model's own (a float32 teacher gets no FlashAttention-2, whose kernels
+    take bf16 only); None: the model trains in ``trainer.precision``."""
     if not cfg.trainer.padding_free:
         return None
-    choice = packed_attention(
-        torch.cuda.is_available(), flash_attn_installed(), cfg.trainer.precision
-    )
+    precision = cfg.trainer.precision  # packed_attention tells "bf16" from the others
+    if dtype is not None:
+        precision = "bf16" if dtype == torch.bfloat16 else "fp32"
+    choice = packed_attention(torch.cuda.is_available(), flash_attn_installed(), precision)
     if choice == FLEX_ATTENTION:
         log.info(
             "trainer.padding_free: packed sequences attend with flex_attention and a block "
@@ -510,8 +513,9 @@ def build_reference(
     )
     config["bf16"] = {"enabled": dtype == torch.bfloat16}  # ZeRO-3 partitions in this dtype
     config["fp16"] = {"enabled": dtype == torch.float16}
+    attention = attention_implementation(cfg, dtype)
     model, keep_alive = _load_model(
-        model_path or cfg.model.model_path, dtype, config, attention=attention_implementation(cfg)
+        model_path or cfg.model.model_path, dtype, config, attention=attention
     )
     model.eval().requires_grad_(False)
     if cfg.trainer.zero_stage == 3:

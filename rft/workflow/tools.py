@@ -4,8 +4,8 @@ observation for the model, never a hung or dead explorer.
 
 Data in: functions (importable: defined at a module's top level) or ``"pkg.module:function"``
 specs, and the model's OpenAI-style tool calls. Data out: OpenAI tool schemas for
-``model.chat(tools=...)``, ``{"role": "tool", ...}`` messages, and process-wide counters
-(:data:`COUNTS`) the explorer turns into metrics.
+``model.chat(tools=...)``, ``{"role": "tool", ...}`` messages, and each episode's
+:class:`ToolCounts` (:func:`counting`), which the explorer turns into its step's metrics.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ import json
 import os
 import subprocess
 import sys
-import threading
 import time
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Callable, Optional, Sequence, Union
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 from rft.errors import WorkflowError
 
@@ -34,25 +35,31 @@ _JSON_TYPES = {
 MAX_RESULT_CHARS = 4000  # longer tool output is cut (the model's context is finite)
 
 
-class _Counts:
-    """Tool calls, errors and timeouts of this process (thread-safe)."""
+@dataclass
+class ToolCounts:
+    """Tool calls, errors and timeouts of one episode (only its thread adds to it)."""
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self.calls = self.errors = self.timeouts = 0
+    calls: int = 0
+    errors: int = 0
+    timeouts: int = 0
 
     def add(self, error: bool, timed_out: bool) -> None:
-        with self._lock:
-            self.calls += 1
-            self.errors += error and not timed_out
-            self.timeouts += timed_out
-
-    def snapshot(self) -> tuple[int, int, int]:
-        with self._lock:
-            return self.calls, self.errors, self.timeouts
+        self.calls += 1
+        self.errors += error and not timed_out
+        self.timeouts += timed_out
 
 
-COUNTS = _Counts()
+_COUNTING: ContextVar[Optional[ToolCounts]] = ContextVar("rft_tool_counts", default=None)
+
+
+@contextmanager
+def counting(counts: ToolCounts) -> Iterator[ToolCounts]:
+    """Count into ``counts`` the tool calls this thread makes meanwhile (an episode's body)."""
+    token = _COUNTING.set(counts)
+    try:
+        yield counts
+    finally:
+        _COUNTING.reset(token)
 
 
 @dataclass(frozen=True)
@@ -123,7 +130,9 @@ class ToolBox:
 
     def call(self, name: str, arguments: Union[str, dict, None]) -> ToolResult:
         result = self._call(name, arguments)
-        COUNTS.add(error=not result.ok, timed_out=result.timed_out)
+        counts = _COUNTING.get()
+        if counts is not None:  # None: outside an episode's thread (a thread a workflow started)
+            counts.add(error=not result.ok, timed_out=result.timed_out)
         return result
 
     def _call(self, name: str, arguments: Union[str, dict, None]) -> ToolResult:
@@ -182,13 +191,3 @@ class ToolBox:
                 {"role": "tool", "tool_call_id": call.get("id", ""), "content": result.content}
             )
         return messages
-
-
-def counts_since(before: tuple[int, int, int]) -> dict[str, int]:
-    """Tool calls, errors and timeouts since ``before`` (a :data:`COUNTS` snapshot)."""
-    now = COUNTS.snapshot()
-    return {
-        "calls": now[0] - before[0],
-        "errors": now[1] - before[1],
-        "timeouts": now[2] - before[2],
-    }
