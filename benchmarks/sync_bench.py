@@ -49,27 +49,25 @@ load, and the codec alone on the last version in RAM (where a delta's time goes)
 
     HF_HUB_OFFLINE=1 python benchmarks/sync_bench.py --delta --steps 5
 
-Measured 2026-11-26 on this 2-core machine (one local disk; another user's process kept one
-core busy), ``--delta --steps 5`` under ``flock /tmp/rft-heavy.lock``, medians over v2..v5 (docs/performance.md says where the time
-goes; the full folder's publish is an fsync of 310-621 MiB and moved 0.2-0.9 s between
-versions)::
+Measured 2026-11-26 on this 2-core machine (one local disk), ``--delta --steps 5`` under
+``flock /tmp/rft-heavy.lock``, medians over v2..v5 (docs/performance.md says where the time
+goes; the full folder's publish moved 0.2-0.5 s between versions)::
 
     | dtype | sync | MiB written | MiB read | publish s | load s | publish + load s |
     |---|---|---:|---:|---:|---:|---:|
-    | fp32 | full | 621.2 | 621.2 | 0.51 | 0.04 | 0.54 |
-    | fp32 | delta | 211.3 | 211.3 | 1.86 | 0.90 | 2.73 |
-    | bf16 | full | 310.6 | 310.6 | 0.35 | 0.04 | 0.41 |
-    | bf16 | delta | 2.8 | 2.8 | 0.19 | 0.16 | 0.36 |
+    | fp32 | full | 621.2 | 621.2 | 0.84 | 0.04 | 0.88 |
+    | fp32 | delta | 211.3 | 211.3 | 1.48 | 0.42 | 1.87 |
+    | bf16 | full | 310.6 | 310.6 | 0.45 | 0.07 | 0.52 |
+    | bf16 | delta | 2.8 | 2.8 | 0.11 | 0.13 | 0.24 |
 
-    bf16 delta v5, codec alone in RAM: crc32 of the new bytes 0.047 s (1 thread); encode
-    0.119 s, apply 0.054 s (2 threads, crc32 included); frames {'sparse': 272, 'xor': 1}
-    fp32 delta v5: crc32 0.094 s; encode 1.232 s, apply 0.373 s; frames {'sparse': 0, 'xor': 273}
+    fp32 delta v5, codec alone in RAM: encode 1.150 s, apply 0.304 s (2 threads, each frame's
+    crc32 included); frames {'sparse': 0, 'xor': 273}
+    bf16 delta v5, codec alone in RAM: encode 0.079 s, apply 0.026 s (...); frames {'sparse':
+    272, 'xor': 1}
 
-Three earlier runs that day, before the coders' buffers were mapped with MAP_POPULATE (first-use
-allocations only): bf16 delta 0.36 vs full 0.43 s, 0.44 vs 0.36 s, 0.32 vs 0.47 s; fp32 3.25 vs
-1.16 s, 2.56 vs 0.91 s, 2.41 vs 0.92 s. Before the streamed coder (delta files written full to
-scratch, read back, XOR + zstd; rebuilt into a new folder): bf16 0.76 vs 0.25 s, fp32 4.05 vs
-1.36 s, 3.7 MiB per bf16 delta.
+Two other runs of this code that day: bf16 delta 0.24 vs full 0.32 s, 0.22 vs 0.29 s. Before
+(a crc32 of every new tensor checked against the rebuilt one, elements compared one by one, new
+maps per load): bf16 0.50 vs 0.80 s the same day, 0.32-0.44 vs 0.36-0.47 s in four earlier runs.
 
 Before the trials, an untimed check: the same weights loaded by folder and by broadcast give
 the same greedy log-prob, unlike the base model's.
@@ -522,7 +520,7 @@ def print_phases(dtype: str, tensors: dict[str, torch.Tensor], side: DeltaSide) 
     import numpy as np
 
     from rft.safetensors_io import SINGLE_FILE, TensorSpec, header_bytes
-    from rft.sync.delta import apply, checksum, encode, tensor_bytes
+    from rft.sync.delta import apply, encode, tensor_bytes
 
     writer = side.publisher.delta
     anchor = writer.anchor.files[SINGLE_FILE]
@@ -544,16 +542,15 @@ def print_phases(dtype: str, tensors: dict[str, torch.Tensor], side: DeltaSide) 
     def on_pool(fn, args) -> list:
         return [job.result() for job in [writer._pool.submit(fn, *a) for a in args]]
 
-    crc_s, _ = timed(lambda: [checksum(n) for n in news])
     coded = [(n, anchor[a:b], i) for n, (a, b, i) in zip(news, spans)]
     encode_s, frames = timed(lambda: on_pool(encode, coded))
     into = [(f, anchor[a:b], out[a:b], i, equal) for f, (a, b, i) in zip(frames, spans)]
     apply_s, _ = timed(lambda: on_pool(apply, into))
     kinds = {k: sum(f.kind == k for f in frames) for k in ("sparse", "xor")}
     print(
-        f"{dtype} delta v{side.rows[-1]['version']}, codec alone in RAM: crc32 of the new bytes "
-        f"{crc_s:.3f} s (1 thread); encode {encode_s:.3f} s, apply {apply_s:.3f} s "
-        f"({writer._pool._max_workers} threads, crc32 included); frames {kinds}"
+        f"{dtype} delta v{side.rows[-1]['version']}, codec alone in RAM: encode {encode_s:.3f} s, "
+        f"apply {apply_s:.3f} s ({writer._pool._max_workers} threads, each frame's crc32 "
+        f"included); frames {kinds}"
     )
 
 

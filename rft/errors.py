@@ -43,6 +43,11 @@ class CheckpointError(RftError):
     """A checkpoint or weights folder is missing, incomplete or inconsistent."""
 
 
+class DeltaError(CheckpointError):
+    """A delta weights folder cannot be applied: its base is gone or differs, its index or a
+    frame's checksum does not match."""
+
+
 class SyncTimeoutError(RftError):
     """Waited longer than synchronizer.sync_timeout for weights or experiences."""
 

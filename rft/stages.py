@@ -19,7 +19,7 @@ from rft.config.schema import Config
 from rft.errors import ConfigError
 from rft.placement import EXPLORER_MODES, TRAINER_MODES
 from rft.rundir import STAGE_FAILED, STAGE_FINISHED
-from rft.sync.versions import delta_base, latest_weights
+from rft.sync.versions import is_delta, latest_weights
 
 
 def roles(mode: str) -> tuple[str, ...]:
@@ -67,7 +67,7 @@ def resolve(cfg: Config, index: int, chain: bool = True) -> Config:
                 f"{stage_label(cfg, index - 1)}, but {previous.run_dir} has none "
                 "published (weights/v*): run that stage first"
             )
-        if delta_base(newest[1]) is not None:  # synchronizer.delta_sync; its last step is full
+        if is_delta(newest[1]):  # synchronizer.delta_sync; its last step is full
             raise ConfigError(
                 f"{stage_label(cfg, index)} starts from {newest[1]}, a delta folder (the stage "
                 "stopped before its last step): run that stage to its end, or start from its "

@@ -14,7 +14,7 @@ from rft.algo.weighted_pg import RATIO_MEAN
 from rft.config import names
 from rft.config.load import config_from_dict
 from rft.config.rules import _COMMON, PRESETS, REPEAT_TIMES
-from rft.errors import ConfigError, NotSupportedError
+from rft.errors import ConfigError
 from rft.trainer.step import _batch_term_weight
 
 T = torch.tensor

@@ -254,6 +254,26 @@ def test_sequence_parallel_is_accepted_with_a_warning(tmp_path, caplog):
     assert "ulysses_sequence_parallel_size=2 has no effect" in caplog.text
 
 
+def test_delta_keys_refuse_a_relative_folder_and_say_where_they_have_no_effect(tmp_path, caplog):
+    with pytest.raises(ConfigError, match="delta_local_dir='scratch' is relative"):
+        load_dict(
+            tmp_path, minimal(synchronizer={"delta_sync": True, "delta_local_dir": "scratch"})
+        )
+    cfg = load_dict(tmp_path, minimal(synchronizer={"delta_local_dir": "$TMPDIR/rft"}))
+    assert cfg.synchronizer.delta_local_dir == "$TMPDIR/rft"  # expanded on each node
+    assert "delta_local_dir has no effect without synchronizer.delta_sync" in caplog.text
+    assert "delta_anchor_interval" not in caplog.text  # not set: not warned about
+    caplog.clear()
+    lora = [{"lora_rank": 8, "lora_alpha": 16}]
+    load_dict(
+        tmp_path,
+        minimal(
+            synchronizer={"delta_sync": True}, model={"model_path": "/m", "lora_configs": lora}
+        ),
+    )
+    assert "delta_sync has no effect with model.lora_configs" in caplog.text
+
+
 def test_trinity_spellings_set_rft_keys(tmp_path):
     """Older or veRL spellings in Trinity's examples reach the rft key they name."""
     verl = {

@@ -13,9 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 
-from rft.trainer.batching import rows_from_experiences
 from rft.workflow import sandbox
 from rft.workflow.conversation import ChatTemplate, Completion
 from rft.workflow.endpoint import Endpoint, call_arguments

@@ -439,3 +439,15 @@ def test_explorer_sync_writes_the_loops_heartbeat_and_waits_for_weights(tmp_path
     done = open_explorer_sync(cfg, "explorer-0", steps_done=6, finished=True)  # nothing left
     assert beat()["finished"] and beat()["steps_done"] == 6 and not beat()["exited"]
     done.close()
+
+
+def test_a_delta_local_dir_reads_this_nodes_variables(tmp_path, monkeypatch):
+    from rft.errors import ConfigError
+    from rft.sync.local import DeltaPolicy
+
+    monkeypatch.setenv("RFT_TEST_SCRATCH", str(tmp_path / "node"))
+    scratch = DeltaPolicy(8, "$RFT_TEST_SCRATCH/rft").scratch(tmp_path / "run", "explorer-0")
+    assert scratch.parent == tmp_path / "node" / "rft"
+    assert scratch.name.startswith("rft-weights-") and scratch.name.endswith("-explorer-0")
+    with pytest.raises(ConfigError, match="RFT_TEST_UNSET.* names a variable unset on"):
+        DeltaPolicy(8, "$RFT_TEST_UNSET/rft").scratch(tmp_path / "run", "explorer-0")

@@ -32,7 +32,7 @@ from rft.sync.delta import (
     encode_tensor,
     tensor_bytes,
 )
-from rft.sync.delta_files import DELTA_PAYLOAD, apply_folder
+from rft.sync.delta_files import DELTA_PAYLOAD, FileMaps, apply_folder
 from rft.sync.heartbeat import Heartbeat
 from rft.sync.local import ANCHOR_DIR, DeltaPolicy, LocalCopy, StreamedFolder
 from rft.sync.publisher import WeightsPublisher
@@ -66,13 +66,13 @@ def test_round_trip_is_bit_exact(dtype):
 
 
 def _bits(t: torch.Tensor) -> list[int]:
-    return t.view({2: torch.int16, 4: torch.int32}[t.element_size()]).tolist()
+    return t.view({1: torch.uint8, 2: torch.int16, 4: torch.int32}[t.element_size()]).tolist()
 
 
 def _zstd(data: bytes) -> bytes:
     import zstandard
 
-    return zstandard.ZstdCompressor(level=1, write_checksum=True).compress(data)
+    return zstandard.ZstdCompressor(level=1).compress(data)  # as the codec: no zstd checksum
 
 
 def _unzstd(data: bytes) -> bytes:
@@ -84,11 +84,13 @@ def _unzstd(data: bytes) -> bytes:
 def test_a_sparse_frame_holds_gaps_and_xored_values():
     base = torch.zeros(4096, dtype=torch.bfloat16)
     new = base.clone()
-    new[3], new[1000] = 1.0, -2.0  # bf16 bits 0x3F80 and 0xC000; the base's are 0
+    # bf16 bits 0x3F80, 0x3F00 and 0xC000; the base's are 0. 3 and 5 are in one 8-byte word
+    # (elements 0-3 and 4-7 are the words compared), 1000 in another
+    new[3], new[5], new[1000] = 1.0, 0.5, -2.0
     frame = encode_tensor(new, base)
-    assert frame.kind == SPARSE and frame.crc == checksum(new.view(torch.int16).numpy())
+    assert frame.kind == SPARSE and frame.crc == checksum(frame.data)
     raw = _unzstd(frame.data)
-    assert struct.unpack("<2I2H", raw) == (3, 997, 0x3F80, 0xC000)  # gaps, then values
+    assert struct.unpack("<3I3H", raw) == (3, 2, 995, 0x3F80, 0x3F00, 0xC000)  # gaps, values
 
 
 def test_an_xor_frame_is_of_the_bit_patterns():
@@ -97,7 +99,7 @@ def test_an_xor_frame_is_of_the_bit_patterns():
     assert frame.kind == XOR
     xor = struct.unpack("<2I", _unzstd(frame.data))
     assert xor == (0x3F800000 ^ 0x40000000, 0)  # 1.0 ^ 2.0; equal floats give 0
-    assert frame.crc == checksum(new.numpy().tobytes())
+    assert frame.crc == checksum(frame.data)
 
 
 def _sparse_size(new: torch.Tensor, base: torch.Tensor) -> int:
@@ -133,36 +135,51 @@ def test_the_smaller_kind_is_kept(changed):
 
 
 @pytest.mark.parametrize("share", [0.001, 0.3, 1.0])
-def test_round_trip_at_every_density(share):
+@pytest.mark.parametrize(
+    "dtype,numel",
+    [
+        (torch.bfloat16, 3000),
+        (torch.bfloat16, 3001),
+        (torch.float32, 1000),
+        (torch.float32, 1001),
+        (torch.uint8, 3001),
+    ],
+)
+def test_round_trip_at_every_density(share, dtype, numel):
+    """Byte sizes that are whole 8-byte words (compared a word at a time) and that are not."""
     g = torch.Generator().manual_seed(2)
-    base = torch.randn(3000, generator=g).bfloat16()
+    base = (torch.randn(numel, generator=g) * 50).to(dtype)
     new = base.clone()
-    moved = torch.rand(3000, generator=g) < share
-    new[moved] = torch.randn(int(moved.sum()), generator=g).bfloat16()
+    moved = torch.rand(numel, generator=g) < share
+    new[moved] = (torch.randn(int(moved.sum()), generator=g) * 50).to(dtype)
     frame = encode_tensor(new, base)
     assert _bits(decode_tensor(frame, base)) == _bits(new), frame.kind
 
 
 @pytest.mark.parametrize("moved", [3, 4096])  # a sparse frame, an XOR frame
-def test_a_corrupt_frame_or_another_base_is_detected(moved):
+def test_a_corrupt_frame_is_detected_before_anything_is_written(moved):
     base = torch.randn(4096, generator=torch.Generator().manual_seed(1)).bfloat16()
     new = base.clone()
     new[:moved] += 0.01
     frame = encode_tensor(new, base)
     assert frame.kind == (SPARSE if moved == 3 else XOR)
     damaged = bytearray(frame.data)
-    damaged[len(damaged) // 2] ^= 0xFF
-    with pytest.raises(DeltaError):
-        decode_tensor(Frame(frame.kind, bytes(damaged), frame.crc), base)
-    with pytest.raises(DeltaError, match="checksum"):
-        decode_tensor(frame, base.clone().fill_(1.0))
-    with pytest.raises(DeltaError, match="checksum"):
-        decode_tensor(Frame(frame.kind, frame.data, frame.crc ^ 1), base)
+    damaged[len(damaged) // 2] ^= 0x01  # one bit
+    out = np.full(base.numel() * 2, 0x7F, dtype=np.uint8)
+    for bad in (
+        Frame(frame.kind, bytes(damaged), frame.crc),
+        Frame(frame.kind, frame.data, frame.crc ^ 1),
+    ):
+        with pytest.raises(DeltaError, match="checksum"):
+            apply(bad, tensor_bytes(base), out, 2, None)
+        assert (out == 0x7F).all()  # untouched
+    assert _bits(decode_tensor(frame, base)) == _bits(new)
 
 
 def test_a_sparse_frame_naming_an_element_past_the_end_is_refused():
     base = torch.zeros(8, dtype=torch.bfloat16)
-    frame = Frame(SPARSE, _zstd(struct.pack("<IH", 8, 1)), 0)  # element 8 of 8
+    data = _zstd(struct.pack("<IH", 8, 1))  # element 8 of 8
+    frame = Frame(SPARSE, data, checksum(data))
     with pytest.raises(DeltaError, match="names element 8 of 8"):
         decode_tensor(frame, base)
 
@@ -287,6 +304,33 @@ def test_a_corrupt_delta_is_never_loaded_and_the_run_goes_on(tmp_path):
     assert engine.loaded == []
 
 
+def test_a_damaged_index_that_still_parses_is_never_applied(tmp_path):
+    from rft.errors import DeltaError
+    from rft.sync.versions import DELTA_INDEX, delta_base, read_index
+
+    run, local = tmp_path / "run", tmp_path / "local"
+    publisher = delta_publisher(run, local, interval=8)
+    publish(publisher, 1)
+    publish(publisher, 2)
+    index = weights_dir(run, 2) / DELTA_INDEX
+    text = index.read_text()
+    at = next(i for i in range(text.index('"files"'), len(text)) if text[i].isdigit())
+    digit = int(text[at])
+    index.write_text(text[:at] + str(digit + 1 if digit < 9 else digit - 1) + text[at + 1 :])
+    with pytest.raises(DeltaError, match="does not match its crc32"):
+        read_index(weights_dir(run, 2))  # one offset or size moved: parses, same size
+    assert delta_base(weights_dir(run, 2)) is None  # nothing to spare or fall back to
+    damaged = index.read_text()
+    index.write_text("{not json")  # unreadable: a damaged delta, never a full folder
+    with pytest.raises(DeltaError, match="unreadable"):
+        read_index(weights_dir(run, 2))
+    index.write_text(damaged)
+    fresh, fresh_engine = explorer(run, local, "explorer-1"), Engine()
+    assert sync(fresh, fresh_engine) == 0 and fresh_engine.loaded == []  # refused, untouched
+    publish(publisher, 3)
+    assert sync(fresh, fresh_engine) == 3 and fresh_engine.loaded == [3]  # the run goes on
+
+
 def test_a_deleted_anchor_under_a_live_explorer(tmp_path):
     import shutil
 
@@ -314,22 +358,68 @@ def test_a_local_anchor_that_does_not_rebuild_is_fetched_again(tmp_path):
     publish(publisher, 1)
     assert sync(watcher, engine) == 1
     anchor_file = local / "explorer-0" / ANCHOR_DIR / "model.safetensors"
-    data = bytearray(anchor_file.read_bytes())
-    data[-3] ^= 0x01  # bit rot on the node's disk
-    anchor_file.write_bytes(bytes(data))
+    anchor_file.write_bytes(anchor_file.read_bytes()[:-3])  # the node's disk filled up
     publish(publisher, 2)
     assert sync(watcher, engine) == 2 and engine.loaded == [1, 2]
 
 
-def test_apply_leaves_nothing_when_a_checksum_fails(tmp_path):
+def test_apply_leaves_nothing_when_a_checksum_fails_or_the_base_differs(tmp_path):
     run, local = tmp_path / "run", tmp_path / "local"
     publisher = delta_publisher(run, local, interval=8)
     publish(publisher, 1)
     publish(publisher, 2)
+    apply_folder(weights_dir(run, 2), weights_dir(run, 1), tmp_path / "ok")
+    Engine().reload(tmp_path / "ok")
+    other = delta_publisher(tmp_path / "other", local, interval=8)
+    publish(other, 1)  # the same weights, another copy: another marker id
+    with pytest.raises(DeltaError, match="not the anchor"):
+        apply_folder(weights_dir(run, 2), weights_dir(tmp_path / "other", 1), tmp_path / "out")
     corrupt_one_tensor(weights_dir(run, 2))
     with pytest.raises(DeltaError):
         apply_folder(weights_dir(run, 2), weights_dir(run, 1), tmp_path / "out")
     assert not [p for p in tmp_path.iterdir() if p.name.startswith("out")]
+
+
+def test_a_corrupt_delta_after_one_applied_in_place_keeps_the_engine_whole(tmp_path):
+    """The explorer's copy holds v2; v3's first tensor is damaged (its other tensor checks out
+    and may be written): refused, the engine keeps v2, and v4 loads whole."""
+    run, local = tmp_path / "run", tmp_path / "local"
+    publisher, engine = delta_publisher(run, local, interval=8), Engine()
+    watcher = explorer(run, local)
+    for version in (1, 2, 3, 4):
+        publish(publisher, version)
+        if version == 3:
+            corrupt_one_tensor(weights_dir(run, 3))
+        sync(watcher, engine)
+    assert engine.loaded == [1, 2, 4]
+
+
+def test_a_rebuild_that_fails_after_writing_is_not_trusted_again(tmp_path, monkeypatch):
+    """v3's tensor ``h`` is written in place, then the rebuild fails (a disk error, say; on the
+    retry over a fresh anchor copy too): the copy holds a mix, and its record of what differs
+    from the anchor no longer holds. v4 carries v1's weights (no element differs from the
+    anchor): rebuilt over the mix with that record, h would keep v3's changes."""
+    import rft.sync.delta_files as delta_files
+
+    run, local = tmp_path / "run", tmp_path / "local"
+    publisher, engine = delta_publisher(run, local, interval=8), Engine()
+    watcher = explorer(run, local)
+    real_apply, failures = delta_files.apply, []
+
+    def fails_after_writing(frame, base, out, itemsize, dirty):
+        result = real_apply(frame, base, out, itemsize, dirty)
+        if base.size == 1024 * 2 and engine.loaded == [1, 2] and len(failures) < 2:
+            failures.append(True)  # h (1024 bf16) at v3, on both tries
+            raise DeltaError("disk error after writing")
+        return result
+
+    monkeypatch.setattr(delta_files, "apply", fails_after_writing)
+    for version in (1, 2, 3):
+        publish(publisher, version)
+        sync(watcher, engine)
+    publisher.publish(4, lambda folder: _write(folder, 1, 4096))
+    sync(watcher, engine)
+    assert len(failures) == 2 and engine.loaded == [1, 2, 1]  # v4 read as v1's weights, whole
 
 
 def test_a_publisher_killed_mid_delta_leaves_whole_versions_only(tmp_path):
@@ -492,3 +582,18 @@ def test_the_trainer_streams_deltas_from_its_zero3_gathers(tiny_model_dir, tmp_p
     logs = out.stdout[-2000:] + out.stderr[-4000:]
     for version, base in ((1, None), (2, 1), (3, 1)):
         assert f"version {version} base {base} same True" in out.stdout, logs
+
+
+def test_file_maps_are_kept_until_the_file_changes(tmp_path):
+    path = tmp_path / "model.safetensors"
+    path.write_bytes(b"\x01" * 64)
+    maps = FileMaps()
+    first = maps.get(path, writable=True)
+    first[0] = 7
+    assert maps.get(path, writable=True) is first  # kept: writes through it fault no more
+    assert path.read_bytes()[0] == 7  # and reach the file
+    (tmp_path / "new").write_bytes(b"\x02" * 64)
+    os.replace(tmp_path / "new", path)  # another file under the name: mapped again
+    assert maps.get(path, writable=False)[0] == 2
+    maps.drop(path)
+    assert maps.get(path, writable=False) is not first

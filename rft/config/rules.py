@@ -123,6 +123,7 @@ def apply(cfg: Config, seen: set[str]) -> None:
     _check_trainer(cfg)
     _check_rollout_correction(cfg)
     _check_lead(cfg)
+    _check_delta(cfg, seen)
     _check_partial_rollout(cfg)
     _check_teacher(cfg)
     _check_experience_pipeline(cfg)
@@ -776,6 +777,28 @@ def _check_lead(cfg: Config) -> None:
             explored,
             buf.train_batch_size,
             -(-buf.train_batch_size // cfg.algorithm.repeat_times),
+        )
+
+
+def _check_delta(cfg: Config, seen: set[str]) -> None:
+    """``synchronizer.delta_*``: a local folder must not depend on where a task starts; say
+    where the keys have no effect."""
+    sync = cfg.synchronizer
+    local = sync.delta_local_dir
+    if local is not None and not (local.startswith("/") or local.startswith("$")):
+        raise ConfigError(
+            f"synchronizer.delta_local_dir={local!r} is relative: each explorer task would "
+            "put its copy wherever it was started; give an absolute node-local folder "
+            "(e.g. /tmp/rft or $TMPDIR, read on the node) or leave it unset ($TMPDIR)"
+        )
+    if not sync.delta_sync:
+        for key in ("delta_anchor_interval", "delta_local_dir"):
+            if f"synchronizer.{key}" in seen:
+                log.warning("synchronizer.%s has no effect without synchronizer.delta_sync", key)
+    elif lora_config(cfg) is not None:
+        log.warning(
+            "synchronizer.delta_sync has no effect with model.lora_configs: adapters (megabytes) "
+            "are always published in full"
         )
 
 

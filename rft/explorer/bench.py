@@ -24,7 +24,7 @@ from rft.explorer.rollout import rollout
 from rft.models import check_model_dir
 from rft.monitor import Monitor
 from rft.rundir import hf_dir, step_of, weights_dir
-from rft.sync.versions import delta_base, is_complete, list_versions
+from rft.sync.versions import is_complete, is_delta, list_versions
 from rft.workflow.rewards import answer_extractor
 
 log = logging.getLogger("rft.bench")
@@ -39,7 +39,7 @@ def find_checkpoints(run_dir: Path) -> list[tuple[int, str, Path]]:
     found: dict[int, tuple[str, Path]] = {}
     for version in list_versions(run_dir):
         folder = weights_dir(run_dir, version)
-        if is_complete(folder) and delta_base(folder) is None:  # a delta needs its anchor
+        if is_complete(folder) and not is_delta(folder):  # a delta needs its anchor
             found[version] = (f"weights/v{version:06d}", folder)
     for folder in run_dir.iterdir() if run_dir.is_dir() else []:
         step = step_of(folder)

@@ -2,9 +2,9 @@
 
 A frame is either ``sparse`` (zstd of the changed elements' positions and XORed values; bf16
 steps change about 1% of elements) or ``xor`` (zstd of the whole XOR of the bit patterns; fp32
-steps move the low mantissa bits of nearly every element), with the crc32 of the *new* bytes so
-a reader checks what it rebuilt. Pure functions on numpy byte arrays; buffers are reused per
-thread (:func:`scratch`). Files and folders: :mod:`rft.sync.delta_files`.
+steps move the low mantissa bits of nearly every element), with the crc32 of the *frame*: a
+reader checks it before writing anything. Pure functions on numpy byte arrays; buffers are
+reused per thread (:func:`scratch`). Files and folders: :mod:`rft.sync.delta_files`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import zstandard
 
-from rft.errors import CheckpointError
+from rft.errors import DeltaError
 
 SPARSE, XOR = "sparse", "xor"  # frame kinds, as the delta index names them
 ZSTD_LEVEL = 1  # XOR of close weights is mostly zero bytes: level 1 already shrinks it ~all
@@ -30,22 +30,25 @@ ZSTD_LEVEL = 1  # XOR of close weights is mostly zero bytes: level 1 already shr
 SPARSE_ALONE_SHARE = 1 / 16
 _INT_VIEWS = {1: np.uint8, 2: np.int16, 4: np.int32, 8: np.int64}  # item size -> XOR view
 _POSITION = np.dtype("<u4")  # sparse positions are gaps between changed elements
-
-
-class DeltaError(CheckpointError):
-    """A delta cannot be applied: its base is gone or differs, or a checksum does not match."""
+_WORD = np.dtype(np.uint64)  # compared a word at a time: 4 bf16 per compare, 1/4 of the mask
 
 
 @dataclass(frozen=True)
 class Frame:
     kind: str  # SPARSE or XOR
     data: bytes  # a zstd frame
-    crc: int  # crc32 of the new tensor's bytes
+    crc: int  # crc32 of data
 
 
 def checksum(data: Any) -> int:
-    """crc32 of raw bytes (what a delta records for each rebuilt tensor)."""
+    """crc32 of raw bytes (what a delta records for each frame)."""
     return zlib.crc32(memoryview(data).cast("B")) & 0xFFFFFFFF
+
+
+def check(frame: Frame) -> None:
+    """DeltaError unless ``frame`` holds the bytes its writer coded (its crc32 matches)."""
+    if checksum(frame.data) != frame.crc:
+        raise DeltaError("a delta frame's checksum does not match: the delta is damaged")
 
 
 def new_buffer(nbytes: int) -> np.ndarray:
@@ -65,7 +68,9 @@ class Scratch:
 
     def __init__(self) -> None:
         self._bufs: dict[str, np.ndarray] = {}
-        self.compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL, write_checksum=True)
+        # no zstd checksum: the frame's crc32 is checked before decoding (over the compressed
+        # bytes, a fraction of the ones zstd's checksum would hash)
+        self.compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
         self.decompressor = zstandard.ZstdDecompressor()
 
     def get(self, name: str, nbytes: int) -> np.ndarray:
@@ -96,24 +101,55 @@ def encode(new: np.ndarray, base: np.ndarray, itemsize: int) -> Frame:
     whichever is smaller (see :data:`SPARSE_ALONE_SHARE`)."""
     if new.size != base.size:
         raise ValueError(f"delta of {new.size} bytes against a base of {base.size}")
-    crc, work = checksum(new), scratch()
+    work = scratch()
     a, b = _ints(new, itemsize), _ints(base, itemsize)
-    changed = work.get("mask", a.size).view(bool)
-    np.not_equal(a, b, out=changed)
-    sparse_bytes = int(np.count_nonzero(changed)) * (_POSITION.itemsize + a.itemsize)
+    step = _POSITION.itemsize + a.itemsize  # sparse bytes per changed element
+    lanes = _WORD.itemsize // a.itemsize if new.size % _WORD.itemsize == 0 else 1
+    wa, wb = (new.view(_WORD), base.view(_WORD)) if lanes > 1 else (a, b)
+    changed = work.get("mask", wa.size).view(bool)
+    np.not_equal(wa, wb, out=changed)
+    words = int(np.count_nonzero(changed))  # each holds 1 to `lanes` changed elements
+    changes, xor = None, None
+    if a.size >= 2**32 or words * step >= new.size:
+        pass  # sparse cannot be smaller than the tensor
+    elif words * step < new.size * SPARSE_ALONE_SHARE:
+        changes = _split_words(np.flatnonzero(changed), wa, wb, a.dtype, lanes)
+    else:  # the XOR is coded anyway: it gives the exact count
+        xor = _xor(a, b, work)
+        if int(np.count_nonzero(xor)) * step < new.size:
+            at = np.flatnonzero(xor)  # [changed]
+            changes = at, xor[at]
     frames = []
-    if sparse_bytes < new.size and a.size < 2**32:
-        positions = np.flatnonzero(changed)  # [changed]
-        gaps = np.diff(positions, prepend=0).astype(_POSITION)
-        values = a[positions] ^ b[positions]
-        frames.append(
-            Frame(SPARSE, work.compressor.compress(gaps.tobytes() + values.tobytes()), crc)
-        )
+    sparse_bytes = new.size if changes is None else changes[0].size * step
+    if changes is not None:
+        gaps = np.diff(changes[0], prepend=0).astype(_POSITION)
+        frames.append(_frame(SPARSE, gaps.tobytes() + changes[1].tobytes(), work))
     if not frames or sparse_bytes >= new.size * SPARSE_ALONE_SHARE:
-        xor = _ints(work.get("xor", new.size), itemsize)
-        np.bitwise_xor(a, b, out=xor)
-        frames.append(Frame(XOR, work.compressor.compress(xor), crc))
+        frames.append(_frame(XOR, _xor(a, b, work) if xor is None else xor, work))
     return min(frames, key=lambda f: len(f.data))
+
+
+def _xor(a: np.ndarray, b: np.ndarray, work: Scratch) -> np.ndarray:
+    return np.bitwise_xor(a, b, out=work.get("xor", a.nbytes).view(a.dtype))
+
+
+def _split_words(
+    at: np.ndarray, a: np.ndarray, b: np.ndarray, dtype: np.dtype, lanes: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(positions, XORed values) of the changed elements (of ``dtype``) in the words ``at`` of
+    ``a`` and ``b``. Comparing a word at a time and splitting only the changed ones measured
+    faster than comparing elements (163 M bf16 elements, 0.65% changed, 1 thread: compare,
+    count, positions and values 0.075 s against 0.105 s)."""
+    xor = (np.take(a, at) ^ np.take(b, at)).view(dtype)  # [changed words * lanes]
+    if lanes == 1:
+        return at, xor
+    inside = np.flatnonzero(xor)  # [changed elements]
+    return at[inside // lanes] * lanes + inside % lanes, xor[inside]
+
+
+def _frame(kind: str, raw: Any, work: Scratch) -> Frame:
+    data = work.compressor.compress(raw)
+    return Frame(kind, data, checksum(data))
 
 
 def apply(
@@ -123,9 +159,10 @@ def apply(
 
     ``dirty``: the element positions where ``out`` differs from ``base`` (empty: equal; None:
     unknown), so a sparse frame rewrites only those and its own; returns the same for the
-    result. DeltaError if the frame is damaged or the result's crc32 differs (a corrupt delta,
-    or a base other than the one it was made against); ``out`` then holds a mix.
-    """
+    result. DeltaError, before ``out`` is written, if the frame's crc32 differs or its contents
+    do not fit the tensor. ``base`` must be the one the frame was made against: nothing here
+    can tell (the folder's index names it, :mod:`rft.sync.delta_files`)."""
+    check(frame)
     work = scratch()
     b, o = _ints(base, itemsize), _ints(out, itemsize)
     try:
@@ -145,8 +182,6 @@ def apply(
             raise DeltaError(f"unknown delta frame kind {frame.kind!r}")
     except zstandard.ZstdError as e:
         raise DeltaError(f"a delta frame is damaged ({e})") from e
-    if checksum(out) != frame.crc:
-        raise DeltaError("a rebuilt tensor's checksum does not match the delta's")
     return result
 
 
@@ -172,7 +207,7 @@ def _unzstd(data: bytes, into: np.ndarray, work: Scratch) -> np.ndarray:
     view, filled = memoryview(into), 0
     while filled < into.size and (n := reader.readinto(view[filled:])):
         filled += n
-    extra = reader.read(1)  # reads the frame's end: its own checksum is checked here
+    extra = reader.read(1)  # reads the frame's end
     if filled != into.size or extra:
         raise DeltaError(f"a delta frame holds {filled + len(extra)}+ bytes, its base {into.size}")
     return into

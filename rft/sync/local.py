@@ -4,7 +4,7 @@ The trainer (:class:`DeltaWriter`) streams each version straight into ``weights/
 against the anchor it keeps in host RAM, or in full (then it becomes the anchor). An explorer
 (:class:`LocalCopy`) copies each anchor it meets to its own scratch, keeps one more copy there
 that each delta rewrites in place (only the changed elements, for sparse frames) and hands the
-engine that folder once every tensor's crc32 matched, or nothing.
+engine that folder once every frame checked out and was applied, or nothing.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import hashlib
 import logging
 import os
 import shutil
+import socket
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -22,14 +23,15 @@ from typing import Any, Callable, Iterable, Union
 from rft import atomic
 from rft.config.rules import lora_config
 from rft.config.schema import Config
+from rft.errors import ConfigError, DeltaError, storage_errors
 from rft.rundir import weights_dir
 from rft.safetensors_io import is_weights_file, write_safetensors
-from rft.sync.delta import DeltaError
 from rft.sync.delta_files import (
     CODER_THREADS,
     Anchor,
     DeltaEncoder,
     Dirty,
+    FileMaps,
     WriteFile,
     apply_delta,
     weight_files,
@@ -51,8 +53,14 @@ class DeltaPolicy:
     last_version: int | None = None  # the run's last step: always full (next stage, conversion)
 
     def scratch(self, run_dir: Path | str, who: str) -> Path:
-        """This process's scratch folder for run ``run_dir``: one per run and role name."""
+        """This process's scratch folder for run ``run_dir``: one per run and role name.
+        ``$VARS`` in ``local_dir`` are this node's (``$TMPDIR`` differs between nodes)."""
         root = self.local_dir or os.environ.get("TMPDIR") or tempfile.gettempdir()
+        if "$" in (root := os.path.expandvars(root)):
+            raise ConfigError(
+                f"synchronizer.delta_local_dir={self.local_dir!r} names a variable unset on "
+                f"{socket.gethostname()}: export it in the job, or give a folder"
+            )
         run = hashlib.sha1(str(Path(run_dir).resolve()).encode()).hexdigest()[:10]
         return Path(root) / f"rft-weights-{run}-{who}"
 
@@ -174,21 +182,27 @@ class LocalCopy:
     def __init__(self, run_dir: Path | str, root: Path):
         self.run_dir = Path(run_dir)
         self.root = root
-        self.root.mkdir(parents=True, exist_ok=True)
+        with storage_errors(root, "create"):  # synchronizer.delta_local_dir
+            self.root.mkdir(parents=True, exist_ok=True)
         self.anchor_dir = root / ANCHOR_DIR
         self.current_dir = root / CURRENT_DIR
         # per weight file of current_dir, where it differs from the anchor; None: not trusted
-        # (never built, built on another anchor copy, or a rebuild failed half way)
+        # (never built, built on another anchor copy, or a rebuild failed half way). Kept in
+        # memory only: a restarted explorer has none and rebuilds from the anchor, so a marker
+        # file would cost an fsync per version and catch nothing more.
         self._dirty: dict[str, Dirty] | None = None
+        self._maps = FileMaps()  # of the anchor's and current_dir's weight files
         self._pool = ThreadPoolExecutor(CODER_THREADS, thread_name_prefix="rft-delta-apply")
 
     def folder_for(self, version: int, folder: Path) -> Path:
         """A local full folder holding the weights of the complete ``folder`` (``version``).
 
         A full folder is copied and becomes the anchor. A delta rewrites the local copy of the
-        anchor (fetched again from ``weights/`` when it is missing, another copy, or a checksum
-        fails against it); DeltaError when no anchor rebuilds it: nothing was handed out. The
-        folder returned is rewritten by the next delta: the engine must copy what it loads.
+        anchor (fetched again from ``weights/`` when it is missing, another copy, or does not
+        fit the delta); DeltaError when no anchor rebuilds it (a frame's crc32 differs, the
+        anchor is gone): nothing was handed out. The folder returned is rewritten by the next
+        delta: the engine must copy what it loads. Node-local bit rot in the anchor's copy is
+        not detected (as in a full folder: checking would cost a pass over every byte).
         """
         index = read_index(folder)
         if index is None:
@@ -209,10 +223,11 @@ class LocalCopy:
             tmp = atomic.tmp_name(self.current_dir)
             shutil.rmtree(tmp, ignore_errors=True)
             shutil.copytree(self.anchor_dir, tmp)
+            self._maps.drop()
             _replace_dir(tmp, self.current_dir)
             self._dirty = {name: {} for name in weight_files(self.current_dir)}
-        dirty, self._dirty = self._dirty, None  # untrusted until every tensor checked out
-        apply_delta(folder, index, self.anchor_dir, self.current_dir, dirty, self._pool)
+        dirty, self._dirty = self._dirty, None  # untrusted until every frame is applied
+        apply_delta(folder, index, self.anchor_dir, self.current_dir, dirty, self._pool, self._maps)
         self._dirty = dirty
 
     def _has_anchor(self, index: dict[str, Any]) -> bool:
@@ -243,4 +258,5 @@ class LocalCopy:
         if before is None or read_marker(tmp) != before or read_marker(folder) != before:
             shutil.rmtree(tmp, ignore_errors=True)
             raise DeltaError(f"{folder} changed while being copied")
+        self._maps.drop()
         _replace_dir(tmp, self.anchor_dir)

@@ -15,16 +15,18 @@ import shutil
 import socket
 import time
 import uuid
+import zlib
 from pathlib import Path
 from typing import Any
 
 from rft import atomic
-from rft.errors import CheckpointError
+from rft.errors import CheckpointError, DeltaError
 from rft.lease import describe, newest_claim
 from rft.rundir import TRAINER_LEASE, WEIGHTS_DIR, WEIGHTS_POINTER, weights_dir
 
 COMPLETE_MARKER = "rft_complete.json"  # written last in a version folder: the file list
 DELTA_INDEX = "rft_delta.json"  # in a delta folder (rft.sync.delta): its base, every tensor
+INDEX_CRC = "crc32"  # in DELTA_INDEX: the crc32 of its other keys (index_text)
 _VERSION_RE = re.compile(r"^v(\d{6,})$")
 
 
@@ -47,17 +49,42 @@ def is_complete(folder: Path) -> bool:
     return read_marker(folder) is not None
 
 
+def index_text(index: dict[str, Any]) -> str:
+    """A delta folder's index as written: its keys and the crc32 of their JSON (sorted keys), so
+    an index damaged yet still parseable (a tensor's offset or shape) is refused, not applied."""
+    body = json.dumps(index, sort_keys=True)
+    return json.dumps({**index, INDEX_CRC: zlib.crc32(body.encode())}, sort_keys=True)
+
+
+def is_delta(folder: Path) -> bool:
+    """Whether ``folder`` is a delta folder (it has an index), readable or not."""
+    return (folder / DELTA_INDEX).exists()
+
+
 def read_index(folder: Path) -> dict[str, Any] | None:
-    """A delta folder's index (:mod:`rft.sync.delta`); None for a full folder."""
+    """A delta folder's index (:mod:`rft.sync.delta_files`); None for a full folder (no index).
+    DeltaError when it does not read back whole: it is never taken for a full folder."""
+    path = folder / DELTA_INDEX
     try:
-        return json.loads((folder / DELTA_INDEX).read_text())
-    except (OSError, ValueError):
+        index = json.loads(path.read_text())
+        crc = index.pop(INDEX_CRC)
+        whole = crc == zlib.crc32(json.dumps(index, sort_keys=True).encode())
+    except FileNotFoundError:
         return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+        raise DeltaError(f"{path} is unreadable ({e}): a damaged delta") from e
+    if not whole:
+        raise DeltaError(f"{path} does not match its crc32: a damaged delta")
+    return index
 
 
 def delta_base(folder: Path) -> int | None:
-    """The anchor version a delta folder needs; None for a full folder (loadable as it is)."""
-    index = read_index(folder)
+    """The anchor version a delta folder needs; None for a full folder (loadable as it is), and
+    for a delta whose index does not read (there is nothing to spare or fall back to)."""
+    try:
+        index = read_index(folder)
+    except DeltaError:
+        return None
     return None if index is None else int(index["base_version"])
 
 

@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rft.config.schema import ExplorerConfig
-from rft.errors import CheckpointError
+from rft.errors import CheckpointError, DeltaError
 from rft.rundir import weights_dir
-from rft.sync.delta import DeltaError
 from rft.sync.heartbeat import LOADED_FIELD, LOADING_FIELD, Heartbeat
 from rft.sync.local import LocalCopy
 from rft.sync.versions import (
