@@ -141,26 +141,27 @@ def newest_claim(run_dir: Path, name: str) -> tuple[int, dict[str, Any] | None]:
     return (gens[-1] if gens else 0), None
 
 
-def live_holders(run_dir: Path, stale_s: float, now: float | None = None) -> list[dict[str, Any]]:
-    """The newest claim of every name in the run directory that is neither released nor stale."""
+def live_holders(run_dir: Path, stale_s: float, now: float | None = None) -> dict[str, dict]:
+    """name -> the newest claim of every name in the run directory that is neither released
+    nor stale."""
     now = time.time() if now is None else now
     root = Path(run_dir) / LEASES_DIR
     names = sorted(p.name for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
-    claims = [newest_claim(Path(run_dir), name)[1] for name in names]
-    return [
-        c
-        for c in claims
+    claims = {name: newest_claim(Path(run_dir), name)[1] for name in names}
+    return {
+        name: c
+        for name, c in claims.items()
         if c is not None
         and not c.get("released")
         and now - float(c.get("heartbeat_time") or 0) <= stale_s
-    ]
+    }
 
 
 def remove_dead_tmp(run_dir: Path, prefixes: tuple[str, ...], stale_s: float) -> list[Path]:
     """Delete temporaries of the run directory's root that start with one of ``prefixes`` and
     whose writer is dead: on this host its pid is gone, on another host it holds no live claim
     (every writer of those names holds one while it writes). Call with the lease held."""
-    holders = {(c.get("host"), c.get("pid")) for c in live_holders(run_dir, stale_s)}
+    holders = {(c.get("host"), c.get("pid")) for c in live_holders(run_dir, stale_s).values()}
     here = socket.gethostname()
 
     def alive(host: str, pid: int) -> bool:

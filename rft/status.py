@@ -46,10 +46,10 @@ from rft.rundir import (
 )
 from rft.sync.heartbeat import (
     EVALUATING_FIELD,
-    EXITED_FIELD,
     LOADED_FIELD,
     STEPS_FIELD,
     read_heartbeats,
+    starting_explorers,
 )
 from rft.sync.versions import pointer_fault, trainer_state
 
@@ -99,6 +99,7 @@ class RunStatus:
     broadcast: dict[str, float] = field(default_factory=dict)  # the last step's sync/* (nccl)
     trainer: str = ""  # what the trainer's lease says (running or not, host, pid, heartbeat)
     pointer: tuple[str, bool] | None = None  # rft.sync.versions.pointer_fault: (message, fatal)
+    starting: list[str] = field(default_factory=list)  # explorers with a lease, no heartbeat yet
 
 
 def _cursor(run_dir: Path, step: int | None) -> dict:
@@ -244,6 +245,7 @@ def collect(run_dir: Path, live_threshold_s: float | None = None) -> RunStatus:
         {k: last[k] for k in (SYNC_BROADCAST_OK, SYNC_MEMBERS, SYNC_GENERATION) if k in last},
         trainer_state(run_dir, live_s)[1],
         pointer_fault(run_dir, live_s),
+        starting_explorers(run_dir, live_s),
     )
 
 
@@ -262,7 +264,7 @@ def format_status(st: RunStatus) -> str:
     for name, step in st.explorer_steps.items():
         lines.append(f"{name:<15} explored step {step}")
     for ex in st.explorers:
-        state = "live" if ex.live else ("exited" if ex.fields.get(EXITED_FIELD) else "DEAD")
+        state = "live" if ex.live else ("exited" if ex.exited else "DEAD")
         f = ex.fields
         lines.append(
             f"explorer {ex.name:<14} {state:<6} heartbeat {ex.age_s:.0f}s ago, "
@@ -270,7 +272,11 @@ def format_status(st: RunStatus) -> str:
             f"version {f.get(LOADED_FIELD, '-')}, steps {f.get(STEPS_FIELD, '-')}"
             + (", evaluating" if ex.live and f.get(EVALUATING_FIELD) else "")
         )
-    if not st.explorers:
+    for name in st.starting:
+        lines.append(
+            f"explorer {name:<14} starting (holds its lease; no heartbeat until its engine runs)"
+        )
+    if not st.explorers and not st.starting:
         lines.append("explorers       none have written a heartbeat")
     lines += format_pipeline(st)
     if st.pointer is not None and not st.pointer[1]:

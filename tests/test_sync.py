@@ -417,11 +417,10 @@ def test_explorer_sync_writes_the_loops_heartbeat_and_waits_for_weights(tmp_path
         (status,) = read_heartbeats(cfg.run_dir, 60)
         return status.fields
 
-    sync = open_explorer_sync(cfg, "explorer-0", steps_done=4)  # a resume after step 4
-    assert (beat()["steps_done"], beat()["finished"], beat()[LOADED_FIELD]) == (4, False, None)
-    engine = ShardEngine()
-    sync.attach(engine)  # the engine started with the model path: version 0
-    assert beat()[LOADED_FIELD] == 0 and sync.loaded_version == 0
+    engine = ShardEngine()  # started with the model path: version 0
+    sync = open_explorer_sync(cfg, "explorer-0", engine, steps_done=4)  # a resume after step 4
+    assert (beat()["steps_done"], beat()["finished"], beat()[LOADED_FIELD]) == (4, False, 0)
+    assert sync.loaded_version == 0
     sync.sealed(5, tasks=3, finished=False)
     sync.sealed(6, tasks=2, finished=True)  # the last step: a trainer may end
     assert (beat()["steps_done"], beat()["tasks_done"], beat()["finished"]) == (6, 5, True)
@@ -436,9 +435,41 @@ def test_explorer_sync_writes_the_loops_heartbeat_and_waits_for_weights(tmp_path
     assert beat()[EVALUATING_FIELD] is False
     sync.close()
     assert beat()["exited"] and not read_heartbeats(cfg.run_dir, 60)[0].live
-    done = open_explorer_sync(cfg, "explorer-0", steps_done=6, finished=True)  # nothing left
+    done = open_explorer_sync(cfg, "explorer-0", engine, steps_done=6, finished=True)
     assert beat()["finished"] and beat()["steps_done"] == 6 and not beat()["exited"]
     done.close()
+
+
+def test_a_released_lease_is_an_exited_explorer_and_a_lease_alone_one_starting(tmp_path):
+    from rft.lease import Lease
+    from rft.status import collect, format_status
+    from rft.sync.heartbeat import explorers_finished, starting_explorers
+
+    starting = Lease.acquire(tmp_path, "explorer-1", 5.0, 60.0)  # its engine is starting
+    trainer = Lease.acquire(tmp_path, "trainer", 5.0, 60.0)  # not an explorer
+    done = Lease.acquire(tmp_path, "explorer-0", 5.0, 60.0)
+    Heartbeat(tmp_path, "explorer-0").beat(finished=True)
+    assert starting_explorers(tmp_path, 60) == ["explorer-1"]
+    assert not explorers_finished(tmp_path, 60)  # explorer-1 has not even begun
+    assert "explorer explorer-1     starting" in format_status(collect(tmp_path, 60))
+    starting.release()  # it died before its heartbeat: no longer waited for
+    assert starting_explorers(tmp_path, 60) == [] and explorers_finished(tmp_path, 60)
+    (status,) = read_heartbeats(tmp_path, 60)
+    assert status.live and not status.exited
+    done.release(blocking=False)  # what a signal's exit writes, and nothing else
+    (status,) = read_heartbeats(tmp_path, 60)
+    assert not status.live and status.exited and not status.fields["exited"]
+    assert "explorer explorer-0     exited" in format_status(collect(tmp_path, 60))
+    assert explorers_finished(tmp_path, 60)
+    time.sleep(0.01)
+    again = Lease.acquire(tmp_path, "explorer-0", 5.0, 60.0)  # restarted: its old beat said done
+    assert starting_explorers(tmp_path, 60) == ["explorer-0"] and not explorers_finished(
+        tmp_path, 60
+    )
+    Heartbeat(tmp_path, "explorer-0").beat()  # the new instance's engine runs
+    assert starting_explorers(tmp_path, 60) == [] and not explorers_finished(tmp_path, 60)
+    again.release()
+    trainer.release()
 
 
 def test_a_delta_local_dir_reads_this_nodes_variables(tmp_path, monkeypatch):

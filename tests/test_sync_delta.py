@@ -524,7 +524,7 @@ from pathlib import Path
 from rft.buffer.experience import Experience
 from rft.config.load import config_from_dict
 from rft.rundir import weights_dir
-from rft.sync.local import LocalCopy
+from rft.sync.local import DeltaWriter, LocalCopy
 from rft.sync.versions import delta_base
 from rft.trainer import engine
 from rft.trainer.batching import collate, rows_from_experiences
@@ -541,12 +541,18 @@ weights = WeightsOut(cfg, info, None)
 explorer = LocalCopy(cfg.run_dir, local / "explorer")
 rows = rows_from_experiences([Experience("t", "g", [1, 2, 3], [5, 6, 7], logprobs=[-1.0] * 3)])
 micro = collate(rows, [0], torch.zeros_like(rows.response_mask), rows.rollout_logprobs)
-for version in (1, 2, 3):
+def no_scratch(*args):
+    raise AssertionError("a delta coded from a full file written to scratch")
+DeltaWriter._code_written = no_scratch
+for version in (1, 2, 3, 4):
     if version > 1:
         logprob, _ = engine.forward_logprobs(actor.engine, micro, with_entropy=False)
         engine.backward(actor, logprob.sum())
         engine.optimizer_step(actor)
-    weights.publish(version, actor)
+    if version < 4:
+        weights.publish(version, actor)
+    else:  # sync_method nccl's folder (owed, or a broadcast missed): from the gathered state
+        weights._broadcast(version, actor, True)
     full = root / f"full-v{version}"
     full.mkdir()
     engine.stream_hf_folder(actor, full)
@@ -562,8 +568,9 @@ engine.teardown(0)
 @pytest.mark.integration
 def test_the_trainer_streams_deltas_from_its_zero3_gathers(tiny_model_dir, tmp_path):
     """WeightsOut with delta sync on a real ZeRO-3 actor (CPU): v1 in full, v2 and v3 (after
-    optimizer steps) coded from each gathered tensor; the explorer's rebuild is byte for byte
-    the file the trainer writes in full from the same weights."""
+    optimizer steps) coded from each gathered tensor, v4 from the state a broadcast gathered
+    (no full file in scratch either way); the explorer's rebuild is byte for byte the file the
+    trainer writes in full from the same weights."""
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
     out = subprocess.run(
         [
@@ -580,7 +587,7 @@ def test_the_trainer_streams_deltas_from_its_zero3_gathers(tiny_model_dir, tmp_p
         env=env,
     )
     logs = out.stdout[-2000:] + out.stderr[-4000:]
-    for version, base in ((1, None), (2, 1), (3, 1)):
+    for version, base in ((1, None), (2, 1), (3, 1), (4, 1)):
         assert f"version {version} base {base} same True" in out.stdout, logs
 
 

@@ -122,9 +122,8 @@ def run_explorer(
     )
     plan = resume_cursor(run_dir, explorer, stream)
     cursor = plan.cursor  # advanced in place by stream.next_batch
-    sync = open_explorer_sync(cfg, explorer.writer, cursor.step, stream.finished(cursor))
     if handle_signals:
-        install_exit_handlers(sync, lease)
+        install_exit_handlers(lease)
     monitor = Monitor(
         run_dir,
         explorer.role,
@@ -143,7 +142,8 @@ def run_explorer(
     reward_models = load_reward_models(
         cfg
     )  # after vLLM started: this process touches CUDA only now
-    sync.attach(engine)  # weights by folders, deltas or broadcasts
+    # the heartbeat from now on; weights by folders, deltas or broadcasts
+    sync = open_explorer_sync(cfg, explorer.writer, engine, cursor.step, stream.finished(cursor))
     result = ExplorerResult()
     synchronizer = cfg.synchronizer
     lead, _ = explorer_lead(cfg.mode, synchronizer.sync_offset, synchronizer.max_lead_steps)
@@ -364,16 +364,15 @@ def evaluate(
 # ----------------------------------------------------------------------------- entry
 
 
-def install_exit_handlers(sync: ExplorerSync, lease: Lease | None = None) -> None:
-    """SIGTERM/SIGUSR1: mark the heartbeat exited, release the lease, and leave at once
-    (unsealed batch lost)."""
+def install_exit_handlers(lease: Lease) -> None:
+    """SIGTERM/SIGUSR1: release the lease (readers of the heartbeat then count the explorer
+    exited, :func:`rft.sync.heartbeat.read_heartbeats`) and leave at once (unsealed batch
+    lost)."""
 
     def _exit(signum: int, _frame: Any) -> None:
         log.warning("signal %d: exiting now (sealed segments are kept)", signum)
         try:
-            if lease is not None:
-                lease.release(blocking=False)
-            sync.exit_now()
+            lease.release(blocking=False)
         finally:
             os._exit(128 + signum)
 

@@ -152,30 +152,21 @@ def open_weights_in(cfg: Config, writer: str, engine: Any, heartbeat: Heartbeat)
 
 
 class ExplorerSync:
-    """One explorer's side of sync: its heartbeat (what it loads, how far it got) and, once
-    :meth:`attach` gave it the engine, the weights into that engine (:class:`WeightsIn`)."""
+    """One explorer's side of sync: the weights into its engine (:class:`WeightsIn`) and its
+    heartbeat, which says what the engine holds and how far the explorer got."""
 
-    def __init__(self, cfg: Config, writer: str, steps_done: int, finished: bool):
-        self.cfg = cfg
-        self.writer = writer
-        self.heartbeat = Heartbeat(cfg.run_dir, writer, cfg.explorer.heartbeat_interval_s)
-        self.heartbeat.fields.update({STEPS_FIELD: steps_done, FINISHED_FIELD: finished})
-        self.weights: WeightsIn | None = None
-
-    def attach(self, engine: Any) -> "ExplorerSync":
-        """Weights from now on go into ``engine``, which holds version 0 (the model path)."""
-        self.weights = open_weights_in(self.cfg, self.writer, engine, self.heartbeat)
-        self.heartbeat.beat(**{LOADED_FIELD: 0})
-        return self
+    def __init__(self, heartbeat: Heartbeat, weights: WeightsIn):
+        self.heartbeat = heartbeat
+        self.weights = weights
 
     @property
     def loaded_version(self) -> int | None:
         """The engine's weights version (None after a voided load)."""
-        return self._weights().loaded_version
+        return self.weights.loaded_version
 
     def wait_for(self, need: int) -> tuple[int, float, float]:
         """:meth:`WeightsIn.wait_for`: (loaded version, reload seconds, wait seconds)."""
-        return self._weights().wait_for(need)
+        return self.weights.wait_for(need)
 
     def sealed(self, step: int, tasks: int, finished: bool) -> None:
         """Step ``step`` is sealed with ``tasks`` more tasks generated; ``finished``: it was the
@@ -195,29 +186,27 @@ class ExplorerSync:
         finally:
             self.heartbeat.beat(**{EVALUATING_FIELD: False})
 
-    def exit_now(self) -> None:
-        """Mark the explorer exited, from a signal handler (:meth:`Heartbeat.write_exited`)."""
-        self.heartbeat.write_exited()
-
     def close(self) -> None:
         """Leave the broadcast group, stop the heartbeat and mark the explorer exited."""
         try:
-            if self.weights is not None:
-                self.weights.close()
+            self.weights.close()
         finally:
             self.heartbeat.stop()
 
-    def _weights(self) -> WeightsIn:
-        assert self.weights is not None, "ExplorerSync.attach(engine) comes first"
-        return self.weights
-
 
 def open_explorer_sync(
-    cfg: Config, writer: str, steps_done: int, finished: bool = False
+    cfg: Config, writer: str, engine: Any, steps_done: int, finished: bool = False
 ) -> ExplorerSync:
-    """Explorer ``writer``'s :class:`ExplorerSync`, beating from now on (``steps_done``: the
-    steps it sealed before this run; ``finished``: it has no task left, a resume after its last
-    step); :meth:`ExplorerSync.attach` its engine once it started."""
-    sync = ExplorerSync(cfg, writer, steps_done, finished)
-    sync.heartbeat.start()
-    return sync
+    """Explorer ``writer``'s :class:`ExplorerSync` for ``engine`` (holding version 0, the model
+    path), its heartbeat beating from now on. ``steps_done``: the steps it sealed before this
+    run; ``finished``: it has no task left (a resume after its last step). Open it once the
+    engine runs: until then the explorer's lease says it is starting
+    (:func:`~rft.sync.heartbeat.starting_explorers`)."""
+    heartbeat = Heartbeat(cfg.run_dir, writer, cfg.explorer.heartbeat_interval_s)
+    heartbeat.fields.update({STEPS_FIELD: steps_done, FINISHED_FIELD: finished, LOADED_FIELD: 0})
+    heartbeat.start()
+    try:
+        return ExplorerSync(heartbeat, open_weights_in(cfg, writer, engine, heartbeat))
+    except BaseException:
+        heartbeat.stop()
+        raise

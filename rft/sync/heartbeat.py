@@ -2,8 +2,9 @@
 
 An explorer's :class:`Heartbeat` says which weights version it has loaded or is loading (the
 publisher never prunes those), how far it got and whether it finished; every reader (trainer,
-launchers, ``rft-status``) goes through :func:`read_heartbeats`. The fields are the attributes
-of :class:`BeatFields`; the ``*_FIELD`` names below are the ones other modules read.
+launchers, ``rft-status``) goes through :func:`read_heartbeats`, which also reads the writer's
+lease (:mod:`rft.lease`): a released one means exited, a live one without a heartbeat yet means
+an explorer still starting. The fields are the attributes of :class:`BeatFields`.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ from typing import Any
 
 from rft import atomic
 from rft.errors import CheckpointError, storage_errors
-from rft.rundir import EXPLORERS_DIR
+from rft.lease import live_holders, newest_claim
+from rft.rundir import EXPLORERS_DIR, TRAINER_LEASE
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +36,7 @@ EXITED_FIELD = "exited"  # heartbeat field: the explorer stopped (dead at once f
 STEPS_FIELD = "steps_done"  # heartbeat field: explorer steps finished
 TASKS_FIELD = "tasks_done"  # heartbeat field: tasks generated
 TIME_FIELD = "time"  # heartbeat field: when it was last written (readers judge liveness by it)
+STARTED_FIELD = "started_time"  # heartbeat field: when its explorer instance began beating
 
 
 @dataclass
@@ -58,7 +61,7 @@ class BeatFields:
 
 BEAT_KEYS = frozenset(f.name for f in dataclass_fields(BeatFields))
 assert {FINISHED_FIELD, LOADED_FIELD, LOADING_FIELD, EVALUATING_FIELD} <= BEAT_KEYS
-assert {EXITED_FIELD, STEPS_FIELD, TASKS_FIELD} <= BEAT_KEYS
+assert {EXITED_FIELD, STEPS_FIELD, TASKS_FIELD, STARTED_FIELD} <= BEAT_KEYS
 
 
 class Heartbeat:
@@ -77,7 +80,7 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.fields: dict[str, Any] = asdict(BeatFields(name))
-        self.fields[TIME_FIELD] = self.fields["started_time"]
+        self.fields[TIME_FIELD] = self.fields[STARTED_FIELD]
 
     def beat(self, **fields: Any) -> None:
         """Merge ``fields`` into the heartbeat and rewrite it with the current time."""
@@ -87,12 +90,6 @@ class Heartbeat:
             self.fields.update(fields)
             self.fields[TIME_FIELD] = time.time()
             atomic.write_json(self.path, self.fields)
-
-    def write_exited(self) -> None:
-        """Mark the explorer exited, from a signal handler: written without the lock
-        :meth:`beat` takes (the interrupted code may hold it)."""
-        exited = {EXITED_FIELD: True, LOADING_FIELD: None, TIME_FIELD: time.time()}
-        atomic.write_json(self.path, {**self.fields, **exited})
 
     def start(self) -> "Heartbeat":
         """Beat now and then every ``interval_s`` from a daemon thread until :meth:`stop`."""
@@ -137,6 +134,7 @@ class ExplorerStatus:
     age_s: float
     live: bool
     fields: dict[str, Any] = field(default_factory=dict)
+    exited: bool = False  # it said so, or released its lease (a signal's exit writes only that)
 
 
 def read_heartbeats(
@@ -144,7 +142,8 @@ def read_heartbeats(
 ) -> list[ExplorerStatus]:
     """Every explorer heartbeat, sorted by name; live = not exited and beat within the threshold.
 
-    Ages compare the writer's clock with this host's: cluster nodes keep NTP time.
+    Exited: the heartbeat says so or the explorer's lease (named as it) is released. Ages
+    compare the writer's clock with this host's: cluster nodes keep NTP time.
     """
     folder = Path(run_dir) / EXPLORERS_DIR
     now = time.time() if now is None else now
@@ -159,16 +158,36 @@ def read_heartbeats(
             log.warning("unreadable heartbeat %s (%s): counted as dead", path, e)
             statuses.append(ExplorerStatus(path.stem, float("inf"), False))
             continue
-        live = not fields.get(EXITED_FIELD, False) and age_s <= live_threshold_s
-        statuses.append(ExplorerStatus(path.stem, age_s, live, fields))
+        claim = newest_claim(Path(run_dir), path.stem)[1]
+        exited = bool(fields.get(EXITED_FIELD)) or bool(claim and claim.get("released"))
+        live = not exited and age_s <= live_threshold_s
+        statuses.append(ExplorerStatus(path.stem, age_s, live, fields, exited))
     return statuses
 
 
-def explorers_finished(run_dir: Path | str) -> bool:
+def starting_explorers(run_dir: Path | str, live_threshold_s: float = 30.0) -> list[str]:
+    """Explorers that hold a live lease but wrote no heartbeat yet (their engine is starting):
+    none, or only one older than the lease (a previous instance's, whatever it said)."""
+    beats = {s.name: s.fields for s in read_heartbeats(run_dir, live_threshold_s)}
+    holders = live_holders(Path(run_dir), live_threshold_s)
+    return [
+        name
+        for name, claim in holders.items()
+        if name != TRAINER_LEASE
+        and float(beats.get(name, {}).get(STARTED_FIELD) or 0) < float(claim["start_time"])
+    ]
+
+
+def explorers_finished(run_dir: Path | str, live_threshold_s: float = 30.0) -> bool:
     """Whether at least one explorer joined the run and every one that did has finished its
-    tasks (heartbeat field ``finished``, written after its last segment was sealed)."""
-    statuses = read_heartbeats(run_dir)
-    return bool(statuses) and all(s.fields.get(FINISHED_FIELD) for s in statuses)
+    tasks (heartbeat field ``finished``, written after its last segment was sealed); one that
+    holds its lease and is still starting has not."""
+    statuses = read_heartbeats(run_dir, live_threshold_s)
+    return (
+        bool(statuses)
+        and all(s.fields.get(FINISHED_FIELD) for s in statuses)
+        and not starting_explorers(run_dir, live_threshold_s)
+    )
 
 
 def evaluating_explorers(run_dir: Path | str, live_threshold_s: float = 30.0) -> list[str]:

@@ -717,13 +717,19 @@ def save_hf_config(actor: Actor, folder: Path) -> None:
         module.generation_config.save_pretrained(folder)
 
 
-def save_hf_folder(actor: Actor, state_dict: dict[str, torch.Tensor] | None, folder: Path) -> None:
+def save_hf_folder(
+    actor: Actor,
+    state_dict: dict[str, torch.Tensor] | None,
+    folder: Path,
+    write_file: Callable = write_safetensors,
+) -> None:
     """An HF folder of the gathered weights (rank 0): config, and the weights as
-    ``save_pretrained`` names them, or only the config (``state_dict`` None)."""
+    ``save_pretrained`` names them, or only the config (``state_dict`` None). ``write_file``:
+    as in :func:`stream_hf_folder`."""
     save_hf_config(actor, folder)
     if state_dict is not None:
         specs = [FileTensor(name, tuple(t.shape), t.dtype) for name, t in state_dict.items()]
-        _write_weight_files(folder, specs, lambda spec: state_dict[spec.name].cpu())
+        _write_weight_files(folder, specs, lambda spec: state_dict[spec.name].cpu(), write_file)
 
 
 def stream_hf_folder(

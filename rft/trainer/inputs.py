@@ -105,9 +105,8 @@ class BufferSource:
                         self.cfg.synchronizer.sync_timeout,
                     )
                 break
-            finished = explorers_finished(
-                self.run_dir
-            )  # before the read: their last segments are sealed
+            # before the read: their last segments are sealed
+            finished = explorers_finished(self.run_dir, self.cfg.explorer.heartbeat_timeout_s)
             got = self.reader.read(
                 want - len(out),
                 current_version=current_version,

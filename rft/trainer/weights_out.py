@@ -116,10 +116,10 @@ class WeightsOut:
         from rft.trainer import engine
 
         state = engine.gather_weights(actor)
-        if self._folder_owed(version, state, folder):
+        if self._folder_owed(version, state, folder):  # with delta sync: coded, no full file
             self.publisher.publish(
                 version,
-                lambda tmp: engine.save_hf_folder(actor, state, tmp),
+                StreamedFolder(lambda tmp, write: engine.save_hf_folder(actor, state, tmp, write)),
                 extra_files=tokenizer_files(self.cfg.model.model_path),
             )
 
