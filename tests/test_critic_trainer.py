@@ -24,6 +24,7 @@ from tests.test_trainer import (
     metrics,
     run_interrupted,
     run_ok,
+    step_on_one_rank,
     torchrun_cmd,
     write_config,
     write_segments,
@@ -70,8 +71,6 @@ def ppo_cfg(**trainer_config):
 
 def one_step(monkeypatch, cfg, step: int = 1):
     from rft.trainer import engine
-    from rft.trainer.algorithm import build_loss_fns
-    from rft.trainer.step import train_step
 
     monkeypatch.setattr(
         engine, "all_reduce_max", lambda value: value
@@ -84,20 +83,7 @@ def one_step(monkeypatch, cfg, step: int = 1):
         Experience("b", "b", [4], [1, 2, 0], logprobs=[-1.0] * 3, reward=0.0),
     ]
     policy, critic = BigramLM(), TokenValues()
-    info = engine.DistInfo(
-        rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo"
-    )
-    out = train_step(
-        engine.Actor(SGDEngine(policy), 2, None),
-        None,
-        exps,
-        cfg,
-        build_loss_fns(cfg.algorithm),
-        info,
-        step=step,
-        pad_id=0,
-        critic=engine.Actor(SGDEngine(critic), 2, None),
-    )
+    out = step_on_one_rank(SGDEngine(policy), exps, cfg, critic=SGDEngine(critic), step=step)
     return out, policy, critic
 
 

@@ -18,7 +18,7 @@ from rft.config.gpus import split_gpus
 from rft.config.load import config_from_dict
 from rft.config.teacher import explorer_scorers, teacher_in_trainer
 from rft.errors import ConfigError
-from tests.test_trainer import BigramLM, FakeEngine, tempered_logprobs
+from tests.test_trainer import BigramLM, FakeEngine, one_rank, step_on_one_rank, tempered_logprobs
 
 TRINITY_LAYOUT = {  # opd_gsm8k.yaml: 4 students x TP 1, one teacher engine x TP 2, 8 GPUs
     "model": {"model_path": "/models/student"},
@@ -118,18 +118,13 @@ def test_the_trainer_scores_rows_without_teacher_logprobs_and_the_advantage_uses
     teacher log-probs get the teacher's untempered ones, a row that brings its own keeps them,
     and the on_policy_distill advantage is kl_coef * (teacher - student old log-probs)."""
     from rft.trainer import distill, engine
-    from rft.trainer.algorithm import build_loss_fns
     from rft.trainer.distill import TEACHER_ROWS, TrainerTeacher
-    from rft.trainer.step import train_step
 
     monkeypatch.setattr(engine, "all_reduce_max", lambda value: value)  # one process
     monkeypatch.setattr(engine, "all_gather_objects", lambda obj: [obj])
     student, teacher = BigramLM(), BigramLM()
     with torch.no_grad():
         teacher.table.mul_(-2.0)  # another model: it disagrees with the student on every token
-    info = engine.DistInfo(
-        rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo"
-    )
     loads = []
 
     def load(cfg, info):
@@ -155,16 +150,7 @@ def test_the_trainer_scores_rows_without_teacher_logprobs_and_the_advantage_uses
         table = torch.log_softmax(teacher.table.detach(), dim=-1)  # [V, V]
         return [float(table[ids[len(prompt) - 1 + j], t]) for j, t in enumerate(response)]
 
-    metrics = train_step(
-        engine.Actor(FakeEngine(student), 2, None),
-        None,
-        exps,
-        cfg,
-        build_loss_fns(cfg.algorithm),
-        info,
-        step=1,
-        pad_id=0,
-    )
+    metrics = step_on_one_rank(FakeEngine(student), exps, cfg)
     assert loads == ["/models/teacher"] and metrics[TEACHER_ROWS] == 3
     old = [tempered_logprobs(student, exp.prompt_ids, exp.response_ids) for exp in exps]
     given = [untempered(exp.prompt_ids, exp.response_ids) for exp in exps[:3]] + [[-0.25, -3.0]]
@@ -185,9 +171,7 @@ def test_without_a_trainer_teacher_a_row_lacking_teacher_logprobs_is_still_refus
 
     monkeypatch.setattr(engine, "all_reduce_max", lambda value: value)
     cfg = _cfg(rollout={"engine_num": 2}, teacher={"engine_num": 2})  # explorers' teacher
-    info = engine.DistInfo(
-        rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo"
-    )
+    info = one_rank()
     exps = [Experience("g", "g", [1], [2, 3], logprobs=[-1.0, -1.0]) for _ in range(2)]
     plan = plan_step(exps, cfg, info)
     assert add_trainer_teacher_logprobs(cfg, plan, 0, info) == {}

@@ -338,6 +338,34 @@ class FakeEngine(torch.nn.Module):
         return [0.0]
 
 
+def one_rank():
+    """This process alone, on the CPU (gloo): the ``DistInfo`` of a one-rank step."""
+    from rft.trainer import engine
+
+    return engine.DistInfo(
+        rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo"
+    )
+
+
+def step_on_one_rank(
+    policy: torch.nn.Module, exps: list, cfg, critic: torch.nn.Module | None = None, step: int = 1
+) -> dict:
+    """One ``train_step`` of ``policy`` (a :class:`FakeEngine` or one that updates) on this
+    process alone, without a reference model; with ``critic`` (the same kind), PPO's."""
+    from rft.trainer import engine
+    from rft.trainer.algorithm import build_loss_fns
+    from rft.trainer.step import train_step
+
+    def actor(e: torch.nn.Module):
+        return engine.Actor(e, 2, None)
+
+    fns = build_loss_fns(cfg.algorithm)
+    return train_step(
+        actor(policy), None, exps, cfg, fns, one_rank(), step=step, pad_id=0,
+        critic=None if critic is None else actor(critic),
+    )  # fmt: skip
+
+
 def tempered_logprobs(model: BigramLM, prompt: list[int], response: list[int]) -> list[float]:
     """log softmax(table[previous token] / T)[token] for each response token."""
     ids = prompt + response
@@ -357,8 +385,6 @@ def test_one_step_scores_at_the_temperature_and_weights_the_loss(monkeypatch):
     )
     from rft.config.load import config_from_dict
     from rft.trainer import engine
-    from rft.trainer.algorithm import build_loss_fns
-    from rft.trainer.step import train_step
 
     monkeypatch.setattr(
         engine, "all_reduce_max", lambda value: value
@@ -393,19 +419,7 @@ def test_one_step_scores_at_the_temperature_and_weights_the_loss(monkeypatch):
             "trainer": {"precision": "fp32"},
         }
     )
-    info = engine.DistInfo(
-        rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo"
-    )
-    metrics = train_step(
-        engine.Actor(FakeEngine(model), 2, None),
-        None,
-        exps,
-        cfg,
-        build_loss_fns(cfg.algorithm),
-        info,
-        step=1,
-        pad_id=0,
-    )
+    metrics = step_on_one_rank(FakeEngine(model), exps, cfg)
     # 11 tokens: nine ratios 1, one 4, one 0.5
     assert metrics[IS_RATIO_MEAN] == pytest.approx(13.5 / 11, abs=1e-5)
     assert metrics[IS_RATIO_MAX] == pytest.approx(4.0, abs=1e-5)
@@ -470,9 +484,6 @@ def test_on_policy_step_skips_the_old_logprob_pass_with_the_same_update(monkeypa
             },
         }
     )
-    info = engine.DistInfo(
-        rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo"
-    )
 
     def one_step(skip: bool) -> tuple[dict, torch.Tensor]:
         monkeypatch.setattr(st, "old_pass_skippable", lambda fns, updates: skip)
@@ -481,17 +492,7 @@ def test_on_policy_step_skips_the_old_logprob_pass_with_the_same_update(monkeypa
             Experience(g, g, p, r, logprobs=[x - 0.3 for x in base[: len(r)]], reward=rw)
             for g, p, r, rw in shapes
         ]
-        out = st.train_step(
-            engine.Actor(SGDEngine(model), 2, None),
-            None,
-            exps,
-            cfg,
-            build_loss_fns(cfg.algorithm),
-            info,
-            step=1,
-            pad_id=0,
-        )
-        return out, model.table.detach()
+        return step_on_one_rank(SGDEngine(model), exps, cfg), model.table.detach()
 
     monkeypatch.setattr(st, "local_pass", _counting(st.local_pass))
     skipped, skipped_weights = one_step(True)
