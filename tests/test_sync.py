@@ -482,3 +482,17 @@ def test_a_delta_local_dir_reads_this_nodes_variables(tmp_path, monkeypatch):
     assert scratch.name.startswith("rft-weights-") and scratch.name.endswith("-explorer-0")
     with pytest.raises(ConfigError, match="RFT_TEST_UNSET.* names a variable unset on"):
         DeltaPolicy(8, "$RFT_TEST_UNSET/rft").scratch(tmp_path / "run", "explorer-0")
+
+
+def test_a_damaged_explorer_lease_never_fails_a_reader_of_heartbeats(tmp_path, caplog):
+    from rft.lease import Lease
+    from rft.rundir import lease_file
+    from rft.sync.heartbeat import explorers_finished, starting_explorers
+
+    Lease.acquire(tmp_path, "explorer-0", 5.0, 60.0)
+    Heartbeat(tmp_path, "explorer-0").beat(finished=True)
+    lease_file(tmp_path, "explorer-0", 1).write_text("{half a claim")  # the trainer reads on
+    (status,) = read_heartbeats(tmp_path, 60)
+    assert status.live and not status.exited  # the heartbeat alone decides
+    assert starting_explorers(tmp_path, 60) == [] and explorers_finished(tmp_path, 60)
+    assert "judged by its heartbeat alone" in caplog.text

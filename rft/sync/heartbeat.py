@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from rft import atomic
-from rft.errors import CheckpointError, storage_errors
+from rft.errors import CheckpointError, LeaseError, storage_errors
 from rft.lease import live_holders, newest_claim
 from rft.rundir import EXPLORERS_DIR, TRAINER_LEASE
 
@@ -158,7 +158,7 @@ def read_heartbeats(
             log.warning("unreadable heartbeat %s (%s): counted as dead", path, e)
             statuses.append(ExplorerStatus(path.stem, float("inf"), False))
             continue
-        claim = newest_claim(Path(run_dir), path.stem)[1]
+        claim = _claim(Path(run_dir), path.stem)
         exited = bool(fields.get(EXITED_FIELD)) or bool(claim and claim.get("released"))
         live = not exited and age_s <= live_threshold_s
         statuses.append(ExplorerStatus(path.stem, age_s, live, fields, exited))
@@ -169,13 +169,27 @@ def starting_explorers(run_dir: Path | str, live_threshold_s: float = 30.0) -> l
     """Explorers that hold a live lease but wrote no heartbeat yet (their engine is starting):
     none, or only one older than the lease (a previous instance's, whatever it said)."""
     beats = {s.name: s.fields for s in read_heartbeats(run_dir, live_threshold_s)}
-    holders = live_holders(Path(run_dir), live_threshold_s)
+    try:
+        holders = live_holders(Path(run_dir), live_threshold_s)
+    except LeaseError as e:  # a damaged claim: heartbeats alone decide (as before leases)
+        log.warning("explorers starting not known: %s", e)
+        return []
     return [
         name
         for name, claim in holders.items()
         if name != TRAINER_LEASE
-        and float(beats.get(name, {}).get(STARTED_FIELD) or 0) < float(claim["start_time"])
+        and float(beats.get(name, {}).get(STARTED_FIELD) or 0) < float(claim.get("start_time") or 0)
     ]
+
+
+def _claim(run_dir: Path, name: str) -> dict[str, Any] | None:
+    """The newest lease claim of explorer ``name``; None if there is none or it is unreadable
+    (a reader of heartbeats never fails on a damaged claim: the heartbeat alone decides)."""
+    try:
+        return newest_claim(run_dir, name)[1]
+    except LeaseError as e:
+        log.warning("explorer %s judged by its heartbeat alone: %s", name, e)
+        return None
 
 
 def explorers_finished(run_dir: Path | str, live_threshold_s: float = 30.0) -> bool:
