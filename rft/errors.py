@@ -56,6 +56,12 @@ class WorkflowError(RftError):
     """A workflow class could not be found or loaded, or returned experiences that do not fit."""
 
 
+class EpisodesFailedError(WorkflowError):
+    """An explorer stopped because its workflow's episodes kept failing
+    (``explorer.max_failed_steps``, ``explorer.max_failed_share``), or a reader of its buffer
+    ends because it did."""
+
+
 class SlurmError(RftError):
     """sbatch missing, a submission refused, or a job that failed."""
 

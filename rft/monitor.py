@@ -57,6 +57,7 @@ RESPONSE_LENGTH_MAX = "response_length/max"  # explorer: the step's longest resp
 BATCH_TOKENS = "batch_tokens"  # trainer: prompt + response tokens the step trained on
 BATCH_EXPERIENCES = "batch_experiences"  # trainer: experiences the step trained on
 BATCH_PAIRS = "batch_pairs"  # trainer (DPO): preference pairs the step trained on
+SKIPPED_NO_EXPERIENCES = "skipped_no_experiences"  # trainer: 1 on a step with nothing to train
 UPDATES = (
     "updates"  # trainer: optimizer updates of the policy in the step (0: none, e.g. critic warm-up)
 )
@@ -65,6 +66,10 @@ OLD_LOGPROBS_TIME_S = "time_old_logprobs_s"  # trainer: the no-grad pass recompu
 EPISODES = "episodes/count"  # explorer (workflow classes): workflow runs in the step
 EPISODE_FAILED = "episodes/failed"  # explorer: runs that raised (left out of the buffer)
 EPISODE_TIMEOUTS = "episodes/timeouts"  # explorer: runs stopped at explorer.max_timeout
+# explorer (JSONL only, not numbers): the step's first failed run, "<workflow> on task <id>:
+# <Type: message>", and {that one-line error: runs of the step that failed with it}
+EPISODE_FIRST_ERROR = "episodes/first_error"
+EPISODE_ERRORS = "episodes/errors"
 EPISODE_TURNS = "episodes/model_calls_mean"  # explorer: model calls per finished run
 EPISODE_SAMPLES = "episodes/samples"  # explorer: experiences the finished runs returned
 EPISODE_PREFIX_BREAKS = (
@@ -394,10 +399,23 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def failed_episodes(metrics: Mapping[str, Any]) -> str | None:
+    """``episodes 3/16 failed: <first error>`` for an explorer step with failed (or timed out)
+    runs; None for a step without."""
+    failed = int(metrics.get(EPISODE_FAILED, 0) or 0) + int(metrics.get(EPISODE_TIMEOUTS, 0) or 0)
+    if not failed:
+        return None
+    first = metrics.get(EPISODE_FIRST_ERROR) or "unknown error"
+    return f"episodes {failed}/{int(metrics.get(EPISODES, 0) or 0)} failed: {first}"
+
+
 def format_metrics(metrics: dict[str, Any]) -> str:
-    """``key=value`` pairs, numbers shortened to 4 significant digits."""
+    """``key=value`` pairs, numbers shortened to 4 significant digits; values JSON alone holds
+    (dicts, lists: e.g. :data:`EPISODE_ERRORS`) are left out."""
     parts = []
     for key, value in metrics.items():
+        if isinstance(value, (dict, list)):
+            continue
         if isinstance(value, float) and math.isfinite(value):
             value = f"{value:.4g}"
         parts.append(f"{key}={value}")

@@ -28,6 +28,9 @@ CHECKPOINT_POINTER = "latest_checkpointed_iteration.txt"  # newest complete full
 TRAINER_META = "trainer_meta.json"  # the newest checkpoint's metadata
 EXPLORERS_DIR = "explorers"  # explorers/<writer>.json: explorer heartbeats
 EXPLORER_META = "explorer_meta.json"  # explorer task cursors
+FAILURES_DIR = (
+    "failures"  # failures/<writer>.json: why an explorer task stopped (rft.sync.failures)
+)
 GROUPS_DIR = "groups"  # groups/<writer>/: finished groups of unsealed steps (streaming explorer)
 LEASES_DIR = "leases"  # leases/<name>/<gen>.json: who owns a role here (rft.lease)
 TRAINER_LEASE = "trainer"  # the trainer's lease name (an explorer task's: its writer)

@@ -2,8 +2,8 @@
 
 Reads the trainer's metrics, the weights pointer, the explorers' heartbeats, the newest full
 checkpoint and, per buffer writer, its sealed segments (by file name: none is opened), how far
-the checkpoint's cursor consumed them and the fault counters the trainer's reader logged. Prints
-where the pipeline waits (trainer on experiences, explorers on weights) and which side to
+the checkpoint's cursor consumed them and the fault counters the trainer's reader logged, and
+per explorer its workflow runs that failed (from its metrics). Prints where the pipeline waits (trainer on experiences, explorers on weights) and which side to
 scale; a weights pointer no explorer can follow is an ``error:`` and exit code 2. Writes nothing.
 """
 
@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -24,6 +26,10 @@ from rft.config.schema import ExplorerConfig
 from rft.entry import run_command
 from rft.errors import EXIT_OK, EXIT_USER_ERROR, RftError
 from rft.monitor import (
+    EPISODE_ERRORS,
+    EPISODE_FAILED,
+    EPISODE_TIMEOUTS,
+    EPISODES,
     EXPLORER_STEP_S,
     EXPLORER_WAIT_S,
     READ_TIME_S,
@@ -44,6 +50,7 @@ from rft.rundir import (
     WEIGHTS_POINTER,
     step_dir,
 )
+from rft.sync.failures import ExplorerFailure, read_failures
 from rft.sync.heartbeat import (
     EVALUATING_FIELD,
     LOADED_FIELD,
@@ -100,6 +107,8 @@ class RunStatus:
     trainer: str = ""  # what the trainer's lease says (running or not, host, pid, heartbeat)
     pointer: tuple[str, bool] | None = None  # rft.sync.versions.pointer_fault: (message, fatal)
     starting: list[str] = field(default_factory=list)  # explorers with a lease, no heartbeat yet
+    episodes: dict[str, EpisodeTotals] = field(default_factory=dict)  # monitor -> its runs
+    stopped: list[ExplorerFailure] = field(default_factory=list)  # explorers stopped on failures
 
 
 def _cursor(run_dir: Path, step: int | None) -> dict:
@@ -150,6 +159,54 @@ def writer_statuses(
             )
         )
     return out
+
+
+# ----------------------------------------------------------------------------- episodes
+
+
+@dataclass
+class EpisodeTotals:
+    """An explorer's workflow runs (episodes) over the run, summed from its metrics rows."""
+
+    episodes: int = 0  # runs
+    failed: int = 0  # runs that raised
+    timeouts: int = 0  # runs stopped at explorer.max_timeout
+    errors: Counter[str] = field(default_factory=Counter)  # error line -> runs that failed so
+
+
+def episode_totals(rows: list[dict]) -> EpisodeTotals | None:
+    """The episode counts of an explorer's metrics rows; None when no row has any (no step ran
+    a workflow class). Rows written before ``episodes/errors`` existed add counts only."""
+    rows = [r for r in rows if EPISODES in r]
+    if not rows:
+        return None
+    totals = EpisodeTotals()
+    for row in rows:
+        totals.episodes += _count(row.get(EPISODES))
+        totals.failed += _count(row.get(EPISODE_FAILED))
+        totals.timeouts += _count(row.get(EPISODE_TIMEOUTS))
+        errors = row.get(EPISODE_ERRORS)
+        if isinstance(errors, dict):
+            totals.errors.update({str(e): _count(n) for e, n in errors.items() if _count(n) > 0})
+    return totals
+
+
+def _count(value: object) -> int:
+    """A count from a metrics row; 0 for anything else (absent, NaN, a string)."""
+    ok = isinstance(value, (int, float)) and math.isfinite(value)
+    return int(value) if ok else 0
+
+
+def format_episodes(t: EpisodeTotals) -> str:
+    """``episodes: 12 of 64 failed (18.8%), 2 timed out; most frequent error (9x): ...``."""
+    share = f" ({t.failed / t.episodes:.1%})" if t.episodes else ""
+    line = f"episodes: {t.failed} of {t.episodes} failed{share}"
+    if t.timeouts:
+        line += f", {t.timeouts} timed out"
+    if t.errors:
+        error, n = t.errors.most_common(1)[0]
+        line += f"; most frequent error ({n}x): {error}"
+    return line
 
 
 # ----------------------------------------------------------------------------- pipeline
@@ -215,7 +272,7 @@ def collect(run_dir: Path, live_threshold_s: float | None = None) -> RunStatus:
     checkpoint = atomic.read_pointer(run_dir / CHECKPOINT_POINTER)
     writers = writer_statuses(listing, _cursor(run_dir, checkpoint), last)
     monitors = run_dir / MONITOR_DIR
-    explorer_steps, explorer_idle = {}, {}
+    explorer_steps, explorer_idle, episodes = {}, {}, {}
     for folder in sorted(monitors.glob("explorer_*")) if monitors.is_dir() else []:
         explored = read_metrics(run_dir, folder.name)
         if explored:
@@ -223,6 +280,9 @@ def collect(run_dir: Path, live_threshold_s: float | None = None) -> RunStatus:
             idle = idle_fraction(explored, EXPLORER_WAIT_S, EXPLORER_STEP_S)
             if idle is not None:
                 explorer_idle[folder.name] = idle
+            totals = episode_totals(explored)
+            if totals is not None:
+                episodes[folder.name] = totals
     # With sync_method nccl the folder pointer moves only at checkpoints and faults: the
     # trainer's metrics know its newest version.
     versions = [
@@ -246,6 +306,8 @@ def collect(run_dir: Path, live_threshold_s: float | None = None) -> RunStatus:
         trainer_state(run_dir, live_s)[1],
         pointer_fault(run_dir, live_s),
         starting_explorers(run_dir, live_s),
+        episodes,
+        read_failures(run_dir),
     )
 
 
@@ -263,6 +325,8 @@ def format_status(st: RunStatus) -> str:
     lines += [format_writer(w) for w in st.writers]
     for name, step in st.explorer_steps.items():
         lines.append(f"{name:<15} explored step {step}")
+        if name in st.episodes:
+            lines.append(f"{name:<15} {format_episodes(st.episodes[name])}")
     for ex in st.explorers:
         state = "live" if ex.live else ("exited" if ex.exited else "DEAD")
         f = ex.fields
@@ -278,6 +342,7 @@ def format_status(st: RunStatus) -> str:
         )
     if not st.explorers and not st.starting:
         lines.append("explorers       none have written a heartbeat")
+    lines += [f"stopped         {failure.message}" for failure in st.stopped]
     lines += format_pipeline(st)
     if st.pointer is not None and not st.pointer[1]:
         lines.append(f"warning         {st.pointer[0]}")

@@ -26,17 +26,12 @@ from rft.explorer.loop import (
 )
 from rft.rundir import EXPLORER_META
 from tests.helpers.groups import split_groups
+from tests.helpers.runs import read_segments, write_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
 
 
 # ----------------------------------------------------------------------------- helpers
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
 
 
 def arithmetic_rows(n: int, start: int = 0) -> list[dict]:
@@ -355,16 +350,6 @@ def engine(vllm_model_dir, data_dir, tmp_path_factory):
         tmp_path_factory.mktemp("engine"), vllm_model_dir, [taskset_dict(data_dir / "a.jsonl", "a")]
     )
     return Engine(cfg)
-
-
-def read_segments(run_dir: Path) -> dict[str, dict[int, list[Experience]]]:
-    out: dict[str, dict[int, list[Experience]]] = {}
-    for seg in sorted((run_dir / "buffer").glob("*/seg-*.jsonl")):
-        lines = seg.read_text().splitlines()
-        header = json.loads(lines[0])
-        records = [Experience.from_dict(json.loads(line)) for line in lines[1:]]
-        out.setdefault(header["writer"], {})[header["seq"]] = records
-    return out
 
 
 @pytest.mark.integration

@@ -17,24 +17,12 @@ from pathlib import Path
 import pytest
 
 from rft.monitor import SYNC_BROADCAST_OK, read_metrics
+from tests.helpers.runs import rft_run
 
 pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parent.parent
 DATA = REPO / "data" / "arithmetic"
-
-
-def rft_run(*args: str, timeout: int = 900, **popen) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", RFT_LOCAL_TRAINER_RANKS="1")
-    return subprocess.run(
-        [sys.executable, str(REPO / "bin" / "rft-run"), *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        **popen,
-    )
 
 
 def overrides(model: Path, root: Path, *extra: str) -> list[str]:

@@ -190,7 +190,8 @@ KEYS: dict[str, dict[str, str]] = {
     "RolloutModelConfig": _INFERENCE_MODEL,
     "AuxiliaryModelConfig": _AUXILIARY_MODEL,
     "ExplorerConfig": {
-        "max_retry_times": "rft runs each task once and counts a failed run; remove it",
+        "max_retry_times": "rft runs each task once and counts a failed run; remove it "
+        "(explorer.max_failed_steps and max_failed_share stop a run whose runs keep failing)",
         "max_repeat_times_per_runner": "rft keeps a task's repeat_times samples in one run; "
         "remove it",
         "api_port": _SERVE,

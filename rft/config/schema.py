@@ -320,6 +320,8 @@ class ExplorerConfig:
     runner_per_model: int = field(8, ge=1)  # workflow runs in flight per engine (workflow classes)
     runner_num: Optional[int] = field(None, ge=1)  # older spelling of runner_per_model
     max_timeout: float = field(900.0, gt=0)  # seconds one workflow run may take; then it is stopped
+    # rft: dry run and start run each workflow class once on its first task, with a fake model
+    first_task_check: bool = True
     env_vars: dict[str, str] = field(factory=dict)  # set in each explorer task's environment
     rollout_model: RolloutModelConfig = field(factory=RolloutModelConfig)  # vLLM engines
     auxiliary_models: list[AuxiliaryModelConfig] = field(
@@ -337,6 +339,13 @@ class ExplorerConfig:
     max_inflight_samples: Optional[int] = field(None, ge=1)  # null: one step's samples
     # rft: with partial_rollout, groups whose samples span more weights versions are dropped
     max_version_span: Optional[int] = field(None, ge=0)  # null: keep every group
+    # rft: the explorer stops with the first episode's error after this many steps in a row whose
+    # every episode failed (Trinity's nearest, max_retry_times, retries a run instead); 0: never
+    max_failed_steps: int = field(2, ge=0)
+    # rft: ... or when more than this share of the episodes of the last failed_share_window_steps
+    # steps failed (checked once that many steps ran); 1.0: never
+    max_failed_share: float = field(0.5, ge=0, le=1)
+    failed_share_window_steps: int = field(4, ge=1)  # steps max_failed_share looks back over
 
 
 @dataclass

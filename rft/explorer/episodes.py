@@ -16,7 +16,7 @@ import logging
 import re
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -27,7 +27,9 @@ from rft.errors import WorkflowError
 from rft.explorer.engine import Engine, Sample
 from rft.explorer.tasksets import SamplingArgs
 from rft.monitor import (
+    EPISODE_ERRORS,
     EPISODE_FAILED,
+    EPISODE_FIRST_ERROR,
     EPISODE_PREFIX_BREAKS,
     EPISODE_SAMPLES,
     EPISODE_TIMEOUTS,
@@ -49,6 +51,7 @@ log = logging.getLogger(__name__)
 
 BATCH_WAIT_S = 0.05  # longest a model call waits for others to join its batch
 JOIN_GRACE_S = 5.0  # after an episode's deadline, how long its thread may take to notice
+ERROR_LINE_CHARS = 300  # a failed run's error, as the console and the metrics show it
 
 
 @dataclass
@@ -252,6 +255,31 @@ class EpisodeResult:
         """Finished in time without raising: its experiences are kept."""
         return self.error is None and not self.timed_out
 
+    @property
+    def error_line(self) -> Optional[str]:
+        """A run that did not end well, in one line: ``<Workflow>: <Type: message>`` (the
+        traceback's last line; the traceback itself is in the explorer's log)."""
+        if self.ok:
+            return None
+        why = one_line(self.error or "ran past explorer.max_timeout")
+        return f"{getattr(self.job.task.workflow, '__name__', 'workflow')}: {why}"
+
+    @property
+    def failure(self) -> Optional[str]:
+        """:attr:`error_line` with the task: ``<Workflow> on task <id>: <Type: message>``."""
+        line = self.error_line
+        if line is None:
+            return None
+        workflow, _, error = line.partition(": ")
+        return f"{workflow} on task {self.job.task.task_id}: {error}"
+
+
+def one_line(error: str) -> str:
+    """An error as the console shows it: its first non-empty line, at most
+    :data:`ERROR_LINE_CHARS` characters."""
+    first = next((line.strip() for line in error.splitlines() if line.strip()), error)
+    return first if len(first) <= ERROR_LINE_CHARS else first[: ERROR_LINE_CHARS - 3] + "..."
+
 
 def episode_jobs(slot: int, task: Task, workflow_cls: type) -> list[EpisodeJob]:
     """The episodes of one task: one doing every run (``can_repeat``), else one per run."""
@@ -269,7 +297,8 @@ def _with_run(task: Task, run_id: int) -> Task:
     return dataclasses.replace(task, run_id=run_id)
 
 
-def _run_workflow(job: EpisodeJob, model: ModelWrapper) -> list[Experience]:
+def run_workflow(job: EpisodeJob, model: ModelWrapper) -> list[Experience]:
+    """Run one episode's workflow (its repeats set, sync or async); its checked experiences."""
     workflow = job.task.to_workflow(model)
     if job.repeat > 1 or getattr(workflow, "can_repeat", False):
         workflow.set_repeat_times(job.repeat, job.task.run_id)
@@ -374,7 +403,7 @@ class EpisodePool:
         start = time.monotonic()
         try:
             with counting(result.tools):
-                result.experiences = _run_workflow(result.job, model)
+                result.experiences = run_workflow(result.job, model)
         except Exception as e:  # a workflow's failure ends its episode, never the explorer
             result.error = f"{type(e).__name__}: {e}"
             if not isinstance(e, EpisodeCancelled):
@@ -441,9 +470,21 @@ def run_episodes(
     return results, {GENERATE_BATCHES: service.batches, **episode_metrics(results)}
 
 
-def episode_metrics(results: list[EpisodeResult]) -> dict[str, float]:
+def episode_metrics(results: list[EpisodeResult]) -> dict[str, Any]:
+    """The step's episode counts; with failed runs, the first one's error (with its task) and
+    how many runs failed with each error line (JSON-only metrics: strings, a dict)."""
     ok = [r for r in results if r.ok]
+    failed = [r for r in results if not r.ok]
+    failures = (
+        {
+            EPISODE_FIRST_ERROR: failed[0].failure,
+            EPISODE_ERRORS: dict(Counter(r.error_line for r in failed)),
+        }
+        if failed
+        else {}
+    )
     return {
+        **failures,
         EPISODES: len(results),
         EPISODE_FAILED: sum(r.error is not None and not r.timed_out for r in results),
         EPISODE_TIMEOUTS: sum(r.timed_out for r in results),

@@ -23,16 +23,21 @@ from rft.buffer.segments import open_buffer_writer
 from rft.config.rules import streams
 from rft.config.schema import Config
 from rft.entry import config_parser, run_command, setup_logging
-from rft.errors import EXIT_OK, ConfigError
+from rft.errors import EXIT_OK, ConfigError, EpisodesFailedError
 from rft.explorer import cursor as C
 from rft.explorer import tasksets as T
 from rft.explorer.engine import Engine
+from rft.explorer.failures import FailureGuard
 from rft.explorer.reward_model import RewardModel, load_reward_models
 from rft.explorer.rollout import rollout, rollout_carried
 from rft.explorer.streaming import Seal, stream_steps
 from rft.lease import Lease, remove_dead_tmp
 from rft.monitor import (
     ACCURACY,
+    EPISODE_FAILED,
+    EPISODE_FIRST_ERROR,
+    EPISODE_TIMEOUTS,
+    EPISODES,
     EVAL_WEIGHTS_VERSION,
     EXPLORER_RELOAD_S,
     EXPLORER_STEP_S,
@@ -43,11 +48,13 @@ from rft.monitor import (
     REWARD_MEAN,
     WEIGHTS_VERSION,
     Monitor,
+    failed_episodes,
 )
 from rft.placement import EXPLORER_MODES, explorer_rank
 from rft.rundir import EXPLORER_META, explorer_role, writer_name
 from rft.stages import load_stage
 from rft.sync.explorer_side import ExplorerSync, open_explorer_sync
+from rft.sync.failures import ExplorerFailure, clear_failure, record_failure
 from rft.sync.schedule import explorer_lead, required_version
 
 log = logging.getLogger(__name__)
@@ -111,6 +118,8 @@ def run_explorer(
     explorer = explorer_task(cfg, env)
     run_dir = cfg.run_dir
     lease = claim_writer(cfg, explorer.writer)  # before anything of this writer is written
+    clear_failure(run_dir, explorer.writer)  # a stop of a previous instance no longer holds
+    guard = FailureGuard.from_config(cfg.explorer)
     train_sets = T.training_tasksets(cfg)
     eval_sets = T.eval_tasksets(cfg) if explorer.rank == 0 else []
     stream = T.TaskStream(
@@ -162,10 +171,14 @@ def run_explorer(
         and its parts, version), save the task cursor ``after`` it, log its metrics; whether
         the periodic evaluation is due now (not at the last step when the final one follows)."""
         lease.check(f"sealing segment {step} and saving the task cursor")
+        metrics = {**stats, **step_metrics(exps)}
+        stop = check_failures(guard, step, metrics)
+        if stop is not None:  # the step is not sealed: a relaunch generates it again
+            monitor.log(step, metrics)
+            stop_on_failures(run_dir, lease, explorer.writer, step, stop)
         writer.write(exps, seq=step)
         C.save_cursor(run_dir, explorer.name, explorer.rank, plan.layout, after)
         sync.sealed(step, len(share), finished=stream.finished(after))  # a trainer may end
-        metrics = {**stats, **step_metrics(exps)}
         monitor.log(step, metrics)
         result.steps.append(step)
         result.metrics.append(metrics)
@@ -255,6 +268,27 @@ def step_by_step(
         done += 1
         if seal(step, exps, share, stats, cursor) and evaluate is not None:
             evaluate(step)
+
+
+def check_failures(guard: FailureGuard, step: int, metrics: dict[str, Any]) -> str | None:
+    """Warn of the step's failed episodes; the reason to stop now (:class:`FailureGuard`)."""
+    failed = failed_episodes(metrics)
+    if failed:
+        log.warning("step %d: %s", step, failed)
+    return guard.observe(
+        step,
+        int(metrics.get(EPISODES, 0)),
+        int(metrics.get(EPISODE_FAILED, 0)) + int(metrics.get(EPISODE_TIMEOUTS, 0)),
+        metrics.get(EPISODE_FIRST_ERROR),
+    )
+
+
+def stop_on_failures(run_dir: Any, lease: Lease, writer: str, step: int, reason: str) -> None:
+    """Record why this explorer stops (readers end instead of waiting for it) and raise."""
+    message = f"explorer {writer} stopped at step {step}: {reason}"
+    lease.check("recording why the explorer stops")
+    record_failure(run_dir, ExplorerFailure(writer, step, message, lease.gen))
+    raise EpisodesFailedError(f"{message} (the tracebacks are in this explorer's log)")
 
 
 def claim_writer(cfg: Config, writer: str) -> Lease:

@@ -25,7 +25,13 @@ from rft.config.schema import Config
 from rft.data import run_steps
 from rft.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REQUEUE
 from rft.launch.worker import WORKER_MODULE
-from rft.monitor import PROGRESS_KEYS, format_metrics, read_metrics
+from rft.monitor import (
+    PROGRESS_KEYS,
+    SKIPPED_NO_EXPERIENCES,
+    failed_episodes,
+    format_metrics,
+    read_metrics,
+)
 from rft.placement import (
     EXPLORER_MODES,
     TRAINER_MODES,
@@ -36,6 +42,7 @@ from rft.placement import (
 )
 from rft.report import write_report
 from rft.rundir import LOG_DIR, explorer_role, newest_checkpoint, tail_log, writer_name
+from rft.sync.failures import ExplorerFailure, read_failures
 from rft.sync.heartbeat import evaluating_explorers
 
 log = logging.getLogger(__name__)
@@ -43,6 +50,7 @@ log = logging.getLogger(__name__)
 EXPLORER_GRACE_S = (
     120.0  # how long explorers may run on after the trainer finished (not evaluating)
 )
+STOPPING_EXPLORER_WAIT_S = 30.0  # an explorer that recorded its stop on failures may exit first
 
 
 @dataclass
@@ -143,12 +151,20 @@ class ProgressPrinter:
             explored[r.get("step")] = {**explored.get(r.get("step"), {}), **r}  # row, then eval
         for row in rows[self.seen :]:
             merged = {**explored.get(row.get("step"), {}), **row}
-            shown = {k: merged[k] for k in PROGRESS_KEYS if k in merged}
-            of = f"/{self.total}" if self.total else ""
-            print(
-                f"[rft] {self.role} step {row.get('step')}{of} {format_metrics(shown)}", flush=True
-            )
+            print(self.line(row.get("step"), merged), flush=True)
         self.seen = len(rows)
+
+    def line(self, step: object, merged: dict) -> str:
+        """A step's console line: its progress keys (or that it was skipped), and the
+        explorer's failed episodes of the step, if any."""
+        of = f"/{self.total}" if self.total else ""
+        if merged.get(SKIPPED_NO_EXPERIENCES):
+            text = f"[rft] {self.role} step {step}{of} skipped: no experiences to train on"
+        else:
+            shown = {k: merged[k] for k in PROGRESS_KEYS if k in merged}
+            text = f"[rft] {self.role} step {step}{of} {format_metrics(shown)}"
+        failed = failed_episodes(merged)
+        return f"{text} | {failed}" if failed else text
 
 
 def explorers_overdue(trainer_done_at: float | None, now: float, evaluating: list[str]) -> bool:
@@ -160,12 +176,16 @@ def explorers_overdue(trainer_done_at: float | None, now: float, evaluating: lis
 
 
 def supervise(
-    processes: list[Process], progress: ProgressPrinter, evaluating: Callable[[], list[str]] = list
+    processes: list[Process],
+    progress: ProgressPrinter,
+    evaluating: Callable[[], list[str]] = list,
+    stopped: Callable[[], list[ExplorerFailure]] = list,
 ) -> int:
     """Wait for the processes; stop all on Ctrl-C or on a failure. Returns the exit code.
 
     ``evaluating`` names the explorers evaluating now (their heartbeats): a finished trainer's
-    explorers get :data:`EXPLORER_GRACE_S`, and longer while they evaluate."""
+    explorers get :data:`EXPLORER_GRACE_S`, and longer while they evaluate. ``stopped``: the
+    explorers' recorded stops on failing episodes, said last when the run fails."""
     interrupted = False
     trainer_done_at = None
     explorers_stopped = False
@@ -183,7 +203,7 @@ def supervise(
             progress.poll()
             failed = [p for p in processes if p.popen.poll() not in (None, 0, EXIT_REQUEUE)]
             if failed and not interrupted:
-                return report_failure(failed[0], processes)
+                return report_failure(failed[0], processes, stopped)
             trainers = [p for p in processes if p.role == "trainer"]
             if trainers and all(p.popen.poll() is not None for p in trainers):
                 trainer_done_at = trainer_done_at or time.time()
@@ -211,7 +231,21 @@ def supervise(
     return EXIT_REQUEUE if EXIT_REQUEUE in codes.values() else 0
 
 
-def report_failure(failed: Process, processes: list[Process]) -> int:
+def report_failure(
+    failed: Process,
+    processes: list[Process],
+    stopped: Callable[[], list[ExplorerFailure]] = list,
+) -> int:
+    """Stop every process, show the failed one's log tail and, last, the first explorer stop on
+    failing episodes (workflow, task, error) with that explorer's log. With such a stop, the
+    failed one shown is that explorer (a trainer that ended on it only followed)."""
+    stops = stopped()
+    if stops:
+        failed = next((p for p in processes if p.name == stops[0].writer), failed)
+        try:  # it recorded its stop and is exiting: its own exit code, not our signal's
+            failed.popen.wait(timeout=STOPPING_EXPLORER_WAIT_S)
+        except subprocess.TimeoutExpired:
+            pass
     stop(processes)
     for proc in processes:
         try:
@@ -224,6 +258,10 @@ def report_failure(failed: Process, processes: list[Process]) -> int:
         file=sys.stderr,
         flush=True,
     )
+    for failure in stops[:1]:
+        logs = {p.name: p.log_path for p in processes}
+        where = logs.get(failure.writer, failed.log_path.parent / f"{failure.writer}.log")
+        print(f"[rft] {failure.message}; tracebacks in {where}", file=sys.stderr, flush=True)
     return EXIT_FAILED
 
 
@@ -266,6 +304,7 @@ def run_stage(cfg: Config, label: str, tag: str = "main") -> int:
         start_processes(cfg, config_path, devices),
         progress,
         lambda: evaluating_explorers(cfg.run_dir, cfg.explorer.heartbeat_timeout_s),
+        lambda: read_failures(cfg.run_dir),
     )
     if code == 0 and cfg.mode in EXPLORER_MODES:
         summary = write_report(cfg.run_dir, cfg.explorer.name, title=f"{cfg.project}/{cfg.name}")

@@ -2,16 +2,17 @@
 
 Input: a checked :class:`~rft.config.schema.Config`. :func:`preflight` makes on the login node,
 for the config and each stage, every check a role makes when it starts (model, reward model and
-critic folders, the run root, datasets and columns, workflows, loss functions, monitor packages)
-and raises the first problem as an :class:`~rft.errors.RftError`; :func:`describe` returns the
-plan as text. Nothing is written.
+critic folders, the run root, datasets and columns, workflows, loss functions, monitor packages),
+then runs each workflow class once on its first task (:mod:`rft.explorer.probe`), and raises the
+first problem as an :class:`~rft.errors.RftError`; :func:`describe` returns the plan as text.
+Nothing is written.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rft import data, stages
@@ -23,6 +24,7 @@ from rft.config.rules import lora_config, uses_critic, uses_teacher
 from rft.config.schema import Config, ExperienceBufferConfig
 from rft.config.teacher import teacher_in_trainer, teacher_placement
 from rft.errors import ConfigError, DataError, RftError
+from rft.explorer.probe import first_task_checks
 from rft.explorer.tasksets import required_columns, taskset_workflow
 from rft.explorer.teacher import check_teacher_dir
 from rft.models import (
@@ -37,6 +39,7 @@ from rft.models import (
 from rft.monitor import check_packages
 from rft.placement import (
     ENGINE_MODES,
+    EXPLORER_MODES,
     TRAINER_MODES,
     Devices,
     local_trainer_ranks,
@@ -57,6 +60,7 @@ class DatasetInfo:
     columns: tuple[str, ...]  # column names
     rows: int  # row count
     training: bool  # a training taskset or the SFT dataset: counts toward the steps
+    first_task: str | None = None  # the first-task check's outcome (a workflow class's taskset)
 
 
 def preflight(cfg: Config) -> list[DatasetInfo]:
@@ -115,6 +119,9 @@ def check_config(cfg: Config, prefix: str = "") -> list[DatasetInfo]:
                 training=label.endswith("experience_buffer"),
             )
         )
+    if cfg.mode in EXPLORER_MODES and cfg.explorer.first_task_check:  # last: it runs user code
+        checked = {prefix + label: line for label, line in first_task_checks(cfg).items()}
+        infos = [replace(i, first_task=checked.get(i.label)) for i in infos]
     return infos
 
 
@@ -304,7 +311,10 @@ def _rows(cfg: Config, infos: list[DatasetInfo], devices: Devices) -> str:
     ]
     rows += _role_lines(cfg, devices)
     rows += [("model", cfg.model.model_path)]
-    rows += [(i.label.split(".")[-1], _dataset_line(i)) for i in infos]
+    for i in infos:
+        rows.append((i.label.split(".")[-1], _dataset_line(i)))
+        if i.first_task:
+            rows.append(("first-task check", i.first_task))
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"  {label:<{width}}  {value}" for label, value in rows)
 

@@ -18,9 +18,10 @@ from rft.buffer.experience import Experience
 from rft.buffer.segment_file import unsealed_writers
 from rft.buffer.segments import open_archive, open_buffer_reader
 from rft.config.schema import Config
-from rft.errors import DataError, NotSupportedError
+from rft.errors import DataError, EpisodesFailedError, NotSupportedError
 from rft.rundir import writer_name
-from rft.sync.heartbeat import explorers_finished
+from rft.sync.failures import ExplorerFailure, read_failures
+from rft.sync.heartbeat import explorers_finished, read_heartbeats, starting_explorers
 from rft.trainer.experience_ops import ExperiencePipeline
 from rft.trainer.sft import SftSource
 
@@ -35,6 +36,14 @@ def explorer_writers(cfg: Config) -> list[str]:
         writer_name(cfg.explorer.name, rank)
         for rank in range(cfg.explorer.rollout_model.engine_num)
     ]
+
+
+def explorer_stopped(step: int, failure: ExplorerFailure) -> EpisodesFailedError:
+    """The trainer's error when an explorer stopped on failures and no experiences will come."""
+    return EpisodesFailedError(
+        f"the trainer stops before step {step}: {failure.message} (its tracebacks are in that "
+        "explorer's log)"
+    )
 
 
 class BufferSource:
@@ -74,7 +83,7 @@ class BufferSource:
         batch = (
             self._read_step(step, current_version, stop)
             if self.synchronous
-            else self._read_available(current_version, stop)
+            else self._read_available(step, current_version, stop)
         )
         if batch is None:
             return None
@@ -84,7 +93,7 @@ class BufferSource:
         return batch
 
     def _read_available(
-        self, current_version: int, stop: Callable[[], bool]
+        self, step: int, current_version: int, stop: Callable[[], bool]
     ) -> list[Experience] | None:
         """``mode: train``: up to ``rollouts_per_step`` experiences in whole groups, whatever is
         available within ``sync_timeout``; groups older than ``trainer.max_staleness_versions``
@@ -107,13 +116,16 @@ class BufferSource:
                 break
             # before the read: their last segments are sealed
             finished = explorers_finished(self.run_dir, self.cfg.explorer.heartbeat_timeout_s)
+            stopped = self._all_stopped()
             got = self.reader.read(
                 want - len(out),
                 current_version=current_version,
-                timeout_s=0.0 if finished else min(left, WAIT_SLICE_S),
+                timeout_s=0.0 if finished or stopped else min(left, WAIT_SLICE_S),
                 poll_s=POLL_S,
             )
             out += self.pipeline.apply(got)
+            if stopped and not got:  # no explorer is left to write more
+                raise explorer_stopped(step, stopped)
             if finished and not got:
                 log.info(
                     "every explorer that joined the run has finished and the buffer is drained: %s",
@@ -121,6 +133,17 @@ class BufferSource:
                 )
                 break
         return out or None
+
+    def _all_stopped(self) -> ExplorerFailure | None:
+        """``mode: train``: the newest explorer stop on failures, when no explorer runs (or
+        starts) any more; None while one does or none stopped on failures."""
+        stopped = read_failures(self.run_dir)
+        if not stopped:
+            return None
+        timeout_s = self.cfg.explorer.heartbeat_timeout_s
+        if any(s.live for s in read_heartbeats(self.run_dir, timeout_s)):
+            return None
+        return None if starting_explorers(self.run_dir, timeout_s) else stopped[-1]
 
     def _read_step(
         self, step: int, current_version: int, stop: Callable[[], bool]
@@ -139,6 +162,9 @@ class BufferSource:
         while unsealed_writers(self.reader.buffer_dir, writers, step):
             if stop():
                 return None
+            stopped = read_failures(self.run_dir, writers)
+            if stopped:  # lockstep: its segments will never come
+                raise explorer_stopped(step, stopped[0])
             if time.monotonic() > deadline:
                 missing = unsealed_writers(self.reader.buffer_dir, writers, step)
                 raise DataError(

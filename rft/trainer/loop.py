@@ -25,14 +25,16 @@ from rft.config.rules import uses_critic
 from rft.config.schema import Config
 from rft.data import run_steps, trains_pairs
 from rft.entry import config_parser, run_command, setup_logging
-from rft.errors import EXIT_OK, EXIT_REQUEUE, ConfigError, LeaseError, RftError
+from rft.errors import EXIT_OK, EXIT_REQUEUE, ConfigError, DataError, LeaseError, RftError
 from rft.lease import Lease, remove_dead_tmp
 from rft.models import tokenizer_files
 from rft.monitor import (
+    BATCH_EXPERIENCES,
     BATCH_TOKENS,
     BUFFER_STATS_PREFIX,
     PUBLISH_TIME_S,
     READ_TIME_S,
+    SKIPPED_NO_EXPERIENCES,
     STALENESS_COUNT,
     STALENESS_MAX,
     STALENESS_MEAN,
@@ -347,6 +349,8 @@ def train(cfg: Config, info: engine.DistInfo, stop: StopFlag, lease: Lease | Non
             cfg, run_dir, actor, source, progress, rank, info.world_size, final, critic, lease
         )
 
+    skipped: list[int] = []  # steps of this launch with no experiences (no update)
+    first_step = progress.step + 1
     while steps is None or progress.step < steps:
         step = progress.step + 1
         t0 = time.perf_counter()
@@ -357,9 +361,20 @@ def train(cfg: Config, info: engine.DistInfo, stop: StopFlag, lease: Lease | Non
             break
         t_read = time.perf_counter() - t0
         stale = staleness_metrics(batch, progress.weights_version)
-        metrics = (dpo_step if pairs else train_step)(
-            actor, ref, batch, cfg, fns, info, step, pad_id, critic
-        )
+        if batch:
+            metrics = (dpo_step if pairs else train_step)(
+                actor, ref, batch, cfg, fns, info, step, pad_id, critic
+            )
+        else:  # never a step on nothing; lockstep goes on (the weights are published unchanged)
+            metrics = {SKIPPED_NO_EXPERIENCES: 1, BATCH_EXPERIENCES: 0, BATCH_TOKENS: 0}
+            skipped.append(step)
+            if rank == 0:
+                log.warning(
+                    "step %d: no experiences to train on (every episode of the explorer's step "
+                    "failed, or the experience operators dropped every group): step skipped, "
+                    "weights unchanged",
+                    step,
+                )
         progress.step = step
         progress.cursor = source.cursor() if rank == 0 else {}
         t1 = time.perf_counter()
@@ -392,6 +407,20 @@ def train(cfg: Config, info: engine.DistInfo, stop: StopFlag, lease: Lease | Non
     weights.close()
     monitor.close()
     log.info("trainer stopped at step %d (exit code %d)", progress.step, exit_code)
+    ran = progress.step - first_step + 1
+    if skipped:
+        log.warning(
+            "%d of the %d steps of this launch had no experiences and were skipped: %s",
+            len(skipped),
+            ran,
+            skipped,
+        )
+    if skipped and len(skipped) == ran and exit_code == EXIT_OK:
+        raise DataError(
+            f"the trainer trained on nothing: each of its {ran} steps had no experiences "
+            "(see the explorer's log for its failed episodes, or the experience operators' "
+            "counts in monitor/trainer/metrics.jsonl)"
+        )
     return exit_code
 
 

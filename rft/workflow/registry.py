@@ -4,8 +4,9 @@
 Data in: a name from the config, plugin directories (``--plugin-dir``, ``RFT_PLUGIN_DIRS``,
 Trinity's ``TRINITY_PLUGIN_DIRS``). Data out: the class, checked
 (:func:`~rft.workflow.base.workflow_signature_problem`), or a WorkflowError saying what to do.
-Importing a plugin directory runs its modules: the launchers pass the directories on through
-the environment, so every node imports the same ones.
+Importing a plugin directory runs its modules, each on its own: one that fails to import is a
+warning, and every "not found" error afterwards names it. The launchers pass the directories on
+through the environment, so every node imports the same ones.
 """
 
 from __future__ import annotations
@@ -81,12 +82,16 @@ def plugin_dirs(extra: Iterable[str] = ()) -> list[Path]:
     return found
 
 
-_loaded: set[Path] = set()
+_loaded: set[Path] = set()  # plugin directories imported in this process
+# plugin module file -> its import error ("Type: message"): named by every "not found" error,
+# since the workflow asked for may be in it
+_failed: dict[Path, str] = {}
 
 
 def load_plugins(extra: Iterable[str] = ()) -> list[str]:
     """Import every ``*.py`` module (and package) of each plugin directory, once; the modules
-    imported. A missing directory or a module that fails to import is a WorkflowError."""
+    imported. A missing directory is a WorkflowError; a module that fails to import is logged,
+    remembered (:func:`failed_plugins_note`) and skipped, so the others still load."""
     imported = []
     for folder in plugin_dirs(extra):
         if folder in _loaded:
@@ -98,21 +103,49 @@ def load_plugins(extra: Iterable[str] = ()) -> list[str]:
             )
         if str(folder) not in sys.path:
             sys.path.insert(0, str(folder))
-        for entry in sorted(folder.iterdir()):
-            is_package = entry.is_dir() and (entry / "__init__.py").exists()
-            if not (is_package or (entry.suffix == ".py" and entry.name != "__init__.py")):
-                continue
-            name = entry.stem if not is_package else entry.name
-            try:
-                importlib.import_module(name)
-            except Exception as e:
-                raise WorkflowError(
-                    f"plugin module {entry} failed to import: {type(e).__name__}: {e}"
-                ) from e
-            imported.append(name)
+        names = []
+        for entry in _plugin_modules(folder):
+            name = _import_plugin(entry)
+            if name is not None:
+                names.append(name)
         _loaded.add(folder)
-        log.info("plugins from %s: %s", folder, imported or "none")
+        log.info("plugins from %s: %s", folder, names or "none")
+        imported += names
     return imported
+
+
+def _plugin_modules(folder: Path) -> list[Path]:
+    """The folder's ``*.py`` files (``__init__.py`` aside) and packages, sorted."""
+    return [
+        entry
+        for entry in sorted(folder.iterdir())
+        if (entry.is_dir() and (entry / "__init__.py").exists())
+        or (entry.suffix == ".py" and entry.name != "__init__.py")
+    ]
+
+
+def _import_plugin(entry: Path) -> Optional[str]:
+    """Import one plugin module or package; its name, or None (logged, remembered) if it fails."""
+    name = entry.name if entry.is_dir() else entry.stem
+    try:
+        importlib.import_module(name)
+    except Exception as e:  # a user's module: any error it raises is its failure to import
+        _failed[entry] = f"{type(e).__name__}: {e}"
+        log.warning("plugin module %s failed to import: %s", entry, _failed[entry])
+        return None
+    return name
+
+
+def failed_plugins_note() -> str:
+    """For an error about a workflow not found: the plugin modules that failed to import (the
+    workflow may be in one of them), with their errors; "" when none did."""
+    if not _failed:
+        return ""
+    listed = "; ".join(f"{path} ({error})" for path, error in sorted(_failed.items()))
+    return (
+        f" Plugin modules that failed to import, which may hold it: {listed}; fix them "
+        "(or install what they import)."
+    )
 
 
 def _import_class(spec: str) -> type:
@@ -121,11 +154,12 @@ def _import_class(spec: str) -> type:
         module_name, _, attr = spec.rpartition(".")
     try:
         module = importlib.import_module(module_name)
-    except ImportError as e:
+    except Exception as e:  # a user's module may raise anything while it is imported
         raise WorkflowError(
-            f"workflow {spec!r}: cannot import module {module_name!r} ({e}); put "
-            f"its folder in a plugin directory (--plugin-dir or {PLUGIN_DIRS_ENV}) "
-            "or on PYTHONPATH"
+            f"workflow {spec!r}: cannot import module {module_name!r} "
+            f"({type(e).__name__}: {e}); put its folder in a plugin directory (--plugin-dir "
+            f"or {PLUGIN_DIRS_ENV}) or on PYTHONPATH, and install what it imports."
+            f"{failed_plugins_note()}"
         ) from e
     cls = getattr(module, attr, None)
     if cls is None:
@@ -133,7 +167,7 @@ def _import_class(spec: str) -> type:
         raise WorkflowError(
             f"workflow {spec!r}: module {module_name!r} "
             f"({getattr(module, '__file__', '?')}) has no {attr!r}."
-            f"{did_you_mean(attr, names)}"
+            f"{did_you_mean(attr, names)}{failed_plugins_note()}"
         )
     return cls
 
@@ -151,7 +185,7 @@ def workflow_class(spec: str, builtin_names: Iterable[str] = ()) -> type:
             f"{TRINITY_WORKFLOWS[spec]}. rft does not ship it; bring it as a plugin: a "
             f"module with a rft.workflow.Workflow subclass registered as "
             f"@register_workflow({spec!r}) in a --plugin-dir / {PLUGIN_DIRS_ENV} folder "
-            "(with what it needs installed on the compute nodes)",
+            "(with what it needs installed on the compute nodes)." + failed_plugins_note(),
         )
     if cls is None and ("." in spec or ":" in spec):
         cls = _import_class(spec)
@@ -159,7 +193,7 @@ def workflow_class(spec: str, builtin_names: Iterable[str] = ()) -> type:
         known = sorted([*builtin_names, *WORKFLOWS.classes])
         raise WorkflowError(
             f"workflow {spec!r} is not a known name ({known}) nor a "
-            f"'pkg.module.Class' path.{did_you_mean(spec, known)}"
+            f"'pkg.module.Class' path.{did_you_mean(spec, known)}{failed_plugins_note()}"
         )
     problem = workflow_signature_problem(cls)
     if problem:

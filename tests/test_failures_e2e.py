@@ -1,0 +1,196 @@
+"""Failures are never silent, on the real engines (``integration``): a workflow whose every
+episode fails stops its explorer at the second step with the first error (each of four ways a
+Trinity user gets a workflow slightly wrong), and ``rft-run`` exits non-zero with that error as
+its last line; a flaky workflow (one run in four failing) trains to the end and says so."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rft.errors import EpisodesFailedError
+from rft.monitor import EPISODE_ERRORS, EPISODE_FAILED, EPISODES, read_metrics
+from rft.sync.failures import read_failures
+from rft.workflow import registry
+from tests.helpers.runs import REPO, read_segments, rft_run, write_jsonl
+
+pytestmark = pytest.mark.integration
+
+PLUGINS = Path(__file__).resolve().parent / "fixtures" / "plugins_broken"
+QUESTIONS = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(4)]
+
+
+def explorer_cfg(root: Path, model_dir: Path, workflow: str, **explorer):
+    from rft.config.load import config_from_dict
+
+    return config_from_dict(
+        {
+            "project": "p",
+            "name": workflow,
+            "checkpoint_root_dir": str(root),
+            "mode": "explore",
+            "algorithm": {"repeat_times": 2},
+            "model": {"model_path": str(model_dir), "max_response_tokens": 4, "max_model_len": 256},
+            "cluster": {"gpu_per_node": 0},
+            "buffer": {
+                "batch_size": 1,
+                "total_steps": 4,
+                "explorer_input": {
+                    "taskset": {
+                        "name": "agent",
+                        "path": str(write_jsonl(root / "data" / "train.jsonl", QUESTIONS)),
+                        "split": "train",
+                        "format": {"prompt_key": "question", "response_key": "answer"},
+                        "default_workflow_type": workflow,
+                    }
+                },
+            },
+            "explorer": {
+                "eval_on_startup": False,
+                "eval_interval": 0,
+                "heartbeat_interval_s": 1,
+                "first_task_check": False,
+                **explorer,
+                "rollout_model": {"dtype": "float32", **explorer.get("rollout_model", {})},
+            },
+            "monitor": {"monitor_type": "console"},
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def engine(vllm_model_dir, tmp_path_factory):
+    from rft.explorer.engine import Engine
+
+    return Engine(explorer_cfg(tmp_path_factory.mktemp("engine"), vllm_model_dir, "x"))
+
+
+@pytest.fixture
+def plugins(monkeypatch):
+    monkeypatch.setenv(registry.PLUGIN_DIRS_ENV, str(PLUGINS))
+
+
+@pytest.mark.parametrize(
+    "workflow, first_error, endpoint",
+    [
+        (
+            "broken_missing_reward",
+            "MissingReward on task agent/0: TypeError: 'NoneType' object is not callable",
+            False,
+        ),
+        (
+            "broken_openai_client",
+            "ClientWithoutEndpoint on task agent/0: WorkflowError: this model handle has no "
+            "OpenAI-compatible endpoint: set explorer.rollout_model.enable_openai_api: true",
+            False,
+        ),
+        (
+            "broken_token_len",
+            "TokenLength on task agent/0: AttributeError: 'ModelWrapper' object has no "
+            "attribute 'get_message_token_len'",
+            False,
+        ),
+        (
+            "awaits_update_reward",
+            "AwaitsUpdateReward on task agent/0: TypeError: object NoneType can't be used in "
+            "'await' expression",
+            True,
+        ),
+    ],
+)
+def test_a_workflow_whose_every_episode_fails_stops_the_explorer_at_its_second_step(
+    engine, vllm_model_dir, tmp_path, plugins, workflow, first_error, endpoint
+):
+    from rft.explorer.loop import run_explorer
+
+    cfg = explorer_cfg(
+        tmp_path, vllm_model_dir, workflow, rollout_model={"enable_openai_api": endpoint}
+    )
+    with pytest.raises(EpisodesFailedError) as caught:
+        run_explorer(cfg, engine)
+    message = str(caught.value)
+    assert message.startswith(
+        "explorer explorer-0 stopped at step 2: every episode of 2 step(s) in a row failed "
+        "(steps 1-2; explorer.max_failed_steps=2); first error: "
+    ), message
+    assert f"first error: {first_error}" in message
+    [stop] = read_failures(cfg.run_dir)
+    assert (stop.writer, stop.step) == ("explorer-0", 2) and first_error in stop.message
+    # step 1 sealed with nothing in it (the trainer skips it); step 2 not sealed (regenerated
+    # by a relaunch); both steps' failures in the metrics
+    assert {seq: len(r) for seq, r in read_segments(cfg.run_dir)["explorer-0"].items()} == {1: 0}
+    rows = read_metrics(cfg.run_dir, "explorer_explorer")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r[EPISODE_FAILED] == r[EPISODES] > 0 for r in rows)
+    assert sum(rows[0][EPISODE_ERRORS].values()) == rows[0][EPISODE_FAILED]
+
+
+def test_rft_run_ends_non_zero_with_the_first_error_last_and_a_relaunch_starts_clean(
+    vllm_model_dir, tmp_path
+):
+    """mode both: the trainer skips step 1 (nothing to train on), the explorer stops at step 2,
+    rft-run's last line names the workflow, the task, the error and the explorer's log."""
+    done = rft_run(*run_args(vllm_model_dir, tmp_path, "broken_token_len"))
+    assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-3000:]
+    run_dir = tmp_path / "agent" / "smollm2-135m-calculator"
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "[rft] explorer explorer-0 stopped at step 2: every episode of 2 step(s)"
+    )
+    assert "first error: TokenLength on task calculator/" in last
+    assert "AttributeError: 'ModelWrapper' object has no attribute 'get_message_token_len'" in last
+    assert last.endswith(f"; tracebacks in {run_dir / 'log' / 'explorer-0.log'}")
+    assert "[rft] trainer step 1/3 skipped: no experiences to train on | episodes 4/4 failed: " in (
+        done.stdout
+    )
+    assert "trainer step 2" not in done.stdout  # the trainer never trained on nothing
+    status = subprocess.run(
+        [sys.executable, str(REPO / "bin" / "rft-status"), str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "episodes: 8 of 8 failed (100.0%)" in status.stdout, status.stdout + status.stderr
+    assert "stopped         explorer explorer-0 stopped at step 2: every episode" in status.stdout
+
+
+def test_a_flaky_workflow_trains_to_the_end_and_shows_its_failures(vllm_model_dir, tmp_path):
+    done = rft_run(*run_args(vllm_model_dir, tmp_path, "one_in_four_fails"))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("[rft] trainer step")]
+    assert len(lines) == 3 and all(
+        line.endswith(": ValueError: no answer in the reply") and "| episodes 1/4 failed: " in line
+        for line in lines
+    ), lines
+    run_dir = tmp_path / "agent" / "smollm2-135m-calculator"
+    status = subprocess.run(
+        [sys.executable, str(REPO / "bin" / "rft-status"), str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert "episodes: 3 of 12 failed (25.0%)" in status.stdout, status.stdout + status.stderr
+    assert "(3x): OneInFourFails: ValueError: no answer in the reply" in status.stdout
+
+
+def run_args(model_dir: Path, root: Path, workflow: str) -> list[str]:
+    return [
+        "--config",
+        "configs/agent_calculator_cpu.yaml",
+        "--plugin-dir",
+        str(PLUGINS),
+        f"model.model_path={model_dir}",
+        f"checkpoint_root_dir={root}",
+        "buffer.total_steps=3",
+        "buffer.batch_size=1",
+        "algorithm.repeat_times=4",
+        f"buffer.explorer_input.default_workflow_type={workflow}",
+        "explorer.eval_on_startup=false",
+        "explorer.eval_interval=0",
+        "explorer.first_task_check=false",
+        "model.max_response_tokens=4",
+        "trainer.precision=fp32",
+    ]
