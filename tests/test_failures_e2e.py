@@ -194,3 +194,13 @@ def run_args(model_dir: Path, root: Path, workflow: str) -> list[str]:
         "model.max_response_tokens=4",
         "trainer.precision=fp32",
     ]
+
+
+def test_the_streaming_explorer_stops_the_same_way(engine, vllm_model_dir, tmp_path, plugins):
+    """explorer.partial_rollout: steps sealed as their groups complete meet the same rule."""
+    from rft.explorer.loop import run_explorer
+
+    cfg = explorer_cfg(tmp_path, vllm_model_dir, "broken_token_len", partial_rollout=True)
+    with pytest.raises(EpisodesFailedError, match="stopped at step 2: every episode of 2 step"):
+        run_explorer(cfg, engine)
+    assert [stop.step for stop in read_failures(cfg.run_dir)] == [2]

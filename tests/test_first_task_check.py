@@ -158,6 +158,12 @@ def test_an_agent_on_the_openai_endpoint_is_skipped_not_failed(tmp_path, tiny_mo
         "AgentProgramWorkflow on task train/0: skipped (it calls the OpenAI endpoint, which "
         "needs the real engine)"
     )
+    # Trinity's async recording shape awaits update_reward: only the real engine shows it fails
+    awaits = dry_run(config(tmp_path, tiny_model_dir, "awaits_update_reward", **endpoint), "c.yaml")
+    assert plan_line(awaits) == (
+        "first-task check AwaitsUpdateReward on task train/0: skipped (it calls the OpenAI "
+        "endpoint, which needs the real engine)"
+    )
 
 
 def test_a_good_workflow_is_ok_with_its_experience_count(tmp_path, tiny_model_dir):

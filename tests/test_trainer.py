@@ -997,3 +997,47 @@ def test_each_row_is_scored_at_the_temperature_it_was_sampled_at():
     assert micro.temperature.tolist() == pytest.approx([0.9, 0.5])
     with pytest.raises(DataError, match="records no sampling temperature"):
         rows_from_experiences([exp(None)], None)
+
+
+@pytest.mark.integration
+def test_a_step_with_no_experiences_is_skipped_and_a_launch_that_trains_on_nothing_fails(
+    tiny_model_dir, tmp_path
+):
+    """mode both, 2 ranks: step 1's segment holds nothing (every episode failed): no update on
+    either rank, the weights still published (the explorer's next step waits for them); step 2
+    trains. A launch whose every step is empty ends non-zero, saying so."""
+    from rft.buffer.segments import SegmentWriter
+
+    extra = {
+        "buffer": {"batch_size": 4, "total_steps": 2, "explorer_input": {"taskset": {"path": "x"}}},
+        "synchronizer": {"sync_interval": 1, "sync_timeout": 120},
+    }
+    config = write_config(tmp_path, "gap", tiny_model_dir, **extra)
+    writer = SegmentWriter(tmp_path / "t" / "gap" / "buffer", "explorer-0")
+    writer.write([], seq=1)
+    writer.write(make_batch(2), seq=2)
+    run_ok(torchrun_cmd(config), tmp_path / "gap.log")
+    rows = metrics(tmp_path / "t" / "gap")
+    assert rows[1]["skipped_no_experiences"] == 1 and rows[1]["batch_tokens"] == 0
+    assert rows[1]["weights_version"] == 1  # published unchanged
+    assert "skipped_no_experiences" not in rows[2] and rows[2]["batch_tokens"] > 0
+    assert "step 1: no experiences to train on" in (tmp_path / "gap.log").read_text()
+
+    config = write_config(tmp_path, "nothing", tiny_model_dir, **extra)
+    writer = SegmentWriter(tmp_path / "t" / "nothing" / "buffer", "explorer-0")
+    for step in (1, 2):
+        writer.write([], seq=step)
+    log = tmp_path / "nothing.log"
+    with log.open("w") as out:
+        proc = subprocess.run(
+            torchrun_cmd(config, ranks=1),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=trainer_env(),
+            cwd=REPO,
+            timeout=240,
+        )
+    assert proc.returncode != 0
+    assert "the trainer trained on nothing: each of its 2 steps had no experiences" in (
+        log.read_text()
+    )
