@@ -17,8 +17,9 @@ import socket
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping, Protocol
 
 from rft import atomic
 from rft.errors import LeaseError
@@ -157,10 +158,13 @@ def live_holders(run_dir: Path, stale_s: float, now: float | None = None) -> dic
     }
 
 
-def remove_dead_tmp(run_dir: Path, prefixes: tuple[str, ...], stale_s: float) -> list[Path]:
-    """Delete temporaries of the run directory's root that start with one of ``prefixes`` and
-    whose writer is dead: on this host its pid is gone, on another host it holds no live claim
-    (every writer of those names holds one while it writes). Call with the lease held."""
+def remove_dead_tmp(
+    run_dir: Path, prefixes: tuple[str, ...], stale_s: float, folder: Path | None = None
+) -> list[Path]:
+    """Delete temporaries of ``folder`` (default: the run directory's root) that start with one
+    of ``prefixes`` and whose writer is dead: on this host its pid is gone, on another host it
+    holds no live claim (every writer of those names holds one while it writes). Call with the
+    lease held."""
     holders = {(c.get("host"), c.get("pid")) for c in live_holders(run_dir, stale_s).values()}
     here = socket.gethostname()
 
@@ -170,25 +174,90 @@ def remove_dead_tmp(run_dir: Path, prefixes: tuple[str, ...], stale_s: float) ->
     removed = [
         path
         for prefix in prefixes
-        for path in atomic.remove_stale_tmp(run_dir, prefix=prefix, alive=alive)
+        for path in atomic.remove_stale_tmp(folder or run_dir, prefix=prefix, alive=alive)
     ]
     for path in removed:
         log.info("removed %s (left by a writer that died)", path)
     return removed
 
 
-class Lease:
+class Fence(Protocol):
+    """What a role's writes check immediately before each externally visible write (a rename
+    into place, a pointer, metadata, a prune, a heartbeat, monitor output): LeaseError, with
+    the lease-lost line, once a newer instance owns the role's lease."""
+
+    def check(self, before: str) -> None: ...
+
+
+class NoFence:
+    """For writers that hold no lease (tools, tests of one module): every write may go."""
+
+    def check(self, before: str) -> None:
+        pass
+
+
+NO_FENCE = NoFence()
+
+
+@contextmanager
+def fenced(fence: Fence, what: str) -> Iterator[None]:
+    """Around writes a take-over can pull the floor from under (the new owner removed this
+    instance's temporaries): an OSError once the lease is lost is the lease-lost line."""
+    try:
+        yield
+    except OSError as e:
+        fence.check(what)  # raises the lease-lost line if this instance lost it
+        raise
+
+
+class LeaseView:
+    """Generation ``gen`` of ``name``'s lease, as any process of the holding role sees it (the
+    trainer's other ranks): whether a newer instance took it over. Writes nothing."""
+
+    def __init__(self, run_dir: Path | str, name: str, gen: int):
+        self.run_dir, self.name, self.gen = Path(run_dir), name, gen
+        self.path = lease_file(run_dir, name, gen)
+        self.lost_to: str | None = None  # set once the lease is found lost
+
+    def lost(self) -> str | None:
+        """Who holds the lease now if this instance lost it (a newer claim, or its file gone)."""
+        if self.lost_to is None:
+            newest = max(generations(self.path.parent), default=0)
+            if newest > self.gen:
+                claim = read_claim(lease_file(self.run_dir, self.name, newest)) or {}
+                why = (claim.get("took_over") or {}).get("why", "unknown")
+                self.lost_to = f"{describe(claim, time.time())}, which took it over because {why}"
+            elif not self.path.is_file():
+                self.lost_to = f"nobody: its claim {self.path} was deleted"
+        return self.lost_to
+
+    def lost_message(self, before: str) -> str | None:
+        """Why this instance must stop before ``before`` (what it would write), or None."""
+        lost_to = self.lost()
+        if lost_to is None:
+            return None
+        return (
+            f"this {self.name} lost its lease on {self.run_dir} to {lost_to}; stopping before "
+            f"{before}, so the new owner's files are not overwritten"
+        )
+
+    def check(self, before: str) -> None:
+        """Raise :class:`LeaseError` if the lease was lost; ``before``: what would be written."""
+        message = self.lost_message(before)
+        if message is not None:
+            raise LeaseError(message)
+
+
+class Lease(LeaseView):
     """One held claim: :meth:`acquire` it, :meth:`start` its heartbeat, :meth:`check` before
-    each save, :meth:`release` at the end."""
+    each save (it is the role's :class:`Fence`), :meth:`release` at the end."""
 
     def __init__(
         self, run_dir: Path, name: str, gen: int, claim: dict[str, Any], interval_s: float
     ):
-        self.run_dir, self.name, self.gen = Path(run_dir), name, gen
+        super().__init__(run_dir, name, gen)
         self.claim = claim
-        self.path = lease_file(run_dir, name, gen)
         self.interval_s = interval_s
-        self.lost_to: str | None = None  # set once the lease is found lost
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -240,34 +309,6 @@ class Lease:
         lease.prune()
         return lease
 
-    def lost(self) -> str | None:
-        """Who holds the lease now if this instance lost it (a newer claim, or its file gone)."""
-        if self.lost_to is None:
-            newest = max(generations(self.path.parent), default=0)
-            if newest > self.gen:
-                claim = read_claim(lease_file(self.run_dir, self.name, newest)) or {}
-                why = (claim.get("took_over") or {}).get("why", "unknown")
-                self.lost_to = f"{describe(claim, time.time())}, which took it over because {why}"
-            elif not self.path.is_file():
-                self.lost_to = f"nobody: its claim {self.path} was deleted"
-        return self.lost_to
-
-    def lost_message(self, before: str) -> str | None:
-        """Why this instance must stop before ``before`` (what it would write), or None."""
-        lost_to = self.lost()
-        if lost_to is None:
-            return None
-        return (
-            f"this {self.name} lost its lease on {self.run_dir} to {lost_to}; stopping before "
-            f"{before}, so the new owner's files are not overwritten"
-        )
-
-    def check(self, before: str) -> None:
-        """Raise :class:`LeaseError` if the lease was lost; ``before``: what would be written."""
-        message = self.lost_message(before)
-        if message is not None:
-            raise LeaseError(message)
-
     def beat(self) -> None:
         """Rewrite the claim with the current time (only while this instance owns it)."""
         with self._lock:
@@ -309,8 +350,8 @@ class Lease:
                 self.beat()
             except (OSError, LeaseError) as e:  # a filesystem hiccup must not kill the role
                 log.warning("lease %s not refreshed: %s", self.path, e)
-            if self.lost_to is not None:
-                log.error("lost the %s lease of %s to %s", self.name, self.run_dir, self.lost_to)
+            if self.lost_to is not None:  # the role's next write stops it with the line
+                log.info("lost the %s lease of %s to %s", self.name, self.run_dir, self.lost_to)
                 return
 
 

@@ -27,6 +27,7 @@ from urllib.parse import urlsplit
 
 from rft.config.schema import MonitorType
 from rft.errors import ConfigError
+from rft.lease import NO_FENCE, Fence
 from rft.rundir import MONITOR_DIR
 
 log = logging.getLogger(__name__)
@@ -155,9 +156,11 @@ class Monitor:
         flush_interval_s: float = 10.0,
         project: str = "rft",
         name: str | None = None,
+        fence: Fence = NO_FENCE,
     ):
         self.role = role
         self.enabled = enabled
+        self.fence = fence  # the role's lease: a displaced instance writes no more metrics
         self._jsonl = None
         self._sinks: list[Any] = []
         if not enabled:
@@ -178,6 +181,7 @@ class Monitor:
         """Record ``metrics`` for ``step``; sinks get the numbers (other values: JSONL only)."""
         if not self.enabled:
             return
+        self.fence.check(f"writing the {self.role} metrics of step {step}")
         clean = {f"{prefix}{k}": _plain(v) for k, v in metrics.items()}
         assert self._jsonl is not None
         self._jsonl.write(json.dumps({"step": step, "time": time.time(), **clean}) + "\n")

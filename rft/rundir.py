@@ -34,6 +34,7 @@ FAILURES_DIR = (
 GROUPS_DIR = "groups"  # groups/<writer>/: finished groups of unsealed steps (streaming explorer)
 LEASES_DIR = "leases"  # leases/<name>/<gen>.json: who owns a role here (rft.lease)
 TRAINER_LEASE = "trainer"  # the trainer's lease name (an explorer task's: its writer)
+LEASE_GENERATION = "lease_generation"  # in metadata and heartbeats: the writer's lease then
 MONITOR_DIR = "monitor"  # metrics.jsonl and the monitors' files (rft.monitor)
 LOG_DIR = "log"  # process logs, the configs of each launch
 SUBMITIT_DIR = (

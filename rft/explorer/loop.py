@@ -31,7 +31,7 @@ from rft.explorer.failures import FailureGuard
 from rft.explorer.reward_model import RewardModel, load_reward_models
 from rft.explorer.rollout import rollout, rollout_carried
 from rft.explorer.streaming import Seal, stream_steps
-from rft.lease import Lease, remove_dead_tmp
+from rft.lease import NO_FENCE, Fence, Lease, remove_dead_tmp
 from rft.monitor import (
     ACCURACY,
     EPISODE_FAILED,
@@ -140,6 +140,7 @@ def run_explorer(
         flush_interval_s=cfg.monitor.flush_interval_s,
         project=cfg.project,
         name=cfg.name,
+        fence=lease,
     )
     engine = engine or Engine(cfg)
     engine.load_initial(cfg)  # a reused engine left with other weights goes back to version 0
@@ -152,7 +153,9 @@ def run_explorer(
         cfg
     )  # after vLLM started: this process touches CUDA only now
     # the heartbeat from now on; weights by folders, deltas or broadcasts
-    sync = open_explorer_sync(cfg, explorer.writer, engine, cursor.step, stream.finished(cursor))
+    sync = open_explorer_sync(
+        cfg, explorer.writer, engine, cursor.step, stream.finished(cursor), lease
+    )
     result = ExplorerResult()
     synchronizer = cfg.synchronizer
     lead, _ = explorer_lead(cfg.mode, synchronizer.sync_offset, synchronizer.max_lead_steps)
@@ -203,6 +206,7 @@ def run_explorer(
             max_steps=max_steps,
             reward_models=reward_models,
             evaluate=evaluate_now,
+            fence=lease,
         )
         if result.steps and stream.finished(cursor) and evaluates_final(cfg, bool(eval_sets)):
             # The trained model: the trainer publishes its last step's weights.
@@ -229,11 +233,13 @@ def step_by_step(
     max_steps: int | None = None,
     reward_models: Sequence[RewardModel] = (),
     evaluate: Callable[[int], None] | None = None,
+    fence: Fence = NO_FENCE,
 ) -> None:
     """Generate and seal one step after the other until the task stream ends (or ``max_steps``
     steps are sealed): each step waits for the weights it may be generated with, then generates
     all its groups at once (:func:`rft.explorer.rollout.rollout`); :func:`stream_steps` is the
-    overlapping variant, with the same arguments."""
+    overlapping variant, with the same arguments (``fence`` guards its spool; here every write
+    is ``seal``'s, which checks the lease itself)."""
     cursor = plan.cursor  # advanced in place by stream.next_batch
     interval = cfg.synchronizer.sync_interval
     done = 0

@@ -15,6 +15,7 @@ from pathlib import Path
 from rft import atomic
 from rft.buffer.experience import Experience, decode_line, encode_line
 from rft.errors import DataError
+from rft.lease import NO_FENCE, Fence
 from rft.rundir import GROUPS_DIR
 
 log = logging.getLogger(__name__)
@@ -30,11 +31,13 @@ def group_key(step: int, slot: int) -> str:
 class GroupSpool:
     """The finished, unsealed groups of one writer."""
 
-    def __init__(self, run_dir: Path | str, writer: str):
+    def __init__(self, run_dir: Path | str, writer: str, fence: Fence = NO_FENCE):
         self.folder = Path(run_dir) / GROUPS_DIR / writer
+        self.fence = fence  # the writer's lease: a displaced instance spools nothing
 
     def put(self, seal_step: int, key: str, exps: list[Experience]) -> None:
         """Keep the experiences of group ``key`` of ``seal_step`` (atomic)."""
+        self.fence.check(f"spooling group {key} of step {seal_step}")
         self.folder.mkdir(parents=True, exist_ok=True)
         text = "".join(encode_line(e) + "\n" for e in exps)
         atomic.write_text(self.folder / f"{seal_step:06d}-{key}.jsonl", text)
@@ -55,6 +58,7 @@ class GroupSpool:
 
     def drop(self, through_step: int) -> None:
         """Remove the groups of every step <= ``through_step`` (their segments are sealed)."""
+        self.fence.check(f"removing the spooled groups of steps <= {through_step}")
         for path, step, _ in self._files():
             if step <= through_step:
                 path.unlink(missing_ok=True)

@@ -37,6 +37,7 @@ from rft.explorer.spool import GroupSpool, group_key
 from rft.explorer.stream_episodes import EpisodeGroup, StreamedEpisodes
 from rft.explorer.stream_steps import OpenStep, Totals, add_stats, sealed_steps
 from rft.explorer.teacher import TEACHER_KL, add_teacher_logprobs
+from rft.lease import NO_FENCE, Fence
 from rft.sync.explorer_side import ExplorerSync
 from rft.sync.schedule import required_version
 
@@ -69,6 +70,7 @@ def stream_steps(
     max_steps: int | None = None,
     reward_models: Sequence[RewardModel] = (),
     evaluate: Callable[[int], None] | None = None,
+    fence: Fence = NO_FENCE,
 ) -> None:
     """Generate and seal steps until the task stream ends (or ``max_steps`` more are sealed).
 
@@ -76,7 +78,7 @@ def stream_steps(
     ``evaluate(step)`` runs after the steps ``seal`` says, once the engine is drained (an
     evaluation generates with the engine alone); meanwhile no step is admitted."""
     cursor = plan.cursor
-    spool = GroupSpool(cfg.run_dir, writer)
+    spool = GroupSpool(cfg.run_dir, writer, fence)
     spool.drop(cursor.step)  # groups of steps sealed before a restart
     episodes = StreamedEpisodes(cfg, engine, writer)
     limit = inflight_limit(cfg)

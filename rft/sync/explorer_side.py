@@ -16,6 +16,7 @@ from typing import Any, Iterator, Protocol
 
 from rft.config.schema import Config
 from rft.errors import SyncTimeoutError
+from rft.lease import LeaseView
 from rft.sync.heartbeat import (
     EVALUATING_FIELD,
     FINISHED_FIELD,
@@ -195,14 +196,20 @@ class ExplorerSync:
 
 
 def open_explorer_sync(
-    cfg: Config, writer: str, engine: Any, steps_done: int, finished: bool = False
+    cfg: Config,
+    writer: str,
+    engine: Any,
+    steps_done: int,
+    finished: bool = False,
+    lease: LeaseView | None = None,
 ) -> ExplorerSync:
     """Explorer ``writer``'s :class:`ExplorerSync` for ``engine`` (holding version 0, the model
     path), its heartbeat beating from now on. ``steps_done``: the steps it sealed before this
     run; ``finished``: it has no task left (a resume after its last step). Open it once the
     engine runs: until then the explorer's lease says it is starting
-    (:func:`~rft.sync.heartbeat.starting_explorers`)."""
-    heartbeat = Heartbeat(cfg.run_dir, writer, cfg.explorer.heartbeat_interval_s)
+    (:func:`~rft.sync.heartbeat.starting_explorers`). ``lease``: the writer's; a displaced
+    instance's heartbeat writes no more."""
+    heartbeat = Heartbeat(cfg.run_dir, writer, cfg.explorer.heartbeat_interval_s, lease)
     heartbeat.fields.update({STEPS_FIELD: steps_done, FINISHED_FIELD: finished, LOADED_FIELD: 0})
     heartbeat.start()
     try:

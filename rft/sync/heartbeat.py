@@ -23,8 +23,8 @@ from typing import Any
 
 from rft import atomic
 from rft.errors import CheckpointError, LeaseError, storage_errors
-from rft.lease import live_holders, newest_claim
-from rft.rundir import EXPLORERS_DIR, TRAINER_LEASE
+from rft.lease import LeaseView, live_holders, newest_claim
+from rft.rundir import EXPLORERS_DIR, LEASE_GENERATION, TRAINER_LEASE
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,7 @@ class BeatFields:
     tasks_done: int = 0
     steps_done: int = 0
     started_time: float = field(default_factory=time.time)
+    lease_generation: int | None = None  # the writer's lease (an older one: a displaced writer)
     time: float = 0.0  # of the last beat
     exited: bool = False
     finished: bool = False
@@ -67,7 +68,13 @@ assert {EXITED_FIELD, STEPS_FIELD, TASKS_FIELD, STARTED_FIELD} <= BEAT_KEYS
 class Heartbeat:
     """``explorers/<name>.json``, rewritten atomically by ``beat()`` and an optional thread."""
 
-    def __init__(self, run_dir: Path | str, name: str, interval_s: float = 5.0):
+    def __init__(
+        self,
+        run_dir: Path | str,
+        name: str,
+        interval_s: float = 5.0,
+        lease: LeaseView | None = None,
+    ):
         if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", name) or atomic.is_tmp(name):
             raise CheckpointError(
                 f"heartbeat name {name!r} must be letters, digits, '_.-', e.g. 'explorer-0'"
@@ -79,14 +86,19 @@ class Heartbeat:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.fields: dict[str, Any] = asdict(BeatFields(name))
+        self.lease = lease  # the explorer's: checked right before each write
+        gen = None if lease is None else lease.gen
+        self.fields: dict[str, Any] = asdict(BeatFields(name, lease_generation=gen))
         self.fields[TIME_FIELD] = self.fields[STARTED_FIELD]
 
     def beat(self, **fields: Any) -> None:
-        """Merge ``fields`` into the heartbeat and rewrite it with the current time."""
+        """Merge ``fields`` into the heartbeat and rewrite it with the current time; raises
+        LeaseError, writing nothing, once a newer instance owns the explorer's lease."""
         unknown = set(fields) - BEAT_KEYS
         assert not unknown, f"not heartbeat fields: {sorted(unknown)}"
         with self._lock:
+            if self.lease is not None:
+                self.lease.check(f"writing the heartbeat {self.path}")
             self.fields.update(fields)
             self.fields[TIME_FIELD] = time.time()
             atomic.write_json(self.path, self.fields)
@@ -111,6 +123,8 @@ class Heartbeat:
             self.beat(**{EXITED_FIELD: True, LOADING_FIELD: None})
         except OSError as e:  # a full disk: the error that stopped the role is the one to raise
             log.warning("heartbeat %s not marked exited (dead once stale): %s", self.path, e)
+        except LeaseError:  # displaced: the heartbeat is the new instance's now
+            pass
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -118,6 +132,9 @@ class Heartbeat:
                 self.beat()
             except OSError as e:  # a hiccup of the shared filesystem must not kill the explorer
                 log.warning("heartbeat %s not written: %s", self.path, e)
+            except LeaseError as e:  # the explorer's next write stops it with the same line
+                log.info("%s", e)
+                return
 
     def __enter__(self) -> "Heartbeat":
         return self.start()
@@ -158,7 +175,10 @@ def read_heartbeats(
             log.warning("unreadable heartbeat %s (%s): counted as dead", path, e)
             statuses.append(ExplorerStatus(path.stem, float("inf"), False))
             continue
-        claim = _claim(Path(run_dir), path.stem)
+        gen, claim = _claim(Path(run_dir), path.stem)
+        written = fields.get(LEASE_GENERATION)
+        if isinstance(written, int) and gen is not None and written < gen:
+            continue  # a displaced instance wrote it: the writer's new instance is starting
         exited = bool(fields.get(EXITED_FIELD)) or bool(claim and claim.get("released"))
         live = not exited and age_s <= live_threshold_s
         statuses.append(ExplorerStatus(path.stem, age_s, live, fields, exited))
@@ -182,14 +202,15 @@ def starting_explorers(run_dir: Path | str, live_threshold_s: float = 30.0) -> l
     ]
 
 
-def _claim(run_dir: Path, name: str) -> dict[str, Any] | None:
-    """The newest lease claim of explorer ``name``; None if there is none or it is unreadable
-    (a reader of heartbeats never fails on a damaged claim: the heartbeat alone decides)."""
+def _claim(run_dir: Path, name: str) -> tuple[int | None, dict[str, Any] | None]:
+    """(generation, claim) of explorer ``name``'s newest lease claim; (None, None) if it is
+    unreadable (a reader of heartbeats never fails on a damaged claim: the heartbeat alone
+    decides), a claim of None if there is none."""
     try:
-        return newest_claim(run_dir, name)[1]
+        return newest_claim(run_dir, name)
     except LeaseError as e:
         log.warning("explorer %s judged by its heartbeat alone: %s", name, e)
-        return None
+        return None, None
 
 
 def explorers_finished(run_dir: Path | str, live_threshold_s: float = 30.0) -> bool:

@@ -14,6 +14,7 @@ from typing import Iterable
 
 from rft import atomic
 from rft.errors import CheckpointError, storage_errors
+from rft.lease import NO_FENCE, Fence, fenced, remove_dead_tmp
 from rft.rundir import WEIGHTS_DIR, WEIGHTS_POINTER, weights_dir
 from rft.sync.heartbeat import LOADED_FIELD, LOADING_FIELD, read_heartbeats
 from rft.sync.local import DeltaPolicy, DeltaWriter, FolderWriter, write_folder
@@ -43,6 +44,7 @@ class WeightsPublisher:
         keep_versions: int = 2,
         heartbeat_live_s: float = 60.0,
         delta: DeltaPolicy | None = None,
+        fence: Fence = NO_FENCE,
     ):
         if keep_versions < 1:
             raise CheckpointError(f"keep_versions must be >= 1, got {keep_versions}")
@@ -51,16 +53,18 @@ class WeightsPublisher:
         self.keep_versions = keep_versions
         self.heartbeat_live_s = heartbeat_live_s
         self.delta = None if delta is None else DeltaWriter(delta, run_dir)  # None: full folders
+        self.fence = fence  # checked right before each rename, pointer write and removal
         with storage_errors(self.root, "create"):
             self.root.mkdir(parents=True, exist_ok=True)
         self.clean_stale_tmp()
 
     def clean_stale_tmp(self) -> list[Path]:
-        """Remove temporaries (folders, pointer files) left by dead publishers of this host."""
-        removed = atomic.remove_stale_tmp(self.root)
-        removed += atomic.remove_stale_tmp(self.run_dir, prefix=WEIGHTS_POINTER)
-        for path in removed:
-            log.info("removed %s (left by a dead publisher)", path)
+        """Remove temporaries (version folders, pointer files) left by dead publishers: of this
+        host, those whose process is gone; of another host, those whose writer holds no live
+        lease (:func:`rft.lease.remove_dead_tmp`; a publisher holds the trainer's)."""
+        live_s = self.heartbeat_live_s
+        removed = remove_dead_tmp(self.run_dir, ("v",), live_s, folder=self.root)
+        removed += remove_dead_tmp(self.run_dir, (WEIGHTS_POINTER,), live_s)
         return removed
 
     def publish(
@@ -79,11 +83,12 @@ class WeightsPublisher:
         folder holds a delta against the newest anchor when one is due (:class:`DeltaWriter`).
         """
         final = weights_dir(self.run_dir, version)
+        what = f"publishing weights version {version}"
         tmp = atomic.tmp_name(final)
         shutil.rmtree(tmp, ignore_errors=True)
         # A full disk or a read-only folder: one message naming the folder; the temporary goes,
         # and the pointer still names the last version published, which is intact.
-        with storage_errors(final, "publish"):
+        with storage_errors(final, "publish"), fenced(self.fence, what):
             tmp.mkdir(parents=True)
             try:
                 if self.delta is None:
@@ -96,6 +101,7 @@ class WeightsPublisher:
                     shutil.rmtree(tmp, ignore_errors=True)
                     marker = None
                 else:
+                    self.fence.check(what)  # writing it may take minutes: a take-over meanwhile
                     remove_version(final)  # a no-op unless republishing
                     atomic.publish_dir(tmp, final)
             except BaseException:
@@ -103,6 +109,7 @@ class WeightsPublisher:
                 raise
         if self.delta is not None:
             self.delta.published(version, marker)
+        self.fence.check(f"pointing {WEIGHTS_POINTER} at version {version}")
         atomic.write_pointer(self.run_dir / WEIGHTS_POINTER, version)
         self.prune()
         return final
@@ -167,6 +174,7 @@ class WeightsPublisher:
             users = [v for v in versions if v == version or self._base(v) == version]
             if any(self.explorers_naming(v) for v in users):
                 continue
+            self.fence.check(f"pruning weights version {version}")
             remove_version(weights_dir(self.run_dir, version))
             deleted.append(version)
         if deleted:

@@ -19,6 +19,7 @@ from rft.buffer.segment_file import unsealed_writers
 from rft.buffer.segments import open_archive, open_buffer_reader
 from rft.config.schema import Config
 from rft.errors import DataError, EpisodesFailedError, NotSupportedError
+from rft.lease import NO_FENCE, Fence
 from rft.rundir import writer_name
 from rft.sync.failures import ExplorerFailure, read_failures
 from rft.sync.heartbeat import explorers_finished, read_heartbeats, starting_explorers
@@ -55,6 +56,7 @@ class BufferSource:
         run_dir: Path,
         cursor: dict[str, Any] | None,
         rollouts_per_step: int | None = None,
+        fence: Fence = NO_FENCE,
     ):
         buf = cfg.buffer.trainer_input.experience_buffer
         self.cfg, self.run_dir = cfg, run_dir
@@ -71,6 +73,7 @@ class BufferSource:
             num_nodes=cfg.cluster.node_num,
         )
         self.archive = open_archive(run_dir, buf.storage_type, buf.path or "", buf.name)
+        self.fence = fence  # checked before each archive write
         # data_processor.experience_pipeline: applied to each read (rft.trainer.experience_ops)
         self.pipeline = ExperiencePipeline.from_config(cfg.data_processor.experience_pipeline)
 
@@ -89,6 +92,7 @@ class BufferSource:
             return None
         batch = [e for e in batch if not e.eval]
         if self.archive is not None:
+            self.fence.check(f"archiving the experiences of step {step}")
             self.archive.record(batch, step)
         return batch
 

@@ -26,7 +26,7 @@ from rft.config.schema import Config
 from rft.data import run_steps, trains_pairs
 from rft.entry import config_parser, run_command, setup_logging
 from rft.errors import EXIT_OK, EXIT_REQUEUE, ConfigError, DataError, LeaseError, RftError
-from rft.lease import Lease, remove_dead_tmp
+from rft.lease import NO_FENCE, Fence, Lease, LeaseView, fenced, remove_dead_tmp
 from rft.models import tokenizer_files
 from rft.monitor import (
     BATCH_EXPERIENCES,
@@ -43,7 +43,7 @@ from rft.monitor import (
     WEIGHTS_VERSION,
 )
 from rft.placement import TRAINER_MODES
-from rft.rundir import ACTOR_DIR, CRITIC_DIR, HF_DIR, TRAINER_LEASE, step_dir
+from rft.rundir import ACTOR_DIR, CRITIC_DIR, HF_DIR, LEASE_GENERATION, TRAINER_LEASE, step_dir
 from rft.stages import load_stage
 from rft.sync.schedule import publishes_weights
 from rft.trainer.algorithm import build_loss_fns
@@ -102,9 +102,11 @@ class LoopPosition:
     last_saved: int = -1
 
 
-def open_trainer_input(cfg: Config, run_dir: Path, cursor: dict[str, Any] | None) -> Source:
+def open_trainer_input(
+    cfg: Config, run_dir: Path, cursor: dict[str, Any] | None, fence: Fence = NO_FENCE
+) -> Source:
     """The trainer's input (rank 0): CHORD's mix, DPO's pairs, an SFT dataset, or the rollout
-    buffer."""
+    buffer (its SQLite archive written under ``fence``)."""
     from rft.trainer.dpo import DpoSource
     from rft.trainer.inputs import BufferSource, FileSource
     from rft.trainer.mix import MixSource
@@ -112,10 +114,10 @@ def open_trainer_input(cfg: Config, run_dir: Path, cursor: dict[str, Any] | None
     if trains_pairs(cfg):
         return DpoSource(cfg, cursor)
     if cfg.algorithm.sample_strategy == "mix":
-        return MixSource(cfg, run_dir, cursor)
+        return MixSource(cfg, run_dir, cursor, fence=fence)
     if cfg.buffer.trainer_input.experience_buffer.storage_type == "file":
         return FileSource(cfg, cursor)
-    return BufferSource(cfg, run_dir, cursor)
+    return BufferSource(cfg, run_dir, cursor, fence=fence)
 
 
 def check_mode(cfg: Config) -> None:
@@ -224,18 +226,21 @@ def save_full_checkpoint(
     final: bool,
     critic: engine.Actor | None = None,
     lease: Lease | None = None,
+    fence: Fence = NO_FENCE,
 ) -> None:
     """Every rank writes its shards; rank 0 finishes (meta, rename, pointer) and releases input.
     The trainer lease is checked before the shards and again before the checkpoint is made
-    visible (shards of a large model take minutes: a take-over meanwhile is caught there)."""
+    visible (shards of a large model take minutes: a take-over meanwhile is caught there), and
+    ``fence`` (every rank's view of it) right before each visible write."""
     from rft.trainer import engine
 
     what = f"writing checkpoint {step_dir(run_dir, progress.step).name}"
     check_lease(lease, what)
     tmp = engine.broadcast_object(staging_dir(run_dir, progress.step) if rank == 0 else None)
-    _save_engine(cfg, actor, tmp / ACTOR_DIR, progress.step, rank, final, rng=True)
-    if critic is not None:
-        _save_engine(cfg, critic, tmp / CRITIC_DIR, progress.step, rank, final, rng=False)
+    with fenced(fence, what):  # a new owner may have removed our staging folder meanwhile
+        _save_engine(cfg, actor, tmp / ACTOR_DIR, progress.step, rank, final, rng=True)
+        if critic is not None:
+            _save_engine(cfg, critic, tmp / CRITIC_DIR, progress.step, rank, final, rng=False)
     try:
         check_lease(lease, what)
     except LeaseError:
@@ -252,8 +257,11 @@ def save_full_checkpoint(
             "time": time.time(),
             "lr_scheduler": actor.engine.lr_scheduler.state_dict(),
             "critic": critic is not None,
+            LEASE_GENERATION: lease.gen if lease is not None else None,
         }
-        finish_checkpoint(run_dir, tmp, progress.step, meta, cfg.trainer.max_checkpoints_to_keep)
+        keep = cfg.trainer.max_checkpoints_to_keep
+        finish_checkpoint(run_dir, tmp, progress.step, meta, keep, fence)
+        fence.check("removing the buffer segments the checkpoint consumed")
         source.release(progress.cursor)
         log.info("checkpoint global_step_%d saved", progress.step)
     progress.last_saved = progress.step
@@ -284,15 +292,24 @@ def run(cfg: Config) -> int:
     if info.rank == 0:
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
     lease = claim_run_dir(cfg, cfg.run_dir, info.rank)
+    gen = engine.broadcast_object(lease.gen if lease is not None else None)
+    fence = lease if lease is not None else LeaseView(cfg.run_dir, TRAINER_LEASE, gen)
     try:
-        return train(cfg, info, stop, lease)
+        return train(cfg, info, stop, lease, fence)
     finally:
         if lease is not None:
             lease.release()
 
 
-def train(cfg: Config, info: engine.DistInfo, stop: StopFlag, lease: Lease | None) -> int:
-    """The loop itself, on every rank; rank 0 holds ``lease``."""
+def train(
+    cfg: Config,
+    info: engine.DistInfo,
+    stop: StopFlag,
+    lease: Lease | None,
+    fence: Fence = NO_FENCE,
+) -> int:
+    """The loop itself, on every rank; rank 0 holds ``lease``; every rank checks ``fence`` (its
+    view of the lease) right before each write others can see."""
     from rft.monitor import Monitor
     from rft.trainer import engine
     from rft.trainer.dpo import dpo_step
@@ -310,7 +327,7 @@ def train(cfg: Config, info: engine.DistInfo, stop: StopFlag, lease: Lease | Non
         cursor=meta.get("buffer_cursor", {}),
         last_saved=resumed or -1,
     )
-    source = open_trainer_input(cfg, run_dir, progress.cursor or None) if rank == 0 else None
+    source = open_trainer_input(cfg, run_dir, progress.cursor or None, fence) if rank == 0 else None
     steps = engine.broadcast_object(run_steps(cfg) if rank == 0 else None)
     total_updates = (
         None if steps is None else steps * updates_per_step(cfg)
@@ -330,7 +347,7 @@ def train(cfg: Config, info: engine.DistInfo, stop: StopFlag, lease: Lease | Non
             progress.weights_version,
             " with its critic" if critic is not None else "",
         )
-    weights = WeightsOut(cfg, info, steps)  # folders, deltas, broadcasts, adapters
+    weights = WeightsOut(cfg, info, steps, fence)  # folders, deltas, broadcasts, adapters
     monitor = Monitor(
         run_dir,
         "trainer",
@@ -339,6 +356,7 @@ def train(cfg: Config, info: engine.DistInfo, stop: StopFlag, lease: Lease | Non
         flush_interval_s=cfg.monitor.flush_interval_s,
         project=cfg.project,
         name=cfg.name,
+        fence=fence,
     )
     pad_id = actor.module.config.pad_token_id or actor.module.config.eos_token_id or 0
     if isinstance(pad_id, list):
@@ -346,7 +364,17 @@ def train(cfg: Config, info: engine.DistInfo, stop: StopFlag, lease: Lease | Non
 
     def save(final: bool) -> None:
         save_full_checkpoint(
-            cfg, run_dir, actor, source, progress, rank, info.world_size, final, critic, lease
+            cfg,
+            run_dir,
+            actor,
+            source,
+            progress,
+            rank,
+            info.world_size,
+            final,
+            critic,
+            lease,
+            fence,
         )
 
     skipped: list[int] = []  # steps of this launch with no experiences (no update)

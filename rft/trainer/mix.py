@@ -16,6 +16,7 @@ from rft.buffer.experience import Experience
 from rft.config.batches import groups_per_update, mini_batch_count
 from rft.config.mix import expert_buffer, mix_counts
 from rft.config.schema import Config
+from rft.lease import NO_FENCE, Fence
 from rft.trainer.inputs import BufferSource
 from rft.trainer.sft import SftSource
 
@@ -44,14 +45,19 @@ class MixSource:
     """
 
     def __init__(
-        self, cfg: Config, run_dir: Path, cursor: dict[str, Any] | None, tokenizer: Any = None
+        self,
+        cfg: Config,
+        run_dir: Path,
+        cursor: dict[str, Any] | None,
+        tokenizer: Any = None,
+        fence: Fence = NO_FENCE,
     ):
 
         self.counts = mix_counts(cfg)
         self.groups_per_update = groups_per_update(cfg)
         buffer_cursor, expert_cursor = split_cursor(cursor)
         self.rollouts = BufferSource(
-            cfg, run_dir, buffer_cursor, rollouts_per_step=self.counts.rollout
+            cfg, run_dir, buffer_cursor, rollouts_per_step=self.counts.rollout, fence=fence
         )
         if tokenizer is None:
             from transformers import AutoTokenizer

@@ -19,10 +19,12 @@ import torch
 
 from rft import atomic
 from rft.errors import CheckpointError
+from rft.lease import NO_FENCE, Fence, fenced
 from rft.rundir import (
     ACTOR_DIR,
     CHECKPOINT_POINTER,
     HF_DIR,
+    LEASE_GENERATION,
     STEP_PREFIX,
     TRAINER_META,
     WEIGHTS_POINTER,
@@ -66,7 +68,42 @@ def newest_complete(run_dir: Path) -> int | None:
             "is missing; restore that folder, or point the file at an older complete "
             "global_step_N (or delete it to start over)"
         )
-    return step
+    return newer_owners_checkpoint(run_dir, step) or step
+
+
+def newer_owners_checkpoint(run_dir: Path, step: int) -> int | None:
+    """A complete checkpoint written under a newer trainer lease than the pointer's ``step``
+    (the pointer was moved back by a displaced trainer that the fence missed): the newest
+    such step, else None. Checkpoints without a generation (older rft) are not compared."""
+
+    def generation(s: int) -> int | None:
+        try:
+            gen = json.loads((step_dir(run_dir, s) / TRAINER_META).read_text()).get(
+                LEASE_GENERATION
+            )
+        except (OSError, ValueError):
+            return None
+        return gen if isinstance(gen, int) else None
+
+    pointed = generation(step)
+    if pointed is None:
+        return None
+    newer = [(gen, s) for s in list_checkpoints(run_dir) if (gen := generation(s)) is not None]
+    gen, newest = max(newer, default=(pointed, step))
+    if gen <= pointed:
+        return None
+    log.warning(
+        "%s names step %d (trainer lease %d) but %s was written by a newer trainer (lease %d): "
+        "resuming from it (to resume from step %d, remove %s)",
+        CHECKPOINT_POINTER,
+        step,
+        pointed,
+        step_dir(run_dir, newest).name,
+        gen,
+        step,
+        step_dir(run_dir, newest),
+    )
+    return newest
 
 
 def read_meta(run_dir: Path, step: int) -> dict[str, Any]:
@@ -139,33 +176,45 @@ def staging_dir(run_dir: Path, step: int) -> Path:
 
 
 def finish_checkpoint(
-    run_dir: Path, tmp: Path, step: int, meta: dict[str, Any], keep: int | None
+    run_dir: Path,
+    tmp: Path,
+    step: int,
+    meta: dict[str, Any],
+    keep: int | None,
+    fence: Fence = NO_FENCE,
 ) -> Path:
-    """Rank 0, after every rank wrote into ``tmp``: metadata, rename, pointer, pruning. The
-    pointer is replaced only after the rename, so a crash at any point leaves the previous
-    checkpoint as the newest complete one."""
-    meta = {"format": META_FORMAT, **meta, "step": step}
-    atomic.write_json(tmp / TRAINER_META, meta)
+    """Rank 0, after every rank wrote into ``tmp``: metadata, rename, pointer, pruning, each
+    right after ``fence`` said this trainer still owns the run. The pointer is replaced only
+    after the rename, so a crash at any point leaves the previous checkpoint as the newest
+    complete one."""
     final = step_dir(run_dir, step)
-    if final.exists():  # resumed from an earlier step and reached this one again
-        log.warning("replacing %s (written before a resume from an earlier step)", final)
-        doomed = atomic.tmp_name(final.with_name(final.name + ".old"))
-        final.rename(doomed)
-        shutil.rmtree(doomed, ignore_errors=True)
-    atomic.publish_dir(tmp, final)
-    atomic.write_pointer(run_dir / CHECKPOINT_POINTER, step)
-    atomic.write_json(run_dir / TRAINER_META, meta)
-    prune(run_dir, keep, step)
+    meta = {"format": META_FORMAT, **meta, "step": step}
+    with fenced(fence, f"finishing checkpoint {final.name}"):
+        fence.check(f"finishing checkpoint {final.name}")
+        atomic.write_json(tmp / TRAINER_META, meta)
+        fence.check(f"moving checkpoint {final.name} into place")
+        if final.exists():  # resumed from an earlier step and reached this one again
+            log.warning("replacing %s (written before a resume from an earlier step)", final)
+            doomed = atomic.tmp_name(final.with_name(final.name + ".old"))
+            final.rename(doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
+        atomic.publish_dir(tmp, final)
+        fence.check(f"pointing {CHECKPOINT_POINTER} at step {step}")
+        atomic.write_pointer(run_dir / CHECKPOINT_POINTER, step)
+        fence.check(f"writing {TRAINER_META} of step {step}")
+        atomic.write_json(run_dir / TRAINER_META, meta)
+    prune(run_dir, keep, step, fence)
     return final
 
 
-def prune(run_dir: Path, keep: int | None, newest: int) -> list[int]:
+def prune(run_dir: Path, keep: int | None, newest: int, fence: Fence = NO_FENCE) -> list[int]:
     """Delete all but the newest ``keep`` complete checkpoints (never the pointer's)."""
     if keep is None:
         return []
     steps = [s for s in list_checkpoints(run_dir) if s <= newest]
     doomed = [s for s in steps[:-keep] if s != newest]
     for s in doomed:
+        fence.check(f"removing checkpoint {step_dir(run_dir, s).name}")
         shutil.rmtree(step_dir(run_dir, s), ignore_errors=True)
     if doomed:
         log.info("removed checkpoints %s (trainer.max_checkpoints_to_keep=%d)", doomed, keep)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from rft.config.schema import Config
+from rft.lease import NO_FENCE, Fence
 from rft.models import tokenizer_files
 from rft.sync.local import StreamedFolder, delta_policy
 
@@ -38,7 +39,7 @@ def needs_weights_folder(cfg: Config, step: int, last_step: int | None) -> bool:
 class WeightsOut:
     """Weights versions to the explorers: :meth:`publish` (collective), :meth:`close`."""
 
-    def __init__(self, cfg: Config, info: DistInfo, last_step: int | None):
+    def __init__(self, cfg: Config, info: DistInfo, last_step: int | None, fence: Fence = NO_FENCE):
         from rft.sync.broadcaster import WeightBroadcaster
         from rft.sync.publisher import WeightsPublisher
 
@@ -56,6 +57,7 @@ class WeightsOut:
                 sync.weights_versions_to_keep,
                 heartbeat_live_s=cfg.explorer.heartbeat_timeout_s,
                 delta=delta,
+                fence=fence,
             )
             if self.by_broadcast:
                 self.broadcaster = WeightBroadcaster(
