@@ -365,6 +365,23 @@ def refusal(run_dir: Path, name: str, holder: Mapping[str, Any], stale_s: float)
     )
 
 
+def refusal_for_new(
+    run_dir: Path | str, name: str, stale_s: float, env: Mapping[str, str]
+) -> str | None:
+    """The :func:`refusal` that :meth:`Lease.acquire` would raise now for a process not started
+    yet (on this host, with ``env``: ``--take-over`` and SLURM ids) claiming ``name``; None when
+    it would get the lease. Reads only: a launcher asks before it writes into the run directory,
+    and the role's own acquire stays the guard."""
+    _gen, holder = newest_claim(Path(run_dir), name)
+    if holder is None:
+        return None
+    now = time.time()
+    me = dict(identity(env, "", now), pid=None)  # its pid is not known: never the holder's
+    if takeover_reason(holder, me, now, stale_s, take_over_requested(env)) is not None:
+        return None
+    return refusal(Path(run_dir), name, holder, stale_s)
+
+
 def _displaced(gen: int, holder: Mapping[str, Any] | None, why: str | None) -> dict | None:
     if holder is None:
         return None

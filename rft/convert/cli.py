@@ -3,9 +3,10 @@
 For each step that the given path names (:func:`find_jobs`), ``actor/`` (DeepSpeed ZeRO 1/2/3 or
 FSDP, :mod:`rft.convert.readers`) becomes ``actor/huggingface/``, and a PPO critic's ``critic/``
 ``critic/huggingface/``; LoRA checkpoints go to :mod:`rft.convert.adapter`. Tensors stream one
-at a time into the shards, CRC-checked; the folder is swapped in atomically (:mod:`.output`),
-a complete one of the checkpoint's model skipped unless ``--force`` (:mod:`.identity`). One
-failed step never stops the others: a summary table ends, exit code 1 if a step failed.
+at a time into the shards, CRC-checked, each recording the checkpoint it came from; the folder
+is swapped in atomically (:mod:`.output`), a complete one of the checkpoint's model skipped
+unless ``--force`` (:mod:`.identity`). One failed step never stops the others: a summary table
+ends, exit code 1 if a step failed.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 
 from rft.atomic import is_tmp, tmp_name
 from rft.convert.adapter import convert_lora, is_lora_checkpoint
-from rft.convert.identity import foreign_model, judge_complete, reference_config
+from rft.convert.identity import checkpoint_record, foreign_model, judge_complete, reference_config
 from rft.convert.output import (
     carry_user_files,
     output_problem,
@@ -296,8 +297,10 @@ def write_weights(
     dest: Path,
     max_shard_bytes: int,
     label: str,
+    metadata: dict[str, str] | None = None,
 ) -> int:
-    """Stream every tensor into safetensors shard(s) in ``dest``; return the bytes written."""
+    """Stream every tensor into safetensors shard(s) in ``dest``, each with ``metadata`` in its
+    header; return the bytes written."""
     from tqdm import tqdm
 
     tensors, copies = output_tensors(contents, config)
@@ -321,7 +324,7 @@ def write_weights(
             return tensor
 
         for shard, name in zip(shards, names):
-            write_safetensors(dest / name, shard, produce)
+            write_safetensors(dest / name, shard, produce, metadata)
     if len(shards) > 1:
         write_index(dest, shards, names)
     return total
@@ -342,7 +345,11 @@ def build_folder(job: Job, opts: Options, tmp: Path) -> tuple[int, str]:
             raise CheckpointError(foreign)
         if not (job.out_dir / "config.json").is_file():  # the config comes from the base model
             check_against_reference(contents, opts.base_model_dir)
-        nbytes = write_weights(contents, config, dtype, tmp, opts.max_shard_bytes, job.label)
+        # the record lets a later run tell this checkpoint's weights from another's
+        record = {"format": "pt", **checkpoint_record(contents, job.ckpt_dir)}
+        nbytes = write_weights(
+            contents, config, dtype, tmp, opts.max_shard_bytes, job.label, record
+        )
         contents.verify()  # CRCs of the records read: a damaged checkpoint is never published
     finally:
         contents.close()

@@ -58,6 +58,7 @@ class FlatView:
 def _open(contents: CheckpointContents, path: Path) -> Any:  # the unpickled tree
     archive, tree = open_torch_file(path)
     contents.stack.callback(archive.close)
+    contents.files.append(path)
     contents.checks.append(archive.verify)
     return tree
 

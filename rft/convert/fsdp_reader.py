@@ -39,7 +39,7 @@ def read_fsdp(folder: Path) -> CheckpointContents:
     world_size, files = next(iter(found.items()))
     paths = check_ranks(files, world_size, folder, f"model_world_size_{world_size}_rank_{{}}.pt")
     shards = [_load_fsdp_file(p) for p in paths]
-    contents = CheckpointContents(kind="fsdp", world_size=world_size, tensors=[])
+    contents = CheckpointContents(kind="fsdp", world_size=world_size, tensors=[], files=paths)
     seen: dict[tuple, str] = {}
     for key, value in shards[0].items():
         if not isinstance(value, torch.Tensor):

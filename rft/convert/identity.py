@@ -4,14 +4,20 @@ A ``huggingface/`` holding another model's weights must be neither skipped as co
 mixed with the checkpoint's weights (its config.json would be kept). :func:`weights_mismatch`
 compares the tensor names and shapes in the folder's safetensors headers with the checkpoint's;
 :func:`config_mismatch` compares config.json's architecture and sizes with the run's model and
-with the checkpoint's embedding shape. Headers, JSON and the checkpoint's metadata only: no
-tensor is read.
+with the checkpoint's embedding shape. Same names and shapes can still be another step's (or
+another run's) weights: each file rft-convert writes records, in its safetensors metadata,
+digests of the checkpoint files it was converted from (:func:`checkpoint_record`), which
+:func:`record_mismatch` compares with the checkpoint's now. Headers, JSON, zip directories and
+the checkpoint's metadata only: no tensor is read.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import zipfile
 from pathlib import Path
+from typing import Sequence
 
 import yaml
 
@@ -38,18 +44,93 @@ IDENTITY_KEYS = (
     "intermediate_size",
     "vocab_size",
 )
+# Safetensors metadata keys of a conversion record (:func:`checkpoint_record`).
+RECORD_PREFIX = "rft.checkpoint."
+RECORD_MODEL = RECORD_PREFIX + "model"  # digest of the model-state files read
+RECORD_OPTIM = RECORD_PREFIX + "optim"  # digest of the optimizer-state files read (absent: none)
+RECORD_PATH = RECORD_PREFIX + "path"  # the checkpoint folder converted, for messages
+
+
+def files_digest(paths: Sequence[Path]) -> str:
+    """A digest of what ``paths`` hold, from their zip directories (``torch.save``'s format):
+    each record's name, size and CRC-32, so no data is read; a copy of the files has the same
+    digest, another save a different one. A file that is no zip counts by its size."""
+    digest = hashlib.sha256()
+    for path in sorted(paths, key=lambda p: p.name):
+        digest.update(path.name.encode() + b"\0")
+        try:
+            with zipfile.ZipFile(path) as archive:
+                for info in archive.infolist():
+                    record = info.filename.split("/", 1)[-1]  # without the archive's folder
+                    digest.update(f"{record}:{info.file_size}:{info.CRC:08x}\0".encode())
+        except (zipfile.BadZipFile, OSError):
+            digest.update(f"{_size(path)}\0".encode())
+    return digest.hexdigest()[:32]
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return -1
+
+
+def checkpoint_record(contents: CheckpointContents, ckpt_dir: Path) -> dict[str, str]:
+    """What the weight files of a conversion of ``contents`` record about it (safetensors
+    metadata): digests of the model-state and optimizer-state files read, kept apart so that
+    a checkpoint whose optimizer states were deleted after converting is still recognised."""
+    model = [p for p in contents.files if "optim" not in p.name]
+    optim = [p for p in contents.files if "optim" in p.name]
+    record = {RECORD_MODEL: files_digest(model), RECORD_PATH: str(ckpt_dir)}
+    if optim:
+        record[RECORD_OPTIM] = files_digest(optim)
+    return record
+
+
+def weight_records(folder: Path) -> list[dict[str, str]]:
+    """The conversion record of each whole safetensors file of ``folder`` (its
+    :data:`RECORD_PREFIX` metadata; empty for a file the trainer or an older rft-convert wrote)."""
+    records = []
+    for name in _weight_files(folder):
+        if file_problem(folder / name) is None:
+            meta = read_header(folder / name).get("__metadata__") or {}
+            records.append({k: v for k, v in meta.items() if k.startswith(RECORD_PREFIX)})
+    return records
+
+
+def record_mismatch(records: list[dict[str, str]], ours: dict[str, str]) -> str | None:
+    """How the recorded checkpoint of a folder's weights (:func:`weight_records`) is not
+    ``ours`` (:func:`checkpoint_record`), or None. Optimizer digests count only when both
+    sides have one; a folder without any record is not judged here."""
+    for record in records:
+        if not record:
+            return (
+                "some of its weight files carry no rft-convert record: they come from other writes"
+            )
+        optim, our_optim = record.get(RECORD_OPTIM), ours.get(RECORD_OPTIM)
+        if record.get(RECORD_MODEL) != ours[RECORD_MODEL] or (
+            optim and our_optim and optim != our_optim
+        ):
+            source = record.get(RECORD_PATH) or "an unnamed checkpoint"
+            if source == ours[RECORD_PATH]:
+                return f"converted from {source} before its files were replaced"
+            return f"converted from {source}"
+    return None
+
+
+def _weight_files(folder: Path) -> list[str]:
+    """Names of ``folder``'s safetensors files: an index's shards, else ``model.safetensors``."""
+    try:
+        return sorted(set(json.loads((folder / INDEX_FILE).read_text())["weight_map"].values()))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return [SINGLE_FILE]
 
 
 def readable_shapes(folder: Path) -> dict[str, tuple[int, ...]]:
     """Names and shapes of the tensors in ``folder``'s whole safetensors files (an index's
     shards, else ``model.safetensors``); missing or damaged files are left out."""
-    index = folder / INDEX_FILE
-    try:
-        files = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        files = [SINGLE_FILE]
     shapes: dict[str, tuple[int, ...]] = {}
-    for name in files:
+    for name in _weight_files(folder):
         if file_problem(folder / name) is None:
             header = read_header(folder / name)
             shapes.update({k: tuple(v["shape"]) for k, v in header.items() if k != "__metadata__"})
@@ -149,16 +230,35 @@ def foreign_model(
 
 def judge_complete(job: Job) -> tuple[str, str]:
     """(status, note) of a step whose ``huggingface/`` holds whole weights: skipped when they
-    are the checkpoint's, failed when they are another model's (:func:`foreign_model`). A
-    checkpoint that cannot be read (pruned after converting, say) leaves the folder as it is."""
+    are the checkpoint's, failed when they are another model's (:func:`foreign_model`) or
+    were converted from another checkpoint (:func:`record_mismatch`; ``--force`` replaces
+    them). Weights without a record (the trainer's, an older rft-convert's) are judged by names,
+    shapes and config alone. A checkpoint that cannot be read (pruned after converting, say)
+    leaves the folder as it is."""
     try:
         contents = open_checkpoint(job.ckpt_dir)
     except RftError as e:
         return "skipped", f"{job.out_dir} is complete; not compared with the checkpoint ({e})"
     try:
         foreign = foreign_model(job.out_dir, contents, reference_config(job))
+        ours = checkpoint_record(contents, job.ckpt_dir)
     finally:
         contents.close()
     if foreign:
         return "failed", foreign
+    records = weight_records(job.out_dir)
+    if not any(records):
+        return "skipped", (
+            f"{job.out_dir} is complete; its weights carry no rft-convert record (the trainer "
+            "wrote them, or an older rft-convert), so only names, shapes and config were "
+            "compared (--force redoes it)"
+        )
+    other = record_mismatch(records, ours)
+    if other:
+        steps = f" --steps {job.step}" if job.step is not None else ""
+        return "failed", (
+            f"{job.out_dir} holds another checkpoint's weights ({other}), not those of "
+            f"{job.ckpt_dir}; rft-convert does not skip it: rerun with --force{steps} to "
+            "replace them with this checkpoint's (its config.json and tokenizer are kept)"
+        )
     return "skipped", f"{job.out_dir} is complete (--force redoes it)"

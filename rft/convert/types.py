@@ -80,6 +80,8 @@ class CheckpointContents:
     tensors: list[SourceTensor]
     aliases: dict[str, str] = field(default_factory=dict)
     stack: ExitStack = field(default_factory=ExitStack)  # open shard files; closed by close()
+    # the checkpoint files read (their zip directories identify it: rft.convert.identity)
+    files: list[Path] = field(default_factory=list)
     checks: list[Callable[[], None]] = field(
         default_factory=list
     )  # raise CheckpointError if damaged

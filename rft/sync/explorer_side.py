@@ -72,7 +72,9 @@ class WeightsIn:
 
         A load whose folder the trainer pruned or republished meanwhile is void
         (:meth:`WeightsWatcher.load`) and retried at once with the newest version; until one
-        succeeds the engine's weights are unknown and the explorer must not generate.
+        succeeds the engine's weights are unknown and the explorer must not generate. A delta
+        whose anchor was deleted raises :class:`~rft.errors.DeltaError` within seconds when no
+        trainer can replace it (:meth:`WeightsWatcher.check_anchor`), never a timeout.
         Returns (loaded version, reload seconds, wait seconds).
         """
         start = time.monotonic()
@@ -89,8 +91,10 @@ class WeightsIn:
             loaded = self.watcher.loaded_version
             if not retry and loaded is not None and loaded >= need:
                 return loaded, reload_s, time.monotonic() - start - reload_s
+            # a delta whose anchor is lost: DeltaError once waiting cannot help
+            lost_anchor = None if retry else self.watcher.check_anchor()
             if time.monotonic() - start > self.timeout_s:
-                raise SyncTimeoutError(self._timeout_message(need, loaded))
+                raise SyncTimeoutError(self._timeout_message(need, loaded, lost_anchor))
             if retry:
                 wait_s = 0.0
             elif self.receiver is not None:
@@ -107,11 +111,15 @@ class WeightsIn:
         loaded = self.watcher.load(latest[0], self.engine.reload)
         return not loaded, time.monotonic() - start
 
-    def _timeout_message(self, need: int, loaded: int | None) -> str:
+    def _timeout_message(self, need: int, loaded: int | None, lost_anchor: str | None) -> str:
         run_dir = self.watcher.run_dir
-        why = weights_problem(run_dir) or (
-            f"is the trainer running? Check its log, or raise synchronizer.sync_timeout / "
-            f"{self.lead_key}"
+        why = (
+            weights_problem(run_dir)
+            or lost_anchor
+            or (
+                f"is the trainer running? Check its log, or raise synchronizer.sync_timeout / "
+                f"{self.lead_key}"
+            )
         )
         return (
             f"waited {self.timeout_s:.0f}s for weights version >= {need} in {run_dir} "

@@ -36,7 +36,7 @@ from rft.sync.delta_files import (
     apply_delta,
     weight_files,
 )
-from rft.sync.versions import read_index, read_marker
+from rft.sync.versions import anchor_state, read_index, read_marker
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +110,7 @@ class DeltaWriter:
 
     def __init__(self, policy: DeltaPolicy, run_dir: Path | str):
         self.policy = policy
+        self.run_dir = Path(run_dir)
         self.scratch = policy.scratch(run_dir, "trainer")  # plain writers' files, to be coded
         shutil.rmtree(self.scratch, ignore_errors=True)
         self.scratch.mkdir(parents=True)
@@ -161,11 +162,25 @@ class DeltaWriter:
             shutil.rmtree(local, ignore_errors=True)
 
     def _delta_due(self, version: int) -> bool:
-        return (
-            self.base is not None
-            and version != self.policy.last_version
-            and self.deltas_since_anchor + 1 < self.policy.anchor_interval
-        )
+        """A delta, unless none is due or the anchor it would name is no longer published as
+        it was (deleted outside rft: explorers could not rebuild it; a full folder instead)."""
+        if (
+            self.base is None
+            or version == self.policy.last_version
+            or self.deltas_since_anchor + 1 >= self.policy.anchor_interval
+        ):
+            return False
+        lost = anchor_state(self.run_dir, self.base["version"], self.base["id"])
+        if lost is not None:
+            log.warning(
+                "weights/v%06d, the anchor of this trainer's deltas, %s: publishing version %d "
+                "in full (the new anchor)",
+                self.base["version"],
+                lost,
+                version,
+            )
+            return False
+        return True
 
     def published(self, version: int, marker: dict[str, Any] | None) -> None:
         """After a publish: ``marker`` of the folder now at ``weights/v<version>``, or None when

@@ -3,7 +3,8 @@
 A folder is complete once its marker (:data:`COMPLETE_MARKER`: every file and its size, an id
 unique to this copy) is there and every file it lists has its size. Readers (explorers,
 stages, the status view) use :func:`latest_weights`; :func:`pointer_fault` says whether a
-pointer to a missing folder is worth waiting for. Writes belong to :mod:`rft.sync.publisher`.
+pointer to a missing folder is worth waiting for, :func:`anchor_fault` the same for a delta whose
+anchor is lost. Writes belong to :mod:`rft.sync.publisher`.
 """
 
 from __future__ import annotations
@@ -150,16 +151,21 @@ def weights_problem(run_dir: Path | str) -> str | None:
 def trainer_state(run_dir: Path | str, live_s: float, now: float | None = None) -> tuple[bool, str]:
     """(running, what the trainer's lease says), read from its newest claim (:mod:`rft.lease`):
     running while it is held and beats within ``live_s``."""
+    claim, said = _running_trainer(run_dir, live_s, time.time() if now is None else now)
+    return claim is not None, said
+
+
+def _running_trainer(run_dir: Path | str, live_s: float, now: float) -> tuple[dict | None, str]:
+    """(the trainer's newest claim while it runs, else None; what its lease says)."""
     _gen, claim = newest_claim(Path(run_dir), TRAINER_LEASE)
-    now = time.time() if now is None else now
     if claim is None:
-        return False, "no trainer has claimed the run directory"
+        return None, "no trainer has claimed the run directory"
     who = describe(claim, now)
     if claim.get("released"):
-        return False, f"the last trainer exited ({who})"
+        return None, f"the last trainer exited ({who})"
     if now - float(claim.get("heartbeat_time") or 0.0) > live_s:
-        return False, f"the last trainer stopped beating ({who})"
-    return True, f"the trainer is running ({who})"
+        return None, f"the last trainer stopped beating ({who})"
+    return claim, f"the trainer is running ({who})"
 
 
 def pointer_fault(run_dir: Path | str, trainer_live_s: float) -> tuple[str, bool] | None:
@@ -176,6 +182,76 @@ def pointer_fault(run_dir: Path | str, trainer_live_s: float) -> tuple[str, bool
     if running:
         return f"{problem}. Waiting: {trainer} and may be publishing it", False
     return f"{problem}. Waiting would not help: {trainer}", True
+
+
+def anchor_loss(run_dir: Path | str, version: int) -> str | None:
+    """Why delta ``weights/v<version>`` cannot be rebuilt from ``weights/``: its anchor is gone,
+    incomplete or another copy than the one it was made against (one line naming both
+    folders). None for a full folder, a delta whose anchor is there, and a delta whose index
+    does not read (a damaged delta, not a lost anchor)."""
+    lost = _lost_anchor(run_dir, version)
+    return None if lost is None else lost[1]
+
+
+def _lost_anchor(run_dir: Path | str, version: int) -> tuple[Path, str] | None:
+    """(anchor folder, :func:`anchor_loss`'s line) when the anchor is lost, else None."""
+    try:
+        index = read_index(weights_dir(run_dir, version))
+    except DeltaError:
+        return None
+    if index is None:
+        return None
+    base = int(index["base_version"])
+    what = anchor_state(run_dir, base, index["base_id"])
+    if what is None:
+        return None
+    return weights_dir(run_dir, base), (
+        f"{WEIGHTS_DIR}/v{version:06d} is a delta against {WEIGHTS_DIR}/v{base:06d}, which {what}"
+    )
+
+
+def anchor_state(run_dir: Path | str, version: int, copy_id: str) -> str | None:
+    """What became of anchor ``weights/v<version>``, the copy ``copy_id`` deltas were made
+    against ("is gone (deleted outside rft?)", "is incomplete ...", "was replaced by another
+    copy"); None while it is there, complete."""
+    anchor = weights_dir(run_dir, version)
+    marker = read_marker(anchor)
+    if marker is not None:
+        return None if marker.get("id") == copy_id else "was replaced by another copy"
+    if anchor.exists():
+        return "is incomplete (files deleted outside rft?)"
+    return "is gone (deleted outside rft?)"
+
+
+def anchor_fault(
+    run_dir: Path | str, version: int, trainer_live_s: float
+) -> tuple[str, bool] | None:
+    """(message, fatal) when delta ``version`` cannot be rebuilt because its anchor is lost
+    (:func:`anchor_loss`), else None.
+
+    Fatal unless a trainer that started after the delta was published is running: a trainer
+    process publishes its first version in full (:class:`rft.sync.local.DeltaWriter`), which
+    replaces what cannot be rebuilt. The trainer that published the delta never republishes
+    its anchor, and its prune spares the pointer's delta's anchor: for it the loss is final.
+    """
+    lost = _lost_anchor(run_dir, version)
+    if lost is None:
+        return None
+    anchor, problem = lost
+    published = float((read_marker(weights_dir(run_dir, version)) or {}).get("time") or 0.0)
+    claim, trainer = _running_trainer(run_dir, trainer_live_s, time.time())
+    if claim is not None and float(claim.get("start_time") or 0.0) > published:
+        return (
+            f"{problem}. Waiting: {trainer}, started after {WEIGHTS_DIR}/v{version:06d} was "
+            "published, and publishes its first version in full",
+            False,
+        )
+    return (
+        f"{problem}; the explorer cannot load it: restore {anchor}, or restart the run from "
+        "its newest checkpoint (a restarted trainer publishes its first version in full, and "
+        "explorers wait for it)",
+        True,
+    )
 
 
 def latest_weights(run_dir: Path | str) -> tuple[int, Path] | None:

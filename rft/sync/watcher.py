@@ -2,12 +2,14 @@
 
 :class:`WeightsWatcher` reads the pointer, loads complete folders only, and announces each load
 in the explorer's heartbeat first, so the publisher never prunes a folder being read; a folder
-renamed away mid-read voids the load (never a mix of two copies).
+renamed away mid-read voids the load (never a mix of two copies). A delta whose anchor was
+deleted is not waited for past :data:`ANCHOR_GRACE_S` (:meth:`WeightsWatcher.check_anchor`).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -17,6 +19,8 @@ from rft.rundir import weights_dir
 from rft.sync.heartbeat import LOADED_FIELD, LOADING_FIELD, Heartbeat
 from rft.sync.local import LocalCopy
 from rft.sync.versions import (
+    anchor_fault,
+    anchor_loss,
     delta_base,
     is_complete,
     pointer_fault,
@@ -25,6 +29,10 @@ from rft.sync.versions import (
 )
 
 log = logging.getLogger(__name__)
+
+# A delta whose anchor is lost stops a waiting explorer this long after its first failed load,
+# not at once: a restarted trainer (which publishes in full) may not have claimed its lease yet.
+ANCHOR_GRACE_S = 30.0
 
 
 class WeightsWatcher:
@@ -50,6 +58,10 @@ class WeightsWatcher:
         self._loading_marker: dict[str, Any] | None = None
         self.local = local  # delta sync: engines load node-local rebuilt folders
         self._bad_copy: dict[str, Any] | None = None  # a delta copy that failed its checks
+        # (marker, version, monotonic time of the first such failure): a delta copy that did
+        # not rebuild because its anchor is lost; tried again once the anchor is back
+        self._lost: tuple[dict[str, Any], int, float] | None = None
+        self._warned_anchor = ""
 
     def poll(self) -> tuple[int, Path] | None:
         """(version, folder) if the pointer names a complete version other than the loaded one,
@@ -68,6 +80,10 @@ class WeightsWatcher:
         if marker is None:
             self._check_pointer(version)
             return None
+        if self._lost is not None and marker == self._lost[0]:
+            if anchor_loss(self.run_dir, version) is not None:
+                return None  # nothing rebuilds it: see check_anchor
+            self._lost = None  # the anchor is back
         if marker == self._bad_copy:
             return self._fallback(folder)
         same_copy = self.loaded_marker is None or marker == self.loaded_marker
@@ -86,6 +102,29 @@ class WeightsWatcher:
         if self.loaded_version is not None and base <= self.loaded_version:
             return None
         return base, weights_dir(self.run_dir, base)
+
+    def check_anchor(self) -> str | None:
+        """For an explorer that waits for weights: why the pointer's delta did not rebuild, if
+        its anchor is lost (logged once), or None. DeltaError once waiting cannot help
+        (:func:`~rft.sync.versions.anchor_fault`: no trainer started since the delta was
+        published) and :data:`ANCHOR_GRACE_S` passed since the first failed load."""
+        if self._lost is None:
+            return None
+        marker, version, since = self._lost
+        if read_weights_pointer(self.run_dir) != version:
+            return None  # the pointer moved on: poll tries the new version
+        if read_marker(weights_dir(self.run_dir, version)) != marker:
+            return None
+        fault = anchor_fault(self.run_dir, version, self.trainer_live_s)
+        if fault is None:
+            return None  # the anchor is back: poll tries again
+        message, fatal = fault
+        if fatal and time.monotonic() - since >= ANCHOR_GRACE_S:
+            raise DeltaError(message)
+        if message != self._warned_anchor:
+            self._warned_anchor = message
+            log.warning("%s", message)
+        return message
 
     def _check_pointer(self, version: int) -> None:
         fault = pointer_fault(self.run_dir, self.trainer_live_s)
@@ -117,7 +156,10 @@ class WeightsWatcher:
             load_fn(folder if self.local is None else self.local.folder_for(version, folder))
         except DeltaError as e:  # raised before load_fn ran: the engine holds what it held
             intact = read_marker(folder) == self._loading_marker
-            if intact:
+            if intact and anchor_loss(self.run_dir, version) is not None:
+                since = time.monotonic() if self._lost is None else self._lost[2]
+                self._lost = (self._loading_marker, version, since)
+            elif intact:
                 self._bad_copy = self._loading_marker
             log.warning("weights %s not loaded (%s)%s", folder, e, "" if intact else "; retrying")
             self._loading_marker = None
@@ -147,12 +189,12 @@ class WeightsWatcher:
     def finish_load(self, version: int) -> None:
         """Record that ``version`` (the copy :meth:`begin_load` saw) is now the explorer's."""
         self.loaded_version, self.loaded_marker = version, self._loading_marker
-        self._loading_marker = None
+        self._loading_marker = self._lost = None
         self._beat(**{LOADED_FIELD: version, LOADING_FIELD: None})
 
     def loaded_by_broadcast(self, version: int) -> None:
         """Record ``version`` as the engine's, received by broadcast (no folder: no marker)."""
-        self.loaded_version, self.loaded_marker = version, None
+        self.loaded_version, self.loaded_marker, self._lost = version, None, None
         self._beat(**{LOADED_FIELD: version})
 
     def _void_load(self, folder: Path, warn: bool) -> None:
