@@ -18,7 +18,8 @@ One subpackage per role, lowest layer first (a module imports only its layer and
     rundir, placement   every run-directory name; GPUs per role, ranks, rendezvous ports
     config/             schema, load (YAML, overrides, stages), rules (every cross-field check), auxiliary
     data, models        datasets (one loader, columns, chat messages, the step count); model folders
-    sync, monitor       weights versions and their schedule, heartbeats; metrics and their names
+    sync, monitor       weights versions and their schedule, heartbeats, explorers' stop records;
+                        metrics and their names
     entry               the commands' shared argparse / logging / error handling
     algo/               names, advantages, losses, logprobs (pure torch), registry
     buffer/             experience records, sealed segments, SQLite

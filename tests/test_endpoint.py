@@ -19,8 +19,8 @@ from rft.workflow.conversation import ChatTemplate, Completion
 from rft.workflow.endpoint import Endpoint, call_arguments
 from rft.workflow.model import ModelWrapper
 from rft.workflow.task import GenerationArgs
-from tests.test_agentic import PLUGINS, agent_cfg, assert_trainer_scores_as_vllm, explore
-from tests.test_explorer import read_segments, write_jsonl
+from tests.helpers.runs import agent_cfg, read_segments, write_jsonl
+from tests.test_agentic import PLUGINS, assert_trainer_scores_as_vllm, explore
 
 REPO = Path(__file__).resolve().parent.parent
 AGENT = REPO / "examples" / "openai_agent" / "calculator_agent.py"
@@ -456,7 +456,7 @@ def test_rft_run_trains_the_openai_sdk_agent_end_to_end(vllm_model_dir, tmp_path
     """configs/agent_openai_cpu.yaml as shipped (tiny model, two steps): the explorer role runs
     the example agent per task run, the trainer trains on what the endpoint recorded."""
     from rft.monitor import read_metrics
-    from tests.test_local_run import rft_run
+    from tests.helpers.runs import rft_run
 
     done = rft_run(
         "--config",

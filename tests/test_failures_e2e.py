@@ -15,7 +15,7 @@ from rft.errors import EpisodesFailedError
 from rft.monitor import EPISODE_ERRORS, EPISODE_FAILED, EPISODES, read_metrics
 from rft.sync.failures import read_failures
 from rft.workflow import registry
-from tests.helpers.runs import REPO, read_segments, rft_run, write_jsonl
+from tests.helpers.runs import agent_cfg, read_segments, rft_run, rft_status, write_jsonl
 
 pytestmark = pytest.mark.integration
 
@@ -24,40 +24,10 @@ QUESTIONS = [{"question": f"What is {i} + 1?", "answer": str(i + 1)} for i in ra
 
 
 def explorer_cfg(root: Path, model_dir: Path, workflow: str, **explorer):
-    from rft.config.load import config_from_dict
-
-    return config_from_dict(
-        {
-            "project": "p",
-            "name": workflow,
-            "checkpoint_root_dir": str(root),
-            "mode": "explore",
-            "algorithm": {"repeat_times": 2},
-            "model": {"model_path": str(model_dir), "max_response_tokens": 4, "max_model_len": 256},
-            "cluster": {"gpu_per_node": 0},
-            "buffer": {
-                "batch_size": 1,
-                "total_steps": 4,
-                "explorer_input": {
-                    "taskset": {
-                        "name": "agent",
-                        "path": str(write_jsonl(root / "data" / "train.jsonl", QUESTIONS)),
-                        "split": "train",
-                        "format": {"prompt_key": "question", "response_key": "answer"},
-                        "default_workflow_type": workflow,
-                    }
-                },
-            },
-            "explorer": {
-                "eval_on_startup": False,
-                "eval_interval": 0,
-                "heartbeat_interval_s": 1,
-                "first_task_check": False,
-                **explorer,
-                "rollout_model": {"dtype": "float32", **explorer.get("rollout_model", {})},
-            },
-            "monitor": {"monitor_type": "console"},
-        }
+    """Four steps of one task (2 runs each), the first-task check off (the explorer is tested)."""
+    data = write_jsonl(root / "data" / "train.jsonl", QUESTIONS)
+    return agent_cfg(
+        root, model_dir, data, workflow, total_steps=4, first_task_check=False, **explorer
     )
 
 
@@ -147,14 +117,9 @@ def test_rft_run_ends_non_zero_with_the_first_error_last_and_a_relaunch_starts_c
         done.stdout
     )
     assert "trainer step 2" not in done.stdout  # the trainer never trained on nothing
-    status = subprocess.run(
-        [sys.executable, str(REPO / "bin" / "rft-status"), str(run_dir)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert "episodes: 8 of 8 failed (100.0%)" in status.stdout, status.stdout + status.stderr
-    assert "stopped         explorer explorer-0 stopped at step 2: every episode" in status.stdout
+    status = rft_status(run_dir)
+    assert "episodes: 8 of 8 failed (100.0%)" in status, status
+    assert "stopped         explorer explorer-0 stopped at step 2: every episode" in status
 
 
 def test_a_flaky_workflow_trains_to_the_end_and_shows_its_failures(vllm_model_dir, tmp_path):
@@ -166,14 +131,9 @@ def test_a_flaky_workflow_trains_to_the_end_and_shows_its_failures(vllm_model_di
         for line in lines
     ), lines
     run_dir = tmp_path / "agent" / "smollm2-135m-calculator"
-    status = subprocess.run(
-        [sys.executable, str(REPO / "bin" / "rft-status"), str(run_dir)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert "episodes: 3 of 12 failed (25.0%)" in status.stdout, status.stdout + status.stderr
-    assert "(3x): OneInFourFails: ValueError: no answer in the reply" in status.stdout
+    status = rft_status(run_dir)
+    assert "episodes: 3 of 12 failed (25.0%)" in status, status
+    assert "(3x): OneInFourFails: ValueError: no answer in the reply" in status
 
 
 def run_args(model_dir: Path, root: Path, workflow: str) -> list[str]:

@@ -1,5 +1,6 @@
 """Running rft as a user does, and reading back what a run wrote (for integration tests):
-``bin/rft-run`` as a subprocess, a JSONL taskset, the buffer's sealed segments by writer."""
+``bin/rft-run`` and ``bin/rft-status`` as subprocesses, an explorer config of one workflow
+class, a JSONL taskset, the buffer's sealed segments by writer."""
 
 from __future__ import annotations
 
@@ -43,3 +44,64 @@ def read_segments(run_dir: Path) -> dict[str, dict[int, list[Experience]]]:
         records = [Experience.from_dict(json.loads(line)) for line in lines[1:]]
         out.setdefault(header["writer"], {})[header["seq"]] = records
     return out
+
+
+def rft_status(run_dir: Path) -> str:
+    """What ``bin/rft-status RUN_DIR`` prints (it must succeed)."""
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bin" / "rft-status"), str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+def agent_cfg(
+    root: Path,
+    model_dir: Path,
+    data: Path,
+    workflow: str,
+    batch_size: int = 1,
+    total_steps: int = 1,
+    **explorer,
+):
+    """mode explore on CPU: ``workflow`` (a workflow class) on the ``question``/``answer`` rows
+    of ``data``, 2 runs per task, no evaluation; ``explorer``: more explorer keys
+    (``workflow_args`` goes to the taskset, ``rollout_model`` keys join float32)."""
+    from rft.config.load import config_from_dict
+
+    return config_from_dict(
+        {
+            "project": "p",
+            "name": workflow,
+            "checkpoint_root_dir": str(root),
+            "mode": "explore",
+            "algorithm": {"repeat_times": 2},
+            "model": {"model_path": str(model_dir), "max_response_tokens": 5, "max_model_len": 256},
+            "cluster": {"gpu_per_node": 0},
+            "buffer": {
+                "batch_size": batch_size,
+                "total_steps": total_steps,
+                "explorer_input": {
+                    "taskset": {
+                        "name": "agent",
+                        "path": str(data),
+                        "split": "train",
+                        "format": {"prompt_key": "question", "response_key": "answer"},
+                        "default_workflow_type": workflow,
+                        "workflow_args": explorer.pop("workflow_args", {}),
+                    }
+                },
+            },
+            "explorer": {
+                "eval_on_startup": False,
+                "eval_interval": 0,
+                "heartbeat_interval_s": 1,
+                **explorer,
+                "rollout_model": {"dtype": "float32", **explorer.get("rollout_model", {})},
+            },
+            "monitor": {"monitor_type": "console"},
+        }
+    )
