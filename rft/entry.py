@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Callable
 
-from rft.errors import EXIT_OK, EXIT_USER_ERROR, RftError, storage_error
+from rft.errors import ERROR_PREFIX, EXIT_OK, EXIT_USER_ERROR, RftError, storage_error
 from rft.lease import TAKE_OVER_ENV
 from rft.placement import process_rank
 
@@ -106,11 +106,11 @@ def run_command(body: Callable[[], int | None]) -> int:
     try:
         return body() or EXIT_OK
     except RftError as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
+        print(f"{ERROR_PREFIX}{e}", file=sys.stderr, flush=True)
         return EXIT_USER_ERROR
     except OSError as e:
         user = storage_error(e, doing="use")
         if user is None:
             raise
-        print(f"error: {user}", file=sys.stderr, flush=True)
+        print(f"{ERROR_PREFIX}{user}", file=sys.stderr, flush=True)
         return EXIT_USER_ERROR

@@ -21,6 +21,7 @@ EXIT_FAILED = 1  # a role or a job failed; its log was shown
 EXIT_USER_ERROR = 2  # a message was printed: bad config, missing file, refused job
 EXIT_INTERRUPTED = 130  # stopped by Ctrl-C (the trainer checkpointed first)
 EXIT_REQUEUE = 143  # the trainer stopped on SIGUSR1/SIGTERM after a full checkpoint: requeue
+ERROR_PREFIX = "error: "  # how a command prints a user error: launchers find it in role logs
 
 
 class RftError(Exception):

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from rft import atomic
-from rft.errors import ConfigError
+from rft.errors import ERROR_PREFIX, ConfigError
 
 CONFIG_FILE = "config.yaml"  # resolved config of the first launch
 BUFFER_DIR = "buffer"  # buffer/<writer>/seg-NNNNNN.jsonl: experiences (rft.buffer.segments)
@@ -140,6 +140,16 @@ def tail_log(path: Path, lines: int = 30) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return f"(no log at {path})"
+
+
+def last_error(path: Path) -> str | None:
+    """The last user-error line a role printed into its log (``error: ...``), if any: the line to
+    show after a log tail that a launcher (torchrun) filled with its own traceback."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    return next((line for line in reversed(lines) if line.startswith(ERROR_PREFIX)), None)
 
 
 def _lookup(data: dict, path: tuple[str, ...]) -> object:

@@ -150,8 +150,9 @@ def test_dapo_example_applies_its_experience_operators(vllm_model_dir, tmp_path)
     """Trinity's DAPO example (with a local taskset; its use_base prompts are plain text): the
     trainer applies mask_response_truncated and dapo_dynamic_sampling
     to the step it reads. A random model answers every task wrong, so each group is dropped
-    whole (all wrong) and the step makes no update; every truncated response was masked first."""
-    from rft.monitor import BUFFER_STATS_PREFIX, UPDATES
+    whole (all wrong) and the step makes no update; every truncated response was masked first.
+    A run whose every step was left with nothing trained on nothing: it says so and fails."""
+    from rft.monitor import BUFFER_STATS_PREFIX, SKIPPED_NO_EXPERIENCES, UPDATES
     from rft.trainer.experience_ops import DROPPED_ALL_WRONG, FILTERED, MASKED_TRUNCATED
 
     raw = yaml.safe_load((EXAMPLES / "dapo_math.yaml").read_text())
@@ -160,12 +161,19 @@ def test_dapo_example_applies_its_experience_operators(vllm_model_dir, tmp_path)
     taskset["format"].update(prompt_key="question", response_key="answer")
     config = tmp_path / "dapo.yaml"
     config.write_text(yaml.safe_dump(raw))
-    args = shrunk(config, vllm_model_dir, tmp_path)
+    # its AIME evaluation at start (32 samples a task) takes minutes here and is not tested
+    args = [*shrunk(config, vllm_model_dir, tmp_path), "explorer.eval_on_startup=false"]
     run_dir = config_from_dict(read_raw(config, args)).run_dir
     proc = rft_run("--config", str(config), *args)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "[rft] trainer step 1/1 skipped: no experiences to train on" in proc.stdout
+    assert proc.stderr.strip().splitlines()[-1] == (
+        "[rft] trainer: error: the trainer trained on nothing: each of its 1 steps had no "
+        "experiences (see the explorer's log for its failed episodes, or the experience "
+        "operators' counts in monitor/trainer/metrics.jsonl)"
+    )
     [step] = read_metrics(run_dir, "trainer")
-    assert step["step"] == 1 and step[UPDATES] == 0
+    assert step["step"] == 1 and step[UPDATES] == 0 and step[SKIPPED_NO_EXPERIENCES] == 1
     assert (
         step[BUFFER_STATS_PREFIX + FILTERED] == step[BUFFER_STATS_PREFIX + DROPPED_ALL_WRONG] == 4
     )

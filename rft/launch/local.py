@@ -46,6 +46,7 @@ from rft.rundir import (
     LOG_DIR,
     TRAINER_LEASE,
     explorer_role,
+    last_error,
     newest_checkpoint,
     tail_log,
     writer_name,
@@ -270,6 +271,9 @@ def report_failure(
         logs = {p.name: p.log_path for p in processes}
         where = logs.get(failure.writer, failed.log_path.parent / f"{failure.writer}.log")
         print(f"[rft] {failure.message}; tracebacks in {where}", file=sys.stderr, flush=True)
+    error = None if stops else last_error(failed.log_path)
+    if error is not None:  # the role's own one line, last (a torchrun traceback may hide it)
+        print(f"[rft] {failed.name}: {error}", file=sys.stderr, flush=True)
     return EXIT_FAILED
 
 

@@ -40,6 +40,7 @@ from rft.monitor import (
     STALENESS_MEAN,
     STEP_TIME_S,
     TOKENS_PER_S,
+    UPDATES,
     WEIGHTS_VERSION,
 )
 from rft.placement import TRAINER_MODES
@@ -394,7 +395,7 @@ def train(
                 actor, ref, batch, cfg, fns, info, step, pad_id, critic
             )
         else:  # never a step on nothing; lockstep goes on (the weights are published unchanged)
-            metrics = {SKIPPED_NO_EXPERIENCES: 1, BATCH_EXPERIENCES: 0, BATCH_TOKENS: 0}
+            metrics = {SKIPPED_NO_EXPERIENCES: 1, BATCH_EXPERIENCES: 0, BATCH_TOKENS: 0, UPDATES: 0}
             skipped.append(step)
             if rank == 0:
                 log.warning(
