@@ -1,12 +1,12 @@
 """Why an explorer task stopped on failing episodes: ``failures/<writer>.json``, one per writer.
 
 The explorer writes its record (atomically, under its lease) just before it exits with
-:class:`~rft.errors.EpisodesFailedError`. The record names the writer's lease generation: once a
-new instance of the writer claims the lease (the user fixed the workflow and relaunched), readers
-ignore the record at once, and the new instance removes it. Readers never wait on a stopped explorer:
-the trainer ends with the explorer's message instead of waiting out ``sync_timeout``, and
-``rft-run``/``rft-status`` print it. Only the message and where it happened are recorded; the
-traceback stays in the explorer's log.
+:class:`~rft.errors.EpisodesFailedError`. The record names the writer's lease generation: once
+a new instance of the writer claims the lease (the user fixed the workflow and relaunched),
+readers ignore the record at once, and the new instance removes it. Readers never wait on a
+stopped explorer: the trainer ends with the explorer's message instead of waiting out
+``sync_timeout``, and ``rft-run``/``rft-status`` print it. Only the message and where it
+happened are recorded; the traceback stays in the explorer's log.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 from rft import atomic
 from rft.errors import LeaseError
 from rft.lease import newest_claim
-from rft.rundir import FAILURES_DIR
+from rft.rundir import FAILURES_DIR, LEASE_GENERATION
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,9 @@ class ExplorerFailure:
     message: str  # one line: why it stopped, the workflow, the task and the first error
     lease_generation: int  # the writer's lease when it stopped (a newer lease: a new instance)
     at: float = field(default_factory=time.time)  # when (epoch seconds)
+
+
+assert LEASE_GENERATION in ExplorerFailure.__dataclass_fields__  # the JSON key readers use
 
 
 def failure_path(run_dir: Path | str, writer: str) -> Path:
@@ -69,7 +72,7 @@ def read_failures(run_dir: Path | str, writers: list[str] | None = None) -> list
                 str(fields["writer"]),
                 int(fields["step"]),
                 str(fields["message"]),
-                int(fields["lease_generation"]),
+                int(fields[LEASE_GENERATION]),
                 float(fields.get("at", 0.0)),
             )
         except (OSError, ValueError, KeyError, TypeError) as e:
