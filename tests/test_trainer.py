@@ -1041,3 +1041,28 @@ def test_a_step_with_no_experiences_is_skipped_and_a_launch_that_trains_on_nothi
     assert "the trainer trained on nothing: each of its 2 steps had no experiences" in (
         log.read_text()
     )
+
+
+@pytest.mark.integration
+def test_an_asynchronous_trainer_that_receives_nothing_fails(tiny_model_dir, tmp_path):
+    """mode train, nothing in the buffer for synchronizer.sync_timeout: no step runs, and the
+    trainer says it trained on nothing and ends non-zero (it used to end 0)."""
+    extra = {
+        "mode": "train",
+        "buffer": {"batch_size": 4, "total_steps": 2, "explorer_input": {"taskset": {"path": "x"}}},
+        "synchronizer": {"sync_interval": 1, "sync_timeout": 3},
+    }
+    config = write_config(tmp_path, "starved", tiny_model_dir, **extra)
+    log = tmp_path / "starved.log"
+    with log.open("w") as out:
+        proc = subprocess.run(
+            torchrun_cmd(config, ranks=1),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=trainer_env(),
+            cwd=REPO,
+            timeout=240,
+        )
+    assert proc.returncode != 0
+    assert "the trainer trained on nothing: no experiences arrived within " in log.read_text()
+    assert metrics(tmp_path / "t" / "starved") == {}

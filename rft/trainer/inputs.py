@@ -74,6 +74,7 @@ class BufferSource:
         )
         self.archive = open_archive(run_dir, buf.storage_type, buf.path or "", buf.name)
         self.fence = fence  # checked before each archive write
+        self.timed_out = False  # mode train: the input ended because nothing came in time
         # data_processor.experience_pipeline: applied to each read (rft.trainer.experience_ops)
         self.pipeline = ExperiencePipeline.from_config(cfg.data_processor.experience_pipeline)
 
@@ -112,6 +113,7 @@ class BufferSource:
             left = deadline - time.monotonic()
             if left <= 0:
                 if not out:
+                    self.timed_out = True
                     log.warning(
                         "no experiences %s in synchronizer.sync_timeout=%ds: stopping",
                         "kept by the experience operators" if self.pipeline.counts else "arrived",

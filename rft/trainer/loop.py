@@ -444,6 +444,13 @@ def train(
             ran,
             skipped,
         )
+    if ran == 0 and exit_code == EXIT_OK and getattr(source, "timed_out", False):  # rank 0
+        raise DataError(
+            "the trainer trained on nothing: no experiences arrived within "
+            f"synchronizer.sync_timeout={cfg.synchronizer.sync_timeout}s and no step ran; check "
+            "that the explorers run and write to this run directory (rft-status RUN_DIR), or "
+            "raise synchronizer.sync_timeout"
+        )
     if skipped and len(skipped) == ran and exit_code == EXIT_OK:
         raise DataError(
             f"the trainer trained on nothing: each of its {ran} steps had no experiences "
