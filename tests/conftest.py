@@ -4,6 +4,7 @@ Select with ``-m``; the README's test command runs them all."""
 
 from __future__ import annotations
 
+import gc
 import os
 import sys
 from pathlib import Path
@@ -123,3 +124,12 @@ def _free_port_block(count: int) -> int:
             for sock in socks:
                 sock.close()
     raise RuntimeError("no free port block for the local SLURM cluster")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _engines_of_earlier_modules_collected():
+    """vLLM engines run in the test process (VLLM_ENABLE_V1_MULTIPROCESSING=0) and share its
+    parallel state: an earlier module's engine, collected while this module's engine runs,
+    would tear that state down under it. Collect them before this module's fixtures start."""
+    gc.collect()
+    yield

@@ -532,12 +532,13 @@ class _OneReply:
     def __init__(self, text: str):
         self.text, self.tool_texts = text, []
 
-    def submit(self, prompt_ids, args, stop):
+    def submit(self, prompt_ids, sampling):
         from concurrent.futures import Future
 
         future = Future()
         future.set_result(
-            [Completion(list(prompt_ids), [5, 6], [-1.0, -2.0], "stop", self.text)] * args.n
+            [Completion(list(prompt_ids), [5, 6], [-1.0, -2.0], "stop", self.text)]
+            * sampling.get("n", 1)
         )
         return future
 
@@ -557,10 +558,10 @@ class _OneReply:
 
 def test_model_handle_replies_limits_and_parsed_calls(template):
     from rft.workflow.model import EpisodeCancelled, ModelWrapper
-    from rft.workflow.task import GenerationArgs
+    from rft.workflow.task import GenerationConfig
 
     service = _OneReply("thinking|[echo(text='x')]")
-    model = ModelWrapper(service, template, GenerationArgs(max_tokens=8))
+    model = ModelWrapper(service, template, GenerationConfig(max_tokens=8))
     [reply] = model.chat(
         [{"role": "user", "content": "hi"}], tools=ToolBox([scripted.echo]).schemas()
     )
@@ -571,8 +572,8 @@ def test_model_handle_replies_limits_and_parsed_calls(template):
     )
     assert (
         reply.response_ids == [5, 6]
-        and reply.logprobs == [-1.0, -2.0]
-        and reply.action_mask == [1, 1]
+        and reply.logprobs.tolist() == [-1.0, -2.0]
+        and reply.action_mask.tolist() == [True, True]
     )
     assert (
         len(model.generate(["a", "b"], n=2)) == 4

@@ -236,7 +236,9 @@ def test_a_multi_turn_workflow_is_refused_with_a_teacher():
     raw = _distill_config("jsd")
     raw["buffer"]["explorer_input"]["default_workflow_type"] = "frozen_lake_workflow"
     cfg = config_from_dict(raw)
-    with pytest.raises(ConfigError, match="auxiliary_models score single-turn workflows only"):
+    with pytest.raises(
+        ConfigError, match=r"auxiliary_models\[0\] is algorithm.advantage_fn jsd's teacher"
+    ):
         taskset_workflow(cfg, cfg.buffer.explorer_input.taskset, "taskset", is_eval=False)
 
 

@@ -18,7 +18,7 @@ from rft.workflow import sandbox
 from rft.workflow.conversation import ChatTemplate, Completion
 from rft.workflow.endpoint import Endpoint, call_arguments
 from rft.workflow.model import ModelWrapper
-from rft.workflow.task import GenerationArgs
+from rft.workflow.task import GenerationConfig
 from tests.helpers.runs import agent_cfg, read_segments, write_jsonl
 from tests.test_agentic import PLUGINS, assert_trainer_scores_as_vllm, explore
 
@@ -42,7 +42,7 @@ class _Counting:
     def __init__(self, template: ChatTemplate):
         self.template, self.calls = template, 0
 
-    def submit(self, prompt_ids, args, stop):
+    def submit(self, prompt_ids, sampling):
         from concurrent.futures import Future
 
         self.calls += 1
@@ -50,7 +50,8 @@ class _Counting:
         ids = self.template.encode(text) + [2]
         future = Future()
         future.set_result(
-            [Completion(list(prompt_ids), ids, [-0.5] * len(ids), "stop", text)] * args.n
+            [Completion(list(prompt_ids), ids, [-0.5] * len(ids), "stop", text)]
+            * sampling.get("n", 1)
         )
         return future
 
@@ -62,7 +63,7 @@ class _Counting:
 
 
 def _handle(template, endpoint, name="t_0_0"):
-    model = ModelWrapper(_Counting(template), template, GenerationArgs(max_tokens=8))
+    model = ModelWrapper(_Counting(template), template, GenerationConfig(max_tokens=8))
     model.endpoint_factory = lambda: endpoint
     model.run_name = name
     return model
@@ -133,7 +134,7 @@ class _Calling(_Counting):
 def test_tool_calls_come_back_as_openai_messages_and_the_echo_extends_the_sample(template):
     endpoint = Endpoint("policy")
     try:
-        model = ModelWrapper(_Calling(template), template, GenerationArgs(max_tokens=8))
+        model = ModelWrapper(_Calling(template), template, GenerationConfig(max_tokens=8))
         model.endpoint_factory = lambda: endpoint
         client = model.get_openai_client()
         tools = [
@@ -180,9 +181,9 @@ def test_a_client_that_leaves_before_its_answer_leaves_no_sample(template):
         service = model.service
         original = service.submit
 
-        def slow_submit(prompt_ids, args, stop):
+        def slow_submit(prompt_ids, sampling):
             gate.wait(10)
-            return original(prompt_ids, args, stop)
+            return original(prompt_ids, sampling)
 
         service.submit = slow_submit
         host, port = endpoint.base_url.split("//")[1].split("/")[0].split(":")

@@ -58,15 +58,15 @@ def plugins(monkeypatch):
             False,
         ),
         (
-            "broken_token_len",
-            "TokenLength on task agent/0: AttributeError: 'ModelWrapper' object has no "
-            "attribute 'get_message_token_len'",
+            "broken_no_reward",
+            "NoReward on task agent/0: WorkflowError: NoReward returned an experience without "
+            "a reward: set experience.reward before returning it",
             False,
         ),
         (
-            "awaits_update_reward",
-            "AwaitsUpdateReward on task agent/0: TypeError: object NoneType can't be used in "
-            "'await' expression",
+            "never_rewarded",
+            "NeverRewarded on task agent/0: WorkflowError: NeverRewarded: the run never called "
+            "update_reward()",
             True,
         ),
     ],
@@ -103,15 +103,15 @@ def test_rft_run_ends_non_zero_with_the_first_error_last_and_a_relaunch_starts_c
 ):
     """mode both: the trainer skips step 1 (nothing to train on), the explorer stops at step 2,
     rft-run's last line names the workflow, the task, the error and the explorer's log."""
-    done = rft_run(*run_args(vllm_model_dir, tmp_path, "broken_token_len"))
+    done = rft_run(*run_args(vllm_model_dir, tmp_path, "broken_no_reward"))
     assert done.returncode == 1, done.stdout[-2000:] + done.stderr[-3000:]
     run_dir = tmp_path / "agent" / "smollm2-135m-calculator"
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith(
         "[rft] explorer explorer-0 stopped at step 2: every episode of 2 step(s)"
     )
-    assert "first error: TokenLength on task calculator/" in last
-    assert "AttributeError: 'ModelWrapper' object has no attribute 'get_message_token_len'" in last
+    assert "first error: NoReward on task calculator/" in last
+    assert "WorkflowError: NoReward returned an experience without a reward" in last
     assert last.endswith(f"; tracebacks in {run_dir / 'log' / 'explorer-0.log'}")
     assert "[rft] trainer step 1/3 skipped: no experiences to train on | episodes 4/4 failed: " in (
         done.stdout
@@ -160,7 +160,7 @@ def test_the_streaming_explorer_stops_the_same_way(engine, vllm_model_dir, tmp_p
     """explorer.partial_rollout: steps sealed as their groups complete meet the same rule."""
     from rft.explorer.loop import run_explorer
 
-    cfg = explorer_cfg(tmp_path, vllm_model_dir, "broken_token_len", partial_rollout=True)
+    cfg = explorer_cfg(tmp_path, vllm_model_dir, "broken_no_reward", partial_rollout=True)
     with pytest.raises(EpisodesFailedError, match="stopped at step 2: every episode of 2 step"):
         run_explorer(cfg, engine)
     assert [stop.step for stop in read_failures(cfg.run_dir)] == [2]

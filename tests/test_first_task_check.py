@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rft.config.load import config_from_dict
-from rft.errors import WorkflowError
+from rft.errors import ConfigError, WorkflowError
 from rft.explorer import probe
 from rft.launch.cli import dry_run
 from rft.workflow import registry
@@ -102,25 +102,32 @@ def test_an_openai_client_without_the_endpoint_fails_with_its_fix(tmp_path, vllm
         + frame("client = self.model.get_openai_client()", "run")
         + SKIP_HINT
     )
-    # The shipped agent program workflow too: it reaches the endpoint through base_url.
-    message = failure(
-        tmp_path, vllm_model_dir, "agent_program_workflow", workflow_args={"command": "true"}
+    # A WorkflowWithRecording (the shipped agent program workflow) only talks to the endpoint:
+    # refused by the config check, before any of it runs.
+    with pytest.raises(ConfigError) as e:
+        dry_run(
+            config(
+                tmp_path,
+                vllm_model_dir,
+                "agent_program_workflow",
+                workflow_args={"command": "true"},
+            ),
+            "c.yaml",
+        )
+    assert str(e.value) == (
+        f"{TASKSET}: workflow rft.workflow.recording.AgentProgramWorkflow is a "
+        "WorkflowWithRecording: its agent reaches the model through the explorer's "
+        "OpenAI-compatible endpoint, which is off; set explorer.rollout_model.enable_openai_api: "
+        "true"
     )
-    assert message.startswith(
-        f"first-task check: workflow AgentProgramWorkflow on task train/0 ({TASKSET}) failed: "
-        "WorkflowError: this model handle has no OpenAI-compatible endpoint: set "
-        "explorer.rollout_model.enable_openai_api: true (File "
-    )
-    assert "rft/workflow/recording.py" in message and message.endswith(SKIP_HINT)
 
 
-def test_a_model_handle_method_rft_lacks_fails(tmp_path, vllm_model_dir):
-    message = failure(tmp_path, vllm_model_dir, "broken_token_len")
+def test_experiences_returned_without_a_reward_fail(tmp_path, vllm_model_dir):
+    message = failure(tmp_path, vllm_model_dir, "broken_no_reward")
     assert message == (
-        f"first-task check: workflow TokenLength on task train/0 ({TASKSET}) failed: "
-        "AttributeError: 'ModelWrapper' object has no attribute 'get_message_token_len'"
-        + frame("self.model.get_message_token_len(messages)", "run")
-        + SKIP_HINT
+        f"first-task check: workflow NoReward on task train/0 ({TASKSET}) failed: "
+        "WorkflowError: NoReward returned an experience without a reward: set "
+        "experience.reward before returning it" + SKIP_HINT
     )
 
 
@@ -159,10 +166,10 @@ def test_an_agent_on_the_openai_endpoint_is_skipped_not_failed(tmp_path, vllm_mo
         "AgentProgramWorkflow on task train/0: skipped (it calls the OpenAI endpoint, which "
         "needs the real engine)"
     )
-    # Trinity's async recording shape awaits update_reward: only the real engine shows it fails
-    awaits = dry_run(config(tmp_path, vllm_model_dir, "awaits_update_reward", **endpoint), "c.yaml")
-    assert plan_line(awaits) == (
-        "first-task check AwaitsUpdateReward on task train/0: skipped (it calls the OpenAI "
+    # a recording agent that never sets its reward: only the real engine shows it fails
+    never = dry_run(config(tmp_path, vllm_model_dir, "never_rewarded", **endpoint), "c.yaml")
+    assert plan_line(never) == (
+        "first-task check NeverRewarded on task train/0: skipped (it calls the OpenAI "
         "endpoint, which needs the real engine)"
     )
 
@@ -179,7 +186,7 @@ def test_a_good_workflow_is_ok_with_its_experience_count(tmp_path, vllm_model_di
 
 
 def test_the_check_can_be_turned_off(tmp_path, vllm_model_dir):
-    cfg = config(tmp_path, vllm_model_dir, "broken_token_len", first_task_check=False)
+    cfg = config(tmp_path, vllm_model_dir, "broken_no_reward", first_task_check=False)
     assert "first-task check" not in dry_run(cfg, "c.yaml")
 
 
@@ -222,14 +229,13 @@ def test_the_shipped_environments_pass_against_the_fixed_reply(
 
 def test_the_fixed_reply_is_the_templates_tokens_cut_like_the_engine(tmp_path, vllm_model_dir):
     from rft.explorer.rollout import episode_template
-    from rft.workflow.task import GenerationArgs
 
     template = episode_template(config(tmp_path, vllm_model_dir, "good_math"))
     service = probe.FixedReply(template, 512)
-    [a, b] = service.submit([1, 2], GenerationArgs(n=2, max_tokens=100), []).result()
+    [a, b] = service.submit([1, 2], {"n": 2, "max_tokens": 100}).result()
     assert template.decode(a.response_ids) == probe.FIXED_REPLY + "<|im_end|>"
     assert (a.text, a.finish_reason, a.prompt_ids) == (probe.FIXED_REPLY, "stop", [1, 2])
     assert a.logprobs == [-1.0] * len(a.response_ids) and a == b
-    [cut] = service.submit([1], GenerationArgs(max_tokens=3), []).result()
+    [cut] = service.submit([1], {"max_tokens": 3}).result()
     assert len(cut.response_ids) == 3 and cut.finish_reason == "length"
     assert probe.FIXED_REPLY.startswith(cut.text)

@@ -343,16 +343,20 @@ def test_gpu_split_and_local_ids_count_reward_models():
     ]  # engine's GPU, then the scorer's
     assert local_gpu_ids("explore", 2, 2, 10, [2, 1]) == ([[0, 1, 2, 3, 4], [5, 6, 7, 8, 9]], [])
     assert local_gpu_ids("both", 2, 1, 0, [1]) == ([[], []], [])  # CPU: the scorer in the process
-    with pytest.raises(ConfigError, match="explorers need 4 \\(with their reward models"):
+    with pytest.raises(
+        ConfigError, match="explorers need 4 \\(with their explorer.auxiliary_models"
+    ):
         local_gpu_ids("both", 2, 1, 4, [1])
 
 
-def test_config_gpu_split_and_trainer_group_count_reward_models(tmp_path):
-    cfg = config_from_dict(base_config(tmp_path))
+def test_config_gpu_split_and_trainer_group_count_reward_models(tmp_path, tiny_reward_model_dir):
+    data = base_config(tmp_path)
+    data["explorer"]["auxiliary_models"][0]["model_path"] = str(tiny_reward_model_dir)
+    cfg = config_from_dict(data)
     assert split_gpus(cfg).explorer == 4 and split_gpus(cfg).trainer == 4
     assert [g.ntasks for g in slurm.groups(cfg)] == [2, 4]
     plan = "\n".join(f"{label}: {value}" for label, value in _role_lines(cfg, Devices(8)))
-    assert "explorer: 'explorer': 2 vLLM task(s) x TP 1 + 2 for reward models = 4 GPU(s)" in plan
+    assert "explorer: 'explorer': 2 vLLM task(s) x TP 1 + 2 for auxiliary models = 4 GPU(s)" in plan
 
 
 def test_slurm_explorer_tasks_hold_their_reward_models_gpus(tmp_path):
@@ -410,7 +414,7 @@ def test_reward_model_folder_checks(tmp_path, tiny_model_dir, tiny_reward_model_
     assert check_reward_model_dir(tiny_reward_model_dir).architectures == [
         "LlamaForSequenceClassification"
     ]
-    with pytest.raises(ConfigError, match="LLM-as-a-judge workflows are not supported"):
+    with pytest.raises(ConfigError, match="not a \\*ForSequenceClassification model: a reward"):
         check_reward_model_dir(tiny_model_dir, "explorer.auxiliary_models[0].model_path")
     with pytest.raises(
         CheckpointError, match=r"does not exist; set explorer.auxiliary_models\[1\].model_path"
@@ -441,13 +445,17 @@ def test_dry_run_checks_and_shows_reward_models(tmp_path, vllm_model_dir, tiny_r
         "on GPU(s) 1 of each explorer task, scoring on GPU 1; reward part 'reward_model'"
     )
     assert "reward_model_weight x sum(scores)" in text
+    neither = tmp_path / "base-model"  # a bare LlamaModel: no head rft serves
+    shutil.copytree(vllm_model_dir, neither)
+    config = json.loads((neither / "config.json").read_text())
+    (neither / "config.json").write_text(json.dumps({**config, "architectures": ["LlamaModel"]}))
     bad = load_config(
-        CPU_CONFIG, cpu_overrides(tmp_path, vllm_model_dir, tiny_reward_model_dir, vllm_model_dir)
+        CPU_CONFIG, cpu_overrides(tmp_path, vllm_model_dir, tiny_reward_model_dir, neither)
     )
     with pytest.raises(
         ConfigError,
-        match=r"explorer.auxiliary_models\[1\].model_path=.*not a "
-        "\\*ForSequenceClassification model",
+        match=r"explorer.auxiliary_models\[1\].model_path=.*\['LlamaModel'\], neither a "
+        r"causal LM",
     ):
         dry_run(bad, str(CPU_CONFIG))
     long = load_config(
@@ -516,7 +524,8 @@ def test_plan_without_gpus_says_where_reward_models_run(
     cfg = load_config(CPU_CONFIG, overrides)
     text = describe(cfg, preflight(cfg), Devices(0))
     assert (
-        "on the explorer's CPUs" in text and "reward models on CPU in each explorer process" in text
+        "on the explorer's CPUs" in text
+        and "auxiliary models on its CPUs in each explorer process" in text
     )
 
 

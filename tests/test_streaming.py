@@ -123,14 +123,13 @@ def test_a_call_its_workflow_stopped_awaiting_never_breaks_the_service():
     at once instead of reaching the engine."""
     from rft.explorer.episodes import BatchingService
     from rft.workflow.model import EpisodeCancelled
-    from rft.workflow.task import GenerationArgs
 
     service = BatchingService(engine=None, version=0, max_model_len=64)  # no call reaches it
     service.started(0)
-    call = service.submit(0, [1, 2], GenerationArgs(), [])
+    call = service.submit(0, [1, 2], {})
     assert call.cancel()  # what asyncio.wrap_future does when the awaiting task is cancelled
     service.ended(0)  # would set_exception on the cancelled future
-    late = service.submit(0, [1, 2], GenerationArgs(), [])
+    late = service.submit(0, [1, 2], {})
     with pytest.raises(EpisodeCancelled):
         late.result(timeout=0)
 
@@ -469,18 +468,17 @@ def test_an_ended_episode_has_its_calls_aborted_in_the_engine(
     from rft.errors import WorkflowError
     from rft.explorer.stream_episodes import EngineCalls
     from rft.workflow.model import EpisodeCancelled
-    from rft.workflow.task import GenerationArgs
 
     cfg = make_cfg(tmp_path, vllm_model_dir, [taskset_dict(data_dir / "a.jsonl", "a")])
     engine.reload(vllm_model_dir)
     engine.label_version(7)
     calls = EngineCalls(engine, cfg)
-    args = GenerationArgs(temperature=1.0, max_tokens=40, logprobs=0)
+    args = {"temperature": 1.0, "max_tokens": 40, "logprobs": 0}
     for episode in (0, 1, 2):
         calls.started(episode)
-    doomed = calls.submit(0, [1, 5, 9], args, [])
-    kept = calls.submit(1, [1, 7, 3], args, [])
-    refused = calls.submit(2, [1, 7, 3], GenerationArgs(max_tokens=40, logprobs=10_000), [])
+    doomed = calls.submit(0, [1, 5, 9], args)
+    kept = calls.submit(1, [1, 7, 3], args)
+    refused = calls.submit(2, [1, 7, 3], {"max_tokens": 40, "logprobs": 10_000})
     calls.pump()
     with pytest.raises(WorkflowError, match="the engine refused the model call"):
         refused.result(timeout=0)  # that call fails alone; the others run

@@ -232,7 +232,7 @@ def test_dry_run_of_the_ppo_example_with_a_critic_and_a_reward_model(
     code = run_main(args + [f"{key}={value}" for key, value in paths.items()])
     out, err = capsys.readouterr()
     assert code == 0, err
-    assert "'explorer': 2 vLLM task(s) x TP 1 + 2 for reward models = 4 GPU(s)" in out
+    assert "'explorer': 2 vLLM task(s) x TP 1 + 2 for auxiliary models = 4 GPU(s)" in out
     assert "4 DeepSpeed rank(s)" in out
     assert f"critic            {smollm2_dir} + a value head" in out
     assert "reward part 'reward_model'" in out

@@ -1,9 +1,11 @@
-"""Reward models served next to the explorers (``explorer.auxiliary_models``): their rules.
+"""Models served next to the explorers (``explorer.auxiliary_models``): their rules.
 
-Owns each reward model's checks (:func:`check_auxiliary_models`, run by
-:func:`rft.config.rules.apply`), the dtype of an auxiliary model's forward pass
-(:func:`forward_dtype`) and the reward weights a taskset's ``reward_fn_args`` carry
-(:func:`split_reward_weights`). Pure functions of a typed :class:`~rft.config.schema.Config`;
+An entry is a generative model (a judge workflow classes call), a reward model (scores
+single-turn recipes) or a distillation teacher; its folder decides which
+(:func:`rft.models.auxiliary_kinds`). Owns each entry's config checks
+(:func:`check_auxiliary_models`, run by :func:`rft.config.rules.apply`), the dtype of an
+auxiliary model's forward pass (:func:`forward_dtype`) and the reward weights a taskset's
+``reward_fn_args`` carry (:func:`split_reward_weights`). Pure functions of a typed :class:`~rft.config.schema.Config`;
 where a distillation teacher runs is :mod:`rft.config.teacher`, the GPU split
 :func:`rft.config.rules.check_gpu_split`.
 """
@@ -38,7 +40,7 @@ FORWARD_DTYPES = ("bfloat16", "float16", "float32")  # torch dtype names a forwa
 
 def auxiliary_tp(cfg: Config) -> list[int]:
     """The ``tensor_parallel_size`` of each auxiliary model inside an explorer task, in config
-    order (GPUs of its scorer; a teacher the trainer holds has none there)."""
+    order (GPUs of its engine or scorer; a teacher the trainer holds has none there)."""
     return [m.tensor_parallel_size for m in explorer_scorers(cfg)]
 
 
@@ -97,8 +99,8 @@ def split_reward_weights(
 
 
 def check_auxiliary_models(cfg: Config) -> None:
-    """Each reward model: a folder path, the rollout model's ``engine_num`` (one scorer per
-    explorer task; a distillation teacher with another runs in the trainer,
+    """Each auxiliary model: a folder path, the rollout model's ``engine_num`` (one engine or
+    scorer per explorer task; a distillation teacher with another runs in the trainer,
     :func:`rft.config.teacher.teacher_in_trainer`), consistent length limits; reward weights in
     ``reward_fn_args`` only with reward models."""
     models, rollout = cfg.explorer.auxiliary_models, cfg.explorer.rollout_model
@@ -109,14 +111,18 @@ def check_auxiliary_models(cfg: Config) -> None:
         key = f"explorer.auxiliary_models[{i}]"
         if not model.model_path:
             raise ConfigError(
-                f"{key}.model_path is empty: set it to a reward model folder (a "
-                "Hugging Face folder with a score head, *ForSequenceClassification)"
+                f"{key}.model_path is empty: set it to the auxiliary model's Hugging Face "
+                "folder: a causal LM (*ForCausalLM) that workflow classes call, e.g. as a "
+                "judge, or a reward model (*ForSequenceClassification) that scores "
+                "single-turn recipes"
             )
         if model.engine_num != rollout.engine_num and not (i == 0 and teacher_in_trainer(cfg)):
             raise ConfigError(
                 f"{key}.engine_num={model.engine_num} differs from explorer.rollout_model.engine_num="
-                f"{rollout.engine_num}: rft runs one scorer of each reward model inside each "
-                f"explorer task; set {key}.engine_num to {rollout.engine_num}"
+                f"{rollout.engine_num}: rft runs one copy of each auxiliary model inside each "
+                "explorer task, next to its rollout engine (a judge's vLLM engine, a reward "
+                "model's scorer), so each explorer task calls its own and no auxiliary engine is "
+                f"shared between tasks; set {key}.engine_num to {rollout.engine_num}"
             )
         prompt, response, total = (
             model.max_prompt_tokens,

@@ -41,7 +41,7 @@ _SERVE = (
     "mode serve (the explorer as a standing server for outside agents) is not built in rft; "
     "train an agent program through the explorer's endpoint instead: "
     "explorer.rollout_model.enable_openai_api: true with agent_program_workflow or a "
-    "RecordingWorkflow (docs/agentic-workflows.md: Agents through the OpenAI API)"
+    "WorkflowWithRecording (docs/agentic-workflows.md: Agents through the OpenAI API)"
 )
 _QUEUE = "rft's queue is sealed files on the shared filesystem with no such setting; remove it"
 _PIPELINE_BUFFERS = (
@@ -112,17 +112,20 @@ _INFERENCE_MODEL = {
 _AUXILIARY_MODEL = {
     **_INFERENCE_MODEL,
     "model_path": "",  # rft reads it (listed here only to be dropped below)
-    "engine_type": "reward models are scored with a vLLM engine always; remove it",
-    "gpu_memory_utilization": "a reward model's engine takes vLLM's default share; remove it",
-    "enable_chunked_prefill": "remove it (scoring engines keep vLLM's default)",
+    "engine_type": "no effect: a generative auxiliary model runs on vLLM's offline engine, a "
+    "reward model scores with transformers; remove it",
+    "enable_chunked_prefill": "remove it (a generative auxiliary model's engine keeps vLLM's "
+    "default)",
     "use_v1": "no effect: vLLM's V1 engine is the only one; remove it",
-    "enable_history": "remove it: a reward model only scores",
-    "enable_openai_api": "remove it: a reward model only scores",
-    "enable_auto_tool_choice": "remove it: a reward model only scores",
-    "tool_call_parser": "remove it: a reward model only scores",
-    "reasoning_parser": "remove it: a reward model only scores",
+    "enable_history": "remove it: an auxiliary model's calls are never recorded for training",
+    "enable_openai_api": "remove it: a generative auxiliary model always has its "
+    "OpenAI-compatible endpoint (model.get_openai_client()); a reward model only scores",
+    "enable_auto_tool_choice": "remove it: auxiliary models' replies are not parsed for tool calls",
+    "tool_call_parser": "remove it: auxiliary models' replies are not parsed for tool calls",
+    "reasoning_parser": "remove it: auxiliary models' replies are not parsed for reasoning",
 }
-del _AUXILIARY_MODEL["model_path"]
+for _key in ("model_path", "max_prompt_tokens", "max_response_tokens"):  # fields rft reads
+    del _AUXILIARY_MODEL[_key]
 
 _VERL_FSDP = {
     "wrap_policy": "DeepSpeed ZeRO shards whole parameters (no FSDP wrap policy); remove it",

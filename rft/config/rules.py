@@ -836,7 +836,7 @@ def _check_partial_rollout(cfg: Config) -> None:
 
 def check_gpu_split(cfg: Config, mode: str | None = None) -> None:
     """The GPUs of ``mode`` (default: the config's) fit the cluster section: an explorer task
-    (its engine and one scorer per reward model) on one node, the explorers within the cluster,
+    (its engine, then each auxiliary model's engine or scorer) on one node, the explorers within the cluster,
     and at least one GPU left for a trainer. The config rules and the SLURM job sizing call it."""
     mode = mode or cfg.mode
     rollout, cluster = cfg.explorer.rollout_model, cfg.cluster
@@ -844,13 +844,15 @@ def check_gpu_split(cfg: Config, mode: str | None = None) -> None:
         return  # CPU-only cluster description: the local runner decides
     split = split_gpus(cfg, mode)
     per_task = task_gpus(rollout.tensor_parallel_size, auxiliary_tp(cfg))
-    scorers = " plus one scorer of each reward model" if cfg.explorer.auxiliary_models else ""
+    scorers = (
+        " plus each auxiliary model's tensor_parallel_size" if cfg.explorer.auxiliary_models else ""
+    )
     if per_task > cluster.gpu_per_node:
         raise ConfigError(
             f"an explorer task needs {per_task} GPUs (explorer.rollout_model."
             f"tensor_parallel_size {rollout.tensor_parallel_size}{scorers}) but "
             f"cluster.gpu_per_node={cluster.gpu_per_node}: a task's GPUs must be on "
-            "one node; lower the tensor_parallel_size of the rollout or reward models"
+            "one node; lower the tensor_parallel_size of the rollout or auxiliary models"
         )
     whose = (
         f"{split.auxiliary} of them for explorer.auxiliary_models"

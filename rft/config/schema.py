@@ -296,22 +296,22 @@ class RolloutModelConfig:
 
 @dataclass
 class AuxiliaryModelConfig:
-    model_path: str = (
-        ""  # a reward model (*ForSequenceClassification), or on_policy_distill/jsd's teacher LM
-    )
-    # scorers, one per explorer task (its GPUs in the explorers' split): the rollout model's
-    # engine_num; a distillation teacher with another runs in the trainer, on its GPUs
+    model_path: str = ""  # a causal LM (a judge), a reward model (a score head), or a teacher
+    # rft runs one engine (generative) or scorer (reward model) of each per explorer task: the
+    # rollout model's engine_num; a distillation teacher with another runs in the trainer
     engine_num: int = field(1, ge=1)
-    tensor_parallel_size: int = field(1, ge=1)  # GPUs per engine (a trainer's teacher: unused)
+    tensor_parallel_size: int = field(1, ge=1)  # GPUs of each, after the rollout engine's
+    # a generative model's vLLM share of its GPUs' memory (a reward model: unused)
+    gpu_memory_utilization: float = field(0.9, gt=0, le=1)
     enable_thinking: Optional[bool] = None  # chat-template switch
     max_prompt_tokens: Optional[int] = field(None, ge=1)  # prompt limit
-    max_response_tokens: Optional[int] = field(None, ge=1)  # generation limit
+    max_response_tokens: Optional[int] = field(None, ge=1)  # a generative model's reply limit
     max_model_len: Optional[int] = field(None, ge=1)  # context limit
-    # the forward pass's dtype (auto: the checkpoint's); null: bfloat16 on GPUs, float32 on CPUs
+    # engine or forward-pass dtype (auto: the checkpoint's); null: bfloat16 on GPUs, float32 on CPUs
     dtype: Optional[EngineDtype] = None
-    enable_prefix_caching: bool = False  # no effect: a forward pass keeps no KV cache
-    enforce_eager: bool = False  # no effect: a transformers forward pass uses no CUDA graphs
-    seed: int = 42  # no effect: a forward pass samples nothing
+    enable_prefix_caching: bool = False  # a generative model's vLLM prefix cache (else no effect)
+    enforce_eager: bool = False  # a generative model's vLLM without CUDA graphs (else no effect)
+    seed: int = 42  # a generative model's sampling seed (else no effect)
 
 
 @dataclass
@@ -324,9 +324,8 @@ class ExplorerConfig:
     first_task_check: bool = True
     env_vars: dict[str, str] = field(factory=dict)  # set in each explorer task's environment
     rollout_model: RolloutModelConfig = field(factory=RolloutModelConfig)  # vLLM engines
-    auxiliary_models: list[AuxiliaryModelConfig] = field(
-        factory=list
-    )  # reward models next to the explorers
+    # models next to the explorers: judges for workflow classes, reward models for recipes
+    auxiliary_models: list[AuxiliaryModelConfig] = field(factory=list)
     eval_interval: int = field(100, ge=0)  # evaluate every N steps; 0: never
     eval_on_startup: bool = True  # evaluate before the first step
     bench_on_latest_checkpoint: bool = False  # mode bench: only the newest checkpoint

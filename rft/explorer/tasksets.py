@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 import random
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Any, Callable, Optional, Union
+from typing import Any, Callable, Mapping, Optional, Union
 
 from rft import data
 from rft.config.auxiliary import split_reward_weights
@@ -21,12 +21,13 @@ from rft.config.rules import taskset_temperature
 from rft.config.schema import Config, TasksetConfig
 from rft.data import planned_steps
 from rft.errors import ConfigError, DataError, WorkflowError
+from rft.models import REWARD_MODEL, TEACHER, auxiliary_kinds
 from rft.rundir import EXPLORER_META
 from rft.workflow import single_turn
+from rft.workflow.recording import WorkflowWithRecording
 from rft.workflow.registry import workflow_class
-from rft.workflow.rewards import get_reward_fn
+from rft.workflow.reward_fn import reward_fn_class
 from rft.workflow.single_turn import Recipe, get_workflow
-from rft.workflow.task import reward_fn_class
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +37,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class SamplingArgs:
-    """Sampling settings of one prompt (model.* defaults overridden by a taskset's rollout_args)."""
+    """Sampling settings of one prompt, the one type the engine takes: a taskset's (model.*
+    defaults overridden by its rollout_args), or a workflow's model call (:meth:`of`)."""
 
     n: int = 1  # samples per prompt (repeat_times)
     temperature: float = 1.0  # 0: greedy
@@ -46,6 +48,23 @@ class SamplingArgs:
     min_tokens: int = 0  # response token floor
     stop: tuple[str, ...] = ()  # stop strings (kept at the end of the response)
     logprobs: int = 0  # extra top log-probs (the sampled token's is always returned)
+    # log-probs of the prompt's tokens too (None: not computed; 0: each token's own)
+    prompt_logprobs: Optional[int] = None
+    # further vLLM SamplingParams keywords, (name, value) sorted by name (hashable when the
+    # values are): repetition_penalty, seed, stop_token_ids, ...
+    extra: tuple[tuple[str, Any], ...] = ()
+
+    @classmethod
+    def of(cls, keywords: Mapping[str, Any]) -> "SamplingArgs":
+        """A model call's vLLM ``SamplingParams`` keywords (the model handle checked their
+        names): this class's fields, the others in :attr:`extra`."""
+        own = {f.name for f in fields(cls)} - {"extra"}
+        stop = keywords.get("stop") or ()
+        return cls(
+            **{k: v for k, v in keywords.items() if k in own and k != "stop"},
+            stop=(stop,) if isinstance(stop, str) else tuple(stop),
+            extra=tuple(sorted((k, v) for k, v in keywords.items() if k not in own)),
+        )
 
 
 @dataclass(frozen=True)
@@ -53,7 +72,7 @@ class WorkflowClass:
     """A ``rft.workflow.Workflow`` subclass a taskset runs, with the reward its tasks carry."""
 
     cls: type
-    reward_fn: Optional[type] = None  # Trinity's RewardFn shape (Task.reward_fn), or None
+    reward_fn: Optional[type] = None  # a RewardFn subclass (Task.reward_fn), or None
 
     @property
     def name(self) -> str:
@@ -111,7 +130,8 @@ def resolve_workflow(
     cfg: Config, ts: TasksetConfig, label: str, name: str, reward: Optional[str]
 ) -> WorkflowChoice:
     """A single-turn recipe with its reward and ``reward_fn_args`` bound, or a workflow class
-    (imported: plugins too), checked; ConfigError naming ``label``. ``rule_weight`` /
+    with its reward's RewardFn class (both found in plugins too), checked; ConfigError naming
+    ``label``. ``rule_weight`` /
     ``reward_model_weight`` are taken out of ``reward_fn_args`` first: they weigh the rule
     against ``explorer.auxiliary_models`` (:mod:`rft.config.auxiliary`)."""
     weights, rule_args = split_reward_weights(
@@ -120,25 +140,57 @@ def resolve_workflow(
     try:
         if name in single_turn.WORKFLOWS:
             return get_workflow(name, reward, rule_args or None, weights, ts.workflow_args)
-        if cfg.explorer.auxiliary_models:
-            raise ConfigError(
-                f"workflow {name!r}: explorer.auxiliary_models score single-turn "
-                "workflows only; a workflow class sets its own rewards"
-            )
+        refuse_scorers(cfg, name)
         cls = workflow_class(name, single_turn.WORKFLOWS)
-        reward_cls = (
-            reward_fn_class(get_reward_fn(reward, rule_args or None), reward) if reward else None
-        )
-        return WorkflowClass(cls, reward_cls)
+        return WorkflowClass(cls, reward_fn_class(reward, rule_args) if reward else None)
     except (ConfigError, WorkflowError) as e:
         kind = type(e) if isinstance(e, ConfigError) else ConfigError  # keeps NotSupportedError
         raise kind(f"{label}: {e}") from e
 
 
+def refuse_scorers(cfg: Config, name: str) -> None:
+    """A workflow class sets its own rewards: the ``explorer.auxiliary_models`` that score
+    single-turn workflows' samples (a reward model, a distillation teacher) make no sense with
+    it (ConfigError); a generative one (a judge) is the workflow's to call."""
+    for i, kind in enumerate(auxiliary_kinds(cfg) if cfg.explorer.auxiliary_models else []):
+        key = f"explorer.auxiliary_models[{i}]"
+        if kind == TEACHER:
+            raise ConfigError(
+                f"workflow {name!r}: {key} is algorithm.advantage_fn "
+                f"{cfg.algorithm.advantage_fn}'s teacher, which scores single-turn workflows' "
+                "samples only (a workflow class's would reach the trainer without "
+                "teacher_logprobs); use a single-turn workflow such as math_workflow"
+            )
+        if kind == REWARD_MODEL:
+            raise ConfigError(
+                f"workflow {name!r}: {key} is a reward model (a score head), which scores "
+                "single-turn workflows' samples only, and a workflow class sets its own "
+                "rewards; remove it, or point it at a causal LM (*ForCausalLM) that the "
+                "workflow calls as a judge (self.auxiliary_model_wrappers[k], "
+                "self.auxiliary_models[k])"
+            )
+
+
 def taskset_workflow(cfg: Config, ts: TasksetConfig, label: str, is_eval: bool) -> WorkflowChoice:
     """The taskset's workflow (preflight calls this too, so a misspelt name, a missing plugin
-    module or a bad workflow signature fails on the login node)."""
-    return resolve_workflow(cfg, ts, label, *workflow_names(cfg, ts, is_eval))
+    module, a bad workflow signature or a recording agent without its endpoint fails on the
+    login node)."""
+    choice = resolve_workflow(cfg, ts, label, *workflow_names(cfg, ts, is_eval))
+    check_endpoint(cfg, choice, label)
+    return choice
+
+
+def check_endpoint(cfg: Config, choice: WorkflowChoice, label: str) -> None:
+    """A ``WorkflowWithRecording`` talks to the OpenAI-compatible endpoint only: ConfigError
+    when ``explorer.rollout_model.enable_openai_api`` is off (else every episode would fail)."""
+    if not isinstance(choice, WorkflowClass) or cfg.explorer.rollout_model.enable_openai_api:
+        return
+    if issubclass(choice.cls, WorkflowWithRecording):
+        raise ConfigError(
+            f"{label}: workflow {choice.name} is a WorkflowWithRecording: its agent reaches "
+            "the model through the explorer's OpenAI-compatible endpoint, which is off; set "
+            "explorer.rollout_model.enable_openai_api: true"
+        )
 
 
 def required_columns(

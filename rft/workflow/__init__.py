@@ -7,25 +7,84 @@ handle (:class:`ModelWrapper`); the explorer runs it. Reward functions, the sing
 built-ins and the token bookkeeping live in this package's modules.
 """
 
-from rft.workflow.base import MultiTurnWorkflow, StepWiseRewardWorkflow, Workflow
+from rft.workflow.base import MultiTurnWorkflow, Workflow
 from rft.workflow.experience import EID, Experience
+from rft.workflow.log import get_logger
+from rft.workflow.math_eval import AsyncMathEvalWorkflow, MathEvalWorkflow
 from rft.workflow.model import ModelWrapper
-from rft.workflow.recording import RecordingWorkflow
+from rft.workflow.recording import WorkflowWithRecording
 from rft.workflow.registry import WORKFLOWS, register_workflow
-from rft.workflow.task import GenerationArgs, Task
+from rft.workflow.reward_fn import (
+    REWARD_FUNCTIONS,
+    AccuracyReward,
+    CountDownRewardFn,
+    FinalNumberRewardFn,
+    FormatReward,
+    MathBoxedRewardFn,
+    MathDAPORewardFn,
+    MathRewardFn,
+    RewardFn,
+    compute_score,
+    simple_answer_parser,
+    validate_think_pattern,
+    verify_math_answer,
+)
+from rft.workflow.simple import (
+    AsyncMathBoxedWorkflow,
+    AsyncMathWorkflow,
+    AsyncSimpleWorkflow,
+    BaseSimpleWorkflow,
+    MathBoxedWorkflow,
+    MathWorkflow,
+    SimpleWorkflow,
+)
+from rft.workflow.step_wise import (
+    AsyncRewardPropagationWorkflow,
+    AsyncStepWiseRewardWorkflow,
+    RewardPropagationWorkflow,
+    StepWiseRewardWorkflow,
+)
+from rft.workflow.task import FormatConfig, GenerationConfig, Task
 from rft.workflow.tools import ToolBox
 
 __all__ = [
     "EID",
+    "FormatConfig",
     "Experience",
-    "GenerationArgs",
+    "GenerationConfig",
     "ModelWrapper",
     "MultiTurnWorkflow",
-    "RecordingWorkflow",
+    "WorkflowWithRecording",
     "StepWiseRewardWorkflow",
+    "AsyncStepWiseRewardWorkflow",
+    "RewardPropagationWorkflow",
+    "AsyncRewardPropagationWorkflow",
+    "BaseSimpleWorkflow",
+    "SimpleWorkflow",
+    "AsyncSimpleWorkflow",
+    "MathWorkflow",
+    "AsyncMathWorkflow",
+    "MathBoxedWorkflow",
+    "AsyncMathBoxedWorkflow",
+    "MathEvalWorkflow",
+    "AsyncMathEvalWorkflow",
+    "RewardFn",
+    "REWARD_FUNCTIONS",
+    "AccuracyReward",
+    "FormatReward",
+    "MathRewardFn",
+    "MathBoxedRewardFn",
+    "CountDownRewardFn",
+    "MathDAPORewardFn",
+    "FinalNumberRewardFn",
+    "verify_math_answer",
+    "validate_think_pattern",
+    "simple_answer_parser",
+    "compute_score",
     "Task",
     "ToolBox",
     "WORKFLOWS",
     "Workflow",
+    "get_logger",
     "register_workflow",
 ]

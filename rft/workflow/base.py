@@ -1,5 +1,5 @@
-"""The workflow classes a user subclasses (Trinity-RFT's ``Workflow``, ``MultiTurnWorkflow``,
-``StepWiseRewardWorkflow``).
+"""The workflow classes a user subclasses (Trinity-RFT's ``Workflow``, ``MultiTurnWorkflow``;
+the simple and step-wise families: :mod:`rft.workflow.simple`, :mod:`rft.workflow.step_wise`).
 
 Data in: a :class:`~rft.workflow.task.Task` and the episode's
 :class:`~rft.workflow.model.ModelWrapper`. Data out: ``run()`` (or ``async run_async()``)
@@ -9,37 +9,75 @@ returns experiences with rewards. A workflow never touches files or the engine d
 from __future__ import annotations
 
 import inspect
-import logging
 from typing import Any, Optional
 
 from rft.errors import WorkflowError
 from rft.workflow.conversation import Messages, Thread
 from rft.workflow.experience import EID, Experience
+from rft.workflow.log import get_logger
 from rft.workflow.model import ModelWrapper
 from rft.workflow.task import Task
 
 
 class Workflow:
     """Runs one task with the model and returns experiences (set ``is_async`` and define
-    ``run_async`` for an async workflow)."""
+    ``run_async`` for an async workflow). Trinity's ``Workflow``: ``auxiliary_models`` are the
+    explorer's generative auxiliary models, each a :class:`ModelWrapper`, kept as
+    ``auxiliary_model_wrappers``; ``auxiliary_models`` holds an OpenAI client of each (async
+    clients for an ``is_async`` workflow), None when there are none."""
 
     can_reset: bool = False  # reset(task) reuses the instance for another task
     can_repeat: bool = False  # run() does all repeat_times runs (set_repeat_times is called)
     is_async: bool = False  # run_async() instead of run()
 
-    def __init__(self, *, task: Task, model: ModelWrapper, auxiliary_models: Optional[list] = None):
+    def __init__(
+        self,
+        *,
+        task: Task,
+        model: ModelWrapper,
+        auxiliary_models: Optional[list[ModelWrapper]] = None,
+    ):
         self.task = task
         self.model = model
-        self.auxiliary_models = auxiliary_models or []
+        self.auxiliary_model_wrappers = auxiliary_models
+        self.auxiliary_models: Optional[list[Any]] = None
+        if auxiliary_models:
+            self.auxiliary_models = [
+                m.get_openai_async_client() if self.is_async else m.get_openai_client()
+                for m in auxiliary_models
+            ]
         self.run_id_base = 0
         self.repeat_times = 1
-        self.logger = logging.getLogger(type(self).__module__)
+        self.logger = get_logger(type(self).__module__)
+
+    @property
+    def resettable(self) -> bool:
+        """Trinity's older name of ``can_reset``."""
+        return type(self).can_reset
+
+    @property
+    def repeatable(self) -> bool:
+        """Trinity's older name of ``can_repeat``."""
+        return type(self).can_repeat
+
+    @property
+    def asynchronous(self) -> bool:
+        """Trinity's older name of ``is_async``."""
+        return type(self).is_async
 
     def reset(self, task: Task) -> None:
         raise NotImplementedError(f"{type(self).__name__} sets can_reset but defines no reset()")
 
     def set_repeat_times(self, repeat_times: int, run_id_base: int) -> None:
+        """This run does ``repeat_times`` runs of its task, numbered from ``run_id_base``
+        (called on ``can_repeat`` workflows)."""
         self.repeat_times = repeat_times
+        self.run_id_base = run_id_base
+
+    def set_single_run_context(self, run_id_base: int) -> None:
+        """This run is run ``run_id_base`` of its task, alone (workflows without
+        ``can_repeat``); unlike :meth:`set_repeat_times` it changes nothing else."""
+        self.repeat_times = 1
         self.run_id_base = run_id_base
 
     def run(self) -> list[Experience]:
@@ -52,9 +90,8 @@ class Workflow:
 
 
 class MultiTurnWorkflow(Workflow):
-    """A conversation with the model, trained as one sample per conversation."""
-
-    can_repeat = True
+    """A conversation with the model, trained as one sample per conversation (Trinity's: each
+    run is its own episode unless the subclass sets ``can_repeat``)."""
 
     def process_messages_to_experience(
         self,
@@ -63,96 +100,43 @@ class MultiTurnWorkflow(Workflow):
         info: Optional[dict] = None,
         truncate_status: Optional[str] = None,
     ) -> Experience:
-        """The sample of ``messages``: the model's own tokens and log-probs for every assistant
-        turn, the chat template's tokens between them (masked), ``reward`` on it. Every
-        assistant message must be a reply of ``self.model`` in this episode, as returned."""
-        thread = self.model.history.find(messages)
-        if thread is None:
-            raise WorkflowError(
-                f"{type(self).__name__}.process_messages_to_experience: the assistant messages are "
-                "not replies of self.model in this episode as returned (rft trains the engine's own "
-                "tokens only); append each reply as {'role': 'assistant', 'content': "
-                "response.response_text}"
-            )
-        info = dict(info or {})
-        metrics = {
-            k: float(v)
-            for k, v in info.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)
-        }
-        # A prefix break split the conversation: its earlier parts are trained too, same reward.
-        part = thread.predecessor
-        while part is not None:
-            self.model.split_samples.append(
-                self._sample(part, reward, {**info, "split_part": True}, metrics, None)
-            )
-            part = part.predecessor
-        return self._sample(thread, reward, info, metrics, truncate_status)
+        """The sample of ``messages`` (``self.model.convert_messages_to_experience``, as
+        Trinity's), with ``reward``, ``info`` (its numbers also as metrics) and this run's id:
+        the engine's tokens and log-probs of the model's replies as returned, the chat
+        template's tokens between them (masked); an assistant message the workflow edited or
+        wrote is re-tokenized as Trinity does (trained, counted in
+        ``episodes/retokenized_turns``)."""
+        experience = self.model.convert_messages_to_experience(messages)
+        return self._rewarded(experience, reward, info, truncate_status)
 
-    def _sample(
+    async def process_messages_to_experience_async(
         self,
-        thread: Thread,
+        messages: Messages,
         reward: float,
-        info: dict,
-        metrics: dict,
+        info: Optional[dict] = None,
+        truncate_status: Optional[str] = None,
+    ) -> Experience:
+        """:meth:`process_messages_to_experience` for async workflows."""
+        experience = await self.model.convert_messages_to_experience_async(messages)
+        return self._rewarded(experience, reward, info, truncate_status)
+
+    def _rewarded(
+        self,
+        experience: Experience,
+        reward: float,
+        info: Optional[dict],
         truncate_status: Optional[str],
     ) -> Experience:
-        return Experience(
-            tokens=thread.tokens,
-            prompt_length=len(thread.prompt_ids),
-            logprobs=thread.logprobs,
-            action_mask=thread.action_mask,
-            reward=reward,
-            info=info,
-            metrics=metrics,
-            truncate_status=truncate_status,
-            response_text=None,
-            finish_reason=thread.finish_reason,
-            model_version=min(thread.versions) if thread.versions else None,
-            response_versions=thread.response_versions,
-            eid=EID(run=self.run_id_base),
-        )
-
-
-class StepWiseRewardWorkflow(Workflow):
-    """One experience per step (Trinity's step-wise workflows, ``algorithm_type:
-    multi_step_grpo``): ``step(step_num)`` talks to the model and says whether to go on,
-    ``reward(exps, step_num)`` scores the step's replies, ``max_step_num`` bounds the run."""
-
-    def __init__(
-        self,
-        *,
-        task: Task,
-        model: ModelWrapper,
-        auxiliary_models: Optional[list] = None,
-        use_openai_client: bool = False,
-    ):
-        super().__init__(task=task, model=model, auxiliary_models=auxiliary_models)
-        self.client = model.get_openai_client() if use_openai_client else None
-
-    @property
-    def max_step_num(self) -> int:
-        raise NotImplementedError(f"{type(self).__name__} defines no max_step_num")
-
-    def step(self, step_num: int) -> bool:
-        raise NotImplementedError(f"{type(self).__name__} defines no step()")
-
-    def reward(self, exps: list[Experience], step_num: int) -> float:
-        raise NotImplementedError(f"{type(self).__name__} defines no reward()")
-
-    def run(self) -> list[Experience]:
-        out: list[Experience] = []
-        for step_num in range(self.max_step_num):
-            go_on = self.step(step_num=step_num)
-            exps = self.model.extract_experience_from_history()
-            reward = self.reward(exps, step_num=step_num)
-            for exp in exps:
-                exp.reward = reward
-                exp.eid = EID(run=self.run_id_base, step=step_num)
-            out.extend(exps)
-            if not go_on:
-                break
-        return out
+        experience.reward = reward
+        experience.info = dict(info or {})
+        experience.metrics = {
+            k: float(v)
+            for k, v in experience.info.items()
+            if isinstance(v, (int, float)) and not isinstance(v, bool)
+        }
+        experience.truncate_status = experience.truncate_status or truncate_status
+        experience.eid = EID(run=self.run_id_base)
+        return experience
 
 
 def workflow_signature_problem(cls: Any) -> Optional[str]:

@@ -86,10 +86,18 @@ class Endpoint:
         self.base_url = f"http://{host_}:{port}/v1"
         log.info("OpenAI-compatible endpoint for agents at %s", self.base_url)
 
-    def register(self, model: ModelWrapper, name: str) -> str:
-        """A new API key for ``model``'s episode (``name``: the task run, for reading logs)."""
-        key = f"rft-{name}-{secrets.token_hex(8)}"
+    def register(self, model: ModelWrapper, name: str, key: Optional[str] = None) -> str:
+        """An API key for ``model``'s episode: a new one (``name``: the task run, for reading
+        logs), or ``key`` as given (Trinity's ``set_api_key(task.api_key)``); WorkflowError
+        when ``key`` is another live episode's."""
+        key = key or f"rft-{name}-{secrets.token_hex(8)}"
         with self._lock:
+            held = self._models.get(key)
+            if held is not None and held is not model:
+                raise WorkflowError(
+                    f"API key {key!r} is another running episode's; give each task run its own "
+                    "key (Trinity's task.api_key is <batch_id>/<task_id>/<run_id>)"
+                )
             self._models[key] = model
         return key
 
@@ -254,6 +262,9 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(500, f"the explorer could not answer: {type(e).__name__}: {e}")
         endpoint.calls += 1
         answer = completion_body(endpoint.model_name, [reply for reply, _ in recorded])
+        for _, thread in recorded:
+            if thread is not None:
+                thread.call_id = answer["id"]
         try:
             if body.get("stream"):
                 self._stream(answer)

@@ -9,36 +9,90 @@ model generated the token, 0: a tool, the environment or the chat template added
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
-from typing import Any, Optional, Sequence
+from typing import Any, Optional, Union
 
 from rft.errors import WorkflowError
 
 
 @dataclass
 class EID:
-    """Where an experience comes from within its task (Trinity's ``eid``)."""
+    """Where an experience comes from (Trinity's ``eid``). The explorer sets ``batch`` (the
+    explorer step) and ``task`` (the task's id, ``<taskset>/<row>``: a string, where Trinity
+    counts tasks within a batch); a workflow sets ``run`` (which of the task's runs) and
+    ``step`` (which step of a step-wise run)."""
 
-    run: int = 0  # which of the task's repeat_times runs
-    step: int = 0  # which step of a step-wise run
+    batch: Union[int, str] = 0
+    task: Union[int, str] = 0
+    run: int = 0
+    step: int = 0
+    suffix: str = field(default_factory=lambda: uuid.uuid4().hex[:6])  # tells samples apart
+
+    @property
+    def uid(self) -> str:
+        """This experience's id."""
+        return f"{self.batch}/{self.task}/{self.run}/{self.step}/{self.suffix}"
+
+    @property
+    def sid(self) -> str:
+        """The step's id: shared by every run's experience of that step of the task."""
+        return f"{self.batch}/{self.task}/{self.step}"
+
+    @property
+    def rid(self) -> str:
+        """The run's id: shared by every step's experience of that run."""
+        return f"{self.batch}/{self.task}/{self.run}"
+
+    @property
+    def tid(self) -> str:
+        """The task's id: shared by every experience of the task (a GRPO group)."""
+        return f"{self.batch}/{self.task}"
+
+    def __str__(self) -> str:
+        return self.uid
+
+    def to_dict(self) -> dict:
+        return {
+            "batch": self.batch,
+            "task": self.task,
+            "run": self.run,
+            "step": self.step,
+            "suffix": self.suffix,
+        }
 
 
-def _ints(values: Any) -> list[int]:
-    return [int(v) for v in (values.tolist() if hasattr(values, "tolist") else values)]
+# Trinity's tensor fields and their torch dtypes: a list, an array or a tensor becomes a 1-D
+# tensor when it is set (at construction or later, so ``exp.logprobs = [...]`` works too).
+# torch is imported on first use: a tool's subprocess imports this package and no tensor.
+TENSOR_FIELDS = {"tokens": "int32", "logprobs": "float32", "action_mask": "bool"}
 
 
-def _floats(values: Any) -> list[float]:
-    return [float(v) for v in (values.tolist() if hasattr(values, "tolist") else values)]
+def _tensor(name: str, values: Any) -> Any:
+    import torch
+
+    dtype = getattr(torch, TENSOR_FIELDS[name])
+    t = values.detach().flatten() if isinstance(values, torch.Tensor) else torch.tensor(values)
+    if name == "action_mask" and t.dtype != torch.bool and not bool(((t == 0) | (t == 1)).all()):
+        return t.to(torch.int64)  # kept as given: check() refuses values other than 0 and 1
+    return t.to(dtype) if t.numel() else t.new_empty(0, dtype=dtype)
+
+
+def as_list(values: Any) -> list:
+    """A tensor field (or any sequence) as a list of Python numbers."""
+    return values.tolist() if hasattr(values, "tolist") else list(values)
 
 
 @dataclass
 class Experience:
-    """One trained sample: tokens with the model's log-probs, a loss mask and a reward."""
+    """One trained sample: tokens with the model's log-probs, a loss mask and a reward. As
+    Trinity's, ``tokens`` (int32), ``logprobs`` (float32) and ``action_mask`` (bool) are 1-D
+    tensors; lists, arrays and tensors given for them are converted when set."""
 
-    tokens: Sequence[int] = ()  # prompt then response token ids (lists or 1-D tensors)
+    tokens: Any = ()  # prompt then response token ids
     prompt_length: int = 0  # how many of ``tokens`` are the prompt
-    logprobs: Optional[Sequence[float]] = None  # one per response token (0 where masked)
-    action_mask: Optional[Sequence[int]] = None  # one per response token; None: all generated
+    logprobs: Any = None  # one per response token (0 where masked)
+    action_mask: Any = None  # one per response token (True: the model generated it); None: all
     reward: Optional[float] = None  # the workflow sets it
     info: dict = field(default_factory=dict)  # JSON-able metadata, kept with the record
     metrics: dict = field(default_factory=dict)  # name -> number, averaged into the step's metrics
@@ -57,25 +111,25 @@ class Experience:
     # (a streaming explorer loads new weights while an episode's model call runs).
     response_versions: Optional[Sequence[int]] = None
 
-    def __post_init__(self) -> None:
-        self.tokens = _ints(self.tokens)
-        if self.logprobs is not None:
-            self.logprobs = _floats(self.logprobs)
-        if self.action_mask is not None:
-            self.action_mask = _ints(self.action_mask)
-        if self.response_versions is not None:
-            self.response_versions = _ints(self.response_versions)
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in TENSOR_FIELDS and value is not None:
+            value = _tensor(name, value)
+        elif name == "response_versions" and value is not None:
+            value = [int(v) for v in as_list(value)]
+        object.__setattr__(self, name, value)
 
     @property
     def response_ids(self) -> list[int]:
-        return list(self.tokens[self.prompt_length :])
+        return self.tokens[self.prompt_length :].tolist()
 
     @property
     def prompt_ids(self) -> list[int]:
-        return list(self.tokens[: self.prompt_length])
+        return self.tokens[: self.prompt_length].tolist()
 
-    def check(self, who: str) -> None:
-        """WorkflowError naming ``who`` (the workflow) when the fields do not fit together."""
+    def check(self, who: str, evaluation: bool = False) -> None:
+        """WorkflowError naming ``who`` (the workflow) when the fields do not fit together.
+        ``evaluation``: an evaluation task's experience may have no reward (Trinity's
+        evaluation workflows score through ``metrics``; its reward counts as 0)."""
         n = len(self.tokens) - self.prompt_length
         if self.prompt_length < 1 or n < 1:
             raise WorkflowError(
@@ -90,9 +144,9 @@ class Experience:
                     f"{who} returned an experience with {len(values)} {name} for "
                     f"{n} response tokens: give one per response token"
                 )
-        if self.action_mask is not None and any(v not in (0, 1) for v in self.action_mask):
+        if self.action_mask is not None and str(self.action_mask.dtype) != "torch.bool":
             raise WorkflowError(f"{who} returned an action_mask with values other than 0 and 1")
-        if self.reward is None:
+        if self.reward is None and not evaluation:
             raise WorkflowError(
                 f"{who} returned an experience without a reward: set "
                 "experience.reward before returning it"

@@ -16,13 +16,14 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from rft.config.known_names import WORKFLOWS as TRINITY_WORKFLOWS
 from rft.config.typed_dict import not_supported
 from rft.entry import PLUGIN_DIRS_ENV, TRINITY_PLUGIN_DIRS_ENV
 from rft.errors import WorkflowError, did_you_mean
 from rft.workflow.base import workflow_signature_problem
+from rft.workflow.trinity_alias import install as install_trinity_alias
 
 log = logging.getLogger(__name__)
 
@@ -37,24 +38,47 @@ SHIPPED_MODULES = (
 
 
 class Registry:
-    """Workflow classes by name (Trinity's ``Registry``: ``register_module(name)``)."""
+    """Classes by name (Trinity's ``Registry``): ``@register_module(name)`` on a class, or
+    ``register_module(name, cls)``; ``force`` replaces a class already under that name."""
 
     def __init__(self, kind: str):
-        self.kind = kind
+        self.kind = kind  # what it holds, for messages: "workflow", "reward function"
         self.classes: dict[str, type] = {}
 
-    def register_module(self, name: str, force: bool = False) -> Callable[[type], type]:
+    @property
+    def name(self) -> str:
+        return self.kind
+
+    @property
+    def modules(self) -> dict[str, type]:
+        """Trinity's name of :attr:`classes`."""
+        return self.classes
+
+    def register_module(
+        self,
+        module_name: Optional[str] = None,
+        module_cls: Optional[type] = None,
+        force: bool = False,
+        lazy: bool = False,  # Trinity's flag; it has no effect there either
+        *,
+        name: Optional[str] = None,  # Trinity's guide spells it register_module(name="...")
+    ) -> Any:
+        """The decorator; with ``module_cls``, registers it and returns it."""
+        module_name = module_name or name
+        if not module_name:
+            raise WorkflowError(f"{self.kind} registry: register_module needs a name")
+
         def add(cls: type) -> type:
-            known = self.classes.get(name)
+            known = self.classes.get(module_name)
             if known is not None and known is not cls and not force:
                 raise WorkflowError(
-                    f"{self.kind} name {name!r} is taken by "
+                    f"{self.kind} name {module_name!r} is taken by "
                     f"{known.__module__}.{known.__qualname__}; pick another name"
                 )
-            self.classes[name] = cls
+            self.classes[module_name] = cls
             return cls
 
-        return add
+        return add if module_cls is None else add(module_cls)
 
     def get(self, name: str) -> Optional[type]:
         return self.classes.get(name)
@@ -91,7 +115,10 @@ _failed: dict[Path, str] = {}
 def load_plugins(extra: Iterable[str] = ()) -> list[str]:
     """Import every ``*.py`` module (and package) of each plugin directory, once; the modules
     imported. A missing directory is a WorkflowError; a module that fails to import is logged,
-    remembered (:func:`failed_plugins_note`) and skipped, so the others still load."""
+    remembered (:func:`failed_plugins_note`) and skipped, so the others still load. Trinity's
+    module names serve rft's objects in these modules (:mod:`rft.workflow.trinity_alias`)
+    unless Trinity-RFT is installed."""
+    install_trinity_alias()
     imported = []
     for folder in plugin_dirs(extra):
         if folder in _loaded:

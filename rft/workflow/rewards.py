@@ -4,6 +4,7 @@ A reward function is ``fn(response: str, truth: str, **args) -> dict[str, float]
 of an experience is the sum of its parts, stored with it for metrics. Reward model scores
 (:mod:`rft.explorer.reward_model`) are parts too, weighed in by :func:`combine_reward`.
 Built-ins: ``REWARD_FNS``; a user's ``package.module:function`` via :func:`get_reward_fn`.
+Trinity's class shape of each (``MathRewardFn``...) and user classes: :mod:`rft.workflow.reward_fn`.
 :func:`answer_extractor` says where a reward function reads the answer (``ANSWER_EXTRACTORS``).
 """
 
@@ -28,7 +29,7 @@ from rft.errors import ConfigError, did_you_mean
 log = logging.getLogger(__name__)
 
 RewardParts = dict[str, float]
-RewardFn = Callable[..., RewardParts]
+RewardFunction = Callable[..., RewardParts]
 
 FORMAT_SCORE = 0.1
 MATH_VERIFY_TIMEOUT_S = 5
@@ -212,11 +213,13 @@ def math_boxed_reward(
     closed before any other (trinity/common/rewards/math_reward.py, math_utils.py)."""
     answer = last_boxed(response)
     accuracy = 1.0 if answer is not None and answers_match(answer, truth) else 0.0
-    fault = with_think and not _one_think_block(response)
+    fault = with_think and not one_think_block(response)
     return {"accuracy": accuracy, "format_score": -float(format_score_coef) if fault else 0.0}
 
 
-def _one_think_block(text: str) -> bool:
+def one_think_block(text: str) -> bool:
+    """Exactly one ``<think>`` and one ``</think>``, in that order (Trinity's
+    ``validate_think_pattern``)."""
     opened, closed = text.count("<think>"), text.count("</think>")
     return opened == closed == 1 and text.find("<think>") < text.find("</think>")
 
@@ -359,7 +362,7 @@ def math_dapo_reward(
     }
 
 
-def takes_response_length(fn: RewardFn) -> bool:
+def takes_response_length(fn: RewardFunction) -> bool:
     """Whether a reward function wants the response's token count (``response_length=``)."""
     try:
         return "response_length" in inspect.signature(fn).parameters
@@ -368,7 +371,7 @@ def takes_response_length(fn: RewardFn) -> bool:
 
 
 # Trinity-RFT's names; final_number_reward is rft's own, for the quick start.
-REWARD_FNS: dict[str, RewardFn] = {
+REWARD_FNS: dict[str, RewardFunction] = {
     "countdown_reward": countdown_reward,
     "math_dapo_reward": math_dapo_reward,
     "math_reward": math_reward,
@@ -390,14 +393,14 @@ ANSWER_EXTRACTORS: dict[str, str] = {
 }
 
 
-def answer_extractor(fn: RewardFn) -> str:
+def answer_extractor(fn: RewardFunction) -> str:
     """How ``fn`` (as :func:`get_reward_fn` returns it) reads the answer: a built-in's
     ``ANSWER_EXTRACTORS`` entry, else ``user function <module>:<function>``."""
     for name, builtin in REWARD_FNS.items():
         if fn is builtin:
             return ANSWER_EXTRACTORS[name]
     inner = fn.func if isinstance(fn, functools.partial) else fn
-    inner = getattr(inner, "__wrapped__", inner)  # _as_parts' wrapper
+    inner = getattr(inner, "__wrapped__", inner)  # as_reward_parts' wrapper
     return f"user function {inner.__module__}:{getattr(inner, '__qualname__', repr(inner))}"
 
 
@@ -441,7 +444,7 @@ def combine_reward(
 # ----------------------------------------------------------------------------- resolution
 
 
-def _import_user_fn(spec: str) -> Callable[..., Any]:
+def import_user_fn(spec: str) -> Callable[..., Any]:
     """``pkg.module:function`` (or ``pkg.module.function``) -> the callable; a Trinity reward
     name rft does not ship is refused saying what to do (no guess)."""
     if spec in TRINITY_REWARD_FNS:
@@ -472,7 +475,7 @@ def _import_user_fn(spec: str) -> Callable[..., Any]:
     return fn
 
 
-def _as_parts(spec: str, fn: Callable[..., Any]) -> RewardFn:
+def as_reward_parts(spec: str, fn: Callable[..., Any]) -> RewardFunction:
     """Wrap a user function so a float result becomes ``{"reward": value}`` and a bad one raises."""
 
     @functools.wraps(fn)
@@ -492,7 +495,7 @@ def _as_parts(spec: str, fn: Callable[..., Any]) -> RewardFn:
     return wrapper
 
 
-def get_reward_fn(name_or_path: str, args: Mapping[str, Any] | None = None) -> RewardFn:
+def get_reward_fn(name_or_path: str, args: Mapping[str, Any] | None = None) -> RewardFunction:
     """Resolve a built-in name or ``package.module:function``; bind ``args`` (the config's
     ``reward_fn_args``) as keyword arguments. Returns ``fn(response, truth) -> parts``."""
     args = dict(args or {})
@@ -514,9 +517,9 @@ def get_reward_fn(name_or_path: str, args: Mapping[str, Any] | None = None) -> R
         bound = functools.partial(fn, **args)
         bound("", "")  # a bad combination of arguments fails here, at load (the login node)
         return bound
-    user_fn = _import_user_fn(name_or_path)
+    user_fn = import_user_fn(name_or_path)
     _check_user_args(name_or_path, user_fn, args)
-    return functools.partial(_as_parts(name_or_path, user_fn), **args)
+    return functools.partial(as_reward_parts(name_or_path, user_fn), **args)
 
 
 def _check_user_args(spec: str, fn: Callable[..., Any], args: Mapping[str, Any]) -> None:

@@ -14,12 +14,12 @@ from typing import Any, Mapping, Sequence
 from rft.config.auxiliary import RewardWeights
 from rft.data import Messages, chat_messages, column, format_field
 from rft.errors import ConfigError, did_you_mean
+from rft.workflow.reward_fn import reward_function
 from rft.workflow.rewards import (
-    RewardFn,
+    RewardFunction,
     RewardParts,
     combine_reward,
     extract_ground_truth,
-    get_reward_fn,
     takes_response_length,
 )
 
@@ -46,7 +46,7 @@ class Recipe:
 
     name: str
     system_prompt: str | None  # used when the format config sets none
-    reward_fn: RewardFn  # fn(response, truth) -> reward parts
+    reward_fn: RewardFunction  # fn(response, truth) -> reward parts
     reward_weights: RewardWeights = RewardWeights()  # rule vs reward model scores
     user_suffix: str | None = None  # appended to the last user message (Qwen2.5-Math's prompt)
     base_prompt: bool = False  # workflow_args.use_base: plain text, no chat template (base models)
@@ -70,15 +70,8 @@ class Recipe:
         return messages
 
     def prompt_text(self, messages: Messages) -> str:
-        """The messages as a base model's plain-text prompt, the format of Trinity's
-        ``use_base`` (``MathBoxedWorkflow.format_prompt`` in
-        trinity/common/workflows/customized_math_workflows.py): ``System:<system>`` then
-        ``\nUser:\n<question>\nAssistant:\n``, followed by a reply prefix when one is set."""
-        system = "".join(m["content"] for m in messages if m["role"] == "system")
-        user = "\n".join(m["content"] for m in messages if m["role"] == "user")
-        prefix = "".join(m["content"] for m in messages if m["role"] == "assistant")
-        head = f"System:{system}\n" if system else ""
-        return f"{head}User:\n{user}\nAssistant:\n{prefix}"
+        """The messages as a base model's plain-text prompt (:func:`base_model_prompt`)."""
+        return base_model_prompt(messages)
 
     def ground_truth(self, row: Mapping[str, Any], fmt: Any) -> str:
         """The reference answer of ``row`` (GSM8K ``####`` number, last ``\\boxed{}``, or text)."""
@@ -105,6 +98,18 @@ class Recipe:
         this workflow's weights (``model_scores``: one per reward model, config order)."""
         w = self.reward_weights
         return combine_reward(rule_parts, model_scores, w.rule_weight, w.reward_model_weight)
+
+
+def base_model_prompt(messages: Messages) -> str:
+    """Messages as a base model's plain-text prompt, the format of Trinity's ``use_base``
+    (``MathBoxedWorkflow.format_prompt``, trinity/common/workflows/customized_math_workflows.py):
+    ``System:<system>`` then ``\nUser:\n<question>\nAssistant:\n``, then the assistant
+    message's text (a reply prefix) if there is one."""
+    system = "".join(m["content"] for m in messages if m["role"] == "system")
+    user = "\n".join(m["content"] for m in messages if m["role"] == "user")
+    prefix = "".join(m["content"] for m in messages if m["role"] == "assistant")
+    head = f"System:{system}\n" if system else ""
+    return f"{head}User:\n{user}\nAssistant:\n{prefix}"
 
 
 # Trinity-RFT's names: (system prompt, default reward).
@@ -147,8 +152,9 @@ def get_workflow(
     reward_weights: RewardWeights = RewardWeights(),
     workflow_args: Mapping[str, Any] | None = None,
 ) -> Recipe:
-    """The single-turn workflow ``name``; ``reward_fn`` (built-in name or ``package.module:function``)
-    replaces its default reward, ``reward_fn_args`` are bound to the reward function (without
+    """The single-turn workflow ``name``; ``reward_fn`` (a built-in or registered name, or
+    ``package.module:function``: :func:`~rft.workflow.reward_fn.reward_function`) replaces its
+    default reward, ``reward_fn_args`` are bound to the reward function (without
     the reward weights: :func:`rft.config.auxiliary.split_reward_weights`); ``workflow_args``:
     those of :data:`WORKFLOW_ARGS`, which reach the default reward (:data:`PROMPT_ARGS` shape
     the prompt instead)."""
@@ -170,7 +176,7 @@ def get_workflow(
     return Recipe(
         name,
         system_prompt,
-        get_reward_fn(reward_fn or default_reward, {**(reward_fn_args or {}), **args} or None),
+        reward_function(reward_fn or default_reward, {**(reward_fn_args or {}), **args} or None),
         reward_weights,
         _USER_SUFFIX.get(base),
         bool(prompt_args.get("use_base", False)),
