@@ -210,6 +210,25 @@ def test_the_dry_run_checks_a_judge_folder_and_shows_where_it_runs(
         preflight(recipes, Devices(0))
 
 
+def test_reward_weights_with_only_a_judge_are_refused_not_ignored(
+    tmp_path, vllm_model_dir, plugins
+):
+    """rule_weight / reward_model_weight weigh a rule against reward models' scores: with
+    only a judge (a causal LM) there is nothing to weigh, so the keys would have no effect."""
+    from rft.launch.preflight import preflight
+
+    cfg = judge_cfg(tmp_path, vllm_model_dir, vllm_model_dir)
+    cfg.buffer.explorer_input.taskset.reward_fn_args = {"reward_model_weight": 0.5}
+    with pytest.raises(ConfigError) as e:
+        preflight(cfg, Devices(0))
+    assert str(e.value) == (
+        "buffer.explorer_input.taskset.reward_fn_args.reward_model_weight: weighs the rule "
+        "reward against reward models' scores, but explorer.auxiliary_models holds no reward "
+        "model (*ForSequenceClassification), only generative models, which a workflow calls "
+        "itself; remove the key, or add a reward model"
+    )
+
+
 # ----------------------------------------------------------------------------- the handles
 
 

@@ -19,7 +19,7 @@ import time
 from collections import Counter, deque
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
 
 from rft.buffer.experience import ENV_STEP_KEY, RUN_KEY
 from rft.buffer.experience import Experience as Record
@@ -43,14 +43,11 @@ from rft.monitor import (
 )
 from rft.workflow.conversation import ChatTemplate, Completion
 from rft.workflow.endpoint import Endpoint
-from rft.workflow.experience import Experience, as_list
+from rft.workflow.experience import Experience, as_list, numbers
 from rft.workflow.model import EpisodeCancelled, ModelWrapper
 from rft.workflow.recording import WorkflowWithRecording
 from rft.workflow.task import Task
 from rft.workflow.tools import ToolCounts, counting
-
-if TYPE_CHECKING:  # it imports this module
-    from rft.explorer.auxiliary import AuxiliaryModel
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +224,18 @@ class _Channel:
         return self.service.parse_reasoning(text)
 
 
+class AuxiliaryHandles(Protocol):
+    """What an episode pool needs of a generative auxiliary model (a judge; served by
+    :class:`rft.explorer.auxiliary.AuxiliaryModel`): a handle per episode, and word when the
+    episode ends."""
+
+    def handle(
+        self, episode: int, run_name: str, time_limit_s: Optional[float]
+    ) -> ModelWrapper: ...
+
+    def ended(self, episode: int) -> None: ...
+
+
 @dataclass
 class EpisodeJob:
     """One workflow run to do: which task, which run of its group."""
@@ -343,7 +352,7 @@ class EpisodePool:
         timeout_s: Optional[float],
         endpoint: Optional[Callable[[], Endpoint]] = None,
         model_path: str = "",
-        auxiliary: Sequence[AuxiliaryModel] = (),
+        auxiliary: Sequence[AuxiliaryHandles] = (),
     ):
         self.service = service
         self.template = template
@@ -490,7 +499,7 @@ def run_episodes(
     reasoning_parser: Optional[str] = None,
     endpoint: Optional[Callable[[], Endpoint]] = None,
     model_path: str = "",
-    auxiliary: Sequence[AuxiliaryModel] = (),
+    auxiliary: Sequence[AuxiliaryHandles] = (),
 ) -> tuple[list[EpisodeResult], dict[str, float]]:
     """Run ``jobs`` (an :class:`EpisodePool`), serving their model calls in batches
     meanwhile. ``endpoint``: the OpenAI-compatible endpoint the episodes' agent code may call
@@ -564,7 +573,7 @@ def to_record(
         logprobs=[] if exp.logprobs is None else as_list(exp.logprobs),
         action_mask=mask if 0 in mask else [],
         reward=0.0 if exp.reward is None else float(exp.reward),  # an evaluation sample: 0
-        reward_parts=_numbers(exp.metrics),
+        reward_parts=numbers(exp.metrics),
         model_version=version if exp.model_version is None else exp.model_version,
         response_versions=versions if len(set(versions)) > 1 else [],
         temperature=temperature,
@@ -573,14 +582,6 @@ def to_record(
         response_text=exp.response_text,
         info={**_json_safe(exp.info), **info, RUN_KEY: exp.eid.run, ENV_STEP_KEY: exp.eid.step},
     )
-
-
-def _numbers(values: dict) -> dict[str, float]:
-    return {
-        str(k): float(v)
-        for k, v in (values or {}).items()
-        if isinstance(v, (int, float)) and not isinstance(v, bool)
-    }
 
 
 def _json_safe(info: dict) -> dict[str, Any]:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from rft import data, stages
 from rft.config import batches
-from rft.config.auxiliary import auxiliary_tp, scoring_max_len
+from rft.config.auxiliary import REWARD_WEIGHT_KEYS, auxiliary_tp, scoring_max_len
 from rft.config.gpus import split_gpus
 from rft.config.load import stage_config, stage_label
 from rft.config.rules import lora_config, uses_critic, uses_teacher
@@ -95,6 +95,7 @@ def check_config(cfg: Config, prefix: str = "", here: Devices | None = None) -> 
     _check_context_length(cfg)
     if cfg.mode in ENGINE_MODES or teacher_in_trainer(cfg):
         check_auxiliary_dirs(cfg, cfg.mode in ENGINE_MODES and engine_on_cpu(cfg, here))
+        check_reward_weights(cfg)
     if cfg.mode in TRAINER_MODES and uses_critic(cfg):
         check_critic_dir(cfg.model.critic_model_path, cfg.model.model_path)
     _check_lora_path(cfg)
@@ -267,6 +268,24 @@ def check_auxiliary_dirs(cfg: Config, on_cpu: bool) -> None:
                 f"+ max_response_tokens) exceeds the {kind}'s "
                 f"max_position_embeddings={limit} ({model.model_path}/config.json); "
                 f"lower it to at most {limit}"
+            )
+
+
+def check_reward_weights(cfg: Config) -> None:
+    """``reward_fn_args.rule_weight`` / ``reward_model_weight`` weigh a rule against reward
+    models' scores: with auxiliary models that are all generative (judges, which score
+    nothing by themselves) the keys would have no effect (ConfigError)."""
+    models = cfg.explorer.auxiliary_models
+    if not models or uses_teacher(cfg) or REWARD_MODEL in auxiliary_kinds(cfg):
+        return
+    for label, taskset in cfg.labelled_tasksets():
+        given = sorted(set(taskset.reward_fn_args) & set(REWARD_WEIGHT_KEYS))
+        if given:
+            raise ConfigError(
+                f"{label}.reward_fn_args.{', '.join(given)}: weighs the rule reward against "
+                "reward models' scores, but explorer.auxiliary_models holds no reward model "
+                "(*ForSequenceClassification), only generative models, which a workflow calls "
+                "itself; remove the key, or add a reward model"
             )
 
 

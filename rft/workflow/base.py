@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 from rft.errors import WorkflowError
 from rft.workflow.conversation import Messages, Thread
-from rft.workflow.experience import EID, Experience
+from rft.workflow.experience import EID, Experience, numbers
 from rft.workflow.log import get_logger
 from rft.workflow.model import ModelWrapper
 from rft.workflow.task import Task
@@ -129,11 +129,7 @@ class MultiTurnWorkflow(Workflow):
     ) -> Experience:
         experience.reward = reward
         experience.info = dict(info or {})
-        experience.metrics = {
-            k: float(v)
-            for k, v in experience.info.items()
-            if isinstance(v, (int, float)) and not isinstance(v, bool)
-        }
+        experience.metrics = numbers(experience.info)
         experience.truncate_status = experience.truncate_status or truncate_status
         experience.eid = EID(run=self.run_id_base)
         return experience

@@ -83,6 +83,16 @@ def as_list(values: Any) -> list:
     return values.tolist() if hasattr(values, "tolist") else list(values)
 
 
+def numbers(values: Optional[dict]) -> dict[str, float]:
+    """The numeric entries of ``values`` (booleans aside) as floats: what of an experience's
+    ``info`` (or a recording run's metrics) becomes metrics."""
+    return {
+        str(k): float(v)
+        for k, v in (values or {}).items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool)
+    }
+
+
 @dataclass
 class Experience:
     """One trained sample: tokens with the model's log-probs, a loss mask and a reward. As

@@ -20,7 +20,7 @@ from typing import Any, Optional, Sequence
 from rft.errors import WorkflowError
 from rft.workflow.base import Workflow
 from rft.workflow.conversation import Thread
-from rft.workflow.experience import EID, Experience
+from rft.workflow.experience import EID, Experience, numbers
 from rft.workflow.model import ModelWrapper
 from rft.workflow.registry import register_workflow
 from rft.workflow.rewards import answers_match, total_reward
@@ -97,7 +97,7 @@ class WorkflowWithRecording(Workflow):
                 f"{type(self).__name__}: the agent made no model call through the endpoint "
                 f"({self.base_url}, this run's api_key): nothing to train on"
             )
-        run_metrics = _numbers(metrics or {})
+        run_metrics = numbers(metrics or {})
         out = []
         unrewarded = 0
         for thread in samples:
@@ -139,14 +139,6 @@ def thread_call_ids(thread: Thread) -> set[str]:
     return ids
 
 
-def _numbers(values: dict) -> dict[str, float]:
-    return {
-        str(k): float(v)
-        for k, v in values.items()
-        if isinstance(v, (int, float)) and not isinstance(v, bool)
-    }
-
-
 def _experience(
     thread: Thread, reward: float, info: dict, run_metrics: dict, run: int
 ) -> Experience:
@@ -157,7 +149,7 @@ def _experience(
         action_mask=thread.action_mask,
         reward=reward,
         info=info,
-        metrics={**run_metrics, **_numbers(info)},
+        metrics={**run_metrics, **numbers(info)},
         finish_reason=thread.finish_reason,
         model_version=min(thread.versions) if thread.versions else None,
         response_versions=thread.response_versions,
