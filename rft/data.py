@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
+import yaml
+
 from rft.config.batches import rollouts_per_update
 from rft.errors import DataError, nearest
 
@@ -82,6 +84,8 @@ def resolve(
         return DatasetSource("saved", (root,))
     base = _subset_dir(root, subset_name)
     files = _split_files(base, split)
+    if not files and not subset_name:
+        files = _default_config_files(root, split)
     if not files:
         found = sorted(available_splits(base))
         subsets = subset_folders(base)
@@ -99,6 +103,50 @@ def resolve(
     if len(formats) > 1:
         raise DataError(f"split {split!r} under {base} mixes file formats {sorted(formats)}")
     return DatasetSource(formats.pop(), tuple(files))
+
+
+def _readme_configs(root: Path) -> list[dict[str, Any]]:
+    """The ``configs:`` of a hub dataset card's YAML header (README.md), or []."""
+    card = root / "README.md"
+    if not card.is_file():
+        return []
+    text = card.read_text(encoding="utf-8", errors="replace")
+    if not text.startswith("---"):
+        return []
+    header = text.split("---", 2)[1] if text.count("---") >= 2 else ""
+    try:
+        meta = yaml.safe_load(header) or {}
+    except yaml.YAMLError:
+        return []
+    configs = meta.get("configs") if isinstance(meta, dict) else None
+    return [c for c in configs or [] if isinstance(c, dict)]
+
+
+def _card_split_files(root: Path, config: dict[str, Any], split: str) -> list[Path]:
+    """A card config's files of ``split`` (its ``data_files`` patterns, relative to root)."""
+    files = config.get("data_files")
+    entries = files if isinstance(files, list) else [{"split": "train", "path": files}]
+    out: list[Path] = []
+    for entry in entries:
+        if not isinstance(entry, dict) or entry.get("split") != split:
+            continue
+        paths = entry.get("path")
+        for pattern in paths if isinstance(paths, list) else [paths]:
+            if isinstance(pattern, str):
+                out += sorted(p for p in root.glob(pattern) if p.is_file())
+    return out
+
+
+def _default_config_files(root: Path, split: str) -> list[Path]:
+    """Where Hugging Face ``datasets`` finds ``split`` of a folder given no subset name: the
+    dataset card's only (or ``default: true``) config, else the one subset folder holding that
+    split (``main/train-*.parquet`` of GSM8K). [] when that is not one place."""
+    configs = _readme_configs(root)
+    if configs:
+        chosen = [c for c in configs if c.get("default")] or configs
+        return _card_split_files(root, chosen[0], split) if len(chosen) == 1 else []
+    holding = [s for s in subset_folders(root) if _split_files(root / s, split)]
+    return _split_files(root / holding[0], split) if len(holding) == 1 else []
 
 
 def _format_of(file: Path) -> str:

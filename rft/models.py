@@ -324,3 +324,32 @@ def check_critic_dir(
             "from the policy's weights"
         )
     return info
+
+
+def rope_overrides(cfg: Config) -> dict:
+    """The model config attributes ``model.rope_scaling`` / ``model.rope_theta`` override, as
+    the installed transformers spells them: one ``rope_parameters`` dict (transformers >= 5:
+    the folder's own, updated with both) or ``rope_scaling`` and ``rope_theta`` apart (older).
+    Both the engine (vLLM's ``hf_overrides``) and the trainer (the loaded config) apply these,
+    so generation and training see the same positions. Empty when neither key is set."""
+    model = cfg.model
+    if model.rope_scaling is None and model.rope_theta is None:
+        return {}
+    import transformers
+
+    if int(transformers.__version__.split(".")[0]) < 5:
+        out: dict = {}
+        if model.rope_scaling is not None:
+            out["rope_scaling"] = dict(model.rope_scaling)
+        if model.rope_theta is not None:
+            out["rope_theta"] = model.rope_theta
+        return out
+    from transformers import AutoConfig
+
+    params = dict(
+        getattr(AutoConfig.from_pretrained(model.model_path), "rope_parameters", None) or {}
+    )
+    params.update(model.rope_scaling or {})
+    if model.rope_theta is not None:
+        params["rope_theta"] = model.rope_theta
+    return {"rope_parameters": params}

@@ -1,8 +1,8 @@
 """Metrics out: one ``key=value`` log line per step, a ``metrics.jsonl`` and the chosen sinks.
 
 Each role owns a :class:`Monitor` writing ``monitor/<role>/metrics.jsonl`` (and tensorboard,
-wandb or mlflow folders) under the run directory; only rank 0 writes, one whole line at a time,
-and a sink's package is imported only when chosen. The constants below are the metric names
+wandb, mlflow or swanlab folders) under the run directory; only rank 0 writes, one whole line at
+a time, and a sink's package is imported only when chosen. The constants below are the metric names
 that more than one module needs: writer and readers import them. The pure math's own metric
 names live beside that math (``rft.algo``), which must not import this module.
 """
@@ -67,6 +67,7 @@ OLD_LOGPROBS_TIME_S = "time_old_logprobs_s"  # trainer: the no-grad pass recompu
 EPISODES = "episodes/count"  # explorer (workflow classes): workflow runs in the step
 EPISODE_FAILED = "episodes/failed"  # explorer: runs that raised (left out of the buffer)
 EPISODE_TIMEOUTS = "episodes/timeouts"  # explorer: runs stopped at explorer.max_timeout
+EPISODE_RETRIED = "episodes/retried"  # explorer: runs run again (explorer.max_retry_times)
 # explorer (JSONL only, not numbers): the step's first failed run, "<workflow> on task <id>:
 # <Type: message>", and {that one-line error: runs of the step that failed with it}
 EPISODE_FIRST_ERROR = "episodes/first_error"
@@ -136,6 +137,11 @@ def tensorboard_dir(run_dir: Path | str, role: str | None = None) -> Path:
 def wandb_dir(run_dir: Path | str) -> Path:
     """The folder of the run's wandb run folders (what ``wandb sync`` is pointed at)."""
     return Path(run_dir) / MONITOR_DIR / "wandb"
+
+
+def swanlab_dir(run_dir: Path | str) -> Path:
+    """The folder of the run's SwanLab run folders (``swanlab sync`` takes each ``run-*`` in it)."""
+    return Path(run_dir) / MONITOR_DIR / "swanlab"
 
 
 def mlflow_uri(run_dir: Path | str) -> str:
@@ -224,13 +230,13 @@ class RunInfo:
 
     run_dir: Path
     role: str  # trainer, explorer_<name>[-<rank>], bench
-    project: str  # config `project`: the wandb project, the MLflow experiment
+    project: str  # config `project`: the wandb/SwanLab project, the MLflow experiment
     name: str  # config `name`
     flush_interval_s: float  # TensorBoard flush period
 
     @property
     def run_name(self) -> str:
-        """The wandb/MLflow run name: Trinity's ``<name>_<role>``."""
+        """The wandb/MLflow/SwanLab run name: Trinity's ``<name>_<role>``."""
         return f"{self.name}_{self.role}"
 
 
@@ -328,8 +334,45 @@ class MlflowSink:
         self._client.set_terminated(self._run_id)
 
 
+class SwanlabSink:
+    """A SwanLab run ``<name>_<role>`` (group ``<name>``, tags ``<role>`` and ``<name>`` as Trinity
+    tags it) in project ``<project>``, its files in ``monitor/swanlab/``; online or offline as
+    :func:`swanlab_mode` decides. SwanLab holds one run per process: one role per process."""
+
+    kind, module, package = "swanlab", "swanlab", "swanlab"
+
+    def __init__(self, run: RunInfo):
+        _require(type(self))
+        import swanlab
+
+        mode, why = swanlab_mode()
+        folder = swanlab_dir(run.run_dir)
+        effective = mode or os.environ.get("SWANLAB_MODE")
+        later = f"; upload later: swanlab sync {folder}/run-*" if effective == "offline" else ""
+        log.info("%s: swanlab %s (%s)%s", run.role, effective, why, later)
+        self._run = swanlab.init(
+            project=run.project,
+            name=run.run_name,
+            group=run.name,
+            tags=[run.role, run.name],
+            log_dir=str(folder),  # wins over SWANLAB_LOG_DIR: the run's files stay in the run
+            mode=mode,
+            config={"run_dir": str(run.run_dir)},
+            # no copy of stdout/stderr into the run: the log line per step is rft's own
+            settings=swanlab.Settings(terminal={"proxy_type": "none"}),
+        )
+
+    def log(self, step: int, scalars: dict[str, float]) -> None:
+        self._run.log(scalars, step=step)
+
+    def close(self) -> None:
+        self._run.finish()
+
+
 # monitor_type name -> sink; console adds none (the log line and metrics.jsonl only).
-SINKS: dict[str, type | None] = {s.kind: s for s in (TensorBoardSink, WandbSink, MlflowSink)}
+SINKS: dict[str, type | None] = {
+    s.kind: s for s in (TensorBoardSink, WandbSink, MlflowSink, SwanlabSink)
+}
 SINKS["console"] = None
 assert set(SINKS) == set(typing.get_args(MonitorType)), "a sink per name the config accepts"
 
@@ -351,26 +394,62 @@ def _require(sink: type) -> None:
         )
 
 
-WANDB_PROBE_TIMEOUT_S = 2.0  # how long wandb_mode waits for the wandb API host to answer
+PROBE_TIMEOUT_S = 2.0  # how long wandb_mode/swanlab_mode wait for the API host to answer
 
 
 def wandb_mode(env: Mapping[str, str] = os.environ) -> tuple[str | None, str]:
     """wandb's mode on this node and why. ``WANDB_MODE`` wins when set (mode None: wandb reads
     it). Otherwise 'online' needs an API key (``WANDB_API_KEY``, or a login in ``~/.netrc`` as
     ``wandb login`` writes) and the API host (``WANDB_BASE_URL``, default api.wandb.ai) taking a
-    TCP connection within ``WANDB_PROBE_TIMEOUT_S``; else 'offline' (compute nodes often have no
+    TCP connection within ``PROBE_TIMEOUT_S``; else 'offline' (compute nodes often have no
     internet)."""
     if env.get("WANDB_MODE"):
         return None, f"WANDB_MODE={env['WANDB_MODE']}"
-    url = urlsplit(env.get("WANDB_BASE_URL") or "https://api.wandb.ai")
-    host, port = url.hostname or "", url.port or (443 if url.scheme == "https" else 80)
+    url = env.get("WANDB_BASE_URL") or "https://api.wandb.ai"
+    host = urlsplit(url).hostname or ""
     if not env.get("WANDB_API_KEY") and not _netrc_login(host, env):
         return "offline", f"no WANDB_API_KEY and no login for {host} in ~/.netrc"
+    return _probe(url)
+
+
+def swanlab_mode(env: Mapping[str, str] = os.environ) -> tuple[str | None, str]:
+    """SwanLab's mode on this node and why, decided as :func:`wandb_mode` decides wandb's:
+    ``SWANLAB_MODE`` wins when set (mode None: SwanLab reads it); 'online' needs an API key
+    (``SWANLAB_API_KEY``, or the ``.netrc`` that ``swanlab login`` writes) and the API host
+    (``SWANLAB_API_HOST``, else the logged-in host, else api.swanlab.cn) taking a TCP connection
+    within ``PROBE_TIMEOUT_S``; else 'offline' (files for ``swanlab sync``)."""
+    if env.get("SWANLAB_MODE"):
+        return None, f"SWANLAB_MODE={env['SWANLAB_MODE']}"
+    login = _swanlab_login(env)
+    if not env.get("SWANLAB_API_KEY") and login is None:
+        return "offline", "no SWANLAB_API_KEY and no `swanlab login`"
+    return _probe(env.get("SWANLAB_API_HOST") or login or "https://api.swanlab.cn")
+
+
+def _probe(url: str) -> tuple[str, str]:
+    """'online' when the host of ``url`` takes a TCP connection within ``PROBE_TIMEOUT_S``."""
+    parts = urlsplit(url if "://" in url else f"https://{url}")
+    host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
     try:
-        socket.create_connection((host, port), timeout=WANDB_PROBE_TIMEOUT_S).close()
+        socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
     except OSError as e:
         return "offline", f"{host}:{port} not reachable ({e})"
     return "online", f"{host}:{port} reachable"
+
+
+def _swanlab_login(env: Mapping[str, str]) -> str | None:
+    """The API host ``swanlab login`` saved a key for, or None. SwanLab reads ``./.swanlab/.netrc``
+    first, then ``.netrc`` in its root folder (``SWANLAB_ROOT``, default ``~/.swanlab``)."""
+    home = env.get("HOME") or os.path.expanduser("~")
+    root = env.get("SWANLAB_ROOT") or env.get("SWANLAB_SAVE_DIR") or os.path.join(home, ".swanlab")
+    for path in (os.path.join(".swanlab", ".netrc"), os.path.join(root, ".netrc")):
+        try:
+            hosts = netrc.netrc(path).hosts
+        except (OSError, netrc.NetrcParseError):
+            continue
+        if hosts:
+            return next(iter(hosts))
+    return None
 
 
 def _netrc_login(host: str, env: Mapping[str, str]) -> bool:

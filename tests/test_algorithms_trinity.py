@@ -233,6 +233,11 @@ TRINITY = {
     "jsd": ("jsd", "ppo", "none", "none", "none", "default", 8),
     # agentscope-ai@402adb2 M2POAlgorithm (its tests/algorithm/test_m2po_policy_loss.py)
     "m2po": ("grpo", "m2po", "none", "none", "none", "default", 8),
+    # agentscope-ai@0fcd37e GiGPOAlgorithm (its tests/algorithm/test_gigpo_advantage.py)
+    "gigpo": ("gigpo", "ppo", "k2", "none", "default", "default", 8),
+    # main 9051d63 registers grpo_verl as GRPOverlAlgorithm (its class body was not stored to
+    # read): GRPO's preset with veRL's batch advantage, as the name and its advantage_fn say
+    "grpo_verl": ("grpo_verl", "ppo", "k2", "none", "default", "default", 2),
 }
 KEYS = ("advantage_fn", "policy_loss_fn", "kl_loss_fn", "kl_penalty_fn", "entropy_loss_fn")
 

@@ -19,7 +19,7 @@ from rft.buffer.experience import Experience
 from rft.buffer.segments import SegmentWriter
 from rft.config.batches import mini_batches_per_step, updates_per_step
 from rft.config.load import load_config
-from rft.config.mix import expert_samples_per_step, mix_counts
+from rft.config.mix import expert_buffer, expert_samples_per_step, mix_counts
 from rft.errors import ConfigError
 from rft.monitor import POLICY_LOSS, STALENESS_MEAN
 from rft.trainer.batching import (
@@ -78,12 +78,18 @@ def test_counts_of_the_shipped_configs():
     assert mix_counts(chord_cfg()).rollout == 4 and mix_counts(chord_cfg()).expert == 2
     gpu = mix_counts(load_config(REPO / "configs" / "chord.yaml"))
     assert (gpu.rollout, gpu.expert, gpu.total) == (256, 64, 320)
-    assert [expert_samples_per_step(n, 0.25) for n in (6, 10, 12)] == [2, 3, 3]  # halves round up
+    # Trinity's MixSampleStrategy: expert_batch_size = ceil(expert_data_ratio * tot_batch_size)
+    # (agentscope-ai/Trinity-RFT trinity/algorithm/sample_strategy/mix_sample_strategy.py)
+    assert [expert_samples_per_step(n, 0.25) for n in (6, 10, 12)] == [2, 3, 3]
+    assert expert_samples_per_step(10, 0.21) == 3  # rounding would give 2
+    assert expert_samples_per_step(864, 0.11) == 96  # mix_chord_toolace: 768 rollouts = 96 x 8
 
 
 def test_mode_both_splits_the_explorers_step_into_mini_batches():
-    with pytest.raises(ConfigError) as e:
-        chord_cfg("buffer.train_batch_size=8")  # 2 expert + 6 rollouts, the explorer's step has 4
+    from rft.config.batches import check_train_batch_size
+
+    with pytest.raises(ConfigError) as e:  # 2 expert + 6 rollouts, the explorer's step has 4
+        check_train_batch_size(chord_cfg("buffer.train_batch_size=8"))
     assert (
         "(its rollout part: 6 rollouts per update) exceeds a step's batch_size x repeat_times "
         "= 2 x 2 = 4 rollouts" in str(e.value)
@@ -106,14 +112,13 @@ def test_mode_both_splits_the_explorers_step_into_mini_batches():
             ["algorithm.sample_strategy_args={expert_ratio: 0.2}"],
             "Did you mean 'expert_data_ratio'",
         ),
-        (["algorithm.sample_strategy_args={expert_data_ratio: 0.05}"], "rounds to 0 expert"),
         (
             [
                 "mode=train",
                 "buffer.train_batch_size=8",
-                "algorithm.sample_strategy_args={expert_data_ratio: 0.4}",
+                "algorithm.sample_strategy_args={expert_data_ratio: 0.3}",
             ],
-            "not a positive multiple",
+            "leaves 5 rollouts per step, not a positive multiple",
         ),
         (["algorithm.policy_loss_fn=ppo"], "only policy_loss_fn 'mix_chord'"),
     ],
@@ -173,6 +178,17 @@ def test_each_step_is_the_explorers_rollouts_then_expert_rows_cycling(mix_setup)
     assert cursor["expert"] == {"row": 4} and cursor["segments"]["explorer-0"]["seq"] == 3
     assert split_cursor(cursor) == ({"segments": cursor["segments"]}, {"row": 4})
     assert source.stats()["expert_rows_served"] == 4
+
+
+def test_the_expert_datas_total_epochs_ends_the_input(mix_setup, caplog):
+    """auxiliary_buffers.<name>.total_epochs: that many passes over the expert rows, then the
+    trainer's input ends (Trinity's trainer stops when an auxiliary buffer runs out)."""
+    cfg, run_dir, tok = mix_setup
+    expert_buffer(cfg).total_epochs = 1  # 3 rows, 2 per step
+    source = MixSource(cfg, run_dir, None, tokenizer=tok)
+    assert expert_questions(tok, source.next_batch(1, 0)) == EXPERT_QUESTIONS[:2]
+    assert source.next_batch(2, 0) is None  # 1 row left, a step takes 2
+    assert "the expert data is used up (2 rows served: 1 passes" in caplog.text
 
 
 def test_resume_from_a_cursor_serves_what_an_uninterrupted_source_would(mix_setup):

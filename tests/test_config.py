@@ -128,6 +128,41 @@ def test_wrong_types_and_ranges(tmp_path, section, key, value, expected):
     assert expected in str(e.value)
 
 
+def test_group_is_a_folder_of_the_run_directory(tmp_path):
+    """Trinity's Config.get_checkpoint_job_dir (trinity/common/config.py at 1d7fae4):
+    os.path.join(checkpoint_root_dir, project, group, name); an empty group adds no folder."""
+    cfg = load_dict(
+        tmp_path, minimal(project="p", group="g", name="n"), f"checkpoint_root_dir={tmp_path}"
+    )
+    assert cfg.run_dir == tmp_path / "p" / "g" / "n" and cfg.run_label == "p/g/n"
+    cfg = load_dict(tmp_path, minimal(project="p", name="n"), f"checkpoint_root_dir={tmp_path}")
+    assert cfg.run_dir == tmp_path / "p" / "n" and cfg.run_label == "p/n"
+
+
+def test_env_defaults_take_the_fields_type(tmp_path, monkeypatch):
+    """``${oc.env:VAR,default}`` always yields text; Trinity's load_config merges the YAML into
+    its structured Config (trinity/common/config.py load_config: OmegaConf.merge(schema, yaml)),
+    where OmegaConf's IntegerNode / FloatNode / BooleanNode convert text to the field's type."""
+    monkeypatch.delenv("RFT_TEST_UNSET", raising=False)
+    monkeypatch.setenv("RFT_TEST_OFF", "off")
+    text = """
+model: {model_path: /models/m}
+algorithm: {algorithm_type: grpo, repeat_times: '${oc.env:RFT_TEST_UNSET,4}'}
+buffer:
+  batch_size: ${oc.env:RFT_TEST_UNSET,2}
+  explorer_input: {taskset: {path: /data/t}}
+explorer:
+  eval_on_startup: ${oc.env:RFT_TEST_OFF,true}
+  first_task_check: ${oc.env:RFT_TEST_UNSET,1}
+cluster: {node_num: 1, gpu_per_node: 2}
+"""
+    cfg = load_config(write(tmp_path, text))
+    assert (cfg.algorithm.repeat_times, cfg.buffer.batch_size) == (4, 2)
+    assert cfg.explorer.eval_on_startup is False and cfg.explorer.first_task_check is True
+    with pytest.raises(ConfigError, match="buffer.batch_size: expected an integer, got '2.5'"):
+        load_dict(tmp_path, minimal(), "buffer.batch_size='2.5'")
+
+
 def test_bad_enum_value_suggests(tmp_path):
     data = minimal()
     data["algorithm"]["algorithm_type"] = "grpoo"
@@ -206,12 +241,7 @@ def test_presets_fill_only_unset_functions(tmp_path):
     "section,refused",
     [
         ({"synchronizer": {"sync_method": "memory"}}, "synchronizer.sync_method: memory"),
-        (
-            {"synchronizer": {"sync_style": "dynamic_by_explorer"}},
-            "synchronizer.sync_style: dynamic_by_explorer",
-        ),
-        ({"explorer": {"max_retry_times": 2}}, "explorer.max_retry_times"),
-        ({"model": {"model_path": "/m", "external_model": "x"}}, "model.external_model"),
+        ({"model": {"model_path": "/m", "tinker": {"enable": True}}}, "model.tinker"),
         (
             {
                 "buffer": {
@@ -248,10 +278,81 @@ def test_misspelt_names_still_get_the_nearest_name(tmp_path):
     assert not isinstance(e.value, NotSupportedError)
 
 
-def test_sequence_parallel_is_accepted_with_a_warning(tmp_path, caplog):
-    cfg = load_dict(tmp_path, minimal(trainer={"ulysses_sequence_parallel_size": 2}))
-    assert cfg.trainer.ulysses_sequence_parallel_size == 2
-    assert "ulysses_sequence_parallel_size=2 has no effect" in caplog.text
+@pytest.mark.parametrize(
+    "section, key",
+    [
+        ({"ulysses_sequence_parallel_size": 2}, "trainer.ulysses_sequence_parallel_size: 2"),
+        (
+            {
+                "trainer_config": {
+                    "actor_rollout_ref": {"actor": {"ulysses_sequence_parallel_size": 4}}
+                }
+            },
+            "trainer.ulysses_sequence_parallel_size: 4",
+        ),
+        (
+            {"trainer_config": {"critic": {"ulysses_sequence_parallel_size": 2}}},
+            "trainer.trainer_config.critic.ulysses_sequence_parallel_size: 2",
+        ),
+    ],
+)
+def test_sequence_parallelism_is_refused_not_ignored(tmp_path, section, key):
+    """Sequence parallelism is not built: > 1 is refused (never a warning while each GPU holds
+    whole sequences); 1 loads."""
+    with pytest.raises(NotSupportedError) as e:
+        load_dict(tmp_path, minimal(trainer=section))
+    assert f"Trinity's `{key}` is not supported by rft" in str(e.value)
+    assert "max_token_len_per_gpu" in str(e.value)
+    assert load_dict(tmp_path, minimal(trainer={"ulysses_sequence_parallel_size": 1}))
+
+
+def test_log_prob_passes_take_verls_rollout_and_ref_batching(tmp_path):
+    """veRL's rollout.log_prob_* (old log-probs) and ref.log_prob_* (reference) batch rft's one
+    log-prob pass: the smaller token budget, dynamic when either is; unset: the actor's."""
+    cfg = load_dict(tmp_path, minimal(trainer={"max_token_len_per_gpu": 8192}))
+    assert (cfg.trainer.log_prob_max_token_len_per_gpu, cfg.trainer.log_prob_use_dynamic_bsz) == (
+        8192,
+        True,
+    )
+    arr = {
+        "rollout": {"log_prob_max_token_len_per_gpu": 16384, "log_prob_use_dynamic_bsz": False},
+        "ref": {"log_prob_max_token_len_per_gpu": 12000, "log_prob_use_dynamic_bsz": True},
+    }
+    cfg = load_dict(tmp_path, minimal(trainer={"trainer_config": {"actor_rollout_ref": arr}}))
+    assert cfg.trainer.log_prob_max_token_len_per_gpu == 12000
+    assert cfg.trainer.log_prob_use_dynamic_bsz is True
+    with pytest.raises(ConfigError, match="contradicts trainer.log_prob_max_token_len_per_gpu"):
+        load_dict(
+            tmp_path,
+            minimal(
+                trainer={
+                    "log_prob_max_token_len_per_gpu": 4096,
+                    "trainer_config": {"actor_rollout_ref": arr},
+                }
+            ),
+        )
+
+
+def test_checkpoint_contents(tmp_path, caplog):
+    """veRL's checkpoint.save_contents / load_contents: hf_model writes a Hugging Face folder at
+    each checkpoint; a save list without the optimizer is warned about (rft's checkpoints are
+    resumable); load_contents decides what a resume restores."""
+    from rft.config.trinity_rules import resumed_parts
+
+    def contents(**ckpt):
+        actor = {"checkpoint": ckpt}
+        return minimal(trainer={"trainer_config": {"actor_rollout_ref": {"actor": actor}}})
+
+    cfg = load_dict(tmp_path, contents(save_contents=["model", "optimizer", "extra", "hf_model"]))
+    assert cfg.trainer.save_hf_checkpoint == "always"
+    assert resumed_parts(cfg) == {"model", "optimizer", "extra"}
+    cfg = load_dict(tmp_path, contents(save_contents=["model"], load_contents=["model"]))
+    assert "also hold optimizer and extra" in caplog.text
+    assert resumed_parts(cfg) == {"model"}  # a resume starts a fresh optimizer and schedule
+    with pytest.raises(ConfigError, match="leaves out the model"):
+        load_dict(tmp_path, contents(load_contents=["optimizer"]))
+    with pytest.raises(ConfigError, match="unknown parts \\['weights'\\]"):
+        load_dict(tmp_path, contents(save_contents=["weights"]))
 
 
 def test_delta_keys_refuse_a_relative_folder_and_say_where_they_have_no_effect(tmp_path, caplog):

@@ -241,3 +241,41 @@ def test_multi_turn_masks_every_assistant_turn(tiny_model_dir):
         None,
     )
     assert "And 3 + 3?" in tok.decode(last.prompt_ids) and not last.action_mask
+
+
+def test_format_enable_thinking_reaches_the_chat_template(tiny_model_dir):
+    """Trinity's FormatConfig.enable_thinking (SFT/DPO rows): the template's switch; its
+    default is model.enable_thinking (BufferConfigValidator)."""
+    from transformers import AutoTokenizer
+
+    from rft.config.load import config_from_dict
+    from rft.config.schema import ExperienceBufferConfig, FormatConfig
+
+    tok = AutoTokenizer.from_pretrained(tiny_model_dir)
+    template = (
+        "{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}assistant:{% if enable_thinking %} THINKING{% endif %}"
+        "{% endif %}"
+    )
+
+    def prompt(thinking):
+        fmt = FormatConfig(prompt_type="messages", chat_template=template, enable_thinking=thinking)
+        exp = tokenize_row(
+            tok, {"message": [USER, REPLY]}, ExperienceBufferConfig(format=fmt), 0, None
+        )
+        return tok.decode(exp.prompt_ids)
+
+    assert "THINKING" in prompt(True) and "THINKING" not in prompt(False)
+    cfg = config_from_dict(
+        {
+            "mode": "train",
+            "model": {"model_path": "/m", "enable_thinking": True},
+            "algorithm": {"algorithm_type": "sft"},
+            "buffer": {
+                "train_batch_size": 2,
+                "trainer_input": {"experience_buffer": {"path": "/d", "storage_type": "file"}},
+            },
+            "cluster": {"node_num": 1, "gpu_per_node": 2},
+        }
+    )
+    assert cfg.buffer.trainer_input.experience_buffer.format.enable_thinking is True

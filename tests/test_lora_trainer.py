@@ -61,6 +61,22 @@ def test_wrap_trains_only_the_adapter_and_starts_at_the_base(tiny_model_dir):
         assert torch.equal(model(input_ids=IDS).logits, expected)  # B = 0: the base model
 
 
+def test_exclude_modules_leaves_those_modules_without_an_adapter(tiny_model_dir):
+    """Trinity's LoRAConfig.exclude_modules, PEFT's: no adapter on the excluded modules."""
+    from transformers import AutoModelForCausalLM
+
+    from rft.trainer.lora import wrap
+    from tests.helpers.trainer import trainable_names
+
+    model = wrap(
+        AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32),
+        lora_cfg(exclude_modules=["down_proj", "up_proj"]),
+        str(tiny_model_dir),
+    )
+    kinds = {n.split(".")[-4] for n in trainable_names(model)}
+    assert "q_proj" in kinds and not kinds & {"down_proj", "up_proj"}
+
+
 def test_the_adapter_folder_loads_in_peft_with_the_same_logits(tiny_model_dir, tmp_path):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM

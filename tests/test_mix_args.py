@@ -89,6 +89,9 @@ def chord(monkeypatch, tmp_path) -> dict:
     monkeypatch.setenv("TRINITY_CHECKPOINT_ROOT_DIR", str(tmp_path))
     raw = read_raw(CHORD, [f"checkpoint_root_dir={tmp_path}"])
     raw["buffer"]["explorer_input"]["taskset"].pop("workflow_args")  # with_think: not here
+    arr = raw["trainer"]["trainer_config"]["actor_rollout_ref"]
+    for part in ("actor", "ref"):  # sequence parallelism is refused (test_config)
+        arr[part]["ulysses_sequence_parallel_size"] = 1
     return raw
 
 

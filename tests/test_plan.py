@@ -157,8 +157,8 @@ def test_layouts(tmp_path):
 
 
 def test_subset_folder_is_never_a_split_and_splits_never_merge(tmp_path):
-    """A hub GSM8K download (main/train-*.parquet, main/test-*.parquet) without subset_name:
-    the error says which subset_name and split to set, never offers main as a split."""
+    """A hub GSM8K download (main/train-*.parquet, main/test-*.parquet) without subset_name
+    reads main's splits, as Hugging Face datasets does; main is never offered as a split."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -173,31 +173,42 @@ def test_subset_folder_is_never_a_split_and_splits_never_merge(tmp_path):
         pa.table({"question": ["3+3?"], "answer": ["6"]}),
         root / "main" / "test-00000-of-00001.parquet",
     )
-    for split in ("train", "main"):
-        with pytest.raises(
-            DataError,
-            match=r"found splits: none\); .* holds subset folders \(main\), which are "
-            r"not splits: set subset_name: main and split: train",
-        ) as err:
-            data.resolve(root, split)
-        assert "did you mean" not in str(err.value)
+    # As Hugging Face datasets: the one subset folder holding the split is where it is
+    assert data.resolve(root, "train").files == (root / "main" / "train-00000-of-00001.parquet",)
+    test = data.load_split(str(root), "test", None, "taskset", {"format.prompt_key": "question"})
+    assert test["question"] == ["3+3?"]
+    with pytest.raises(
+        DataError,
+        match=r"found splits: none\); .* holds subset folders \(main\), which are "
+        r"not splits: set subset_name: main and split: train",
+    ) as err:
+        data.resolve(root, "main")
+    assert "did you mean" not in str(err.value)
     assert data.available_splits(root) == set() and data.subset_folders(root) == ["main"]
-    with pytest.raises(DataError, match="set subset_name: main and split: test"):
-        data.load_split(str(root), "test", None, "taskset", {"format.prompt_key": "question"})
+    # two subsets holding the split: which one is the user's to say
+    (root / "socratic").mkdir()
+    pq.write_table(pa.table({"question": ["5+5?"]}), root / "socratic" / "train-0.parquet")
+    with pytest.raises(DataError, match=r"holds subset folders \(main, socratic\)"):
+        data.resolve(root, "train")
+    # ... unless the dataset card's configs name one (datasets' load_dataset: the only config)
+    (root / "README.md").write_text(
+        "---\nconfigs:\n- config_name: socratic\n  data_files:\n  - split: train\n"
+        "    path: socratic/train-*.parquet\n---\n# card\n"
+    )
+    assert data.resolve(root, "train").files == (root / "socratic" / "train-0.parquet",)
     train = data.load_split(
         str(root), "train", "main", "taskset", {"format.prompt_key": "question"}
     )
     assert train["question"] == ["1+1?", "2+2?"]  # the train file alone
     assert data.count_rows(data.resolve(root / "main", "test")) == 1
-    # a <split>/ folder that also holds another split's file is refused, not loaded as one split
+    # a <split>/ folder that also holds another split's file is never loaded as one split:
+    # each file goes to the split its name says (datasets' split-in-file-name patterns)
     mixed = tmp_path / "mixed" / "train"
     mixed.mkdir(parents=True)
     for name in ("train-00000-of-00001.parquet", "test-00000-of-00001.parquet"):
         pq.write_table(pa.table({"question": ["x"]}), mixed / name)
-    with pytest.raises(
-        DataError, match="no files for split 'train'.*set subset_name: train and split: train"
-    ):
-        data.resolve(mixed.parent, "train")
+    assert data.resolve(mixed.parent, "train").files == (mixed / "train-00000-of-00001.parquet",)
+    assert data.resolve(mixed.parent, "test").files == (mixed / "test-00000-of-00001.parquet",)
     # plain <split>/ folders (shards with no split in their names) still load
     (tmp_path / "plain" / "train").mkdir(parents=True)
     pq.write_table(pa.table({"q": ["a"]}), tmp_path / "plain" / "train" / "0000.parquet")
@@ -335,9 +346,12 @@ def test_step_count_lets_a_batch_span_epochs(tmp_path):
             CPU_CONFIG, [f"buffer.explorer_input.taskset.path={rows}"]
         ).training_tasksets()[0]
 
+        label = "buffer.explorer_input.taskset"
+
         def __len__(self):
             return 5
 
+    Five.rows = [{} for _ in range(5)]  # the selectors read rows only for feature_keys
     stream = TaskStream([Five()], batch_size=2, total_epochs=2, total_steps=None)
     cursor, sizes = stream.new_cursor(), []
     while not stream.finished(cursor):

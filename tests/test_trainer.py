@@ -101,15 +101,34 @@ def test_updates_per_step_follow_train_batch_size(
     assert updates_per_step(load_config(config)) == updates  # 4 groups of 2 per step
 
 
+def test_train_batch_size_counts_experiences_so_multi_turn_runs_make_more_updates(tmp_path):
+    """buffer.train_batch_size counts experiences, as Trinity's trainer reads them (its
+    BufferConfigValidator gives the experience buffer batch_size = train_batch_size): a step of
+    4 groups x 2 runs x 3 turns (24 experiences) with train_batch_size 8 trains 4 updates of
+    one whole group each, where 4 groups of single-turn runs (8 experiences) train one."""
+    from rft.config.batches import groups_per_update_of, mini_batch_count
+    from rft.config.load import load_config
+
+    config = write_config(tmp_path, "u", tmp_path, buffer={"batch_size": 4, "train_batch_size": 8})
+    cfg = load_config(config)  # repeat_times 2
+    assert groups_per_update_of(cfg, experiences=8, groups=4) == 4
+    assert mini_batch_count(4, groups_per_update_of(cfg, experiences=8, groups=4)) == 1
+    assert groups_per_update_of(cfg, experiences=24, groups=4) == 1
+    assert mini_batch_count(4, groups_per_update_of(cfg, experiences=24, groups=4)) == 4
+    assert groups_per_update_of(cfg, experiences=12, groups=4) == 2  # 2 turns: 2 groups each
+
+
 def test_train_batch_size_larger_than_the_step_is_refused(tmp_path):
+    from rft.config.batches import check_train_batch_size
     from rft.config.load import load_config
     from rft.errors import ConfigError
 
     config = write_config(
         tmp_path, "big", tmp_path, buffer={"batch_size": 4, "train_batch_size": 16}
     )
+    cfg = load_config(config)  # the dry run checks it when every run gives one experience
     with pytest.raises(ConfigError, match="exceeds a step's batch_size x repeat_times = 4 x 2 = 8"):
-        load_config(config)
+        check_train_batch_size(cfg)
 
 
 def test_async_input_ends_only_when_every_joined_explorer_finished(tmp_path):

@@ -34,9 +34,12 @@ class Refused:
     keys: tuple[str, ...]  # the config keys that need it; without them the fixture must load
 
 
-# fixture -> how rft reads it today (absent: it loads). Empty since the critic and reward
-# models of ppo_example.yaml were built (issue 14).
-REFUSED: dict[str, Refused] = {}
+# fixture -> how rft reads it today (absent: it loads).
+REFUSED: dict[str, Refused] = {
+    # its trainer.ulysses_sequence_parallel_size: 2 (sequence parallelism is not built: refused
+    # rather than accepted while each GPU holds whole sequences; issue 50)
+    "chord.yaml": Refused("sequence parallelism", ("trainer.ulysses_sequence_parallel_size",)),
+}
 
 # fixture -> keys of Trinity's own example that rft rejects and no issue covers yet (strict
 # xfail: the test fails once they are accepted, so this entry is removed then).
@@ -109,7 +112,7 @@ def test_fixture_loads_or_names_the_feature_it_needs(name, tmp_path, trinity_env
         cfg = load_fixture(name, tmp_path)
         assert cfg.run_dir.is_relative_to(tmp_path)
         return
-    with pytest.raises(NotSupportedError, match="not supported yet") as e:
+    with pytest.raises(NotSupportedError, match="is not supported by rft") as e:
         load_fixture(name, tmp_path)
     assert any(key in str(e.value) for key in refused.keys), (refused.issue, str(e.value))
 
@@ -124,7 +127,7 @@ def test_refused_fixture_needs_only_its_issue(name, tmp_path, trinity_env):
         for part in parents:
             section = section.get(part) or {}
         section.pop(last, None)
-    cfg = config_from_dict(copy.deepcopy(raw), name)
+    cfg = config_from_dict(copy.deepcopy(raw))
     build_loss_fns(cfg.algorithm)
 
 

@@ -7,18 +7,19 @@ says which; when a feature lands, change its row to ``LOADS``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from rft.config.gpus import split_gpus
-from rft.config.load import config_from_dict, load_config, read_raw
+from rft.config.load import config_from_dict, read_raw
 from rft.config.teacher import teacher_in_trainer
 from rft.errors import ConfigError, NotSupportedError
 from rft.explorer.tasksets import taskset_workflow
 from rft.launch.cli import run_main
 from rft.trainer.algorithm import build_loss_fns
+from tests.helpers.trinity_examples import LOADS, Refused, Typo
+from tests.helpers.trinity_examples import dry_run as example_dry_run
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLES = REPO / "tests" / "fixtures" / "trinity_examples"
@@ -26,25 +27,9 @@ ARITHMETIC = REPO / "data" / "arithmetic"
 FIXTURES = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
 
 
-@dataclass(frozen=True)
-class Refused:
-    """Loading raises NotSupportedError "Trinity's `<name>` is not supported by rft: ..."."""
-
-    name: str  # the key path (or "key: value", "workflow x") the message names first
-
-
-@dataclass(frozen=True)
-class Typo:
-    """The example misspells a key (Trinity would reject it too): the nearest name is offered."""
-
-    key: str
-
-
-LOADS = None
-
 # fixture -> what rft does with it today.
 EXPECTED: dict[str, Refused | Typo | None] = {
-    "agentscope_react_gsm8k.yaml": Refused("synchronizer.sync_style: dynamic_by_explorer"),
+    "agentscope_react_gsm8k.yaml": Refused("trainer.ulysses_sequence_parallel_size: 2"),
     "asymre_gsm8k.yaml": LOADS,
     "async_gsm8k_explorer.yaml": LOADS,
     "async_gsm8k_trainer.yaml": LOADS,
@@ -58,12 +43,12 @@ EXPECTED: dict[str, Refused | Typo | None] = {
     "grpo_gsm8k.yaml": LOADS,
     "grpo_lora_gsm8k.yaml": LOADS,
     "grpo_sciworld.yaml": Refused("workflow sciworld_workflow"),
-    "grpo_toolcall.yaml": LOADS,
+    "grpo_toolcall.yaml": Refused("trainer.ulysses_sequence_parallel_size: 2"),
     "grpo_vlm.yaml": Refused("buffer.explorer_input.taskset.format.image_key"),
     "gspo_gsm8k.yaml": LOADS,
     "m2po_explorer.yaml": LOADS,
     "m2po_trainer.yaml": LOADS,
-    "mix_chord.yaml": LOADS,
+    "mix_chord.yaml": Refused("trainer.ulysses_sequence_parallel_size: 2"),
     # Its one shared teacher engine runs in the trainer (test_distillation_example_...).
     "opd_gsm8k.yaml": LOADS,
     "opd_gsm8k_jsd.yaml": LOADS,
@@ -88,15 +73,10 @@ def trinity_env(monkeypatch, tmp_path):
 
 
 def dry_run(raw_or_name: dict | str, tmp_path: Path):
-    """What ``rft-run --dry-run`` checks without the files: config, losses, workflows."""
-    if isinstance(raw_or_name, str):
-        cfg = load_config(EXAMPLES / raw_or_name, [f"checkpoint_root_dir={tmp_path}"])
-    else:
-        cfg = config_from_dict(raw_or_name)
-    build_loss_fns(cfg.algorithm)
-    for label, taskset in cfg.labelled_tasksets():
-        taskset_workflow(cfg, taskset, label, is_eval="eval_tasksets" in label)
-    return cfg
+    """``dry_run`` of a fixture in ``EXAMPLES`` by file name, or of a raw config mapping."""
+    return example_dry_run(
+        EXAMPLES / raw_or_name if isinstance(raw_or_name, str) else raw_or_name, tmp_path
+    )
 
 
 def test_every_example_has_an_expected_outcome_and_its_source():

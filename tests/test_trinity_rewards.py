@@ -63,6 +63,7 @@ def test_every_builtin_reward_name_is_a_registered_class_with_trinitys_name():
         "countdown_reward": "CountDownRewardFn",
         "math_dapo_reward": "MathDAPORewardFn",
         "final_number_reward": "FinalNumberRewardFn",
+        "rlcr_reward": "RLCRRewardFn",
     }
     assert set(BUILTIN_REWARDS) == set(REWARD_FNS)
     assert REWARD_FUNCTIONS.get("math_reward") is MathRewardFn

@@ -16,6 +16,7 @@ from rft.algo.advantages import ADVANTAGE_FNS as _BASE_ADVANTAGE_FNS
 from rft.algo.critic import gae_advantages
 from rft.algo.distill import DISTILL_ADVANTAGE_FNS, DISTILL_LOSSES
 from rft.algo.dpo import dpo_loss
+from rft.algo.gigpo import FNORMS, gigpo_advantages
 from rft.algo.losses import (
     ENTROPY_LOSS_FNS,
     KL_FNS,
@@ -38,12 +39,26 @@ POLICY_LOSS_FNS: dict[str, Callable[..., Any]] = {
     "m2po": m2po_loss,  # its mask comes from the trainer (rft.trainer.m2po)
 }
 # Every group/batch advantage by name (GAE, which needs a critic's values, apart): the
-# distillation ones take the student's and the teacher's log-probs too (context parameters).
-ADVANTAGE_FNS: dict[str, Callable[..., Any]] = {**_BASE_ADVANTAGE_FNS, **DISTILL_ADVANTAGE_FNS}
+# distillation ones take the student's and the teacher's log-probs too, GiGPO each row's run
+# and info (context parameters).
+ADVANTAGE_FNS: dict[str, Callable[..., Any]] = {
+    **_BASE_ADVANTAGE_FNS,
+    **DISTILL_ADVANTAGE_FNS,
+    "gigpo": gigpo_advantages,
+}
 
 # Supplied by the trainer on each call, never by the config.
 _CONTEXT_PARAMS = frozenset(
-    {"step", "expert_mask", "is_weights", "runs", "old_logprobs", "teacher_logprobs", "m2po_mask"}
+    {
+        "step",
+        "expert_mask",
+        "is_weights",
+        "runs",
+        "infos",
+        "old_logprobs",
+        "teacher_logprobs",
+        "m2po_mask",
+    }
 )
 
 
@@ -105,6 +120,10 @@ _VALUE_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "label_smoothing": (lambda v: _is_number(v) and 0 <= v < 0.5, "a number in [0, 0.5)"),
     "m2_threshold": (lambda v: _is_number(v) and 0 <= v < math.inf, "a finite number >= 0"),
     "log_ratio_clip": (lambda v: _is_number(v) and 0 < v < math.inf, "a finite number > 0"),
+    "omega": (_is_number, "a number"),
+    "fnorm": (lambda v: v in FNORMS, f"one of {list(FNORMS)}"),
+    "step_reward_key": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
+    "env_state_hash_key": (lambda v: isinstance(v, str) and v != "", "a non-empty string"),
 }
 
 

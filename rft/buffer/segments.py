@@ -15,7 +15,7 @@ import logging
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 from rft import atomic
 from rft.buffer.experience import (
@@ -136,6 +136,9 @@ class SegmentReader:
         self._misplaced: set[tuple[str, int]] = set()  # (writer, seq) skipped: never read again
         self._verified: set[tuple[str, int]] = set()  # loaded with a matching header: releasable
         self._warned_folders: set[str] = set()
+        # (writer, group_id) -> seq of each group the last read returned: where a replay buffer
+        # (rft.buffer.replay) finds it again after a restart
+        self.group_seqs: dict[tuple[str, str], int] = {}
 
     def cursor(self) -> dict[str, Any]:
         """JSON-serialisable position, ``{"segments": {writer: {"seq", "offset"}}}``: per writer,
@@ -159,6 +162,7 @@ class SegmentReader:
             self._may_scan = True  # each pass may list the buffer once, not once per segment
             return self._read_once(budget, current_version, first)
 
+        self.group_seqs = {}
         experiences = poll_read(once, max_experiences, timeout_s, poll_s)
         opened = 1 if self._current is not None and self._current.groups else 0
         self.stats.backlog_segments = opened + sum(map(len, self._pending.values()))
@@ -174,6 +178,7 @@ class SegmentReader:
         error, because skipping them would lose experiences.
         """
         out: list[Experience] = []
+        self.group_seqs = {}
         for writer in writers:
             seq, offset = self._pos.get(writer, (0, 0))
             if seq > step:
@@ -189,6 +194,7 @@ class SegmentReader:
                 if self._staleness.keep(group, current_version, self.stats):
                     out.extend(group)
                     self.stats.groups_read += 1
+                    self.group_seqs[(writer, group[0].group_id)] = step
             self._pos[writer] = (step + 1, 0)
             if self._current is not None and self._current.writer == writer:
                 self._current = None
@@ -196,11 +202,12 @@ class SegmentReader:
         self.stats.experiences_read += len(out)
         return out
 
-    def release(self, cursor: dict[str, Any]) -> list[Path]:
+    def release(self, cursor: dict[str, Any], keep: Collection[tuple[str, int]] = ()) -> list[Path]:
         """Delete segments consumed according to ``cursor`` (one saved in a checkpoint).
 
         Each writer's newest segment is kept: a restarted writer numbers on from it. So is a
         misplaced segment (header of another writer or seq): it is someone's copy, not ours.
+        So is each ``(writer, seq)`` in ``keep``: groups a replay buffer still holds.
         """
         removed = []
         for writer, (seq, _offset) in _parse_cursor(cursor).items():
@@ -208,11 +215,33 @@ class SegmentReader:
             sealed = list_segments(self.buffer_dir / writer)
             for s in sealed[:-1]:
                 path = self.buffer_dir / writer / segment_name(s)
-                if s < upto and self._releasable(writer, s, path):
+                if s < upto and (writer, s) not in keep and self._releasable(writer, s, path):
                     path.unlink(missing_ok=True)
                     removed.append(path)
                     self._verified.discard((writer, s))
         return removed
+
+    def reload_groups(
+        self, refs: Collection[tuple[str, int, str]]
+    ) -> dict[tuple[str, int, str], list[Experience]]:
+        """The groups ``(writer, seq, group_id)`` read before (kept unreleased for a replay
+        buffer), loaded again from their sealed segments; a missing or damaged one is absent
+        from the result (the caller counts it). Reading counts nothing in ``stats``."""
+        found: dict[tuple[str, int, str], list[Experience]] = {}
+        wanted: dict[tuple[str, int], set[str]] = {}
+        for writer, seq, group_id in refs:
+            wanted.setdefault((writer, seq), set()).add(group_id)
+        for (writer, seq), group_ids in sorted(wanted.items()):
+            path = self.buffer_dir / writer / segment_name(seq)
+            if not path.is_file():
+                continue
+            content = load_segment(path, 0, ReaderStats())
+            if content.misplaced:
+                continue
+            for group, _end in whole_groups(path, content, ReaderStats()):
+                if group[0].group_id in group_ids:
+                    found[(writer, seq, group[0].group_id)] = group
+        return found
 
     def _releasable(self, writer: str, seq: int, path: Path) -> bool:
         """Not misplaced: known from loading it, else (consumed by an earlier trainer process)
@@ -246,6 +275,7 @@ class SegmentReader:
                 if self._staleness.keep(group, current_version, self.stats):
                     out.extend(group)
                     self.stats.groups_read += 1
+                    self.group_seqs[(segment.writer, group[0].group_id)] = segment.seq
             self._pos[segment.writer] = (segment.seq + 1, 0)
             self._current = None
             progressed = True

@@ -35,8 +35,20 @@ def rollouts_per_update(cfg: Config) -> int:
 
 
 def groups_per_update(cfg: Config) -> int:
-    """Whole rollout groups one mini-batch holds at most."""
+    """Whole rollout groups one mini-batch holds at most when each run gives one experience
+    (the plan's count, before a step's experiences are known)."""
     return max(1, rollouts_per_update(cfg) // cfg.algorithm.repeat_times)
+
+
+def groups_per_update_of(cfg: Config, experiences: int, groups: int) -> int:
+    """Whole groups per mini-batch of a step whose ``groups`` rollout groups hold
+    ``experiences`` experiences: ``buffer.train_batch_size`` counts experiences, as Trinity's
+    trainer reads them (trinity/common/config_validator.py: the experience buffer's
+    batch_size is train_batch_size), so a multi-turn run's turns each count; single-turn runs
+    give :func:`groups_per_update`."""
+    if groups <= 0 or experiences <= 0:
+        return 1
+    return max(1, rollouts_per_update(cfg) * groups // experiences)
 
 
 def mini_batch_count(groups: int, per_update: int) -> int:
@@ -62,7 +74,10 @@ def updates_per_step(cfg: Config) -> int:
 
 
 def check_train_batch_size(cfg: Config) -> None:
-    """In ``mode: both`` a mini-batch cannot exceed the explorer's step."""
+    """In ``mode: both`` a mini-batch cannot exceed the explorer's step, when each run gives
+    one experience (the dry run checks it when every training taskset runs a single-turn
+    recipe; a multi-turn workflow's step holds more experiences than runs, as Trinity counts
+    train_batch_size)."""
     if not splits_steps(cfg):
         return
     per_update, per_step = rollouts_per_update(cfg), rollouts_per_step(cfg)

@@ -29,7 +29,6 @@ SOURCES = {
 _NO_RAY = "rft runs without Ray (SLURM tasks and files); remove it"
 _AUTO = "Trinity sets it itself (its comment says DO NOT SET); remove it"
 _SQL_RETRY = "remove it (rft reads datasets from files; the SQLite archive has one writer)"
-_ONE_MODEL = "rft generates with model.model_path (and model.lora_configs); remove it"
 _SAMPLING = (
     "set it once in model.{key} (or per taskset in rollout_args.{key}); the engine is "
     "configured from those"
@@ -43,7 +42,6 @@ _SERVE = (
     "explorer.rollout_model.enable_openai_api: true with agent_program_workflow or a "
     "WorkflowWithRecording (docs/agentic-workflows.md: Agents through the OpenAI API)"
 )
-_QUEUE = "rft's queue is sealed files on the shared filesystem with no such setting; remove it"
 _PIPELINE_BUFFERS = (
     "rft's operators read the trainer's one experience buffer and hand the batch to the "
     "trainer; remove it"
@@ -87,9 +85,6 @@ _TASKSET = {
 
 # Trinity's ExperienceBufferConfig (config.py).
 _EXPERIENCE_BUFFER = {
-    "capacity": _QUEUE,
-    "max_read_timeout": "set synchronizer.sync_timeout (how long the trainer waits for data)",
-    "replay_buffer": "rft consumes each experience once (no replay buffer); remove it",
     "index": "rft keeps its read cursor in trainer_meta.json; remove it",
     "batch_size": "set buffer.train_batch_size",
     "tokenizer_path": "rft tokenizes with model.model_path's tokenizer; remove it",
@@ -99,6 +94,34 @@ _EXPERIENCE_BUFFER = {
 
 # Trinity's InferenceModelConfig (config.py): explorer.rollout_model and auxiliary_models.
 _INFERENCE_MODEL = {
+    "name": "AgentScope's name for the model; rft's endpoint serves model.model_path under its "
+    "own name (model.model_path in workflows): remove it",
+    "trust_remote_code": "rft loads models with transformers' own classes; remove it",
+    "gpu_per_engine": "Trinity derives it from the parallel sizes (DO NOT SET): set "
+    "tensor_parallel_size",
+    "enable_multimodal": _NO_MULTIMODAL,
+    "enable_log_requests": "rft's endpoint logs no requests (each call is recorded as an "
+    "experience); remove it",
+    "base_port": "rft's endpoint takes a free port on each explorer and gives workflows its "
+    "URL (model.base_url, get_openai_client()); remove it",
+    "api_key": "rft's endpoint takes each run's key (task.api_key, model.api_key) to tell the "
+    "runs apart; remove it",
+    "external_model_config": "set model.external_model (Trinity copies it here)",
+    "nnodes": "one engine spans the GPUs of one node in rft (tensor_parallel_size); engines "
+    "across nodes are not built: remove it",
+    "node_rank": _AUTO,
+    "enable_return_routed_experts": "set algorithm.enable_router_replay (Trinity copies it here)",
+    "engine_id": _AUTO,
+    "ray_namespace": _NO_RAY,
+    "ray_actor_name": _NO_RAY,
+    "sync_method": "set synchronizer.sync_method (Trinity copies it here)",
+    "checkpoint_job_dir": _AUTO,
+    "cuda_visible_devices": "rft places each engine on its SLURM task's GPUs; remove it",
+    "enable_runtime_lora_updating": "set model.lora_configs (Trinity derives it)",
+    "rope_scaling": "set model.rope_scaling (Trinity copies it here)",
+    "rope_theta": "set model.rope_theta (Trinity copies it here)",
+    **_sampling("repetition_penalty"),
+    **_lengths("enable_prompt_truncation"),
     "model_path": "set model.model_path (Trinity fills this key from it)",
     "ignore_eos": "rft always stops at the end-of-sequence token; remove it",
     "chat_template": "set model.custom_chat_template",
@@ -126,6 +149,18 @@ _AUXILIARY_MODEL = {
 }
 for _key in ("model_path", "max_prompt_tokens", "max_response_tokens"):  # fields rft reads
     del _AUXILIARY_MODEL[_key]
+_AUXILIARY_MODEL.update(
+    {
+        key: "an auxiliary model's engine has rft's defaults; remove it"
+        for key in (
+            "data_parallel_size",
+            "pipeline_parallel_size",
+            "enable_expert_parallel",
+            "extra_engine_args",
+            "weight_sync_buffer_size",
+        )
+    }
+)
 
 _VERL_FSDP = {
     "wrap_policy": "DeepSpeed ZeRO shards whole parameters (no FSDP wrap policy); remove it",
@@ -138,17 +173,16 @@ _VERL_FSDP = {
 # rft schema class -> {Trinity/veRL key defined at that place: what to do in rft}.
 KEYS: dict[str, dict[str, str]] = {
     "Config": {
-        "group": "put the group in the run name (name: group/experiment): rft's run directory is "
-        "<checkpoint_root_dir>/<project>/<name>",
-        "checkpoint_job_dir": "set checkpoint_root_dir, project and name (the run directory is "
-        "<checkpoint_root_dir>/<project>/<name>)",
-        "ray_namespace": _NO_RAY,
+        "checkpoint_job_dir": "set checkpoint_root_dir, project, group and name (the run "
+        "directory is <checkpoint_root_dir>/<project>/<group>/<name>)",
         "service": "rft starts no outside services (Data-Juicer); remove it",
         "log": "rft logs with Python logging to <run>/log/ (level: RFT_LOG_LEVEL); remove it",
         "algorithm_type": "move it under algorithm: (algorithm.algorithm_type), as Trinity now "
         "spells it",
         "data": "this is Trinity's pre-0.2 layout: move the dataset to "
         "buffer.explorer_input.taskset (path, split, format)",
+        "cod": "Trinity's research connect-the-dots (CoD) task packing is not built in rft; "
+        "remove it and run the CoD workflows' tasks one per row",
     },
     "OptimizerConfig": {
         "clip_grad": "set trainer.grad_clip",
@@ -159,14 +193,34 @@ KEYS: dict[str, dict[str, str]] = {
         "beta2": "set algorithm.optimizer.betas: [beta1, beta2]",
     },
     "ModelConfig": {
-        "external_model": _ONE_MODEL,
+        "tinker": "Tinker (a hosted training service) is not an rft backend: rft trains on your "
+        "cluster's GPUs with DeepSpeed; remove it",
         "checkpoint_path": "this is Trinity's pre-0.2 layout: set checkpoint_root_dir",
         "trust_remote_code": "rft loads models with transformers' own classes; remove it",
     },
-    "ClusterConfig": {"ray_address": _NO_RAY},
+    "ClusterConfig": {
+        **{
+            key: "Trinity derives it from node_num, gpu_per_node and the engines (DO NOT SET); "
+            "rft's split is in the dry run's plan: remove it"
+            for key in (
+                "total_gpu_num",
+                "rollout_gpu_num",
+                "auxiliary_model_gpu_num",
+                "explorer_gpu_num",
+                "trainer_gpu_num",
+                "trainer_node_num",
+                "trainer_gpu_num_per_node",
+            )
+        },
+    },
+    "LoRAConfig": {"is_dummy": _AUTO},
     "DataProcessorConfig": {
         "task_pipeline": "rft runs no Data-Juicer task pipeline: prepare the taskset before "
         "the run (e.g. rft-data) and point buffer.explorer_input.taskset at it",
+        "data_processor_url": "older Trinity's Data-Juicer service address; rft runs no "
+        "Data-Juicer service: prepare the taskset before the run and remove it",
+        "data_workflow_url": "older Trinity's Data-Juicer service address; rft runs no "
+        "Data-Juicer service: prepare the taskset before the run and remove it",
     },
     "ExperiencePipelineConfig": {
         "input_save_path": "rft keeps no copy of the operators' input beside the buffer; remove "
@@ -176,13 +230,11 @@ KEYS: dict[str, dict[str, str]] = {
         "output": _PIPELINE_BUFFERS,
     },
     "FormatConfig": _FORMAT,
-    "TaskSelectorConfig": {
-        "feature_keys": "rft's selectors (sequential, shuffle, random) read no features; remove it",
-        "kwargs": "rft's selectors (sequential, shuffle, random) take only seed; remove it",
-    },
     "TasksetConfig": _TASKSET,
     "ExperienceBufferConfig": _EXPERIENCE_BUFFER,
     "BufferConfig": {
+        "explore_batch_size": "older Trinity's name of buffer.batch_size (tasks per explore "
+        "step); set that",
         "explorer_output": _AUTO,
         "tokenizer_path": _AUTO,
         "pad_token_id": _AUTO,
@@ -192,11 +244,28 @@ KEYS: dict[str, dict[str, str]] = {
     },
     "RolloutModelConfig": _INFERENCE_MODEL,
     "AuxiliaryModelConfig": _AUXILIARY_MODEL,
+    "AlgorithmConfig": {
+        "add_strategy": "older Trinity's experience grouping, removed from Trinity (its "
+        "advantage functions group by task now); remove it and choose algorithm.advantage_fn",
+        "mu": "older Trinity's MIX weight: set algorithm.policy_loss_fn_args.mu",
+        "enable_router_replay": "replaying the explorer's MoE routing in the trainer is not "
+        "built in rft; remove it",
+    },
     "ExplorerConfig": {
-        "max_retry_times": "rft runs each task once and counts a failed run; remove it "
-        "(explorer.max_failed_steps and max_failed_share stop a run whose runs keep failing)",
-        "max_repeat_times_per_runner": "rft keeps a task's repeat_times samples in one run; "
-        "remove it",
+        "mode": _AUTO,
+        "runner_prepare_concurrency": "rft prepares no runners apart (each workflow run starts "
+        "when its task is scheduled); remove it",
+        "runner_prepare_max_retries": "rft prepares no runners apart (each workflow run starts "
+        "when its task is scheduled); remove it",
+        "concurrent_mode": "rft runs each of a task's repeat_times runs as its own workflow run "
+        "(explorer.runner_per_model in flight per engine); remove it",
+        "proxy_port": _SERVE,
+        "db_url": _SERVE,
+        "over_rollout": "ending a step before all its tasks finish is not built in rft; remove "
+        "it (explorer.partial_rollout streams steps so slow runs do not stall the engine)",
+        "dynamic_timeout": "rft's timeout per run is explorer.max_timeout, fixed; remove it",
+        "runner_state_report_interval": "rft reports the explorer's progress in its heartbeat "
+        "(rft-status); remove it",
         "api_port": _SERVE,
         "listen_address": _SERVE,
         "service_status_check_interval": _SERVE,
@@ -206,6 +275,12 @@ KEYS: dict[str, dict[str, str]] = {
     },
     "TrainerConfig": {
         "name": "rft's trainer is one role named trainer; remove it",
+        "grad_offload": "set trainer.optimizer_offload (DeepSpeed offloads the optimizer step "
+        "with its states)",
+        "offload_policy": "set trainer.param_offload / optimizer_offload",
+        "megatron": "rft trains with DeepSpeed ZeRO (no Megatron tensor/pipeline parallelism); "
+        "remove it and set trainer.zero_stage",
+        "trust_remote_code": _AUTO,
         "fix_actor_microbatch_loss_scale": "rft scales each micro-batch's loss by its share of "
         "the batch's tokens already; remove it",
         "save_strategy": "rft saves a full checkpoint every trainer.save_interval steps; remove it",
@@ -215,8 +290,8 @@ KEYS: dict[str, dict[str, str]] = {
         "eval_interval": "set explorer.eval_interval",
     },
     "MonitorConfig": {
-        "monitor_args": "rft's wandb/mlflow sinks read their own environment variables "
-        "(WANDB_*, MLFLOW_TRACKING_URI); remove it",
+        "monitor_args": "rft's wandb/mlflow/swanlab sinks read their own environment variables "
+        "(WANDB_*, MLFLOW_TRACKING_URI, SWANLAB_*); remove it",
         "enable_ray_timeline": _NO_RAY,
         "cache_dir": "rft writes metrics under <run>/monitor/; remove it",
         "project": "set the top-level project (Trinity's pre-0.2 layout)",
@@ -224,6 +299,8 @@ KEYS: dict[str, dict[str, str]] = {
     },
     "SynchronizerConfig": {
         "sync_iteration_interval": "Trinity renamed it synchronizer.sync_interval; use that",
+        "group_name": "rft forms its NCCL group itself (rendezvous files in the run "
+        "directory); remove it",
         "wait_for_checkpoint": "an explorer always loads the newest complete weights; remove it",
         "explorer_world_size": _AUTO,
         "ray_namespace": _NO_RAY,
@@ -337,8 +414,6 @@ VERL_IGNORED: dict[str, str] = {
         key="the taskset's rollout_args.temperature"
     ),
     f"{_ARR}.rollout.n": _OVERWRITTEN.format(key="algorithm.repeat_times"),
-    f"{_ARR}.rollout.log_prob_use_dynamic_bsz": _LOG_PROB_PASS,
-    f"{_ARR}.rollout.log_prob_max_token_len_per_gpu": _LOG_PROB_PASS,
     f"{_ARR}.rollout.prompt_length": f"{_ROLLOUT_ONLY}; set model.max_prompt_tokens",
     f"{_ARR}.rollout.response_length": f"{_ROLLOUT_ONLY}; set model.max_response_tokens",
     f"{_ARR}.rollout.max_model_len": f"{_ROLLOUT_ONLY}; set model.max_model_len",
@@ -438,7 +513,15 @@ _USE_PPO_FAMILY = "use a policy_loss_fn rft implements (e.g. ppo, gspo, opmd)"
 
 # "rft class.key" -> {a value Trinity accepts there: what to do in rft}.
 CHOICES: dict[str, dict[str, str]] = {
-    "Config.mode": {"serve": _SERVE},
+    "Config.mode": {
+        "serve": _SERVE,
+        "colocate": "rft runs explorers and the trainer on their own GPUs (one GPU: a CPU "
+        "explorer, or mode explore and mode train one after the other); use both",
+    },
+    "TrainerConfig.trainer_strategy": {
+        "megatron": "rft trains with DeepSpeed ZeRO (no Megatron parallelism); use fsdp2 (read "
+        "as DeepSpeed ZeRO) and trainer.zero_stage",
+    },
     "AlgorithmConfig.algorithm_type": {
         **{
             name: f"Trinity's {name} algorithm is not built in rft; use one rft implements "
@@ -463,6 +546,10 @@ CHOICES: dict[str, dict[str, str]] = {
                 "rec",
                 "multi_step_grpo",
             )
+        }
+        | {
+            "cpt": "Trinity's continued pre-training (cpt) is not built in rft; train on text "
+            "with algorithm_type: sft (mode train)",
         },
     },
     "AlgorithmConfig.policy_loss_fn": {
@@ -500,17 +587,44 @@ CHOICES: dict[str, dict[str, str]] = {
             "step_wise_grpo",
             "reinforce",
         )
+    }
+    | {
+        "opmd_verl": "use opmd (rft's OPMD advantage over each task's group)",
+        "asymre_verl": "use asymre (rft's AsymRE advantage over each task's group)",
+        "clipb": "Trinity's entropy-controlling Clip-B advantage is not built in rft; use an "
+        "advantage_fn rft implements (e.g. grpo) and algorithm.entropy_loss_fn",
+        "clipv": "Trinity's entropy-controlling Clip-V advantage is not built in rft; use an "
+        "advantage_fn rft implements (e.g. grpo) and algorithm.entropy_loss_fn",
+        "cod": "CoD's advantage is not built in rft; use an advantage_fn rft implements",
     },
     "AlgorithmConfig.kl_loss_fn": {"corrected_k3": "use k3 or low_var_kl"},
     "AlgorithmConfig.kl_penalty_fn": {"corrected_k3": "use k3 or low_var_kl"},
     "AlgorithmConfig.entropy_loss_fn": {
         "mix": "use default (rft's CHORD loss has no separate entropy term for expert data)"
     },
-    "AlgorithmConfig.sample_strategy": {
-        "warmup": "use default (rft's SFT warm-up is a stage: stages: with algorithm_type sft)"
-    },
     "RolloutModelConfig.engine_type": {
-        "tinker": "rft generates with vLLM on the cluster's GPUs; use vllm"
+        "tinker": "rft generates with vLLM on the cluster's GPUs; use vllm",
+        "sglang": "rft generates with vLLM; use vllm",
+    },
+    "SynchronizerConfig.sync_style": {
+        "fully_async": "use explorer_driven (the explorer never waits for a version) with "
+        "explorer.partial_rollout (steps stream through the engine; rft.sync.schedule)",
+    },
+    "SynchronizerConfig.sync_method": {
+        "hccl": "rft syncs weights with NCCL (GPUs) or gloo (CPU); Ascend NPUs are not "
+        "supported: use nccl or checkpoint",
+    },
+    "ExperienceBufferConfig.storage_type": {
+        "task_dir": "rft reads tasks from dataset files (buffer.explorer_input.taskset.path); "
+        "use queue for experiences",
+    },
+    "TasksetConfig.storage_type": {
+        "env_service": "rft runs environments inside its workflows (no environment service); "
+        "give a dataset path (storage_type file) and a workflow that drives the environment",
+        "task_dir": "point buffer.explorer_input.taskset.path at a dataset folder or file "
+        "(storage_type file)",
+        "queue": "rft's tasksets are dataset files; use file",
+        "sql": "rft's tasksets are dataset files; export the table and use file",
     },
     "TrainerConfig.trainer_type": {
         "megatron": "rft trains with DeepSpeed ZeRO; use deepspeed (or verl, mapped onto it)",
@@ -523,15 +637,12 @@ CHOICES: dict[str, dict[str, str]] = {
     # Trinity's other experience operators (trinity/buffer/operators/__init__.py).
     "OperatorConfig.name": {
         "reward_shaping_mapper": _WRITE_A_FILTER,
-        "pass_rate_calculator": "rft's task selectors read no pass rates; remove it",
         "data_juicer": "rft runs no Data-Juicer service; remove it",
         "cod_advantage_fn": "CoD's advantage is not built in rft; use an advantage_fn rft "
         "implements",
         "cod_overwrite_reward_with_returns": "CoD's advantage is not built in rft; remove it",
-    },
-    "TaskSelectorConfig.selector_type": {
-        name: "use sequential, shuffle or random"
-        for name in ("offline_easy2hard", "difficulty_based", "priority")
+        "multi_step_padding": "rft's trainer takes each step-wise experience as it is "
+        "(no padding of runs to one length); remove it",
     },
 }
 
@@ -556,10 +667,6 @@ WORKFLOWS: dict[str, str] = {
     "as_react_workflow": _ENV.format(env="AgentScope (pip package agentscope)"),
     "email_search_workflow": _ENV.format(env="email-search (its SQLite corpus)"),
     "tool_call_workflow": "ToolACE-style function calls scored against reference calls",
-    "math_rm_workflow": "math answers scored by a reward model inside the workflow; use "
-    "math_workflow with explorer.auxiliary_models (rft's reward models)",
-    "async_math_rm_workflow": "math answers scored by a reward model inside the workflow; use "
-    "math_workflow with explorer.auxiliary_models (rft's reward models)",
     "math_eval_workflow": "Trinity's math evaluation prompt; use math_boxed_workflow for "
     "eval_tasksets",
     "async_math_eval_workflow": "Trinity's math evaluation prompt; use math_boxed_workflow",
@@ -569,6 +676,13 @@ WORKFLOWS: dict[str, str] = {
     "rubric_judge_workflow": "rubric scores from an LLM judge",
     "simple_mm_workflow": "multi-modal (image) prompts; rft trains text-only models",
     "async_simple_mm_workflow": "multi-modal (image) prompts; rft trains text-only models",
+    "rubric_judge_openai_workflow": "rubric scores from an LLM judge called over the OpenAI API",
+    "sudoku_workflow": "Trinity's multi-turn Sudoku game",
+    "intercode_sql_workflow": _ENV.format(env="InterCode-SQL (a SQL database in Docker)"),
+    "thinking_budget_workflow": "Trinity's math workflow with a thinking-token budget",
+    "bots_ref_eval_collect_math_boxed_workflow": "BOTS' reference-evaluation collector (its "
+    "example names it; Trinity registers it no more)",
+    "synthetic_workflow": "Trinity's synthetic-task example workflow",
 }
 
 # Trinity reward functions rft does not ship -> what to do (rft.workflow.rewards).
@@ -577,6 +691,247 @@ REWARD_FNS: dict[str, str] = {
     "'package.module:function' reward that calls your judge",
     "openjudge_multi_grader_reward": "it asks OpenJudge LLM graders; write a "
     "'package.module:function' reward that calls your judge",
+    "math_boxed_reward_naive_dapo": "a benchmark plugin's boxed-answer reward (DAPO's naive "
+    "check); use math_dapo_reward or math_boxed_reward",
     "rm_gallery_reward": "it calls RM-Gallery; use explorer.auxiliary_models (a reward model) "
     "or a 'package.module:function' reward",
+    "openjudge_reward": "it asks an OpenJudge LLM grader; write a 'package.module:function' "
+    "reward that calls your judge (with math_rm_workflow: a RewardFn taking auxiliary_models)",
+    "openjudge_trajectory_accuracy_reward": "it asks an OpenJudge LLM grader; write a "
+    "'package.module:function' reward that calls your judge (with math_rm_workflow: a RewardFn "
+    "taking auxiliary_models)",
 }
+
+# Names Trinity-RFT's registries and enums accept (trinity/algorithm/*/__init__.py,
+# trinity/common/workflows/__init__.py, trinity/common/rewards/__init__.py,
+# trinity/buffer/operators, trinity/buffer/selector, trinity/utils/monitor.py and the enums of
+# trinity/common/constants.py): upstream main at 9051d63 (2026-04-09, read in the
+# yanxi-chen/Trinity-RFT fork, a full copy of it) plus the names only agentscope-ai/Trinity-RFT
+# commits add (1d52c85, 139d1c4, 8b7fce3, cc24051, ea07093, d574dd1) and those Trinity's own
+# example YAMLs still use. tests/test_trinity_names.py asserts that rft accepts each one or
+# refuses it by name, never with a "did you mean".
+TRINITY_REGISTRIES: dict[str, tuple[str, ...]] = {
+    "algorithm_type": (
+        "sft",
+        "ppo",
+        "grpo",
+        "reinforceplusplus",
+        "rloo",
+        "opmd",
+        "asymre",
+        "dpo",
+        "topr",
+        "cispo",
+        "gspo",
+        "sapo",
+        "mix",
+        "mix_chord",
+        "raft",
+        "sppo",
+        "rec",
+        "multi_step_grpo",
+        "on_policy_distill",
+        "jsd",
+        "grpo_verl",
+        "cpt",
+        "m2po",
+        "dapo",
+        "gigpo",
+    ),
+    "policy_loss_fn": (
+        "ppo",
+        "opmd",
+        "dpo",
+        "sft",
+        "mix",
+        "gspo",
+        "topr",
+        "cispo",
+        "sft_is",
+        "sft_phi",
+        "mix_chord",
+        "sppo",
+        "rec",
+        "sapo",
+        "importance_sampling",
+        "m2po",
+    ),
+    "advantage_fn": (
+        "ppo",
+        "grpo",
+        "grpo_verl",
+        "step_wise_grpo",
+        "reinforceplusplus",
+        "reinforce",
+        "remax",
+        "rloo",
+        "opmd",
+        "opmd_verl",
+        "asymre",
+        "asymre_verl",
+        "rec",
+        "on_policy_distill",
+        "jsd",
+        "clipb",
+        "clipv",
+        "gigpo",
+        "cod",
+    ),
+    "kl_fn": (
+        "none",
+        "k1",
+        "k2",
+        "k3",
+        "low_var_kl",
+        "abs",
+        "corrected_k3",
+    ),
+    "entropy_loss_fn": (
+        "default",
+        "mix",
+        "none",
+    ),
+    "sample_strategy": (
+        "default",
+        "warmup",
+        "staleness_control",
+        "mix",
+    ),
+    "workflow": (
+        "simple_workflow",
+        "async_simple_workflow",
+        "math_workflow",
+        "async_math_workflow",
+        "math_boxed_workflow",
+        "async_math_boxed_workflow",
+        "math_eval_workflow",
+        "async_math_eval_workflow",
+        "math_rm_workflow",
+        "async_math_rm_workflow",
+        "tool_call_workflow",
+        "agentscope_workflow_adapter",
+        "agentscope_workflow_adapter_v1",
+        "agentscope_react_workflow",
+        "agentscope_react_math_workflow",
+        "as_react_workflow",
+        "agentscopev0_react_math_workflow",
+        "agentscope_v1_react_search_workflow",
+        "email_search_workflow",
+        "alfworld_workflow",
+        "RAFT_alfworld_workflow",
+        "RAFT_reflect_alfworld_workflow",
+        "frozen_lake_workflow",
+        "sciworld_workflow",
+        "webshop_workflow",
+        "step_wise_alfworld_workflow",
+        "async_math_ruler_workflow",
+        "math_ruler_workflow",
+        "math_trainable_ruler_workflow",
+        "rubric_judge_workflow",
+        "rubric_judge_openai_workflow",
+        "simple_mm_workflow",
+        "async_simple_mm_workflow",
+        "on_policy_distill_workflow",
+        "on_policy_distill_math_workflow",
+        "sudoku_workflow",
+        "intercode_sql_workflow",
+        "thinking_budget_workflow",
+        "toolcall_workflow",
+        "bots_ref_eval_collect_math_boxed_workflow",
+        "synthetic_workflow",
+    ),
+    "reward_fn": (
+        "rm_gallery_reward",
+        "math_reward",
+        "math_boxed_reward",
+        "format_reward",
+        "countdown_reward",
+        "accuracy_reward",
+        "math_dapo_reward",
+        "openjudge_reward",
+        "trajectory_accuracy_grader_reward",
+        "openjudge_trajectory_accuracy_reward",
+        "openjudge_multi_grader_reward",
+        "rlcr_reward",
+        "math_boxed_reward_naive_dapo",
+    ),
+    "experience_operator": (
+        "reward_filter",
+        "reward_std_filter",
+        "reward_shaping_mapper",
+        "pass_rate_calculator",
+        "data_juicer",
+        "invalid_reward_filter",
+        "dapo_dynamic_sampling",
+        "mask_response_truncated",
+        "cod_advantage_fn",
+        "cod_overwrite_reward_with_returns",
+        "multi_step_padding",
+    ),
+    "selector": (
+        "sequential",
+        "shuffle",
+        "random",
+        "offline_easy2hard",
+        "difficulty_based",
+    ),
+    "monitor": (
+        "tensorboard",
+        "wandb",
+        "mlflow",
+        "swanlab",
+    ),
+    "priority_fn": (
+        "linear_decay",
+        "decay_limit_randomization",
+    ),
+    "storage_type": (
+        "sql",
+        "queue",
+        "file",
+        "task_dir",
+    ),
+    "sync_method": (
+        "nccl",
+        "checkpoint",
+        "memory",
+        "online",
+        "offline",
+        "hccl",
+    ),
+    "sync_style": (
+        "fixed",
+        "trainer_driven",
+        "explorer_driven",
+        "dynamic_by_explorer",
+        "dynamic_by_trainer",
+        "fully_async",
+    ),
+    "prompt_type": (
+        "messages",
+        "plaintext",
+    ),
+    "save_strategy": (
+        "single_thread",
+        "single_process",
+        "single_node",
+        "unrestricted",
+    ),
+    "mode": (
+        "explore",
+        "train",
+        "both",
+        "bench",
+        "serve",
+        "colocate",
+    ),
+}
+
+# Every name above: never answered with a "did you mean" (rft.errors.did_you_mean).
+TRINITY_NAMES: frozenset[str] = frozenset(
+    {key for section in KEYS.values() for key in section}
+    | {value for section in CHOICES.values() for value in section}
+    | set(WORKFLOWS)
+    | set(REWARD_FNS)
+    | {name for names in TRINITY_REGISTRIES.values() for name in names}
+)

@@ -1,13 +1,14 @@
 """CHORD mixing (``algorithm.sample_strategy: mix``): how many rollouts and expert samples a step takes.
 
 Owns :func:`mix_counts`: ``buffer.train_batch_size`` counts both kinds, ``expert =
-round(train_batch_size x expert_data_ratio)`` (halves up) and ``rollout`` the rest, in whole
-groups. Pure checks on a :class:`~rft.config.schema.Config`, run by :mod:`rft.config.rules` at
+ceil(expert_data_ratio x train_batch_size)`` (Trinity's MixSampleStrategy) and ``rollout`` the
+rest, in whole groups. Pure checks on a :class:`~rft.config.schema.Config`, run by :mod:`rft.config.rules` at
 load (so the login node catches them); the trainer's :mod:`rft.trainer.mix` reads the counts.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from rft.config.names import EXPERT_LOSSES
@@ -31,8 +32,10 @@ class MixCounts:
 
 
 def expert_samples_per_step(train_batch_size: int, ratio: float) -> int:
-    """``round(train_batch_size * ratio)`` with halves rounded up (6 x 0.25 -> 2)."""
-    return int(train_batch_size * ratio + 0.5)
+    """``ceil(ratio * train_batch_size)``, as Trinity's MixSampleStrategy computes its
+    ``expert_batch_size`` (trinity/algorithm/sample_strategy/mix_sample_strategy.py), in the same
+    float arithmetic (864 x 0.11 -> 96, 6 x 0.25 -> 2)."""
+    return math.ceil(ratio * train_batch_size)
 
 
 def expert_data_ratio(cfg: Config) -> float:
@@ -94,11 +97,6 @@ def mix_counts(cfg: Config) -> MixCounts:
     assert buf.train_batch_size is not None  # filled by the config rules
     expert = expert_samples_per_step(buf.train_batch_size, ratio)
     counts = MixCounts(rollout=buf.train_batch_size - expert, expert=expert)
-    if expert < 1:
-        raise ConfigError(
-            f"buffer.train_batch_size={buf.train_batch_size} x expert_data_ratio="
-            f"{ratio:g} rounds to 0 expert samples per step; raise either"
-        )
     if counts.rollout < algo.repeat_times or counts.rollout % algo.repeat_times:
         raise ConfigError(
             f"buffer.train_batch_size={buf.train_batch_size} with expert_data_ratio="

@@ -19,6 +19,7 @@ ADVANTAGE_FN_NAMES = (
     "grpo_verl",
     "on_policy_distill",
     "jsd",
+    "gigpo",
 )
 POLICY_LOSS_FN_NAMES = (
     "ppo",
@@ -44,7 +45,9 @@ LOSS_AGG_MODES = (
     "seq-mean-token-sum",
     "seq-mean-token-sum-norm",
 )
-SAMPLE_STRATEGIES = ("default", "mix")
+# "warmup": Trinity's deprecated name of "default" (its WarmupSampleStrategy subclasses it;
+# trinity/algorithm/sample_strategy/sample_strategy.py), read as "default"
+SAMPLE_STRATEGIES = ("default", "mix", "staleness_control", "warmup")
 ALGORITHM_TYPES = (
     "grpo",
     "dapo",
@@ -69,6 +72,8 @@ ALGORITHM_TYPES = (
     "jsd",
     "dpo",
     "m2po",
+    "gigpo",
+    "grpo_verl",
 )
 # advantage_fn names (and the algorithm types presetting them) that read the teacher's log-probs
 # of each sampled token, computed by the explorer with explorer.auxiliary_models[0]
@@ -94,7 +99,7 @@ MIX_BATCH_ARGS = (
 # entropy_loss_fn names whose bonus counts the rollout rows only (not the expert rows).
 ROLLOUT_ENTROPY = frozenset({"mix"})
 # advantage_fn names that compare a response with the rest of its group (repeat_times >= 2).
-GROUP_BASELINES = frozenset({"grpo", "rloo", "opmd", "asymre", "rec", "step_wise_grpo"})
+GROUP_BASELINES = frozenset({"grpo", "rloo", "opmd", "asymre", "rec", "step_wise_grpo", "gigpo"})
 ROLLOUT_CORRECTION_MODES = ("none", "tis", "decoupled")  # algorithm.rollout_correction.mode
 # data_processor.experience_pipeline operators rft applies (rft.trainer.experience_ops), as
 # Trinity registers them (trinity/buffer/operators/__init__.py EXPERIENCE_OPERATORS).
@@ -104,10 +109,22 @@ EXPERIENCE_OPERATORS = (
     "reward_filter",
     "reward_std_filter",
     "invalid_reward_filter",
+    "pass_rate_calculator",
 )
 TIS_THRESHOLD = 2.0  # rollout_correction.rollout_is_threshold when unset (veRL's default)
 NEEDS_CRITIC = frozenset({"ppo"})  # advantage_fn names that need a critic model (GAE)
-BY_RUN = frozenset({"step_wise_grpo"})  # advantage_fn names that take each row's (run, env step)
+# advantage_fn names that take each row's (run, env step) (runs=...), and those of them that
+# take each row's experience info too (infos=...: GiGPO's step reward and state hash).
+BY_RUN = frozenset({"step_wise_grpo", "gigpo"})
+BY_INFO = frozenset({"gigpo"})
 # LoRA: the max_lora_rank values vLLM 0.32 accepts (vllm.config.lora.MaxLoRARanks); the engine
 # rounds lora_rank up to the next one, the config rules refuse a rank above the last.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+# synchronizer.sync_style: Trinity's SyncStyle values (trinity/common/constants.py), and its
+# SyncStyleEnumMeta.name_aliases, the older names of the two dynamic styles.
+SYNC_STYLES = ("fixed", "explorer_driven", "trainer_driven")
+SYNC_STYLE_ALIASES = {
+    "dynamic_by_explorer": "explorer_driven",
+    "dynamic_by_trainer": "trainer_driven",
+}

@@ -9,9 +9,9 @@ keys; options rft recognises but does not implement raise :class:`NotSupportedEr
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from rft.config.auxiliary import auxiliary_tp, check_auxiliary_models
-from rft.config.batches import check_train_batch_size
 from rft.config.gpus import split_gpus
 from rft.config.mix import mix_counts
 from rft.config.mix_args import check_mix_batch_args
@@ -19,11 +19,14 @@ from rft.config.names import (
     EXPERT_LOSSES,
     GROUP_BASELINES,
     NEEDS_CRITIC,
+    SYNC_STYLE_ALIASES,
     TIS_THRESHOLD,
     VLLM_LORA_RANKS,
 )
 from rft.config.schema import Config, LoRAConfig, TasksetConfig
 from rft.config.teacher import uses_teacher
+from rft.config.trinity_rules import apply_trinity_keys
+from rft.config.trinity_rules import set_from_verl as _set_from_verl
 from rft.config.typed_dict import not_supported
 from rft.errors import ConfigError, NotSupportedError
 from rft.placement import EXPLORER_MODES, task_gpus
@@ -38,6 +41,8 @@ PRESETS: dict[str, dict[str, str]] = {
     "sft": dict(policy_loss_fn="sft", kl_loss_fn="none", entropy_loss_fn="none"),
     "ppo": dict(advantage_fn="ppo"),
     "grpo": dict(advantage_fn="grpo"),
+    # Trinity's grpo_verl: GRPO with veRL's batch advantage (grpo_verl: epsilon only)
+    "grpo_verl": dict(advantage_fn="grpo_verl"),
     # DAPO (agentscope-ai/Trinity-RFT@0fcd37e algorithm.py): GRPO's advantage and PPO's loss
     # without KL; its clip-higher, token-mean loss, overlong reward shaping and dynamic sampling
     # are the example's own keys (policy_loss_fn_args, reward_fn_args, data_processor).
@@ -70,6 +75,9 @@ PRESETS: dict[str, dict[str, str]] = {
     "dpo": dict(policy_loss_fn="dpo"),  # pairs from a dataset (mode train), rft.trainer.dpo
     # Trinity's: one experience per step of a workflow's run, the run's last reward broadcast.
     "multi_step_grpo": dict(advantage_fn="step_wise_grpo"),
+    # GiGPO (agentscope-ai/Trinity-RFT@0fcd37e GiGPOAlgorithm): episode + anchor-state step
+    # advantages of step-wise runs; its preset's advantage/loss args are the functions' defaults.
+    "gigpo": dict(advantage_fn="gigpo"),
     # A teacher's log-probs of the student's samples as advantages (no reward, no KL term);
     # the teacher is explorer.auxiliary_models[0] (rft.explorer.teacher).
     **{
@@ -97,7 +105,9 @@ _COMMON = dict(
 # 1): named in the warning for a group-baseline advantage with groups of one.
 REPEAT_TIMES: dict[str, int] = {
     **{t: 2 for t in PRESETS if "advantage_fn" in PRESETS[t]},
-    **dict.fromkeys(("mix", "mix_chord", "multi_step_grpo", "on_policy_distill", "jsd", "m2po"), 8),
+    **dict.fromkeys(
+        ("mix", "mix_chord", "multi_step_grpo", "on_policy_distill", "jsd", "m2po", "gigpo"), 8
+    ),
     "dapo": 16,
     "ppo": 1,
 }
@@ -111,6 +121,7 @@ def apply(cfg: Config, seen: set[str]) -> None:
     _apply_preset(cfg)
     _resolve_old_logprobs(cfg, seen)
     _apply_verl_trainer_config(cfg, seen)
+    apply_trinity_keys(cfg, seen)
     _derive_critic(cfg, seen)
     _check_lora(cfg)
     _derive_zero_stage(cfg, seen)
@@ -132,7 +143,6 @@ def apply(cfg: Config, seen: set[str]) -> None:
     _check_monitor(cfg)
     if cfg.algorithm.sample_strategy == "mix":
         check_mix_batch_args(cfg, mix_counts(cfg))  # rollouts + expert samples of a mini-batch
-    check_train_batch_size(cfg)  # a mini-batch fits in the explorer's step
 
 
 def check_not_supported(cfg: Config) -> None:
@@ -145,18 +155,14 @@ def check_not_supported(cfg: Config) -> None:
             "use nccl (weights broadcast from the trainer to the explorers) or checkpoint "
             "(weights/vNNNNNN folders on the shared filesystem)",
         )
-    if sync.sync_style != "fixed":
-        raise not_supported(
-            f"synchronizer.sync_style: {sync.sync_style}",
-            "use fixed (sync every synchronizer.sync_interval steps; in mode explore, "
-            "synchronizer.max_lead_steps bounds how far explorers run ahead)",
-        )
-    if cfg.trainer.ulysses_sequence_parallel_size != 1:
+    sync.sync_style = SYNC_STYLE_ALIASES.get(sync.sync_style, sync.sync_style)
+    if sync.sync_style != "fixed" and sync.sync_offset:
         log.warning(
-            "trainer.ulysses_sequence_parallel_size=%d has no effect: rft keeps whole sequences "
-            "on each GPU (the same gradients; lower trainer.max_token_len_per_gpu if memory "
-            "runs out)",
-            cfg.trainer.ulysses_sequence_parallel_size,
+            "synchronizer.sync_offset=%d has no effect with sync_style %s (as in Trinity: only "
+            "the fixed style waits for a version); synchronizer.max_lead_steps bounds how far "
+            "explorers run ahead",
+            sync.sync_offset,
+            sync.sync_style,
         )
 
 
@@ -267,21 +273,6 @@ def _resolve_old_logprobs(cfg: Config, seen: set[str]) -> None:
     algo.old_logprobs = "rollout"
 
 
-def _set_from_verl(cfg: Config, verl_key: str, value: object, ours: str, seen: set[str]) -> None:
-    """Copy a veRL-style setting onto rft's key; a different explicit value is a conflict."""
-    if value is None:
-        return
-    section, name = ours.split(".")
-    target = getattr(cfg, section)
-    current = getattr(target, name)
-    if ours in seen and current != value:
-        raise ConfigError(
-            f"trainer.trainer_config.{verl_key}={value!r} contradicts "
-            f"{ours}={current!r}; set only one of them"
-        )
-    setattr(target, name, value)
-
-
 def _apply_verl_trainer_config(cfg: Config, seen: set[str]) -> None:
     arr = cfg.trainer.trainer_config.actor_rollout_ref
     if cfg.trainer.trainer_type == "verl":
@@ -328,6 +319,7 @@ def _apply_verl_trainer_config(cfg: Config, seen: set[str]) -> None:
             "trainer.log_prob_micro_batch_size_per_gpu",
         ),
         *_verl_aliases(cfg),
+        *_verl_log_prob_passes(cfg),
     ]
     for verl_key, value, ours in pairs:
         _set_from_verl(cfg, verl_key, value, ours, seen)
@@ -356,6 +348,30 @@ def _check_alg_type(cfg: Config) -> None:
             f"algorithm.policy_loss_fn={loss!r}; remove alg_type (algorithm.algorithm_type "
             "chooses the loss)"
         )
+
+
+def _verl_log_prob_passes(cfg: Config) -> list[tuple[str, object, str]]:
+    """veRL's old-policy (rollout.*) and reference (ref.*) log-prob batching -> rft's one
+    batching of both passes: the smaller token budget when the two differ (log-probs do not
+    depend on it; memory does), dynamic batching when either asks for it."""
+    arr = cfg.trainer.trainer_config.actor_rollout_ref
+    out: list[tuple[str, object, str]] = []
+    for name, ours, pick in (
+        ("log_prob_max_token_len_per_gpu", "trainer.log_prob_max_token_len_per_gpu", min),
+        ("log_prob_use_dynamic_bsz", "trainer.log_prob_use_dynamic_bsz", any),
+    ):
+        given = {
+            f"actor_rollout_ref.{part}.{name}": getattr(getattr(arr, part), name)
+            for part in ("rollout", "ref")
+            if getattr(getattr(arr, part), name) is not None
+        }
+        if not given:
+            continue
+        value = pick(given.values())
+        if len(set(given.values())) > 1:
+            log.info("%s differ (%s): rft batches both passes alike, with %r", name, given, value)
+        out.append((" and ".join(given), value, ours))
+    return out
 
 
 def _verl_aliases(cfg: Config) -> list[tuple[str, object, str]]:
@@ -439,6 +455,15 @@ def _check_lora(cfg: Config) -> None:
         )
 
 
+def read_timeout(cfg: Config) -> tuple[float, str]:
+    """Seconds the trainer waits for experiences, and the key that says so: the experience
+    buffer's ``max_read_timeout`` (Trinity's queue read timeout) or ``synchronizer.sync_timeout``."""
+    buf = cfg.buffer.trainer_input.experience_buffer
+    if buf.max_read_timeout is not None:
+        return buf.max_read_timeout, "buffer.trainer_input.experience_buffer.max_read_timeout"
+    return float(cfg.synchronizer.sync_timeout), "synchronizer.sync_timeout"
+
+
 def uses_critic(cfg: Config) -> bool:
     """Whether the run trains a value model: ``advantage_fn: ppo`` (GAE needs values)."""
     return cfg.algorithm.advantage_fn in NEEDS_CRITIC
@@ -497,6 +522,10 @@ def _derive_micro_batch_sizes(cfg: Config) -> None:
     critic = t.trainer_config.critic
     if t.log_prob_micro_batch_size_per_gpu is None:
         t.log_prob_micro_batch_size_per_gpu = t.micro_batch_size_per_gpu
+    if t.log_prob_use_dynamic_bsz is None:
+        t.log_prob_use_dynamic_bsz = t.use_dynamic_bsz
+    if t.log_prob_max_token_len_per_gpu is None:
+        t.log_prob_max_token_len_per_gpu = t.max_token_len_per_gpu
     if critic.ppo_micro_batch_size_per_gpu is None:
         critic.ppo_micro_batch_size_per_gpu = t.micro_batch_size_per_gpu
 

@@ -23,12 +23,15 @@ from rft.config.names import (
     POLICY_LOSS_FN_NAMES,
     ROLLOUT_CORRECTION_MODES,
     SAMPLE_STRATEGIES,
+    SYNC_STYLE_ALIASES,
+    SYNC_STYLES,
 )
-from rft.config.typed_dict import field, from_dict
+from rft.config.typed_dict import field, from_dict, not_supported
 from rft.errors import ConfigError
 
 Mode = Literal["both", "explore", "train", "bench"]
 AlgorithmType = Literal[ALGORITHM_TYPES]
+SyncStyle = Literal[(*SYNC_STYLES, *SYNC_STYLE_ALIASES)]
 AdvantageFn = Literal[ADVANTAGE_FN_NAMES]
 PolicyLossFn = Literal[POLICY_LOSS_FN_NAMES]
 KlFn = Literal[KL_FN_NAMES]
@@ -38,6 +41,9 @@ SampleStrategy = Literal[SAMPLE_STRATEGIES]
 RolloutCorrectionMode = Literal[ROLLOUT_CORRECTION_MODES]
 ExperienceOperatorName = Literal[EXPERIENCE_OPERATORS]
 EngineDtype = Literal["bfloat16", "float16", "float32", "auto"]  # vLLM's dtype names
+# Trinity's task selectors (trinity/buffer/selector/__init__.py SELECTORS); all but
+# difficulty_based are built (rft.explorer.selectors)
+DATA_SELECTORS = ("sequential", "shuffle", "random", "offline_easy2hard", "difficulty_based")
 
 
 def _alias(alias: str, value: object, key: str, current: object, default: object) -> object:
@@ -125,6 +131,27 @@ class LoRAConfig:
     target_modules: Union[str, list[str]] = "all-linear"  # PEFT's target_modules
     lora_dropout: float = field(0.0, ge=0, le=0.99)  # rft: dropout on the adapter's input
     train_embeddings: bool = False  # rft: true refused (vLLM serves adapters of linear layers only)
+    exclude_modules: Optional[Union[str, list[str]]] = None  # PEFT's exclude_modules
+
+
+@dataclass
+class ExternalModelConfig:
+    """Trinity's ``model.external_model``: an OpenAI-compatible endpoint evaluated in mode
+    bench instead of model.model_path (rft.explorer.external; checks: rft.config.external)."""
+
+    enable: bool = False  # evaluate the endpoint (mode bench only), start no local engine
+    base_url_env: str = "OPENAI_BASE_URL"  # env var holding the endpoint's URL (.../v1)
+    api_key_env: str = "OPENAI_API_KEY"  # env var holding its API key
+    model_name: Optional[str] = None  # the model the endpoint serves (required with enable)
+
+    def __post_init__(self) -> None:
+        for key in ("base_url_env", "api_key_env", "model_name"):
+            if self.enable and not getattr(self, key):
+                raise ConfigError(
+                    f"model.external_model.{key} is empty: external_model.enable needs it "
+                    "(base_url_env and api_key_env name environment variables, model_name the "
+                    "model the endpoint serves)"
+                )
 
 
 @dataclass
@@ -146,16 +173,25 @@ class ModelConfig:
     logprobs: int = field(0, ge=0)  # extra top log-probs per token (the sampled one is always kept)
     enable_thinking: Optional[bool] = None  # chat-template switch for thinking models (Qwen3)
     custom_chat_template: Optional[str] = None  # Jinja chat template replacing the tokenizer's
+    # a file holding the chat template, read into custom_chat_template when that is unset
+    chat_template_path: Optional[str] = None
+    repetition_penalty: float = field(1.0, gt=0)  # vLLM's repetition_penalty (1: none)
+    # the model config's RoPE settings, for the engine (vLLM's hf_overrides) and the trainer
+    rope_scaling: Optional[dict] = None  # e.g. {rope_type: yarn, factor: 4.0, ...}
+    rope_theta: Optional[float] = field(None, gt=0)  # RoPE base (null: the model's)
     lora_configs: Optional[list[LoRAConfig]] = (
         None  # train a LoRA adapter (one), sync only the adapter
     )
     fully_sharded_loras: bool = False  # vLLM's fully_sharded_loras (tensor-parallel engines)
     max_cpu_loras: Optional[int] = field(None, ge=1)  # vLLM's max_cpu_loras
+    # an OpenAI-compatible endpoint to evaluate (mode bench) instead of a local engine
+    external_model: ExternalModelConfig = field(factory=ExternalModelConfig)
 
 
 @dataclass
 class ClusterConfig:
     node_num: int = field(1, ge=1)  # nodes for the whole run
+    ray_address: Optional[str] = None  # no effect: rft places its tasks with SLURM, not Ray
     gpu_per_node: int = field(8, ge=0)  # GPUs per node
 
 
@@ -175,6 +211,9 @@ class FormatConfig:
     tools_key: str = "tools"  # SFT: column of tool schemas for the chat template (if present)
     chat_template: Optional[str] = None  # SFT/DPO: Jinja chat template replacing the tokenizer's
     enable_concatenated_multi_turn: bool = False  # SFT messages: train on every assistant turn
+    enable_thinking: Optional[bool] = (
+        None  # SFT/DPO chat template's thinking switch (null: model's)
+    )
     reply_prefix: Optional[str] = None  # text the reply starts with (no effect on SFT/expert rows)
     workflow_key: Optional[str] = (
         None  # column naming each row's workflow (overrides the taskset's)
@@ -193,11 +232,41 @@ class RolloutArgs:
 
 
 @dataclass
-class TaskSelectorConfig:
-    selector_type: Literal["sequential", "shuffle", "random"] = (
-        "sequential"  # order (eval: every row)
-    )
-    seed: int = 42  # seed for shuffle/random
+class DataSelectorConfig:
+    """Trinity's task selection (rft.explorer.selectors); eval tasksets read every row."""
+
+    selector_type: Literal[DATA_SELECTORS] = "sequential"  # training task order
+    seed: int = 42  # shuffle/random seed
+    feature_keys: list[str] = field(
+        factory=list
+    )  # offline_easy2hard: numeric columns ordering the rows, highest first
+    kwargs: dict = field(factory=dict)  # difficulty_based's estimator settings (not built)
+
+    def __post_init__(self) -> None:
+        kind = self.selector_type
+        if kind == "difficulty_based":
+            raise not_supported(
+                "data_selector.selector_type: difficulty_based",
+                "its order follows pass rates that every explorer task feeds back each step, "
+                "while rft's explorer tasks compute one task stream without exchanging rewards; "
+                "use offline_easy2hard with feature_keys naming a column of precomputed pass "
+                "rates (easy first), or shuffle",
+            )
+        if self.feature_keys and kind != "offline_easy2hard":
+            raise ConfigError(
+                f"data_selector.feature_keys: {kind} reads no features; remove them or use "
+                "selector_type: offline_easy2hard"
+            )
+        if kind == "offline_easy2hard" and not self.feature_keys:
+            raise ConfigError(
+                "data_selector: offline_easy2hard orders the rows by feature_keys: name at "
+                "least one numeric column (higher values first)"
+            )
+        if self.kwargs:
+            raise ConfigError(
+                f"data_selector.kwargs: {kind} takes none (in Trinity only difficulty_based "
+                "reads them); remove them"
+            )
 
 
 @dataclass
@@ -210,7 +279,8 @@ class TasksetConfig:
     format: FormatConfig = field(factory=FormatConfig)  # columns and prompt text
     rollout_args: RolloutArgs = field(factory=RolloutArgs)  # sampling overrides
     repeat_times: Optional[int] = field(None, ge=1)  # samples per task; default algorithm's
-    task_selector: TaskSelectorConfig = field(factory=TaskSelectorConfig)  # task order
+    data_selector: Optional[DataSelectorConfig] = None  # task order (null: sequential)
+    task_selector: Optional[DataSelectorConfig] = None  # deprecated name of data_selector
     default_workflow_type: Optional[str] = None  # overrides explorer_input's
     default_reward_fn_type: Optional[str] = None  # overrides explorer_input's
     workflow_args: dict = field(factory=dict)  # extra arguments for the workflow
@@ -218,6 +288,16 @@ class TasksetConfig:
     max_retry_times: int = field(3, ge=0)  # no effect: Trinity's SQL read retries (files here)
     max_retry_interval: int = field(1, ge=0)  # no effect: as max_retry_times
     enable_progress_bar: Optional[bool] = None  # no effect: rft shows no bar reading a taskset
+
+    def __post_init__(self) -> None:
+        # Trinity v0.6 renamed task_selector to data_selector and still reads the old name.
+        if self.task_selector is not None and self.data_selector is not None:
+            raise ConfigError(
+                f"taskset {self.name or self.path!r}: data_selector and task_selector (its "
+                "deprecated name) are both set; keep data_selector only"
+            )
+        self.data_selector = self.data_selector or self.task_selector or DataSelectorConfig()
+        self.task_selector = None
 
 
 @dataclass
@@ -230,23 +310,65 @@ class ExplorerInputConfig:
     default_reward_fn_type: Optional[str] = None  # reward by name or "pkg.module:function"
 
 
+# Trinity's registered priority functions (trinity/buffer/storage: linear_decay,
+# decay_limit_randomization; linear_decay_use_count_control_randomization is that one's earlier
+# name, still in Trinity's docs); rft.buffer.replay implements them and checks it covers these.
+PRIORITY_FN_NAMES = (
+    "linear_decay",
+    "decay_limit_randomization",
+    "linear_decay_use_count_control_randomization",
+)
+
+
+@dataclass
+class ReplayBufferConfig:
+    enable: bool = False  # reuse experience groups by priority (trainer side, queue storage only)
+    priority_fn: Literal[PRIORITY_FN_NAMES] = "linear_decay"  # model_version - decay * use_count
+    reuse_cooldown_time: Optional[float] = field(
+        None, ge=0
+    )  # seconds before a used group may be drawn again; null: each group is used once
+    priority_fn_args: dict = field(
+        factory=lambda: {"decay": 2.0}
+    )  # decay; decay_limit_randomization also use_count_limit, sigma
+
+
 @dataclass
 class ExperienceBufferConfig:
     name: str = "experience_buffer"  # label
     storage_type: Literal["queue", "sql", "file"] = "queue"  # queue: sealed segments on disk
     path: Optional[str] = None  # sqlite:///x.db archive (queue), the db (sql), or a dataset (file)
+    capacity: int = field(
+        10000, ge=1
+    )  # replay buffer size in groups (lowest priority evicted); only with replay_buffer.enable
+    replay_buffer: ReplayBufferConfig = field(factory=ReplayBufferConfig)  # prioritized reuse
+    use_priority_queue: Optional[bool] = None  # Trinity's older spelling of replay_buffer.enable
+    # file datasets (SFT/expert rows): Trinity's reader order; rft reads them in order, so only
+    # sequential (rft.config.trinity_rules)
+    data_selector: Optional[DataSelectorConfig] = None
+    # Trinity's queue read timeout: seconds the trainer waits for experiences before its input
+    # ends (null: synchronizer.sync_timeout)
+    max_read_timeout: Optional[float] = field(None, gt=0)
     subset_name: Optional[str] = None  # for file datasets (SFT/expert data)
     split: str = "train"  # for file datasets
     format: FormatConfig = field(factory=FormatConfig)  # for file datasets
-    total_epochs: Optional[int] = field(
-        None, ge=1
-    )  # no effect: expert data cycles while the run lasts; SFT reads buffer.total_epochs
+    # expert data (auxiliary_buffers): passes before the trainer stops (null: it cycles for the
+    # whole run; Trinity's default is 1); the experience buffer: no effect, SFT reads
+    # buffer.total_epochs
+    total_epochs: Optional[int] = field(None, ge=1)
     max_retry_times: int = field(3, ge=0)  # no effect: Trinity's SQL read retries
     max_retry_interval: int = field(1, ge=0)  # no effect: as max_retry_times
     enable_progress_bar: Optional[bool] = None  # no effect: rft shows no bar reading data
     schema_type: Optional[Literal["sft"]] = (
         None  # no effect: file datasets here are read as SFT rows (Trinity's "sft")
     )
+
+    def __post_init__(self) -> None:
+        if self.replay_buffer.enable and self.storage_type != "queue":
+            raise ConfigError(
+                f"{self.name}: replay_buffer.enable needs storage_type: queue (Trinity's replay "
+                f"buffer is its queue's), not {self.storage_type!r}; set storage_type: queue or "
+                "replay_buffer.enable: false"
+            )
 
 
 @dataclass
@@ -269,7 +391,9 @@ class BufferConfig:
 
 @dataclass
 class RolloutModelConfig:
-    engine_type: Literal["vllm", "vllm_async"] = "vllm"  # no effect: always vLLM's offline engine
+    engine_type: Literal["vllm", "vllm_async", "external"] = (
+        "vllm"  # vllm/vllm_async: rft's one engine; external: model.external_model (bench)
+    )
     engine_num: int = field(1, ge=1)  # explorer tasks (one engine each)
     tensor_parallel_size: int = field(1, ge=1)  # GPUs per engine
     gpu_memory_utilization: float = field(0.9, gt=0, le=1)  # vLLM's share of GPU memory
@@ -292,6 +416,13 @@ class RolloutModelConfig:
     # An OpenAI-compatible endpoint per explorer for agent code (model.get_openai_client(),
     # model.base_url/api_key, agent_program_workflow); calls with a run's key are trained on.
     enable_openai_api: bool = False
+    # vLLM's data/pipeline parallelism inside one engine: 1 only (rft scales with engine_num)
+    data_parallel_size: int = field(1, ge=1)
+    pipeline_parallel_size: int = field(1, ge=1)  # as data_parallel_size: 1 only
+    enable_expert_parallel: bool = False  # vLLM's expert parallelism for MoE models
+    extra_engine_args: dict = field(factory=dict)  # more vllm.LLM arguments, as given
+    # nccl weight sync: MiB per broadcast (a larger tensor goes alone); null: rft's 256
+    weight_sync_buffer_size: Optional[int] = field(None, ge=1)
 
 
 @dataclass
@@ -320,6 +451,8 @@ class ExplorerConfig:
     runner_per_model: int = field(8, ge=1)  # workflow runs in flight per engine (workflow classes)
     runner_num: Optional[int] = field(None, ge=1)  # older spelling of runner_per_model
     max_timeout: float = field(900.0, gt=0)  # seconds one workflow run may take; then it is stopped
+    # run a failed or timed-out workflow run again, from the start, up to this many times
+    max_retry_times: int = field(2, ge=0)  # Trinity's default and meaning; 0: run each once
     # rft: dry run and start run each workflow class once on its first task, with a fake model
     first_task_check: bool = True
     env_vars: dict[str, str] = field(factory=dict)  # set in each explorer task's environment
@@ -328,6 +461,12 @@ class ExplorerConfig:
     auxiliary_models: list[AuxiliaryModelConfig] = field(factory=list)
     eval_interval: int = field(100, ge=0)  # evaluate every N steps; 0: never
     eval_on_startup: bool = True  # evaluate before the first step
+    # no effect: Trinity's split of a task's repeat_times among its runners; rft runs each of a
+    # task's runs apart already (runner_per_model in flight)
+    max_repeat_times_per_runner: Optional[int] = field(None, ge=1)
+    # Trinity v0.6: train batches the explorer holds at once; with partial_rollout it sets
+    # max_inflight_samples (batches x batch_size x repeat_times) when that is unset
+    max_inflight_batches: Optional[int] = field(None, ge=1)
     bench_on_latest_checkpoint: bool = False  # mode bench: only the newest checkpoint
     heartbeat_interval_s: float = field(10.0, gt=0)  # explorers/<name>.json refresh period
     heartbeat_timeout_s: float = field(120.0, gt=0)  # an older heartbeat means a dead explorer
@@ -339,7 +478,7 @@ class ExplorerConfig:
     # rft: with partial_rollout, groups whose samples span more weights versions are dropped
     max_version_span: Optional[int] = field(None, ge=0)  # null: keep every group
     # rft: the explorer stops with the first episode's error after this many steps in a row whose
-    # every episode failed (Trinity's nearest, max_retry_times, retries a run instead); 0: never
+    # every episode failed (after its max_retry_times retries); 0: never
     max_failed_steps: int = field(2, ge=0)
     # rft: ... or when more than this share of the episodes of the last failed_share_window_steps
     # steps failed (checked once that many steps ran); 1.0: never
@@ -349,9 +488,15 @@ class ExplorerConfig:
 
 @dataclass
 class SynchronizerConfig:
-    sync_method: Literal["checkpoint", "nccl", "memory"] = "checkpoint"  # weights transport
-    sync_style: Literal["fixed", "dynamic_by_explorer", "dynamic_by_trainer"] = "fixed"  # when
+    sync_method: Literal["checkpoint", "nccl", "memory", "online", "offline"] = (
+        "checkpoint"  # weights transport; Trinity's online = nccl, offline = checkpoint
+    )
+    # when weights move (rft.sync.schedule); Trinity's older dynamic_by_* names are read as these
+    sync_style: SyncStyle = "fixed"
     sync_interval: int = field(1, ge=1)  # publish weights every N trainer steps
+    # Trinity's per-side intervals (null: sync_interval); a value other than it is refused
+    explorer_sync_interval: Optional[int] = field(None, ge=1)
+    trainer_sync_interval: Optional[int] = field(None, ge=1)  # as explorer_sync_interval
     sync_offset: int = field(0, ge=0)  # explorer may run N steps ahead of the weights (mode both)
     max_lead_steps: Optional[int] = field(
         None, ge=0
@@ -381,18 +526,21 @@ class VerlRefConfig:
         factory=VerlFsdpConfig
     )  # param_offload -> trainer.ref_offload
     engine: VerlFsdpConfig = field(factory=VerlFsdpConfig)  # newer veRL's name of fsdp_config
-    # No effect: the reference model's log-prob passes batch like the actor's (trainer.*).
-    log_prob_use_dynamic_bsz: Optional[bool] = None  # no effect (trainer.use_dynamic_bsz)
-    log_prob_max_token_len_per_gpu: Optional[int] = None  # no effect (max_token_len_per_gpu)
-    ulysses_sequence_parallel_size: Optional[int] = None  # no effect (as the actor's)
+    log_prob_use_dynamic_bsz: Optional[bool] = None  # -> trainer.log_prob_use_dynamic_bsz
+    log_prob_max_token_len_per_gpu: Optional[int] = field(
+        None, ge=1
+    )  # -> trainer.log_prob_max_token_len_per_gpu
+    ulysses_sequence_parallel_size: Optional[int] = None  # > 1 refused (as the actor's)
 
 
 @dataclass
 class VerlCheckpointConfig:
-    # No effect: a full checkpoint always holds the model, optimizer and trainer state (resume).
-    contents: Optional[list[str]] = None  # no effect (veRL's older spelling)
-    load_contents: Optional[list[str]] = None  # no effect
-    save_contents: Optional[list[str]] = None  # no effect
+    # A full checkpoint holds model, optimizer and extra (trainer state): lists naming all three
+    # are what rft does; fewer are warned (saving: rft saves them anyway) or refused (loading);
+    # "hf_model" in save_contents -> save_hf_checkpoint always (rules._check_checkpoint_contents).
+    contents: Optional[list[str]] = None  # veRL's older spelling of save_contents
+    load_contents: Optional[list[str]] = None  # what a resume restores (model required)
+    save_contents: Optional[list[str]] = None  # hf_model: save_hf_checkpoint always
 
 
 @dataclass
@@ -412,7 +560,9 @@ class VerlActorConfig:
     optim: Optional[OptimizerConfig] = None  # -> algorithm.optimizer
     fsdp_config: VerlFsdpConfig = field(factory=VerlFsdpConfig)  # -> trainer offload
     engine: VerlFsdpConfig = field(factory=VerlFsdpConfig)  # newer veRL's name of fsdp_config
-    checkpoint: VerlCheckpointConfig = field(factory=VerlCheckpointConfig)  # no effect
+    checkpoint: VerlCheckpointConfig = field(
+        factory=VerlCheckpointConfig
+    )  # what a checkpoint holds
 
 
 @dataclass
@@ -420,6 +570,10 @@ class VerlRolloutConfig:
     log_prob_micro_batch_size_per_gpu: Optional[int] = field(
         None, ge=1
     )  # -> trainer.log_prob_micro_batch_size_per_gpu
+    log_prob_use_dynamic_bsz: Optional[bool] = None  # -> trainer.log_prob_use_dynamic_bsz
+    log_prob_max_token_len_per_gpu: Optional[int] = field(
+        None, ge=1
+    )  # -> trainer.log_prob_max_token_len_per_gpu
 
 
 @dataclass
@@ -459,7 +613,9 @@ class VerlCriticConfig:
     ppo_max_token_len_per_gpu: Optional[int] = None  # no effect
     forward_max_token_len_per_gpu: Optional[int] = None  # no effect
     ulysses_sequence_parallel_size: Optional[int] = None  # no effect
-    checkpoint: VerlCheckpointConfig = field(factory=VerlCheckpointConfig)  # no effect
+    checkpoint: VerlCheckpointConfig = field(
+        factory=VerlCheckpointConfig
+    )  # what a checkpoint holds
 
 
 @dataclass
@@ -493,6 +649,11 @@ class VerlTrainerConfig:
 @dataclass
 class TrainerConfig:
     trainer_type: Literal["deepspeed", "verl"] = "deepspeed"  # no effect: always DeepSpeed ZeRO
+    # Trinity's veRL backend: fsdp and fsdp2 read as DeepSpeed ZeRO (megatron refused)
+    trainer_strategy: Optional[Literal["fsdp", "fsdp2"]] = None
+    use_remove_padding: Optional[bool] = None  # Trinity's spelling of padding_free
+    balance_batch: Optional[bool] = None  # no effect: micro-batches are packed by token budget
+    critic_warmup: Optional[int] = field(None, ge=0)  # -> trainer_config.trainer.critic_warmup
     save_interval: int = field(0, ge=0)  # full checkpoint every N steps (0: only at the end)
     grad_clip: float = field(1.0, ge=0)  # max gradient norm (0: no clipping)
     use_dynamic_bsz: bool = True  # micro-batches by token budget instead of fixed size
@@ -502,11 +663,16 @@ class TrainerConfig:
     log_prob_micro_batch_size_per_gpu: Optional[int] = field(
         None, ge=1
     )  # log-prob passes (None: as above)
+    # the log-prob passes (old policy, reference, critic values), which need no gradients: their
+    # micro-batches by token budget (null: use_dynamic_bsz) of log_prob_max_token_len_per_gpu
+    # tokens (null: max_token_len_per_gpu), veRL's rollout/ref.log_prob_* keys
+    log_prob_use_dynamic_bsz: Optional[bool] = None
+    log_prob_max_token_len_per_gpu: Optional[int] = field(None, ge=1)  # null: the actor's budget
     ppo_epochs: int = field(1, ge=1)  # optimisation passes over each batch
     ppo_max_token_len_per_gpu: Optional[int] = field(
         None, ge=1
     )  # Trinity 0.2's name of max_token_len_per_gpu (sets it)
-    ulysses_sequence_parallel_size: int = field(1, ge=1)  # no effect: whole sequences per GPU
+    ulysses_sequence_parallel_size: int = field(1, ge=1)  # > 1 refused: whole sequences per GPU
     enable_preview: bool = True  # no effect: Trinity's rollout preview in wandb
     zero_stage: int = field(2, ge=0, le=3)  # DeepSpeed ZeRO stage
     param_offload: bool = False  # ZeRO-3 parameters in CPU memory
@@ -536,7 +702,7 @@ class TrainerConfig:
         )
 
 
-MonitorType = Literal["tensorboard", "console", "wandb", "mlflow"]  # sinks of rft.monitor
+MonitorType = Literal["tensorboard", "console", "wandb", "mlflow", "swanlab"]  # rft.monitor sinks
 
 
 @dataclass
@@ -544,6 +710,8 @@ class MonitorConfig:
     # One name (Trinity) or a list (rft: [tensorboard, wandb]); metrics.jsonl is always written.
     monitor_type: Union[MonitorType, list[MonitorType]] = "tensorboard"  # metric sinks
     flush_interval_s: float = field(10.0, gt=0)  # TensorBoard flush period
+    # evaluation metrics also as std/max/min over each taskset's tasks (Trinity's detailed_stats)
+    detailed_stats: bool = False
 
 
 @dataclass
@@ -589,6 +757,7 @@ OPERATOR_ARGS: dict[str, type] = {
     "reward_filter": RewardThresholdArgs,
     "reward_std_filter": RewardThresholdArgs,
     "invalid_reward_filter": NoOperatorArgs,
+    "pass_rate_calculator": NoOperatorArgs,
 }
 _OPERATORS_PATH = "data_processor.experience_pipeline.operators"
 
@@ -638,11 +807,15 @@ class StageConfig:
 
 @dataclass
 class Config:
-    project: str = "rft"  # run directory: <checkpoint_root_dir>/<project>/<name>
+    project: str = "rft"  # run directory: <checkpoint_root_dir>/<project>/<group>/<name>
+    group: str = ""  # Trinity's experiment group: a folder between project and name ("": none)
     name: str = "run"  # experiment name
     mode: Mode = "both"  # both: synchronous; explore / train: separate async jobs; bench: eval
     checkpoint_root_dir: str = "./checkpoints"  # on the shared filesystem
     continue_from_checkpoint: bool = True  # resume from the run directory's newest checkpoint
+    # no effect: Trinity's GPU-memory advice at start; rft's dry run checks memory (rft-run)
+    ignore_validator_suggestions: bool = False
+    ray_namespace: Optional[str] = None  # no effect: rft's run directory names a run, not Ray
     stages: list[StageConfig] = field(factory=list)  # e.g. SFT warm-up then RFT
     algorithm: AlgorithmConfig = field(factory=AlgorithmConfig)  # RL algorithm
     model: ModelConfig = field(factory=ModelConfig)  # policy model and generation limits
@@ -660,8 +833,16 @@ class Config:
 
     @property
     def run_dir(self) -> Path:
-        """Absolute run directory (relative roots are relative to the working directory)."""
-        return (Path(self.checkpoint_root_dir).expanduser() / self.project / self.name).absolute()
+        """Absolute run directory, Trinity's ``checkpoint_job_dir``
+        ``<checkpoint_root_dir>/<project>/<group>/<name>`` (an empty group adds no folder;
+        relative roots are relative to the working directory)."""
+        root = Path(self.checkpoint_root_dir).expanduser()
+        return (root / self.project / self.group / self.name).absolute()
+
+    @property
+    def run_label(self) -> str:
+        """``project/group/name`` with empty parts left out (Trinity's ray_namespace)."""
+        return "/".join(part for part in (self.project, self.group, self.name) if part)
 
     def labelled_tasksets(
         self, *, training: bool = True, evaluation: bool = True

@@ -16,7 +16,7 @@ import typing
 from typing import Any, Literal, TypeVar, Union
 
 from rft.config.known_names import CHOICES, KEYS
-from rft.errors import ConfigError, NotSupportedError, nearest
+from rft.errors import ConfigError, NotSupportedError, did_you_mean, is_trinity_name, nearest
 
 _MISSING = dataclasses.MISSING
 Schema = TypeVar("Schema")  # the dataclass from_dict builds
@@ -85,10 +85,10 @@ def _unknown_key_error(cls: type, key_path: str, key: str, fields: dict) -> Conf
     if what_to_do:
         return not_supported(key_path, what_to_do)
     valid = sorted(fields)
-    hint = nearest(key, valid)
-    did_you_mean = f" Did you mean '{key_path.rsplit(key, 1)[0]}{hint}'?" if hint else ""
+    hint = None if is_trinity_name(key) else nearest(key, valid)
+    guess = f" Did you mean '{key_path.rsplit(key, 1)[0]}{hint}'?" if hint else ""
     return ConfigError(
-        f"unknown config key '{key_path}'.{did_you_mean} Valid keys here: {', '.join(valid)}"
+        f"unknown config key '{key_path}'.{guess} Valid keys here: {', '.join(valid)}"
     )
 
 
@@ -157,10 +157,9 @@ def _convert_union(args: tuple, value: Any, path: str, seen: set[str] | None) ->
 def _convert_literal(args: tuple, value: Any, path: str) -> Any:
     if value in args and not isinstance(value, bool):
         return value
-    hint = nearest(str(value), [str(a) for a in args])
-    did_you_mean = f" Did you mean '{hint}'?" if hint else ""
     valid = ", ".join(repr(a) for a in args)
-    raise ConfigError(f"{path}: {value!r} is not a valid choice.{did_you_mean} Valid: {valid}")
+    hint = did_you_mean(str(value), [str(a) for a in args])
+    raise ConfigError(f"{path}: {value!r} is not a valid choice.{hint} Valid: {valid}")
 
 
 def _convert_dict(args: tuple, value: Any, path: str, seen: set[str] | None) -> dict:
@@ -171,16 +170,26 @@ def _convert_dict(args: tuple, value: Any, path: str, seen: set[str] | None) -> 
     return {str(k): convert(args[1], v, _join(path, str(k)), seen) for k, v in value.items()}
 
 
+# Text a typed field takes as a boolean: OmegaConf's BooleanNode (omegaconf/nodes.py, 2.3), which
+# Trinity's load_config applies by merging the YAML into its structured Config, so a quoted value
+# or a `${oc.env:VAR,true}` default (always text) gets the field's type there too.
+_TRUE_TEXT = ("yes", "y", "on", "true")
+_FALSE_TEXT = ("no", "n", "off", "false")
+
+
 def _convert_scalar(tp: type, value: Any, path: str) -> Any:
     if tp is bool:
-        if isinstance(value, bool):
-            return value
-        raise ConfigError(f"{path}: expected true or false, got {_show(value)}")
+        return _to_bool(value, path)
     if tp is int:
         if isinstance(value, int) and not isinstance(value, bool):
             return value
         if isinstance(value, float) and value.is_integer():
             return int(value)
+        if isinstance(value, str):  # OmegaConf's IntegerNode: int(text), e.g. ${oc.env:N,1}
+            try:
+                return int(value)
+            except ValueError:
+                pass
         raise ConfigError(f"{path}: expected an integer, got {_show(value)}")
     if tp is float:
         return _to_float(value, path)
@@ -191,6 +200,21 @@ def _convert_scalar(tp: type, value: Any, path: str) -> Any:
             return str(value)  # e.g. `name: 2024`: a number is a fine name
         raise ConfigError(f"{path}: expected a string, got {_show(value)}")
     raise AssertionError(f"unsupported type {tp!r} in config schema at {path}")
+
+
+def _to_bool(value: object, path: str) -> bool:
+    """OmegaConf's BooleanNode: a bool, an integer (non-zero: true), or text naming either."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int):
+        return value != 0
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text.lstrip("+-").isdigit():
+            return int(text) != 0
+        if text in _TRUE_TEXT or text in _FALSE_TEXT:
+            return text in _TRUE_TEXT
+    raise ConfigError(f"{path}: expected true or false, got {_show(value)}")
 
 
 def _to_float(value: object, path: str) -> float:

@@ -12,10 +12,12 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from rft.config.external import uses_external_model
 from rft.config.load import load_config
 from rft.config.schema import Config
 from rft.entry import config_parser, run_command, setup_logging
 from rft.errors import ConfigError, RftError
+from rft.explorer import external
 from rft.explorer import loop as X
 from rft.explorer import tasksets as T
 from rft.explorer.engine import Engine
@@ -99,7 +101,9 @@ def evaluate_checkpoint(
         groups = [
             [e for e in exps if e.group_id == g] for g in dict.fromkeys(e.group_id for e in exps)
         ]
-        metrics.update(X.eval_taskset_metrics(ts.name, ts.sampling.n, groups))
+        metrics.update(
+            X.eval_taskset_metrics(ts.name, ts.sampling.n, groups, cfg.monitor.detailed_stats)
+        )
     return metrics
 
 
@@ -146,6 +150,8 @@ def run_bench(cfg: Config) -> str:
     numbers at step = checkpoint step (0 for the base). With no checkpoint yet the base alone
     is evaluated (a model folder on a benchmark).
     """
+    if uses_external_model(cfg):
+        return run_external_bench(cfg)
     checkpoints = find_checkpoints(cfg.run_dir)
     if not checkpoints:
         log.warning(
@@ -157,6 +163,35 @@ def run_bench(cfg: Config) -> str:
             cfg.model.model_path,
         )
     plan = bench_plan(cfg.model.model_path, checkpoints, cfg.explorer.bench_on_latest_checkpoint)
+    eval_sets, extractors = _eval_sets(cfg)
+    engine = Engine(cfg)
+    reward_models = load_reward_models(cfg)
+    loaded = Path(engine.weights_path)  # the base model (or model.lora_configs[0].path's adapter)
+    rows = []
+    with _monitor(cfg) as monitor:
+        for step, label, folder in plan:
+            if not _same_folder(folder, loaded):
+                engine.reload(folder)
+                loaded = folder
+            metrics = evaluate_checkpoint(cfg, engine, eval_sets, step, reward_models)
+            monitor.log(step, metrics)
+            rows.append((label, metrics))
+    return format_table(rows, extractors)
+
+
+def run_external_bench(cfg: Config) -> str:
+    """Evaluate ``model.external_model`` (an OpenAI-compatible endpoint) on the eval tasksets:
+    no engine, no checkpoints; one row per taskset, at step 0. The endpoint is checked first."""
+    client = external.connect(cfg)
+    eval_sets, extractors = _eval_sets(cfg)
+    with _monitor(cfg) as monitor:
+        metrics = external.evaluate_external(cfg, client, eval_sets)
+        monitor.log(0, metrics)
+    return format_table([(f"external: {client.model_name}", metrics)], extractors)
+
+
+def _eval_sets(cfg: Config) -> tuple[list[T.Taskset], dict[str, str]]:
+    """The eval tasksets, and each one's answer extractor (logged)."""
     eval_sets = T.eval_tasksets(cfg)
     if not eval_sets:
         raise ConfigError("mode 'bench' needs buffer.explorer_input.eval_tasksets")
@@ -168,25 +203,17 @@ def run_bench(cfg: Config) -> str:
     }
     for name, extractor in extractors.items():
         log.info("%s: answer extractor: %s", name, extractor)
-    engine = Engine(cfg)
-    reward_models = load_reward_models(cfg)
-    loaded = Path(engine.weights_path)  # the base model (or model.lora_configs[0].path's adapter)
-    rows = []
-    with Monitor(
+    return eval_sets, extractors
+
+
+def _monitor(cfg: Config) -> Monitor:
+    return Monitor(
         cfg.run_dir,
         "bench",
         monitor_type=cfg.monitor.monitor_type,
         project=cfg.project,
         name=cfg.name,
-    ) as monitor:
-        for step, label, folder in plan:
-            if not _same_folder(folder, loaded):
-                engine.reload(folder)
-                loaded = folder
-            metrics = evaluate_checkpoint(cfg, engine, eval_sets, step, reward_models)
-            monitor.log(step, metrics)
-            rows.append((label, metrics))
-    return format_table(rows, extractors)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

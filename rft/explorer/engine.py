@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Iterator, Mapping, Sequence
 
 import torch
 
@@ -38,6 +38,7 @@ from rft.models import (
     ADAPTER_WEIGHTS,
     check_vllm_cpu_head_dim,
     is_adapter_folder,
+    rope_overrides,
 )
 from rft.placement import auxiliary_devices, local_devices
 from rft.sync.broadcast import buckets_from_json
@@ -176,10 +177,21 @@ def engine_kwargs(cfg: Config, on_cpu: bool, initial_rank: int | None = None) ->
         kwargs["max_model_len"] = max_model_len
     if rollout.enable_chunked_prefill is not None:  # unset: vLLM's own default
         kwargs["enable_chunked_prefill"] = rollout.enable_chunked_prefill
+    if rollout.enable_expert_parallel:
+        kwargs["enable_expert_parallel"] = True
+    overrides = rope_overrides(cfg)
+    if overrides:
+        kwargs["hf_overrides"] = overrides
     lora = lora_config(cfg)
     if lora is not None:
         kwargs.update(lora_kwargs(cfg, lora, initial_rank))
-    return kwargs
+    taken = sorted(set(rollout.extra_engine_args) & set(kwargs))
+    if taken:
+        raise ConfigError(
+            f"explorer.rollout_model.extra_engine_args sets {taken}, which rft sets from its "
+            "own keys (explorer.rollout_model.*, model.*): set them there instead"
+        )
+    return {**kwargs, **rollout.extra_engine_args}
 
 
 def lora_kwargs(cfg: Config, lora: LoRAConfig, initial_rank: int | None = None) -> dict[str, Any]:
@@ -278,6 +290,7 @@ class Engine:
                 "or set it to null to start from the base model"
             )
         self.kwargs = engine_kwargs(cfg, self.on_cpu, adapter_rank(initial) if initial else None)
+        self.sampling_defaults = sampling_defaults(cfg)
         if self.on_cpu and self.kwargs["dtype"] == "bfloat16" and not cpu_has_fast_bf16():
             log.warning(
                 "explorer.rollout_model.dtype=bfloat16 on a CPU without AVX512-BF16/AMX: "
@@ -346,7 +359,12 @@ class Engine:
         if not owners:
             return []
         params = [
-            _params(SamplingParams, args[i], n=1 if args[i].temperature == 0 else args[i].n)
+            _params(
+                SamplingParams,
+                args[i],
+                n=1 if args[i].temperature == 0 else args[i].n,
+                defaults=self.sampling_defaults,
+            )
             for i in owners
         ]
         inputs = [TokensPrompt(prompt_token_ids=list(prompts[i])) for i in owners]
@@ -373,7 +391,9 @@ class Engine:
             raise ValueError(f"request {key!r} is already in flight")
         greedy = args.temperature == 0  # vLLM refuses n > 1 greedy: n requests of n = 1
         ids = [f"{key}#{i}" for i in range(args.n)] if greedy else [key]
-        params = _params(SamplingParams, args, n=1 if greedy else args.n)
+        params = _params(
+            SamplingParams, args, n=1 if greedy else args.n, defaults=self.sampling_defaults
+        )
         params.output_kind = RequestOutputKind.FINAL_ONLY  # a request's n samples come together
         for rid in ids:
             self._keys[rid] = key
@@ -757,10 +777,15 @@ def _same_path(a: Path | str, b: Path | str) -> bool:
     return Path(a).resolve() == Path(b).resolve()
 
 
-def _params(sampling_params_cls: Any, a: SamplingArgs, n: int) -> Any:
-    """vLLM's SamplingParams of ``a`` (``n`` samples); a call's :attr:`SamplingArgs.extra`
-    keywords go in as given (``include_stop_str_in_output`` among them overrides rft's True)."""
+def _params(
+    sampling_params_cls: Any, a: SamplingArgs, n: int, defaults: Mapping[str, Any] = {}
+) -> Any:
+    """vLLM's SamplingParams of ``a`` (``n`` samples); ``defaults``: the engine's keywords
+    for every call (``model.repetition_penalty``); a call's :attr:`SamplingArgs.extra`
+    keywords go in as given over both (``include_stop_str_in_output`` among them overrides
+    rft's True)."""
     kwargs: dict[str, Any] = dict(
+        **defaults,
         n=n,
         temperature=a.temperature,
         top_p=a.top_p,
@@ -774,6 +799,13 @@ def _params(sampling_params_cls: Any, a: SamplingArgs, n: int) -> Any:
     if a.prompt_logprobs is not None:
         kwargs["prompt_logprobs"] = a.prompt_logprobs
     return sampling_params_cls(**{**kwargs, **dict(a.extra)})
+
+
+def sampling_defaults(cfg: Config) -> dict[str, Any]:
+    """vLLM SamplingParams keywords every call of the rollout engine takes unless it sets them:
+    ``model.repetition_penalty`` (Trinity's InferenceModelConfig default for chat/generate)."""
+    penalty = cfg.model.repetition_penalty
+    return {} if penalty == 1.0 else {"repetition_penalty": penalty}
 
 
 def _samples(out: Any) -> list[Sample]:

@@ -2,8 +2,10 @@
 
 Data in: a step's tasks whose taskset names a workflow class, and the engine. Each episode (one
 workflow run) runs in its own thread with its own model handle; only the calling thread touches
-the engine (:class:`BatchingService`). Data out: scored buffer records, one group per task, and
-the step's episode metrics. A failed episode must never stop the explorer (:func:`run_episodes`).
+the engine (:class:`BatchingService`). A failed or timed-out episode runs again, up to
+``explorer.max_retry_times`` times (:class:`EpisodePool`, for both explorer loops). Data out:
+scored buffer records, one group per task, and the step's episode metrics. A failed episode must
+never stop the explorer (:func:`run_episodes`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from rft.monitor import (
     EPISODE_FIRST_ERROR,
     EPISODE_PREFIX_BREAKS,
     EPISODE_RETOKENIZED,
+    EPISODE_RETRIED,
     EPISODE_SAMPLES,
     EPISODE_TIMEOUTS,
     EPISODE_TURNS,
@@ -255,7 +258,8 @@ class EpisodeResult:
     prefix_breaks: int = 0
     retokenized_turns: int = 0  # assistant messages trained from the template's tokens
     seconds: float = 0.0
-    tools: ToolCounts = field(default_factory=ToolCounts)  # its tool calls (ToolBox.call)
+    tools: ToolCounts = field(default_factory=ToolCounts)  # its tool calls, every attempt's
+    retries: int = 0  # times it ran again after failing (explorer.max_retry_times)
 
     @property
     def ok(self) -> bool:
@@ -340,8 +344,13 @@ def run_workflow(
 class EpisodePool:
     """Episodes running in threads, at most ``concurrency`` at once, each with a model handle on
     ``service`` (:class:`BatchingService`, or a streaming explorer's engine requests). An
-    episode that raises or runs past ``timeout_s`` (``explorer.max_timeout``) ends as failed; it
-    never stops the explorer. The caller's thread serves the model calls meanwhile."""
+    episode that raises or runs past ``timeout_s`` (``explorer.max_timeout``) runs again, the
+    same task run from the start, up to ``max_retry_times`` times (Trinity's
+    ``explorer.max_retry_times``); then it ends as failed. It never stops the explorer. The
+    caller's thread serves the model calls meanwhile.
+
+    Each attempt has its own id for the service and its thread (a new one per retry), so a
+    thread abandoned past its deadline can never end or feed the attempt that replaced it."""
 
     def __init__(
         self,
@@ -350,6 +359,7 @@ class EpisodePool:
         *,
         concurrency: int,
         timeout_s: Optional[float],
+        max_retry_times: int = 0,
         endpoint: Optional[Callable[[], Endpoint]] = None,
         model_path: str = "",
         auxiliary: Sequence[AuxiliaryHandles] = (),
@@ -358,16 +368,18 @@ class EpisodePool:
         self.template = template
         self.concurrency = concurrency
         self.timeout_s = timeout_s
+        self.max_retry_times = max_retry_times
         self.endpoint = endpoint
         self.model_path = model_path  # model.model_path: the handles' model_path
         self.results: dict[int, EpisodeResult] = {}  # every episode not yet taken by pop()
-        self._ids = itertools.count()
-        self._queued: deque[int] = deque()
-        self._threads: dict[int, tuple[float, ModelWrapper]] = {}  # running: start, model
+        self._ids = itertools.count()  # episode ids and attempt ids, never reused
+        self._queued: deque[int] = deque()  # episodes
+        # running attempts: attempt id -> its episode, start, model
+        self._threads: dict[int, tuple[int, float, ModelWrapper]] = {}
         # generative auxiliary models (a judge): each episode gets a handle on each, here only
         self.auxiliary = list(auxiliary)
-        self._aux: dict[int, list[ModelWrapper]] = {}  # running: its auxiliary handles
-        self._ended: list[int] = []  # ended (or abandoned), not yet returned by poll()
+        self._aux: dict[int, list[ModelWrapper]] = {}  # running attempts: auxiliary handles
+        self._ended: list[int] = []  # episodes ended (or abandoned), not yet seen by poll()
         self._lock = threading.Lock()
 
     def add(self, jobs: Sequence[EpisodeJob]) -> list[int]:
@@ -386,7 +398,7 @@ class EpisodePool:
     def unfinished_runs(self) -> int:
         """Task runs of the episodes queued or running (a ``can_repeat`` episode does several)."""
         with self._lock:
-            live = [*self._queued, *self._threads]
+            live = [*self._queued, *(i for i, _, _ in self._threads.values())]
         return sum(self.results[i].job.repeat for i in live)
 
     @property
@@ -397,43 +409,65 @@ class EpisodePool:
 
     def poll(self) -> list[int]:
         """Start queued episodes while fewer than ``concurrency`` run, stop the ones past their
-        deadline; the ids of the episodes that ended since the last call."""
+        deadline, queue failed ones again while they have retries left; the ids of the episodes
+        that ended for good since the last call."""
         while self._queued and len(self._threads) < self.concurrency:
             self._start(self._queued.popleft())
         if self.timeout_s is not None:
             self._enforce_deadlines(self.timeout_s)
         with self._lock:
             ended, self._ended = self._ended, []
-        return ended
+        return [i for i in ended if not self._retry(i)]
+
+    def _retry(self, i: int) -> bool:
+        """Queue failed episode ``i`` again, first in line, if it has retries left: the same
+        job (task, run id, sampling settings) with a fresh result that keeps the count."""
+        result = self.results[i]
+        if result.ok or result.retries >= self.max_retry_times:
+            return False
+        log.warning(
+            "retrying episode of task %s (retry %d of explorer.max_retry_times=%d): %s",
+            result.job.task.task_id,
+            result.retries + 1,
+            self.max_retry_times,
+            result.error_line,
+        )
+        # tool calls of the failed attempt happened: counted on (its thread may still add to
+        # the old counts if it was abandoned, never to these)
+        tools = dataclasses.replace(result.tools)
+        self.results[i] = EpisodeResult(result.job, tools=tools, retries=result.retries + 1)
+        self._queued.appendleft(i)
+        return True
 
     def _start(self, i: int) -> None:
-        job = self.results[i].job
+        result = self.results[i]
+        job, k = result.job, next(self._ids)  # k: this attempt's id
         model = ModelWrapper(
-            self.service.channel(i), self.template, job.task.rollout_args, self.model_path
+            self.service.channel(k), self.template, job.task.rollout_args, self.model_path
         )
         model.workflow_cls = job.task.workflow
         model.time_limit_s = self.timeout_s
         model.endpoint_factory = self.endpoint
         model.run_name = run_name(job)
-        self._aux[i] = [a.handle(i, model.run_name, self.timeout_s) for a in self.auxiliary]
-        self.service.started(i)
+        self._aux[k] = [a.handle(k, model.run_name, self.timeout_s) for a in self.auxiliary]
+        self.service.started(k)
         with self._lock:
-            self._threads[i] = (time.monotonic(), model)
+            self._threads[k] = (i, time.monotonic(), model)
         threading.Thread(
-            target=self._body, args=(i, model), daemon=True, name=f"rft-episode-{i}"
+            target=self._body, args=(k, result, model), daemon=True, name=f"rft-episode-{i}"
         ).start()
 
-    def _end(self, i: int) -> None:
+    def _end(self, k: int) -> None:
         with self._lock:
-            if self._threads.pop(i, None) is not None:
-                self._ended.append(i)
+            running = self._threads.pop(k, None)
+            if running is not None:
+                self._ended.append(running[0])
 
-    def _body(self, i: int, model: ModelWrapper) -> None:
-        result = self.results[i]
+    def _body(self, k: int, result: EpisodeResult, model: ModelWrapper) -> None:
         start = time.monotonic()
         try:
             with counting(result.tools):
-                result.experiences = run_workflow(result.job, model, self._aux[i])
+                result.experiences = run_workflow(result.job, model, self._aux[k])
         except Exception as e:  # a workflow's failure ends its episode, never the explorer
             result.error = f"{type(e).__name__}: {e}"
             if not isinstance(e, EpisodeCancelled):
@@ -449,26 +483,26 @@ class EpisodePool:
             result.turns = model.model_calls
             result.prefix_breaks = model.prefix_breaks
             result.retokenized_turns = model.retokenized_turns
-            self.service.ended(i)
-            self._end_auxiliary(i)
-            self._end(i)
+            self.service.ended(k)
+            self._end_auxiliary(k)
+            self._end(k)
 
-    def _end_auxiliary(self, i: int, why: Optional[str] = None) -> None:
-        """Episode ``i``'s auxiliary handles: their waiting calls fail; stopped (``why``), its
+    def _end_auxiliary(self, k: int, why: Optional[str] = None) -> None:
+        """Attempt ``k``'s auxiliary handles: their waiting calls fail; stopped (``why``), its
         later calls raise that; ended, their keys are closed and the handles dropped."""
-        handles = self._aux.get(i, []) if why is not None else self._aux.pop(i, [])
+        handles = self._aux.get(k, []) if why is not None else self._aux.pop(k, [])
         for aux, handle in zip(self.auxiliary, handles):
             if why is not None:
                 handle.cancelled = why
             else:
                 handle.close_endpoint_key()
-            aux.ended(i)
+            aux.ended(k)
 
     def _enforce_deadlines(self, timeout_s: float) -> None:
         now = time.monotonic()
         with self._lock:
             running = list(self._threads.items())
-        for i, (start, model) in running:
+        for k, (i, start, model) in running:
             if now - start < timeout_s:
                 continue
             result = self.results[i]
@@ -479,11 +513,12 @@ class EpisodePool:
                 )
                 result.timed_out = True
                 log.warning("%s: stopping it", model.cancelled)
-                self.service.ended(i)  # its waiting call fails now
-                self._end_auxiliary(i, model.cancelled)
+                self.service.ended(k)  # its waiting call fails now
+                self._end_auxiliary(k, model.cancelled)
             elif now - start > timeout_s + JOIN_GRACE_S:  # stuck outside model calls: abandon it
                 result.error = result.error or model.cancelled
-                self._end(i)
+                model.close_endpoint_key()  # a retry may register the same key (set_api_key)
+                self._end(k)
 
 
 def run_episodes(
@@ -495,23 +530,25 @@ def run_episodes(
     concurrency: int,
     timeout_s: Optional[float],
     max_model_len: Optional[int],
+    max_retry_times: int = 0,
     tool_parser: Optional[str] = None,
     reasoning_parser: Optional[str] = None,
     endpoint: Optional[Callable[[], Endpoint]] = None,
     model_path: str = "",
     auxiliary: Sequence[AuxiliaryHandles] = (),
 ) -> tuple[list[EpisodeResult], dict[str, float]]:
-    """Run ``jobs`` (an :class:`EpisodePool`), serving their model calls in batches
-    meanwhile. ``endpoint``: the OpenAI-compatible endpoint the episodes' agent code may call
-    (started on first use), if offered; ``model_path``: ``model.model_path`` (the handles'
-    ``model_path``); ``auxiliary``: the generative auxiliary models (their own threads serve
-    them)."""
+    """Run ``jobs`` (an :class:`EpisodePool`, each failed one again up to ``max_retry_times``
+    times), serving their model calls in batches meanwhile. ``endpoint``: the OpenAI-compatible
+    endpoint the episodes' agent code may call (started on first use), if offered;
+    ``model_path``: ``model.model_path`` (the handles' ``model_path``); ``auxiliary``: the
+    generative auxiliary models (their own threads serve them)."""
     service = BatchingService(engine, version, max_model_len, tool_parser, reasoning_parser)
     pool = EpisodePool(
         service,
         template,
         concurrency=concurrency,
         timeout_s=timeout_s,
+        max_retry_times=max_retry_times,
         endpoint=endpoint,
         model_path=model_path,
         auxiliary=auxiliary,
@@ -525,8 +562,9 @@ def run_episodes(
 
 
 def episode_metrics(results: list[EpisodeResult]) -> dict[str, Any]:
-    """The step's episode counts; with failed runs, the first one's error (with its task) and
-    how many runs failed with each error line (JSON-only metrics: strings, a dict)."""
+    """The step's episode counts; with failed runs (after their retries), the first one's error
+    (with its task) and how many runs failed with each error line (JSON-only metrics: strings,
+    a dict)."""
     ok = [r for r in results if r.ok]
     failed = [r for r in results if not r.ok]
     failures = (
@@ -542,6 +580,7 @@ def episode_metrics(results: list[EpisodeResult]) -> dict[str, Any]:
         EPISODES: len(results),
         EPISODE_FAILED: sum(r.error is not None and not r.timed_out for r in results),
         EPISODE_TIMEOUTS: sum(r.timed_out for r in results),
+        EPISODE_RETRIED: sum(r.retries > 0 for r in results),
         EPISODE_TURNS: sum(r.turns for r in ok) / max(len(ok), 1),
         EPISODE_SAMPLES: sum(len(r.experiences) for r in ok),
         EPISODE_PREFIX_BREAKS: sum(r.prefix_breaks for r in results),

@@ -56,7 +56,7 @@ from rft.rundir import EXPLORER_META, explorer_role, writer_name
 from rft.stages import load_stage
 from rft.sync.explorer_side import ExplorerSync, open_explorer_sync
 from rft.sync.failures import ExplorerFailure, clear_failure, record_failure
-from rft.sync.schedule import explorer_lead, required_version
+from rft.sync.schedule import explorer_lead, required_version, takes_weights
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,9 @@ def run_explorer(
     )
     result = ExplorerResult()
     synchronizer = cfg.synchronizer
-    lead, _ = explorer_lead(cfg.mode, synchronizer.sync_offset, synchronizer.max_lead_steps)
+    lead, _ = explorer_lead(
+        cfg.mode, synchronizer.sync_offset, synchronizer.max_lead_steps, synchronizer.sync_style
+    )
 
     def evaluate_now(step: int, need: int | None = None) -> None:
         """:func:`evaluate` the weights loaded (first those >= ``need`` when given), said in
@@ -255,7 +257,10 @@ def step_by_step(
         # step s - 1 - sync_offset. mode explore: the same with max_lead_steps for
         # sync_offset when set (bounds how stale the rollouts get), else never wait.
         need = 0 if lead is None else required_version(step, lead, interval)
-        version, reload_s, wait_s = weights.wait_for(need)
+        if takes_weights(step, cfg.synchronizer.sync_style, interval) or need:
+            version, reload_s, wait_s = weights.wait_for(need)
+        else:  # explorer_driven between its sync steps: the weights stay
+            version, reload_s, wait_s = weights.loaded_version or 0, 0.0, 0.0
         carried, share = plan.take(step, stream.next_batch(cursor))
         exps, stats = rollout(cfg, engine, tasksets, share, step, version, writer, reward_models)
         if carried:  # slots of earlier steps (the explorer count changed: rft.explorer.cursor)
@@ -362,12 +367,23 @@ def step_metrics(exps: list[Experience]) -> dict[str, float]:
     return out
 
 
-def eval_taskset_metrics(name: str, k: int, groups: list[list[Experience]]) -> dict[str, float]:
-    """mean@k (mean accuracy over all samples) and pass@k (tasks with an accurate sample)."""
+def eval_taskset_metrics(
+    name: str, k: int, groups: list[list[Experience]], detailed: bool = False
+) -> dict[str, float]:
+    """mean@k (mean accuracy over all samples) and pass@k (tasks with an accurate sample);
+    ``detailed`` (Trinity's monitor.detailed_stats): also the std, max and min over the tasks
+    of each task's mean accuracy and mean reward."""
     samples = [e for g in groups for e in g]
     if not samples:
         return {f"eval/{name}/tasks": 0}
-    return {
+    spread: dict[str, float] = {}
+    if detailed:
+        for what, of in (("accuracy", accuracy_of), ("reward", lambda e: e.reward)):
+            per_task = [statistics.fmean(map(of, g)) for g in groups if g]
+            spread[f"eval/{name}/{what}/std"] = statistics.pstdev(per_task)
+            spread[f"eval/{name}/{what}/max"] = max(per_task)
+            spread[f"eval/{name}/{what}/min"] = min(per_task)
+    return spread | {
         f"eval/{name}/mean@{k}": statistics.fmean(map(accuracy_of, samples)),
         f"eval/{name}/pass@{k}": statistics.fmean(
             float(any(accuracy_of(e) >= 1.0 for e in g)) for g in groups
@@ -397,7 +413,9 @@ def evaluate(
         groups = [
             [e for e in exps if e.group_id == g] for g in dict.fromkeys(e.group_id for e in exps)
         ]
-        metrics.update(eval_taskset_metrics(ts.name, ts.sampling.n, groups))
+        metrics.update(
+            eval_taskset_metrics(ts.name, ts.sampling.n, groups, cfg.monitor.detailed_stats)
+        )
     metrics["eval/time_s"] = time.monotonic() - start
     monitor.log(step, metrics)
     return metrics

@@ -384,7 +384,8 @@ def rollout_episodes(
     writer: str,
 ) -> tuple[list[Experience], dict[str, float]]:
     """Run the workflow classes of ``items`` (``explorer.runner_per_model`` episodes at once,
-    each stopped at ``explorer.max_timeout``); their experiences, one group per task."""
+    each stopped at ``explorer.max_timeout``, a failed one run again up to
+    ``explorer.max_retry_times`` times); their experiences, one group per task."""
     jobs: list[EpisodeJob] = []
     for slot, task in items:
         ts = tasksets[task.taskset]
@@ -398,6 +399,7 @@ def rollout_episodes(
         concurrency=cfg.explorer.runner_per_model,
         timeout_s=cfg.explorer.max_timeout,
         max_model_len=engine.max_model_len,
+        max_retry_times=cfg.explorer.max_retry_times,
         tool_parser=tool_parser(cfg),
         reasoning_parser=cfg.explorer.rollout_model.reasoning_parser,
         endpoint=agent_endpoint(cfg),

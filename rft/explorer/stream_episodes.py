@@ -128,8 +128,9 @@ class EpisodeGroup:
 
 class StreamedEpisodes:
     """The workflow-class groups of a streaming explorer: their episodes (at most
-    ``explorer.runner_per_model`` at once, each stopped at ``explorer.max_timeout``) and
-    their engine calls."""
+    ``explorer.runner_per_model`` at once, each stopped at ``explorer.max_timeout`` and run
+    again up to ``explorer.max_retry_times`` times; a group waits for its retries) and their
+    engine calls."""
 
     def __init__(self, cfg: Config, engine: Engine, writer: str):
         self.writer = writer
@@ -139,6 +140,7 @@ class StreamedEpisodes:
             episode_template(cfg),
             concurrency=cfg.explorer.runner_per_model,
             timeout_s=cfg.explorer.max_timeout,
+            max_retry_times=cfg.explorer.max_retry_times,
             endpoint=agent_endpoint(cfg),
             model_path=cfg.model.model_path,
             auxiliary=auxiliary_models(cfg),

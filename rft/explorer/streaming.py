@@ -39,7 +39,7 @@ from rft.explorer.stream_steps import OpenStep, Totals, add_stats, sealed_steps
 from rft.explorer.teacher import TEACHER_KL, add_teacher_logprobs
 from rft.lease import NO_FENCE, Fence
 from rft.sync.explorer_side import ExplorerSync
-from rft.sync.schedule import required_version
+from rft.sync.schedule import required_version, takes_weights
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +104,8 @@ def stream_steps(
         return eval_at is None and more and room and not plan.finished(stream)
 
     while True:
-        if time.monotonic() - polled >= WEIGHTS_POLL_S and engine.may_reload():
+        due = takes_weights(cursor.step + 1, cfg.synchronizer.sync_style, interval)
+        if due and time.monotonic() - polled >= WEIGHTS_POLL_S and engine.may_reload():
             load(0)
             polled = time.monotonic()
         while admissible():

@@ -10,7 +10,6 @@ Every explorer task computes the same stream, so no coordination is needed (:cla
 from __future__ import annotations
 
 import logging
-import random
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Union
@@ -21,6 +20,8 @@ from rft.config.rules import taskset_temperature
 from rft.config.schema import Config, TasksetConfig
 from rft.data import planned_steps
 from rft.errors import ConfigError, DataError, WorkflowError
+from rft.explorer import selectors
+from rft.explorer.selectors import TaskSelector  # noqa: F401 (its old home)
 from rft.models import REWARD_MODEL, TEACHER, auxiliary_kinds
 from rft.rundir import EXPLORER_META
 from rft.workflow import single_turn
@@ -198,11 +199,16 @@ def required_columns(
 ) -> dict[str, str]:
     """Columns the taskset must have (config key -> column): a recipe's prompt and answer
     (:func:`rft.data.task_columns`; also when the workflow is not resolved here), else the
-    per-row workflow/reward columns that are set (a workflow class reads the row its own way)."""
+    per-row workflow/reward columns that are set (a workflow class reads the row its own way);
+    and the ``data_selector.feature_keys`` columns."""
+    features = {
+        f"{label}.data_selector.feature_keys[{i}]": key
+        for i, key in enumerate(ts.data_selector.feature_keys)
+    }
     if workflow is None or isinstance(workflow, Recipe):
-        return data.task_columns(ts.format, label)
+        return {**data.task_columns(ts.format, label), **features}
     keys = {"workflow_key": ts.format.workflow_key, "reward_fn_key": ts.format.reward_fn_key}
-    return {f"{label}.format.{k}": column for k, column in keys.items() if column}
+    return {f"{label}.format.{k}": column for k, column in keys.items() if column} | features
 
 
 def open_taskset(cfg: Config, ts: TasksetConfig, label: str, is_eval: bool) -> Taskset:
@@ -289,38 +295,11 @@ class Cursor:
             ) from e
 
 
-class TaskSelector:
-    """Row order of one taskset (``task_selector.selector_type``): position in its stream ->
-    (row index, epoch). ``sequential``: row order; ``shuffle``: a new seeded permutation each
-    epoch, every row once per epoch; ``random``: seeded draws with replacement, an "epoch" being
-    as many draws as rows."""
-
-    def __init__(self, kind: str, seed: int, num_rows: int):
-        if kind not in ("sequential", "shuffle", "random"):
-            raise DataError(
-                f"task_selector.selector_type {kind!r}: use sequential, shuffle or random"
-            )
-        self.kind, self.seed, self.num_rows = kind, seed, num_rows
-        self._perm: tuple[int, list[int]] | None = None  # (epoch, permutation) cache
-
-    def row(self, position: int) -> tuple[int, int]:
-        """(row index, epoch) of the task at ``position`` (0-based)."""
-        epoch, offset = divmod(position, self.num_rows)
-        if self.kind == "sequential":
-            return offset, epoch
-        if self.kind == "random":
-            return random.Random(f"{self.seed}-draw-{position}").randrange(self.num_rows), epoch
-        if self._perm is None or self._perm[0] != epoch:
-            perm = list(range(self.num_rows))
-            random.Random(f"{self.seed}-epoch-{epoch}").shuffle(perm)
-            self._perm = (epoch, perm)
-        return self._perm[1][offset], epoch
-
-
 class TaskStream:
     """The training tasks in order, step by step, from a :class:`Cursor`; every explorer task
     computes the same stream, so no coordination is needed.
 
+    Each taskset's rows come in its ``data_selector`` order (:mod:`rft.explorer.selectors`).
     Several training tasksets are interleaved round-robin in config order, one task from each in
     turn; a taskset that has run out (after ``total_epochs`` passes) drops out of the rotation;
     with ``buffer.total_steps`` set, tasksets cycle past their epochs until that step.
@@ -335,9 +314,9 @@ class TaskStream:
     ):
         if not tasksets:
             raise DataError("no training taskset: set buffer.explorer_input.taskset")
+        draw = selectors.draw_size(batch_size, len(tasksets))
         self.selectors = [
-            TaskSelector(t.config.task_selector.selector_type, t.config.task_selector.seed, len(t))
-            for t in tasksets
+            selectors.build(t.config.data_selector, len(t), t.rows, t.label, draw) for t in tasksets
         ]
         self.batch_size = batch_size
         self.total_steps = planned_steps(

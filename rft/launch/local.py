@@ -336,7 +336,7 @@ def run_stage(cfg: Config, label: str, tag: str = "main") -> int:
         lambda: read_failures(cfg.run_dir),
     )
     if code == 0 and cfg.mode in EXPLORER_MODES:
-        summary = write_report(cfg.run_dir, cfg.explorer.name, title=f"{cfg.project}/{cfg.name}")
+        summary = write_report(cfg.run_dir, cfg.explorer.name, title=cfg.run_label)
         if summary:
             print("[rft] " + summary.replace("\n", "\n[rft] "), flush=True)
     return code

@@ -18,12 +18,14 @@ from pathlib import Path
 from rft import data, stages
 from rft.config import batches
 from rft.config.auxiliary import REWARD_WEIGHT_KEYS, auxiliary_tp, scoring_max_len
+from rft.config.external import external_endpoint, uses_external_model
 from rft.config.gpus import split_gpus
 from rft.config.load import stage_config, stage_label
 from rft.config.rules import lora_config, uses_critic, uses_teacher
 from rft.config.schema import Config, ExperienceBufferConfig
 from rft.config.teacher import teacher_in_trainer, teacher_placement
 from rft.errors import ConfigError, DataError, RftError
+from rft.explorer.engine import engine_kwargs
 from rft.explorer.probe import first_task_checks
 from rft.explorer.tasksets import WorkflowClass, required_columns, taskset_workflow
 from rft.explorer.teacher import check_teacher_dir
@@ -89,10 +91,16 @@ def preflight(cfg: Config, here: Devices | None = None) -> list[DatasetInfo]:
 def check_config(cfg: Config, prefix: str = "", here: Devices | None = None) -> list[DatasetInfo]:
     """Every check of one (stage's) config; dataset labels carry ``prefix``; ``here`` as in
     :func:`preflight`."""
-    check_model_dir(cfg.model.model_path)
-    if cfg.mode in ENGINE_MODES and engine_on_cpu(cfg, here):
-        check_vllm_cpu_head_dim(cfg.model.model_path)
-    _check_context_length(cfg)
+    external = uses_external_model(cfg)  # mode bench against an endpoint: no model folder
+    if external:
+        external_endpoint(cfg)  # its variables and URL (no connection from the login node)
+    else:
+        check_model_dir(cfg.model.model_path)
+        if cfg.mode in ENGINE_MODES and engine_on_cpu(cfg, here):
+            check_vllm_cpu_head_dim(cfg.model.model_path)
+        if cfg.mode in ENGINE_MODES:  # extra_engine_args against rft's own, the RoPE overrides
+            engine_kwargs(cfg, engine_on_cpu(cfg, here))
+        _check_context_length(cfg)
     if cfg.mode in ENGINE_MODES or teacher_in_trainer(cfg):
         check_auxiliary_dirs(cfg, cfg.mode in ENGINE_MODES and engine_on_cpu(cfg, here))
         check_reward_weights(cfg)
@@ -102,12 +110,15 @@ def check_config(cfg: Config, prefix: str = "", here: Devices | None = None) -> 
     build_loss_fns(cfg.algorithm)
     check_packages(cfg.monitor.monitor_type)
     infos, callers = [], False  # callers: a taskset may run a workflow class
+    single_turn = True  # every training taskset runs a recipe: one experience per run
     for label, taskset in cfg.labelled_tasksets():
         is_eval = label.startswith("buffer.explorer_input.eval_tasksets")
         workflow = (
             taskset_workflow(cfg, taskset, label, is_eval) if cfg.mode in ENGINE_MODES else None
         )
         callers |= isinstance(workflow, WorkflowClass) or bool(taskset.format.workflow_key)
+        if not is_eval and not (isinstance(workflow, Recipe) and not taskset.format.workflow_key):
+            single_turn = False
         infos.append(
             _inspect(
                 prefix + label,
@@ -118,7 +129,10 @@ def check_config(cfg: Config, prefix: str = "", here: Devices | None = None) -> 
                 training=not is_eval,
             )
         )
-    check_chat_template(cfg)
+    if cfg.mode == "both" and single_turn:
+        batches.check_train_batch_size(cfg)  # a mini-batch fits in the explorer's step
+    if not external:
+        check_chat_template(cfg)
     if cfg.mode in ENGINE_MODES and not callers:
         check_generative_callers(cfg)
     for label, buf in _file_buffers(cfg):
@@ -397,6 +411,12 @@ def _run_dir_state(run_dir: Path) -> str:
 
 def _mode_line(cfg: Config) -> str:
     sync = cfg.synchronizer
+    if uses_external_model(cfg):
+        ext = cfg.model.external_model
+        return (
+            f"bench: evaluate the OpenAI-compatible endpoint ${ext.base_url_env} (model "
+            f"{ext.model_name}) on the eval tasksets; no local engine, no checkpoints"
+        )
     nccl = sync.sync_method == "nccl"
     detail = {
         "both": "synchronous: explorer and trainer take turns",
@@ -442,7 +462,15 @@ def _role_lines(cfg: Config, devices: Devices) -> list[tuple[str, str]]:
     r, t, b = cfg.explorer.rollout_model, cfg.trainer, cfg.buffer
     split = split_gpus(cfg)
     lines = []
-    if cfg.mode in ENGINE_MODES:
+    if uses_external_model(cfg):
+        lines.append(
+            (
+                "explorer",
+                f"'{cfg.explorer.name}': no GPU; requests to ${cfg.model.external_model.base_url_env}"
+                f", {cfg.explorer.runner_per_model} run(s) at a time",
+            )
+        )
+    elif cfg.mode in ENGINE_MODES:
         scorers = f" + {split.auxiliary} for auxiliary models" if split.auxiliary else ""
         lines.append(
             (

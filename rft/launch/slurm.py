@@ -83,8 +83,8 @@ def _resource_line(group: Group, cfg: Config) -> str:
 
 
 def job_name(cfg: Config) -> str:
-    """The SLURM job name of a run: ``rft-<project>-<name>`` (a stage's ``/`` as ``-``)."""
-    return f"rft-{cfg.project}-{cfg.name}".replace("/", "-")
+    """The SLURM job name of a run: ``rft-<project>-<group>-<name>`` (``/`` as ``-``)."""
+    return f"rft-{cfg.run_label}".replace("/", "-")
 
 
 def sbatch_log(cfg: Config, job_id: str = "%j") -> Path:

@@ -156,7 +156,7 @@ def open_weights_in(cfg: Config, writer: str, engine: Any, heartbeat: Heartbeat)
     if nccl:
         tp = cfg.explorer.rollout_model.tensor_parallel_size
         receiver = BroadcastReceiver(cfg.run_dir, writer, engine, tp, sync.sync_timeout)
-    lead_key = explorer_lead(cfg.mode, sync.sync_offset, sync.max_lead_steps)[1]
+    lead_key = explorer_lead(cfg.mode, sync.sync_offset, sync.max_lead_steps, sync.sync_style)[1]
     return WeightsIn(watcher, engine, sync.sync_timeout, receiver, lead_key)
 
 

@@ -31,7 +31,8 @@ from rft.errors import ConfigError
 assert set(ADVANTAGE_FNS) == set(names.ADVANTAGE_FN_NAMES) - names.NEEDS_CRITIC
 assert names.NEEDS_CRITIC == {"ppo"}
 assert names.NEEDS_TEACHER <= set(ADVANTAGE_FNS)
-assert names.BY_RUN <= set(ADVANTAGE_FNS) and names.GROUP_BASELINES <= set(ADVANTAGE_FNS)
+assert names.BY_INFO <= names.BY_RUN <= set(ADVANTAGE_FNS)
+assert names.GROUP_BASELINES <= set(ADVANTAGE_FNS)
 assert names.EXPERT_LOSSES <= set(POLICY_LOSS_FNS)
 assert names.ROLLOUT_ENTROPY <= set(ENTROPY_LOSS_FNS)
 assert set(POLICY_LOSS_FNS) == set(names.POLICY_LOSS_FN_NAMES)
@@ -60,6 +61,7 @@ class LossFns:
     # (token_rewards, values, mask) -> (advantages, returns, metrics): advantage_fn ppo (a critic)
     gae: Callable[..., Any] | None = None
     advantage_by_run: bool = False  # the advantage takes each row's (run, env step): runs=...
+    advantage_by_info: bool = False  # ... and each row's experience info: infos=... (gigpo)
     # the advantage takes old_logprobs= and teacher_logprobs= (on_policy_distill, jsd)
     advantage_by_teacher: bool = False
     # policy_loss_fn m2po: its mask's m2_threshold, applied per mini-batch (rft.trainer.m2po)
@@ -149,6 +151,7 @@ def build_loss_fns(algo: AlgorithmConfig) -> LossFns:
         correction=get_correction_fn(algo.rollout_correction),
         gae=get_gae_fn(algo.advantage_fn_args) if gae else None,
         advantage_by_run=algo.advantage_fn in names.BY_RUN,
+        advantage_by_info=algo.advantage_fn in names.BY_INFO,
         advantage_by_teacher=algo.advantage_fn in names.NEEDS_TEACHER,
         m2po_threshold=float(policy_args.get("m2_threshold", M2_THRESHOLD))
         if algo.policy_loss_fn == "m2po"

@@ -46,6 +46,7 @@ class Rows:
     # [N, R] a teacher's log-probs of the response tokens (on-policy distillation; 0 where absent)
     teacher_logprobs: torch.Tensor | None = None
     has_teacher: torch.Tensor | None = None  # [N] bool: the row came with teacher_logprobs
+    infos: list[dict] = field(default_factory=list)  # each record's info (GiGPO reads it)
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -108,6 +109,7 @@ def rows_from_experiences(
         ),  # [N]
         teacher_logprobs=teacher,
         has_teacher=has_teacher,
+        infos=[e.info for e in exps],
     )
 
 

@@ -33,6 +33,7 @@ from rft.algo.logprobs import logprobs_from_hidden, logprobs_from_logits  # noqa
 from rft.config.rules import lora_config  # noqa: E402
 from rft.config.schema import Config, LoRAConfig, OptimizerConfig  # noqa: E402
 from rft.errors import CheckpointError, ConfigError  # noqa: E402
+from rft.models import rope_overrides  # noqa: E402
 from rft.safetensors_io import (  # noqa: E402
     SINGLE_FILE,
     plan_shards,
@@ -273,12 +274,15 @@ def _load_model(
     *,
     value_head: bool = False,
     attention: str | None = None,
+    overrides: dict[str, Any] | None = None,
 ):
     """HF ``from_pretrained`` (a causal LM, or with ``value_head`` a token-classification model
-    with one label: a critic) with ``attention`` kernels (None: the default); under ZeRO-3 with
+    with one label: a critic) with ``attention`` kernels (None: the default) and the model
+    config's ``overrides`` (:func:`rft.models.rope_overrides`); under ZeRO-3 with
     ``HfDeepSpeedConfig`` alive (partitioned load with real weights; ``deepspeed.zero.Init``
     alone would skip HF's weight loading)."""
     kernels = {"attn_implementation": attention} if attention else {}
+    kernels.update(overrides or {})
     from transformers import (
         AutoConfig,
         AutoModelForCausalLM,
@@ -290,12 +294,15 @@ def _load_model(
     if value_head:  # veRL's critic: the LM body plus a freshly initialised score head [H, 1]
         with torch.random.fork_rng(devices=[]):  # the run's own random state is left as it was
             torch.manual_seed(VALUE_HEAD_SEED)
-            head_config = AutoConfig.from_pretrained(path, num_labels=1)
+            head_config = AutoConfig.from_pretrained(path, num_labels=1, **(overrides or {}))
             head_config.classifier_dropout = (
                 0.0  # transformers' default before the head is 0.1; veRL's 0
             )
             model = AutoModelForTokenClassification.from_pretrained(
-                path, dtype=dtype, config=head_config, **kernels
+                path,
+                dtype=dtype,
+                config=head_config,
+                **({"attn_implementation": attention} if attention else {}),
             )
     else:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kernels)
@@ -422,7 +429,12 @@ def _build_engine(
         else torch.float32
     )
     model, keep_alive = _load_model(
-        path, dtype, config, value_head=value_head, attention=attention_implementation(cfg)
+        path,
+        dtype,
+        config,
+        value_head=value_head,
+        attention=attention_implementation(cfg),
+        overrides=rope_overrides(cfg),
     )
     if checkpointing:  # every k-th decoder layer recomputes, the first included
         model.gradient_checkpointing_enable(
@@ -515,7 +527,11 @@ def build_reference(
     config["fp16"] = {"enabled": dtype == torch.float16}
     attention = attention_implementation(cfg, dtype)
     model, keep_alive = _load_model(
-        model_path or cfg.model.model_path, dtype, config, attention=attention
+        model_path or cfg.model.model_path,
+        dtype,
+        config,
+        attention=attention,
+        overrides=rope_overrides(cfg) if model_path is None else None,
     )
     model.eval().requires_grad_(False)
     if cfg.trainer.zero_stage == 3:
@@ -810,12 +826,15 @@ def save_checkpoint(actor: Actor, folder: Path, tag: str) -> None:
     actor.engine.save_checkpoint(str(folder), tag=tag, exclude_frozen_parameters=actor.lora)
 
 
-def load_checkpoint(actor: Actor, folder: Path) -> None:
-    """Restore model, optimizer and lr scheduler from ``folder`` (its ``latest`` tag)."""
+def load_checkpoint(
+    actor: Actor, folder: Path, parts: frozenset[str] = frozenset({"optimizer", "extra"})
+) -> None:
+    """Restore the model from ``folder`` (its ``latest`` tag) and, as ``parts`` says (veRL's
+    ``load_contents``), the optimizer (``"optimizer"``) and the lr scheduler (``"extra"``)."""
     path, _client = actor.engine.load_checkpoint(
         str(folder),
-        load_optimizer_states=True,
-        load_lr_scheduler_states=True,
+        load_optimizer_states="optimizer" in parts,
+        load_lr_scheduler_states="extra" in parts,
         load_module_strict=not actor.lora,
     )
     if path is None:

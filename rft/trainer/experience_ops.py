@@ -111,6 +111,51 @@ def invalid_reward_filter(exps: list[Experience]) -> tuple[list[Experience], Cou
     return kept, {FILTERED: len(exps) - len(kept)}
 
 
+# pass_rate_calculator's metrics (Trinity's selection/ names, trinity/buffer/operators/mappers/
+# pass_rate_calculator.py): each the share of the step's tasks whose pass rate p (the mean
+# reward of the task's experiences) is in the band.
+PASS_RATE_TASKS = f"{PIPELINE_PREFIX}selection/task_count"  # tasks with a pass rate this step
+_SIXTEENTH = 1 / 16 + 1e-3  # Trinity's margins: one right (or one wrong) of 16 is outside
+PASS_RATE_BANDS: dict[str, Callable[[float], bool]] = {
+    f"{PIPELINE_PREFIX}selection/valid_ratio": lambda p: 0 < p < 1,
+    f"{PIPELINE_PREFIX}selection/strict_valid_ratio": lambda p: _SIXTEENTH < p < 1 - _SIXTEENTH,
+    f"{PIPELINE_PREFIX}selection/<1_ratio": lambda p: p < 1,
+    f"{PIPELINE_PREFIX}selection/>0_ratio": lambda p: p > 0,
+    f"{PIPELINE_PREFIX}selection/<15_16_ratio": lambda p: p < 1 - _SIXTEENTH,
+    f"{PIPELINE_PREFIX}selection/>1_16_ratio": lambda p: p > _SIXTEENTH,
+}
+
+
+def _band_count(ratio_name: str) -> str:
+    """The count behind a band's ratio (counts add up over a step's reads; ratios do not)."""
+    return ratio_name.removesuffix("_ratio") + "_count"
+
+
+def pass_rate_calculator(exps: list[Experience]) -> tuple[list[Experience], Counts]:
+    """Trinity's PassRateCalculator: each task's pass rate (the mean reward of its experiences
+    here, tasks told apart by ``task_id``, Trinity's taskset and index) and how many tasks fall
+    in each :data:`PASS_RATE_BANDS` band; the ratios are made per step
+    (:func:`pass_rate_ratios`). Keeps every experience. Trinity also hands the rates to its
+    task selectors; rft's selectors (sequential, shuffle, random) read none."""
+    rewards: dict[str, list[float]] = {}
+    for exp in exps:
+        rewards.setdefault(exp.task_id, []).append(exp.reward)
+    rates = [statistics.fmean(values) for values in rewards.values()]
+    counts = {PASS_RATE_TASKS: len(rates)}
+    for name, band in PASS_RATE_BANDS.items():
+        counts[_band_count(name)] = sum(band(p) for p in rates)
+    return exps, counts
+
+
+def pass_rate_ratios(counts: Counts) -> dict[str, float]:
+    """The band ratios of the step's summed :func:`pass_rate_calculator` counts; none when no
+    task was counted (Trinity's would be NaN)."""
+    tasks = counts.get(PASS_RATE_TASKS, 0)
+    if not tasks:
+        return {}
+    return {name: counts[_band_count(name)] / tasks for name in PASS_RATE_BANDS}
+
+
 def _groups(exps: list[Experience]) -> dict[str, list[Experience]]:
     groups: dict[str, list[Experience]] = {}
     for exp in exps:
@@ -130,8 +175,9 @@ BUILDERS: dict[str, Callable[[OperatorConfig], Operator]] = {
     "reward_filter": lambda op: functools.partial(reward_filter, args=op.typed_args()),
     "reward_std_filter": lambda op: functools.partial(reward_std_filter, args=op.typed_args()),
     "invalid_reward_filter": lambda op: invalid_reward_filter,
+    "pass_rate_calculator": lambda op: pass_rate_calculator,
 }
-assert set(BUILDERS) == set(EXPERIENCE_OPERATORS), "rft.config.names lists other operators"
+assert set(EXPERIENCE_OPERATORS) == set(BUILDERS), "rft.config.names lists other operators"
 
 
 @dataclass
@@ -139,7 +185,8 @@ class ExperiencePipeline:
     """The configured operators, in order, and the counts of the current step."""
 
     operators: list[Operator] = field(default_factory=list)
-    counts: Counts = field(default_factory=dict)  # summed since start_step()
+    # summed since start_step(), and pass_rate_calculator's ratios of those sums
+    counts: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_config(cls, cfg: ExperiencePipelineConfig | None) -> ExperiencePipeline:
@@ -159,4 +206,5 @@ class ExperiencePipeline:
             for key, n in counts.items():
                 self.counts[key] = self.counts.get(key, 0) + n
         self.counts[EXPERIENCE_COUNT] = self.counts.get(EXPERIENCE_COUNT, 0) + len(out)
+        self.counts.update(pass_rate_ratios(self.counts))
         return out

@@ -14,9 +14,11 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from rft.buffer import replay
 from rft.buffer.experience import Experience
 from rft.buffer.segment_file import unsealed_writers
 from rft.buffer.segments import open_archive, open_buffer_reader
+from rft.config.rules import read_timeout
 from rft.config.schema import Config
 from rft.errors import DataError, EpisodesFailedError, NotSupportedError
 from rft.lease import NO_FENCE, Fence
@@ -29,6 +31,7 @@ from rft.trainer.sft import SftSource
 log = logging.getLogger(__name__)
 POLL_S = 0.5
 WAIT_SLICE_S = 5.0  # a waiting read checks for a stop request this often
+REPLAY_KEY = "replay"  # the replay buffer's state in the buffer cursor (the checkpoint's)
 
 
 def explorer_writers(cfg: Config) -> list[str]:
@@ -62,14 +65,23 @@ class BufferSource:
         self.cfg, self.run_dir = cfg, run_dir
         # mode train reads this many (whole groups); mix mode leaves room for expert samples
         self.rollouts_per_step = rollouts_per_step or cfg.buffer.train_batch_size
+        self.wait_s, self.wait_key = read_timeout(cfg)  # how long a read waits
         self.synchronous = cfg.mode == "both"
+        # mode both with the fixed sync style waits for the weights each step may use
+        self.max_staleness_versions = (
+            None
+            if self.synchronous and cfg.synchronizer.sync_style == "fixed"
+            else cfg.trainer.max_staleness_versions
+        )
+        cursor = dict(cursor or {})
+        replay_state = cursor.pop(REPLAY_KEY, None)
         self.reader = open_buffer_reader(
             run_dir,
             buf.storage_type,
             buf.path or "",
             buf.name,
-            cursor=cursor,
-            max_staleness_versions=None if self.synchronous else cfg.trainer.max_staleness_versions,
+            cursor=cursor or None,
+            max_staleness_versions=self.max_staleness_versions,
             num_nodes=cfg.cluster.node_num,
         )
         self.archive = open_archive(run_dir, buf.storage_type, buf.path or "", buf.name)
@@ -77,6 +89,22 @@ class BufferSource:
         self.timed_out = False  # mode train: the input ended because nothing came in time
         # data_processor.experience_pipeline: applied to each read (rft.trainer.experience_ops)
         self.pipeline = ExperiencePipeline.from_config(cfg.data_processor.experience_pipeline)
+        # replay_buffer.enable: groups go through Trinity's priority queue (rft.buffer.replay)
+        self.replay = (
+            replay.ReplayBuffer.from_config(buf.replay_buffer, buf.capacity)
+            if buf.replay_buffer.enable
+            else None
+        )
+        self.replay_missing = 0  # groups of the checkpoint's replay state not found again
+        self.reused_share = 0.0
+        if replay_state and self.replay is None:
+            log.warning(
+                "the checkpoint's replay buffer held %d groups; replay_buffer.enable is false "
+                "now, so they are not trained on again",
+                len(replay_state.get("queued", [])) + len(replay_state.get("cooling", [])),
+            )
+        elif replay_state:
+            self._restore_replay(replay_state)
 
     def next_batch(
         self, step: int, current_version: int, stop: Callable[[], bool] = lambda: False
@@ -84,6 +112,8 @@ class BufferSource:
         """The step's batch; None when a stop was requested while waiting, or (``mode: train``)
         when nothing arrived within ``synchronizer.sync_timeout``."""
         self.pipeline.start_step()
+        if self.replay is not None:
+            return self._replay_batch(step, current_version, stop)
         batch = (
             self._read_step(step, current_version, stop)
             if self.synchronous
@@ -92,10 +122,95 @@ class BufferSource:
         if batch is None:
             return None
         batch = [e for e in batch if not e.eval]
+        self._archive(batch, step)
+        return batch
+
+    def _archive(self, batch: list[Experience], step: int) -> None:
         if self.archive is not None:
             self.fence.check(f"archiving the experiences of step {step}")
             self.archive.record(batch, step)
-        return batch
+
+    def _replay_batch(
+        self, step: int, current_version: int, stop: Callable[[], bool]
+    ) -> list[Experience] | None:
+        """``replay_buffer.enable``: new groups (this step's segments in ``mode: both``, all
+        sealed ones in ``mode: train``) enter the priority queue, and the batch is its best groups
+        (Trinity's get_batch). ``mode: train`` waits up to ``sync_timeout`` for a full batch; once
+        every explorer finished and the buffer is drained, reuse stops and the queue drains."""
+        assert self.replay is not None
+        want = self.rollouts_per_step
+        lowest = (
+            None
+            if self.max_staleness_versions is None
+            else current_version - self.max_staleness_versions
+        )
+        deadline = time.monotonic() + self.wait_s
+        drawn: list[replay.ReplayItem] = []
+        total = 0
+        while not stop():
+            if self.synchronous:
+                new = self._read_step(step, current_version, stop)
+                if new is None:
+                    return None
+                finished = stopped = None
+            else:
+                finished = explorers_finished(self.run_dir, self.cfg.explorer.heartbeat_timeout_s)
+                stopped = self._all_stopped()
+                new = self.pipeline.apply(self.reader.read(None, current_version=current_version))
+            self._ingest(new, step)
+            if finished and not new:
+                self.replay.close(time.time())  # Trinity's close: no reuse, the queue drains
+            got = self.replay.draw(want - total, time.time(), lowest)
+            drawn += got
+            total += sum(len(i.experiences) for i in got)
+            if stopped and not new:
+                raise explorer_stopped(step, stopped)
+            if self.synchronous or total >= want or len(self.replay):
+                break  # lockstep, full, or the next queued group does not fit
+            if finished and not new and not len(self.replay):
+                break  # drained: the last, partial batch (or the end)
+            if time.monotonic() > deadline:
+                self.timed_out = not drawn
+                if not drawn:
+                    log.warning(
+                        "no experiences in the replay buffer within %s=%gs: stopping",
+                        self.wait_key,
+                        self.wait_s,
+                    )
+                break
+            time.sleep(POLL_S)
+        self.replay.settle(drawn, time.time())
+        self.reused_share = replay.reused_share(drawn)
+        return [e for item in drawn for e in item.experiences] or None
+
+    def _ingest(self, new: list[Experience], step: int) -> None:
+        """Archive the new experiences (once, however often reused) and queue their groups."""
+        assert self.replay is not None
+        self._archive(new, step)
+        seqs = self.reader.group_seqs
+        for group in replay.split_groups(new):
+            key = (group[0].writer, group[0].group_id)
+            ref = (key[0], seqs[key], key[1]) if key in seqs else None
+            self.replay.put(replay.ReplayItem(group, ref))
+
+    def _restore_replay(self, state: dict[str, Any]) -> None:
+        """The checkpoint's replay buffer: its groups reloaded from their (unreleased) segments
+        and passed through a fresh copy of the experience operators, as when first read."""
+        assert self.replay is not None
+        refs = [tuple(e["ref"]) for k in ("queued", "cooling") for e in state.get(k, [])]
+        found = self.reader.reload_groups(refs)
+        pipeline = ExperiencePipeline.from_config(self.cfg.data_processor.experience_pipeline)
+        groups = {}
+        for ref, group in found.items():
+            for kept in replay.split_groups(pipeline.apply(group)):
+                groups[ref] = kept
+        self.replay_missing = self.replay.restore(state, groups)
+        log.info(
+            "replay buffer restored: %d groups queued, %d cooling%s",
+            len(self.replay),
+            self.replay.cooling,
+            f", {self.replay_missing} not found in the buffer" if self.replay_missing else "",
+        )
 
     def _read_available(
         self, step: int, current_version: int, stop: Callable[[], bool]
@@ -107,7 +222,7 @@ class BufferSource:
         ends once every explorer that joined the run has finished (heartbeat
         ``finished``) and the buffer is drained; an explorer still running keeps it open."""
         want = self.rollouts_per_step
-        deadline = time.monotonic() + self.cfg.synchronizer.sync_timeout
+        deadline = time.monotonic() + self.wait_s
         out: list[Experience] = []
         while len(out) < want and not stop():
             left = deadline - time.monotonic()
@@ -115,9 +230,10 @@ class BufferSource:
                 if not out:
                     self.timed_out = True
                     log.warning(
-                        "no experiences %s in synchronizer.sync_timeout=%ds: stopping",
+                        "no experiences %s in %s=%gs: stopping",
                         "kept by the experience operators" if self.pipeline.counts else "arrived",
-                        self.cfg.synchronizer.sync_timeout,
+                        self.wait_key,
+                        self.wait_s,
                     )
                 break
             # before the read: their last segments are sealed
@@ -164,7 +280,7 @@ class BufferSource:
                 "buffer.trainer_input.experience_buffer.storage_type: queue"
             )
         writers = explorer_writers(self.cfg)
-        deadline = time.monotonic() + self.cfg.synchronizer.sync_timeout
+        deadline = time.monotonic() + self.wait_s
         while unsealed_writers(self.reader.buffer_dir, writers, step):
             if stop():
                 return None
@@ -175,26 +291,41 @@ class BufferSource:
                 missing = unsealed_writers(self.reader.buffer_dir, writers, step)
                 raise DataError(
                     f"step {step}: explorer segments of {missing} not sealed after "
-                    f"synchronizer.sync_timeout={self.cfg.synchronizer.sync_timeout}s; check the "
+                    f"{self.wait_key}={self.wait_s:g}s; check the "
                     "explorer logs (is it running, and with the same explorer.name/engine_num?)"
                 )
             time.sleep(POLL_S)
         return self.pipeline.apply(self.reader.read_step(step, writers, current_version))
 
     def cursor(self) -> dict[str, Any]:
-        return self.reader.cursor()
+        if self.replay is None:
+            return self.reader.cursor()
+        return {**self.reader.cursor(), REPLAY_KEY: self.replay.state()}
 
     def release(self, cursor: dict[str, Any]) -> None:
-        removed = self.reader.release(cursor)
+        cursor = dict(cursor)
+        state = cursor.pop(REPLAY_KEY, None) or {}
+        if self.replay is None:
+            removed = self.reader.release(cursor)
+        else:  # the segments of groups the checkpoint's or the live replay buffer holds stay
+            held = {tuple(e["ref"]) for k in ("queued", "cooling") for e in state.get(k, [])}
+            keep = {(w, s) for w, s, _g in held | self.replay.refs()}
+            removed = self.reader.release(cursor, keep=keep)
         if removed:
             log.debug(
                 "released %s consumed buffer segments",
                 removed if isinstance(removed, int) else len(removed),
             )
 
-    def stats(self) -> dict[str, int]:
-        """The reader's counters and the experience operators' counts of the last step."""
-        return {**self.reader.stats.as_dict(), **self.pipeline.counts}
+    def stats(self) -> dict[str, float]:
+        """The reader's counters, the experience operators' counts of the last step and the
+        replay buffer's (``replay/...``, with ``replay/reused_share`` of the last batch)."""
+        out: dict[str, float] = {**self.reader.stats.as_dict(), **self.pipeline.counts}
+        if self.replay is not None:
+            out.update(replay.stats(self.replay))
+            out[replay.REUSED_SHARE] = self.reused_share
+            out[replay.REPLAY_PREFIX + "restored_missing"] = self.replay_missing
+        return out
 
 
 class FileSource:

@@ -21,8 +21,9 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from rft.config.batches import updates_per_step
-from rft.config.rules import uses_critic
+from rft.config.rules import read_timeout, uses_critic
 from rft.config.schema import Config
+from rft.config.trinity_rules import resumed_parts
 from rft.data import run_steps, trains_pairs
 from rft.entry import config_parser, run_command, setup_logging
 from rft.errors import EXIT_OK, EXIT_REQUEUE, ConfigError, DataError, LeaseError, RftError
@@ -289,7 +290,8 @@ def run(cfg: Config) -> int:
     stop.install()
     from rft.trainer import engine
 
-    info = engine.init_distributed(max(1800.0, cfg.synchronizer.sync_timeout + 600.0))
+    wait_s = max(cfg.synchronizer.sync_timeout, read_timeout(cfg)[0])
+    info = engine.init_distributed(max(1800.0, wait_s + 600.0))
     if info.rank == 0:
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
     lease = claim_run_dir(cfg, cfg.run_dir, info.rank)
@@ -338,10 +340,15 @@ def train(
     ref = engine.build_reference(cfg, info, actor) if fns.needs_ref or pairs else None
     critic = engine.build_critic(cfg, info, total_updates) if uses_critic(cfg) else None
     if resumed is not None:
-        engine.load_checkpoint(actor, step_dir(run_dir, resumed) / ACTOR_DIR)
+        parts = resumed_parts(cfg)
+        engine.load_checkpoint(actor, step_dir(run_dir, resumed) / ACTOR_DIR, parts)
         if critic is not None:
-            engine.load_checkpoint(critic, step_dir(run_dir, resumed) / CRITIC_DIR)
-        load_rng(step_dir(run_dir, resumed) / ACTOR_DIR, rank)
+            critic_parts = resumed_parts(cfg, "critic")
+            engine.load_checkpoint(critic, step_dir(run_dir, resumed) / CRITIC_DIR, critic_parts)
+        if "extra" in parts:
+            load_rng(step_dir(run_dir, resumed) / ACTOR_DIR, rank)
+        if parts != {"model", "optimizer", "extra"}:
+            log.info("resumed the actor's %s only (checkpoint.load_contents)", sorted(parts))
         log.info(
             "resumed from global_step_%d (weights version %d)%s",
             resumed,
@@ -407,7 +414,8 @@ def train(
         progress.step = step
         progress.cursor = source.cursor() if rank == 0 else {}
         t1 = time.perf_counter()
-        if publishes_weights(step, cfg.synchronizer.sync_interval, steps):
+        sync = cfg.synchronizer
+        if publishes_weights(step, sync.sync_interval, steps, sync.sync_style):
             check_lease(lease, f"publishing weights version {step}")
             metrics.update(weights.publish(step, actor))
             progress.weights_version = step
@@ -445,11 +453,11 @@ def train(
             skipped,
         )
     if ran == 0 and exit_code == EXIT_OK and getattr(source, "timed_out", False):  # rank 0
+        wait_s, wait_key = read_timeout(cfg)
         raise DataError(
             "the trainer trained on nothing: no experiences arrived within "
-            f"synchronizer.sync_timeout={cfg.synchronizer.sync_timeout}s and no step ran; check "
-            "that the explorers run and write to this run directory (rft-status RUN_DIR), or "
-            "raise synchronizer.sync_timeout"
+            f"{wait_key}={wait_s:g}s and no step ran; check that the explorers run and write "
+            f"to this run directory (rft-status RUN_DIR), or raise {wait_key}"
         )
     if skipped and len(skipped) == ran and exit_code == EXIT_OK:
         raise DataError(

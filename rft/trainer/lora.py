@@ -36,6 +36,7 @@ def wrap(model: torch.nn.Module, lora: LoRAConfig, base_path: str) -> torch.nn.M
         lora_alpha=lora.lora_alpha,
         lora_dropout=lora.lora_dropout,
         target_modules=lora.target_modules,
+        exclude_modules=lora.exclude_modules,  # Trinity's LoRAConfig.exclude_modules
         task_type="CAUSAL_LM",
         bias="none",
     )

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from rft.buffer.experience import Experience
-from rft.config.batches import groups_per_update, mini_batch_count
+from rft.config.batches import groups_per_update_of, mini_batch_count
 from rft.config.mix import expert_buffer, mix_counts
 from rft.config.schema import Config
 from rft.lease import NO_FENCE, Fence
@@ -39,8 +39,10 @@ def split_cursor(
 class MixSource:
     """The trainer's input in mix mode: the rollout buffer plus the expert dataset (rank 0).
 
-    The expert dataset is read in order and wraps around at its end (epoch after epoch). The
-    SQLite archive (``path: sqlite:///x.db``) records the rollouts only: expert rows are a fixed
+    The expert dataset is read in order and wraps around at its end (epoch after epoch); with
+    ``auxiliary_buffers.<name>.total_epochs`` set, after that many passes the input ends, and
+    with it the run (Trinity's trainer stops when an auxiliary buffer runs out). The SQLite
+    archive (``path: sqlite:///x.db``) records the rollouts only: expert rows are a fixed
     dataset, reproducible from it and the saved cursor.
     """
 
@@ -53,8 +55,8 @@ class MixSource:
         fence: Fence = NO_FENCE,
     ):
 
+        self.cfg = cfg
         self.counts = mix_counts(cfg)
-        self.groups_per_update = groups_per_update(cfg)
         buffer_cursor, expert_cursor = split_cursor(cursor)
         self.rollouts = BufferSource(
             cfg, run_dir, buffer_cursor, rollouts_per_step=self.counts.rollout, fence=fence
@@ -81,12 +83,22 @@ class MixSource:
         reward 0; the trainer turns them into an ``expert_mask`` for the ``mix_chord`` loss);
         None when the rollouts end. How many of each a mini-batch takes is
         :func:`rft.config.mix.mix_counts` (checked when the config is loaded)."""
+        if self.experts.exhausted(self.counts.expert):
+            log.warning(
+                "step %d: the expert data is used up (%d rows served: %d passes, "
+                "auxiliary_buffers.<name>.total_epochs): the trainer stops here",
+                step,
+                self.experts.served,
+                self.experts.buf.total_epochs,
+            )
+            return None
         rollouts = self.rollouts.next_batch(step, current_version, stop)
         if rollouts is None:
             return None
         # a step of several mini-batches (rft.config.batches) takes the expert count once per
         # mini-batch
-        minis = mini_batch_count(len({e.group_id for e in rollouts}), self.groups_per_update)
+        groups = len({e.group_id for e in rollouts})
+        minis = mini_batch_count(groups, groups_per_update_of(self.cfg, len(rollouts), groups))
         return rollouts + self.experts.next_batch(self.counts.expert * minis)
 
     def cursor(self) -> dict[str, Any]:

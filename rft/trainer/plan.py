@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import torch
 
 from rft.buffer.experience import Experience
-from rft.config.batches import groups_per_update, mini_batch_count
+from rft.config.batches import groups_per_update_of, mini_batch_count
 from rft.config.rules import uses_critic
 from rft.config.schema import Config
 from rft.errors import DataError
@@ -65,19 +65,28 @@ class Plan:
 
 
 def rank_micro_batches(
-    rows: Rows, mine: Sequence[int], lengths: Sequence[int], cfg: Config, micro_batch_size: int
+    rows: Rows,
+    mine: Sequence[int],
+    lengths: Sequence[int],
+    cfg: Config,
+    micro_batch_size: int,
+    log_prob_pass: bool = False,
 ) -> list[list[int]]:
     """This rank's rows ``mine`` in micro-batches of ``micro_batch_size`` rows or, with
     ``trainer.use_dynamic_bsz``, a token budget (rollout and expert rows apart), padded with
-    [] to the same count on every rank (a collective)."""
+    [] to the same count on every rank (a collective). ``log_prob_pass``: batched by
+    ``trainer.log_prob_use_dynamic_bsz`` and ``log_prob_max_token_len_per_gpu`` instead."""
+    t = cfg.trainer
+    dynamic = t.log_prob_use_dynamic_bsz if log_prob_pass else t.use_dynamic_bsz
+    budget = t.log_prob_max_token_len_per_gpu if log_prob_pass else t.max_token_len_per_gpu
     micros = [
         micro
         for part in split_by_source(mine, rows.expert)
         for micro in plan_micro_batches(
             part,
             lengths,
-            use_dynamic_bsz=cfg.trainer.use_dynamic_bsz,
-            max_token_len=cfg.trainer.max_token_len_per_gpu,
+            use_dynamic_bsz=bool(dynamic),
+            max_token_len=budget or t.max_token_len_per_gpu,
             micro_batch_size=micro_batch_size,
             packed=cfg.trainer.padding_free,
         )
@@ -90,15 +99,25 @@ def plan_step(exps: Sequence[Experience], cfg: Config, info: engine.DistInfo) ->
     """This rank's plan of the step (a collective: micro-batch counts are agreed on)."""
     rows = rows_from_experiences(exps)
     lengths = [len(ids) for ids in rows.input_ids]
-    budget = cfg.trainer.max_token_len_per_gpu
-    too_long = [n for n in lengths if n > budget]
-    if cfg.trainer.use_dynamic_bsz and too_long:
-        raise DataError(
-            f"a sequence of {max(too_long)} tokens exceeds trainer.max_token_len_per_gpu="
-            f"{budget}; raise it to at least model.max_model_len"
-        )
-    rollout_groups = len({g for g, e in zip(rows.group_ids, rows.expert.tolist()) if not e})
-    count = mini_batch_count(rollout_groups, groups_per_update(cfg))
+    t = cfg.trainer
+    for key, dynamic, budget in (
+        ("max_token_len_per_gpu", t.use_dynamic_bsz, t.max_token_len_per_gpu),
+        (
+            "log_prob_max_token_len_per_gpu",
+            t.log_prob_use_dynamic_bsz,
+            t.log_prob_max_token_len_per_gpu,
+        ),
+    ):
+        too_long = [n for n in lengths if budget is not None and n > budget]
+        if dynamic and too_long:
+            raise DataError(
+                f"a sequence of {max(too_long)} tokens exceeds trainer.{key}={budget}; raise it "
+                "to at least model.max_model_len"
+            )
+    rollout_rows = [g for g, e in zip(rows.group_ids, rows.expert.tolist()) if not e]
+    rollout_groups = len(set(rollout_rows))
+    per_update = groups_per_update_of(cfg, len(rollout_rows), rollout_groups)
+    count = mini_batch_count(rollout_groups, per_update)
     critic_size = cfg.trainer.trainer_config.critic.ppo_micro_batch_size_per_gpu
     minis, mine = [], []
     for subset in split_mini_batches(rows.group_ids, rows.expert, count):
@@ -117,7 +136,7 @@ def plan_step(exps: Sequence[Experience], cfg: Config, info: engine.DistInfo) ->
     return Plan(
         rows,
         minis,
-        rank_micro_batches(rows, sorted(mine), lengths, cfg, logprob_size),
+        rank_micro_batches(rows, sorted(mine), lengths, cfg, logprob_size, log_prob_pass=True),
         sum(lengths),
         packed=cfg.trainer.padding_free,
     )

@@ -45,10 +45,13 @@ def render(
     generation_prompt: bool,
     tools: list[dict[str, Any]] | None = None,
 ) -> list[int]:
-    """Token ids of ``messages`` under the chat template (``format.chat_template`` when set)."""
+    """Token ids of ``messages`` under the chat template (``format.chat_template`` when set),
+    with ``format.enable_thinking`` as the template's thinking switch when set."""
     kwargs: dict[str, Any] = {"tools": tools} if tools else {}
     if fmt.chat_template:
         kwargs["chat_template"] = fmt.chat_template
+    if fmt.enable_thinking is not None:
+        kwargs["enable_thinking"] = fmt.enable_thinking
     return _ids(
         tokenizer.apply_chat_template(
             messages, add_generation_prompt=generation_prompt, tokenize=True, **kwargs
@@ -156,7 +159,8 @@ def tokenize_row(
 
 
 class SftSource:
-    """Expert experiences in dataset order, ``batch_size`` per step, wrapping across epochs."""
+    """Expert experiences in dataset order, ``batch_size`` per step, wrapping across epochs;
+    with ``buf.total_epochs`` set, no more than that many passes (then :meth:`exhausted`)."""
 
     def __init__(
         self,
@@ -174,7 +178,20 @@ class SftSource:
     def __len__(self) -> int:
         return len(self.rows)
 
+    def limit(self) -> int | None:
+        """Rows it serves in all (``total_epochs`` passes), or None: no end."""
+        epochs = self.buf.total_epochs
+        return None if epochs is None else epochs * len(self.rows)
+
+    def exhausted(self, batch_size: int) -> bool:
+        """Whether fewer than ``batch_size`` rows are left of its ``total_epochs`` passes."""
+        limit = self.limit()
+        return limit is not None and self.served + batch_size > limit
+
     def next_batch(self, batch_size: int) -> list[Experience]:
+        limit = self.limit()
+        if limit is not None:
+            batch_size = max(0, min(batch_size, limit - self.served))
         out = []
         for _ in range(batch_size):
             index = self.served % len(self.rows)

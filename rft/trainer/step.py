@@ -77,6 +77,8 @@ def _advantages(
         )
         return adv, returns, {**metrics, **gae_metrics}
     context = {"runs": [rows.runs[i] for i in rollout]} if fns.advantage_by_run else {}
+    if fns.advantage_by_info:
+        context["infos"] = [rows.infos[i] for i in rollout]
     if fns.advantage_by_teacher:  # on-policy distillation: the teacher's per-token log-probs
         # recomputed old log-probs are this rank's rows only: the advantage (and its metrics,
         # reported by rank 0) reads every row

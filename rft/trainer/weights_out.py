@@ -60,8 +60,13 @@ class WeightsOut:
                 fence=fence,
             )
             if self.by_broadcast:
+                mib = cfg.explorer.rollout_model.weight_sync_buffer_size  # Trinity's, in MiB
                 self.broadcaster = WeightBroadcaster(
-                    cfg.run_dir, info.device, sync.sync_timeout, cfg.explorer.heartbeat_timeout_s
+                    cfg.run_dir,
+                    info.device,
+                    sync.sync_timeout,
+                    cfg.explorer.heartbeat_timeout_s,
+                    **({"bucket_bytes": mib << 20} if mib is not None else {}),
                 )
 
     def publish(self, version: int, actor: Actor) -> dict[str, float]:

@@ -11,6 +11,7 @@ from rft.workflow.base import MultiTurnWorkflow, Workflow
 from rft.workflow.experience import EID, Experience
 from rft.workflow.log import get_logger
 from rft.workflow.math_eval import AsyncMathEvalWorkflow, MathEvalWorkflow
+from rft.workflow.math_rm import AsyncMathRMWorkflow, MathRMWorkflow
 from rft.workflow.model import ModelWrapper
 from rft.workflow.recording import WorkflowWithRecording
 from rft.workflow.registry import WORKFLOWS, register_workflow
@@ -24,6 +25,7 @@ from rft.workflow.reward_fn import (
     MathDAPORewardFn,
     MathRewardFn,
     RewardFn,
+    RLCRRewardFn,
     compute_score,
     simple_answer_parser,
     validate_think_pattern,
@@ -68,6 +70,8 @@ __all__ = [
     "AsyncMathBoxedWorkflow",
     "MathEvalWorkflow",
     "AsyncMathEvalWorkflow",
+    "MathRMWorkflow",
+    "AsyncMathRMWorkflow",
     "RewardFn",
     "REWARD_FUNCTIONS",
     "AccuracyReward",
@@ -77,6 +81,7 @@ __all__ = [
     "CountDownRewardFn",
     "MathDAPORewardFn",
     "FinalNumberRewardFn",
+    "RLCRRewardFn",
     "verify_math_answer",
     "validate_think_pattern",
     "simple_answer_parser",

@@ -33,6 +33,7 @@ SHIPPED_MODULES = (
     "rft.workflow.envs.guess_number",
     "rft.workflow.envs.toolcall",
     "rft.workflow.math_eval",
+    "rft.workflow.math_rm",
     "rft.workflow.recording",
 )
 

@@ -39,7 +39,9 @@ from rft.workflow.rewards import (
     math_dapo_reward,
     math_reward,
     one_think_block,
+    rlcr_answer_matches,
 )
+from rft.workflow.rlcr import checked_weights, rlcr_parts
 
 REWARD_FUNCTIONS = Registry("reward function")
 
@@ -290,6 +292,46 @@ class FinalNumberRewardFn(RewardFn):
         self, response: str, prompt: Optional[str] = None, truth: Optional[str] = None, **kwargs
     ) -> dict[str, float]:
         return final_number_reward(response, _text(truth))
+
+
+@REWARD_FUNCTIONS.register_module("rlcr_reward")
+class RLCRRewardFn(RewardFn):
+    """RLCR (:func:`~rft.workflow.rewards.rlcr_reward`): ``format``, ``accuracy``, ``brier``,
+    ``mean_confidence``, ``confidence_one_or_zero``, each times its ``weights`` entry (all five,
+    or None for Trinity's defaults). ``answer_parser`` (text -> answer) reads the closing answer
+    and the truth, ``verifier(answer, truth) -> bool`` compares them (rft's ``answers_match`` on
+    the parsed strings if not given); by default the answer text is compared with the truth
+    read by ``extract_ground_truth``. A parser or verifier that raises scores accuracy and
+    brier 0, as in Trinity."""
+
+    def __init__(
+        self,
+        weights: Optional[Mapping[str, Any]] = None,
+        answer_parser: Optional[Callable[[str], Any]] = None,
+        verifier: Optional[Callable[[Any, Any], bool]] = None,
+    ) -> None:
+        for name, fn in (("answer_parser", answer_parser), ("verifier", verifier)):
+            if fn is not None and not callable(fn):
+                raise ConfigError(f"RLCRRewardFn {name}: {fn!r} is not callable")
+        self.weights = checked_weights(weights)
+        self.answer_parser = None if answer_parser is simple_answer_parser else answer_parser
+        self.verifier = verifier
+
+    def _verify(self, answer: str, truth: str) -> bool:
+        if self.answer_parser is None and self.verifier is None:
+            return rlcr_answer_matches(answer, truth)
+        if self.answer_parser is None:
+            parsed, expected = answer.strip(), extract_ground_truth(truth)
+        else:
+            parsed, expected = self.answer_parser(answer), self.answer_parser(truth)
+        return bool((self.verifier or answers_match)(parsed, expected))
+
+    def __call__(
+        self, response: str, prompt: Optional[str] = None, truth: Optional[str] = None, **kwargs
+    ) -> dict[str, float]:
+        return rlcr_parts(
+            response, None if truth is None else str(truth), self.weights, self._verify
+        )
 
 
 BUILTIN_REWARDS: dict[str, type] = dict(REWARD_FUNCTIONS.classes)  # config name -> class

@@ -25,6 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 from rft.config.known_names import REWARD_FNS as TRINITY_REWARD_FNS
 from rft.config.typed_dict import not_supported
 from rft.errors import ConfigError, did_you_mean
+from rft.workflow.rlcr import checked_weights, rlcr_parts
 
 log = logging.getLogger(__name__)
 
@@ -362,6 +363,21 @@ def math_dapo_reward(
     }
 
 
+def rlcr_reward(
+    response: str, truth: str, *, weights: Mapping[str, float] | None = None
+) -> RewardParts:
+    """Trinity's ``rlcr_reward`` (RLCR: format, accuracy and the Brier score of the stated
+    confidence, :func:`rft.workflow.rlcr.rlcr_parts`), each part times its ``weights`` entry.
+    The answer is the closing ``<answer>`` block's text, compared by :func:`answers_match`
+    with the truth read by :func:`extract_ground_truth` (Trinity compares math_verify parses)."""
+    return rlcr_parts(response, truth, checked_weights(weights), rlcr_answer_matches)
+
+
+def rlcr_answer_matches(answer: str, truth: str) -> bool:
+    """RLCR's default check: the closing answer's text against the truth's reference answer."""
+    return answers_match(answer.strip(), extract_ground_truth(truth))
+
+
 def takes_response_length(fn: RewardFunction) -> bool:
     """Whether a reward function wants the response's token count (``response_length=``)."""
     try:
@@ -379,6 +395,7 @@ REWARD_FNS: dict[str, RewardFunction] = {
     "accuracy_reward": accuracy_reward,
     "format_reward": format_reward,
     "final_number_reward": final_number_reward,
+    "rlcr_reward": rlcr_reward,
 }
 
 # Where each built-in's ``accuracy`` part reads the model's answer (reports name it: mode bench).
@@ -390,6 +407,7 @@ ANSWER_EXTRACTORS: dict[str, str] = {
     "final_number_reward": "last number in the reply",
     "countdown_reward": "last <answer>...</answer> tag, an equation of the task's numbers",
     "math_dapo_reward": "last 'Answer: ...' line",
+    "rlcr_reward": "<answer>...</answer> of the closing think/answer/analysis/confidence blocks",
 }
 
 
