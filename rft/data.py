@@ -125,9 +125,13 @@ def _readme_configs(root: Path) -> list[dict[str, Any]]:
 def _card_split_files(root: Path, config: dict[str, Any], split: str) -> list[Path]:
     """A card config's files of ``split`` (its ``data_files`` patterns, relative to root)."""
     files = config.get("data_files")
+    if isinstance(files, list) and all(isinstance(f, str) for f in files):
+        files = {"split": "train", "path": files}  # patterns without splits: train's
     entries = files if isinstance(files, list) else [{"split": "train", "path": files}]
     out: list[Path] = []
     for entry in entries:
+        if isinstance(entry, dict) and "split" not in entry:
+            entry = {**entry, "split": "train"}
         if not isinstance(entry, dict) or entry.get("split") != split:
             continue
         paths = entry.get("path")

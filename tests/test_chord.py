@@ -188,7 +188,7 @@ def test_the_expert_datas_total_epochs_ends_the_input(mix_setup, caplog):
     source = MixSource(cfg, run_dir, None, tokenizer=tok)
     assert expert_questions(tok, source.next_batch(1, 0)) == EXPERT_QUESTIONS[:2]
     assert source.next_batch(2, 0) is None  # 1 row left, a step takes 2
-    assert "the expert data is used up (2 rows served: 1 passes" in caplog.text
+    assert "the expert data is used up (2 rows served of 1 passes" in caplog.text
 
 
 def test_resume_from_a_cursor_serves_what_an_uninterrupted_source_would(mix_setup):

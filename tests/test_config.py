@@ -351,6 +351,10 @@ def test_checkpoint_contents(tmp_path, caplog):
     assert resumed_parts(cfg) == {"model"}  # a resume starts a fresh optimizer and schedule
     with pytest.raises(ConfigError, match="leaves out the model"):
         load_dict(tmp_path, contents(load_contents=["optimizer"]))
+    zero3 = contents(load_contents=["model"])
+    zero3["trainer"]["zero_stage"] = 3
+    with pytest.raises(NotSupportedError, match="without optimizer under trainer.zero_stage: 3"):
+        load_dict(tmp_path, zero3)
     with pytest.raises(ConfigError, match="unknown parts \\['weights'\\]"):
         load_dict(tmp_path, contents(save_contents=["weights"]))
 

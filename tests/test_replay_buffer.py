@@ -382,3 +382,13 @@ def test_finished_explorers_close_the_replay_buffer(tmp_path):
     Heartbeat(cfg.run_dir, "explorer-0").beat(finished=True)
     assert versions_of(source.next_batch(2, 2)) == [2, 1]  # already queued again: drained
     assert source.next_batch(3, 2) is None
+
+
+def test_mode_both_an_empty_step_is_skipped_not_the_end(tmp_path):
+    """mode both with the replay buffer: a step whose segment holds nothing (every episode
+    failed) gives an empty batch, which the trainer skips, never None (the end of the run)."""
+    cfg, source = _source(tmp_path, mode="both", reuse_cooldown_time=None)
+    _write(cfg, 1)  # step 1's segment, sealed and empty
+    assert source.next_batch(1, 0) == []
+    _write(cfg, 2, 1)
+    assert versions_of(source.next_batch(2, 1)) == [1]

@@ -12,10 +12,12 @@ import pytest
 
 from rft.config.load import config_from_dict
 from rft.errors import ConfigError
+from rft.sync.requests import RequestWatcher, request_weights
 from rft.sync.schedule import (
     explorer_lead,
     publishes_weights,
     required_version,
+    syncs_at,
     takes_weights,
 )
 
@@ -83,17 +85,38 @@ def test_trainer_driven_publishes_every_interval_and_the_explorer_takes_them_at_
     assert all(takes_weights(s, "trainer_driven", 3) for s in range(1, 8))
 
 
-def test_explorer_driven_syncs_every_interval_of_explorer_steps_with_the_newest_weights():
+def test_explorer_driven_asks_every_interval_and_the_trainer_publishes_when_asked(tmp_path):
     # "After completing sync_interval steps, the Explorer sends a request ... The Trainer detects
-    # this request in its next loop iteration and performs the synchronization": the trainer's
-    # newest weights must be there whenever asked, so it publishes after every step.
-    assert all(publishes_weights(s, 3, 9, "explorer_driven") for s in range(1, 10))
-    assert [takes_weights(s, "explorer_driven", 3) for s in range(1, 8)] == [
-        True,
-        False,
-        False,
-        True,
-        False,
-        False,
-        True,
-    ]
+    # this request in its next loop iteration and performs the synchronization."
+    assert [syncs_at(s, "explorer_driven", 3) for s in range(1, 8)] == [1, 0, 0, 1, 0, 0, 1]
+    assert not any(syncs_at(s, "fixed", 1) for s in range(1, 4))
+    assert [takes_weights(s, "explorer_driven", 3) for s in range(1, 5)] == [1, 0, 0, 1]
+    # a broadcast, which it asked for, is taken at any step (the trainer waits for every member)
+    assert all(takes_weights(s, "explorer_driven", 3, "nccl") for s in range(1, 5))
+    assert [publishes_weights(s, 3, 9, "explorer_driven") for s in (1, 2, 9)] == [0, 0, 1]
+    assert publishes_weights(2, 3, 9, "explorer_driven", requested=True)
+    watcher = RequestWatcher(tmp_path)
+    assert not watcher.pending()
+    request_weights(tmp_path, "explorer-0", 1)
+    assert watcher.pending()
+    watcher.answered()
+    assert not watcher.pending()  # answered: no new ask
+    request_weights(tmp_path, "explorer-1", 1)  # another explorer's first ask
+    assert watcher.pending()
+    watcher.answered()
+    request_weights(tmp_path, "explorer-0", 4)
+    assert watcher.pending()
+
+
+def test_dynamic_styles_stream_and_their_lead_bound_acts(caplog):
+    """A dynamic style is asynchronous: partial_rollout streams in mode both and
+    max_lead_steps is not warned as having no effect there."""
+    from rft.config.rules import streams
+
+    cfg = config_from_dict(config(sync_style="explorer_driven", max_lead_steps=2))
+    cfg.explorer.partial_rollout = True
+    assert streams(cfg)
+    assert "max_lead_steps has no effect" not in caplog.text
+    fixed = config_from_dict(config(sync_style="fixed"))
+    fixed.explorer.partial_rollout = True
+    assert not streams(fixed)

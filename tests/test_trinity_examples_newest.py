@@ -81,7 +81,9 @@ EXPECTED: dict[str, Refused | Typo | Rejected | None] = {
     "agentscope_websearch_agentscopev1_websearch_agent.yaml": Refused(
         "trainer.ulysses_sequence_parallel_size: 2"
     ),
-    "asymre_math_math.yaml": Refused("explorer.rollout_model.max_prompt_tokens"),
+    "asymre_math_math.yaml": Rejected(
+        "explorer.rollout_model.max_response_tokens=2048 contradicts model.max_response_tokens"
+    ),
     "bots_bots.yaml": Refused("data_selector.selector_type: difficulty_based"),
     "bots_random.yaml": Rejected("workflow 'examples.bots.workflow.bots_math_boxed_workflow.B"),
     "browse_comp_plus_bcp_config.yaml": Refused("trainer.ulysses_sequence_parallel_size: 4"),
@@ -116,7 +118,7 @@ EXPECTED: dict[str, Refused | Typo | Rejected | None] = {
     "grpo_math_math_mix.yaml": Refused("algorithm.mu"),
     "grpo_medicine_ruler_medicine_ruler.yaml": AUX_ENGINES,
     "grpo_rubric_rubric.yaml": AUX_ENGINES,
-    "learn2ask_train.yaml": Refused("trainer.trainer_config.trainer.resume_from_path"),
+    "learn2ask_train.yaml": AUX_ENGINES,
     "learn_to_ask_train.yaml": AUX_ENGINES,
     "mix_math_mix_math.yaml": Refused("buffer.explore_batch_size"),
     "mix_vlm_mix_vlm.yaml": Refused("buffer.explorer_input.taskset.format.image_key"),

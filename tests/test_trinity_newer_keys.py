@@ -12,8 +12,8 @@ import pytest
 
 from rft.config.load import config_from_dict
 from rft.errors import ConfigError, NotSupportedError
-from rft.explorer.engine import _params, engine_kwargs, sampling_defaults
-from rft.explorer.tasksets import SamplingArgs
+from rft.explorer.engine import _params, engine_kwargs
+from rft.explorer.tasksets import SamplingArgs, sampling_defaults
 
 
 def cfg_of(model_dir: Path | str = "/models/m", **sections: Any):
@@ -175,7 +175,7 @@ def test_ray_keys_have_no_effect_and_the_older_priority_queue_switch_acts():
 
 
 def test_the_dry_run_holds_a_mini_batch_to_the_step_only_for_single_turn_recipes(
-    tiny_model_dir, tmp_path
+    tiny_model_dir, tmp_path, caplog
 ):
     """buffer.train_batch_size counts experiences (Trinity's unit): with a recipe each run
     gives one, so a mini-batch larger than batch_size x repeat_times is refused; a workflow
@@ -184,10 +184,11 @@ def test_the_dry_run_holds_a_mini_batch_to_the_step_only_for_single_turn_recipes
 
     data = Path(__file__).resolve().parent.parent / "data" / "arithmetic"
 
-    def dry(workflow: str):
+    def dry(workflow: str, schedule: str = "constant"):
         cfg = cfg_of(
             tiny_model_dir,
             checkpoint_root_dir=str(tmp_path),
+            algorithm={"optimizer": {"warmup_style": schedule}},
             buffer={
                 "train_batch_size": 16,
                 "explorer_input": {
@@ -206,3 +207,43 @@ def test_the_dry_run_holds_a_mini_batch_to_the_step_only_for_single_turn_recipes
     with pytest.raises(ConfigError, match="exceeds a step's batch_size x repeat_times"):
         dry("math_workflow")
     assert dry("frozen_lake_workflow")  # a multi-turn class: experiences counted at run time
+    assert "ends early" not in caplog.text
+    dry("frozen_lake_workflow", "cosine")  # its update count per step is known only then
+    assert "the warm-up/cosine schedule ends early" in caplog.text
+
+
+def test_rollout_model_copies_of_model_keys_are_model_keys():
+    """Trinity's InferenceModelConfig length and sampling keys default to model.<key>
+    (ExplorerConfigValidator's set_if_none): written on the rollout model, rft reads them as
+    model.<key> (one value for generation and training); a different model.<key> is an error."""
+    cfg = cfg_of(explorer={"rollout_model": {"max_response_tokens": 64, "temperature": 0.7}})
+    assert (cfg.model.max_response_tokens, cfg.model.temperature) == (64, 0.7)
+    with pytest.raises(ConfigError, match="rollout_model.top_p=0.5 contradicts model.top_p=0.9"):
+        cfg_of(model={"top_p": 0.9}, explorer={"rollout_model": {"top_p": 0.5}})
+
+
+def test_the_dry_run_checks_the_replay_buffers_priority_fn_args(tiny_model_dir, tmp_path):
+    from rft.launch.preflight import check_config
+
+    data = Path(__file__).resolve().parent.parent / "data" / "arithmetic"
+    cfg = cfg_of(
+        tiny_model_dir,
+        checkpoint_root_dir=str(tmp_path),
+        buffer={
+            "explorer_input": {
+                "taskset": {
+                    "path": str(data),
+                    "subset_name": "main",
+                    "format": {"prompt_key": "question", "response_key": "answer"},
+                },
+            },
+            "trainer_input": {
+                "experience_buffer": {
+                    "replay_buffer": {"enable": True, "priority_fn_args": {"decay": 2, "sgima": 1}}
+                }
+            },
+        },
+        explorer={"first_task_check": False},
+    )
+    with pytest.raises(ConfigError, match=r"priority_fn_args \['sgima'\] are not arguments"):
+        check_config(cfg, here=None)

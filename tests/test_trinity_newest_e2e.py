@@ -2,8 +2,8 @@
 each, on configs/cpu/grpo_gsm8k.yaml changed by overrides only: (1) the prioritized replay
 buffer, the shuffle task selector, the explorer-driven sync style, staleness_control and a
 group folder in one run; (2) GiGPO on a step-wise plugin workflow in the shape of Trinity's
-step_wise_alfworld_workflow. Retries (explorer.max_retry_times) and the external-model bench
-run end to end in their own test files (test_run_retry.py, test_external_model.py). Heavy."""
+step_wise_alfworld_workflow, whose runs fail once each and are retried (explorer.max_retry_times).
+The external-model bench runs through rft-run in test_external_model.py. Heavy."""
 
 from __future__ import annotations
 
@@ -61,17 +61,25 @@ def test_replay_selector_sync_style_and_staleness_train_two_steps(vllm_model_dir
     assert (run_dir / "latest_state_dict_iteration.txt").read_text().strip() == "2"
 
 
-def test_gigpo_trains_two_steps_on_a_step_wise_workflow(vllm_model_dir, tmp_path):
+def test_gigpo_trains_two_steps_on_a_flaky_step_wise_workflow(vllm_model_dir, tmp_path):
+    """GiGPO's state groups over a step-wise plugin; each run's first attempt fails and
+    explorer.max_retry_times (Trinity's default 2) runs it again: nothing is lost."""
+    flaky = tmp_path / "flaky"
+    flaky.mkdir()
     args = [
         *common(vllm_model_dir, tmp_path),
         "algorithm.algorithm_type=gigpo",
         "buffer.explorer_input.default_workflow_type=two_state_steps",
         "buffer.explorer_input.default_reward_fn_type=null",
+        f"buffer.explorer_input.taskset.workflow_args={{flaky_dir: {flaky}}}",
+        "explorer.first_task_check=false",  # the dry run's one try would fail (no retries)
     ]
     run_dir = load_config(CONFIG, args).run_dir
     proc = rft_run("--config", str(CONFIG), "--plugin-dir", str(PLUGINS), *args)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     steps = read_metrics(run_dir, "trainer")
     assert [s["step"] for s in steps] == [1, 2]
-    explorer = read_metrics(run_dir, "explorer_explorer")
-    assert explorer and all(m.get("episodes/failed", 0) == 0 for m in explorer)
+    explorer = [m for m in read_metrics(run_dir, "explorer_explorer") if "episodes/retried" in m]
+    assert len(explorer) == 2
+    assert all(m["episodes/retried"] == 4 for m in explorer)  # 2 tasks x 2 runs, once each
+    assert all(m.get("episodes/failed", 0) == 0 for m in explorer)

@@ -92,6 +92,21 @@ _EXPERIENCE_BUFFER = {
     "ray_namespace": _NO_RAY,
 }
 
+# Trinity's InferenceModelConfig keys that default to model.<key> (its ExplorerConfigValidator
+# set_if_none): on explorer.rollout_model rft reads them as model.<key> (one value for both;
+# rft.config.trinity_rules), so they are not refused there.
+ROLLOUT_MODEL_MIRRORS = (
+    "temperature",
+    "top_p",
+    "top_k",
+    "logprobs",
+    "max_prompt_tokens",
+    "max_response_tokens",
+    "min_response_tokens",
+    "enable_prompt_truncation",
+    "repetition_penalty",
+)
+
 # Trinity's InferenceModelConfig (config.py): explorer.rollout_model and auxiliary_models.
 _INFERENCE_MODEL = {
     "name": "AgentScope's name for the model; rft's endpoint serves model.model_path under its "
@@ -242,7 +257,10 @@ KEYS: dict[str, dict[str, str]] = {
         "train_dataset": "this is Trinity's pre-0.2 layout: use "
         "buffer.trainer_input.experience_buffer",
     },
-    "RolloutModelConfig": _INFERENCE_MODEL,
+    # the length and sampling keys rft reads on the rollout model too (rft.config.trinity_rules)
+    "RolloutModelConfig": {
+        k: v for k, v in _INFERENCE_MODEL.items() if k not in ROLLOUT_MODEL_MIRRORS
+    },
     "AuxiliaryModelConfig": _AUXILIARY_MODEL,
     "AlgorithmConfig": {
         "add_strategy": "older Trinity's experience grouping, removed from Trinity (its "
@@ -489,6 +507,7 @@ VERL_INERT: dict[str, tuple] = {
         for key in ("entropy_from_logits_with_chunking", "entropy_checkpointing")
     },
     "trainer.default_hdfs_dir": (None,),
+    "trainer.resume_from_path": (None, ""),
     "trainer.del_local_ckpt_after_load": (False,),
     "trainer.remove_previous_ckpt_in_save": (False,),
 }
@@ -512,196 +531,6 @@ VERL_SAME_AS: dict[str, str] = {
 _USE_PPO_FAMILY = "use a policy_loss_fn rft implements (e.g. ppo, gspo, opmd)"
 
 # "rft class.key" -> {a value Trinity accepts there: what to do in rft}.
-CHOICES: dict[str, dict[str, str]] = {
-    "Config.mode": {
-        "serve": _SERVE,
-        "colocate": "rft runs explorers and the trainer on their own GPUs (one GPU: a CPU "
-        "explorer, or mode explore and mode train one after the other); use both",
-    },
-    "TrainerConfig.trainer_strategy": {
-        "megatron": "rft trains with DeepSpeed ZeRO (no Megatron parallelism); use fsdp2 (read "
-        "as DeepSpeed ZeRO) and trainer.zero_stage",
-    },
-    "AlgorithmConfig.algorithm_type": {
-        **{
-            name: f"Trinity's {name} algorithm is not built in rft; use one rft implements "
-            "(e.g. grpo, ppo, opmd, gspo, rloo, reinforceplusplus, sft, mix_chord)"
-            for name in (
-                "sft",
-                "ppo",
-                "grpo",
-                "reinforceplusplus",
-                "rloo",
-                "opmd",
-                "asymre",
-                "dpo",
-                "topr",
-                "cispo",
-                "gspo",
-                "sapo",
-                "mix",
-                "mix_chord",
-                "raft",
-                "sppo",
-                "rec",
-                "multi_step_grpo",
-            )
-        }
-        | {
-            "cpt": "Trinity's continued pre-training (cpt) is not built in rft; train on text "
-            "with algorithm_type: sft (mode train)",
-        },
-    },
-    "AlgorithmConfig.policy_loss_fn": {
-        name: _USE_PPO_FAMILY
-        for name in (
-            "ppo",
-            "opmd",
-            "dpo",
-            "sft",
-            "mix",
-            "gspo",
-            "topr",
-            "cispo",
-            "mix_chord",
-            "sft_is",
-            "sft_phi",
-            "sppo",
-            "rec",
-            "sapo",
-            "trpo",
-        )
-    },
-    "AlgorithmConfig.advantage_fn": {
-        name: "use an advantage_fn rft implements (e.g. grpo, ppo, rloo, opmd)"
-        for name in (
-            "ppo",
-            "grpo",
-            "reinforceplusplus",
-            "remax",
-            "rloo",
-            "opmd",
-            "mix",
-            "asymre",
-            "rec",
-            "step_wise_grpo",
-            "reinforce",
-        )
-    }
-    | {
-        "opmd_verl": "use opmd (rft's OPMD advantage over each task's group)",
-        "asymre_verl": "use asymre (rft's AsymRE advantage over each task's group)",
-        "clipb": "Trinity's entropy-controlling Clip-B advantage is not built in rft; use an "
-        "advantage_fn rft implements (e.g. grpo) and algorithm.entropy_loss_fn",
-        "clipv": "Trinity's entropy-controlling Clip-V advantage is not built in rft; use an "
-        "advantage_fn rft implements (e.g. grpo) and algorithm.entropy_loss_fn",
-        "cod": "CoD's advantage is not built in rft; use an advantage_fn rft implements",
-    },
-    "AlgorithmConfig.kl_loss_fn": {"corrected_k3": "use k3 or low_var_kl"},
-    "AlgorithmConfig.kl_penalty_fn": {"corrected_k3": "use k3 or low_var_kl"},
-    "AlgorithmConfig.entropy_loss_fn": {
-        "mix": "use default (rft's CHORD loss has no separate entropy term for expert data)"
-    },
-    "RolloutModelConfig.engine_type": {
-        "tinker": "rft generates with vLLM on the cluster's GPUs; use vllm",
-        "sglang": "rft generates with vLLM; use vllm",
-    },
-    "SynchronizerConfig.sync_style": {
-        "fully_async": "use explorer_driven (the explorer never waits for a version) with "
-        "explorer.partial_rollout (steps stream through the engine; rft.sync.schedule)",
-    },
-    "SynchronizerConfig.sync_method": {
-        "hccl": "rft syncs weights with NCCL (GPUs) or gloo (CPU); Ascend NPUs are not "
-        "supported: use nccl or checkpoint",
-    },
-    "ExperienceBufferConfig.storage_type": {
-        "task_dir": "rft reads tasks from dataset files (buffer.explorer_input.taskset.path); "
-        "use queue for experiences",
-    },
-    "TasksetConfig.storage_type": {
-        "env_service": "rft runs environments inside its workflows (no environment service); "
-        "give a dataset path (storage_type file) and a workflow that drives the environment",
-        "task_dir": "point buffer.explorer_input.taskset.path at a dataset folder or file "
-        "(storage_type file)",
-        "queue": "rft's tasksets are dataset files; use file",
-        "sql": "rft's tasksets are dataset files; export the table and use file",
-    },
-    "TrainerConfig.trainer_type": {
-        "megatron": "rft trains with DeepSpeed ZeRO; use deepspeed (or verl, mapped onto it)",
-        "tinker": "rft trains with DeepSpeed ZeRO on the cluster's GPUs; use deepspeed",
-    },
-    "ExperienceBufferConfig.schema_type": {
-        name: "rft derives the row kind from algorithm.algorithm_type; remove it"
-        for name in ("task", "experience", "dpo")
-    },
-    # Trinity's other experience operators (trinity/buffer/operators/__init__.py).
-    "OperatorConfig.name": {
-        "reward_shaping_mapper": _WRITE_A_FILTER,
-        "data_juicer": "rft runs no Data-Juicer service; remove it",
-        "cod_advantage_fn": "CoD's advantage is not built in rft; use an advantage_fn rft "
-        "implements",
-        "cod_overwrite_reward_with_returns": "CoD's advantage is not built in rft; remove it",
-        "multi_step_padding": "rft's trainer takes each step-wise experience as it is "
-        "(no padding of runs to one length); remove it",
-    },
-}
-
-_ENV = "it drives the {env} environment"
-
-# Trinity workflows rft does not ship -> what each does (rft.workflow.registry says how to
-# bring one as a plugin).
-WORKFLOWS: dict[str, str] = {
-    "alfworld_workflow": _ENV.format(env="ALFWorld (pip package alfworld and its data)"),
-    "step_wise_alfworld_workflow": _ENV.format(env="ALFWorld (pip package alfworld)"),
-    "RAFT_alfworld_workflow": _ENV.format(env="ALFWorld (pip package alfworld)"),
-    "RAFT_reflect_alfworld_workflow": _ENV.format(env="ALFWorld (pip package alfworld)"),
-    "webshop_workflow": _ENV.format(env="WebShop (its server and product data)"),
-    "sciworld_workflow": _ENV.format(env="ScienceWorld (pip package scienceworld, a JVM)"),
-    "agentscope_react_workflow": _ENV.format(env="AgentScope (pip package agentscope)"),
-    "agentscopev1_react_workflow": _ENV.format(env="AgentScope (pip package agentscope)"),
-    "agentscope_react_math_workflow": _ENV.format(env="AgentScope (pip package agentscope)"),
-    "agentscopev0_react_math_workflow": _ENV.format(env="AgentScope (pip package agentscope)"),
-    "agentscope_v1_react_search_workflow": _ENV.format(env="AgentScope (pip package agentscope)"),
-    "agentscope_workflow_adapter": _ENV.format(env="AgentScope (pip package agentscope)"),
-    "agentscope_workflow_adapter_v1": _ENV.format(env="AgentScope (pip package agentscope)"),
-    "as_react_workflow": _ENV.format(env="AgentScope (pip package agentscope)"),
-    "email_search_workflow": _ENV.format(env="email-search (its SQLite corpus)"),
-    "tool_call_workflow": "ToolACE-style function calls scored against reference calls",
-    "math_eval_workflow": "Trinity's math evaluation prompt; use math_boxed_workflow for "
-    "eval_tasksets",
-    "async_math_eval_workflow": "Trinity's math evaluation prompt; use math_boxed_workflow",
-    "math_ruler_workflow": "RULER (an LLM judge ranks the group's answers)",
-    "async_math_ruler_workflow": "RULER (an LLM judge ranks the group's answers)",
-    "math_trainable_ruler_workflow": "RULER with a trained judge",
-    "rubric_judge_workflow": "rubric scores from an LLM judge",
-    "simple_mm_workflow": "multi-modal (image) prompts; rft trains text-only models",
-    "async_simple_mm_workflow": "multi-modal (image) prompts; rft trains text-only models",
-    "rubric_judge_openai_workflow": "rubric scores from an LLM judge called over the OpenAI API",
-    "sudoku_workflow": "Trinity's multi-turn Sudoku game",
-    "intercode_sql_workflow": _ENV.format(env="InterCode-SQL (a SQL database in Docker)"),
-    "thinking_budget_workflow": "Trinity's math workflow with a thinking-token budget",
-    "bots_ref_eval_collect_math_boxed_workflow": "BOTS' reference-evaluation collector (its "
-    "example names it; Trinity registers it no more)",
-    "synthetic_workflow": "Trinity's synthetic-task example workflow",
-}
-
-# Trinity reward functions rft does not ship -> what to do (rft.workflow.rewards).
-REWARD_FNS: dict[str, str] = {
-    "trajectory_accuracy_grader_reward": "it asks an OpenJudge LLM grader; write a "
-    "'package.module:function' reward that calls your judge",
-    "openjudge_multi_grader_reward": "it asks OpenJudge LLM graders; write a "
-    "'package.module:function' reward that calls your judge",
-    "math_boxed_reward_naive_dapo": "a benchmark plugin's boxed-answer reward (DAPO's naive "
-    "check); use math_dapo_reward or math_boxed_reward",
-    "rm_gallery_reward": "it calls RM-Gallery; use explorer.auxiliary_models (a reward model) "
-    "or a 'package.module:function' reward",
-    "openjudge_reward": "it asks an OpenJudge LLM grader; write a 'package.module:function' "
-    "reward that calls your judge (with math_rm_workflow: a RewardFn taking auxiliary_models)",
-    "openjudge_trajectory_accuracy_reward": "it asks an OpenJudge LLM grader; write a "
-    "'package.module:function' reward that calls your judge (with math_rm_workflow: a RewardFn "
-    "taking auxiliary_models)",
-}
-
 # Names Trinity-RFT's registries and enums accept (trinity/algorithm/*/__init__.py,
 # trinity/common/workflows/__init__.py, trinity/common/rewards/__init__.py,
 # trinity/buffer/operators, trinity/buffer/selector, trinity/utils/monitor.py and the enums of
@@ -926,6 +755,147 @@ TRINITY_REGISTRIES: dict[str, tuple[str, ...]] = {
         "colocate",
     ),
 }
+
+CHOICES: dict[str, dict[str, str]] = {
+    "Config.mode": {
+        "serve": _SERVE,
+        "colocate": "rft runs explorers and the trainer on their own GPUs (one GPU: a CPU "
+        "explorer, or mode explore and mode train one after the other); use both",
+    },
+    "TrainerConfig.trainer_strategy": {
+        "megatron": "rft trains with DeepSpeed ZeRO (no Megatron parallelism); use fsdp2 (read "
+        "as DeepSpeed ZeRO) and trainer.zero_stage",
+    },
+    "AlgorithmConfig.algorithm_type": {
+        **{
+            name: f"Trinity's {name} algorithm is not built in rft; use one rft implements "
+            "(e.g. grpo, ppo, opmd, gspo, rloo, reinforceplusplus, sft, mix_chord)"
+            for name in TRINITY_REGISTRIES["algorithm_type"]
+        },
+        "cpt": "Trinity's continued pre-training (cpt) is not built in rft; train on text "
+        "with algorithm_type: sft (mode train)",
+    },
+    "AlgorithmConfig.policy_loss_fn": {
+        name: _USE_PPO_FAMILY for name in (*TRINITY_REGISTRIES["policy_loss_fn"], "trpo")
+    },
+    "AlgorithmConfig.advantage_fn": {
+        name: "use an advantage_fn rft implements (e.g. grpo, ppo, rloo, opmd)"
+        for name in (*TRINITY_REGISTRIES["advantage_fn"], "mix")
+    }
+    | {
+        "opmd_verl": "use opmd (rft's OPMD advantage over each task's group)",
+        "asymre_verl": "use asymre (rft's AsymRE advantage over each task's group)",
+        "clipb": "Trinity's entropy-controlling Clip-B advantage is not built in rft; use an "
+        "advantage_fn rft implements (e.g. grpo) and algorithm.entropy_loss_fn",
+        "clipv": "Trinity's entropy-controlling Clip-V advantage is not built in rft; use an "
+        "advantage_fn rft implements (e.g. grpo) and algorithm.entropy_loss_fn",
+        "cod": "CoD's advantage is not built in rft; use an advantage_fn rft implements",
+    },
+    "AlgorithmConfig.kl_loss_fn": {"corrected_k3": "use k3 or low_var_kl"},
+    "AlgorithmConfig.kl_penalty_fn": {"corrected_k3": "use k3 or low_var_kl"},
+    "AlgorithmConfig.entropy_loss_fn": {
+        "mix": "use default (rft's CHORD loss has no separate entropy term for expert data)"
+    },
+    "RolloutModelConfig.engine_type": {
+        "tinker": "rft generates with vLLM on the cluster's GPUs; use vllm",
+        "sglang": "rft generates with vLLM; use vllm",
+    },
+    "SynchronizerConfig.sync_style": {
+        "fully_async": "use explorer_driven (the explorer never waits for a version) with "
+        "explorer.partial_rollout (steps stream through the engine; rft.sync.schedule)",
+    },
+    "SynchronizerConfig.sync_method": {
+        "hccl": "rft syncs weights with NCCL (GPUs) or gloo (CPU); Ascend NPUs are not "
+        "supported: use nccl or checkpoint",
+    },
+    "ExperienceBufferConfig.storage_type": {
+        "task_dir": "rft reads tasks from dataset files (buffer.explorer_input.taskset.path); "
+        "use queue for experiences",
+    },
+    "TasksetConfig.storage_type": {
+        "env_service": "rft runs environments inside its workflows (no environment service); "
+        "give a dataset path (storage_type file) and a workflow that drives the environment",
+        "task_dir": "point buffer.explorer_input.taskset.path at a dataset folder or file "
+        "(storage_type file)",
+        "queue": "rft's tasksets are dataset files; use file",
+        "sql": "rft's tasksets are dataset files; export the table and use file",
+    },
+    "TrainerConfig.trainer_type": {
+        "megatron": "rft trains with DeepSpeed ZeRO; use deepspeed (or verl, mapped onto it)",
+        "tinker": "rft trains with DeepSpeed ZeRO on the cluster's GPUs; use deepspeed",
+    },
+    "ExperienceBufferConfig.schema_type": {
+        name: "rft derives the row kind from algorithm.algorithm_type; remove it"
+        for name in ("task", "experience", "dpo")
+    },
+    # Trinity's other experience operators (trinity/buffer/operators/__init__.py).
+    "OperatorConfig.name": {
+        "reward_shaping_mapper": _WRITE_A_FILTER,
+        "data_juicer": "rft runs no Data-Juicer service; remove it",
+        "cod_advantage_fn": "CoD's advantage is not built in rft; use an advantage_fn rft "
+        "implements",
+        "cod_overwrite_reward_with_returns": "CoD's advantage is not built in rft; remove it",
+        "multi_step_padding": "rft's trainer takes each step-wise experience as it is "
+        "(no padding of runs to one length); remove it",
+    },
+}
+
+_ENV = "it drives the {env} environment"
+
+# Trinity workflows rft does not ship -> what each does (rft.workflow.registry says how to
+# bring one as a plugin).
+WORKFLOWS: dict[str, str] = {
+    "alfworld_workflow": _ENV.format(env="ALFWorld (pip package alfworld and its data)"),
+    "step_wise_alfworld_workflow": _ENV.format(env="ALFWorld (pip package alfworld)"),
+    "RAFT_alfworld_workflow": _ENV.format(env="ALFWorld (pip package alfworld)"),
+    "RAFT_reflect_alfworld_workflow": _ENV.format(env="ALFWorld (pip package alfworld)"),
+    "webshop_workflow": _ENV.format(env="WebShop (its server and product data)"),
+    "sciworld_workflow": _ENV.format(env="ScienceWorld (pip package scienceworld, a JVM)"),
+    "agentscope_react_workflow": _ENV.format(env="AgentScope (pip package agentscope)"),
+    "agentscopev1_react_workflow": _ENV.format(env="AgentScope (pip package agentscope)"),
+    "agentscope_react_math_workflow": _ENV.format(env="AgentScope (pip package agentscope)"),
+    "agentscopev0_react_math_workflow": _ENV.format(env="AgentScope (pip package agentscope)"),
+    "agentscope_v1_react_search_workflow": _ENV.format(env="AgentScope (pip package agentscope)"),
+    "agentscope_workflow_adapter": _ENV.format(env="AgentScope (pip package agentscope)"),
+    "agentscope_workflow_adapter_v1": _ENV.format(env="AgentScope (pip package agentscope)"),
+    "as_react_workflow": _ENV.format(env="AgentScope (pip package agentscope)"),
+    "email_search_workflow": _ENV.format(env="email-search (its SQLite corpus)"),
+    "tool_call_workflow": "ToolACE-style function calls scored against reference calls",
+    "math_eval_workflow": "Trinity's math evaluation prompt; use math_boxed_workflow for "
+    "eval_tasksets",
+    "async_math_eval_workflow": "Trinity's math evaluation prompt; use math_boxed_workflow",
+    "math_ruler_workflow": "RULER (an LLM judge ranks the group's answers)",
+    "async_math_ruler_workflow": "RULER (an LLM judge ranks the group's answers)",
+    "math_trainable_ruler_workflow": "RULER with a trained judge",
+    "rubric_judge_workflow": "rubric scores from an LLM judge",
+    "simple_mm_workflow": "multi-modal (image) prompts; rft trains text-only models",
+    "async_simple_mm_workflow": "multi-modal (image) prompts; rft trains text-only models",
+    "rubric_judge_openai_workflow": "rubric scores from an LLM judge called over the OpenAI API",
+    "sudoku_workflow": "Trinity's multi-turn Sudoku game",
+    "intercode_sql_workflow": _ENV.format(env="InterCode-SQL (a SQL database in Docker)"),
+    "thinking_budget_workflow": "Trinity's math workflow with a thinking-token budget",
+    "bots_ref_eval_collect_math_boxed_workflow": "BOTS' reference-evaluation collector (its "
+    "example names it; Trinity registers it no more)",
+    "synthetic_workflow": "Trinity's synthetic-task example workflow",
+}
+
+# Trinity reward functions rft does not ship -> what to do (rft.workflow.rewards).
+REWARD_FNS: dict[str, str] = {
+    "trajectory_accuracy_grader_reward": "it asks an OpenJudge LLM grader; write a "
+    "'package.module:function' reward that calls your judge",
+    "openjudge_multi_grader_reward": "it asks OpenJudge LLM graders; write a "
+    "'package.module:function' reward that calls your judge",
+    "math_boxed_reward_naive_dapo": "a benchmark plugin's boxed-answer reward (DAPO's naive "
+    "check); use math_dapo_reward or math_boxed_reward",
+    "rm_gallery_reward": "it calls RM-Gallery; use explorer.auxiliary_models (a reward model) "
+    "or a 'package.module:function' reward",
+    "openjudge_reward": "it asks an OpenJudge LLM grader; write a 'package.module:function' "
+    "reward that calls your judge (with math_rm_workflow: a RewardFn taking auxiliary_models)",
+    "openjudge_trajectory_accuracy_reward": "it asks an OpenJudge LLM grader; write a "
+    "'package.module:function' reward that calls your judge (with math_rm_workflow: a RewardFn "
+    "taking auxiliary_models)",
+}
+
 
 # Every name above: never answered with a "did you mean" (rft.errors.did_you_mean).
 TRINITY_NAMES: frozenset[str] = frozenset(

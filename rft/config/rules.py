@@ -25,7 +25,7 @@ from rft.config.names import (
 )
 from rft.config.schema import Config, LoRAConfig, TasksetConfig
 from rft.config.teacher import uses_teacher
-from rft.config.trinity_rules import apply_trinity_keys
+from rft.config.trinity_rules import apply_trinity_keys, check_resumed_parts
 from rft.config.trinity_rules import set_from_verl as _set_from_verl
 from rft.config.typed_dict import not_supported
 from rft.errors import ConfigError, NotSupportedError
@@ -125,6 +125,7 @@ def apply(cfg: Config, seen: set[str]) -> None:
     _derive_critic(cfg, seen)
     _check_lora(cfg)
     _derive_zero_stage(cfg, seen)
+    check_resumed_parts(cfg)
     _derive_micro_batch_sizes(cfg)
     _derive_totals(cfg)
     _derive_lengths(cfg)
@@ -784,7 +785,7 @@ def _check_rollout_correction(cfg: Config) -> None:
 def _check_lead(cfg: Config) -> None:
     """``synchronizer.max_lead_steps`` bounds an asynchronous explorer; say where it does not."""
     sync, buf = cfg.synchronizer, cfg.buffer
-    if sync.max_lead_steps is not None and cfg.mode == "both":
+    if sync.max_lead_steps is not None and cfg.mode == "both" and sync.sync_style == "fixed":
         log.warning(
             "synchronizer.max_lead_steps has no effect in mode both: there "
             "synchronizer.sync_offset (%d) is how far explorers run ahead",
@@ -833,10 +834,11 @@ def _check_delta(cfg: Config, seen: set[str]) -> None:
 
 def streams(cfg: Config) -> bool:
     """Whether the explorer streams (:mod:`rft.explorer.streaming`): ``explorer.partial_rollout``
-    in an asynchronous run (``mode: explore``, or ``mode: both`` with ``sync_offset`` >= 1). A
-    synchronous run generates step s only after the trainer's step s - 1: nothing could overlap,
-    so the plain loop runs there."""
-    asynchronous = cfg.mode == "explore" or cfg.synchronizer.sync_offset > 0
+    in an asynchronous run (``mode: explore``, or ``mode: both`` with ``sync_offset`` >= 1 or a
+    dynamic ``sync_style``). A synchronous run generates step s only after the trainer's step
+    s - 1: nothing could overlap, so the plain loop runs there."""
+    sync = cfg.synchronizer
+    asynchronous = cfg.mode == "explore" or sync.sync_offset > 0 or sync.sync_style != "fixed"
     return cfg.explorer.partial_rollout and asynchronous
 
 

@@ -212,7 +212,7 @@ class FormatConfig:
     chat_template: Optional[str] = None  # SFT/DPO: Jinja chat template replacing the tokenizer's
     enable_concatenated_multi_turn: bool = False  # SFT messages: train on every assistant turn
     enable_thinking: Optional[bool] = (
-        None  # SFT/DPO chat template's thinking switch (null: model's)
+        None  # SFT/DPO rows' chat template switch (null: model's); on tasksets no effect
     )
     reply_prefix: Optional[str] = None  # text the reply starts with (no effect on SFT/expert rows)
     workflow_key: Optional[str] = (
@@ -423,6 +423,16 @@ class RolloutModelConfig:
     extra_engine_args: dict = field(factory=dict)  # more vllm.LLM arguments, as given
     # nccl weight sync: MiB per broadcast (a larger tensor goes alone); null: rft's 256
     weight_sync_buffer_size: Optional[int] = field(None, ge=1)
+    # Trinity's per-engine copies of model.* (null: model's); rft reads each as model.<key>
+    temperature: Optional[float] = field(None, ge=0)
+    top_p: Optional[float] = field(None, gt=0, le=1)  # as model.top_p
+    top_k: Optional[int] = field(None, ge=-1)  # as model.top_k
+    logprobs: Optional[int] = field(None, ge=0)  # as model.logprobs
+    max_prompt_tokens: Optional[int] = field(None, ge=1)  # as model.max_prompt_tokens
+    max_response_tokens: Optional[int] = field(None, ge=1)  # as model.max_response_tokens
+    min_response_tokens: Optional[int] = field(None, ge=0)  # as model.min_response_tokens
+    enable_prompt_truncation: Optional[bool] = None  # as model.enable_prompt_truncation
+    repetition_penalty: Optional[float] = field(None, gt=0)  # as model.repetition_penalty
 
 
 @dataclass
@@ -689,7 +699,7 @@ class TrainerConfig:
     save_hf_checkpoint: Literal["last", "always", "never"] = "last"  # write actor/huggingface/
     max_checkpoints_to_keep: Optional[int] = field(None, ge=1)  # older global_step_* removed
     total_steps: Optional[int] = field(None, ge=1)  # veRL's total_training_steps; see buffer
-    max_staleness_versions: Optional[int] = field(None, ge=0)  # drop older experiences (async)
+    max_staleness_versions: Optional[int] = field(None, ge=0)  # drop older groups (any mode)
     trainer_config: VerlTrainerConfig = field(factory=VerlTrainerConfig)  # veRL-style settings
 
     def __post_init__(self) -> None:

@@ -1,8 +1,10 @@
 """Rules for the keys of Trinity-RFT's newer schema (trinity/common/config.py at 1d7fae4, its
-main branch and v0.6) that act in rft: Trinity's own trainer.* spellings, sequence
-parallelism (refused above 1), sample_strategy staleness_control, veRL's checkpoint contents,
-the per-side sync intervals, parallelism inside one engine, explorer.max_inflight_batches,
-model.chat_template_path and the buffers' format.enable_thinking.
+main branch and v0.6) that act in rft: the external model's modes, the sync-method and
+sample-strategy aliases, the rollout model's copies of model.* keys, Trinity's own trainer.*
+spellings, sequence parallelism (refused above 1), sample_strategy staleness_control, veRL's
+checkpoint contents (and what a resume restores), the per-side sync intervals, parallelism
+inside one engine, explorer.max_inflight_batches, model.chat_template_path, the buffers'
+format.enable_thinking and data_selector, and the older use_priority_queue switch.
 
 :func:`apply_trinity_keys` runs inside :func:`rft.config.rules.apply`, right after veRL's
 section is mapped (so a veRL spelling and Trinity's meet here); :func:`resumed_parts` tells the
@@ -16,6 +18,7 @@ import logging
 from pathlib import Path
 
 from rft.config.external import check_external_mode, uses_external_model
+from rft.config.known_names import ROLLOUT_MODEL_MIRRORS
 from rft.config.schema import Config
 from rft.config.typed_dict import not_supported
 from rft.errors import ConfigError
@@ -31,6 +34,7 @@ def apply_trinity_keys(cfg: Config, seen: set[str]) -> None:
     sync.sync_method = {"online": "nccl", "offline": "checkpoint"}.get(
         sync.sync_method, sync.sync_method
     )
+    _mirror_rollout_model_keys(cfg, seen)
     _trinity_trainer_spellings(cfg, seen)
     _check_sequence_parallel(cfg)
     if cfg.algorithm.sample_strategy == "warmup":  # Trinity's deprecated name of default
@@ -44,6 +48,22 @@ def apply_trinity_keys(cfg: Config, seen: set[str]) -> None:
     _derive_buffer_thinking(cfg)
     _check_buffer_selectors(cfg)
     _derive_priority_queue(cfg, seen)
+
+
+def _mirror_rollout_model_keys(cfg: Config, seen: set[str]) -> None:
+    """A length or sampling key written on explorer.rollout_model is model.<key> in rft (one
+    value for generation and training); a different model.<key> written too is an error."""
+    rollout, model = cfg.explorer.rollout_model, cfg.model
+    for key in ROLLOUT_MODEL_MIRRORS:
+        value = getattr(rollout, key)
+        if value is None:
+            continue
+        if f"model.{key}" in seen and getattr(model, key) != value:
+            raise ConfigError(
+                f"explorer.rollout_model.{key}={value!r} contradicts model.{key}="
+                f"{getattr(model, key)!r}: rft generates and trains with one value; set only one"
+            )
+        setattr(model, key, value)
 
 
 def _check_engine_type(cfg: Config) -> None:
@@ -136,7 +156,15 @@ def _derive_inflight_batches(cfg: Config) -> None:
 
 def _derive_buffer_thinking(cfg: Config) -> None:
     """Trinity's BufferConfigValidator: an experience/auxiliary buffer's format.enable_thinking
-    defaults to model.enable_thinking (the SFT/DPO rows' chat template switch)."""
+    defaults to model.enable_thinking (the SFT/DPO rows' chat template switch). On a taskset it
+    has no effect, in Trinity too (the engine's switch is model.enable_thinking): warned."""
+    for label, taskset in cfg.labelled_tasksets():
+        if taskset.format.enable_thinking is not None:
+            log.warning(
+                "%s.format.enable_thinking has no effect (as in Trinity, it switches the chat "
+                "template of SFT/DPO rows); the explorer's is model.enable_thinking",
+                label,
+            )
     trainer_input = cfg.buffer.trainer_input
     for buf in (trainer_input.experience_buffer, *trainer_input.auxiliary_buffers.values()):
         if buf.format.enable_thinking is None:
@@ -227,14 +255,6 @@ def _derive_staleness_control(cfg: Config, seen: set[str]) -> None:
             f"trainer.max_staleness_versions={current}; set only one"
         )
     cfg.trainer.max_staleness_versions = bound
-    if cfg.mode == "both" and cfg.synchronizer.sync_style == "fixed":
-        log.info(
-            "sample_strategy staleness_control: in mode both with sync_style fixed each step "
-            "trains on rollouts of at most synchronizer.sync_offset=%d versions back; "
-            "max_staleness=%d bounds the asynchronous styles and mode train",
-            cfg.synchronizer.sync_offset,
-            bound,
-        )
 
 
 def _check_sequence_parallel(cfg: Config) -> None:
@@ -303,6 +323,18 @@ def _check_checkpoint_contents(cfg: Config, seen: set[str]) -> None:
                 set_from_verl(
                     cfg, f"{owner}.checkpoint.{name}", "always", "trainer.save_hf_checkpoint", seen
                 )
+
+
+def check_resumed_parts(cfg: Config) -> None:
+    """A resume without the optimizer's state under ZeRO-3 is refused: DeepSpeed's load with
+    load_optimizer_states=False is not reliable at stage 3 (its partitioned optimizer owns the
+    fp32 master weights)."""
+    if cfg.trainer.zero_stage == 3 and "optimizer" not in resumed_parts(cfg):
+        raise not_supported(
+            "trainer.trainer_config.actor_rollout_ref.actor.checkpoint.load_contents without "
+            "optimizer under trainer.zero_stage: 3",
+            "list optimizer in load_contents (a resume restores it), or train with zero_stage 2",
+        )
 
 
 def resumed_parts(cfg: Config, owner: str = "actor") -> frozenset[str]:

@@ -32,7 +32,7 @@ from rft.config.names import VLLM_LORA_RANKS
 from rft.config.rules import lora_config, streams
 from rft.config.schema import AuxiliaryModelConfig, Config, LoRAConfig
 from rft.errors import CheckpointError, ConfigError
-from rft.explorer.tasksets import SamplingArgs
+from rft.explorer.tasksets import SamplingArgs, sampling_defaults
 from rft.models import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
@@ -745,6 +745,7 @@ class AuxiliaryEngine:
     (:data:`AUX_CPU_KVCACHE_ENV`)."""
 
     lora_request = None  # Engine.generate's: never an adapter
+    sampling_defaults: dict[str, Any] = {}  # Engine.generate's: a judge's calls say their own
     generate = Engine.generate
     max_model_len = Engine.max_model_len
 
@@ -799,13 +800,6 @@ def _params(
     if a.prompt_logprobs is not None:
         kwargs["prompt_logprobs"] = a.prompt_logprobs
     return sampling_params_cls(**{**kwargs, **dict(a.extra)})
-
-
-def sampling_defaults(cfg: Config) -> dict[str, Any]:
-    """vLLM SamplingParams keywords every call of the rollout engine takes unless it sets them:
-    ``model.repetition_penalty`` (Trinity's InferenceModelConfig default for chat/generate)."""
-    penalty = cfg.model.repetition_penalty
-    return {} if penalty == 1.0 else {"repetition_penalty": penalty}
 
 
 def _samples(out: Any) -> list[Sample]:

@@ -412,7 +412,7 @@ def _recipe_records(
             messages = [{"role": "user", "content": recipe.prompt_text(messages)}]
         jobs.append(PromptJob(slot, task, ts, row, [], recipe))
         prompts.append(messages)
-    sampling = _sampling(ts.sampling)
+    sampling = {**T.sampling_defaults(cfg), **_sampling(ts.sampling)}
     units = [(j, k) for j in range(len(jobs)) for k in range(ts.sampling.n)]
 
     def ask(unit: tuple[int, int]) -> Reply | str:

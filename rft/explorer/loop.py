@@ -56,7 +56,8 @@ from rft.rundir import EXPLORER_META, explorer_role, writer_name
 from rft.stages import load_stage
 from rft.sync.explorer_side import ExplorerSync, open_explorer_sync
 from rft.sync.failures import ExplorerFailure, clear_failure, record_failure
-from rft.sync.schedule import explorer_lead, required_version, takes_weights
+from rft.sync.requests import request_weights
+from rft.sync.schedule import explorer_lead, required_version, syncs_at, takes_weights
 
 log = logging.getLogger(__name__)
 
@@ -257,7 +258,10 @@ def step_by_step(
         # step s - 1 - sync_offset. mode explore: the same with max_lead_steps for
         # sync_offset when set (bounds how stale the rollouts get), else never wait.
         need = 0 if lead is None else required_version(step, lead, interval)
-        if takes_weights(step, cfg.synchronizer.sync_style, interval) or need:
+        sync = cfg.synchronizer
+        if syncs_at(step, sync.sync_style, interval):  # explorer_driven: ask the trainer
+            request_weights(cfg.run_dir, writer, step)
+        if takes_weights(step, sync.sync_style, interval, sync.sync_method) or need:
             version, reload_s, wait_s = weights.wait_for(need)
         else:  # explorer_driven between its sync steps: the weights stay
             version, reload_s, wait_s = weights.loaded_version or 0, 0.0, 0.0

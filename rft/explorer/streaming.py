@@ -39,7 +39,8 @@ from rft.explorer.stream_steps import OpenStep, Totals, add_stats, sealed_steps
 from rft.explorer.teacher import TEACHER_KL, add_teacher_logprobs
 from rft.lease import NO_FENCE, Fence
 from rft.sync.explorer_side import ExplorerSync
-from rft.sync.schedule import required_version, takes_weights
+from rft.sync.requests import request_weights
+from rft.sync.schedule import required_version, syncs_at, takes_weights
 
 log = logging.getLogger(__name__)
 
@@ -103,13 +104,22 @@ def stream_steps(
         room = engine.in_flight - episodes.calls.in_engine + episodes.runs_in_flight < limit
         return eval_at is None and more and room and not plan.finished(stream)
 
+    sync = cfg.synchronizer
+    # explorer_driven: a sync step asked for weights; it stays due until they are loaded
+    sync_due = False
     while True:
-        due = takes_weights(cursor.step + 1, cfg.synchronizer.sync_style, interval)
+        due = sync_due or takes_weights(
+            cursor.step + 1, sync.sync_style, interval, sync.sync_method
+        )
         if due and time.monotonic() - polled >= WEIGHTS_POLL_S and engine.may_reload():
             load(0)
             polled = time.monotonic()
+            sync_due = False
         while admissible():
             step = cursor.step + 1
+            if syncs_at(step, sync.sync_style, interval):
+                request_weights(cfg.run_dir, writer, step)
+                sync_due = True
             need = 0 if lead is None else required_version(step, lead, interval)
             if (weights.loaded_version or 0) < need:
                 if open_steps:

@@ -246,6 +246,13 @@ def sampling_args(cfg: Config, ts: TasksetConfig) -> SamplingArgs:
     )
 
 
+def sampling_defaults(cfg: Config) -> dict[str, Any]:
+    """SamplingParams keywords every call of the rollout model takes unless it sets them:
+    ``model.repetition_penalty`` (Trinity's InferenceModelConfig default for chat/generate)."""
+    penalty = cfg.model.repetition_penalty
+    return {} if penalty == 1.0 else {"repetition_penalty": penalty}
+
+
 def training_tasksets(cfg: Config) -> list[Taskset]:
     """``buffer.explorer_input.taskset`` / ``tasksets`` loaded, in config order."""
     return [

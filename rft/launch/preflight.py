@@ -11,11 +11,13 @@ Nothing is written.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rft import data, stages
+from rft.buffer.replay import build_priority_fn
 from rft.config import batches
 from rft.config.auxiliary import REWARD_WEIGHT_KEYS, auxiliary_tp, scoring_max_len
 from rft.config.external import external_endpoint, uses_external_model
@@ -55,6 +57,8 @@ from rft.rundir import BUFFER_DIR, EXPLORERS_DIR, WEIGHTS_DIR, newest_checkpoint
 from rft.trainer.algorithm import build_loss_fns
 from rft.workflow.rewards import reward_model_part_names
 from rft.workflow.single_turn import Recipe
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,9 @@ def check_config(cfg: Config, prefix: str = "", here: Devices | None = None) -> 
         check_critic_dir(cfg.model.critic_model_path, cfg.model.model_path)
     _check_lora_path(cfg)
     build_loss_fns(cfg.algorithm)
+    replay_buffer = cfg.buffer.trainer_input.experience_buffer.replay_buffer
+    if cfg.mode in TRAINER_MODES and replay_buffer.enable:  # its args, before the trainer starts
+        build_priority_fn(replay_buffer.priority_fn, replay_buffer.priority_fn_args)
     check_packages(cfg.monitor.monitor_type)
     infos, callers = [], False  # callers: a taskset may run a workflow class
     single_turn = True  # every training taskset runs a recipe: one experience per run
@@ -131,6 +138,14 @@ def check_config(cfg: Config, prefix: str = "", here: Devices | None = None) -> 
         )
     if cfg.mode == "both" and single_turn:
         batches.check_train_batch_size(cfg)  # a mini-batch fits in the explorer's step
+    elif batches.splits_steps(cfg) and _scheduled(cfg):
+        log.warning(
+            "buffer.train_batch_size counts experiences, and a multi-turn workflow's run gives "
+            "one per turn: its steps may make more updates than the learning-rate schedule "
+            "counts (one experience per run), so %s ends early; set train_batch_size to at "
+            "least a step's experiences for one update per step",
+            "the warm-up/cosine schedule",
+        )
     if not external:
         check_chat_template(cfg)
     if cfg.mode in ENGINE_MODES and not callers:
@@ -150,6 +165,12 @@ def check_config(cfg: Config, prefix: str = "", here: Devices | None = None) -> 
         checked = {prefix + label: line for label, line in first_task_checks(cfg).items()}
         infos = [replace(i, first_task=checked.get(i.label)) for i in infos]
     return infos
+
+
+def _scheduled(cfg: Config) -> bool:
+    """Whether the learning rate follows a schedule whose length is the run's update count."""
+    opt = cfg.algorithm.optimizer
+    return opt.lr_warmup_steps_ratio > 0 or opt.warmup_style == "cosine"
 
 
 def engine_on_cpu(cfg: Config, here: Devices | None) -> bool:

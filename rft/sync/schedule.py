@@ -12,9 +12,11 @@ tutorial/synchronizer.md):
   ``sync_interval`` of its steps; the explorer never waits for a version and takes the newest
   published weights at each step.
 - ``explorer_driven`` (older name ``dynamic_by_explorer``): every ``sync_interval`` of its own
-  steps the explorer takes the trainer's newest weights without waiting for a version; the
-  trainer publishes after each step, so that the newest are there when asked (Trinity's trainer
-  syncs at its next loop iteration on the explorer's request).
+  steps the explorer asks for the trainer's newest weights (rft.sync.requests) and takes the
+  newest published, without waiting for a version; the trainer publishes after its next step
+  when asked (Trinity's trainer syncs at its next loop iteration on the explorer's request).
+  With ``sync_method: nccl`` the explorer takes a broadcast at any step (the trainer's
+  broadcast waits for every explorer to receive it).
 
 In the dynamic styles ``synchronizer.max_lead_steps`` (rft's key), when set, still bounds how
 many steps an explorer runs ahead of the weights.
@@ -24,12 +26,17 @@ from __future__ import annotations
 
 
 def publishes_weights(
-    step: int, sync_interval: int, last_step: int | None, sync_style: str = "fixed"
+    step: int,
+    sync_interval: int,
+    last_step: int | None,
+    sync_style: str = "fixed",
+    requested: bool = False,
 ) -> bool:
     """Whether the trainer publishes weights version ``step`` after finishing that step: every
-    ``sync_interval`` steps (every step when the explorer drives), and after the run's last."""
+    ``sync_interval`` steps (when an explorer asked, with ``explorer_driven``), and after the
+    run's last."""
     if sync_style == "explorer_driven":
-        return True
+        return requested or step == last_step
     return step % sync_interval == 0 or step == last_step
 
 
@@ -51,9 +58,18 @@ def explorer_lead(
     return max_lead_steps, "synchronizer.max_lead_steps"
 
 
-def takes_weights(step: int, sync_style: str, sync_interval: int) -> bool:
+def syncs_at(step: int, sync_style: str, sync_interval: int) -> bool:
+    """Whether ``step`` is an explorer_driven explorer's sync step (1, 1 + sync_interval, ...),
+    where it asks for weights."""
+    return sync_style == "explorer_driven" and (step - 1) % sync_interval == 0
+
+
+def takes_weights(
+    step: int, sync_style: str, sync_interval: int, sync_method: str = "checkpoint"
+) -> bool:
     """Whether an explorer loads newer weights before generating ``step``: with
-    ``explorer_driven`` only at steps 1, 1 + sync_interval, ...; otherwise at every step."""
-    if sync_style == "explorer_driven":
-        return (step - 1) % sync_interval == 0
+    ``explorer_driven`` only at its sync steps (a broadcast, which it asked for, at any step);
+    otherwise at every step."""
+    if sync_style == "explorer_driven" and sync_method != "nccl":
+        return syncs_at(step, sync_style, sync_interval)
     return True

@@ -67,12 +67,10 @@ class BufferSource:
         self.rollouts_per_step = rollouts_per_step or cfg.buffer.train_batch_size
         self.wait_s, self.wait_key = read_timeout(cfg)  # how long a read waits
         self.synchronous = cfg.mode == "both"
-        # mode both with the fixed sync style waits for the weights each step may use
-        self.max_staleness_versions = (
-            None
-            if self.synchronous and cfg.synchronizer.sync_style == "fixed"
-            else cfg.trainer.max_staleness_versions
-        )
+        # groups generated more weight versions ago than this are dropped (and counted), in
+        # every mode: in mode both with the fixed style a step's are at most sync_offset +
+        # sync_interval - 1 versions old, so a smaller bound drops some (staleness_control)
+        self.max_staleness_versions = cfg.trainer.max_staleness_versions
         cursor = dict(cursor or {})
         replay_state = cursor.pop(REPLAY_KEY, None)
         self.reader = open_buffer_reader(
@@ -181,7 +179,10 @@ class BufferSource:
             time.sleep(POLL_S)
         self.replay.settle(drawn, time.time())
         self.reused_share = replay.reused_share(drawn)
-        return [e for item in drawn for e in item.experiences] or None
+        batch = [e for item in drawn for e in item.experiences]
+        if self.synchronous and not stop():
+            return batch  # lockstep: an empty step is skipped, never the end of the input
+        return batch or None
 
     def _ingest(self, new: list[Experience], step: int) -> None:
         """Archive the new experiences (once, however often reused) and queue their groups."""

@@ -47,6 +47,7 @@ from rft.monitor import (
 from rft.placement import TRAINER_MODES
 from rft.rundir import ACTOR_DIR, CRITIC_DIR, HF_DIR, LEASE_GENERATION, TRAINER_LEASE, step_dir
 from rft.stages import load_stage
+from rft.sync.requests import RequestWatcher
 from rft.sync.schedule import publishes_weights
 from rft.trainer.algorithm import build_loss_fns
 from rft.trainer.state import (
@@ -331,6 +332,7 @@ def train(
         last_saved=resumed or -1,
     )
     source = open_trainer_input(cfg, run_dir, progress.cursor or None, fence) if rank == 0 else None
+    requests = RequestWatcher(run_dir)  # explorer_driven's asks (read by rank 0)
     steps = engine.broadcast_object(run_steps(cfg) if rank == 0 else None)
     total_updates = (
         None if steps is None else steps * updates_per_step(cfg)
@@ -415,7 +417,12 @@ def train(
         progress.cursor = source.cursor() if rank == 0 else {}
         t1 = time.perf_counter()
         sync = cfg.synchronizer
-        if publishes_weights(step, sync.sync_interval, steps, sync.sync_style):
+        requested = False
+        if sync.sync_style == "explorer_driven":  # did an explorer ask? rank 0 decides for all
+            requested = engine.broadcast_object(requests.pending() if rank == 0 else None)
+        if publishes_weights(step, sync.sync_interval, steps, sync.sync_style, requested):
+            if rank == 0 and requested:
+                requests.answered()
             check_lease(lease, f"publishing weights version {step}")
             metrics.update(weights.publish(step, actor))
             progress.weights_version = step

@@ -65,8 +65,9 @@ class MixSource:
             from transformers import AutoTokenizer
 
             tokenizer = AutoTokenizer.from_pretrained(cfg.model.model_path)
+        experts = expert_buffer(cfg)
         self.experts = SftSource(
-            expert_buffer(cfg), tokenizer, cfg.model.max_model_len, expert_cursor
+            experts, tokenizer, cfg.model.max_model_len, expert_cursor, experts.total_epochs
         )
         log.info(
             "mix: %d rollouts + %d expert samples per step (expert data: %d rows, from row %d)",
@@ -83,14 +84,7 @@ class MixSource:
         reward 0; the trainer turns them into an ``expert_mask`` for the ``mix_chord`` loss);
         None when the rollouts end. How many of each a mini-batch takes is
         :func:`rft.config.mix.mix_counts` (checked when the config is loaded)."""
-        if self.experts.exhausted(self.counts.expert):
-            log.warning(
-                "step %d: the expert data is used up (%d rows served: %d passes, "
-                "auxiliary_buffers.<name>.total_epochs): the trainer stops here",
-                step,
-                self.experts.served,
-                self.experts.buf.total_epochs,
-            )
+        if self._used_up(step, self.counts.expert):
             return None
         rollouts = self.rollouts.next_batch(step, current_version, stop)
         if rollouts is None:
@@ -99,7 +93,25 @@ class MixSource:
         # mini-batch
         groups = len({e.group_id for e in rollouts})
         minis = mini_batch_count(groups, groups_per_update_of(self.cfg, len(rollouts), groups))
+        if self._used_up(step, self.counts.expert * minis):
+            return None
         return rollouts + self.experts.next_batch(self.counts.expert * minis)
+
+    def _used_up(self, step: int, rows: int) -> bool:
+        """Whether the expert data has fewer than ``rows`` rows left of its total_epochs
+        passes (said once: the trainer stops there, as Trinity's when an auxiliary buffer runs
+        out)."""
+        if not self.experts.exhausted(rows):
+            return False
+        log.warning(
+            "step %d: the expert data is used up (%d rows served of %d passes, "
+            "auxiliary_buffers.<name>.total_epochs; the step needs %d): the trainer stops here",
+            step,
+            self.experts.served,
+            self.experts.epochs,
+            rows,
+        )
+        return True
 
     def cursor(self) -> dict[str, Any]:
         return {**self.rollouts.cursor(), EXPERT_CURSOR_KEY: self.experts.cursor()}

@@ -160,7 +160,8 @@ def tokenize_row(
 
 class SftSource:
     """Expert experiences in dataset order, ``batch_size`` per step, wrapping across epochs;
-    with ``buf.total_epochs`` set, no more than that many passes (then :meth:`exhausted`)."""
+    with ``epochs`` (CHORD's ``auxiliary_buffers.<name>.total_epochs``), no more than that many
+    passes (then :meth:`exhausted`)."""
 
     def __init__(
         self,
@@ -168,11 +169,13 @@ class SftSource:
         tokenizer: Any,
         max_model_len: int | None,
         cursor: dict[str, Any] | None = None,
+        epochs: int | None = None,
     ):
         self.rows = load_rows(buf)
         if not self.rows:
             raise DataError(f"{buf.path} (split {buf.split!r}) has no rows to train on")
         self.buf, self.tokenizer, self.max_model_len = buf, tokenizer, max_model_len
+        self.epochs = epochs
         self.served = int((cursor or {}).get("row", 0))
 
     def __len__(self) -> int:
@@ -180,8 +183,7 @@ class SftSource:
 
     def limit(self) -> int | None:
         """Rows it serves in all (``total_epochs`` passes), or None: no end."""
-        epochs = self.buf.total_epochs
-        return None if epochs is None else epochs * len(self.rows)
+        return None if self.epochs is None else self.epochs * len(self.rows)
 
     def exhausted(self, batch_size: int) -> bool:
         """Whether fewer than ``batch_size`` rows are left of its ``total_epochs`` passes."""
