@@ -14,7 +14,7 @@ import errno
 import os
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Collection, Iterable, Iterator
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # a role or a job failed; its log was shown
@@ -154,16 +154,11 @@ def nearest(name: object, options: Iterable[object]) -> str | None:
     return found[0] if found else None
 
 
-def is_trinity_name(name: object) -> bool:
-    """Whether ``name`` is one Trinity-RFT itself defines (a registry name, a choice, a key:
-    :data:`rft.config.known_names.TRINITY_NAMES`): never a typo of another rft name."""
-    from rft.config.known_names import TRINITY_NAMES  # data only
-
-    return str(name) in TRINITY_NAMES
-
-
-def did_you_mean(name: object, options: Iterable[object]) -> str:
-    """`` Did you mean 'x'?`` for the nearest option, or an empty string; never for a name of
-    Trinity's own (a real Trinity name rft lacks is refused as such, not taken for a typo)."""
-    hint = None if is_trinity_name(name) else nearest(name, options)
+def did_you_mean(
+    name: object, options: Iterable[object], exclude: Collection[str] = frozenset()
+) -> str:
+    """`` Did you mean 'x'?`` for the nearest option, or an empty string; never for a name in
+    ``exclude`` (callers pass :data:`rft.config.known_names.TRINITY_NAMES`: a real Trinity name
+    rft lacks is refused as such, not taken for a typo)."""
+    hint = None if str(name) in exclude else nearest(name, options)
     return f" Did you mean {hint!r}?" if hint else ""

@@ -14,14 +14,14 @@ PKG = REPO / "rft"
 # Lowest first. A module may import its own layer and the layers below, never above; the role
 # packages (explorer, trainer, convert) may not import each other.
 LAYERS = [
-    # known_names: Trinity's names as data (no imports); rft.errors' "did you mean" skips them
-    ("rft.errors", "rft.atomic", "rft.config.known_names"),
+    ("rft.errors", "rft.atomic"),
     (
         "rft.placement",
         "rft.rundir",
         "rft.lease",
         "rft.config.typed_dict",
         "rft.config.names",
+        "rft.config.known_names",
     ),
     ("rft.config",),
     (

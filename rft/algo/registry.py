@@ -27,6 +27,7 @@ from rft.algo.losses import (
 from rft.algo.losses import POLICY_LOSS_FNS as _BASE_POLICY_LOSS_FNS
 from rft.algo.m2po import m2po_loss
 from rft.algo.weighted_pg import REC_CLIP_MODES, REC_REGULARIZERS, REC_WEIGHTS, WEIGHTED_PG_LOSSES
+from rft.config.known_names import TRINITY_NAMES
 from rft.errors import ConfigError, did_you_mean
 
 # Every policy loss by name: rft.algo.losses' and rft.algo.weighted_pg's, and DPO's, whose
@@ -132,7 +133,7 @@ def _check_name(kind: str, name: str, registry: Mapping[str, Any]) -> None:
         return
     raise ConfigError(
         f"algorithm.{kind}: unknown name {name!r}; valid names: {sorted(registry)}."
-        f"{did_you_mean(name, registry)}"
+        f"{did_you_mean(name, registry, TRINITY_NAMES)}"
     )
 
 

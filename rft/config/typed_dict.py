@@ -15,8 +15,8 @@ import types
 import typing
 from typing import Any, Literal, TypeVar, Union
 
-from rft.config.known_names import CHOICES, KEYS
-from rft.errors import ConfigError, NotSupportedError, did_you_mean, is_trinity_name, nearest
+from rft.config.known_names import CHOICES, KEYS, TRINITY_NAMES
+from rft.errors import ConfigError, NotSupportedError, did_you_mean, nearest
 
 _MISSING = dataclasses.MISSING
 Schema = TypeVar("Schema")  # the dataclass from_dict builds
@@ -85,7 +85,7 @@ def _unknown_key_error(cls: type, key_path: str, key: str, fields: dict) -> Conf
     if what_to_do:
         return not_supported(key_path, what_to_do)
     valid = sorted(fields)
-    hint = None if is_trinity_name(key) else nearest(key, valid)
+    hint = None if key in TRINITY_NAMES else nearest(key, valid)
     guess = f" Did you mean '{key_path.rsplit(key, 1)[0]}{hint}'?" if hint else ""
     return ConfigError(
         f"unknown config key '{key_path}'.{guess} Valid keys here: {', '.join(valid)}"
@@ -158,7 +158,7 @@ def _convert_literal(args: tuple, value: Any, path: str) -> Any:
     if value in args and not isinstance(value, bool):
         return value
     valid = ", ".join(repr(a) for a in args)
-    hint = did_you_mean(str(value), [str(a) for a in args])
+    hint = did_you_mean(str(value), [str(a) for a in args], TRINITY_NAMES)
     raise ConfigError(f"{path}: {value!r} is not a valid choice.{hint} Valid: {valid}")
 
 

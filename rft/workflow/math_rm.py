@@ -43,20 +43,13 @@ class MathRMWorkflow(SimpleWorkflow):
     call, scored by ``reward_fn(reply, messages, ground_truth=truth)``. The task must name a
     reward (Trinity has no default here either)."""
 
-    def _score_replies(self, responses: list[Experience]) -> list[Experience]:
-        messages = self.format_messages()
+    def _reward_parts(self, response: Experience) -> dict[str, float]:
+        """Trinity's call: the reply itself, the messages and the reference answer (and the
+        judge handles for a reward class that takes them)."""
         extra = {}
         if takes_keyword(self.reward_fn, AUXILIARY_KEYWORD):
             extra[AUXILIARY_KEYWORD] = self.auxiliary_model_wrappers or []
-        for i, response in enumerate(responses):
-            parts = self.reward_fn(response, messages, ground_truth=self.truth, **extra)
-            if response.metrics is None:
-                response.metrics = {}
-            response.metrics.update(parts)
-            response.reward = float(sum(parts.values()))
-            response.eid.run = i + self.run_id_base
-            self.logger.debug("task %s reply %d: reward %s", self.task.task_id, i, parts)
-        return responses
+        return self.reward_fn(response, self.format_messages(), ground_truth=self.truth, **extra)
 
 
 @register_workflow("async_math_rm_workflow")

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable, Optional
 
+from rft.config.known_names import TRINITY_NAMES
 from rft.config.known_names import WORKFLOWS as TRINITY_WORKFLOWS
 from rft.config.typed_dict import not_supported
 from rft.entry import PLUGIN_DIRS_ENV, TRINITY_PLUGIN_DIRS_ENV
@@ -195,7 +196,7 @@ def _import_class(spec: str) -> type:
         raise WorkflowError(
             f"workflow {spec!r}: module {module_name!r} "
             f"({getattr(module, '__file__', '?')}) has no {attr!r}."
-            f"{did_you_mean(attr, names)}{failed_plugins_note()}"
+            f"{did_you_mean(attr, names, TRINITY_NAMES)}{failed_plugins_note()}"
         )
     return cls
 
@@ -221,7 +222,7 @@ def workflow_class(spec: str, builtin_names: Iterable[str] = ()) -> type:
         known = sorted([*builtin_names, *WORKFLOWS.classes])
         raise WorkflowError(
             f"workflow {spec!r} is not a known name ({known}) nor a "
-            f"'pkg.module.Class' path.{did_you_mean(spec, known)}{failed_plugins_note()}"
+            f"'pkg.module.Class' path.{did_you_mean(spec, known, TRINITY_NAMES)}{failed_plugins_note()}"
         )
     problem = workflow_signature_problem(cls)
     if problem:

@@ -23,6 +23,7 @@ from fractions import Fraction
 from typing import Any, Callable, Mapping, Sequence
 
 from rft.config.known_names import REWARD_FNS as TRINITY_REWARD_FNS
+from rft.config.known_names import TRINITY_NAMES
 from rft.config.typed_dict import not_supported
 from rft.errors import ConfigError, did_you_mean
 from rft.workflow.rlcr import checked_weights, rlcr_parts
@@ -474,7 +475,7 @@ def import_user_fn(spec: str) -> Callable[..., Any]:
     if not module_name or not attr:
         raise ConfigError(
             f"reward function {spec!r}: not a built-in ({sorted(REWARD_FNS)}) and not a "
-            f"'package.module:function' path.{did_you_mean(spec, REWARD_FNS)}"
+            f"'package.module:function' path.{did_you_mean(spec, REWARD_FNS, TRINITY_NAMES)}"
         )
     try:
         module = importlib.import_module(module_name)

@@ -103,10 +103,14 @@ class BaseSimpleWorkflow(Workflow):
         """The keywords the reward class is called with for one reply."""
         return {"response": response.response_text, "truth": self.truth}
 
+    def _reward_parts(self, response: Experience) -> dict[str, float]:
+        """One reply's reward parts: the reward class called with :meth:`_reward_kwargs`."""
+        return self.reward_fn(**self._reward_kwargs(response))
+
     def _score_replies(self, responses: list[Experience]) -> list[Experience]:
         """Each reply's reward parts into its metrics, their sum as its reward, and its run."""
         for i, response in enumerate(responses):
-            parts = self.reward_fn(**self._reward_kwargs(response))
+            parts = self._reward_parts(response)
             if response.metrics is None:
                 response.metrics = {}
             response.metrics.update(parts)

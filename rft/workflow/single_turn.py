@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any, Mapping, Sequence
 
 from rft.config.auxiliary import RewardWeights
+from rft.config.known_names import TRINITY_NAMES
 from rft.data import Messages, chat_messages, column, format_field
 from rft.errors import ConfigError, did_you_mean
 from rft.workflow.reward_fn import reward_function
@@ -160,7 +161,7 @@ def get_workflow(
     the prompt instead)."""
     if name not in WORKFLOWS:
         raise ConfigError(
-            f"workflow {name!r} is not one of {list(WORKFLOWS)}.{did_you_mean(name, WORKFLOWS)}"
+            f"workflow {name!r} is not one of {list(WORKFLOWS)}.{did_you_mean(name, WORKFLOWS, TRINITY_NAMES)}"
         )
     base = ALIASES.get(name, name)
     system_prompt, default_reward = _BUILTIN[base]
