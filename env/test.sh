@@ -4,7 +4,9 @@
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
-bash env/setup.sh
+# --envs: the environment packages (verifiers, OpenEnv, AgentScope, ScienceWorld + Java) the
+# environment tests run on, as slurm-wlm below is for the slurm tier.
+bash env/setup.sh --envs
 # The slurm tier needs Debian's slurm-wlm (a real local cluster); installing it needs root.
 if [ "$(id -u)" = 0 ]; then
   bash env/local-slurm.sh install

@@ -27,6 +27,7 @@ from rft.rundir import EXPLORER_META
 from rft.workflow import single_turn
 from rft.workflow.recording import WorkflowWithRecording
 from rft.workflow.registry import workflow_class
+from rft.workflow.requires import unmet
 from rft.workflow.reward_fn import reward_fn_class
 from rft.workflow.single_turn import Recipe, get_workflow
 
@@ -178,7 +179,16 @@ def taskset_workflow(cfg: Config, ts: TasksetConfig, label: str, is_eval: bool) 
     login node)."""
     choice = resolve_workflow(cfg, ts, label, *workflow_names(cfg, ts, is_eval))
     check_endpoint(cfg, choice, label)
+    check_requirements(choice, label)
     return choice
+
+
+def check_requirements(choice: WorkflowChoice, label: str) -> None:
+    """ConfigError naming what to install when the workflow class needs a package or program
+    this machine lacks (its ``requires``, :mod:`rft.workflow.requires`)."""
+    missing = unmet(choice.cls) if isinstance(choice, WorkflowClass) else []
+    if missing:
+        raise ConfigError(f"{label}: workflow {choice.name} needs " + "; and ".join(missing))
 
 
 def check_endpoint(cfg: Config, choice: WorkflowChoice, label: str) -> None:

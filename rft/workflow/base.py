@@ -29,6 +29,8 @@ class Workflow:
     can_reset: bool = False  # reset(task) reuses the instance for another task
     can_repeat: bool = False  # run() does all repeat_times runs (set_repeat_times is called)
     is_async: bool = False  # run_async() instead of run()
+    # what it needs beyond rft's base install (rft.workflow.requires), checked at dry run
+    requires: tuple = ()
 
     def __init__(
         self,
