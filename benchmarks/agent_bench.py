@@ -7,7 +7,7 @@ time: the baseline) and ``--concurrency`` (episodes in flight, their model calls
 seed, same tasks; prints episodes/s, generated tokens/s, engine batches and model calls per
 episode for each, and the speed-up.
 
-    python benchmarks/agent_bench.py --tasks 16 --concurrency 32
+    python -m benchmarks.agent_bench --tasks 16 --concurrency 32
 """
 
 from __future__ import annotations
@@ -16,10 +16,9 @@ import argparse
 import os
 import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from benchmarks.common import REPO, run_recorded
+
 os.chdir(REPO)
 
 from rft.config.load import load_config  # noqa: E402
@@ -77,4 +76,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_recorded("agent_bench", main))

@@ -43,92 +43,9 @@ its predictions for every mode are printed against the measurements, then its cl
 predictions (disjoint resources). Everything goes to ``--results`` (JSON), which
 ``tests/test_pipeline_sim.py`` reads; ``--analyze`` redoes the analysis from that file alone.
 
-    flock /tmp/rft-heavy.lock .venv/bin/python benchmarks/async_bench.py --steps 8
+    flock /tmp/rft-heavy.lock .venv/bin/python -m benchmarks.async_bench --steps 8
 
-Measured on this 2-core machine (2026-11-24, ``--steps 8`` then ``--add --modes async-lead1``,
-8 tasks x 4 samples, SmolLM2-135M, one explorer, two trainer ranks; about 4.5 min a mode)::
-
-    | mode | steps/min | speed-up vs sync | reward (mean) | trainer waiting | explorer waiting | staleness |
-    | sync | 1.826 | 1.00x | 0.252 | 34% | 68% | 0.00 |
-    | one-step-off | 2.279 | 1.25x | 0.195 | 0% | 51% | 0.88 |
-    | async | 2.594 | 1.42x | 0.124 | 0% | 0% | 3.12 |
-    | async-batch2 | 2.638 | 1.44x | 0.138 | 0% | 0% | 3.25 |
-    | async-lead1 | 2.244 | 1.23x | 0.195 | 0% | 52% | 0.88 |
-    predicted from the sync run (share 0.71): +1.9%, +4.5%, -4.7%, -11.1%, +6.2%
-
-On shared cores the 8-step async figure flatters: the explorer never waits, so it generated all
-8 steps (with weights v0 and v1) during the trainer's first two steps, which ran at about half
-speed, and the last six trained alone; over 100 steps the simulator gives 1.26x. The explorer's
-reward of an async step measures the old weights it generated with, so unbounded async rewards
-do not compare; with ``max_lead_steps: 1`` they equal one-step-off's.
-
-Long-tail lengths (2026-11-26, ``--taskset long-tail --steps 8 --modes sync async
-async-partial``, then ``--add --modes one-step-off``, then ``--add --modes async-lead1
-async-partial-lead1``; same machine and shape; replies: median 12 tokens, p90 80, 6% at the
-256 limit)::
-
-    | mode | samples/s | vs sync | vs async | generated samples/s | reward per sample | staleness | spanning | tokens discarded |
-    | sync | 1.059 | 1.00x | 0.90x | 1.051 | 0.341 | 0.00 | - | - |
-    | async | 1.179 | 1.11x | 1.00x | 3.218 | 0.171 | 3.25 | - | - |
-    | async-partial | 1.256 | 1.19x | 1.07x | 5.455 | 0.152 | 3.50 | 0% | 0 |
-    | one-step-off | 1.087 | 1.03x | 0.92x | 1.111 | 0.224 | 0.88 | - | - |
-    | async-lead1 | 1.102 | 1.04x | 0.93x | 1.124 | 0.224 | 0.88 | - | - |
-    | async-partial-lead1 | 0.973 | 0.92x | 0.83x | 1.056 | 0.298 | 0.88 | 0% | 0 |
-    predicted from the sync run (share 0.73): +2.2%, +16.5%, +15.9%, +20.7%, +19.1% (lead1)
-
-The trainer sets the pace here (6.7 ms a trained token on shared cores): streaming made the
-explorer 1.70x faster (generated samples/s) but trained samples/s only 1.07x, short of issue
-34's 1.5x; both asynchronous explorers sealed all 8 steps before the trainer's second (partial:
-before its first, so no sample spanned versions): their rewards are of versions 0-1 rollouts.
-Partial minus async -0.019 +- 0.017 per sample (paired by step), minus one-step-off -0.073 +-
-0.031: not within noise (staleness 3.50 vs 0.88), the reward target missed too.
-
-With ``max_lead_steps: 1`` both explorers keep one-step-off's weights schedule (versions 0, 0,
-1..6 for steps 1-8; staleness 0.88; streaming: no sample spanned versions) and wait 64-67% of
-the time. async-lead1 drew one-step-off's very samples (equal rewards every step). The streaming
-engine batches differently and drew others: reward per sample +0.074 +- 0.027 over
-one-step-off (paired by step; the same weights, so a different draw and the training it led
-to, not fresher weights: the reward target is met, not beaten), with 40% more generated tokens
-(15,484 vs 11,066), so at 96 trained tokens/s against 85 its trainer made 0.90x one-step-off's
-samples/s. Held to one step, streaming has nothing to overlap here: the lead was its gain.
-
-GSM8K-like lengths (2026-11-26, the quick start's taskset, ``--steps 8 --results
-benchmarks/results/async_bench_partial_cpu.json --add --modes async async-partial``, then
-``--add --modes sync``; the code trains faster than on 2026-11-24, so these rows do not compare
-with the first table)::
-
-    | mode | samples/s | vs sync | vs async | generated samples/s | reward per sample | staleness | spanning | tokens discarded |
-    | sync | 1.242 | 1.00x | 0.59x | 1.268 | 0.252 | 0.00 | - | - |
-    | async | 2.101 | 1.69x | 1.00x | 6.657 | 0.079 | 3.50 | - | - |
-    | async-partial | 2.051 | 1.65x | 0.98x | 6.410 | 0.056 | 3.50 | 12% | 0 |
-    predicted from the sync run (share 0.79): +3.5%, -26.8%, -24.9%
-
-Both explorers sealed 7 of 8 steps before the trainer's first step ended, so the trainer alone
-set both rates: 2% slower with streaming (step 2 20.9 s vs 19.2 s, steps 3-8 14.70 s vs 14.55 s
-on average); one-step-off and async-lead1 on the long tail, training the very same samples,
-differed by 1.4%. Generated: 0.96x (short replies leave little tail to fill; step 8 loaded
-version 1 in flight, all its samples spanning, the only step whose reward differs). The
-simulator, fitting training as 16.1 s + 1.73 ms/token from the sync run (trainer steps 18-22 s
-there, 14-15 s here once the explorer was done), underrates both asynchronous rows by a quarter.
-
-Agentic episodes with a slow environment (2026-11-26, ``--taskset slow-env --steps 8 --modes
-sync async async-partial``; same machine and shape; two model turns per episode around an
-environment step of 0.2 s, 30 s for one episode in eight, seeded by task and run:
-``benchmarks/plugins/slow_env.py``; ``explorer.runner_per_model: 64``)::
-
-    | mode | samples/s | vs sync | vs async | generated samples/s | reward per sample | staleness | spanning | tokens discarded |
-    | sync | 0.505 | 1.00x | 0.57x | 0.494 | 0.102 | 0.00 | - | - |
-    | async | 0.889 | 1.76x | 1.00x | 0.863 | 0.133 | 0.88 | - | - |
-    | async-partial | 1.346 | 2.66x | 1.51x | 3.340 | 0.117 | 3.50 | 5% | 0 |
-    predicted from the sync run (share 0.88): +1.0%, -9.4%, -37.9% (partial)
-
-Here the explorer is the bottleneck: a plain async step waits about 30 s for its slowest
-episode (explorer steps of 37.5 s, trainer steps of 37 s waiting for them), while streaming
-keeps the next steps' episodes running beside the slow ones (explorer steps every 7-12 s) and
-the trainer sets the pace (22 s a step): 1.51x plain async's trained samples/s, 3.87x its
-generated, 0 tokens discarded, reward per sample within noise of sync's (+0.016 +- 0.035 per
-step, paired; async +0.031 +- 0.016). The simulator has no environment time that overlaps
-(it fits the 30 s wait as generation), so it underrates streaming by 38%.
+Measured on this machine: ``benchmarks/results/2026-11-24-async_bench.md`` and ``benchmarks/results/2026-11-26-async_bench.md``.
 """
 
 from __future__ import annotations
@@ -145,12 +62,10 @@ from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from benchmarks import make_longtail  # noqa: E402
-from benchmarks.pipeline_fit import calibrate  # noqa: E402
-from benchmarks.pipeline_sim import (  # noqa: E402
+from benchmarks import make_longtail
+from benchmarks.common import REPO, print_table, run_recorded
+from benchmarks.pipeline_fit import calibrate
+from benchmarks.pipeline_sim import (
     CLUSTER_COSTS,
     LENGTHS,
     Costs,
@@ -163,13 +78,13 @@ from benchmarks.pipeline_sim import (  # noqa: E402
     predict,
     share_from_cores,
 )
-from rft.atomic import write_text  # noqa: E402
-from rft.buffer.experience import decode_line  # noqa: E402
-from rft.buffer.segment_file import list_segments, segment_name  # noqa: E402
-from rft.config.load import load_config  # noqa: E402
-from rft.entry import PLUGIN_DIRS_ENV  # noqa: E402
-from rft.launch.worker import WORKER_MODULE  # noqa: E402
-from rft.monitor import (  # noqa: E402
+from rft.atomic import write_text
+from rft.buffer.experience import decode_line
+from rft.buffer.segment_file import list_segments, segment_name
+from rft.config.load import load_config
+from rft.entry import PLUGIN_DIRS_ENV
+from rft.launch.worker import WORKER_MODULE
+from rft.monitor import (
     BATCH_TOKENS,
     EXPLORER_RELOAD_S,
     EXPLORER_STEP_S,
@@ -185,7 +100,7 @@ from rft.monitor import (  # noqa: E402
     WEIGHTS_VERSION,
     read_metrics,
 )
-from rft.rundir import BUFFER_DIR, explorer_role, writer_name  # noqa: E402
+from rft.rundir import BUFFER_DIR, explorer_role, writer_name
 
 # the streaming explorer's metrics (explorer.partial_rollout), read when it logs them
 SPAN_SHARE, SPAN_MEAN, TOKENS_DISCARDED = (
@@ -548,27 +463,34 @@ def analyze(results: dict[str, Any]) -> None:
         f"{results['run']['steps']} steps of {results['run']['batch_size']} tasks x "
         f"{results['run']['repeat_times']} samples):"
     )
-    print(
-        "| mode | steps/min | samples/s | vs sync | vs async | generated samples/s | reward per "
-        "sample | trainer waiting | explorer waiting | staleness | spanning | tokens discarded "
-        "| wall min |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    header = ["mode", "steps/min", "samples/s", "vs sync", "vs async", "generated samples/s"]
+    header += ["reward per sample", "trainer waiting", "explorer waiting", "staleness"]
+    header += ["spanning", "tokens discarded", "wall min"]
+    table = []
     per_step = results["run"]["batch_size"] * results["run"]["repeat_times"]
     async_spm = modes["async"]["summary"]["steps_per_min"] if "async" in modes else None
     for name, m in modes.items():
         s = m["summary"]
         spm, made = s["steps_per_min"], s.get("generated_samples_per_s")
-        print(
-            f"| {name} | {spm:.3f} | {spm * per_step / 60:.3f} | {spm / sync_spm:.2f}x | "
-            + (f"{spm / async_spm:.2f}x | " if async_spm else "- | ")
-            + (f"{made:.3f} | " if made else "- | ")
-            + f"{s['reward_mean']:.3f} | {s['trainer_wait_share']:.0%} | "
-            f"{s['explorer_wait_share']:.0%} | {s['staleness_mean']:.2f} | "
-            + (f"{s['span_share']:.0%} | " if s.get("span_share") is not None else "- | ")
-            + (f"{s['tokens_discarded']} | " if s.get("span_share") is not None else "- | ")
-            + f"{s['wall_min']:.1f} |"
+        streamed = s.get("span_share") is not None
+        table.append(
+            [
+                name,
+                f"{spm:.3f}",
+                f"{spm * per_step / 60:.3f}",
+                f"{spm / sync_spm:.2f}x",
+                f"{spm / async_spm:.2f}x" if async_spm else "-",
+                f"{made:.3f}" if made else "-",
+                f"{s['reward_mean']:.3f}",
+                f"{s['trainer_wait_share']:.0%}",
+                f"{s['explorer_wait_share']:.0%}",
+                f"{s['staleness_mean']:.2f}",
+                f"{s['span_share']:.0%}" if streamed else "-",
+                f"{s['tokens_discarded']}" if streamed else "-",
+                f"{s['wall_min']:.1f}",
+            ]
         )
+    print_table(header, table)
     sync_rewards = modes["sync"]["summary"]["reward_per_step"]
     for name, m in modes.items():
         rewards = m["summary"]["reward_per_step"]
@@ -590,22 +512,28 @@ def analyze(results: dict[str, Any]) -> None:
         f"{modes['sync']['summary']['explorer_cores']:.2f}, trainer {modes['sync']['summary']['trainer_cores']:.2f} "
         f"-> share {calibration['share']:.2f}"
     )
-    print("| mode | measured steps/min | predicted | error | measured speed-up | predicted |")
-    print("|---|---:|---:|---:|---:|---:|")
-    results["predicted"] = {}
+    results["predicted"], table = {}, []
     for name, r in predicted.items():
         speedup = r.steps_per_min / predicted["sync"].steps_per_min
         if name not in modes:  # --modes left it out
-            print(f"| {name} | - | {r.steps_per_min:.3f} | - | - | {speedup:.2f}x |")
+            table.append([name, "-", f"{r.steps_per_min:.3f}", "-", "-", f"{speedup:.2f}x"])
             continue
         measured = modes[name]["summary"]["steps_per_min"]
         error = r.steps_per_min / measured - 1
         results["predicted"][name] = {**asdict(r), "error": error}
         ok = "" if abs(error) <= TOLERANCE else f" (over {TOLERANCE:.0%})"
-        print(
-            f"| {name} | {measured:.3f} | {r.steps_per_min:.3f} | {error:+.1%}{ok} | "
-            f"{measured / sync_spm:.2f}x | {speedup:.2f}x |"
+        table.append(
+            [
+                name,
+                f"{measured:.3f}",
+                f"{r.steps_per_min:.3f}",
+                f"{error:+.1%}{ok}",
+                f"{measured / sync_spm:.2f}x",
+                f"{speedup:.2f}x",
+            ]
         )
+    header = ["mode", "measured steps/min", "predicted", "error", "measured speed-up", "predicted"]
+    print_table(header, table)
 
     records = ReplayWorkload(
         tuple(replay_lengths(StepRecord(**r), modes) for r in modes["sync"]["sim_records"]),
@@ -756,4 +684,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_recorded("async_bench", main))

@@ -21,7 +21,7 @@ pays per experience before its forward pass. rft's records keep their arrays pac
 built only when one is asked for), so the two columns tell whether a saving at the read is
 real or just moved to the consumer. Usage::
 
-    python benchmarks/buffer_bench.py --num 20000 --tokens 1280 --trials 3
+    python -m benchmarks.buffer_bench --num 20000 --tokens 1280 --trials 3
 """
 
 from __future__ import annotations
@@ -38,12 +38,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from rft.buffer.experience import Experience  # noqa: E402
-from rft.buffer.segments import SegmentReader, SegmentWriter  # noqa: E402
-from rft.buffer.sqlite import SqlBufferReader, SqlBufferWriter  # noqa: E402
-from rft.trainer.batching import rows_from_experiences  # noqa: E402
+from benchmarks.common import print_table, run_recorded
+from rft.buffer.experience import Experience
+from rft.buffer.segments import SegmentReader, SegmentWriter
+from rft.buffer.sqlite import SqlBufferReader, SqlBufferWriter
+from rft.trainer.batching import rows_from_experiences
 
 POOL = 32  # distinct token/logprob arrays, reused (content does not change the cost)
 
@@ -193,27 +192,36 @@ def print_tables(results: dict[str, Trial], args: argparse.Namespace) -> None:
         f"{n} experiences, {args.tokens} response + {args.prompt_tokens} prompt tokens, "
         f"batches of {args.batch}, best of {args.trials} trials"
     )
-    print(
-        f"{'storage':<14} {'write exp/s':>12} {'read exp/s':>11} {'read MB/s':>10} "
-        f"{'MB on disk':>11} {'write exp/cpu-s':>16} {'read exp/cpu-s':>15} "
-        f"{'read+rows exp/cpu-s':>20}"
-    )
+    rates = []
     for name, t in results.items():
         mb = t.disk_bytes / 1e6
-        per_cpu = "".join(f"{n / t.cpu_s[p]:>{w},.0f}" for p, w in zip(PHASES, (17, 16, 21)))
-        print(
-            f"{name:<14} {n / t.wall_s['write']:>12,.0f} {n / t.wall_s['read']:>11,.0f} "
-            f"{mb / t.wall_s['read']:>10.1f} {mb:>11.1f}{per_cpu}"
+        per_cpu = [f"{n / t.cpu_s[p]:,.0f}" for p in PHASES]
+        rates.append(
+            [
+                name,
+                f"{n / t.wall_s['write']:,.0f}",
+                f"{n / t.wall_s['read']:,.0f}",
+                f"{mb / t.wall_s['read']:.1f}",
+                f"{mb:.1f}",
+                *per_cpu,
+            ]
         )
-    print(
-        f"{'storage':<14} {'write wall s':>12} {'write cpu s':>11} {'read wall s':>11} "
-        f"{'read cpu s':>10} {'read+rows cpu s':>15}"
-    )
-    for name, t in results.items():
-        print(
-            f"{name:<14} {t.wall_s['write']:>12.2f} {t.cpu_s['write']:>11.2f} "
-            f"{t.wall_s['read']:>11.2f} {t.cpu_s['read']:>10.2f} {t.cpu_s['read+rows']:>15.2f}"
-        )
+    header = ["storage", "write exp/s", "read exp/s", "read MB/s", "MB on disk"]
+    print_table([*header, "write exp/cpu-s", "read exp/cpu-s", "read+rows exp/cpu-s"], rates)
+    seconds = [
+        [
+            name,
+            f"{t.wall_s['write']:.2f}",
+            f"{t.cpu_s['write']:.2f}",
+            f"{t.wall_s['read']:.2f}",
+            f"{t.cpu_s['read']:.2f}",
+            f"{t.cpu_s['read+rows']:.2f}",
+        ]
+        for name, t in results.items()
+    ]
+    print()
+    header = ["storage", "write wall s", "write cpu s", "read wall s", "read cpu s"]
+    print_table([*header, "read+rows cpu s"], seconds)
     mine, base = results["jsonl"], results["sqlite-pickle"]
     ratios = [base.cpu_s[p] / mine.cpu_s[p] for p in PHASES]
     print(
@@ -253,4 +261,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_recorded("buffer_bench", main))

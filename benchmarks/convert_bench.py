@@ -14,7 +14,7 @@ subprocess and records its wall time and peak RSS (``ru_maxrss`` of that child o
 
 Outputs are checked to hold identical tensors. Usage::
 
-    python benchmarks/convert_bench.py [--reps 2] [--stages 2,3]
+    python -m benchmarks.convert_bench [--reps 2] [--stages 2,3]
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from benchmarks.common import REPO, print_table, run_recorded
+
 CACHE = REPO / ".cache" / "bench"
 PY = sys.executable
 
@@ -161,11 +161,8 @@ def bench_stage(model_dir: Path, stage: int, reps: int, env: dict[str, str]) -> 
     return rows
 
 
-def print_table(rows: list[dict]) -> None:
-    print(
-        f"\n{'ZeRO':>4}  {'tool':<22} {'wall s':>7} {'CPU s':>6} {'peak RSS MiB':>13} {'wall vs rft':>12} "
-        f"{'CPU vs rft':>11} {'mem vs rft':>11}  note"
-    )
+def show(rows: list[dict]) -> None:
+    table = []
     for stage in sorted({r["stage"] for r in rows}):
         group = [r for r in rows if r["stage"] == stage]
         rft = next(r for r in group if r["tool"] == "rft-convert")
@@ -175,11 +172,22 @@ def print_table(rows: list[dict]) -> None:
                 if r["rc"]
                 else ("outputs identical" if r["same"] else "OUTPUTS DIFFER")
             )
-            print(
-                f"{stage:>4}  {r['tool']:<22} {r['wall_s']:>7.2f} {r['cpu_s']:>6.2f} {r['peak_mib']:>13.0f} "
-                f"{r['wall_s'] / rft['wall_s']:>11.2f}x {r['cpu_s'] / rft['cpu_s']:>10.2f}x "
-                f"{r['peak_mib'] / rft['peak_mib']:>10.2f}x  {note}"
+            table.append(
+                [
+                    stage,
+                    r["tool"],
+                    f"{r['wall_s']:.2f}",
+                    f"{r['cpu_s']:.2f}",
+                    f"{r['peak_mib']:.0f}",
+                    f"{r['wall_s'] / rft['wall_s']:.2f}x",
+                    f"{r['cpu_s'] / rft['cpu_s']:.2f}x",
+                    f"{r['peak_mib'] / rft['peak_mib']:.2f}x",
+                    note,
+                ]
             )
+    header = ["ZeRO", "tool", "wall s", "CPU s", "peak RSS MiB", "wall vs rft", "CPU vs rft"]
+    print()
+    print_table([*header, "mem vs rft", "note"], table, align="rlrrrrrrl")
 
 
 def main() -> None:
@@ -202,11 +210,11 @@ def main() -> None:
         for s in args.stages.split(",")
         for row in bench_stage(model_dir, int(s), args.reps, env)
     ]
-    print_table(rows)
+    show(rows)
     print(
         f"\n(median of {args.reps} runs each; SmolLM2-135M, fp32 output; {time.monotonic() - start:.0f}s total)"
     )
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_recorded("convert_bench", main))

@@ -8,7 +8,7 @@ client CPU time shares this machine's cores with the engine). Greedy decoding wi
 ``max_tokens``, so all generate the same tokens; prints generated tokens/s for each, repeated
 ``--rounds`` times in alternation, and each median against direct's (target: >= 0.9).
 
-    python benchmarks/endpoint_bench.py --tasks 64 --concurrency 32
+    python -m benchmarks.endpoint_bench --tasks 64 --concurrency 32
 """
 
 from __future__ import annotations
@@ -20,10 +20,9 @@ import statistics
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from benchmarks.common import REPO, run_recorded
+
 os.chdir(REPO)
 
 from rft.config.load import load_config  # noqa: E402
@@ -141,4 +140,4 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_recorded("endpoint_bench", main))

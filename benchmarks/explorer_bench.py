@@ -7,7 +7,7 @@ prompt token ids with the same ``SamplingParams``, one call per step. Rounds alt
 see the same machine state; a warm-up step runs first. Prints a table and the ratio
 (loop tokens/s over bare tokens/s; target >= 95%). Usage::
 
-    python benchmarks/explorer_bench.py --rounds 3 --steps 2
+    python -m benchmarks.explorer_bench --rounds 3 --steps 2
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from benchmarks.common import REPO, print_table, run_recorded
+
 os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 
-from rft.buffer.experience import Experience  # noqa: E402
-from rft.config.load import config_from_dict  # noqa: E402
-from rft.devtools import materialize_smollm2  # noqa: E402
-from rft.explorer.loop import run_explorer  # noqa: E402
+from rft.buffer.experience import Experience
+from rft.config.load import config_from_dict
+from rft.devtools import materialize_smollm2
+from rft.explorer.loop import run_explorer
 
 
 def make_cfg(root: Path, model: Path, args: argparse.Namespace):
@@ -140,13 +140,23 @@ def print_table(args, loop_tokens, loop_s, gen_s, bare_tokens, bare_s) -> None:
         f"\nSmolLM2-135M-Instruct {args.dtype}, {args.rounds} rounds x {args.steps} steps of {args.batch} tasks x {args.repeat} "
         f"samples x <= {args.tokens} tokens, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}"
     )
-    print("| path | generated tokens | seconds | tokens/s |")
-    print("|---|---:|---:|---:|")
-    print(f"| bare LLM.generate | {bare_tokens:.0f} | {bare_s:.1f} | {bare_rate:.0f} |")
-    print(f"| explorer loop (whole step) | {loop_tokens:.0f} | {loop_s:.1f} | {loop_rate:.0f} |")
-    print(
-        f"| explorer loop (generate only) | {loop_tokens:.0f} | {gen_s:.1f} | "
-        f"{loop_tokens / gen_s:.0f} |"
+    print_table(
+        ["path", "generated tokens", "seconds", "tokens/s"],
+        [
+            ["bare LLM.generate", f"{bare_tokens:.0f}", f"{bare_s:.1f}", f"{bare_rate:.0f}"],
+            [
+                "explorer loop (whole step)",
+                f"{loop_tokens:.0f}",
+                f"{loop_s:.1f}",
+                f"{loop_rate:.0f}",
+            ],
+            [
+                "explorer loop (generate only)",
+                f"{loop_tokens:.0f}",
+                f"{gen_s:.1f}",
+                f"{loop_tokens / gen_s:.0f}",
+            ],
+        ],
     )
     print(
         f"\nratio loop/bare: {loop_rate / bare_rate:.1%} (target >= 95%); loop overhead outside "
@@ -155,4 +165,4 @@ def print_table(args, loop_tokens, loop_s, gen_s, bare_tokens, bare_s) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_recorded("explorer_bench", main))

@@ -4,7 +4,7 @@ Writes a random model of a named shape (Qwen2.5-1.5B's config, no download; ``--
 runs each row in its own process with ``trainer_bench.py``'s timers (naive loop, ZeRO-2 eager
 with publish vs raw write x3, compiled, packed, ZeRO-3, padded vs packed on a long tail), prints
 the table and the issue's targets, and writes both as JSON after every row (``--out``):
-``python benchmarks/gpu_suite.py --out /tmp/gpu_suite.json`` (``--tiny`` on CPU).
+``python -m benchmarks.gpu_suite --out /tmp/gpu_suite.json`` (``--tiny`` on CPU).
 """
 
 from __future__ import annotations
@@ -18,11 +18,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import trainer_bench  # noqa: E402  (puts the repo on sys.path)
-
-from rft.atomic import write_text  # noqa: E402
-from rft.buffer.experience import Experience  # noqa: E402
+from benchmarks import trainer_bench
+from benchmarks.common import REPO, markdown_table, module_cmd, run_recorded
+from rft.atomic import write_text
+from rft.buffer.experience import Experience
 
 # Model shapes by name: transformers config fields of a Qwen2 model, random weights.
 SHAPES = {
@@ -161,10 +160,10 @@ def run_row(name: str, args: argparse.Namespace) -> dict:
 
 def child(name: str, args: argparse.Namespace, timeout_s: float) -> dict:
     """:func:`run_row` in a fresh process; ``{"error": ...}`` if it fails or times out."""
-    cmd = [sys.executable, __file__, "--row", name, "--model", str(args.model)]
+    cmd = [*module_cmd("gpu_suite"), "--row", name, "--model", str(args.model)]
     cmd += ["--precision", args.precision, "--shape", args.shape] + ["--tiny"] * args.tiny
     try:
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return {"error": f"timed out after {timeout_s:.0f} s"}
     lines = [ln for ln in out.stdout.splitlines() if ln.startswith("{")]
@@ -216,22 +215,20 @@ def targets(rows: dict[str, dict]) -> list[dict]:
 
 def table(rows: dict[str, dict]) -> str:
     naive = rows.get("naive padded loop", {}).get("s_per_step")
-    lines = [
-        "| configuration | s/step | tokens/s | MFU | vs naive loop | peak GiB |",
-        "|---|---|---|---|---|---|",
-    ]
+    lines = []
     for name, r in rows.items():
         if "error" in r:
-            lines.append(f"| {name} | failed: {r['error']} | | | | |")
+            lines.append([name, f"failed: {r['error']}", "", "", "", ""])
             continue
         label = f"{name} ({r['attention']})" if "padding_free" in name else name
         mfu = f"{r['mfu']:.3f}" if r.get("mfu") is not None else "-"
         vs = f"{naive / r['s_per_step']:.2f}x" if naive else "-"
         rate = r["tokens"] / r["s_per_step"]
         lines.append(
-            f"| {label} | {r['s_per_step']:.3f} | {rate:.0f} | {mfu} | {vs} | {r['peak_gib']:.1f} |"
+            [label, f"{r['s_per_step']:.3f}", f"{rate:.0f}", mfu, vs, f"{r['peak_gib']:.1f}"]
         )
-    return "\n".join(lines)
+    header = ["configuration", "s/step", "tokens/s", "MFU", "vs naive loop", "peak GiB"]
+    return markdown_table(header, lines, align="llllll")
 
 
 def main() -> None:
@@ -293,4 +290,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_recorded("gpu_suite", main))

@@ -9,4 +9,4 @@ export PYTHONPATH="/tmp/site:$PWD" PYTHONUNBUFFERED=1
 out="${OUT:-/tmp}"
 nvidia-smi -L
 python3 -m rft.trainer.attention
-python3 benchmarks/gpu_suite.py --out "$out/gpu_suite.json" "$@" 2>&1 | tee "$out/gpu_suite.log"
+python3 -m benchmarks.gpu_suite --out "$out/gpu_suite.json" "$@" 2>&1 | tee "$out/gpu_suite.log"

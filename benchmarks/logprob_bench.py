@@ -17,7 +17,7 @@ held once the inputs were built (built in place, so that no earlier high-water m
 Prints the median seconds of ``--trials`` timed runs after a warm-up, the peak, and both
 relative to ``full``.
 
-    OMP_NUM_THREADS=2 .venv/bin/python benchmarks/logprob_bench.py --tokens 1024 --dtype fp32
+    OMP_NUM_THREADS=2 .venv/bin/python -m benchmarks.logprob_bench --tokens 1024 --dtype fp32
 """
 
 from __future__ import annotations
@@ -29,12 +29,10 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+import torch
 
-import torch  # noqa: E402
+from benchmarks.common import REPO, module_cmd, print_table, run_recorded
 
 METHODS = ("full", "chunked logits", "from hidden")
 
@@ -137,8 +135,7 @@ def main() -> None:
     results = {}
     for method in METHODS:
         cmd = [
-            sys.executable,
-            __file__,
+            *module_cmd("logprob_bench"),
             "--method",
             method,
             "--tokens",
@@ -152,7 +149,7 @@ def main() -> None:
             "--trials",
             str(args.trials),
         ]
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+        out = subprocess.run(cmd, cwd=REPO, check=True, capture_output=True, text=True).stdout
         results[method] = json.loads(out.strip().splitlines()[-1])
         print(f"{method}: {results[method]}", file=sys.stderr)
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
@@ -161,14 +158,19 @@ def main() -> None:
         f"\ntokens={args.tokens} hidden={args.hidden} vocab={args.vocab} dtype={args.dtype} device={device} "
         f"threads={torch.get_num_threads()} trials={args.trials} (median)"
     )
-    print("| method | s (fwd+bwd) | speed vs full | peak MiB above inputs | peak vs full |")
-    print("|---|---|---|---|---|")
-    for method, r in results.items():
-        print(
-            f"| {method} | {r['seconds']:.3f} | {full['seconds'] / r['seconds']:.2f}x | "
-            f"{r['peak_bytes'] / 2**20:.0f} | {r['peak_bytes'] / max(full['peak_bytes'], 1):.2f}x |"
-        )
+    header = ["method", "s (fwd+bwd)", "speed vs full", "peak MiB above inputs", "peak vs full"]
+    rows = [
+        [
+            method,
+            f"{r['seconds']:.3f}",
+            f"{full['seconds'] / r['seconds']:.2f}x",
+            f"{r['peak_bytes'] / 2**20:.0f}",
+            f"{r['peak_bytes'] / max(full['peak_bytes'], 1):.2f}x",
+        ]
+        for method, r in results.items()
+    ]
+    print_table(header, rows, align="lllll")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_recorded("logprob_bench", main))

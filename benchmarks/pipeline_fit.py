@@ -12,13 +12,9 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-import sys
-from pathlib import Path
 from typing import Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks.pipeline_sim import Costs, StepRecord  # noqa: E402
+from benchmarks.pipeline_sim import Costs, StepRecord
 
 
 def nonnegative_least_squares(rows: Sequence[Sequence[float]], y: Sequence[float]) -> list[float]:

@@ -71,7 +71,7 @@ when it is faster than the trainer.
 **Calibration** (``benchmarks/pipeline_fit.py``) turns a synchronous run's per-step records
 (:class:`StepRecord`) into :class:`Costs`.
 
-    python benchmarks/pipeline_sim.py --explorers 4 --trainers 2 --lengths long-tail
+    python -m benchmarks.pipeline_sim --explorers 4 --trainers 2 --lengths long-tail
 """
 
 from __future__ import annotations
@@ -82,12 +82,10 @@ import math
 import statistics
 import sys
 from dataclasses import asdict, dataclass, field, fields, replace
-from pathlib import Path
 from typing import Sequence
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from benchmarks.pipeline_workload import (  # noqa: E402, F401 (the samples; re-exported)
+from benchmarks.common import markdown_table
+from benchmarks.pipeline_workload import (  # noqa: F401 (the samples; re-exported)
     LENGTHS,
     LengthModel,
     ReplayWorkload,
@@ -96,7 +94,7 @@ from benchmarks.pipeline_workload import (  # noqa: E402, F401 (the samples; re-
     StepRecord,
     Workload,
 )
-from rft.sync.schedule import explorer_lead, publishes_weights, required_version  # noqa: E402
+from rft.sync.schedule import explorer_lead, publishes_weights, required_version
 
 # ----------------------------------------------------------------------------- costs, shape, run
 
@@ -481,18 +479,20 @@ def predict(base: Schedule, shape: Shape, costs: Costs, workload: Workload) -> d
 
 def format_table(results: dict[str, Result]) -> str:
     sync = results["sync"].steps_per_min
-    lines = [
-        "| mode | steps/min | speed-up vs sync | trainer idle | explorer idle | staleness "
-        "| spanning |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+    header = ["mode", "steps/min", "speed-up vs sync", "trainer idle", "explorer idle"]
+    rows = [
+        [
+            name,
+            f"{r.steps_per_min:.3f}",
+            f"{r.steps_per_min / sync:.2f}x",
+            f"{r.trainer_idle:.0%}",
+            f"{r.explorer_idle:.0%}",
+            f"{r.staleness_mean:.2f}",
+            f"{r.span_share:.0%}",
+        ]
+        for name, r in results.items()
     ]
-    for name, r in results.items():
-        lines.append(
-            f"| {name} | {r.steps_per_min:.3f} | {r.steps_per_min / sync:.2f}x | "
-            f"{r.trainer_idle:.0%} | {r.explorer_idle:.0%} | {r.staleness_mean:.2f} | "
-            f"{r.span_share:.0%} |"
-        )
-    return "\n".join(lines)
+    return markdown_table([*header, "staleness", "spanning"], rows)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,14 +14,10 @@ the run directory's filesystem, alternating over ``--trials`` (median and min):
 
 Prints seconds and the ratio to ``raw`` (issue 18's target: publish within 1.3x of a raw write).
 
-    DS_ACCELERATOR=cpu OMP_NUM_THREADS=2 .venv/bin/python benchmarks/publish_bench.py \\
+    DS_ACCELERATOR=cpu OMP_NUM_THREADS=2 .venv/bin/python -m benchmarks.publish_bench \\
         --model .cache/models/smollm2-135m-instruct --zero-stage 2 --trials 5
 
-Measured on this 2-core CPU machine (2026-11-23), SmolLM2-135M fp32 (513 MiB), one rank, /tmp,
-5 trials, median (min): ZeRO-2: raw 1.271 s (0.947), gather + save_pretrained 1.143 (1.003),
-streamed 1.092 (0.952): 0.86x raw; ZeRO-3: raw 1.649 (1.526), gather + save_pretrained 1.854
-(1.773) = 1.12x, streamed 1.758 (1.659) = 1.07x. With one CPU rank the gather is a copy at most;
-on a GPU node it was half of the publish (issue 18): not measured there yet.
+Measured on this machine: ``benchmarks/results/2026-11-23-publish_bench.md``.
 """
 
 from __future__ import annotations
@@ -35,8 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from benchmarks.common import REPO, print_table, run_recorded
+
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
 
 
@@ -114,13 +110,13 @@ def main() -> None:
         f"{args.model.name}: {nbytes / 2**20:.0f} MiB of weights, ZeRO-{args.zero_stage}, "
         f"{args.precision}, {info.device}, {args.trials} trials, written under {root.parent}"
     )
-    print("| method | median s | min s | median / raw |")
-    print("|---|---:|---:|---:|")
+    rows = []
     for name, values in times.items():
         median = statistics.median(values)
-        print(f"| {name} | {median:.3f} | {min(values):.3f} | {median / raw:.2f}x |")
+        rows.append([name, f"{median:.3f}", f"{min(values):.3f}", f"{median / raw:.2f}x"])
+    print_table(["method", "median s", "min s", "median / raw"], rows)
     dse.teardown(0)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_recorded("publish_bench", main))

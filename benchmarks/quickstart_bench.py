@@ -9,7 +9,7 @@ starts and evaluations included). Targets: gain >= 10 points on each seed, withi
 ``--target-minutes`` (15 for the quick start, issue 19; 20 for the agentic quick start,
 ``--config configs/agent_calculator_cpu.yaml --target-minutes 20``, issue 30).
 
-    python benchmarks/quickstart_bench.py --seeds 1 2 3 --out /tmp/quickstart-bench
+    python -m benchmarks.quickstart_bench --seeds 1 2 3 --out /tmp/quickstart-bench
 """
 
 from __future__ import annotations
@@ -21,13 +21,11 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from rft.config.load import load_config  # noqa: E402
-from rft.monitor import read_metrics  # noqa: E402
-from rft.report import build_report, edge_means  # noqa: E402
-from rft.rundir import explorer_role  # noqa: E402
+from benchmarks.common import REPO, print_table, run_recorded
+from rft.config.load import load_config
+from rft.monitor import read_metrics
+from rft.report import build_report, edge_means
+from rft.rundir import explorer_role
 
 TARGET_POINTS = 10.0
 
@@ -90,10 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     for seed in args.seeds:
         print(f"seed {seed}: running (log {args.out / f'seed{seed}.log'})", flush=True)
         rows.append(run_seed(args.config, seed, args.out, args.overrides))
-    print(
-        f"\n{'seed':>4} {'exit':>4} {'wall min':>8} {'held-out v0':>11} {'final':>7} "
-        f"{'gain pts':>8} {'reward first':>12} {'reward last':>11}  target"
-    )
+    table = []
     for r in rows:
         gain = (
             None if r["before"] is None or r["after"] is None else 100 * (r["after"] - r["before"])
@@ -105,11 +100,23 @@ def main(argv: list[str] | None = None) -> int:
             and r["minutes"] <= args.target_minutes
         )
         first, last = r["reward"] or (None, None)
-        print(
-            f"{r['seed']:>4} {r['code']:>4} {r['minutes']:>8.1f} {fmt(r['before']):>11} "
-            f"{fmt(r['after']):>7} {fmt(gain, '+.1f'):>8} {fmt(first):>12} {fmt(last):>11}  "
-            f"{'met' if ok else 'MISSED'} (>= {TARGET_POINTS:.0f} pts, <= {args.target_minutes:.0f} min)"
+        table.append(
+            [
+                r["seed"],
+                r["code"],
+                f"{r['minutes']:.1f}",
+                fmt(r["before"]),
+                fmt(r["after"]),
+                fmt(gain, "+.1f"),
+                fmt(first),
+                fmt(last),
+                f"{'met' if ok else 'MISSED'} (>= {TARGET_POINTS:.0f} pts, "
+                f"<= {args.target_minutes:.0f} min)",
+            ]
         )
+    header = ["seed", "exit", "wall min", "held-out v0", "final", "gain pts", "reward first"]
+    print()
+    print_table([*header, "reward last", "target"], table, align="rrrrrrrrl")
     print(
         f"\nheld-out: the accuracy part of the reward, greedy, on {args.config}'s eval taskset; "
         "v0 is the starting model, final the trained weights"
@@ -118,4 +125,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_recorded("quickstart_bench", main))

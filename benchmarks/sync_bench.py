@@ -33,7 +33,7 @@ On GPUs the broadcaster sends from the last GPU over NCCL and the engine runs on
 NCCL refuses two ranks of a group on one device, so a 1-GPU machine cannot run the ``nccl``
 side (the GPU path is written but was not run: this machine has none). Usage::
 
-    HF_HUB_OFFLINE=1 python benchmarks/sync_bench.py --trials 3
+    HF_HUB_OFFLINE=1 python -m benchmarks.sync_bench --trials 3
 
 ``--delta``: full folders against delta folders (``synchronizer.delta_sync``), no vLLM. The
 quick start's model (SmolLM2-135M-Instruct) takes ``--steps`` real AdamW steps (fp32 master
@@ -47,45 +47,12 @@ then every tensor copied into tensors allocated once, as an engine reload copies
 parameters; ``load_file`` alone maps the file and reads nothing). Then each version's publish +
 load, and the codec alone on the last version in RAM (where a delta's time goes). Usage::
 
-    HF_HUB_OFFLINE=1 python benchmarks/sync_bench.py --delta --steps 5
-
-Measured 2026-11-26 on this 2-core machine (one local disk), ``--delta --steps 5`` under
-``flock /tmp/rft-heavy.lock``, medians over v2..v5 (docs/performance.md says where the time
-goes; the full folder's publish moved 0.2-0.5 s between versions)::
-
-    | dtype | sync | MiB written | MiB read | publish s | load s | publish + load s |
-    |---|---|---:|---:|---:|---:|---:|
-    | fp32 | full | 621.2 | 621.2 | 0.84 | 0.04 | 0.88 |
-    | fp32 | delta | 211.3 | 211.3 | 1.48 | 0.42 | 1.87 |
-    | bf16 | full | 310.6 | 310.6 | 0.45 | 0.07 | 0.52 |
-    | bf16 | delta | 2.8 | 2.8 | 0.11 | 0.13 | 0.24 |
-
-    fp32 delta v5, codec alone in RAM: encode 1.150 s, apply 0.304 s (2 threads, each frame's
-    crc32 included); frames {'sparse': 0, 'xor': 273}
-    bf16 delta v5, codec alone in RAM: encode 0.079 s, apply 0.026 s (...); frames {'sparse':
-    272, 'xor': 1}
-
-Two other runs of this code that day: bf16 delta 0.24 vs full 0.32 s, 0.22 vs 0.29 s. Before
-(a crc32 of every new tensor checked against the rebuilt one, elements compared one by one, new
-maps per load): bf16 0.50 vs 0.80 s the same day, 0.32-0.44 vs 0.36-0.47 s in four earlier runs.
+    HF_HUB_OFFLINE=1 python -m benchmarks.sync_bench --delta --steps 5
 
 Before the trials, an untimed check: the same weights loaded by folder and by broadcast give
 the same greedy log-prob, unlike the base model's.
 
-Measured on this 2-core CPU machine (date 2026-11-23), SmolLM2-135M-Instruct (bfloat16, tied
-embeddings), engine dtype bfloat16, gloo, ``--trials 3``::
-
-    smollm2-135m-instruct: 257 MiB of weights, 3 trials per method (alternating), broadcaster on cpu, OMP_NUM_THREADS=2
-    | method | median total s | min total s | median trainer s | median explorer s | median generate s |
-    |---|---:|---:|---:|---:|---:|
-    | checkpoint | 1.28 | 1.24 | 0.73 (publish) | 0.44 (reload) | 0.163 |
-    | nccl | 0.92 | 0.92 | 0.78 (broadcast) | 0.76 (receive) | 0.159 |
-
-    checkpoint / nccl (median total): 1.39x
-
-Two other runs the same day gave 1.33x (``--trials 3``: medians 0.95 s and 0.72 s) and 1.32x
-(``--trials 5``: 1.02 s and 0.77 s): the absolute times move with the machine's load between
-runs, the ratio less.
+Measured on this machine: ``benchmarks/results/2026-11-23-sync_bench.md`` and ``benchmarks/results/2026-11-26-sync_bench.md``.
 """
 
 from __future__ import annotations
@@ -102,20 +69,20 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from benchmarks.common import REPO, print_table, run_recorded
+
 os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 
-import torch  # noqa: E402
-from safetensors.torch import load_file  # noqa: E402
+import torch
+from safetensors.torch import load_file
 
-from rft.config.load import config_from_dict  # noqa: E402
-from rft.devtools import materialize_smollm2  # noqa: E402
-from rft.explorer.tasksets import SamplingArgs  # noqa: E402
-from rft.models import tokenizer_files  # noqa: E402
-from rft.sync.heartbeat import Heartbeat  # noqa: E402
-from rft.sync.publisher import WeightsPublisher  # noqa: E402
-from rft.sync.watcher import WeightsWatcher  # noqa: E402
+from rft.config.load import config_from_dict
+from rft.devtools import materialize_smollm2
+from rft.explorer.tasksets import SamplingArgs
+from rft.models import tokenizer_files
+from rft.sync.heartbeat import Heartbeat
+from rft.sync.publisher import WeightsPublisher
+from rft.sync.watcher import WeightsWatcher
 
 EXPLORER = "explorer-0"  # the receiver's and the heartbeat's name
 PROMPT = "What is 2 + 3?"
@@ -361,24 +328,25 @@ def print_table(args, model, device, weights_mb: float, trials: list[Trial]) -> 
         f"(alternating), broadcaster on {device}, OMP_NUM_THREADS="
         f"{os.environ.get('OMP_NUM_THREADS')}"
     )
-    print(
-        "| method | median total s | min total s | median trainer s | median explorer s "
-        "| median generate s |"
-    )
-    print("|---|---:|---:|---:|---:|---:|")
-    medians = {}
+    medians, table = {}, []
     for method, trainer, explorer in (
         ("checkpoint", "publish", "reload"),
         ("nccl", "broadcast", "receive"),
     ):
         rows = [t for t in trials if t.method == method]
         medians[method] = statistics.median(t.total_s for t in rows)
-        print(
-            f"| {method} | {medians[method]:.2f} | {min(t.total_s for t in rows):.2f} | "
-            f"{statistics.median(t.trainer_s for t in rows):.2f} ({trainer}) | "
-            f"{statistics.median(t.explorer_s for t in rows):.2f} ({explorer}) | "
-            f"{statistics.median(t.generate_s for t in rows):.3f} |"
+        table.append(
+            [
+                method,
+                f"{medians[method]:.2f}",
+                f"{min(t.total_s for t in rows):.2f}",
+                f"{statistics.median(t.trainer_s for t in rows):.2f} ({trainer})",
+                f"{statistics.median(t.explorer_s for t in rows):.2f} ({explorer})",
+                f"{statistics.median(t.generate_s for t in rows):.3f}",
+            ]
         )
+    header = ["method", "median total s", "min total s", "median trainer s", "median explorer s"]
+    print_table([*header, "median generate s"], table)
     print(f"\ncheckpoint / nccl (median total): {medians['checkpoint'] / medians['nccl']:.2f}x")
 
 
@@ -486,8 +454,7 @@ def print_delta_table(model_dir: Path, steps: int, lr: float, sides: dict) -> No
         f"anchor: full both ways); medians over v2..v{steps}; OMP_NUM_THREADS="
         f"{os.environ.get('OMP_NUM_THREADS')}"
     )
-    print("| dtype | sync | MiB written | MiB read | publish s | load s | publish + load s |")
-    print("|---|---|---:|---:|---:|---:|---:|")
+    table = []
     for (dtype, kind), side in sides.items():
         rows = [r for r in side.rows if r["version"] > 1]
         med = {
@@ -495,10 +462,19 @@ def print_delta_table(model_dir: Path, steps: int, lr: float, sides: dict) -> No
             for k in ("written", "read", "publish_s", "load_s")
         }
         total = statistics.median(r["publish_s"] + r["load_s"] for r in rows)
-        print(
-            f"| {dtype} | {kind} | {med['written'] / 2**20:.1f} | {med['read'] / 2**20:.1f} | "
-            f"{med['publish_s']:.2f} | {med['load_s']:.2f} | {total:.2f} |"
+        table.append(
+            [
+                dtype,
+                kind,
+                f"{med['written'] / 2**20:.1f}",
+                f"{med['read'] / 2**20:.1f}",
+                f"{med['publish_s']:.2f}",
+                f"{med['load_s']:.2f}",
+                f"{total:.2f}",
+            ]
         )
+    header = ["dtype", "sync", "MiB written", "MiB read", "publish s", "load s", "publish + load s"]
+    print_table(header, table, align="llrrrrr")
     for dtype in ("fp32", "bf16"):
         full, delta = (
             statistics.median(r["written"] for r in sides[dtype, k].rows if r["version"] > 1)
@@ -555,4 +531,4 @@ def print_phases(dtype: str, tensors: dict[str, torch.Tensor], side: DeltaSide) 
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_recorded("sync_bench", main))

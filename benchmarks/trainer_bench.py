@@ -20,7 +20,7 @@ ratio to the baseline, and rft's step anatomy (log-prob pass, forward+backward, 
 a publish: the ``weights/vN`` folder written by the trainer's streaming writer, fsynced, with a
 raw write + fsync of the same bytes beside it).
 
-    DS_ACCELERATOR=cpu OMP_NUM_THREADS=2 .venv/bin/python benchmarks/trainer_bench.py \\
+    DS_ACCELERATOR=cpu OMP_NUM_THREADS=2 .venv/bin/python -m benchmarks.trainer_bench \\
         --model .cache/models/smollm2-135m-instruct --precision fp32
 """
 
@@ -37,13 +37,13 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from benchmarks.common import REPO, print_table, run_recorded
+
 os.environ.setdefault("TORCH_EXTENSIONS_DIR", str(REPO / ".cache" / "torch_extensions"))
 
-import torch  # noqa: E402
+import torch
 
-from rft.buffer.experience import Experience  # noqa: E402
+from rft.buffer.experience import Experience
 
 
 def make_batch(
@@ -329,17 +329,15 @@ def main() -> None:
         f"device={torch.cuda.get_device_name(device) if device.type == 'cuda' else 'cpu'} "
         f"batch={len(batch)} seqs, {tokens} tokens/step, steps={args.steps}, threads={torch.get_num_threads()}"
     )
-    print(
-        f"| {'loop':52} | {'s/step':>7} | {'tokens/s':>9} | {'MFU':>5} | {memory:>14} | {'vs naive':>8} |"
-    )
-    print(f"|{'-' * 54}|{'-' * 9}|{'-' * 11}|{'-' * 7}|{'-' * 16}|{'-' * 10}|")
+    rows = []
     for name, seconds, mem in table:
         per_step = seconds / args.steps
         rate = tokens / per_step
-        mfu = f"{6 * params * rate / (peak * 1e12):5.3f}" if peak else "    -"
-        print(
-            f"| {name:52} | {per_step:7.3f} | {rate:9.0f} | {mfu} | {mem:14.2f} | {plain_s / seconds:8.2f} |"
+        mfu = f"{6 * params * rate / (peak * 1e12):.3f}" if peak else "-"
+        rows.append(
+            [name, f"{per_step:.3f}", f"{rate:.0f}", mfu, f"{mem:.2f}", f"{plain_s / seconds:.2f}"]
         )
+    print_table(["loop", "s/step", "tokens/s", "MFU", memory, "vs naive"], rows)
     print(
         "rft step anatomy (mean s/step; no buffer read here): "
         + " ".join(f"{k}={v:.3f}" for k, v in anatomy.items())
@@ -351,4 +349,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(run_recorded("trainer_bench", main))

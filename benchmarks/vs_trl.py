@@ -26,7 +26,7 @@ tokens/s; reward per step; held-out accuracy after N steps; TRL time/step / rft 
 the per-step rewards, what differs between the two implementations, and ``summary.json``.
 Usage (TRL is not an rft dependency: ``.venv/bin/pip install -r benchmarks/requirements-bench.txt``)::
 
-    flock /tmp/rft-heavy.lock .venv/bin/python benchmarks/vs_trl.py --steps 6 --seed 1
+    flock /tmp/rft-heavy.lock .venv/bin/python -m benchmarks.vs_trl --steps 6 --seed 1
 """
 
 from __future__ import annotations
@@ -44,17 +44,15 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from rft.config import batches  # noqa: E402
-from rft.config.load import load_config  # noqa: E402
-from rft.config.schema import Config  # noqa: E402
-from rft.explorer import tasksets as T  # noqa: E402
-from rft.explorer.loop import accuracy_of  # noqa: E402
-from rft.monitor import ACCURACY, POLICY_LOSS, REWARD_MEAN, read_metrics  # noqa: E402
-from rft.rundir import explorer_role  # noqa: E402
-from rft.workflow.rewards import total_reward  # noqa: E402
+from benchmarks.common import REPO, run_recorded
+from rft.config import batches
+from rft.config.load import load_config
+from rft.config.schema import Config
+from rft.explorer import tasksets as T
+from rft.explorer.loop import accuracy_of
+from rft.monitor import ACCURACY, POLICY_LOSS, REWARD_MEAN, read_metrics
+from rft.rundir import explorer_role
+from rft.workflow.rewards import total_reward
 
 BENCH_REQUIREMENTS = REPO / "benchmarks" / "requirements-bench.txt"
 RFT_ENV = {
@@ -659,7 +657,7 @@ def main() -> int:
 
 if __name__ == "__main__":
     try:
-        sys.exit(main())
+        sys.exit(run_recorded("vs_trl", main))
     except BenchError as e:
         print(f"vs_trl: {e}", file=sys.stderr)
         sys.exit(2)

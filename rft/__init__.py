@@ -16,7 +16,7 @@ One subpackage per role, lowest layer first (a module imports only its layer and
 
     errors, atomic      exceptions and exit codes; temp + fsync + rename publishing
     rundir, placement   every run-directory name; GPUs per role, ranks, rendezvous ports
-    config/             schema, load (YAML, overrides, stages), rules (every cross-field check), auxiliary
+    config/             schema, load (YAML, overrides, stages), rules (cross-field checks), queries, auxiliary
     data, models        datasets (one loader, columns, chat messages, the step count); model folders
     sync, monitor       weights versions and their schedule, heartbeats, explorers' stop records;
                         metrics and their names

@@ -5,7 +5,7 @@ Owns the GPU split of a cluster (:func:`gpu_split`) and of this machine (:func:`
 then each auxiliary model's: a judge's vLLM engine or a reward model's scorer,
 :func:`auxiliary_devices`), and the rank variables of explorer tasks and trainer ranks (local launcher,
 torchrun, srun, heterogeneous jobs). Pure functions of numbers and environments: it imports
-neither torch nor the config (the config rules check a config's split, :mod:`rft.config.rules`).
+neither torch nor the config (the config rules check a config's split, :func:`rft.config.gpus.check_gpu_split`).
 """
 
 from __future__ import annotations

@@ -86,6 +86,18 @@ def vllm_model_dir(smollm2_tokenizer_dir: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
+def arithmetic_dir(tmp_path_factory) -> Path:
+    """Arithmetic tasks: 12 in ``a.jsonl``, 3 more (from 50) in ``eval.jsonl``."""
+    from tests.helpers.explorer import arithmetic_rows
+    from tests.helpers.runs import write_jsonl
+
+    root = tmp_path_factory.mktemp("tasks")
+    write_jsonl(root / "a.jsonl", arithmetic_rows(12))
+    write_jsonl(root / "eval.jsonl", arithmetic_rows(3, start=50))
+    return root
+
+
+@pytest.fixture(scope="session")
 def slurm_cluster(tmp_path_factory):
     """A real local SLURM cluster (env/local-slurm.sh): yields the environment for its clients."""
     import shutil

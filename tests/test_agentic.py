@@ -19,9 +19,9 @@ from rft.trainer.batching import rows_from_experiences
 from rft.workflow import registry
 from rft.workflow.conversation import ChatTemplate, Completion, History
 from rft.workflow.tools import ToolBox
-from tests.helpers.runs import agent_cfg, read_segments, rft_run, write_jsonl
+from tests.helpers.agentic import PLUGINS, assert_trainer_scores_as_vllm, explore
+from tests.helpers.runs import agent_cfg, rft_run, write_jsonl
 
-PLUGINS = Path(__file__).resolve().parent / "fixtures" / "plugins"
 # ChatML that shows earlier assistant turns as "..." (as templates that strip reasoning do).
 HIDING_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n"
@@ -269,14 +269,6 @@ def plugins(monkeypatch):
     monkeypatch.setenv(registry.PLUGIN_DIRS_ENV, str(PLUGINS))
 
 
-def explore(engine, cfg):
-    from rft.explorer.loop import run_explorer
-
-    result = run_explorer(cfg, engine)
-    [records] = read_segments(cfg.run_dir)[f"{cfg.explorer.name}-0"].values()
-    return result.metrics[0], records
-
-
 @pytest.mark.integration
 def test_multi_turn_samples_score_as_the_engine_did(engine, vllm_model_dir, tmp_path, plugins):
     data = write_jsonl(
@@ -299,25 +291,6 @@ def test_multi_turn_samples_score_as_the_engine_did(engine, vllm_model_dir, tmp_
         assert sum(1 for a, b in zip(mask, mask[1:]) if a == 0 and b == 1) == 2  # 3 turns, 2 gaps
         assert all(lp == 0.0 for lp, m in zip(rec.logprobs, mask) if not m)
     assert_trainer_scores_as_vllm(records, vllm_model_dir)
-
-
-def assert_trainer_scores_as_vllm(records, model_dir) -> None:
-    """The trainer's forward gives the model tokens of ``records`` the log-probs vLLM recorded
-    (the single-turn tolerance, 2e-3)."""
-    from transformers import AutoModelForCausalLM
-
-    from rft.trainer import engine as trainer_engine
-    from rft.trainer.batching import collate
-
-    rows = rows_from_experiences(records)
-    micro = collate(
-        rows, list(range(len(records))), torch.zeros_like(rows.response_mask), rows.rollout_logprobs
-    )
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-    counted = micro.response_mask > 0
-    with torch.no_grad():
-        scored = trainer_engine.forward_logprobs(model, micro, with_entropy=False)[0]
-    torch.testing.assert_close(scored[counted], micro.old_logprobs[counted], rtol=0, atol=2e-3)
 
 
 @pytest.mark.integration

@@ -13,7 +13,7 @@ from rft.algo.losses import ENTROPY, MU, SFT_LOSS
 from rft.algo.weighted_pg import RATIO_MEAN
 from rft.config import names
 from rft.config.load import config_from_dict
-from rft.config.rules import _COMMON, PRESETS, REPEAT_TIMES
+from rft.config.presets import COMMON_DEFAULTS, PRESETS, REPEAT_TIMES
 from rft.errors import ConfigError
 from rft.trainer.step import _batch_term_weight
 
@@ -244,7 +244,7 @@ KEYS = ("advantage_fn", "policy_loss_fn", "kl_loss_fn", "kl_penalty_fn", "entrop
 
 @pytest.mark.parametrize("algorithm_type", sorted(TRINITY))
 def test_preset_equals_trinitys_default_config(algorithm_type):
-    preset = {**_COMMON, **PRESETS[algorithm_type]}
+    preset = {**COMMON_DEFAULTS, **PRESETS[algorithm_type]}
     *fns, strategy, repeat = TRINITY[algorithm_type]
     assert tuple(preset.get(k) for k in KEYS) == tuple(fns)
     assert preset["sample_strategy"] == strategy
@@ -279,7 +279,7 @@ def test_distillation_types_need_one_teacher(algorithm_type):
 @pytest.mark.parametrize("algorithm_type", ["asymre", "topr", "cispo", "sapo", "sppo", "rec"])
 def test_new_types_load_with_their_preset(algorithm_type):
     cfg = config_from_dict(_config({"algorithm_type": algorithm_type}))
-    preset = {**_COMMON, **PRESETS[algorithm_type]}
+    preset = {**COMMON_DEFAULTS, **PRESETS[algorithm_type]}
     assert {k: getattr(cfg.algorithm, k) for k in preset} == preset
 
 

@@ -30,30 +30,13 @@ from rft.buffer.segments import (
 )
 from rft.buffer.sqlite import check_sql_transport
 from rft.errors import ConfigError, DataError, NotSupportedError, StorageError
+from tests.helpers.synthetic import make_batch
 
 sys.path.insert(0, str(Path(__file__).parent))
 import buffer_worker  # noqa: E402
 
 WORKER = str(Path(__file__).parent / "buffer_worker.py")
 GROUP = buffer_worker.GROUP_SIZE
-
-
-def make_batch(tag: str, groups: int, size: int = GROUP, version: int = 0) -> list[Experience]:
-    return [
-        Experience(
-            task_id=f"{tag}-{g}",
-            group_id=f"{tag}-{g}",
-            experience_id=f"{tag}-{g}-{k}",
-            prompt_ids=[1, 2],
-            response_ids=[3, 4, 5],
-            logprobs=[-0.5, -0.25, -1.0],
-            reward=float(k),
-            reward_parts={"accuracy": 1.0},
-            model_version=version,
-        )
-        for g in range(groups)
-        for k in range(size)
-    ]
 
 
 def ids(records: list[Experience]) -> list[str]:

@@ -329,7 +329,7 @@ MU = {"mu_warmup_steps": 2, "mu_decay_steps": 2, "mu_peak": 0.6, "mu_valley": 0.
 @pytest.fixture(scope="module")
 def chord_run(tmp_path_factory, tiny_model_dir):
     """Two mix steps in one process, then a resumed third step."""
-    from test_trainer import PY, metrics, run_ok, write_config
+    from tests.helpers.trainer_runs import PY, metrics, run_ok, write_config
 
     root = tmp_path_factory.mktemp("chord")
     data = write_expert_data(root / "expert.jsonl")

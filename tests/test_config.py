@@ -649,7 +649,7 @@ def test_rollout_correction_modes_keys_and_conflicts(tmp_path):
 
 
 def test_a_tasksets_temperature_and_its_scoring_temperature(tmp_path):
-    from rft.config.rules import scoring_temperature, taskset_temperature
+    from rft.config.queries import scoring_temperature, taskset_temperature
 
     data = minimal(model={"model_path": "/m", "temperature": 0.7})
     cfg = load_dict(tmp_path, data)
@@ -684,9 +684,11 @@ def test_a_stage_re_derives_what_the_rules_derived_for_the_base(tmp_path):
 
 
 def test_preset_keys_are_every_key_a_preset_fills():
-    from rft.config.rules import _COMMON, PRESET_KEYS, PRESETS
+    from rft.config.presets import COMMON_DEFAULTS, PRESET_KEYS, PRESETS
 
-    assert set(PRESET_KEYS) == {key for preset in (*PRESETS.values(), _COMMON) for key in preset}
+    assert set(PRESET_KEYS) == {
+        key for preset in (*PRESETS.values(), COMMON_DEFAULTS) for key in preset
+    }
     assert {"advantage_fn", "policy_loss_fn", "loss_agg_mode", "sample_strategy"} <= set(
         PRESET_KEYS
     )

@@ -9,10 +9,7 @@ ranks) and FSDP2, once per session, lay them out as an rft run directory
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -30,9 +27,9 @@ from rft.safetensors_io import (
     weights_complete,
     write_safetensors,
 )
+from tests.helpers.checkpoint_scripts import torchrun_script
 
 REPO = Path(__file__).resolve().parent.parent
-HELPERS = REPO / "tests" / "helpers"
 
 
 # ----------------------------------------------------------------------------- fast unit tests
@@ -192,21 +189,6 @@ def test_megatron_checkpoints_are_refused_with_the_way_out(
 # ----------------------------------------------------------------------------- checkpoints
 
 
-def _torchrun(script: str, nproc: int, *args: str) -> None:
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "OMP_NUM_THREADS": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={nproc}",
-        str(HELPERS / script),
-        *args,
-    ]
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-
-
 @pytest.fixture(scope="session")
 def untied_model_dir(tmp_path_factory: pytest.TempPathFactory, smollm2_tokenizer_dir: Path) -> Path:
     """A GPT-NeoX layout with separate input/output embeddings: other names than Llama's."""
@@ -232,7 +214,7 @@ def ds_run(
     """
     run = tmp_path_factory.mktemp("ds") / "run"
     model = str(tiny_model_dir)
-    _torchrun(
+    torchrun_script(
         "make_ds_checkpoint.py",
         2,
         "--model-dir",
@@ -243,7 +225,7 @@ def ds_run(
         "3",
         "--hf-files",
     )
-    _torchrun(
+    torchrun_script(
         "make_ds_checkpoint.py",
         2,
         "--model-dir",
@@ -254,7 +236,7 @@ def ds_run(
         "2",
         "--flat",
     )
-    _torchrun(
+    torchrun_script(
         "make_ds_checkpoint.py",
         1,
         "--model-dir",
@@ -274,7 +256,7 @@ def ds_run(
 @pytest.fixture(scope="session")
 def fsdp_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> Path:
     run = tmp_path_factory.mktemp("fsdp") / "run"
-    _torchrun(
+    torchrun_script(
         "make_fsdp_checkpoint.py",
         2,
         "--model-dir",

@@ -1,6 +1,6 @@
 """rft-convert's output folder when it is not a plain folder (issue 36, item 6): a symlink to
 another disk, a file, another model's weights or config. Checkpoints are the hand-made one-rank
-ZeRO-2 ones of ``test_convert_faults`` (under a second each)."""
+ZeRO-2 ones of ``tests/helpers/zero_checkpoint.py`` (under a second each)."""
 
 from __future__ import annotations
 
@@ -12,17 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from rft.convert.cli import main
 from rft.errors import EXIT_FAILED, EXIT_OK, EXIT_USER_ERROR
 from rft.rundir import CONFIG_FILE
 from rft.safetensors_io import TensorSpec, write_safetensors
-from tests.test_convert_faults import TRAINER_FILES, assert_converted, make_checkpoint
-
-ARGS = ["--dtype", "fp32"]
-
-
-def convert(step: Path, *extra: str) -> int:
-    return main(["--checkpoint-dir", str(step), *ARGS, *extra])
+from tests.helpers.zero_checkpoint import TRAINER_FILES, assert_converted, convert, make_checkpoint
 
 
 def linked_step(tmp_path: Path) -> tuple[Path, dict[str, torch.Tensor], Path, Path]:

@@ -3,7 +3,7 @@
 converted weights have them too. Each file rft-convert writes records digests of the checkpoint
 files it came from; a folder converted from another checkpoint fails its step with the way out
 (``--force``), a genuinely converted one is still skipped. Checkpoints are the hand-made
-one-rank ZeRO-2 ones of ``test_convert_faults`` (under a second each)."""
+one-rank ZeRO-2 ones of ``tests/helpers/zero_checkpoint.py`` (under a second each)."""
 
 from __future__ import annotations
 
@@ -16,8 +16,7 @@ from safetensors import safe_open
 from rft.convert.identity import RECORD_MODEL, RECORD_OPTIM, RECORD_PATH
 from rft.errors import EXIT_FAILED, EXIT_OK
 from rft.safetensors_io import TensorSpec, write_safetensors
-from tests.test_convert_edges import convert
-from tests.test_convert_faults import TAG, assert_converted, make_checkpoint
+from tests.helpers.zero_checkpoint import TAG, assert_converted, convert, make_checkpoint
 
 
 def hf_of(step: Path) -> Path:

@@ -16,7 +16,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_convert import _torchrun
 
 from rft.convert.adapter import (
     adapter_tensors,
@@ -28,6 +27,7 @@ from rft.convert.cli import main
 from rft.convert.types import Job, SourceTensor
 from rft.errors import CheckpointError
 from rft.models import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from tests.helpers.checkpoint_scripts import torchrun_script
 
 LORA_RANK, LORA_ALPHA = 4, 8  # make_ds_checkpoint.py --lora 4 sets alpha = 2 * r
 STEPS = {1: "ZeRO-2", 2: "ZeRO-3"}
@@ -96,7 +96,7 @@ def lora_run(tmp_path_factory: pytest.TempPathFactory, tiny_model_dir: Path) -> 
     """global_step_1: ZeRO-2, global_step_2: ZeRO-3; one rank, fp32, adapter only in the shards."""
     run = tmp_path_factory.mktemp("lora") / "run"
     for step, stage in ((1, 2), (2, 3)):
-        _torchrun(
+        torchrun_script(
             "make_ds_checkpoint.py",
             1,
             "--model-dir",

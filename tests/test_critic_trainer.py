@@ -15,16 +15,14 @@ import pytest
 import torch
 
 from rft.buffer.experience import Experience
-from tests.test_trainer import (
+from tests.helpers.fake_engine import BigramLM, SGDEngine, step_on_one_rank
+from tests.helpers.runs import REPO
+from tests.helpers.trainer_runs import (
     PY,
-    REPO,
     STEPS,
-    BigramLM,
-    SGDEngine,
     metrics,
     run_interrupted,
     run_ok,
-    step_on_one_rank,
     torchrun_cmd,
     write_config,
     write_segments,

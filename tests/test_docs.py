@@ -71,14 +71,14 @@ def shell_commands(block: str) -> list[list[str]]:
 
 def entry_point(words: list[str]) -> dict | None:
     """``{"argv", "env"}`` when the command runs an rft program (bin/rft-*, python -m rft...,
-    python <repository script>.py), else None."""
+    python -m benchmarks.<name>, python <repository script>.py), else None."""
     env = {}
     while words and re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", words[0]):
         key, value = words[0].split("=", 1)
         env[key], words = value, words[1:]
     if words and words[0] in PYTHONS:
         words = words[1:]
-        if len(words) >= 2 and words[0] == "-m" and words[1].startswith("rft"):
+        if len(words) >= 2 and words[0] == "-m" and words[1].startswith(("rft", "benchmarks.")):
             return {"argv": words, "env": env}
         if words and words[0].endswith(".py") and (REPO / words[0]).is_file():
             return {"argv": words, "env": env}
@@ -103,7 +103,7 @@ def test_every_documented_rft_command_parses_and_its_config_loads():
     commands = documented_commands()
     programs = {c["argv"][0] if c["argv"][0] != "-m" else c["argv"][1] for _, c in commands}
     assert {"bin/rft-run", "bin/rft-launch", "bin/rft-status", "bin/rft-convert"} <= programs
-    assert "bin/rft-debug" in programs and "benchmarks/quickstart_bench.py" in programs
+    assert "bin/rft-debug" in programs and "benchmarks.quickstart_bench" in programs
     proc = subprocess.run(
         [sys.executable, str(REPO / "tests" / "helpers" / "doc_commands.py")],
         input=json.dumps([c for _, c in commands]),

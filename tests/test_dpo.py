@@ -142,7 +142,7 @@ def test_dpo_needs_mode_train_and_a_dataset():
 
 @pytest.mark.integration
 def test_dpo_raises_the_margin_alike_on_one_and_two_ranks(tmp_path, tiny_model_dir):
-    from tests.test_trainer import PY, metrics, run_ok, torchrun_cmd, write_config
+    from tests.helpers.trainer_runs import PY, metrics, run_ok, torchrun_cmd, write_config
 
     rows = [
         {"prompt": f"What is {a} + {a}?", "chosen": f"{2 * a}", "rejected": f"{2 * a + 1}!"}

@@ -19,8 +19,8 @@ from rft.workflow.conversation import ChatTemplate, Completion
 from rft.workflow.endpoint import Endpoint, call_arguments
 from rft.workflow.model import ModelWrapper
 from rft.workflow.task import GenerationConfig
+from tests.helpers.agentic import AGENT_RUN, PLUGINS, assert_trainer_scores_as_vllm, explore
 from tests.helpers.runs import agent_cfg, read_segments, write_jsonl
-from tests.test_agentic import PLUGINS, assert_trainer_scores_as_vllm, explore
 
 REPO = Path(__file__).resolve().parent.parent
 AGENT = REPO / "examples" / "openai_agent" / "calculator_agent.py"
@@ -440,16 +440,6 @@ def test_a_recording_workflow_runs_agent_code_in_process(
     metrics, records = explore(engine, cfg)
     assert metrics["episodes/failed"] == 0 and len(records) == 2
     assert all(r.reward == 0.5 and r.action_mask and 0 in r.action_mask for r in records)
-
-
-AGENT_RUN = (
-    "buffer.total_steps=2",
-    "buffer.batch_size=2",
-    "algorithm.repeat_times=2",
-    "explorer.eval_on_startup=false",
-    "explorer.eval_interval=0",
-    "model.max_response_tokens=6",
-)
 
 
 @pytest.mark.integration

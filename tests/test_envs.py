@@ -11,8 +11,8 @@ import pytest
 
 from rft.workflow.envs.frozen_lake import Lake, generate_lake, parse_move, shortest_path
 from rft.workflow.envs.toolcall import prompt_messages, toolcall_reward
+from tests.helpers.agentic import explore
 from tests.helpers.runs import agent_cfg, write_jsonl
-from tests.test_agentic import explore
 
 REPO = Path(__file__).resolve().parent.parent
 TOOLCALL = REPO / "data" / "toolcall" / "train.jsonl"

@@ -25,7 +25,7 @@ from rft.trainer.experience_ops import (
     reward_filter,
     reward_std_filter,
 )
-from tests.test_trainer import write_config
+from tests.helpers.trainer_runs import write_config
 
 DAPO_OPS = [{"name": "mask_response_truncated"}, {"name": "dapo_dynamic_sampling"}]
 

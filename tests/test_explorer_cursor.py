@@ -20,7 +20,8 @@ from rft.explorer import cursor as C
 from rft.explorer import tasksets as T
 from rft.explorer.engine import Sample
 from rft.rundir import BUFFER_DIR, EXPLORER_META, writer_name
-from tests.test_explorer import arithmetic_rows, make_cfg, open_sets, taskset_dict, write_jsonl
+from tests.helpers.explorer import arithmetic_rows, make_cfg, open_sets, taskset_dict
+from tests.helpers.runs import write_jsonl
 
 NAME = "explorer"
 BATCH = 5  # slots per step: 5 does not divide among 2, 3 or 4 ranks evenly

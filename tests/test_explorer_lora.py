@@ -362,7 +362,7 @@ def test_a_newer_adapter_replaces_the_older_one(
 def test_a_full_model_folder_still_reloads(
     lora_engine, base_outputs, adapters, vllm_model_dir, tmp_path
 ):
-    from test_explorer import perturbed_copy
+    from tests.helpers.explorer import perturbed_copy
 
     lora_engine.reload(adapters[0])
     full = tmp_path / "full"
@@ -385,10 +385,10 @@ def test_explorer_steps_with_published_adapters(
 ):
     """mode both, initial adapter: step 1 generates with model.lora_configs[0].path (version
     0), step 2 with the trainer's adapter version 1, each experience stamped with its version."""
-    from test_explorer import arithmetic_rows, read_segments, taskset_dict, write_jsonl
-
     from rft.explorer.loop import run_explorer
     from rft.sync.publisher import WeightsPublisher
+    from tests.helpers.explorer import arithmetic_rows, taskset_dict
+    from tests.helpers.runs import read_segments, write_jsonl
 
     data = write_jsonl(tmp_path / "a.jsonl", arithmetic_rows(4))
     task = taskset_dict(data, "a", rollout_args={"temperature": 0.0}, repeat_times=1)

@@ -96,8 +96,9 @@ def finish(proc: subprocess.Popen, log: Path, timeout_s: float = 600) -> None:
 
 
 def trainer_config(root: Path, name: str, model_dir: Path) -> Path:
-    """test_trainer's DeepSpeed config, checkpointing and publishing every step (all kept)."""
-    from tests.test_trainer import write_config
+    """The trainer tests' DeepSpeed config (``write_config``), checkpointing and publishing every
+    step (all kept)."""
+    from tests.helpers.trainer_runs import write_config
 
     return write_config(
         root,

@@ -1,9 +1,11 @@
 """The package's structure, checked from the source: role subpackages, no import cycles, no
-import from a lower layer up to a higher one, and the heavy engines only at the edges."""
+import from a lower layer up to a higher one, the heavy engines only at the edges; and no test
+module imported by another (what tests share lives in tests/helpers/ and tests/conftest.py)."""
 
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -190,3 +192,25 @@ def test_light_modules_do_not_pull_in_vllm_or_deepspeed():
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == "[]"
+
+
+def test_tests_import_no_other_test_module():
+    """What tests share lives in ``tests/helpers/`` (functions, constants) or ``tests/conftest.py``
+    (fixtures): a test module that imports another couples to, and runs, all of that module."""
+    bad = []
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module not in (None, "tests"):
+                names = [node.module]  # from tests.test_x / test_x / .test_x import ...
+            elif isinstance(node, ast.ImportFrom):
+                names = [a.name for a in node.names]  # from tests / . import test_x
+            else:
+                continue
+            for name in names:
+                if re.fullmatch(r"(tests\.)?test_\w+(\.\w+)*", name):
+                    bad.append(f"{path.relative_to(REPO)}:{node.lineno} imports {name}")
+    assert not bad, "move what they share to tests/helpers/ or tests/conftest.py:\n" + "\n".join(
+        bad
+    )

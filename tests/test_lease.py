@@ -289,7 +289,7 @@ def test_start_removes_dead_writers_temporaries_only(tmp_path):
 
 
 def trainer_cfg(root: Path, name: str, model_dir: Path) -> Path:
-    from tests.test_trainer import write_config
+    from tests.helpers.trainer_runs import write_config
 
     return write_config(
         root,
@@ -303,7 +303,7 @@ def trainer_cfg(root: Path, name: str, model_dir: Path) -> Path:
 
 
 def start_trainer(config: Path, log: Path, *args: str) -> subprocess.Popen:
-    from tests.test_trainer import trainer_env
+    from tests.helpers.trainer_runs import trainer_env
 
     with log.open("a") as out:
         return subprocess.Popen(
@@ -334,7 +334,7 @@ def test_a_second_trainer_is_refused_and_the_first_finishes(tmp_path, tiny_model
     """Two real trainers on one run directory: the second is refused at start with one error
     line naming the first; the first, waiting for experiences meanwhile, then trains every
     step exactly once."""
-    from tests.test_trainer import write_segments
+    from tests.helpers.trainer_runs import write_segments
 
     config = trainer_cfg(tmp_path, "two", tiny_model_dir)
     run_dir = tmp_path / "lease" / "two"
@@ -361,7 +361,7 @@ def test_a_trainer_that_lost_its_lease_stops_before_it_writes(tmp_path, tiny_mod
     """A real trainer checkpoints step 1 and waits for step 2's experiences; another trainer
     takes the run directory over (--take-over); given step 2, the first trains it and stops
     with an error before publishing or checkpointing anything of it."""
-    from tests.test_trainer import write_segments
+    from tests.helpers.trainer_runs import write_segments
 
     config = trainer_cfg(tmp_path, "lost", tiny_model_dir)
     run_dir = tmp_path / "lease" / "lost"
@@ -429,7 +429,14 @@ def test_a_second_slurm_job_on_a_run_directory_is_refused_while_the_first_runs(
     run holds the lease again, with SLURM's restart count in its claim (the requeue rule's
     input)."""
     from rft.launch.slurm import job_state
-    from tests.test_slurm_e2e import CPU, requeue_now, run_overrides, submit, wait_job, wait_until
+    from tests.helpers.slurm_jobs import (
+        CPU,
+        requeue_now,
+        run_overrides,
+        submit,
+        wait_job,
+        wait_until,
+    )
 
     overrides = run_overrides(tiny_model_dir, tmp_path, "synchronizer.sync_timeout=600")
     run_dir = tmp_path / "async_gsm8k_cpu" / "smollm2-135m"

@@ -5,9 +5,7 @@ log shown."""
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -17,12 +15,9 @@ from pathlib import Path
 import pytest
 
 from rft.monitor import SYNC_BROADCAST_OK, read_metrics
-from tests.helpers.runs import rft_run
+from tests.helpers.runs import DATA, REPO, broken_model, rft_run
 
 pytestmark = pytest.mark.integration
-
-REPO = Path(__file__).resolve().parent.parent
-DATA = REPO / "data" / "arithmetic"
 
 
 def overrides(model: Path, root: Path, *extra: str) -> list[str]:
@@ -146,17 +141,6 @@ def test_ctrl_c_stops_with_a_checkpoint(vllm_model_dir, tmp_path):
     assert steps and steps[-1] < 50
     saved = int((run_dir / "latest_checkpointed_iteration.txt").read_text())
     assert saved == steps[-1], "the trainer checkpoints the step it finished before stopping"
-
-
-def broken_model(model_dir: Path, root: Path) -> Path:
-    """A model folder the dry run accepts (a config, complete weights) that no engine loads: its
-    config asks for a wider MLP than its weights hold."""
-    broken = root / "broken-model"
-    shutil.copytree(model_dir, broken)
-    config = json.loads((broken / "config.json").read_text())
-    config["intermediate_size"] *= 2
-    (broken / "config.json").write_text(json.dumps(config))
-    return broken
 
 
 def test_a_failing_role_stops_the_run_and_shows_its_log(vllm_model_dir, tmp_path):

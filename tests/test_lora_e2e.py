@@ -14,8 +14,8 @@ import pytest
 
 from rft.models import is_adapter_folder
 from rft.monitor import read_metrics
-from tests.test_local_run import rft_run
-from tests.test_slurm_e2e import run_requeued, trainer_steps
+from tests.helpers.runs import rft_run
+from tests.helpers.slurm_jobs import run_requeued, trainer_steps
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs" / "cpu" / "lora_gsm8k.yaml"

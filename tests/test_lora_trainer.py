@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from tests.test_trainer import (
+from tests.helpers.trainer_runs import (
     STEPS,
     metrics,
     objective,
@@ -116,7 +116,7 @@ def test_the_adapter_folder_loads_in_peft_with_the_same_logits(tiny_model_dir, t
 
 def test_lora_config_rules():
     from rft.config.load import config_from_dict
-    from rft.config.rules import lora_config
+    from rft.config.queries import lora_config
     from rft.errors import ConfigError, NotSupportedError
 
     base = {
@@ -242,7 +242,8 @@ def test_rft_convert_merges_the_trained_adapter(lora_runs):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from tests.test_trainer import PY, REPO
+    from tests.helpers.runs import REPO
+    from tests.helpers.trainer_runs import PY
 
     step_dir = lora_runs["full"] / f"global_step_{STEPS}"
     proc = subprocess.run(

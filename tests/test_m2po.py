@@ -235,7 +235,7 @@ def test_one_step_masks_over_all_micro_batches_and_weights_every_token(monkeypat
     from rft.trainer import engine
     from rft.trainer.algorithm import build_loss_fns
     from rft.trainer.step import train_step
-    from tests.test_trainer import TEMPERATURE, BigramLM, FakeEngine, tempered_logprobs
+    from tests.helpers.fake_engine import TEMPERATURE, BigramLM, FakeEngine, tempered_logprobs
 
     monkeypatch.setattr(engine, "all_reduce_max", lambda value: value)
     monkeypatch.setattr(engine, "all_gather_objects", lambda obj: [obj])

@@ -12,7 +12,7 @@ import torch
 
 from rft.algo.m2po import M2_AFTER, M2_BEFORE, MASKED_FRACTION, TRUST_REGION_FRACTION
 from rft.buffer.experience import Experience
-from tests.test_trainer import make_batch, metrics, run_ok, torchrun_cmd, write_config
+from tests.helpers.trainer_runs import make_batch, metrics, run_ok, torchrun_cmd, write_config
 
 pytestmark = pytest.mark.integration
 

@@ -23,8 +23,8 @@ from rft.errors import EXIT_FAILED, EXIT_USER_ERROR, StorageError
 from rft.rundir import WEIGHTS_POINTER, weights_dir
 from rft.sync.publisher import WeightsPublisher
 from rft.sync.versions import is_complete, list_versions
-from tests.test_buffer import make_batch
-from tests.test_convert_faults import make_checkpoint
+from tests.helpers.synthetic import make_batch
+from tests.helpers.zero_checkpoint import make_checkpoint
 
 NO_SPACE = "(No space left on device)"
 FREE_SPACE = "free space on that filesystem, or move the run (checkpoint_root_dir)"
@@ -275,7 +275,7 @@ def test_the_trainer_names_the_file_that_checkpoint_root_dir_is(tiny_model_dir, 
     """What the trainer's task does first (rank 0 prepares the run directory); its loop's own
     ``run_dir.mkdir`` ends the same way (rft.entry.run_command)."""
     from rft.launch.worker import prepare_run_dir
-    from tests.test_plan import CPU_CONFIG, overrides
+    from tests.helpers.dry_run import CPU_CONFIG, overrides
 
     root = tmp_path / "ckpt"
     root.write_text("not a folder")
@@ -294,7 +294,7 @@ def preflight_error(model: Path, *extra: str) -> str:
     from rft.config.load import load_config
     from rft.errors import ConfigError
     from rft.launch.preflight import check_run_root
-    from tests.test_plan import CPU_CONFIG, overrides
+    from tests.helpers.dry_run import CPU_CONFIG, overrides
 
     with pytest.raises(ConfigError) as info:
         check_run_root(load_config(CPU_CONFIG, overrides(model, *extra)))

@@ -18,20 +18,10 @@ from rft.config.load import load_config
 from rft.errors import ConfigError, DataError
 from rft.launch.cli import dry_run
 from rft.launch.cli import run_main as main
+from tests.helpers.dry_run import CPU_CONFIG, overrides
 
 REPO = Path(__file__).resolve().parent.parent
-CPU_CONFIG = REPO / "configs" / "cpu" / "grpo_gsm8k.yaml"
 ARITHMETIC = REPO / "data" / "arithmetic"
-
-
-def overrides(model: Path, *extra: str) -> list[str]:
-    return [
-        f"model.model_path={model}",
-        f"buffer.explorer_input.taskset.path={ARITHMETIC}",
-        f"buffer.explorer_input.eval_tasksets.0.path={ARITHMETIC}",
-        "checkpoint_root_dir=/tmp/rft-plan-test",
-        *extra,
-    ]
 
 
 def test_dry_run_prints_resolved_config_and_plan(vllm_model_dir):

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 from rft.monitor import VALUE_LOSS, read_metrics
-from tests.test_local_run import rft_run
-from tests.test_slurm_e2e import run_requeued, trainer_steps
+from tests.helpers.runs import rft_run
+from tests.helpers.slurm_jobs import run_requeued, trainer_steps
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG = REPO / "configs" / "cpu" / "verl_ppo.yaml"

@@ -540,13 +540,8 @@ def test_explorer_rewards_combine_rule_and_reward_model(
     evaluation); the buffer holds both parts and their weighted sum."""
     from rft.explorer.loop import run_explorer
     from rft.monitor import read_metrics
-    from tests.test_explorer import (
-        arithmetic_rows,
-        make_cfg,
-        read_segments,
-        taskset_dict,
-        write_jsonl,
-    )
+    from tests.helpers.explorer import arithmetic_rows, make_cfg, taskset_dict
+    from tests.helpers.runs import read_segments, write_jsonl
 
     rows = write_jsonl(tmp_path / "tasks" / "a.jsonl", arithmetic_rows(4))
     train = taskset_dict(rows, "a", reward_fn_args={"rule_weight": 0.5, "reward_model_weight": 2.0})

@@ -20,19 +20,15 @@ from rft.buffer.experience import Experience
 from rft.config.load import config_from_dict
 from rft.explorer.engine import engine_kwargs
 from rft.explorer.spool import GroupSpool, group_key
-from tests.test_explorer import (  # noqa: F401 (fixtures)
-    REPO,
+from tests.helpers.explorer import (
     arithmetic_rows,
     cfg_dict,
-    data_dir,
     make_cfg,
     merge,
     perturbed_copy,
-    read_segments,
     taskset_dict,
-    vllm_model_dir,
-    write_jsonl,
 )
+from tests.helpers.runs import REPO, read_segments, write_jsonl
 
 
 def record(task: str, group: str, n: int = 3) -> Experience:
@@ -68,10 +64,10 @@ def test_spool_keeps_groups_per_step_and_drops_sealed_ones(tmp_path):
     assert spool.take(2) == {} and list(spool.take(3)) == ["1.4"]
 
 
-def test_config_refuses_what_streaming_cannot_do(tmp_path, vllm_model_dir, data_dir):
-    from rft.config.rules import streams
+def test_config_refuses_what_streaming_cannot_do(tmp_path, vllm_model_dir, arithmetic_dir):
+    from rft.config.queries import streams
 
-    ts = [taskset_dict(data_dir / "a.jsonl", "a")]
+    ts = [taskset_dict(arithmetic_dir / "a.jsonl", "a")]
     on = {"explorer": {"partial_rollout": True}}
     assert streams(make_cfg(tmp_path, vllm_model_dir, ts, **on))  # mode explore
     assert not streams(make_cfg(tmp_path, vllm_model_dir, ts, mode="both", **on))  # synchronous
@@ -158,11 +154,11 @@ def test_steps_sealed_together_share_the_window_by_tokens(monkeypatch):
 
 
 def test_a_group_spans_versions_from_its_earliest_token_to_its_latest(
-    tmp_path, vllm_model_dir, data_dir
+    tmp_path, vllm_model_dir, arithmetic_dir
 ):
     from rft.explorer.streaming import too_wide
 
-    ts = [taskset_dict(data_dir / "a.jsonl", "a")]
+    ts = [taskset_dict(arithmetic_dir / "a.jsonl", "a")]
     cfg = make_cfg(
         tmp_path, vllm_model_dir, ts, explorer={"partial_rollout": True, "max_version_span": 1}
     )
@@ -175,11 +171,11 @@ def test_a_group_spans_versions_from_its_earliest_token_to_its_latest(
 
 
 @pytest.fixture(scope="module")
-def engine(vllm_model_dir, data_dir, tmp_path_factory):
+def engine(vllm_model_dir, arithmetic_dir, tmp_path_factory):
     from rft.explorer.engine import Engine
 
     root = tmp_path_factory.mktemp("engine")
-    return Engine(make_cfg(root, vllm_model_dir, [taskset_dict(data_dir / "a.jsonl", "a")]))
+    return Engine(make_cfg(root, vllm_model_dir, [taskset_dict(arithmetic_dir / "a.jsonl", "a")]))
 
 
 @pytest.mark.integration
@@ -321,12 +317,12 @@ def test_max_version_span_drops_groups_that_span_more(
 
 
 @pytest.mark.integration
-def test_synchronous_mode_ignores_partial_rollout(engine, vllm_model_dir, data_dir, tmp_path):
+def test_synchronous_mode_ignores_partial_rollout(engine, vllm_model_dir, arithmetic_dir, tmp_path):
     """mode both, sync_offset 0: the plain loop, the same step metrics as without the key."""
     from rft.explorer.loop import run_explorer
 
     greedy = taskset_dict(
-        data_dir / "a.jsonl", "a", rollout_args={"temperature": 0.0}, repeat_times=1
+        arithmetic_dir / "a.jsonl", "a", rollout_args={"temperature": 0.0}, repeat_times=1
     )
     runs = []
     for name, on in (("off", False), ("on", True)):
@@ -460,7 +456,7 @@ def test_streaming_runs_workflow_classes_beside_single_turn_groups(
 
 @pytest.mark.integration
 def test_an_ended_episode_has_its_calls_aborted_in_the_engine(
-    engine, vllm_model_dir, data_dir, tmp_path
+    engine, vllm_model_dir, arithmetic_dir, tmp_path
 ):
     """An episode that ends (error, timeout) while its call runs: the call fails at once, the
     next pump aborts the request, and the engine holds nothing of it; another episode's call
@@ -469,7 +465,7 @@ def test_an_ended_episode_has_its_calls_aborted_in_the_engine(
     from rft.explorer.stream_episodes import EngineCalls
     from rft.workflow.model import EpisodeCancelled
 
-    cfg = make_cfg(tmp_path, vllm_model_dir, [taskset_dict(data_dir / "a.jsonl", "a")])
+    cfg = make_cfg(tmp_path, vllm_model_dir, [taskset_dict(arithmetic_dir / "a.jsonl", "a")])
     engine.reload(vllm_model_dir)
     engine.label_version(7)
     calls = EngineCalls(engine, cfg)

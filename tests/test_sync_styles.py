@@ -111,7 +111,7 @@ def test_explorer_driven_asks_every_interval_and_the_trainer_publishes_when_aske
 def test_dynamic_styles_stream_and_their_lead_bound_acts(caplog):
     """A dynamic style is asynchronous: partial_rollout streams in mode both and
     max_lead_steps is not warned as having no effect there."""
-    from rft.config.rules import streams
+    from rft.config.queries import streams
 
     cfg = config_from_dict(config(sync_style="explorer_driven", max_lead_steps=2))
     cfg.explorer.partial_rollout = True

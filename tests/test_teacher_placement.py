@@ -18,7 +18,13 @@ from rft.config.gpus import split_gpus
 from rft.config.load import config_from_dict
 from rft.config.teacher import explorer_scorers, teacher_in_trainer
 from rft.errors import ConfigError
-from tests.test_trainer import BigramLM, FakeEngine, one_rank, step_on_one_rank, tempered_logprobs
+from tests.helpers.fake_engine import (
+    BigramLM,
+    FakeEngine,
+    one_rank,
+    step_on_one_rank,
+    tempered_logprobs,
+)
 
 TRINITY_LAYOUT = {  # opd_gsm8k.yaml: 4 students x TP 1, one teacher engine x TP 2, 8 GPUs
     "model": {"model_path": "/models/student"},
@@ -186,7 +192,13 @@ def test_the_trainers_teacher_over_two_zero3_ranks_gives_the_one_rank_step(
     """The teacher in the trainer, partitioned by ZeRO-3 over two ranks (DeepSpeed on gloo):
     each rank scores its own rows and all share them, so the step's loss and gradient norm,
     which read the teacher's log-probs through the advantage, equal a one-rank run's."""
-    from tests.test_trainer import metrics, run_ok, torchrun_cmd, write_config, write_segments
+    from tests.helpers.trainer_runs import (
+        metrics,
+        run_ok,
+        torchrun_cmd,
+        write_config,
+        write_segments,
+    )
 
     extra = {
         "algorithm": {"algorithm_type": "on_policy_distill", "repeat_times": 2},

@@ -10,11 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -22,7 +18,6 @@ import torch
 
 from rft.algo.losses import aggregate
 from rft.buffer.experience import Experience
-from rft.errors import EXIT_REQUEUE
 from rft.trainer.batching import (
     collate,
     micro_loss_scale,
@@ -32,18 +27,29 @@ from rft.trainer.batching import (
     split_mini_batches,
 )
 from rft.trainer.lr_schedule import lr_multiplier, warmup_steps
-from tests.helpers.synthetic import rollout_groups
+from tests.helpers.fake_engine import (
+    TEMPERATURE,
+    BigramLM,
+    FakeEngine,
+    SGDEngine,
+    step_on_one_rank,
+    tempered_logprobs,
+)
 from tests.helpers.trainer import batch_totals
-
-REPO = Path(__file__).resolve().parent.parent
-PY = str(REPO / ".venv" / "bin" / "python") if (REPO / ".venv").is_dir() else sys.executable
-
-
-def make_batch(step: int, groups: int = 4, repeat: int = 2) -> list[Experience]:
-    """A fixed batch (same tokens every step): group g has prompt 5+g tokens, responses 3+k+g
-    tokens with reward k (k = 0..repeat-1), rollout logprobs -1."""
-    return rollout_groups(step, groups, repeat, seed=0, prompt_tokens=5)
-
+from tests.helpers.trainer_runs import (
+    PY,
+    REPO,
+    STEPS,
+    make_batch,
+    metrics,
+    objective,
+    run_interrupted,
+    run_ok,
+    torchrun_cmd,
+    trainer_env,
+    write_config,
+    write_segments,
+)
 
 # ----------------------------------------------------------------------------- pure batching
 
@@ -315,82 +321,6 @@ def test_staleness_histogram_counts_rollouts_per_age():
 
 # ----------------------------------------------------------------------------- one step, fake engine
 
-VOCAB, TEMPERATURE = 5, 0.5
-
-
-class BigramLM(torch.nn.Module):
-    """Logits at position t are a row of a table picked by token t: enough for the trainer's
-    forward (``logits_to_keep`` positions, ``.logits``), and easy to score by hand."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.table = torch.nn.Parameter(
-            torch.randn(VOCAB, VOCAB, generator=torch.Generator().manual_seed(0))
-        )
-
-    def forward(self, input_ids, attention_mask, use_cache, logits_to_keep):
-        from types import SimpleNamespace
-
-        return SimpleNamespace(logits=self.table[input_ids][:, logits_to_keep])  # [B, K, V]
-
-
-class FakeEngine(torch.nn.Module):
-    """What train_step asks of a DeepSpeed engine, on one process, without updates."""
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__()
-        self.module = model
-
-    def forward(self, **kwargs):
-        return self.module(**kwargs)
-
-    def backward(self, loss: torch.Tensor, scale_wrt_gas: bool) -> None:
-        loss.backward()
-
-    def step(self) -> None:
-        self.module.zero_grad()
-
-    def get_global_grad_norm(self) -> float:
-        return 0.0
-
-    def get_lr(self) -> list[float]:
-        return [0.0]
-
-
-def one_rank():
-    """This process alone, on the CPU (gloo): the ``DistInfo`` of a one-rank step."""
-    from rft.trainer import engine
-
-    return engine.DistInfo(
-        rank=0, world_size=1, local_rank=0, device=torch.device("cpu"), backend="gloo"
-    )
-
-
-def step_on_one_rank(
-    policy: torch.nn.Module, exps: list, cfg, critic: torch.nn.Module | None = None, step: int = 1
-) -> dict:
-    """One ``train_step`` of ``policy`` (a :class:`FakeEngine` or one that updates) on this
-    process alone, without a reference model; with ``critic`` (the same kind), PPO's."""
-    from rft.trainer import engine
-    from rft.trainer.algorithm import build_loss_fns
-    from rft.trainer.step import train_step
-
-    def actor(e: torch.nn.Module):
-        return engine.Actor(e, 2, None)
-
-    fns = build_loss_fns(cfg.algorithm)
-    return train_step(
-        actor(policy), None, exps, cfg, fns, one_rank(), step=step, pad_id=0,
-        critic=None if critic is None else actor(critic),
-    )  # fmt: skip
-
-
-def tempered_logprobs(model: BigramLM, prompt: list[int], response: list[int]) -> list[float]:
-    """log softmax(table[previous token] / T)[token] for each response token."""
-    ids = prompt + response
-    table = torch.log_softmax(model.table.detach() / TEMPERATURE, dim=-1)  # [V, V]
-    return [float(table[ids[len(prompt) - 1 + j], tok]) for j, tok in enumerate(response)]
-
 
 def test_one_step_scores_at_the_temperature_and_weights_the_loss(monkeypatch):
     """TIS end to end: the trainer divides its logits by the sampling temperature, so behaviour
@@ -448,21 +378,6 @@ def test_one_step_scores_at_the_temperature_and_weights_the_loss(monkeypatch):
     # -A*(1+0.5+1+1) -> -0.5 A / 11 (without weights it would be +A / 11)
     assert metrics["pg_loss"] == pytest.approx(-0.5 * 0.7071063 / 11, abs=1e-6)
     assert metrics["ppo_kl"] == pytest.approx(0.0, abs=1e-7)
-
-
-class SGDEngine(FakeEngine):
-    """A fake engine that updates: plain SGD, the gradient norm before the step."""
-
-    def step(self) -> None:
-        grads = [p.grad for p in self.module.parameters() if p.grad is not None]
-        self.norm = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
-        with torch.no_grad():
-            for p in self.module.parameters():
-                p -= 0.1 * p.grad
-        self.module.zero_grad()
-
-    def get_global_grad_norm(self) -> float:
-        return self.norm
 
 
 @pytest.mark.parametrize("correction", ["none", "tis"])
@@ -568,124 +483,6 @@ def test_published_state_dict_drops_the_tied_lm_head(tmp_path, tiny_model_dir):
 
 
 # ----------------------------------------------------------------------------- DeepSpeed runs
-
-STEPS = 4
-
-
-def write_config(run_root: Path, name: str, model_dir: Path, **sections) -> Path:
-    import yaml
-
-    cfg = {
-        "project": "t",
-        "name": name,
-        "mode": "both",
-        "checkpoint_root_dir": str(run_root),
-        "algorithm": {
-            "algorithm_type": "grpo",
-            "repeat_times": 2,
-            "kl_loss_fn": "none",
-            "optimizer": {"lr": 1e-3},
-        },
-        "model": {"model_path": str(model_dir)},
-        "buffer": {
-            "batch_size": 4,
-            "total_steps": STEPS,
-            "explorer_input": {"taskset": {"path": "unused-by-the-trainer"}},
-        },
-        "trainer": {
-            "zero_stage": 2,
-            "precision": "fp32",
-            "save_interval": 0,
-            "use_dynamic_bsz": True,
-            "max_token_len_per_gpu": 40,
-        },
-        "synchronizer": {"sync_interval": 2, "sync_timeout": 120},
-        "monitor": {"monitor_type": "console"},
-    }
-    for section, values in sections.items():
-        cfg[section] = {**cfg.get(section, {}), **values} if isinstance(values, dict) else values
-    path = run_root / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    return path
-
-
-def write_segments(run_dir: Path, steps) -> None:
-    from rft.buffer.segments import SegmentWriter
-
-    writer = SegmentWriter(run_dir / "buffer", "explorer-0")
-    for step in steps:
-        writer.write(make_batch(step), seq=step)
-
-
-def trainer_env() -> dict[str, str]:
-    env = dict(
-        os.environ,
-        DS_ACCELERATOR="cpu",
-        OMP_NUM_THREADS="1",
-        TORCH_EXTENSIONS_DIR=str(REPO / ".cache" / "torch_extensions"),
-    )
-    env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
-
-
-def torchrun_cmd(config: Path, *overrides: str, ranks: int = 2) -> list[str]:
-    return [
-        PY,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc_per_node={ranks}",
-        "-m",
-        "rft.trainer",
-        "--config",
-        str(config),
-        *overrides,
-    ]
-
-
-def run_ok(cmd: list[str], log: Path, timeout: int = 240) -> None:
-    with log.open("w") as out:
-        proc = subprocess.run(
-            cmd, stdout=out, stderr=subprocess.STDOUT, env=trainer_env(), cwd=REPO, timeout=timeout
-        )
-    assert proc.returncode == 0, log.read_text()[-4000:]
-
-
-def children(pid: int) -> list[int]:
-    kids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            kids.append(int(stat.parent.name))
-    return kids
-
-
-def metrics(run_dir: Path) -> dict[int, dict]:
-    from rft.monitor import read_metrics
-
-    return {row["step"]: row for row in read_metrics(run_dir, "trainer")}
-
-
-def run_interrupted(config: Path, run_dir: Path, log: Path) -> None:
-    """Steps 1-2 on the buffer, SIGUSR1 to the ranks while they wait for step 3, then resume."""
-    write_segments(run_dir, [1, 2])
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            torchrun_cmd(config), stdout=out, stderr=subprocess.STDOUT, env=trainer_env(), cwd=REPO
-        )
-        deadline = time.time() + 180
-        while 2 not in metrics(run_dir) and time.time() < deadline and proc.poll() is None:
-            time.sleep(0.5)
-        assert 2 in metrics(run_dir), log.read_text()[-4000:]
-        for pid in children(proc.pid):
-            os.kill(pid, signal.SIGUSR1)
-        proc.wait(timeout=120)
-    assert f"exit code {EXIT_REQUEUE}" in log.read_text(), log.read_text()[-4000:]
-    write_segments(run_dir, [3, 4])
-    run_ok(torchrun_cmd(config), log.with_suffix(".resume.log"))
 
 
 @pytest.mark.integration
@@ -822,22 +619,6 @@ def _objective(model_dir: Path) -> float:
     from transformers import AutoModelForCausalLM
 
     return objective(AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval())
-
-
-def objective(model: torch.nn.Module) -> float:
-    """:func:`_objective` of a loaded model."""
-    from rft.algo.logprobs import token_logprobs
-    from rft.trainer.batching import collate
-
-    exps = make_batch(1)
-    rows = rows_from_experiences(exps)
-    adv = torch.tensor([e.reward - 0.5 for e in exps]).unsqueeze(-1) * rows.response_mask
-    micro = collate(rows, list(range(len(exps))), adv, adv)
-    with torch.no_grad():
-        logits = model(input_ids=micro.input_ids, attention_mask=micro.attention_mask).logits
-    index = micro.logit_positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1])
-    lp = token_logprobs(logits.gather(1, index), micro.response_ids)
-    return float((lp * micro.advantages).sum() / micro.response_mask.sum())
 
 
 @pytest.mark.integration

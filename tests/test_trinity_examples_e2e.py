@@ -16,7 +16,7 @@ from rft.config.load import config_from_dict, read_raw
 from rft.config.teacher import teacher_in_trainer
 from rft.monitor import read_metrics
 from rft.trainer.distill import TEACHER_ROWS, TEACHER_TIME_S
-from tests.test_local_run import DATA, rft_run
+from tests.helpers.runs import DATA, rft_run
 
 pytestmark = pytest.mark.integration
 

@@ -125,7 +125,7 @@ def test_max_read_timeout_is_how_long_the_trainer_waits_for_experiences(tmp_path
     the trainer's input ends when nothing arrives within it (null: synchronizer.sync_timeout)."""
     import time
 
-    from rft.config.rules import read_timeout
+    from rft.config.queries import read_timeout
     from rft.trainer.inputs import BufferSource
 
     assert read_timeout(cfg_of()) == (3600.0, "synchronizer.sync_timeout")

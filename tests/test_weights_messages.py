@@ -13,16 +13,7 @@ from rft.sync.explorer_side import WeightsIn
 from rft.sync.publisher import WeightsPublisher
 from rft.sync.versions import COMPLETE_MARKER
 from rft.sync.watcher import WeightsWatcher
-
-
-class NullEngine:
-    def reload(self, folder: object) -> float:
-        return 0.0
-
-
-def write_tiny(folder):
-    (folder / "config.json").write_text("{}")
-    (folder / "model.safetensors").write_bytes(b"\0" * 100)
+from tests.helpers.weights import NullEngine, write_tiny
 
 
 def timeout_message(run_dir, need: int, error: type = SyncTimeoutError) -> str:

@@ -22,7 +22,7 @@ from rft.sync.explorer_side import WeightsIn
 from rft.sync.publisher import WeightsPublisher
 from rft.sync.versions import COMPLETE_MARKER, pointer_fault
 from rft.sync.watcher import WeightsWatcher
-from tests.test_weights_messages import NullEngine, write_tiny
+from tests.helpers.weights import NullEngine, write_tiny
 
 MISSING = f"{WEIGHTS_POINTER} names version 7 but weights/v000007 is missing or incomplete"
 

@@ -1,4 +1,4 @@
-"""The agentic workload of ``benchmarks/async_bench.py --taskset slow-env``: the quick start's
+"""The agentic workload of ``python -m benchmarks.async_bench --taskset slow-env``: the quick start's
 arithmetic in two model turns with an environment step between them whose time has a long tail,
 as a sandboxed program, a web page or a simulator has (most steps ``FAST_S``, one episode in
 ``SLOW_EVERY`` takes ``SLOW_S``). The time is seeded by the task and run, so every mode waits the

@@ -7,7 +7,7 @@ single-turn recipes) or a distillation teacher; its folder decides which
 auxiliary model's forward pass (:func:`forward_dtype`) and the reward weights a taskset's
 ``reward_fn_args`` carry (:func:`split_reward_weights`). Pure functions of a typed :class:`~rft.config.schema.Config`;
 where a distillation teacher runs is :mod:`rft.config.teacher`, the GPU split
-:func:`rft.config.rules.check_gpu_split`.
+:func:`rft.config.gpus.check_gpu_split`.
 """
 
 from __future__ import annotations

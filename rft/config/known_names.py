@@ -841,16 +841,25 @@ CHOICES: dict[str, dict[str, str]] = {
 }
 
 _ENV = "it drives the {env} environment"
+_ALFWORLD = _ENV.format(
+    env="ALFWorld (pip package alfworld with textworld, and its game files: several GB "
+    "downloaded by alfworld-download, listed as the taskset by Trinity's "
+    "examples/grpo_alfworld/get_alfworld_data.py)"
+)
+_WEBSHOP = _ENV.format(
+    env="WebShop in-process (the web_agent_site package from princeton-nlp/WebShop, not on "
+    "PyPI, with the product catalogue and search index its setup.sh downloads; the full "
+    "catalogue takes about 15 GB of memory per environment; pyserini's index needs Java)"
+)
 
 # Trinity workflows rft does not ship -> what each does (rft.workflow.registry says how to
 # bring one as a plugin).
 WORKFLOWS: dict[str, str] = {
-    "alfworld_workflow": _ENV.format(env="ALFWorld (pip package alfworld and its data)"),
-    "step_wise_alfworld_workflow": _ENV.format(env="ALFWorld (pip package alfworld)"),
-    "RAFT_alfworld_workflow": _ENV.format(env="ALFWorld (pip package alfworld)"),
-    "RAFT_reflect_alfworld_workflow": _ENV.format(env="ALFWorld (pip package alfworld)"),
-    "webshop_workflow": _ENV.format(env="WebShop (its server and product data)"),
-    "sciworld_workflow": _ENV.format(env="ScienceWorld (pip package scienceworld, a JVM)"),
+    "alfworld_workflow": _ALFWORLD,
+    "step_wise_alfworld_workflow": _ALFWORLD,
+    "RAFT_alfworld_workflow": _ALFWORLD,
+    "RAFT_reflect_alfworld_workflow": _ALFWORLD,
+    "webshop_workflow": _WEBSHOP,
     "agentscope_react_workflow": _ENV.format(env="AgentScope (pip package agentscope)"),
     "agentscopev1_react_workflow": _ENV.format(env="AgentScope (pip package agentscope)"),
     "agentscope_react_math_workflow": _ENV.format(env="AgentScope (pip package agentscope)"),

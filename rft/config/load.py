@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from rft.config import rules as config_rules
+from rft.config.presets import PRESET_KEYS
 from rft.config.schema import Config, StageConfig
 from rft.config.typed_dict import from_dict, to_dict
 from rft.config.verl_keys import drop_no_effect_keys
@@ -272,7 +273,7 @@ def _drop_inherited_algorithm(base: dict[str, Any], overrides: dict[str, Any]) -
     base_algo = base.get("algorithm") or {}
     if new_type is None or new_type == base_algo.get("algorithm_type", "grpo"):
         return
-    for key in config_rules.PRESET_KEYS:
+    for key in PRESET_KEYS:
         base_algo.pop(key, None)
         base_algo.pop(f"{key}_args", None)
 

@@ -1,126 +1,44 @@
-"""Rules applied after a config is parsed: presets, derived values, conflicts, unsupported keys.
+"""Rules applied after a config is parsed: derived values, conflicts, unsupported keys.
 
 Input: a typed :class:`~rft.config.Config` and the key paths the user wrote; output: the same
-object completed in place, every default a consumer needs resolved here. A derived value fills
+object completed in place, every default a consumer needs resolved here. :func:`apply` runs
+them all, in order: the algorithm presets (:mod:`rft.config.presets`), veRL's section
+(:mod:`rft.config.verl_rules`), Trinity's newer keys (:mod:`rft.config.trinity_rules`), the
+inputs' rules (:mod:`rft.config.buffer_rules`) and this module's checks. A derived value fills
 only a key the user left unset; contradicting values raise :class:`ConfigError` naming both
-keys; options rft recognises but does not implement raise :class:`NotSupportedError`.
+keys; options rft recognises but does not implement raise :class:`NotSupportedError`. What the
+runtime reads from the result is in :mod:`rft.config.queries`.
 """
 
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 
-from rft.config.auxiliary import auxiliary_tp, check_auxiliary_models
-from rft.config.gpus import split_gpus
+from rft.config.auxiliary import check_auxiliary_models
+from rft.config.buffer_rules import check_experience_pipeline, check_inputs, infer_file_storage
+from rft.config.gpus import check_gpu_split
 from rft.config.mix import mix_counts
 from rft.config.mix_args import check_mix_batch_args
-from rft.config.names import (
-    EXPERT_LOSSES,
-    GROUP_BASELINES,
-    NEEDS_CRITIC,
-    SYNC_STYLE_ALIASES,
-    TIS_THRESHOLD,
-    VLLM_LORA_RANKS,
-)
-from rft.config.schema import Config, LoRAConfig, TasksetConfig
+from rft.config.names import SYNC_STYLE_ALIASES, TIS_THRESHOLD, VLLM_LORA_RANKS
+from rft.config.presets import apply_preset, resolve_old_logprobs
+from rft.config.queries import lora_config, streams, uses_critic
+from rft.config.schema import Config
 from rft.config.teacher import uses_teacher
 from rft.config.trinity_rules import apply_trinity_keys, check_resumed_parts
-from rft.config.trinity_rules import set_from_verl as _set_from_verl
 from rft.config.typed_dict import not_supported
+from rft.config.verl_rules import apply_verl_trainer_config
 from rft.errors import ConfigError, NotSupportedError
-from rft.placement import EXPLORER_MODES, task_gpus
+from rft.placement import EXPLORER_MODES
 
 log = logging.getLogger(__name__)
-
-# algorithm_type -> the choices it implies where the config leaves them unset: Trinity-RFT's
-# AlgorithmType.default_config() (trinity/algorithm/algorithm.py, v0.5.x main) over its base
-# defaults (_COMMON, from AlgorithmConfigValidator). "ppo" is GAE from a critic, as Trinity.
-# Types without advantage_fn train on data, not advantages (sft, raft). "reinforce" is rft's own.
-PRESETS: dict[str, dict[str, str]] = {
-    "sft": dict(policy_loss_fn="sft", kl_loss_fn="none", entropy_loss_fn="none"),
-    "ppo": dict(advantage_fn="ppo"),
-    "grpo": dict(advantage_fn="grpo"),
-    # Trinity's grpo_verl: GRPO with veRL's batch advantage (grpo_verl: epsilon only)
-    "grpo_verl": dict(advantage_fn="grpo_verl"),
-    # DAPO (agentscope-ai/Trinity-RFT@0fcd37e algorithm.py): GRPO's advantage and PPO's loss
-    # without KL; its clip-higher, token-mean loss, overlong reward shaping and dynamic sampling
-    # are the example's own keys (policy_loss_fn_args, reward_fn_args, data_processor).
-    "dapo": dict(advantage_fn="grpo", kl_loss_fn="none"),
-    "reinforceplusplus": dict(advantage_fn="reinforceplusplus"),
-    "rloo": dict(advantage_fn="rloo"),
-    "reinforce": dict(advantage_fn="reinforce", kl_loss_fn="none", entropy_loss_fn="none"),
-    "opmd": dict(advantage_fn="opmd", policy_loss_fn="opmd"),
-    "asymre": dict(
-        advantage_fn="asymre", policy_loss_fn="opmd", kl_loss_fn="none", entropy_loss_fn="none"
-    ),
-    "topr": dict(advantage_fn="reinforce", policy_loss_fn="topr"),
-    "cispo": dict(advantage_fn="grpo", policy_loss_fn="cispo"),
-    "gspo": dict(advantage_fn="grpo", policy_loss_fn="gspo"),
-    "sapo": dict(advantage_fn="grpo", policy_loss_fn="sapo"),
-    "mix": dict(
-        advantage_fn="grpo", policy_loss_fn="mix", sample_strategy="mix", entropy_loss_fn="mix"
-    ),
-    "mix_chord": dict(
-        advantage_fn="grpo",
-        policy_loss_fn="mix_chord",
-        sample_strategy="mix",
-        entropy_loss_fn="mix",
-    ),
-    "raft": dict(policy_loss_fn="sft", kl_loss_fn="none", entropy_loss_fn="none"),
-    "sppo": dict(
-        advantage_fn="opmd", policy_loss_fn="sppo", kl_loss_fn="none", entropy_loss_fn="none"
-    ),
-    "rec": dict(advantage_fn="rec", policy_loss_fn="rec"),
-    "dpo": dict(policy_loss_fn="dpo"),  # pairs from a dataset (mode train), rft.trainer.dpo
-    # Trinity's: one experience per step of a workflow's run, the run's last reward broadcast.
-    "multi_step_grpo": dict(advantage_fn="step_wise_grpo"),
-    # GiGPO (agentscope-ai/Trinity-RFT@0fcd37e GiGPOAlgorithm): episode + anchor-state step
-    # advantages of step-wise runs; its preset's advantage/loss args are the functions' defaults.
-    "gigpo": dict(advantage_fn="gigpo"),
-    # A teacher's log-probs of the student's samples as advantages (no reward, no KL term);
-    # the teacher is explorer.auxiliary_models[0] (rft.explorer.teacher).
-    **{
-        t: dict(advantage_fn=t, kl_loss_fn="none", entropy_loss_fn="none")
-        for t in ("on_policy_distill", "jsd")
-    },
-    # M2PO (agentscope-ai/Trinity-RFT@402adb2 M2POAlgorithm, as its
-    # tests/algorithm/test_m2po_policy_loss.py pins it): GRPO's advantage, the M2PO loss, no
-    # reference model, no entropy term; its old log-probs are the rollout's
-    # (_resolve_old_logprobs).
-    "m2po": dict(
-        advantage_fn="grpo", policy_loss_fn="m2po", kl_loss_fn="none", entropy_loss_fn="none"
-    ),
-}
-# Trinity's base defaults under every type's (its "warmup" sample strategy is no type's now).
-_COMMON = dict(
-    policy_loss_fn="ppo",
-    kl_loss_fn="k2",
-    kl_penalty_fn="none",
-    entropy_loss_fn="default",
-    sample_strategy="default",
-    loss_agg_mode="token-mean",
-)
-# Trinity's default_config() repeat_times per type (rft's algorithm.repeat_times default stays
-# 1): named in the warning for a group-baseline advantage with groups of one.
-REPEAT_TIMES: dict[str, int] = {
-    **{t: 2 for t in PRESETS if "advantage_fn" in PRESETS[t]},
-    **dict.fromkeys(
-        ("mix", "mix_chord", "multi_step_grpo", "on_policy_distill", "jsd", "m2po", "gigpo"), 8
-    ),
-    "dapo": 16,
-    "ppo": 1,
-}
-del REPEAT_TIMES["reinforce"]  # rft's own type: no Trinity default
-PRESET_KEYS = tuple(dict.fromkeys(key for preset in (*PRESETS.values(), _COMMON) for key in preset))
 
 
 def apply(cfg: Config, seen: set[str]) -> None:
     """Complete and check ``cfg`` in place; ``seen`` holds the key paths the user set."""
     check_not_supported(cfg)
-    _apply_preset(cfg)
-    _resolve_old_logprobs(cfg, seen)
-    _apply_verl_trainer_config(cfg, seen)
+    apply_preset(cfg)
+    resolve_old_logprobs(cfg, seen)
+    apply_verl_trainer_config(cfg, seen)
     apply_trinity_keys(cfg, seen)
     _derive_critic(cfg, seen)
     _check_lora(cfg)
@@ -130,15 +48,15 @@ def apply(cfg: Config, seen: set[str]) -> None:
     _derive_totals(cfg)
     _derive_lengths(cfg)
     _derive_runner_num(cfg, seen)
-    _infer_file_storage(cfg, seen)
-    _check_inputs(cfg)
+    infer_file_storage(cfg, seen)
+    check_inputs(cfg)
     _check_trainer(cfg)
     _check_rollout_correction(cfg)
     _check_lead(cfg)
     _check_delta(cfg, seen)
     _check_partial_rollout(cfg)
     _check_teacher(cfg)
-    _check_experience_pipeline(cfg)
+    check_experience_pipeline(cfg)
     check_auxiliary_models(cfg)
     check_gpu_split(cfg)
     _check_monitor(cfg)
@@ -167,32 +85,6 @@ def check_not_supported(cfg: Config) -> None:
         )
 
 
-def _check_experience_pipeline(cfg: Config) -> None:
-    """The experience operators act where the trainer reads rollouts (rft.trainer.inputs), not
-    in the explorer as in Trinity: refused where they would do nothing."""
-    pipeline = cfg.data_processor.experience_pipeline
-    if pipeline is None or not pipeline.operators:
-        return
-    key = "data_processor.experience_pipeline.operators"
-    if cfg.mode == "explore":
-        raise not_supported(
-            f"{key} in mode explore",
-            "rft applies them in the trainer as it reads each batch (the explorer writes every "
-            "experience): move them to the trainer's config (mode train)",
-        )
-    if cfg.buffer.trainer_input.experience_buffer.storage_type == "file":
-        raise ConfigError(
-            f"{key}: they act on rollouts, but this trainer reads a dataset "
-            "(buffer.trainer_input.experience_buffer.storage_type: file); remove them"
-        )
-    if cfg.mode == "both" and any(op.name == "dapo_dynamic_sampling" for op in pipeline.operators):
-        log.warning(
-            "dapo_dynamic_sampling in mode both: each step trains on the groups it keeps from its "
-            "own rollouts (no refill from later steps, unlike Trinity's queue); for full batches "
-            "run mode explore + mode train with the operators in the trainer's config"
-        )
-
-
 def _check_teacher(cfg: Config) -> None:
     """A distillation advantage (on_policy_distill, jsd) scores the rollouts with one teacher,
     ``explorer.auxiliary_models[0]`` (Trinity's first auxiliary model), and no reward model."""
@@ -214,214 +106,6 @@ def _check_monitor(cfg: Config) -> None:
             f"monitor.monitor_type: {kinds!r} must name each monitor once, and at "
             "least one: e.g. tensorboard, or [tensorboard, wandb]"
         )
-
-
-def _apply_preset(cfg: Config) -> None:
-    algo = cfg.algorithm
-    preset = {**_COMMON, **PRESETS[algo.algorithm_type]}
-    for key in PRESET_KEYS:
-        if getattr(algo, key) is None and key in preset:
-            setattr(algo, key, preset[key])
-    if algo.policy_loss_fn not in ("sft", "dpo") and algo.advantage_fn is None:
-        raise ConfigError(
-            f"algorithm.advantage_fn must be set for algorithm_type '{algo.algorithm_type}' "
-            f"(policy_loss_fn {algo.policy_loss_fn!r} trains on advantages)"
-        )
-    if algo.policy_loss_fn in EXPERT_LOSSES and algo.sample_strategy != "mix":
-        raise ConfigError(
-            f"algorithm.policy_loss_fn '{algo.policy_loss_fn}' needs expert data: set "
-            "algorithm.sample_strategy=mix (and buffer.trainer_input.auxiliary_buffers)"
-        )
-    if algo.advantage_fn in GROUP_BASELINES and algo.repeat_times < 2:
-        log.warning(
-            "algorithm.repeat_times=1 with advantage_fn %s: every group has one sample, so "
-            "there is no baseline to compare with and nothing is learned; Trinity's %s preset "
-            "suggests repeat_times: %d",
-            algo.advantage_fn,
-            algo.algorithm_type,
-            REPEAT_TIMES.get(algo.algorithm_type, 2),
-        )
-
-
-def _resolve_old_logprobs(cfg: Config, seen: set[str]) -> None:
-    """Trinity's ``algorithm.bypass_old_logprobs`` is rft's ``old_logprobs`` (true: rollout,
-    false: recompute). M2PO's ratio is to the behaviour policy, so its old log-probs are the
-    rollout's: set when the config leaves both keys unset, refused otherwise (as Trinity's
-    M2POAlgorithm.check_config refuses bypass_old_logprobs: false)."""
-    algo = cfg.algorithm
-    if algo.bypass_old_logprobs is not None:
-        bypass = "rollout" if algo.bypass_old_logprobs else "recompute"
-        if "algorithm.old_logprobs" in seen and algo.old_logprobs != bypass:
-            raise ConfigError(
-                f"algorithm.bypass_old_logprobs={algo.bypass_old_logprobs} contradicts "
-                f"algorithm.old_logprobs={algo.old_logprobs!r}; set only one"
-            )
-        algo.old_logprobs = bypass
-    if algo.algorithm_type == "m2po" and algo.policy_loss_fn != "m2po":
-        raise ConfigError(
-            f"algorithm.algorithm_type m2po needs policy_loss_fn m2po (got "
-            f"{algo.policy_loss_fn!r}); remove algorithm.policy_loss_fn, or choose another type"
-        )
-    if algo.policy_loss_fn != "m2po":
-        return
-    written = {"algorithm.old_logprobs", "algorithm.bypass_old_logprobs"} & seen
-    if algo.old_logprobs != "rollout" and written:
-        raise ConfigError(
-            "policy_loss_fn m2po takes the ratio to the rollout's behaviour policy, but the "
-            "old log-probs are recomputed; set algorithm.bypass_old_logprobs: true (or "
-            "algorithm.old_logprobs: rollout)"
-        )
-    algo.old_logprobs = "rollout"
-
-
-def _apply_verl_trainer_config(cfg: Config, seen: set[str]) -> None:
-    arr = cfg.trainer.trainer_config.actor_rollout_ref
-    if cfg.trainer.trainer_type == "verl":
-        log.info(
-            "trainer.trainer_type 'verl': rft trains with DeepSpeed ZeRO; veRL-style "
-            "trainer.trainer_config keys are mapped onto trainer.*"
-        )
-    pairs = [
-        (
-            "actor_rollout_ref.model.use_remove_padding",
-            arr.model.use_remove_padding,
-            "trainer.padding_free",
-        ),
-        (
-            "actor_rollout_ref.model.enable_gradient_checkpointing",
-            arr.model.enable_gradient_checkpointing,
-            "trainer.gradient_checkpointing",
-        ),
-        (
-            "actor_rollout_ref.actor.fsdp_config.param_offload",
-            arr.actor.fsdp_config.param_offload,
-            "trainer.param_offload",
-        ),
-        (
-            "actor_rollout_ref.actor.fsdp_config.optimizer_offload",
-            arr.actor.fsdp_config.optimizer_offload,
-            "trainer.optimizer_offload",
-        ),
-        (
-            "actor_rollout_ref.ref.fsdp_config.param_offload",
-            arr.ref.fsdp_config.param_offload,
-            "trainer.ref_offload",
-        ),
-        (
-            "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
-            arr.actor.ppo_micro_batch_size_per_gpu,
-            "trainer.micro_batch_size_per_gpu",
-        ),
-        ("actor_rollout_ref.actor.ppo_epochs", arr.actor.ppo_epochs, "trainer.ppo_epochs"),
-        ("actor_rollout_ref.actor.grad_clip", arr.actor.grad_clip, "trainer.grad_clip"),
-        (
-            "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
-            arr.rollout.log_prob_micro_batch_size_per_gpu,
-            "trainer.log_prob_micro_batch_size_per_gpu",
-        ),
-        *_verl_aliases(cfg),
-        *_verl_log_prob_passes(cfg),
-    ]
-    for verl_key, value, ours in pairs:
-        _set_from_verl(cfg, verl_key, value, ours, seen)
-    _check_alg_type(cfg)
-
-
-# Trinity 0.1's actor.alg_type -> the policy loss it selected (its examples' veRL files).
-_ALG_TYPE_LOSS = {"ppo": "ppo", "opmd": "opmd", "dpo": "dpo", "sft": "sft"}
-
-
-def _check_alg_type(cfg: Config) -> None:
-    """``actor.alg_type`` has no effect when it names the loss the algorithm uses already."""
-    alg_type = cfg.trainer.trainer_config.actor_rollout_ref.actor.alg_type
-    if alg_type is None:
-        return
-    key = "trainer.trainer_config.actor_rollout_ref.actor.alg_type"
-    if alg_type not in _ALG_TYPE_LOSS:
-        raise not_supported(
-            f"{key}: {alg_type}",
-            "Trinity 0.1's pairwise OPMD is not built in rft; set algorithm.algorithm_type: opmd",
-        )
-    loss = cfg.algorithm.policy_loss_fn
-    if _ALG_TYPE_LOSS[alg_type] != loss:
-        raise ConfigError(
-            f"{key}={alg_type!r} (Trinity 0.1's loss switch) contradicts "
-            f"algorithm.policy_loss_fn={loss!r}; remove alg_type (algorithm.algorithm_type "
-            "chooses the loss)"
-        )
-
-
-def _verl_log_prob_passes(cfg: Config) -> list[tuple[str, object, str]]:
-    """veRL's old-policy (rollout.*) and reference (ref.*) log-prob batching -> rft's one
-    batching of both passes: the smaller token budget when the two differ (log-probs do not
-    depend on it; memory does), dynamic batching when either asks for it."""
-    arr = cfg.trainer.trainer_config.actor_rollout_ref
-    out: list[tuple[str, object, str]] = []
-    for name, ours, pick in (
-        ("log_prob_max_token_len_per_gpu", "trainer.log_prob_max_token_len_per_gpu", min),
-        ("log_prob_use_dynamic_bsz", "trainer.log_prob_use_dynamic_bsz", any),
-    ):
-        given = {
-            f"actor_rollout_ref.{part}.{name}": getattr(getattr(arr, part), name)
-            for part in ("rollout", "ref")
-            if getattr(getattr(arr, part), name) is not None
-        }
-        if not given:
-            continue
-        value = pick(given.values())
-        if len(set(given.values())) > 1:
-            log.info("%s differ (%s): rft batches both passes alike, with %r", name, given, value)
-        out.append((" and ".join(given), value, ours))
-    return out
-
-
-def _verl_aliases(cfg: Config) -> list[tuple[str, object, str]]:
-    """veRL keys of Trinity's examples that name a trainer.* or algorithm.* setting."""
-    arr, verl = cfg.trainer.trainer_config.actor_rollout_ref, cfg.trainer.trainer_config
-    actor = arr.actor
-    return [
-        (
-            "actor_rollout_ref.actor.use_dynamic_bsz",
-            actor.use_dynamic_bsz,
-            "trainer.use_dynamic_bsz",
-        ),
-        (
-            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu",
-            actor.ppo_max_token_len_per_gpu,
-            "trainer.max_token_len_per_gpu",
-        ),
-        (
-            "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
-            actor.ulysses_sequence_parallel_size,
-            "trainer.ulysses_sequence_parallel_size",
-        ),
-        ("actor_rollout_ref.actor.optim", actor.optim, "algorithm.optimizer"),
-        (
-            "actor_rollout_ref.actor.engine.param_offload",
-            actor.engine.param_offload,
-            "trainer.param_offload",
-        ),
-        (
-            "actor_rollout_ref.actor.engine.optimizer_offload",
-            actor.engine.optimizer_offload,
-            "trainer.optimizer_offload",
-        ),
-        (
-            "actor_rollout_ref.ref.engine.param_offload",
-            arr.ref.engine.param_offload,
-            "trainer.ref_offload",
-        ),
-        (
-            "trainer.max_actor_ckpt_to_keep",
-            verl.trainer.max_actor_ckpt_to_keep or verl.trainer.max_critic_ckpt_to_keep,
-            "trainer.max_checkpoints_to_keep",
-        ),
-    ]
-
-
-def lora_config(cfg: Config) -> LoRAConfig | None:
-    """The run's LoRA adapter (``model.lora_configs``, one entry), or None: full fine-tuning."""
-    return cfg.model.lora_configs[0] if cfg.model.lora_configs else None
 
 
 def _check_lora(cfg: Config) -> None:
@@ -454,20 +138,6 @@ def _check_lora(cfg: Config) -> None:
             "model.lora_configs[0].base_model_name has no effect: the base model is "
             "model.model_path"
         )
-
-
-def read_timeout(cfg: Config) -> tuple[float, str]:
-    """Seconds the trainer waits for experiences, and the key that says so: the experience
-    buffer's ``max_read_timeout`` (Trinity's queue read timeout) or ``synchronizer.sync_timeout``."""
-    buf = cfg.buffer.trainer_input.experience_buffer
-    if buf.max_read_timeout is not None:
-        return buf.max_read_timeout, "buffer.trainer_input.experience_buffer.max_read_timeout"
-    return float(cfg.synchronizer.sync_timeout), "synchronizer.sync_timeout"
-
-
-def uses_critic(cfg: Config) -> bool:
-    """Whether the run trains a value model: ``advantage_fn: ppo`` (GAE needs values)."""
-    return cfg.algorithm.advantage_fn in NEEDS_CRITIC
 
 
 def _derive_critic(cfg: Config, seen: set[str]) -> None:
@@ -529,14 +199,6 @@ def _derive_micro_batch_sizes(cfg: Config) -> None:
         t.log_prob_max_token_len_per_gpu = t.max_token_len_per_gpu
     if critic.ppo_micro_batch_size_per_gpu is None:
         critic.ppo_micro_batch_size_per_gpu = t.micro_batch_size_per_gpu
-
-
-def _infer_file_storage(cfg: Config, seen: set[str]) -> None:
-    """Trinity's SFT stages give the experience buffer a dataset path and no storage_type."""
-    buf = cfg.buffer.trainer_input.experience_buffer
-    written = "buffer.trainer_input.experience_buffer.storage_type" in seen
-    if not written and buf.path and not buf.path.startswith("sqlite:///"):
-        buf.storage_type = "file"
 
 
 def _derive_totals(cfg: Config) -> None:
@@ -601,90 +263,6 @@ def _derive_runner_num(cfg: Config, seen: set[str]) -> None:
     explorer.runner_per_model = explorer.runner_num
 
 
-def _check_inputs(cfg: Config) -> None:
-    inputs = cfg.buffer.explorer_input
-    if inputs.taskset is not None and inputs.tasksets:
-        raise ConfigError(
-            "set buffer.explorer_input.taskset or buffer.explorer_input.tasksets, not both"
-        )
-    if not cfg.model.model_path:
-        raise ConfigError("model.model_path is empty: set it to a local Hugging Face model folder")
-    needs_tasks = cfg.mode in ("both", "explore") and cfg.algorithm.algorithm_type != "sft"
-    if needs_tasks and not cfg.training_tasksets():
-        raise ConfigError(
-            f"mode '{cfg.mode}' generates experiences but no taskset is configured: "
-            "set buffer.explorer_input.taskset (path, split, format)"
-        )
-    if cfg.mode == "bench" and not inputs.eval_tasksets:
-        raise ConfigError(
-            "mode 'bench' evaluates checkpoints on buffer.explorer_input."
-            "eval_tasksets, which is empty"
-        )
-    for label, taskset in cfg.labelled_tasksets():
-        if not taskset.path:
-            raise ConfigError(f"{label}.path is empty: set it to a dataset folder or file")
-        _check_rollout_n(cfg, label, taskset)
-    _check_experience_buffer(cfg)
-
-
-def _check_rollout_n(cfg: Config, label: str, taskset: TasksetConfig) -> None:
-    """Trinity overwrites ``rollout_args.n`` with the repeat count (its config says DO NOT SET):
-    accepted when equal, an error when it would ask for another count."""
-    n, repeat = taskset.rollout_args.n, taskset.repeat_times or cfg.algorithm.repeat_times
-    if n is not None and n != repeat:
-        where = f"{label}.repeat_times" if taskset.repeat_times else "algorithm.repeat_times"
-        raise ConfigError(
-            f"{label}.rollout_args.n={n} contradicts {where}={repeat}: Trinity sets n from "
-            "repeat_times (samples per task) and ignores n; set repeat_times and remove n"
-        )
-
-
-def _check_experience_buffer(cfg: Config) -> None:
-    buf = cfg.buffer.trainer_input.experience_buffer
-    key = "buffer.trainer_input.experience_buffer"
-    if cfg.algorithm.policy_loss_fn == "dpo" and (
-        cfg.mode != "train" or buf.storage_type != "file" or not buf.path
-    ):
-        raise ConfigError(
-            "algorithm.policy_loss_fn 'dpo' trains on a dataset of preference pairs: set mode: "
-            f"train and {key}.path to the dataset (storage_type: file); got mode "
-            f"{cfg.mode!r}, storage_type {buf.storage_type!r}, path {buf.path!r}"
-        )
-    if buf.storage_type == "sql" and cfg.cluster.node_num > 1:
-        raise ConfigError(
-            f"{key}.storage_type 'sql' uses SQLite as the transport, whose locking is unreliable "
-            f"on network filesystems (NFS, Lustre), and cluster.node_num={cfg.cluster.node_num}. "
-            "Use storage_type: queue (sealed segments; add path: sqlite:///x.db to also archive "
-            "consumed experiences in SQLite)"
-        )
-    if buf.storage_type == "sql" and not (buf.path or "").startswith("sqlite:///"):
-        raise ConfigError(f"{key}.path must be sqlite:///<file>.db with storage_type 'sql'")
-    if buf.storage_type == "queue" and buf.path and not buf.path.startswith("sqlite:///"):
-        raise ConfigError(
-            f"{key}.path={buf.path!r}: with storage_type 'queue' the path is "
-            "optional and, when set, must be sqlite:///<file>.db (an archive)"
-        )
-    if buf.storage_type == "file":
-        if cfg.mode != "train":
-            raise ConfigError(
-                f"{key}.storage_type 'file' (a fixed dataset of experiences) needs "
-                f"mode 'train', not '{cfg.mode}'"
-            )
-        if not buf.path:
-            raise ConfigError(f"{key}.path is empty: set it to the SFT dataset folder or file")
-    for name, aux in cfg.buffer.trainer_input.auxiliary_buffers.items():
-        if aux.storage_type != "file" or not aux.path:
-            raise ConfigError(
-                f"buffer.trainer_input.auxiliary_buffers.{name}: expert data must "
-                "be storage_type: file with a path to a dataset"
-            )
-    if cfg.algorithm.sample_strategy == "mix" and not cfg.buffer.trainer_input.auxiliary_buffers:
-        raise ConfigError(
-            "algorithm.sample_strategy 'mix' mixes in expert data: set "
-            "buffer.trainer_input.auxiliary_buffers.<name> (storage_type: file, path)"
-        )
-
-
 def _check_trainer(cfg: Config) -> None:
     t = cfg.trainer
     if t.gradient_checkpointing_every > 1 and not t.gradient_checkpointing:
@@ -726,20 +304,6 @@ def _check_trainer(cfg: Config) -> None:
             "enable_auto_tool_choice: true (replies are not parsed for tool calls)",
             rollout.tool_call_parser,
         )
-
-
-def taskset_temperature(cfg: Config, taskset: TasksetConfig) -> float:
-    """The sampling temperature of a taskset: its ``rollout_args.temperature``, else
-    ``model.temperature`` (the one rule the explorer samples by and the trainer scores by)."""
-    own = taskset.rollout_args.temperature
-    return cfg.model.temperature if own is None else own
-
-
-def scoring_temperature(sampling_temperature: float) -> float:
-    """The temperature the trainer divides its logits by to score a rollout sampled at
-    ``sampling_temperature``, so that its log-probs and vLLM's describe the same distribution:
-    the same, but 1 for greedy (0), the temperature of vLLM's greedy log-probs."""
-    return sampling_temperature if sampling_temperature > 0 else 1.0
 
 
 def _check_rollout_correction(cfg: Config) -> None:
@@ -832,16 +396,6 @@ def _check_delta(cfg: Config, seen: set[str]) -> None:
         )
 
 
-def streams(cfg: Config) -> bool:
-    """Whether the explorer streams (:mod:`rft.explorer.streaming`): ``explorer.partial_rollout``
-    in an asynchronous run (``mode: explore``, or ``mode: both`` with ``sync_offset`` >= 1 or a
-    dynamic ``sync_style``). A synchronous run generates step s only after the trainer's step
-    s - 1: nothing could overlap, so the plain loop runs there."""
-    sync = cfg.synchronizer
-    asynchronous = cfg.mode == "explore" or sync.sync_offset > 0 or sync.sync_style != "fixed"
-    return cfg.explorer.partial_rollout and asynchronous
-
-
 def _check_partial_rollout(cfg: Config) -> None:
     """``explorer.partial_rollout``: what it cannot do, refused; where it has no effect, said."""
     ex = cfg.explorer
@@ -862,42 +416,4 @@ def _check_partial_rollout(cfg: Config) -> None:
             "explorer.partial_rollout has no effect in a synchronous run (mode both, "
             "synchronizer.sync_offset 0): step s waits for the trainer's step s - 1, nothing "
             "overlaps; set sync_offset >= 1 or run mode explore + mode train"
-        )
-
-
-def check_gpu_split(cfg: Config, mode: str | None = None) -> None:
-    """The GPUs of ``mode`` (default: the config's) fit the cluster section: an explorer task
-    (its engine, then each auxiliary model's engine or scorer) on one node, the explorers within the cluster,
-    and at least one GPU left for a trainer. The config rules and the SLURM job sizing call it."""
-    mode = mode or cfg.mode
-    rollout, cluster = cfg.explorer.rollout_model, cfg.cluster
-    if cluster.gpu_per_node == 0:
-        return  # CPU-only cluster description: the local runner decides
-    split = split_gpus(cfg, mode)
-    per_task = task_gpus(rollout.tensor_parallel_size, auxiliary_tp(cfg))
-    scorers = (
-        " plus each auxiliary model's tensor_parallel_size" if cfg.explorer.auxiliary_models else ""
-    )
-    if per_task > cluster.gpu_per_node:
-        raise ConfigError(
-            f"an explorer task needs {per_task} GPUs (explorer.rollout_model."
-            f"tensor_parallel_size {rollout.tensor_parallel_size}{scorers}) but "
-            f"cluster.gpu_per_node={cluster.gpu_per_node}: a task's GPUs must be on "
-            "one node; lower the tensor_parallel_size of the rollout or auxiliary models"
-        )
-    whose = (
-        f"{split.auxiliary} of them for explorer.auxiliary_models"
-        if split.auxiliary
-        else "explorer.rollout_model.engine_num x tensor_parallel_size"
-    )
-    if mode == "both" and split.trainer < 1:
-        raise ConfigError(
-            f"explorers take {split.explorer} GPUs ({whose}), leaving none of "
-            f"cluster.node_num x gpu_per_node = {split.total} for the trainer; lower "
-            "engine_num or raise cluster.gpu_per_node/node_num"
-        )
-    if mode == "explore" and split.explorer > split.total:
-        raise ConfigError(
-            f"explorers need {split.explorer} GPUs ({whose}) but the cluster section "
-            f"has {split.total}; lower explorer.rollout_model.engine_num"
         )

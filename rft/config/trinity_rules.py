@@ -21,6 +21,7 @@ from rft.config.external import check_external_mode, uses_external_model
 from rft.config.known_names import ROLLOUT_MODEL_MIRRORS
 from rft.config.schema import Config
 from rft.config.typed_dict import not_supported
+from rft.config.verl_rules import set_from_verl
 from rft.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -74,21 +75,6 @@ def _check_engine_type(cfg: Config) -> None:
             "explorer.rollout_model.engine_type: external needs model.external_model.enable: "
             "true (with base_url_env, api_key_env and model_name; mode bench)"
         )
-
-
-def set_from_verl(cfg: Config, verl_key: str, value: object, ours: str, seen: set[str]) -> None:
-    """Copy a veRL-style setting onto rft's key; a different explicit value is a conflict."""
-    if value is None:
-        return
-    section, name = ours.split(".")
-    target = getattr(cfg, section)
-    current = getattr(target, name)
-    if ours in seen and current != value:
-        raise ConfigError(
-            f"trainer.trainer_config.{verl_key}={value!r} contradicts "
-            f"{ours}={current!r}; set only one of them"
-        )
-    setattr(target, name, value)
 
 
 def _trinity_trainer_spellings(cfg: Config, seen: set[str]) -> None:

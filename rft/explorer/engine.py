@@ -29,7 +29,7 @@ import torch
 
 from rft.config.auxiliary import scoring_max_len
 from rft.config.names import VLLM_LORA_RANKS
-from rft.config.rules import lora_config, streams
+from rft.config.queries import lora_config, streams
 from rft.config.schema import AuxiliaryModelConfig, Config, LoRAConfig
 from rft.errors import CheckpointError, ConfigError
 from rft.explorer.tasksets import SamplingArgs, sampling_defaults

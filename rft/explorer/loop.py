@@ -20,7 +20,7 @@ from typing import Any, Callable, Optional, Sequence
 
 from rft.buffer.experience import Experience
 from rft.buffer.segments import open_buffer_writer
-from rft.config.rules import streams
+from rft.config.queries import streams
 from rft.config.schema import Config
 from rft.entry import config_parser, run_command, setup_logging
 from rft.errors import EXIT_OK, ConfigError, EpisodesFailedError

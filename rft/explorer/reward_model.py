@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence
 
 from rft.config.auxiliary import auxiliary_tp, forward_dtype, scoring_max_len
-from rft.config.rules import uses_teacher
 from rft.config.schema import Config
+from rft.config.teacher import uses_teacher
 from rft.errors import ConfigError, DataError
 from rft.models import REWARD_MODEL, auxiliary_kinds, check_reward_model_dir, read_config
 from rft.placement import scorer_gpu_index

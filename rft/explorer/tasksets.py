@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping, Optional, Union
 
 from rft import data
 from rft.config.auxiliary import split_reward_weights
-from rft.config.rules import taskset_temperature
+from rft.config.queries import taskset_temperature
 from rft.config.schema import Config, TasksetConfig
 from rft.data import planned_steps
 from rft.errors import ConfigError, DataError, WorkflowError
@@ -180,6 +180,7 @@ def taskset_workflow(cfg: Config, ts: TasksetConfig, label: str, is_eval: bool) 
     choice = resolve_workflow(cfg, ts, label, *workflow_names(cfg, ts, is_eval))
     check_endpoint(cfg, choice, label)
     check_requirements(choice, label)
+    check_workflow_args(choice, ts, label)
     return choice
 
 
@@ -189,6 +190,16 @@ def check_requirements(choice: WorkflowChoice, label: str) -> None:
     missing = unmet(choice.cls) if isinstance(choice, WorkflowClass) else []
     if missing:
         raise ConfigError(f"{label}: workflow {choice.name} needs " + "; and ".join(missing))
+
+
+def check_workflow_args(choice: WorkflowChoice, ts: TasksetConfig, label: str) -> None:
+    """ConfigError when the workflow class refuses the taskset's ``workflow_args`` (its
+    ``check_workflow_args``)."""
+    if isinstance(choice, WorkflowClass):
+        try:
+            choice.cls.check_workflow_args(ts.workflow_args)
+        except WorkflowError as e:
+            raise ConfigError(f"{label}.workflow_args: {e}") from e
 
 
 def check_endpoint(cfg: Config, choice: WorkflowChoice, label: str) -> None:

@@ -23,9 +23,9 @@ from rft.config.auxiliary import REWARD_WEIGHT_KEYS, auxiliary_tp, scoring_max_l
 from rft.config.external import external_endpoint, uses_external_model
 from rft.config.gpus import split_gpus
 from rft.config.load import stage_config, stage_label
-from rft.config.rules import lora_config, uses_critic, uses_teacher
+from rft.config.queries import lora_config, uses_critic
 from rft.config.schema import Config, ExperienceBufferConfig
-from rft.config.teacher import teacher_in_trainer, teacher_placement
+from rft.config.teacher import teacher_in_trainer, teacher_placement, uses_teacher
 from rft.errors import ConfigError, DataError, RftError
 from rft.explorer.engine import engine_kwargs
 from rft.explorer.probe import first_task_checks

@@ -20,9 +20,8 @@ from typing import TYPE_CHECKING
 
 from rft import stages
 from rft.config.auxiliary import auxiliary_tp
-from rft.config.gpus import split_gpus
+from rft.config.gpus import check_gpu_split, split_gpus
 from rft.config.load import stage_label
-from rft.config.rules import check_gpu_split
 from rft.config.schema import Config
 from rft.entry import PLUGIN_DIRS_ENV
 from rft.errors import EXIT_REQUEUE, SlurmError

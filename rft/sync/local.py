@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Union
 
 from rft import atomic
-from rft.config.rules import lora_config
+from rft.config.queries import lora_config
 from rft.config.schema import Config
 from rft.errors import ConfigError, DeltaError, storage_errors
 from rft.rundir import weights_dir

@@ -17,7 +17,7 @@ from typing import Sequence
 import torch
 
 from rft.buffer.experience import ENV_STEP_KEY, RUN_KEY, Experience
-from rft.config.rules import scoring_temperature
+from rft.config.queries import scoring_temperature
 from rft.errors import DataError
 from rft.monitor import POLICY_LOSS
 
@@ -62,7 +62,7 @@ def rows_from_experiences(
     """Tabulate a batch; DataError for an empty response (nothing to train on).
 
     Each row's scoring temperature: 1 for expert rows (data, not samples), else that of the
-    temperature the rollout records (:func:`~rft.config.rules.scoring_temperature`), else
+    temperature the rollout records (:func:`~rft.config.queries.scoring_temperature`), else
     ``default_temperature`` (records of an earlier rft; None: DataError, none can be told)."""
     response_lens = [exp.array_len("response_ids") for exp in exps]
     for exp, length in zip(exps, response_lens):

@@ -30,7 +30,7 @@ from deepspeed.accelerator import get_accelerator  # noqa: E402
 
 from rft import placement  # noqa: E402
 from rft.algo.logprobs import logprobs_from_hidden, logprobs_from_logits  # noqa: E402
-from rft.config.rules import lora_config  # noqa: E402
+from rft.config.queries import lora_config  # noqa: E402
 from rft.config.schema import Config, LoRAConfig, OptimizerConfig  # noqa: E402
 from rft.errors import CheckpointError, ConfigError  # noqa: E402
 from rft.models import rope_overrides  # noqa: E402
@@ -608,7 +608,7 @@ def forward_logprobs(
 
     The logits are divided by ``micro.temperature`` (in float32, as veRL's actor does), one
     per row: for a rollout the temperature it was sampled at (``Experience.temperature``, via
-    ``rft.config.rules.scoring_temperature``), and
+    ``rft.config.queries.scoring_temperature``), and
     the explorer's vLLM reports the log-probs of that same tempered distribution
     (``logprobs_mode: processed_logprobs``), so recomputed old, current, reference and
     behaviour log-probs all describe the distribution sampled from (top-p/top-k truncation

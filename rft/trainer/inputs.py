@@ -18,7 +18,7 @@ from rft.buffer import replay
 from rft.buffer.experience import Experience
 from rft.buffer.segment_file import unsealed_writers
 from rft.buffer.segments import open_archive, open_buffer_reader
-from rft.config.rules import read_timeout
+from rft.config.queries import read_timeout
 from rft.config.schema import Config
 from rft.errors import DataError, EpisodesFailedError, NotSupportedError
 from rft.lease import NO_FENCE, Fence

@@ -21,7 +21,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from rft.config.batches import updates_per_step
-from rft.config.rules import read_timeout, uses_critic
+from rft.config.queries import read_timeout, uses_critic
 from rft.config.schema import Config
 from rft.config.trinity_rules import resumed_parts
 from rft.data import run_steps, trains_pairs
@@ -305,153 +305,123 @@ def run(cfg: Config) -> int:
             lease.release()
 
 
-def train(
-    cfg: Config,
-    info: engine.DistInfo,
-    stop: StopFlag,
-    lease: Lease | None,
-    fence: Fence = NO_FENCE,
-) -> int:
-    """The loop itself, on every rank; rank 0 holds ``lease``; every rank checks ``fence`` (its
-    view of the lease) right before each write others can see."""
-    from rft.monitor import Monitor
+def _build_models(
+    cfg: Config, info: engine.DistInfo, fns: Any, total_updates: int | None
+) -> tuple[engine.Actor, engine.Reference | None, engine.Actor | None]:
+    """The actor, the reference model (a KL term, or DPO) and the critic (GAE) of the run."""
     from rft.trainer import engine
+
+    actor = engine.build_actor(cfg, info, total_updates)
+    needs_ref = fns.needs_ref or trains_pairs(cfg)  # DPO: always against the reference model
+    ref = engine.build_reference(cfg, info, actor) if needs_ref else None
+    critic = engine.build_critic(cfg, info, total_updates) if uses_critic(cfg) else None
+    return actor, ref, critic
+
+
+def _load_resumed(
+    cfg: Config,
+    rank: int,
+    resumed: int,
+    weights_version: int,
+    actor: engine.Actor,
+    critic: engine.Actor | None,
+) -> None:
+    """Load what ``checkpoint.load_contents`` restores of global_step_``resumed``."""
+    from rft.trainer import engine
+
+    folder = step_dir(cfg.run_dir, resumed)
+    parts = resumed_parts(cfg)
+    engine.load_checkpoint(actor, folder / ACTOR_DIR, parts)
+    if critic is not None:
+        engine.load_checkpoint(critic, folder / CRITIC_DIR, resumed_parts(cfg, "critic"))
+    if "extra" in parts:
+        load_rng(folder / ACTOR_DIR, rank)
+    if parts != {"model", "optimizer", "extra"}:
+        log.info("resumed the actor's %s only (checkpoint.load_contents)", sorted(parts))
+    log.info(
+        "resumed from global_step_%d (weights version %d)%s",
+        resumed,
+        weights_version,
+        " with its critic" if critic is not None else "",
+    )
+
+
+def _pad_id(actor: engine.Actor) -> int:
+    pad_id = actor.module.config.pad_token_id or actor.module.config.eos_token_id or 0
+    return pad_id[0] if isinstance(pad_id, list) else pad_id
+
+
+def _train_on(
+    batch: list[Experience],
+    models: tuple[engine.Actor, engine.Reference | None, engine.Actor | None],
+    cfg: Config,
+    fns: Any,
+    info: engine.DistInfo,
+    step: int,
+    pad_id: int,
+) -> dict[str, float]:
+    """The step's metrics after training on ``batch``; a step on nothing is skipped."""
     from rft.trainer.dpo import dpo_step
     from rft.trainer.step import train_step
 
-    rank = info.rank
-    run_dir = cfg.run_dir
-    fns = build_loss_fns(cfg.algorithm)
-    resumed, meta = engine.broadcast_object(
-        resume_point(cfg, run_dir, info.world_size) if rank == 0 else None
-    )
-    progress = LoopPosition(
-        step=resumed or 0,
-        weights_version=meta.get("weights_version", 0),
-        cursor=meta.get("buffer_cursor", {}),
-        last_saved=resumed or -1,
-    )
-    source = open_trainer_input(cfg, run_dir, progress.cursor or None, fence) if rank == 0 else None
-    requests = RequestWatcher(run_dir)  # explorer_driven's asks (read by rank 0)
-    steps = engine.broadcast_object(run_steps(cfg) if rank == 0 else None)
-    total_updates = (
-        None if steps is None else steps * updates_per_step(cfg)
-    )  # the LR schedule's length
-    actor = engine.build_actor(cfg, info, total_updates)
-    pairs = trains_pairs(cfg)  # DPO: its own step, always against the reference model
-    ref = engine.build_reference(cfg, info, actor) if fns.needs_ref or pairs else None
-    critic = engine.build_critic(cfg, info, total_updates) if uses_critic(cfg) else None
-    if resumed is not None:
-        parts = resumed_parts(cfg)
-        engine.load_checkpoint(actor, step_dir(run_dir, resumed) / ACTOR_DIR, parts)
-        if critic is not None:
-            critic_parts = resumed_parts(cfg, "critic")
-            engine.load_checkpoint(critic, step_dir(run_dir, resumed) / CRITIC_DIR, critic_parts)
-        if "extra" in parts:
-            load_rng(step_dir(run_dir, resumed) / ACTOR_DIR, rank)
-        if parts != {"model", "optimizer", "extra"}:
-            log.info("resumed the actor's %s only (checkpoint.load_contents)", sorted(parts))
-        log.info(
-            "resumed from global_step_%d (weights version %d)%s",
-            resumed,
-            progress.weights_version,
-            " with its critic" if critic is not None else "",
+    actor, ref, critic = models
+    if batch:
+        train = dpo_step if trains_pairs(cfg) else train_step
+        return train(actor, ref, batch, cfg, fns, info, step, pad_id, critic)
+    # never a step on nothing; lockstep goes on (the weights are published unchanged)
+    if info.rank == 0:
+        log.warning(
+            "step %d: no experiences to train on (every episode of the explorer's step "
+            "failed, or the experience operators dropped every group): step skipped, "
+            "weights unchanged",
+            step,
         )
-    weights = WeightsOut(cfg, info, steps, fence)  # folders, deltas, broadcasts, adapters
-    monitor = Monitor(
-        run_dir,
-        "trainer",
-        monitor_type=cfg.monitor.monitor_type,
-        enabled=rank == 0,
-        flush_interval_s=cfg.monitor.flush_interval_s,
-        project=cfg.project,
-        name=cfg.name,
-        fence=fence,
-    )
-    pad_id = actor.module.config.pad_token_id or actor.module.config.eos_token_id or 0
-    if isinstance(pad_id, list):
-        pad_id = pad_id[0]
+    return {SKIPPED_NO_EXPERIENCES: 1, BATCH_EXPERIENCES: 0, BATCH_TOKENS: 0, UPDATES: 0}
 
-    def save(final: bool) -> None:
-        save_full_checkpoint(
-            cfg,
-            run_dir,
-            actor,
-            source,
-            progress,
-            rank,
-            info.world_size,
-            final,
-            critic,
-            lease,
-            fence,
-        )
 
-    skipped: list[int] = []  # steps of this launch with no experiences (no update)
-    first_step = progress.step + 1
-    while steps is None or progress.step < steps:
-        step = progress.step + 1
-        t0 = time.perf_counter()
-        batch = engine.broadcast_object(
-            source.next_batch(step, progress.weights_version, stop.requested) if rank == 0 else None
-        )
-        if batch is None:
-            break
-        t_read = time.perf_counter() - t0
-        stale = staleness_metrics(batch, progress.weights_version)
-        if batch:
-            metrics = (dpo_step if pairs else train_step)(
-                actor, ref, batch, cfg, fns, info, step, pad_id, critic
-            )
-        else:  # never a step on nothing; lockstep goes on (the weights are published unchanged)
-            metrics = {SKIPPED_NO_EXPERIENCES: 1, BATCH_EXPERIENCES: 0, BATCH_TOKENS: 0, UPDATES: 0}
-            skipped.append(step)
-            if rank == 0:
-                log.warning(
-                    "step %d: no experiences to train on (every episode of the explorer's step "
-                    "failed, or the experience operators dropped every group): step skipped, "
-                    "weights unchanged",
-                    step,
-                )
-        progress.step = step
-        progress.cursor = source.cursor() if rank == 0 else {}
-        t1 = time.perf_counter()
-        sync = cfg.synchronizer
-        requested = False
-        if sync.sync_style == "explorer_driven":  # did an explorer ask? rank 0 decides for all
-            requested = engine.broadcast_object(requests.pending() if rank == 0 else None)
-        if publishes_weights(step, sync.sync_interval, steps, sync.sync_style, requested):
-            if rank == 0 and requested:
-                requests.answered()
-            check_lease(lease, f"publishing weights version {step}")
-            metrics.update(weights.publish(step, actor))
-            progress.weights_version = step
-        t_publish = time.perf_counter() - t1
-        elapsed = time.perf_counter() - t0
-        metrics.update(stale)
-        metrics.update(
-            {
-                READ_TIME_S: t_read,
-                PUBLISH_TIME_S: t_publish,
-                STEP_TIME_S: elapsed,
-                TOKENS_PER_S: metrics[BATCH_TOKENS] / max(elapsed - t_read - t_publish, 1e-9),
-                WEIGHTS_VERSION: progress.weights_version,
-            }
-        )
-        if rank == 0:
-            metrics.update({f"{BUFFER_STATS_PREFIX}{k}": v for k, v in source.stats().items()})
-        monitor.log(step, metrics)
-        if cfg.trainer.save_interval and step % cfg.trainer.save_interval == 0:
-            save(final=step == steps)
-        if engine.all_reduce_max(int(stop.requested())):
-            break
-    exit_code = EXIT_REQUEUE if engine.all_reduce_max(int(stop.requested())) else EXIT_OK
-    if progress.last_saved != progress.step and progress.step > 0:
-        save(final=True)
-    weights.close()
-    monitor.close()
-    log.info("trainer stopped at step %d (exit code %d)", progress.step, exit_code)
-    ran = progress.step - first_step + 1
+def _publish_if_due(
+    cfg: Config,
+    rank: int,
+    steps: int | None,
+    requests: RequestWatcher,
+    weights: WeightsOut,
+    actor: engine.Actor,
+    lease: Lease | None,
+    progress: LoopPosition,
+) -> dict[str, float]:
+    """Publish the weights of step ``progress.step`` when the sync schedule (or an explorer's
+    ask, ``explorer_driven``: rank 0 decides for all) says so; the publishing's metrics."""
+    from rft.trainer import engine
+
+    step, sync = progress.step, cfg.synchronizer
+    requested = False
+    if sync.sync_style == "explorer_driven":
+        requested = engine.broadcast_object(requests.pending() if rank == 0 else None)
+    if not publishes_weights(step, sync.sync_interval, steps, sync.sync_style, requested):
+        return {}
+    if rank == 0 and requested:
+        requests.answered()
+    check_lease(lease, f"publishing weights version {step}")
+    metrics = weights.publish(step, actor)
+    progress.weights_version = step
+    return metrics
+
+
+def _step_times(tokens: int, t0: float, read_s: float, publish_s: float) -> dict[str, float]:
+    """The step's timings since ``t0`` (perf_counter) and its tokens per second of training."""
+    elapsed = time.perf_counter() - t0
+    return {
+        READ_TIME_S: read_s,
+        PUBLISH_TIME_S: publish_s,
+        STEP_TIME_S: elapsed,
+        TOKENS_PER_S: tokens / max(elapsed - read_s - publish_s, 1e-9),
+    }
+
+
+def _check_trained_something(
+    cfg: Config, source: Source | None, ran: int, skipped: list[int], exit_code: int
+) -> None:
+    """Say which of the launch's ``ran`` steps were skipped; raise when it trained on nothing."""
     if skipped:
         log.warning(
             "%d of the %d steps of this launch had no experiences and were skipped: %s",
@@ -472,6 +442,84 @@ def train(
             "(see the explorer's log for its failed episodes, or the experience operators' "
             "counts in monitor/trainer/metrics.jsonl)"
         )
+
+
+def train(
+    cfg: Config,
+    info: engine.DistInfo,
+    stop: StopFlag,
+    lease: Lease | None,
+    fence: Fence = NO_FENCE,
+) -> int:
+    """The loop itself, on every rank; rank 0 holds ``lease``; every rank checks ``fence`` (its
+    view of the lease) right before each write others can see."""
+    from rft.monitor import Monitor
+    from rft.trainer import engine
+
+    rank, run_dir = info.rank, cfg.run_dir
+    fns = build_loss_fns(cfg.algorithm)
+    resumed, meta = engine.broadcast_object(
+        resume_point(cfg, run_dir, info.world_size) if rank == 0 else None
+    )
+    progress = LoopPosition(
+        step=resumed or 0,
+        weights_version=meta.get("weights_version", 0),
+        cursor=meta.get("buffer_cursor", {}),
+        last_saved=resumed or -1,
+    )
+    source = open_trainer_input(cfg, run_dir, progress.cursor or None, fence) if rank == 0 else None
+    requests = RequestWatcher(run_dir)  # explorer_driven's asks (read by rank 0)
+    steps = engine.broadcast_object(run_steps(cfg) if rank == 0 else None)
+    total_updates = None if steps is None else steps * updates_per_step(cfg)  # LR schedule's
+    models = _build_models(cfg, info, fns, total_updates)
+    actor, critic = models[0], models[2]
+    if resumed is not None:
+        _load_resumed(cfg, rank, resumed, progress.weights_version, actor, critic)
+    weights = WeightsOut(cfg, info, steps, fence)  # folders, deltas, broadcasts, adapters
+    monitor = Monitor(
+        run_dir, "trainer", monitor_type=cfg.monitor.monitor_type, enabled=rank == 0,
+        flush_interval_s=cfg.monitor.flush_interval_s, project=cfg.project, name=cfg.name,
+        fence=fence,
+    )  # fmt: skip
+    pad_id = _pad_id(actor)
+    checkpoint = (cfg, run_dir, actor, source, progress, rank, info.world_size)
+    skipped: list[int] = []  # steps of this launch with no experiences (no update)
+    first_step = progress.step + 1
+    while steps is None or progress.step < steps:
+        step = progress.step + 1
+        t0 = time.perf_counter()
+        batch = engine.broadcast_object(
+            source.next_batch(step, progress.weights_version, stop.requested) if rank == 0 else None
+        )
+        if batch is None:
+            break
+        t_read = time.perf_counter() - t0
+        stale = staleness_metrics(batch, progress.weights_version)
+        metrics = _train_on(batch, models, cfg, fns, info, step, pad_id)
+        if not batch:
+            skipped.append(step)
+        progress.step = step
+        progress.cursor = source.cursor() if rank == 0 else {}
+        t1 = time.perf_counter()
+        metrics.update(_publish_if_due(cfg, rank, steps, requests, weights, actor, lease, progress))
+        t_publish = time.perf_counter() - t1
+        metrics.update(stale)
+        metrics.update(_step_times(metrics[BATCH_TOKENS], t0, t_read, t_publish))
+        metrics[WEIGHTS_VERSION] = progress.weights_version
+        if rank == 0:
+            metrics.update({f"{BUFFER_STATS_PREFIX}{k}": v for k, v in source.stats().items()})
+        monitor.log(step, metrics)
+        if cfg.trainer.save_interval and step % cfg.trainer.save_interval == 0:
+            save_full_checkpoint(*checkpoint, step == steps, critic, lease, fence)
+        if engine.all_reduce_max(int(stop.requested())):
+            break
+    exit_code = EXIT_REQUEUE if engine.all_reduce_max(int(stop.requested())) else EXIT_OK
+    if progress.last_saved != progress.step and progress.step > 0:
+        save_full_checkpoint(*checkpoint, True, critic, lease, fence)
+    weights.close()
+    monitor.close()
+    log.info("trainer stopped at step %d (exit code %d)", progress.step, exit_code)
+    _check_trained_something(cfg, source, progress.step - first_step + 1, skipped, exit_code)
     return exit_code
 
 

@@ -16,7 +16,7 @@ import torch
 
 from rft.buffer.experience import Experience
 from rft.config.batches import groups_per_update_of, mini_batch_count
-from rft.config.rules import uses_critic
+from rft.config.queries import uses_critic
 from rft.config.schema import Config
 from rft.errors import DataError
 from rft.trainer import engine

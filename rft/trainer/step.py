@@ -3,15 +3,17 @@
 Data in: the step's experiences (identical on every rank), the actor, an optional reference model
 and critic, and the algorithm's functions (:class:`LossFns`). Data out: the model updated once
 per mini-batch and epoch, and the step's metrics over the whole batch (meaningful on rank 0).
-Order of work (:func:`train_step`): plan -> reference and old log-probs -> critic values ->
-advantages -> critic updates -> correction weights -> per epoch, mini- and micro-batch: forward,
-loss x its share, backward; one optimizer step per mini-batch. The math stays in ``rft.algo``.
+Phases of :func:`train_step`: :func:`prepare_inputs` (plan, reference and old log-probs, critic
+values, teacher log-probs, advantages) -> :func:`_update_critic` -> correction weights ->
+:func:`update_policy` (per epoch, mini- and micro-batch: forward, loss x its share, backward; one
+optimizer step per mini-batch) -> :func:`step_metrics`. The math stays in ``rft.algo``.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
 
@@ -40,7 +42,7 @@ from rft.trainer.batching import (
 )
 from rft.trainer.critic import old_values, update_critic, value_metrics
 from rft.trainer.distill import add_trainer_teacher_logprobs, teacher_inputs
-from rft.trainer.plan import Plan, gather_rows, local_pass, micro_batch, plan_step
+from rft.trainer.plan import MiniPlan, Plan, gather_rows, local_pass, micro_batch, plan_step
 
 
 def _advantages(
@@ -144,25 +146,18 @@ def old_pass_skippable(fns: LossFns, updates: int) -> bool:
 
 
 def _micro_loss(
-    actor: engine.Actor,
     micro: MicroBatch,
+    logprob: torch.Tensor,
+    entropy: torch.Tensor,
     fns: LossFns,
     step: int,
-    on_policy: Callable[[MicroBatch, torch.Tensor], None] | None = None,
     batch_weight: float = 1.0,
     m2po_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The micro-batch's loss; ``on_policy`` (the skipped old-log-prob pass) first fills its
-    old log-probs (and correction weights) from this forward's log-probs, detached.
+    """The micro-batch's loss from its forward's ``logprob`` and ``entropy`` ``[B, R]``.
     ``batch_weight`` (:func:`_batch_term_weight`) weights the terms over every row (KL, entropy
     bonus) of a micro-batch that holds one source of a mixed batch. ``m2po_mask`` ``[B, R]``:
     the tokens M2PO keeps (:mod:`rft.trainer.m2po`), for ``policy_loss_fn: m2po`` only."""
-    logprob, entropy = engine.forward_logprobs(
-        actor.engine, micro, with_entropy=True, entropy_grad=fns.entropy_in_loss
-    )  # [B, R] each
-    assert entropy is not None
-    if on_policy is not None:
-        on_policy(micro, logprob.detach())
     mask = micro.response_mask
     extra = {} if m2po_mask is None else {"m2po_mask": m2po_mask}
     loss, metrics = fns.policy(
@@ -201,20 +196,254 @@ def _batch_term_weight(source_fraction: float, agg_mode: str) -> float:
     return 1.0 if agg_mode == "seq-mean-token-sum-norm" else source_fraction
 
 
-def _on_policy_filler(
-    plan: Plan, fns: LossFns, rows: list[int], sums: CorrectionSums
-) -> Callable[[MicroBatch, torch.Tensor], None]:
-    """For a skipped old-log-prob pass: a function that sets a micro-batch's old log-probs to
-    its forward's (detached; PPO ratio 1 in value, the same gradient) and its correction
-    weights from them (proximal = old), adding the weights' statistics to ``sums``."""
+def _old_from_forward(
+    plan: Plan, fns: LossFns, rows: list[int], micro: MicroBatch, proximal: torch.Tensor
+) -> CorrectionSums:
+    """For a skipped old-log-prob pass: set the micro-batch's old log-probs to its forward's
+    ``proximal`` ``[B, R]`` (detached; PPO ratio 1 in value, the same gradient) and its
+    correction weights from them (proximal = old); return the weights' statistics."""
+    micro.old_logprobs = proximal
+    if fns.correction is None or not rows:
+        return CorrectionSums()
+    micro.is_weights, sums = _correction_rows(plan, fns, rows, proximal.float())
+    return sums
 
-    def fill(micro: MicroBatch, proximal: torch.Tensor) -> None:  # proximal: [B, R]
-        micro.old_logprobs = proximal
-        if fns.correction is not None and rows:
-            micro.is_weights, part = _correction_rows(plan, fns, rows, proximal.float())
-            sums.merge(part)
 
-    return fill
+# ----------------------------------------------------------------------------- the phases
+
+
+@dataclass
+class StepInputs:
+    """What the updates read, prepared before the first (tensors over the step's rows)."""
+
+    plan: Plan
+    ref: torch.Tensor | None  # [N, R] reference log-probs (KL loss or penalty), else None
+    old: torch.Tensor  # [N, R] old log-probs; zeros when skip_old (filled per micro-batch)
+    skip_old: bool  # old log-probs (and correction weights) come from each training forward
+    adv: torch.Tensor  # [N, R] advantages (0 on expert rows)
+    values: torch.Tensor | None  # [N, R] the critic's values before its update, else None
+    returns: torch.Tensor | None  # [N, R] GAE's returns the critic learns, else None
+    metrics: dict[str, float]  # the step's metrics so far (advantages, teacher, critic, ...)
+    old_logprobs_time_s: float  # the old-log-prob pass
+    is_weights: torch.Tensor | None = None  # [N, R] correction weights (set after the critic's)
+
+
+@dataclass
+class PolicyUpdates:
+    """What the policy's updates leave: this rank's metric sums and the updates' statistics."""
+
+    sums: MetricSums = field(default_factory=MetricSums)
+    grad_norms: list[float] = field(default_factory=list)  # one per optimizer update
+    m2po_masks: list[m2po.MiniMask] = field(default_factory=list)  # per update, at its weights
+    correction: CorrectionSums = field(default_factory=CorrectionSums)  # of a skipped old pass
+    forward_backward_s: float = 0.0
+    optimizer_s: float = 0.0
+
+
+def _old_logprobs(
+    actor: engine.Actor, plan: Plan, fns: LossFns, skip: bool, pad_id: int, info: engine.DistInfo
+) -> torch.Tensor:
+    """Old log-probs ``[N, R]``: recomputed on this rank's rows, the rollout's, or zeros where
+    the pass is skipped (:func:`old_pass_skippable`: each micro-batch fills its own)."""
+    mask = plan.rows.response_mask  # [N, R]
+    if skip:
+        return torch.zeros_like(mask)
+    if fns.recompute_old:
+        return local_pass(
+            lambda m: engine.forward_logprobs(actor.engine, m, with_entropy=False)[0],
+            plan,
+            pad_id,
+            info.device,
+        )
+    if not fns.sft and not bool((plan.rows.has_logprobs | plan.rows.expert).all()):
+        raise DataError(
+            "algorithm.old_logprobs is 'rollout' but some experiences carry no "
+            "logprobs; use old_logprobs: recompute"
+        )
+    return plan.rows.rollout_logprobs
+
+
+def prepare_inputs(
+    actor: engine.Actor,
+    ref: engine.Reference | None,
+    critic: engine.Actor | None,
+    plan: Plan,
+    cfg: Config,
+    fns: LossFns,
+    pad_id: int,
+    info: engine.DistInfo,
+) -> StepInputs:
+    """Reference and old log-probs, the critic's values, the teacher's log-probs (distillation
+    with the teacher in the trainer) and the advantages of the step's rows."""
+    ref_lp = None
+    if fns.needs_ref:
+        assert ref is not None
+        ref_lp = local_pass(lambda m: engine.reference_logprobs(ref, m), plan, pad_id, info.device)
+    skip_old = old_pass_skippable(fns, cfg.trainer.ppo_epochs * len(plan.minis))
+    t_old = time.perf_counter()
+    old = _old_logprobs(actor, plan, fns, skip_old, pad_id, info)  # [N, R]
+    t_old = time.perf_counter() - t_old
+    values = None if critic is None else old_values(critic, plan, pad_id, info.device)  # [N, R]
+    teacher = (  # distillation with the teacher in the trainer: its log-probs, rows lacking them
+        add_trainer_teacher_logprobs(cfg, plan, pad_id, info) if fns.advantage_by_teacher else {}
+    )
+    adv, returns, metrics = _advantages(plan, fns, ref_lp, old, info, values)
+    metrics.update(teacher)
+    return StepInputs(plan, ref_lp, old, skip_old, adv, values, returns, metrics, t_old)
+
+
+def _update_critic(
+    critic: engine.Actor, inputs: StepInputs, cfg: Config, pad_id: int, info: engine.DistInfo
+) -> dict[str, float]:
+    """How well the old values predicted GAE's returns, then the critic's updates' metrics."""
+    values, returns, rows = inputs.values, inputs.returns, inputs.plan.rows
+    assert values is not None and returns is not None
+    rollout_mask = rows.response_mask * (~rows.expert).unsqueeze(-1)  # [N, R]
+    metrics = value_metrics(values, returns, rollout_mask)
+    metrics.update(
+        update_critic(
+            critic,
+            inputs.plan,
+            values,
+            returns,
+            epochs=cfg.trainer.ppo_epochs,
+            cliprange_value=cfg.trainer.trainer_config.critic.cliprange_value,
+            pad_id=pad_id,
+            info=info,
+        )
+    )
+    return metrics
+
+
+def _micro_inputs(
+    inputs: StepInputs, rows: list[int], pad_id: int, device: torch.device
+) -> MicroBatch:
+    """The micro-batch of ``rows`` with its reference log-probs and correction weights."""
+    micro = micro_batch(inputs.plan, rows, inputs.adv, inputs.old, pad_id, device)
+    width = micro.response_mask.shape[1]
+    if inputs.ref is not None:
+        micro.ref_logprobs = (
+            inputs.ref[rows, :width].to(device) if rows else torch.zeros_like(micro.response_mask)
+        )
+    if inputs.is_weights is not None:
+        micro.is_weights = (
+            inputs.is_weights[rows, :width].to(device)
+            if rows
+            else torch.ones_like(micro.response_mask)
+        )
+    return micro
+
+
+def _mini_batch(
+    actor: engine.Actor,
+    inputs: StepInputs,
+    mini: MiniPlan,
+    m2po_keep: list[torch.Tensor] | None,
+    fns: LossFns,
+    step: int,
+    updates: int,
+    pad_id: int,
+    info: engine.DistInfo,
+    done: PolicyUpdates,
+) -> None:
+    """Forward and backward of one mini-batch's micro-batches (the gradients accumulate), each
+    loss x its share; their metrics (and a skipped pass's correction sums) added to ``done``."""
+    fractions = source_fractions(mini.totals, fns.agg_mode)
+    for k, rows in enumerate(mini.micro_rows):
+        micro = _micro_inputs(inputs, rows, pad_id, info.device)
+        source = micro_source(micro)
+        scale = micro_loss_scale(
+            micro.response_mask, mini.totals[source], fns.agg_mode, info.world_size
+        )
+        logprob, entropy = engine.forward_logprobs(
+            actor.engine, micro, with_entropy=True, entropy_grad=fns.entropy_in_loss
+        )  # [B, R] each
+        assert entropy is not None
+        if inputs.skip_old:
+            done.correction.merge(
+                _old_from_forward(inputs.plan, fns, rows, micro, logprob.detach())
+            )
+        whole = _batch_term_weight(fractions[source], fns.agg_mode)
+        keep = None if m2po_keep is None else m2po_keep[k]
+        loss, metrics = _micro_loss(micro, logprob, entropy, fns, step, whole, keep)
+        engine.backward(actor, loss * scale)
+        done.sums.add(metrics, scale / info.world_size / updates, fractions[source])
+
+
+def update_policy(
+    actor: engine.Actor,
+    inputs: StepInputs,
+    fns: LossFns,
+    epochs: int,
+    step: int,
+    pad_id: int,
+    info: engine.DistInfo,
+) -> PolicyUpdates:
+    """Per epoch and mini-batch: its micro-batches' forward and backward, then one optimizer
+    step (M2PO's keep-mask taken first, at the weights of that update)."""
+    plan, done = inputs.plan, PolicyUpdates()
+    updates = epochs * len(plan.minis)
+    for _epoch in range(epochs):
+        for mini in plan.minis:
+            t1 = time.perf_counter()
+            keep = None
+            if fns.m2po_threshold is not None:
+                done.m2po_masks.append(
+                    m2po.mini_batch_mask(
+                        actor, plan, mini, inputs.adv, inputs.old, pad_id, info, fns.m2po_threshold
+                    )
+                )
+                keep = done.m2po_masks[-1].keep
+            _mini_batch(actor, inputs, mini, keep, fns, step, updates, pad_id, info, done)
+            t2 = time.perf_counter()
+            done.grad_norms.append(engine.optimizer_step(actor))
+            done.forward_backward_s += t2 - t1
+            done.optimizer_s += time.perf_counter() - t2
+    return done
+
+
+def step_metrics(
+    actor: engine.Actor,
+    inputs: StepInputs,
+    done: PolicyUpdates,
+    fns: LossFns,
+    num_experiences: int,
+    prepare_s: float,
+) -> dict[str, float]:
+    """The step's metrics over all ranks: the inputs', the updates' and the batch's."""
+    plan, metrics = inputs.plan, inputs.metrics
+    mask = plan.rows.response_mask  # [N, R]
+    metrics.update(engine.reduce_metric_sums(done.sums))
+    metrics.update(m2po.step_metrics(done.m2po_masks))
+    if inputs.skip_old and fns.correction is not None:
+        metrics.update(_gather_correction(done.correction))
+    rollout = ~plan.rows.expert  # [N]
+    adv_rows = (inputs.adv.sum(-1) / mask.sum(-1).clamp(min=1))[rollout]  # [n] per response
+    if bool(plan.rows.expert.any()) and not fns.sft:
+        metrics["batch_expert_samples"] = int(plan.rows.expert.sum())
+    metrics.update(
+        grad_norm=sum(done.grad_norms) / len(done.grad_norms),
+        lr=engine.current_lr(actor),
+        advantages_mean=float(adv_rows.mean()) if len(adv_rows) else 0.0,
+        advantages_std=float(adv_rows.std()) if len(adv_rows) > 1 else 0.0,
+        response_length_mean=float(mask.sum(-1).mean()),
+        response_length_max=float(mask.sum(-1).max()),
+        micro_batches=sum(len(mini.micro_rows) for mini in plan.minis),
+        time_prepare_s=prepare_s,
+        old_logprobs_skipped=int(inputs.skip_old),
+        time_forward_backward_s=done.forward_backward_s,
+        time_optimizer_s=done.optimizer_s,
+    )
+    metrics.update({UPDATES: len(done.grad_norms), **_batch_sizes(inputs, num_experiences)})
+    return metrics
+
+
+def _batch_sizes(inputs: StepInputs, num_experiences: int) -> dict[str, float]:
+    return {
+        BATCH_EXPERIENCES: num_experiences,
+        BATCH_TOKENS: inputs.plan.num_tokens,
+        OLD_LOGPROBS_TIME_S: inputs.old_logprobs_time_s,
+    }
 
 
 def train_step(
@@ -235,139 +464,15 @@ def train_step(
         return {UPDATES: 0, BATCH_EXPERIENCES: 0, BATCH_TOKENS: 0}
     t0 = time.perf_counter()
     plan = plan_step(exps, cfg, info)
-    mask = plan.rows.response_mask  # [N, R]
-    ref_lp = None
-    if fns.needs_ref:
-        assert ref is not None
-        ref_lp = local_pass(lambda m: engine.reference_logprobs(ref, m), plan, pad_id, info.device)
-    updates = cfg.trainer.ppo_epochs * len(plan.minis)
-    skip_old = old_pass_skippable(fns, updates)
-    t_old = time.perf_counter()
-    if skip_old:  # filled per micro-batch from the training forward (see _micro_loss)
-        old = torch.zeros_like(mask)  # [N, R]
-    elif fns.recompute_old:
-        old = local_pass(
-            lambda m: engine.forward_logprobs(actor.engine, m, with_entropy=False)[0],
-            plan,
-            pad_id,
-            info.device,
-        )
-    else:
-        old = plan.rows.rollout_logprobs
-        if not fns.sft and not bool((plan.rows.has_logprobs | plan.rows.expert).all()):
-            raise DataError(
-                "algorithm.old_logprobs is 'rollout' but some experiences carry no "
-                "logprobs; use old_logprobs: recompute"
-            )
-    t_old = time.perf_counter() - t_old
-    values = None if critic is None else old_values(critic, plan, pad_id, info.device)  # [N, R]
-    teacher = (  # distillation with the teacher in the trainer: its log-probs, rows lacking them
-        add_trainer_teacher_logprobs(cfg, plan, pad_id, info) if fns.advantage_by_teacher else {}
-    )
-    adv, returns, metrics = _advantages(plan, fns, ref_lp, old, info, values)
-    metrics.update(teacher)
+    inputs = prepare_inputs(actor, ref, critic, plan, cfg, fns, pad_id, info)
     if critic is not None:
-        assert values is not None and returns is not None
-        rollout_mask = mask * (~plan.rows.expert).unsqueeze(-1)  # [N, R]
-        metrics.update(value_metrics(values, returns, rollout_mask))
-        metrics.update(
-            update_critic(
-                critic,
-                plan,
-                values,
-                returns,
-                epochs=cfg.trainer.ppo_epochs,
-                cliprange_value=cfg.trainer.trainer_config.critic.cliprange_value,
-                pad_id=pad_id,
-                info=info,
-            )
-        )
+        inputs.metrics.update(_update_critic(critic, inputs, cfg, pad_id, info))
     if step <= cfg.trainer.trainer_config.trainer.critic_warmup:  # the critic learns first
-        return {
-            **metrics,
-            UPDATES: 0,
-            CRITIC_WARMUP: 1,
-            BATCH_EXPERIENCES: len(exps),
-            BATCH_TOKENS: plan.num_tokens,
-            OLD_LOGPROBS_TIME_S: t_old,
-        }
-    is_weights, correction_metrics = (
-        (None, {}) if skip_old else _correction(plan, fns, old)
-    )  # [N, R] or None
-    metrics.update(correction_metrics)
-    correction_sums = CorrectionSums()  # of the skipped pass's micro-batches
-    t_prep = time.perf_counter() - t0
-    sums = MetricSums()
-    grad_norms = []
-    t_fb = t_opt = 0.0
-    m2po_masks: list[m2po.MiniMask] = []  # per update (policy_loss_fn m2po), at its weights
-    for _epoch in range(cfg.trainer.ppo_epochs):
-        for mini in plan.minis:
-            t1 = time.perf_counter()
-            fractions = source_fractions(mini.totals, fns.agg_mode)
-            if fns.m2po_threshold is not None:
-                m2po_masks.append(
-                    m2po.mini_batch_mask(
-                        actor, plan, mini, adv, old, pad_id, info, fns.m2po_threshold
-                    )
-                )
-            for k, rows in enumerate(mini.micro_rows):
-                micro = micro_batch(plan, rows, adv, old, pad_id, info.device)
-                if ref_lp is not None:
-                    micro.ref_logprobs = (
-                        ref_lp[rows, : micro.response_mask.shape[1]].to(info.device)
-                        if rows
-                        else torch.zeros_like(micro.response_mask)
-                    )
-                if is_weights is not None:
-                    micro.is_weights = (
-                        is_weights[rows, : micro.response_mask.shape[1]].to(info.device)
-                        if rows
-                        else torch.ones_like(micro.response_mask)
-                    )
-                source = micro_source(micro)
-                scale = micro_loss_scale(
-                    micro.response_mask, mini.totals[source], fns.agg_mode, info.world_size
-                )
-                on_policy = (
-                    _on_policy_filler(plan, fns, rows, correction_sums) if skip_old else None
-                )
-                whole = _batch_term_weight(fractions[source], fns.agg_mode)
-                keep = m2po_masks[-1].keep[k] if fns.m2po_threshold is not None else None
-                loss, micro_metrics = _micro_loss(actor, micro, fns, step, on_policy, whole, keep)
-                engine.backward(actor, loss * scale)
-                sums.add(micro_metrics, scale / info.world_size / updates, fractions[source])
-            t2 = time.perf_counter()
-            grad_norms.append(engine.optimizer_step(actor))
-            t_fb += t2 - t1
-            t_opt += time.perf_counter() - t2
-    metrics.update(engine.reduce_metric_sums(sums))
-    metrics.update(m2po.step_metrics(m2po_masks))
-    if skip_old and fns.correction is not None:
-        metrics.update(_gather_correction(correction_sums))
-    rollout = ~plan.rows.expert  # [N]
-    adv_rows = (adv.sum(-1) / mask.sum(-1).clamp(min=1))[rollout]  # [n] per-response advantage
-    if bool(plan.rows.expert.any()) and not fns.sft:
-        metrics["batch_expert_samples"] = int(plan.rows.expert.sum())
-    metrics.update(
-        grad_norm=sum(grad_norms) / len(grad_norms),
-        lr=engine.current_lr(actor),
-        advantages_mean=float(adv_rows.mean()) if len(adv_rows) else 0.0,
-        advantages_std=float(adv_rows.std()) if len(adv_rows) > 1 else 0.0,
-        response_length_mean=float(mask.sum(-1).mean()),
-        response_length_max=float(mask.sum(-1).max()),
-        micro_batches=sum(len(mini.micro_rows) for mini in plan.minis),
-        time_prepare_s=t_prep,
-        old_logprobs_skipped=int(skip_old),
-        time_forward_backward_s=t_fb,
-        time_optimizer_s=t_opt,
-    )
-    metrics.update(
-        {
-            UPDATES: updates,
-            BATCH_EXPERIENCES: len(exps),
-            BATCH_TOKENS: plan.num_tokens,
-            OLD_LOGPROBS_TIME_S: t_old,
-        }
-    )
-    return metrics
+        sizes = _batch_sizes(inputs, len(exps))
+        return {**inputs.metrics, UPDATES: 0, CRITIC_WARMUP: 1, **sizes}
+    if not inputs.skip_old:  # skipped: each micro-batch weighs itself (_old_from_forward)
+        inputs.is_weights, correction_metrics = _correction(plan, fns, inputs.old)  # [N, R]
+        inputs.metrics.update(correction_metrics)
+    prepare_s = time.perf_counter() - t0
+    done = update_policy(actor, inputs, fns, cfg.trainer.ppo_epochs, step, pad_id, info)
+    return step_metrics(actor, inputs, done, fns, len(exps), prepare_s)

@@ -32,6 +32,11 @@ class Workflow:
     # what it needs beyond rft's base install (rft.workflow.requires), checked at dry run
     requires: tuple = ()
 
+    @classmethod
+    def check_workflow_args(cls, workflow_args: dict) -> None:
+        """Raise WorkflowError for taskset ``workflow_args`` this class cannot run with (called
+        at dry run once ``requires`` is met, so a bad argument fails on the login node)."""
+
     def __init__(
         self,
         *,

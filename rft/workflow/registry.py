@@ -32,6 +32,8 @@ SHIPPED_MODULES = (
     "rft.workflow.envs.calculator",
     "rft.workflow.envs.frozen_lake",
     "rft.workflow.envs.guess_number",
+    "rft.workflow.envs.openenv_env",
+    "rft.workflow.envs.sciworld",
     "rft.workflow.envs.toolcall",
     "rft.workflow.math_eval",
     "rft.workflow.math_rm",

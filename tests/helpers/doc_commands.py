@@ -1,12 +1,12 @@
 """Checks documented rft commands in one process (tests/test_docs.py runs it as a subprocess).
 
 Reads a JSON list of commands from stdin, each ``{"argv": [...], "env": {...}}`` whose argv[0]
-is a repository script (``bin/rft-run``, ``benchmarks/x.py``) or ``-m rft.module``. Each program
-runs until its argparse parser has parsed the arguments (then it is stopped: nothing starts);
-a ``--config`` that names a repository file is loaded with the command's overrides, and a
-``--dry-run`` of the launchers is run for real when every path it names (and, for rft-run, which
-checks them, the config's model folders) exists. Writes a JSON
-list of problems (empty: all good) as the last line of stdout.
+is a repository script (``bin/rft-run``) or ``-m rft.module`` / ``-m benchmarks.name``. Each
+program runs until its argparse parser has parsed the arguments (then it is stopped: nothing
+starts); a ``--config`` that names a repository file is loaded with the command's overrides, and
+a ``--dry-run`` of the launchers is run for real when every path it names (and, for rft-run,
+which checks them, the config's model folders) exists. Writes a JSON list of problems (empty:
+all good) as the last line of stdout.
 """
 
 from __future__ import annotations

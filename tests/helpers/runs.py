@@ -1,11 +1,12 @@
 """Running rft as a user does, and reading back what a run wrote (for integration tests):
 ``bin/rft-run`` and ``bin/rft-status`` as subprocesses, an explorer config of one workflow
-class, a JSONL taskset, the buffer's sealed segments by writer."""
+class, a JSONL taskset, the buffer's sealed segments by writer, a model folder no engine loads."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 from rft.buffer.experience import Experience
 
 REPO = Path(__file__).resolve().parent.parent.parent
+DATA = REPO / "data" / "arithmetic"  # the arithmetic tasks the CPU configs train on
 
 
 def rft_run(*args: str, timeout: int = 900, **popen) -> subprocess.CompletedProcess:
@@ -105,3 +107,14 @@ def agent_cfg(
             "monitor": {"monitor_type": "console"},
         }
     )
+
+
+def broken_model(model_dir: Path, root: Path) -> Path:
+    """A model folder the dry run accepts (a config, complete weights) that no engine loads: its
+    config asks for a wider MLP than its weights hold."""
+    broken = root / "broken-model"
+    shutil.copytree(model_dir, broken)
+    config = json.loads((broken / "config.json").read_text())
+    config["intermediate_size"] *= 2
+    (broken / "config.json").write_text(json.dumps(config))
+    return broken

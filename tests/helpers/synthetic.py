@@ -1,10 +1,12 @@
-"""Hand-made rollout experiences for trainer tests: known token counts and rewards."""
+"""Hand-made experiences: rollout groups for trainer tests (known token counts and rewards),
+whole groups with fixed tokens for buffer tests."""
 
 from __future__ import annotations
 
 import random
 
 from rft.buffer.experience import Experience
+from tests.buffer_worker import GROUP_SIZE
 
 
 def rollout_groups(
@@ -29,3 +31,23 @@ def rollout_groups(
                 )
             )
     return out
+
+
+def make_batch(tag: str, groups: int, size: int = GROUP_SIZE, version: int = 0) -> list[Experience]:
+    """``groups`` whole groups of ``size`` records named after ``tag``: fixed tokens, reward k
+    for the k-th record of a group, written at ``version``."""
+    return [
+        Experience(
+            task_id=f"{tag}-{g}",
+            group_id=f"{tag}-{g}",
+            experience_id=f"{tag}-{g}-{k}",
+            prompt_ids=[1, 2],
+            response_ids=[3, 4, 5],
+            logprobs=[-0.5, -0.25, -1.0],
+            reward=float(k),
+            reward_parts={"accuracy": 1.0},
+            model_version=version,
+        )
+        for g in range(groups)
+        for k in range(size)
+    ]
