@@ -1,4 +1,8 @@
-"""Environments rft ships, runnable offline on CPU, each also an example of writing a workflow:
-``calculator`` (arithmetic the model solves by calling a calculator tool) and ``guess_number``
-(a multi-turn game with higher/lower feedback). Their tasksets come from
-``data/agent/generate.py``."""
+"""Environments rft ships, each also an example of writing a workflow. Offline on CPU with the
+base install: ``calculator`` (arithmetic the model solves by calling a calculator tool),
+``guess_number`` (a multi-turn game with higher/lower feedback), ``frozen_lake``, ``toolcall``
+(tasksets from ``data/agent/generate.py`` and friends). Environments of other formats, each
+needing its package (``bash env/setup.sh --envs``; ``Workflow.requires`` says which, and the
+dry run names it when missing): ``openenv_env`` (an OpenEnv environment, in-process or over
+its server), ``sciworld_workflow`` (Trinity's ScienceWorld agent; a Java runtime too) and
+Trinity's AgentScope ReAct workflows."""
