@@ -461,3 +461,15 @@ def test_rft_run_trains_the_openai_sdk_agent_end_to_end(vllm_model_dir, tmp_path
     explored = read_metrics(run_dir, "explorer_explorer")
     assert [m["episodes/failed"] for m in explored] == [0, 0]
     assert [m["step"] for m in read_metrics(run_dir, "trainer")] == [1, 2]
+
+
+def test_content_parts_are_joined_and_non_text_parts_refused():
+    from rft.workflow.endpoint import text_message
+
+    parts = {"role": "user", "content": [{"type": "text", "text": "a "}, {"type": "text", "text": "b"}]}  # fmt: skip
+    assert text_message(parts) == {"role": "user", "content": "a b"}
+    plain = {"role": "assistant", "content": "hi"}
+    assert text_message(plain) is plain
+    image = {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}
+    with pytest.raises(ValueError, match="content part of type 'image_url'"):
+        text_message(image)

@@ -841,6 +841,12 @@ CHOICES: dict[str, dict[str, str]] = {
 }
 
 _ENV = "it drives the {env} environment"
+# Trinity's other AgentScope workflows build agentscope v0/v1 agents (ReActAgent, its search
+# and adapter variants), an API agentscope 2.0 replaced; rft serves as_react_workflow.
+_AGENTSCOPE_V1 = (
+    "it runs an AgentScope v0/v1 agent (agentscope's API before 2.0); rft ships "
+    "as_react_workflow (agentscope 2.0) and runs any other agent as a WorkflowWithRecording"
+)
 _ALFWORLD = _ENV.format(
     env="ALFWorld (pip package alfworld with textworld, and its game files: several GB "
     "downloaded by alfworld-download, listed as the taskset by Trinity's "
@@ -860,14 +866,12 @@ WORKFLOWS: dict[str, str] = {
     "RAFT_alfworld_workflow": _ALFWORLD,
     "RAFT_reflect_alfworld_workflow": _ALFWORLD,
     "webshop_workflow": _WEBSHOP,
-    "agentscope_react_workflow": _ENV.format(env="AgentScope (pip package agentscope)"),
-    "agentscopev1_react_workflow": _ENV.format(env="AgentScope (pip package agentscope)"),
-    "agentscope_react_math_workflow": _ENV.format(env="AgentScope (pip package agentscope)"),
-    "agentscopev0_react_math_workflow": _ENV.format(env="AgentScope (pip package agentscope)"),
-    "agentscope_v1_react_search_workflow": _ENV.format(env="AgentScope (pip package agentscope)"),
-    "agentscope_workflow_adapter": _ENV.format(env="AgentScope (pip package agentscope)"),
-    "agentscope_workflow_adapter_v1": _ENV.format(env="AgentScope (pip package agentscope)"),
-    "as_react_workflow": _ENV.format(env="AgentScope (pip package agentscope)"),
+    "agentscopev1_react_workflow": _AGENTSCOPE_V1,
+    "agentscope_react_math_workflow": _AGENTSCOPE_V1,
+    "agentscopev0_react_math_workflow": _AGENTSCOPE_V1,
+    "agentscope_v1_react_search_workflow": _AGENTSCOPE_V1,
+    "agentscope_workflow_adapter": _AGENTSCOPE_V1,
+    "agentscope_workflow_adapter_v1": _AGENTSCOPE_V1,
     "email_search_workflow": _ENV.format(env="email-search (its SQLite corpus)"),
     "tool_call_workflow": "ToolACE-style function calls scored against reference calls",
     "math_eval_workflow": "Trinity's math evaluation prompt; use math_boxed_workflow for "

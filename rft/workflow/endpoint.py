@@ -158,7 +158,27 @@ def call_arguments(body: dict[str, Any]) -> dict[str, Any]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
         raise ValueError("messages must be a list of message objects")
+    body["messages"] = [text_message(m) for m in messages]
     return {_SAMPLING[k]: v for k, v in body.items() if k in _SAMPLING and v is not None}
+
+
+def text_message(message: dict[str, Any]) -> dict[str, Any]:
+    """``message`` with its ``content`` as one string: the OpenAI API also takes a list of
+    content parts (AgentScope and others send ``[{"type": "text", "text": ...}]``); text parts
+    are joined in order, any other part (image, audio, file) is a ``ValueError``."""
+    content = message.get("content")
+    if not isinstance(content, list):
+        return message
+    texts = []
+    for part in content:
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise ValueError(
+                f"a {message.get('role', '?')} message has a content part of type {kind!r}: "
+                "this endpoint serves a text model and takes text parts only"
+            )
+        texts.append(part["text"])
+    return {**message, "content": "".join(texts)}
 
 
 def completion_body(model_name: str, replies: list[Experience]) -> dict[str, Any]:

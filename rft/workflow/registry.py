@@ -29,6 +29,7 @@ from rft.workflow.trinity_alias import install as install_trinity_alias
 log = logging.getLogger(__name__)
 
 SHIPPED_MODULES = (
+    "rft.workflow.envs.agentscope_react",
     "rft.workflow.envs.calculator",
     "rft.workflow.envs.frozen_lake",
     "rft.workflow.envs.guess_number",
