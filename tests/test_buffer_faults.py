@@ -24,25 +24,9 @@ from rft.errors import DataError
 from rft.monitor import metrics_path
 from rft.rundir import BUFFER_DIR, CHECKPOINT_POINTER, TRAINER_META, step_dir
 from rft.status import collect, format_status
+from tests.helpers.synthetic import make_batch
 
 NAN, INF = float("nan"), float("inf")
-
-
-def make_batch(tag: str, groups: int, size: int = 4) -> list[Experience]:
-    return [
-        Experience(
-            task_id=f"{tag}-{g}",
-            group_id=f"{tag}-{g}",
-            experience_id=f"{tag}-{g}-{k}",
-            prompt_ids=[1, 2],
-            response_ids=[3, 4, 5],
-            logprobs=[-0.5, -0.25, -1.0],
-            reward=float(k),
-            reward_parts={"accuracy": 1.0},
-        )
-        for g in range(groups)
-        for k in range(size)
-    ]
 
 
 def ids(records: list[Experience]) -> list[str]:

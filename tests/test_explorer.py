@@ -22,6 +22,7 @@ from rft.explorer.loop import (
     resume_cursor,
     step_metrics,
 )
+from rft.explorer.selectors import TaskSelector
 from rft.rundir import EXPLORER_META
 from tests.helpers.explorer import (
     arithmetic_rows,
@@ -40,7 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_selectors_sequential_shuffle_random():
-    seq = T.TaskSelector("sequential", 0, 5)
+    seq = TaskSelector("sequential", 0, 5)
     assert [seq.row(p) for p in range(7)] == [
         (0, 0),
         (1, 0),
@@ -50,17 +51,17 @@ def test_selectors_sequential_shuffle_random():
         (0, 1),
         (1, 1),
     ]
-    shuffle = T.TaskSelector("shuffle", 7, 10)
+    shuffle = TaskSelector("shuffle", 7, 10)
     epoch0 = [shuffle.row(p)[0] for p in range(10)]
     epoch1 = [shuffle.row(p)[0] for p in range(10, 20)]
     assert sorted(epoch0) == sorted(epoch1) == list(range(10)) and epoch0 != epoch1
-    assert epoch0 == [T.TaskSelector("shuffle", 7, 10).row(p)[0] for p in range(10)]  # seeded
-    assert epoch0 != [T.TaskSelector("shuffle", 8, 10).row(p)[0] for p in range(10)]
-    draws = [T.TaskSelector("random", 3, 4).row(p)[0] for p in range(40)]
+    assert epoch0 == [TaskSelector("shuffle", 7, 10).row(p)[0] for p in range(10)]  # seeded
+    assert epoch0 != [TaskSelector("shuffle", 8, 10).row(p)[0] for p in range(10)]
+    draws = [TaskSelector("random", 3, 4).row(p)[0] for p in range(40)]
     assert set(draws) <= set(range(4)) and len(set(draws)) > 1
-    assert draws == [T.TaskSelector("random", 3, 4).row(p)[0] for p in range(40)]
+    assert draws == [TaskSelector("random", 3, 4).row(p)[0] for p in range(40)]
     with pytest.raises(DataError):
-        T.TaskSelector("sorted", 0, 3)
+        TaskSelector("sorted", 0, 3)
 
 
 def test_stream_round_robin_epochs_and_rank_shares(tmp_path):

@@ -547,7 +547,7 @@ class VerlRefConfig:
 class VerlCheckpointConfig:
     # A full checkpoint holds model, optimizer and extra (trainer state): lists naming all three
     # are what rft does; fewer are warned (saving: rft saves them anyway) or refused (loading);
-    # "hf_model" in save_contents -> save_hf_checkpoint always (rules._check_checkpoint_contents).
+    # "hf_model" in save_contents -> save_hf_checkpoint always (trinity_rules._check_checkpoint_contents).
     contents: Optional[list[str]] = None  # veRL's older spelling of save_contents
     load_contents: Optional[list[str]] = None  # what a resume restores (model required)
     save_contents: Optional[list[str]] = None  # hf_model: save_hf_checkpoint always

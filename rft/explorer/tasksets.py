@@ -21,7 +21,6 @@ from rft.config.schema import Config, TasksetConfig
 from rft.data import planned_steps
 from rft.errors import ConfigError, DataError, WorkflowError
 from rft.explorer import selectors
-from rft.explorer.selectors import TaskSelector  # noqa: F401 (its old home)
 from rft.models import REWARD_MODEL, TEACHER, auxiliary_kinds
 from rft.rundir import EXPLORER_META
 from rft.workflow import single_turn
