@@ -269,6 +269,23 @@ def test_a_row_seed_reaches_reset(template):
     assert f"{word}\nGuess my" in prompts[0]
 
 
+def test_a_row_seed_the_environment_cannot_take_fails_the_episode(template, monkeypatch):
+    import types
+
+    from word_guess import WordGuessEnvironment
+
+    class Unseeded(WordGuessEnvironment):
+        def reset(self, word=None):  # no seed, no **kwargs
+            return super().reset(word=word)
+
+    module = types.ModuleType("unseeded_env")
+    module.Unseeded = Unseeded
+    monkeypatch.setitem(sys.modules, "unseeded_env", module)
+    play(template, ["q"], {"word": "cat"}, env="unseeded_env:Unseeded", max_turns=1)
+    with pytest.raises(WorkflowError, match=r"reset\(\) takes no \['seed'\] .*its seed column"):
+        play(template, ["q"], {"seed": 5}, env="unseeded_env:Unseeded", max_turns=1)
+
+
 def test_env_kwargs_build_the_environment_and_bad_ones_say_so(template):
     experience, _ = play(template, ["q"], CAT, env=ENV, env_kwargs={"lives": 1})
     assert experience.info["done"] == 1.0 and experience.info["turns"] == 1  # out of lives

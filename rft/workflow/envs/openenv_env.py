@@ -308,16 +308,14 @@ class LocalSession:
     def reset(self, kwargs: dict) -> Seen:
         accepts = inspect.signature(self.env.reset).parameters
         takes_any = any(p.kind is p.VAR_KEYWORD for p in accepts.values())
-        extra = [k for k in kwargs if k not in accepts and not takes_any and k != "seed"]
+        extra = [k for k in kwargs if k not in accepts and not takes_any]
         if extra:
             raise WorkflowError(
                 f"{NAME}: {type(self.env).__qualname__}.reset() takes no {extra} (from "
-                "workflow_args.reset_kwargs or the row's reset_kwargs)"
+                "workflow_args.reset_kwargs, the row's reset_kwargs or its seed column); "
+                "drop them, or give reset() those parameters"
             )
-        # a row's seed is offered to every env; one whose reset() takes none plays unseeded
-        return _seen(
-            self.env.reset(**{k: v for k, v in kwargs.items() if k in accepts or takes_any})
-        )
+        return _seen(self.env.reset(**kwargs))
 
     def step(self, action: Any) -> Seen:
         return _seen(self.env.step(action))
