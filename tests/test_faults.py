@@ -31,6 +31,7 @@ from rft.sync.versions import is_complete, list_versions
 from tests.helpers.faults import fault_seed
 from tests.helpers.groups import split_groups
 from tests.helpers.synthetic import rollout_groups
+from tests.helpers.trainer_runs import trainer_env
 
 pytestmark = [pytest.mark.faults, pytest.mark.integration]
 
@@ -40,23 +41,12 @@ STEPS = 5  # trainer steps
 EXPLORER_STEPS = 4  # 16 tasks, 4 per step
 
 
-def env() -> dict[str, str]:
-    out = dict(
-        os.environ,
-        DS_ACCELERATOR="cpu",
-        OMP_NUM_THREADS="1",
-        TORCH_EXTENSIONS_DIR=str(REPO / ".cache" / "torch_extensions"),
-    )
-    out["PYTHONPATH"] = str(REPO) + os.pathsep + out.get("PYTHONPATH", "")
-    return out
-
-
 def start(module: str, config: Path, log: Path, **extra_env: str) -> subprocess.Popen:
     with log.open("a") as out:
         return subprocess.Popen(
             [PY, "-m", module, "--config", str(config)],
             cwd=REPO,
-            env={**env(), **extra_env},
+            env={**trainer_env(), **extra_env},
             stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
