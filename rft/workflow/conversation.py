@@ -54,6 +54,14 @@ class ChatTemplate:
         self.chat_template = chat_template
         self.extra = {} if enable_thinking is None else {"enable_thinking": enable_thinking}
 
+    @cached_property
+    def renders_tools(self) -> bool:
+        """Whether the template shows tool schemas to the model (many small models' do not:
+        SmolLM2's renders the same text with and without them)."""
+        probe = [{"role": "user", "content": "hi"}]
+        tool = {"type": "function", "function": {"name": "rft_probe_tool", "parameters": {}}}
+        return "rft_probe_tool" in self.render(probe, tools=[tool])
+
     def render(
         self,
         messages: Messages,

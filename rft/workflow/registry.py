@@ -36,6 +36,7 @@ SHIPPED_MODULES = (
     "rft.workflow.envs.openenv_env",
     "rft.workflow.envs.sciworld",
     "rft.workflow.envs.toolcall",
+    "rft.workflow.envs.verifiers_env",
     "rft.workflow.math_eval",
     "rft.workflow.math_rm",
     "rft.workflow.recording",

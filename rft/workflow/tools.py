@@ -17,6 +17,7 @@ import os
 import subprocess
 import sys
 import time
+import typing
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -76,6 +77,57 @@ class Tool:
     schema: dict  # OpenAI function schema
 
 
+def function_schema(fn: Callable, name: Optional[str] = None) -> dict:
+    """The OpenAI tool schema of ``fn`` (a function or bound method): its parameters typed from
+    their annotations (strings when unannotated), those without defaults required, its
+    docstring the description."""
+    try:
+        hints = typing.get_type_hints(fn)
+    except Exception:  # an annotation that does not resolve: the parameter is a string
+        hints = {}
+    params, required = {}, []
+    for p in inspect.signature(fn).parameters.values():
+        hint = typing.get_origin(hints.get(p.name)) or hints.get(p.name)
+        params[p.name] = {"type": _JSON_TYPES.get(hint if isinstance(hint, type) else str, "string")}  # fmt: skip
+        if p.default is inspect.Parameter.empty:
+            required.append(p.name)
+    return {
+        "type": "function",
+        "function": {
+            "name": name or fn.__name__,
+            "description": inspect.getdoc(fn) or fn.__name__,
+            "parameters": {"type": "object", "properties": params, "required": required},
+        },
+    }
+
+
+TOOL_PROMPT = """# Tools
+
+You can call these functions:
+<tools>
+{tools}
+</tools>
+
+To call one, write a JSON object with its name and arguments inside <tool_call></tool_call> tags:
+<tool_call>
+{{"name": "<function name>", "arguments": {{<the arguments>}}}}
+</tool_call>"""
+
+
+def tool_prompt(schemas: Sequence[dict]) -> str:
+    """The tools described in text, with the hermes call format, for a system prompt when the
+    model's chat template does not show tools (``ChatTemplate.renders_tools``)."""
+    return TOOL_PROMPT.format(tools="\n".join(json.dumps(s) for s in schemas))
+
+
+def count_tool_call(error: bool, timed_out: bool) -> None:
+    """Count one tool call into the running episode's :class:`ToolCounts` (none outside an
+    episode's thread or task)."""
+    counts = _COUNTING.get()
+    if counts is not None:
+        counts.add(error=error, timed_out=timed_out)
+
+
 def _tool(fn: Union[Callable, str]) -> Tool:
     if isinstance(fn, str):
         module_name, _, attr = fn.partition(":")
@@ -89,24 +141,7 @@ def _tool(fn: Union[Callable, str]) -> Tool:
             f"tool {fn!r} must be a function at the top level of an importable "
             "module (the call runs in a fresh process that imports it)"
         )
-    params = {}
-    for p in inspect.signature(fn).parameters.values():
-        kind = _JSON_TYPES.get(p.annotation if isinstance(p.annotation, type) else str, "string")
-        params[p.name] = {"type": kind}
-    required = [
-        p.name
-        for p in inspect.signature(fn).parameters.values()
-        if p.default is inspect.Parameter.empty
-    ]
-    schema = {
-        "type": "function",
-        "function": {
-            "name": fn.__name__,
-            "description": inspect.getdoc(fn) or fn.__name__,
-            "parameters": {"type": "object", "properties": params, "required": required},
-        },
-    }
-    return Tool(fn.__name__, f"{module}:{fn.__name__}", schema)
+    return Tool(fn.__name__, f"{module}:{fn.__name__}", function_schema(fn))
 
 
 class ToolBox:
@@ -130,9 +165,7 @@ class ToolBox:
 
     def call(self, name: str, arguments: Union[str, dict, None]) -> ToolResult:
         result = self._call(name, arguments)
-        counts = _COUNTING.get()
-        if counts is not None:  # None: outside an episode's thread (a thread a workflow started)
-            counts.add(error=not result.ok, timed_out=result.timed_out)
+        count_tool_call(error=not result.ok, timed_out=result.timed_out)
         return result
 
     def _call(self, name: str, arguments: Union[str, dict, None]) -> ToolResult:
