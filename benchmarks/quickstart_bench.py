@@ -4,8 +4,11 @@ Runs ``bin/rft-run --config configs/quickstart_cpu.yaml`` once per seed (the see
 sampling and the taskset order), each in its own run directory under ``--out``, one after the
 other, and prints a table: held-out accuracy of the starting model (weights v0, the baseline,
 measured in the same run) and of the trained model (the final weights), the gain in points,
-mean train reward of the first and last steps, and the wall time of the whole command (engine
-starts and evaluations included). Targets: gain >= 10 points on each seed, within
+mean train reward of the first and last steps, the wall time of the whole command (engine
+starts and evaluations included), and the peak of the run's memory: every process of it (explorer,
+trainer ranks, tool subprocesses) summed, as PSS every 5 s (shared pages split
+between their processes: what the run holds) and as summed RSS every 0.5 s (shared pages counted in each),
+with each role's share at that peak. Targets: gain >= 10 points on each seed, within
 ``--target-minutes`` (15 for the quick start, issue 19; 20 for the agentic quick start,
 ``--config configs/agent_calculator_cpu.yaml --target-minutes 20``, issue 30).
 
@@ -21,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from benchmarks.common import REPO, print_table, run_recorded
+from benchmarks.common import REPO, print_table, run_recorded, sample_memory
 from rft.config.load import load_config
 from rft.monitor import read_metrics
 from rft.report import build_report, edge_means
@@ -45,13 +48,15 @@ def run_seed(config: str, seed: int, out: Path, extra: list[str]) -> dict:
     log = out / f"seed{seed}.log"
     start = time.monotonic()
     with log.open("w") as sink:
-        code = subprocess.call(
+        proc = subprocess.Popen(
             [sys.executable, str(REPO / "bin" / "rft-run"), "--config", config, *overrides],
             cwd=REPO,
             stdout=sink,
             stderr=subprocess.STDOUT,
             env=dict(os.environ, HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1"),
         )
+        with sample_memory(proc.pid) as memory:
+            code = proc.wait()
     minutes = (time.monotonic() - start) / 60
     report = build_report(read_metrics(cfg.run_dir, explorer_role(cfg.explorer.name)))
     held = next(iter(report.held_out.values()), {})
@@ -66,6 +71,7 @@ def run_seed(config: str, seed: int, out: Path, extra: list[str]) -> dict:
         "final_version": max(held) if held else None,
         "reward": edge_means(report.reward),
         "log": log,
+        "memory": memory,
     }
 
 
@@ -110,13 +116,20 @@ def main(argv: list[str] | None = None) -> int:
                 fmt(gain, "+.1f"),
                 fmt(first),
                 fmt(last),
+                f"{r['memory'].summed_gb:.1f} ({r['memory'].summed_rss_gb:.1f})",
                 f"{'met' if ok else 'MISSED'} (>= {TARGET_POINTS:.0f} pts, "
                 f"<= {args.target_minutes:.0f} min)",
             ]
         )
     header = ["seed", "exit", "wall min", "held-out v0", "final", "gain pts", "reward first"]
     print()
-    print_table([*header, "reward last", "target"], table, align="rrrrrrrrl")
+    print_table([*header, "reward last", "peak GB PSS (RSS)", "target"], table, align="rrrrrrrrrl")
+    for r in rows:
+        at_peak = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["memory"].at_peak_gb.items(), key=lambda kv: -kv[1]))  # fmt: skip
+        own = ", ".join(f"{k} {v:.1f}" for k, v in sorted(r["memory"].by_role_gb.items(), key=lambda kv: -kv[1]))  # fmt: skip
+        print(
+            f"seed {r['seed']} resident GB at the summed peak: {at_peak}; each role's own peak: {own}"
+        )
     print(
         f"\nheld-out: the accuracy part of the reward, greedy, on {args.config}'s eval taskset; "
         "v0 is the starting model, final the trained weights"

@@ -16,7 +16,7 @@ import shutil
 import socket
 import subprocess
 from dataclasses import dataclass
-from typing import Iterable, Mapping, Protocol, Sequence
+from typing import Iterable, Mapping, Optional, Protocol, Sequence
 
 from rft.errors import ConfigError
 
@@ -154,8 +154,18 @@ LOCAL_TRAINER_RANKS_VAR = "RFT_LOCAL_TRAINER_RANKS"  # trainer ranks of a local 
 
 def local_trainer_ranks(trainer_gpus: int, env: Mapping[str, str]) -> int:
     """Trainer ranks of a run on this machine: one per trainer GPU; without GPUs
-    ``RFT_LOCAL_TRAINER_RANKS`` (default 2) DeepSpeed ranks on gloo."""
+    ``RFT_LOCAL_TRAINER_RANKS`` (default 2) DeepSpeed ranks on gloo: on 2 cores two
+    single-threaded ranks step faster than one two-threaded rank, which holds the model's
+    states and a runtime once (docs/performance.md#memory)."""
     return trainer_gpus or int(env.get(LOCAL_TRAINER_RANKS_VAR, "2"))
+
+
+def cpu_trainer_threads(ranks: int, cores: Optional[int] = None) -> int:
+    """OpenMP threads of each CPU trainer rank: the machine's cores shared by the ranks (in a
+    synchronous run the explorer waits while the trainer steps)."""
+    if cores is None:
+        cores = os.cpu_count() or 1
+    return max(1, cores // max(ranks, 1))
 
 
 # ----------------------------------------------------------------------------- ranks

@@ -19,7 +19,7 @@ from rft.config.schema import Config
 from rft.entry import config_parser, run_command, setup_logging
 from rft.errors import EXIT_OK, ConfigError
 from rft.launch import slurm, submit
-from rft.launch.preflight import describe, preflight
+from rft.launch.preflight import describe, preflight, warn_memory
 from rft.placement import local_devices
 from rft.rundir import LOG_DIR
 
@@ -59,7 +59,10 @@ def run_main(argv: list[str] | None = None) -> int:
             return EXIT_OK
         from rft.launch.local import run
 
-        preflight(cfg, local_devices())  # fail here, before any process starts
+        here = local_devices()
+        preflight(cfg, here)  # fail here, before any process starts
+        if here.gpus == 0:
+            warn_memory(cfg)
         return run(cfg)
 
     return run_command(body)

@@ -37,6 +37,7 @@ from rft.placement import (
     EXPLORER_MODES,
     TRAINER_MODES,
     Devices,
+    cpu_trainer_threads,
     local_devices,
     local_gpu_ids,
     local_trainer_ranks,
@@ -106,12 +107,14 @@ def start_processes(cfg: Config, config_path: Path, devices: Devices) -> list[Pr
             if gpus:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
             specs.append((writer_name(cfg.explorer.name, rank), "explorer", env))  # added: own log
+    ranks = local_trainer_ranks(len(trainer_gpus), os.environ)
     if cfg.mode in TRAINER_MODES:
         env = dict(base)
         if trainer_gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, trainer_gpus))
+        elif "OMP_NUM_THREADS" not in os.environ:
+            env["OMP_NUM_THREADS"] = str(cpu_trainer_threads(ranks))
         specs.append(("trainer", "trainer", env))
-    ranks = local_trainer_ranks(len(trainer_gpus), os.environ)
     log_dir = cfg.run_dir / LOG_DIR
     log_dir.mkdir(parents=True, exist_ok=True)
     started = []

@@ -31,6 +31,7 @@ from rft.explorer.engine import engine_kwargs
 from rft.explorer.probe import first_task_checks
 from rft.explorer.tasksets import WorkflowClass, required_columns, taskset_workflow
 from rft.explorer.teacher import check_teacher_dir
+from rft.launch import memory
 from rft.models import (
     ADAPTER_CONFIG,
     GENERATIVE,
@@ -414,6 +415,8 @@ def _rows(cfg: Config, infos: list[DatasetInfo], devices: Devices) -> str:
         ("cluster", _cluster_line(cfg)),
     ]
     rows += _role_lines(cfg, devices)
+    if devices.gpus == 0:
+        rows += _memory_rows(cfg)
     rows += [("model", cfg.model.model_path)]
     for i in infos:
         rows.append((i.label.split(".")[-1], _dataset_line(i)))
@@ -421,6 +424,26 @@ def _rows(cfg: Config, infos: list[DatasetInfo], devices: Devices) -> str:
             rows.append(("first-task check", i.first_task))
     width = max(len(label) for label, _ in rows)
     return "\n".join(f"  {label:<{width}}  {value}" for label, value in rows)
+
+
+def _memory_rows(cfg: Config) -> list[tuple[str, str]]:
+    """The run's expected memory on this machine and what it has available (CPU runs)."""
+    expected = memory.local_estimate(cfg)
+    if expected is None:
+        return []
+    available = memory.available_gb()
+    have = "" if available is None else f"; {available:.1f} GB available"
+    short = " (short: see the warning at start)" if available is not None and memory.warning(expected, available) else ""  # fmt: skip
+    return [("memory", expected.line() + have + short)]
+
+
+def warn_memory(cfg: Config) -> None:
+    """At the start of a run on this machine without GPUs: warn when the machine has less
+    memory available than the run is expected to hold."""
+    expected, available = memory.local_estimate(cfg), memory.available_gb()
+    message = None if expected is None or available is None else memory.warning(expected, available)  # fmt: skip
+    if message:
+        log.warning(message)
 
 
 def _run_dir_state(run_dir: Path) -> str:

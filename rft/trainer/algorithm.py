@@ -24,7 +24,8 @@ from rft.algo.registry import (
     valid_args,
 )
 from rft.config import names
-from rft.config.schema import AlgorithmConfig, RolloutCorrectionConfig
+from rft.config.schema import AlgorithmConfig, Config, RolloutCorrectionConfig
+from rft.data import trains_pairs
 from rft.errors import ConfigError
 
 # The registries implement exactly the names the config declares (GAE, which needs values, apart).
@@ -108,6 +109,13 @@ def expert_loss_args(name: str, args: dict[str, Any]) -> dict[str, Any]:
             f"sft_loss_agg_mode={args['sft_loss_agg_mode']!r}; set only one"
         )
     return args
+
+
+def uses_reference(cfg: Config, fns: LossFns | None = None) -> bool:
+    """Whether the trainer holds a frozen reference model: for a KL term (loss or penalty), and
+    for DPO, which always scores against it."""
+    fns = fns or build_loss_fns(cfg.algorithm)
+    return fns.needs_ref or trains_pairs(cfg)
 
 
 def build_loss_fns(algo: AlgorithmConfig) -> LossFns:

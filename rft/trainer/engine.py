@@ -166,9 +166,14 @@ def ds_config(
     opt = optim or cfg.algorithm.optimizer
     offload_optimizer = t.optimizer_offload if offload_optimizer is None else offload_optimizer
     zero: dict[str, Any] = {"stage": t.zero_stage}
+    hidden = model_hidden_size(cfg.model.model_path)
+    if hidden is not None:
+        # DeepSpeed's default bucket, 5e8 elements, is a buffer as large as a small model's
+        # whole gradient; transformers' "auto" (h^2 elements) cut one into ~400 all-reduces per
+        # backward, each a round trip on gloo (measured slower); so h^2, at least 2^25
+        zero["reduce_bucket_size"] = max(hidden * hidden, MIN_REDUCE_BUCKET)
     if t.zero_stage == 3:
         zero["stage3_gather_16bit_weights_on_model_save"] = True
-        hidden = model_hidden_size(cfg.model.model_path)
         if hidden is not None:
             zero.update(zero3_gather_settings(hidden, world_size, offload_params and not on_cpu))
     if on_cpu and (offload_params or (train and offload_optimizer)):
@@ -219,9 +224,12 @@ def ds_config(
     return config
 
 
+MIN_REDUCE_BUCKET = 2**25  # elements: 128 MiB of float32 gradients
+
+
 def zero3_gather_settings(hidden_size: int, world_size: int, offload_params: bool) -> dict:
     """ZeRO-3's gather schedule for a model of ``hidden_size``: transformers' "auto" values
-    (prefetch buckets of 0.9 h^2 elements, reduce buckets of h^2, tensors under 10 h elements
+    (prefetch buckets of 0.9 h^2 elements, tensors under 10 h elements
     (norms, biases) kept whole), communication overlapped with compute. On one rank there is
     nothing to partition over, so every parameter stays whole (no gather per micro-batch)
     unless parameters are offloaded to the CPU, which persistence would undo."""
@@ -230,7 +238,6 @@ def zero3_gather_settings(hidden_size: int, world_size: int, offload_params: boo
         persist = 2**62  # larger than any tensor: all persistent, no gathers
     return {
         "overlap_comm": True,
-        "reduce_bucket_size": hidden_size * hidden_size,
         "stage3_prefetch_bucket_size": int(0.9 * hidden_size * hidden_size),
         "stage3_param_persistence_threshold": persist,
     }

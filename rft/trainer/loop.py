@@ -46,7 +46,7 @@ from rft.rundir import ACTOR_DIR, CRITIC_DIR, TRAINER_LEASE, step_dir
 from rft.stages import load_stage
 from rft.sync.requests import RequestWatcher
 from rft.sync.schedule import publishes_weights
-from rft.trainer.algorithm import build_loss_fns
+from rft.trainer.algorithm import build_loss_fns, uses_reference
 from rft.trainer.checkpoint import (
     LoopPosition,
     check_lease,
@@ -155,8 +155,7 @@ def _build_models(
     from rft.trainer import engine
 
     actor = engine.build_actor(cfg, info, total_updates)
-    needs_ref = fns.needs_ref or trains_pairs(cfg)  # DPO: always against the reference model
-    ref = engine.build_reference(cfg, info, actor) if needs_ref else None
+    ref = engine.build_reference(cfg, info, actor) if uses_reference(cfg, fns) else None
     critic = engine.build_critic(cfg, info, total_updates) if uses_critic(cfg) else None
     return actor, ref, critic
 
