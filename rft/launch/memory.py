@@ -97,16 +97,17 @@ def _stored_params(file: Path) -> int:
 
 
 def micro_batch_tokens(cfg: Config, ranks: int) -> int:
-    """The trainer's largest micro-batch in tokens: a step's samples at full length spread over
+    """The trainer's largest micro-batch in tokens: a step's samples (``buffer.train_batch_size``,
+    else tasks x repeats) at full length spread over
         the ranks, at most the token budget (``trainer.max_token_len_per_gpu``), or
     ``micro_batch_size_per_gpu`` rows of ``max_model_len`` without ``use_dynamic_bsz``."""
     t = cfg.trainer
-    samples = cfg.buffer.batch_size * cfg.algorithm.repeat_times
+    samples = cfg.buffer.train_batch_size or (cfg.buffer.batch_size or 1) * (cfg.algorithm.repeat_times or 1)  # fmt: skip
     per_rank = -(-samples // max(ranks, 1))
+    length = cfg.model.max_model_len or t.max_token_len_per_gpu  # unset: the budget bounds it
     if not t.use_dynamic_bsz:  # fixed-size micro-batches, each row padded to the longest
-        per_rank = min(per_rank, t.micro_batch_size_per_gpu)
-        return per_rank * cfg.model.max_model_len
-    return min(per_rank * cfg.model.max_model_len, t.max_token_len_per_gpu)
+        return min(per_rank, t.micro_batch_size_per_gpu) * length
+    return min(per_rank * length, t.max_token_len_per_gpu)
 
 
 def estimate(cfg: Config, explorers: int, ranks: int, kv_cache_gib: float) -> Optional[MemoryEstimate]:  # fmt: skip
