@@ -37,7 +37,8 @@ EXPLORER_RUNTIME_GB = 2.0
 TRAINER_RUNTIME_GB = 4.0
 LAUNCHER_GB = 0.7
 # float32 activations kept for the backward, bytes per (token x layer x hidden unit), measured
-# with SmolLM2-135M (SDPA attention, no gradient checkpointing): +1.94 GB per 2048 tokens
+# with SmolLM2-135M (SDPA attention, no gradient checkpointing; benchmarks/activation_bench.py):
+# 38 for rows of 256 tokens, 56 for one row of 2,048 (attention grows with row length)
 ACTIVATION_BYTES = 56.0
 CHECKPOINTED_ACTIVATION_BYTES = 4.0  # with gradient checkpointing: each layer's input only
 
