@@ -81,7 +81,7 @@ def model_shape(path: str) -> Optional[ModelShape]:
     try:
         config = json.loads((folder / "config.json").read_text())
         params = sum(_stored_params(f) for f in folder.glob("*.safetensors"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, KeyError, TypeError):  # not there, or not a safetensors header
         return None
     config = config.get("text_config", config)
     layers, hidden = config.get("num_hidden_layers"), config.get("hidden_size")
@@ -99,9 +99,9 @@ def _stored_params(file: Path) -> int:
 
 def micro_batch_tokens(cfg: Config, ranks: int) -> int:
     """The trainer's largest micro-batch in tokens: a step's samples (``buffer.train_batch_size``,
-    else tasks x repeats) at full length spread over
-        the ranks, at most the token budget (``trainer.max_token_len_per_gpu``), or
-    ``micro_batch_size_per_gpu`` rows of ``max_model_len`` without ``use_dynamic_bsz``."""
+    else tasks x repeats) at full length spread over the ranks, at most the token budget
+    (``trainer.max_token_len_per_gpu``), or ``micro_batch_size_per_gpu`` rows of
+    ``max_model_len`` without ``use_dynamic_bsz``."""
     t = cfg.trainer
     samples = cfg.buffer.train_batch_size or (cfg.buffer.batch_size or 1) * (cfg.algorithm.repeat_times or 1)  # fmt: skip
     per_rank = -(-samples // max(ranks, 1))
