@@ -164,7 +164,14 @@ class _SandboxScored(vf.Task):
         return False
 
 
+class _UntypedStop(vf.Task):
+    @vf.stop
+    async def done(self, trace) -> bool:
+        return True
+
+
 def test_tasks_rft_cannot_run_are_refused_with_the_reason():
+    assert "@vf.stop done: done must have exactly one" in refusals(_UntypedStop)[0]
     assert "needs a container (NEEDS_CONTAINER)" in refusals(_BoxTask)[0]
     why = " ".join(refusals(_SandboxScored))
     assert "@vf.reward tests_pass takes the task's runtime" in why
@@ -173,6 +180,8 @@ def test_tasks_rft_cannot_run_are_refused_with_the_reason():
     from vf_products import ProductTask
 
     assert refusals(ProductTask) == []
+    with pytest.raises(WorkflowError, match=r"judges \(env_args.task.judges\) call a judge model"):
+        check_args({**ARGS, "env_args": {"task": {"judges": [{"id": "reference"}]}}})
 
 
 # --- episodes ---------------------------------------------------------------------------------

@@ -132,7 +132,12 @@ def refusals(task: Any) -> list[str]:
             if runtime is not None and runtime.default is inspect.Parameter.empty:
                 why.append(f"@vf.{attr} {fn.__name__} takes the task's runtime (a sandbox), which rft does not have")  # fmt: skip
     for fn in _hooks(task, "stop"):
-        if hook_boundary(fn, allow_trace=True) is not Trace:
+        try:
+            boundary = hook_boundary(fn, allow_trace=True)
+        except TypeError as e:  # verifiers refuses it too: no typed Trace/Request/Response
+            why.append(f"@vf.stop {fn.__name__}: {e}")
+            continue
+        if boundary is not Trace:
             why.append(f"@vf.stop {fn.__name__} acts on a request or response; rft runs stop hooks that take the trace")  # fmt: skip
     if not isinstance(task, type) and task.config.judges:
         why.append("judges (TaskConfig.judges) call a judge model; score with @vf.reward functions instead")  # fmt: skip
@@ -160,6 +165,8 @@ def check_args(workflow_args: Mapping[str, Any]) -> VerifiersArgs:
     args = parse_args(workflow_args)
     taskset = load_taskset(args)
     why = refusals(type(taskset).task_type())
+    if taskset.config.task.judges:
+        why.append("judges (env_args.task.judges) call a judge model; score with @vf.reward functions instead")  # fmt: skip
     if why:
         raise WorkflowError(f"{NAME}: {args.env_id} cannot run in rft: " + "; ".join(why))
     return args
