@@ -200,3 +200,13 @@ def copy_files(files: Iterable[Path | str], dest: Path | str) -> None:
         if not src.is_file():
             raise CheckpointError(f"{src} does not exist or is not a file; cannot publish it")
         shutil.copy2(src, Path(dest) / src.name)
+
+
+def write_jsonl_splits(out_dir: Path, splits: dict) -> None:
+    """Each split's rows as ``OUT_DIR/<split>.jsonl`` (one JSON object a line, each file written
+    atomically), printing each file and its row count: the taskset scripts' output."""
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for split, rows in splits.items():
+        write_text(out_dir / f"{split}.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
+        print(f"{out_dir / f'{split}.jsonl'}: {len(rows)} tasks")

@@ -162,3 +162,14 @@ def did_you_mean(
     rft lacks is refused as such, not taken for a typo)."""
     hint = None if str(name) in exclude else nearest(name, options)
     return f" Did you mean {hint!r}?" if hint else ""
+
+
+def refuse_unknown_keys(what: str, given: Iterable[str], known: Iterable[str]) -> None:
+    """WorkflowError for the first of ``given`` not in ``known``, with a "did you mean" and the
+    valid keys (``what``: the message's start, e.g. "openenv_env: unknown workflow_args key")."""
+    known = list(known)
+    for key in given:
+        if key not in known:
+            raise WorkflowError(
+                f"{what} {key!r}.{did_you_mean(key, known)} Valid keys: {sorted(known)}"
+            )

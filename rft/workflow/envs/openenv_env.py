@@ -23,7 +23,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Optional
 
-from rft.errors import WorkflowError, did_you_mean
+from rft.errors import WorkflowError, did_you_mean, refuse_unknown_keys
 from rft.workflow.base import MultiTurnWorkflow
 from rft.workflow.experience import Experience
 from rft.workflow.registry import register_workflow
@@ -64,12 +64,7 @@ class OpenEnvArgs:
 def parse_args(args: Mapping[str, Any]) -> OpenEnvArgs:
     """The checked arguments; WorkflowError naming the key and what to write."""
     known = OpenEnvArgs.__dataclass_fields__
-    for key in args:
-        if key not in known:
-            raise WorkflowError(
-                f"{NAME}: unknown workflow_args key {key!r}.{did_you_mean(key, known)} "
-                f"Valid keys: {sorted(known)}"
-            )
+    refuse_unknown_keys(f"{NAME}: unknown workflow_args key", args, known)
     values = {}
     for key, value in args.items():
         kind, kind_name = _KINDS[known[key].type]

@@ -16,7 +16,7 @@ import random
 from pathlib import Path
 from typing import Optional
 
-from rft.atomic import write_text
+from rft.atomic import write_jsonl_splits
 
 # Trinity's training tasks; the package's other tasks are the test split.
 TRAIN_TASKS = (
@@ -80,10 +80,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--jar-path", default="", help="a simulator jar to name in each row")
     args = parser.parse_args(argv)
     splits = make_rows(variation_counts(), args.share, args.jar_path, args.max_per_task)
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    for split, rows in splits.items():
-        write_text(args.out_dir / f"{split}.jsonl", "".join(json.dumps(r) + "\n" for r in rows))
-        print(f"{args.out_dir / f'{split}.jsonl'}: {len(rows)} tasks")
+    write_jsonl_splits(args.out_dir, splits)
     return 0
 
 

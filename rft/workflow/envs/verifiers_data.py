@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from rft.atomic import write_text
+from rft.atomic import write_jsonl_splits
 from rft.errors import WorkflowError
 from rft.workflow.envs.verifiers_env import VerifiersArgs, load_taskset
 
@@ -57,10 +57,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     splits = {"train": rows[: len(rows) - args.test]}
     if args.test:
         splits["test"] = rows[len(rows) - args.test :]
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    for split, part in splits.items():
-        write_text(args.out_dir / f"{split}.jsonl", "".join(json.dumps(r) + "\n" for r in part))
-        print(f"{args.out_dir / f'{split}.jsonl'}: {len(part)} tasks")
+    write_jsonl_splits(args.out_dir, splits)
     return 0
 
 

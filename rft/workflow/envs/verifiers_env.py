@@ -36,7 +36,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from rft.errors import WorkflowError, did_you_mean
+from rft.errors import WorkflowError, refuse_unknown_keys
 from rft.workflow.base import MultiTurnWorkflow
 from rft.workflow.experience import Experience
 from rft.workflow.model import openai_message
@@ -65,12 +65,7 @@ class VerifiersArgs:
 def parse_args(args: Mapping[str, Any]) -> VerifiersArgs:
     """The checked arguments; WorkflowError naming the key and what to write."""
     known = VerifiersArgs.__dataclass_fields__
-    for key in args:
-        if key not in known:
-            raise WorkflowError(
-                f"{NAME}: unknown workflow_args key {key!r}.{did_you_mean(key, known)} "
-                f"Valid keys: {sorted(known)}"
-            )
+    refuse_unknown_keys(f"{NAME}: unknown workflow_args key", args, known)
     kinds = {"env_id": str, "env_args": dict, "max_turns": int, "tool_timeout_s": (int, float)}
     for key, value in args.items():
         if isinstance(value, bool) or not isinstance(value, kinds[key]):
