@@ -3,8 +3,9 @@
 Runs the same tasks of an agentic config (default: the calculator quick start on SmolLM2-135M,
 several model turns and a subprocess tool call per episode) through the explorer's rollout
 twice in one process, on one vLLM engine: ``explorer.runner_per_model=1`` (one episode at a
-time: the baseline) and ``--concurrency`` (episodes in flight, their model calls batched). Same
-seed, same tasks; prints episodes/s, generated tokens/s, engine batches and model calls per
+time: the baseline) and ``--concurrency`` (episodes in flight, their model calls sharing the
+engine's batches). Same
+seed, same tasks; prints episodes/s, generated tokens/s and model calls per
 episode for each, and the speed-up.
 
     python -m benchmarks.agent_bench --tasks 16 --concurrency 32
@@ -24,22 +25,21 @@ os.chdir(REPO)
 from rft.config.load import load_config  # noqa: E402
 from rft.explorer import tasksets  # noqa: E402
 from rft.explorer.engine import Engine  # noqa: E402
-from rft.explorer.rollout import rollout  # noqa: E402
-from rft.monitor import EPISODE_TURNS, GENERATE_BATCHES, GENERATED_TOKENS  # noqa: E402
+from rft.explorer.steps import run_tasks  # noqa: E402
+from rft.monitor import EPISODE_TURNS, GENERATED_TOKENS  # noqa: E402
 
 
 def measure(cfg, engine, sets, tasks: int, concurrency: int) -> dict[str, float]:
     cfg.explorer.runner_per_model = concurrency
     items = [(i, tasksets.Task(0, i, 1)) for i in range(tasks)]
     start = time.monotonic()
-    exps, stats = rollout(cfg, engine, sets, items, 1, 0, "bench")
+    exps, stats = run_tasks(cfg, engine, sets, items, 1, 0, "bench")
     seconds = time.monotonic() - start
     return {
         "seconds": seconds,
         "episodes": len(exps),
         "episodes_per_s": len(exps) / seconds,
         "tokens_per_s": stats[GENERATED_TOKENS] / seconds,
-        "batches": stats[GENERATE_BATCHES],
         "calls": stats[EPISODE_TURNS],
     }
 
@@ -62,14 +62,11 @@ def main() -> int:
         f"{args.tasks} tasks x {cfg.algorithm.repeat_times} episodes, {args.config}, "
         f"{os.cpu_count()} CPUs"
     )
-    print(
-        f"{'mode':<24} {'seconds':>8} {'episodes/s':>11} {'tokens/s':>9} {'batches':>8} "
-        f"{'calls/ep':>9}"
-    )
+    print(f"{'mode':<24} {'seconds':>8} {'episodes/s':>11} {'tokens/s':>9} {'calls/ep':>9}")
     for label, m in rows:
         print(
             f"{label:<24} {m['seconds']:>8.1f} {m['episodes_per_s']:>11.2f} "
-            f"{m['tokens_per_s']:>9.1f} {m['batches']:>8.0f} {m['calls']:>9.2f}"
+            f"{m['tokens_per_s']:>9.1f} {m['calls']:>9.2f}"
         )
     print(f"speed-up: {rows[1][1]['episodes_per_s'] / rows[0][1]['episodes_per_s']:.2f}x")
     return 0

@@ -26,9 +26,10 @@ from benchmarks.common import REPO, run_recorded
 os.chdir(REPO)
 
 from rft.config.load import load_config  # noqa: E402
+from rft.explorer.calls import CALL_WAIT_S, EngineCalls  # noqa: E402
 from rft.explorer.engine import Engine  # noqa: E402
-from rft.explorer.episodes import EpisodeJob, run_episodes  # noqa: E402
-from rft.explorer.rollout import agent_endpoint, episode_template  # noqa: E402
+from rft.explorer.episodes import EpisodeJob, EpisodePool  # noqa: E402
+from rft.explorer.groups import agent_endpoint, episode_template  # noqa: E402
 from rft.workflow import Workflow, WorkflowWithRecording  # noqa: E402
 from rft.workflow.experience import Experience  # noqa: E402
 from rft.workflow.task import GenerationConfig, Task  # noqa: E402
@@ -91,17 +92,20 @@ def measure(cfg, engine, workflow: type, tasks: int, concurrency: int, tokens: i
         for i in range(tasks)
     ]
     start = time.monotonic()
-    results, _ = run_episodes(
-        jobs,
-        engine,
+    calls = EngineCalls(engine)  # the explorer's episode service, alone on the engine
+    pool = EpisodePool(
+        calls,
         episode_template(cfg),
-        0,
         concurrency=concurrency,
         timeout_s=600,
-        max_model_len=engine.max_model_len,
         endpoint=agent_endpoint(cfg),
         model_path=cfg.model.model_path,
     )
+    ids = pool.add(jobs)
+    while not pool.idle:
+        pool.poll()
+        calls.serve_once(CALL_WAIT_S)
+    results = [pool.pop(i) for i in ids]
     seconds = time.monotonic() - start
     failed = [r.error for r in results if not r.ok]
     if failed:

@@ -129,12 +129,12 @@ def main() -> None:
                 tokens, seconds = bare_generate(engine, step_prompts(cfg.run_dir, step), sampling)
                 bare_tokens += tokens
                 bare_s += seconds
-        print_table(args, loop_tokens, loop_s, gen_s, bare_tokens, bare_s)
+        print_results(args, loop_tokens, loop_s, gen_s, bare_tokens, bare_s)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def print_table(args, loop_tokens, loop_s, gen_s, bare_tokens, bare_s) -> None:
+def print_results(args, loop_tokens, loop_s, gen_s, bare_tokens, bare_s) -> None:
     loop_rate, bare_rate = loop_tokens / loop_s, bare_tokens / bare_s
     print(
         f"\nSmolLM2-135M-Instruct {args.dtype}, {args.rounds} rounds x {args.steps} steps of {args.batch} tasks x {args.repeat} "

@@ -152,7 +152,9 @@ class Bench:
         assert latest is not None and latest[0] == version, (latest, version)
         assert self.watcher.load(version, self.engine.reload), "the folder changed while loading"
         loaded = time.perf_counter()
-        out = self.engine.generate([self.prompt], [SamplingArgs(temperature=0.0, max_tokens=1)])
+        from rft.explorer.engine import complete
+
+        out = complete(self.engine, [self.prompt], [SamplingArgs(temperature=0.0, max_tokens=1)])
         done = time.perf_counter()
         assert out[0][0].response_ids
         self.last_folder = latest[1]

@@ -106,7 +106,7 @@ def check(out: Path, config: str, tasks: int) -> dict[str, float]:
     """Generate the first ``tasks`` train tasks (``repeat_times`` samples each, the config's
     sampling) with the real engine, as the explorer renders them; the length spread."""
     from rft.config.load import load_config
-    from rft.explorer.engine import Engine
+    from rft.explorer.engine import Engine, complete
     from rft.explorer.tasksets import prompt_ids, training_tasksets
 
     cfg = load_config(config, overrides(out))
@@ -123,7 +123,7 @@ def check(out: Path, config: str, tasks: int) -> dict[str, float]:
         )
         for i in range(min(tasks, len(taskset)))
     ]
-    groups = engine.generate(prompts, [taskset.sampling] * len(prompts))
+    groups = complete(engine, prompts, [taskset.sampling] * len(prompts))
     lengths = [len(s.response_ids) for g in groups for s in g]
     return length_summary(lengths, taskset.sampling.max_tokens)
 

@@ -255,7 +255,7 @@ def simulate(schedule: Schedule, shape: Shape, costs: Costs, workload: Workload)
     sealed: dict[int, list[list[Group]]] = {}  # mode both: step -> each explorer's groups
     queue: list[Group] = []  # async: groups in order of sealing
     streaming = schedule.mode == "async" and schedule.partial_rollout
-    # rft.explorer.streaming.inflight_limit: the next step enters while fewer samples are in
+    # rft.explorer.steps.inflight_limit: the next step enters while fewer samples are in
     # flight than this (default: one step's)
     inflight_limit = (
         schedule.max_inflight_samples or schedule.explore_batch() * schedule.repeat_times
@@ -297,7 +297,7 @@ def simulate(schedule: Schedule, shape: Shape, costs: Costs, workload: Workload)
             e.job = Job("gen", costs.gen_s(shares[step, e.rank]))
 
     def start_streaming(e: Explorer) -> None:
-        """The streaming engine's next piece of work (``rft.explorer.streaming.stream_steps``):
+        """The streaming engine's next piece of work (``rft.explorer.steps.run_steps``):
         new weights first (requests kept, no token discarded), then whole steps while fewer
         samples than the limit are in flight (each paying the step's overhead), then decoding
         until the next sample finishes."""

@@ -169,7 +169,9 @@ class Bench:
     def generate(self) -> float:
         """Seconds of one greedy 1-token generate; its log-prob is kept in ``last_logprob``."""
         start = time.perf_counter()
-        out = self.engine.generate([self.prompt], [SamplingArgs(temperature=0.0, max_tokens=1)])
+        from rft.explorer.engine import complete
+
+        out = complete(self.engine, [self.prompt], [SamplingArgs(temperature=0.0, max_tokens=1)])
         seconds = time.perf_counter() - start
         self.last_logprob = out[0][0].logprobs[0]
         return seconds
@@ -315,14 +317,14 @@ def main() -> None:
                     f"generate {trial.generate_s:.3f}s)"
                 )
         weights_mb = sum(t.numel() * t.element_size() for t in bench.base.values()) / 2**20
-        print_table(args, model, device, weights_mb, trials)
+        print_trials(args, model, device, weights_mb, trials)
     finally:
         bench.close()
         if args.run_dir is None:
             shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def print_table(args, model, device, weights_mb: float, trials: list[Trial]) -> None:
+def print_trials(args, model, device, weights_mb: float, trials: list[Trial]) -> None:
     print(
         f"\n{Path(model).name}: {weights_mb:.0f} MiB of weights, {args.trials} trials per method "
         f"(alternating), broadcaster on {device}, OMP_NUM_THREADS="

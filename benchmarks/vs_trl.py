@@ -49,7 +49,7 @@ from rft.config import batches
 from rft.config.load import load_config
 from rft.config.schema import Config
 from rft.explorer import tasksets as T
-from rft.explorer.loop import accuracy_of
+from rft.explorer.open_steps import accuracy_of
 from rft.monitor import ACCURACY, POLICY_LOSS, REWARD_MEAN, read_metrics
 from rft.rundir import explorer_role
 from rft.workflow.rewards import total_reward

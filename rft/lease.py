@@ -205,7 +205,7 @@ def fenced(fence: Fence, what: str) -> Iterator[None]:
     instance's temporaries): an OSError once the lease is lost is the lease-lost line."""
     try:
         yield
-    except OSError as e:
+    except OSError:
         fence.check(what)  # raises the lease-lost line if this instance lost it
         raise
 

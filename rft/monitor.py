@@ -36,10 +36,14 @@ POLICY_LOSS = "pg_loss"  # trainer: the policy loss of the step
 REWARD_MEAN = "reward/mean"  # explorer: mean reward of the step's experiences
 ACCURACY = "accuracy"  # explorer: mean accuracy part (or reward) of the step's experiences
 TOKENS_PER_S = "tokens_per_s"  # trainer: batch tokens per second of training compute
+# The explorer's step times (rft.explorer.open_steps): the wall time from one seal to the next
+# (a window) is shared out among the steps sealed at its end by the model tokens each generated,
+# so with overlapping steps each shows the window's rate; with one step at a time a step's share
+# is the whole window (the evaluation that follows a step is not in the next one's).
 GENERATE_TOKENS_PER_S = (
-    "generate_tokens_per_s"  # explorer: generated tokens per second of the generation call
+    "generate_tokens_per_s"  # explorer: generated tokens / generate_time_s (the engine's rate)
 )
-LOOP_TOKENS_PER_S = "loop_tokens_per_s"  # explorer: generated tokens per second of the whole step
+LOOP_TOKENS_PER_S = "loop_tokens_per_s"  # explorer: generated tokens / step_time_s (the loop's)
 WEIGHTS_VERSION = "weights_version"  # both: weights version in use after the step
 STALENESS_MEAN = "staleness/mean"  # trainer: mean weights versions between rollout and update
 STALENESS_MAX = "staleness/max"  # trainer: largest such gap in the step
@@ -49,11 +53,11 @@ STALENESS_COUNT = (
 STEP_TIME_S = "time/step_s"  # trainer: wall time of the step (read, update, publish)
 READ_TIME_S = "time/read_s"  # trainer: waiting for and reading the step's experiences
 PUBLISH_TIME_S = "time/publish_s"  # trainer: gathering and publishing weights
-EXPLORER_STEP_S = "step_time_s"  # explorer: wall time of the step (weights, generation, sealing)
-EXPLORER_WAIT_S = "wait_time_s"  # explorer: waiting for the weights version the step needs
-EXPLORER_RELOAD_S = "reload_time_s"  # explorer: loading newer weights before the step
-GENERATED_TOKENS = "generated_tokens"  # explorer: response tokens the step generated
-GENERATE_TIME_S = "generate_time_s"  # explorer: the step's generation call (vLLM)
+EXPLORER_STEP_S = "step_time_s"  # explorer: the step's share of its window's wall time
+EXPLORER_WAIT_S = "wait_time_s"  # explorer: waiting for weights in the window (first step's)
+EXPLORER_RELOAD_S = "reload_time_s"  # explorer: loading weights in the window (first step's)
+GENERATED_TOKENS = "generated_tokens"  # explorer: model tokens the step generated
+GENERATE_TIME_S = "generate_time_s"  # explorer: its share of the window's seconds in vLLM steps
 RESPONSE_LENGTH_MAX = "response_length/max"  # explorer: the step's longest response (tokens)
 BATCH_TOKENS = "batch_tokens"  # trainer: prompt + response tokens the step trained on
 BATCH_EXPERIENCES = "batch_experiences"  # trainer: experiences the step trained on
@@ -82,16 +86,13 @@ EPISODE_RETOKENIZED = (
     # workflow, or not the model's reply in the episode), not the engine's
     "episodes/retokenized_turns"
 )
-GENERATE_BATCHES = "episodes/generate_batches"  # explorer: engine calls serving the step's runs
 TOOL_CALLS = "tools/calls"  # explorer: tool calls the step's runs made
 TOOL_ERRORS = "tools/errors"  # explorer: tool calls that raised or returned what JSON cannot hold
 TOOL_TIMEOUTS = "tools/timeouts"  # explorer: tool calls stopped at their time limit
-ROLLOUT_SPAN_SHARE = (
-    "rollout/span_share"  # explorer (streaming): share of samples spanning versions
-)
-ROLLOUT_SPAN_MEAN = "rollout/span_mean"  # explorer (streaming): mean versions such a sample spans
+ROLLOUT_SPAN_SHARE = "rollout/span_share"  # explorer: share of samples spanning versions
+ROLLOUT_SPAN_MEAN = "rollout/span_mean"  # explorer: mean versions such a sample spans
 ROLLOUT_TOKENS_DISCARDED = "rollout/tokens_discarded"  # explorer: tokens of groups dropped
-ROLLOUT_INFLIGHT = "rollout/inflight_samples"  # explorer (streaming): samples in flight at sealing
+ROLLOUT_INFLIGHT = "rollout/inflight_samples"  # explorer: samples in flight at sealing
 EVAL_WEIGHTS_VERSION = "eval/weights_version"  # explorer: weights version an evaluation measured
 SYNC_BROADCAST_OK = "sync/broadcast_ok"  # trainer (nccl): 1 when the version reached every member
 SYNC_BROADCAST_S = "sync/broadcast_s"  # trainer (nccl): forming the group, sending, confirming

@@ -32,7 +32,7 @@ FAILURES_DIR = (
     "failures"  # failures/<writer>.json: why an explorer task stopped (rft.sync.failures)
 )
 SYNC_REQUESTS_DIR = "sync_requests"  # sync_requests/<writer>.json: explorer_driven's asks
-GROUPS_DIR = "groups"  # groups/<writer>/: finished groups of unsealed steps (streaming explorer)
+GROUPS_DIR = "groups"  # groups/<writer>/: finished groups of unsealed steps (explorer loop)
 LEASES_DIR = "leases"  # leases/<name>/<gen>.json: who owns a role here (rft.lease)
 TRAINER_LEASE = "trainer"  # the trainer's lease name (an explorer task's: its writer)
 LEASE_GENERATION = "lease_generation"  # in metadata and heartbeats: the writer's lease then

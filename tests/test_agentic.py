@@ -318,7 +318,9 @@ def test_failing_tools_a_timeout_and_a_raising_workflow_end_episodes_not_the_exp
 
 
 @pytest.mark.integration
-def test_concurrent_episodes_share_engine_batches(engine, vllm_model_dir, tmp_path, plugins):
+def test_concurrent_episodes_share_engine_batches(
+    engine, vllm_model_dir, tmp_path, plugins, monkeypatch
+):
     data = write_jsonl(
         tmp_path / "d" / "train.jsonl", [{"question": f"q{i}", "answer": "x"} for i in range(4)]
     )
@@ -331,9 +333,16 @@ def test_concurrent_episodes_share_engine_batches(engine, vllm_model_dir, tmp_pa
         runner_per_model=8,
         workflow_args={"turns": 2},
     )
+    in_engine = []  # requests in the engine after each model call entered it
+
+    def add(key, prompt_ids, args, real=engine.add):
+        real(key, prompt_ids, args)
+        in_engine.append(len(engine._streams))
+
+    monkeypatch.setattr(engine, "add", add)
     metrics, records = explore(engine, cfg)
-    assert len(records) == 8
-    assert metrics["episodes/generate_batches"] < 16  # 8 episodes x 2 turns, batched together
+    assert len(records) == 8 and metrics["episodes/model_calls_mean"] == 2
+    assert len(in_engine) == 16 and max(in_engine) >= 4  # several episodes' calls in one batch
 
 
 @pytest.mark.integration

@@ -229,8 +229,8 @@ def test_a_reward_model_is_no_teacher(tiny_model_dir, tiny_reward_model_dir):
 
 
 def test_a_multi_turn_workflow_is_refused_with_a_teacher():
-    """The teacher scores the recipes' samples (rollout_recipes); a workflow class's would reach
-    the trainer without teacher log-probs, so it is refused as with reward models."""
+    """A multi-turn workflow with a teacher is refused at load, as with reward models (the
+    rule lives in rft.config.teacher)."""
     from rft.explorer.tasksets import taskset_workflow
 
     raw = _distill_config("jsd")

@@ -11,13 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from rft.config.load import config_from_dict, load_config
 from rft.errors import ConfigError, DataError
-from rft.explorer.engine import Sample
 from rft.models import GENERATIVE, REWARD_MODEL, TEACHER, auxiliary_folder_kind, auxiliary_kinds
 from rft.placement import Devices, auxiliary_devices
 from rft.workflow import registry
 from tests.helpers.runs import agent_cfg, read_segments, write_jsonl
+from tests.helpers.stand_in_engine import FixedEngine, run_pool
 
 REPO = Path(__file__).resolve().parent.parent
 PLUGINS = REPO / "tests" / "fixtures" / "plugins"
@@ -232,30 +231,14 @@ def test_reward_weights_with_only_a_judge_are_refused_not_ignored(
 # ----------------------------------------------------------------------------- the handles
 
 
-class FixedEngine:
-    """A stand-in engine: every prompt gets ``n`` replies ``text`` (the template's tokens)."""
-
-    max_model_len = 256
-
-    def __init__(self, template, text: str):
-        self.ids, self.text, self.prompts = template.encode(text), text, []
-
-    def generate(self, prompts, args):
-        self.prompts += [list(p) for p in prompts]
-        return [
-            [Sample(list(p), list(self.ids), [-0.1] * len(self.ids), "stop", self.text)] * a.n
-            for p, a in zip(prompts, args)
-        ]
-
-
 def test_episodes_get_a_handle_on_each_judge_whose_calls_are_never_trained(
     tmp_path, vllm_model_dir, plugins
 ):
-    """run_episodes with stand-in engines: the workflow reaches the judge through its OpenAI
+    """Episodes on stand-in engines: the workflow reaches the judge through its OpenAI
     client (the endpoint) and its ModelWrapper; only the policy's reply is returned."""
     from rft.explorer.auxiliary import AuxiliaryModel
-    from rft.explorer.episodes import episode_jobs, run_episodes
-    from rft.explorer.rollout import episode_template
+    from rft.explorer.episodes import episode_jobs
+    from rft.explorer.groups import episode_template
     from rft.workflow.task import GenerationConfig, Task
 
     cfg = judge_cfg(tmp_path, vllm_model_dir, vllm_model_dir)
@@ -270,14 +253,12 @@ def test_episodes_get_a_handle_on_each_judge_whose_calls_are_never_trained(
             rollout_args=GenerationConfig(max_tokens=8),
             task_id="agent/0",
         )
-        results, _ = run_episodes(
+        results, _ = run_pool(
             episode_jobs(0, task, task.workflow),
             policy,
             template,
-            0,
             concurrency=2,
             timeout_s=60,
-            max_model_len=256,
             auxiliary=[judge],
         )
         endpoint_calls = judge.endpoint().calls  # the OpenAI client's calls reached it
@@ -301,8 +282,8 @@ def test_episodes_get_a_handle_on_each_judge_whose_calls_are_never_trained(
 @pytest.mark.integration
 def test_an_explorer_step_judges_with_the_tiny_model(vllm_model_dir, tmp_path, plugins):
     """The tiny random model is the policy and the judge (its own vLLM engine in this process):
-    both explorer loops hand the judge to the workflow, the judge answers, nothing it said is
-    trained on, no episode fails."""
+    with and without overlapping steps the loop hands the judge to the workflow, the judge
+    answers, nothing it said is trained on, no episode fails."""
     from rft.explorer.auxiliary import auxiliary_models
     from rft.explorer.engine import Engine
     from rft.explorer.loop import run_explorer
@@ -326,4 +307,4 @@ def test_an_explorer_step_judges_with_the_tiny_model(vllm_model_dir, tmp_path, p
             prompt = engine.tokenizer.decode(record.prompt_ids)
             assert "1+1?" in prompt and "You are a judge" not in prompt  # the policy's call only
             assert len(record.response_ids) <= 5  # model.max_response_tokens: not the judge's
-    assert judge.batches >= 4 and judge.endpoint().calls == 4  # 2 runs x 2 episodes
+    assert judge.endpoint().calls == 4 and judge.engine.in_flight == 0  # 2 runs x 2 episodes

@@ -15,15 +15,12 @@ from rft.buffer.experience import Experience
 from rft.buffer.segments import SegmentReader
 from rft.errors import ConfigError, DataError, SyncTimeoutError
 from rft.explorer import tasksets as T
-from rft.explorer.loop import (
-    eval_taskset_metrics,
-    explorer_task,
-    required_version,
-    resume_cursor,
-    step_metrics,
-)
+from rft.explorer.eval import eval_taskset_metrics
+from rft.explorer.loop import explorer_task, resume_cursor
+from rft.explorer.open_steps import experience_metrics
 from rft.explorer.selectors import TaskSelector
 from rft.rundir import EXPLORER_META
+from rft.sync.schedule import required_version
 from tests.helpers.explorer import (
     arithmetic_rows,
     make_cfg,
@@ -203,7 +200,7 @@ def test_overlong_prompts_are_left_out_and_counted_never_cut(
     and resume are unchanged. false (as Trinity): kept whole, unless vLLM could not take it."""
     from transformers import AutoTokenizer
 
-    from rft.explorer.rollout import build_prompts
+    from rft.explorer.groups import build_prompts
 
     tok = AutoTokenizer.from_pretrained(str(smollm2_tokenizer_dir))
     rows = arithmetic_rows(6)
@@ -256,7 +253,7 @@ def test_step_and_eval_metrics_by_hand():
         _exp("g2", 0.1, 0.0, 6),
         _exp("g2", -0.1, 0.0, 2),
     ]
-    m = step_metrics(exps)
+    m = experience_metrics(exps)
     assert m["reward/mean"] == pytest.approx(0.25) and m["reward/max"] == 1.1
     assert m["accuracy"] == 0.25 and m["truncation_rate"] == 0.25
     assert m["response_length/mean"] == 5 and m["response_length/max"] == 8
@@ -385,12 +382,12 @@ def test_overlong_prompts_filtered_or_sent_whole(engine, vllm_model_dir, arithme
 FRESH_ENGINE = """
 import json, sys
 from rft.config.load import config_from_dict
-from rft.explorer.engine import Engine
+from rft.explorer.engine import Engine, complete
 from rft.explorer.tasksets import SamplingArgs
 req = json.loads(sys.stdin.read())
 cfg = config_from_dict({"model": {"model_path": req["model"], "max_model_len": 256},
                         "mode": "train", "cluster": {"gpu_per_node": 0}})
-groups = Engine(cfg).generate(req["prompts"], [SamplingArgs(temperature=0.0, max_tokens=6)] * len(req["prompts"]))
+groups = complete(Engine(cfg), req["prompts"], [SamplingArgs(temperature=0.0, max_tokens=6)] * len(req["prompts"]))
 print("RESULT " + json.dumps([[g[0].response_ids, g[0].logprobs] for g in groups]))
 """
 
@@ -475,9 +472,10 @@ def test_reload_in_place_matches_a_fresh_engine(engine, vllm_model_dir, arithmet
         assert exp.logprobs == pytest.approx(logprobs, abs=1e-4)
     # The old weights answer differently: the reload changed greedy outputs.
     engine.reload(vllm_model_dir)
+    from rft.explorer.engine import complete
     from rft.explorer.tasksets import SamplingArgs
 
-    old = engine.generate(prompts, [SamplingArgs(temperature=0.0, max_tokens=6)] * len(prompts))
+    old = complete(engine, prompts, [SamplingArgs(temperature=0.0, max_tokens=6)] * len(prompts))
     assert [g[0].response_ids for g in old] != [e.response_ids for e in step2]
 
 

@@ -22,6 +22,7 @@ from rft.explorer.engine import Sample
 from rft.rundir import BUFFER_DIR, EXPLORER_META, writer_name
 from tests.helpers.explorer import arithmetic_rows, make_cfg, open_sets, taskset_dict
 from tests.helpers.runs import write_jsonl
+from tests.helpers.stand_in_engine import StandInEngine, StandInTokenizer
 
 NAME = "explorer"
 BATCH = 5  # slots per step: 5 does not divide among 2, 3 or 4 ranks evenly
@@ -241,34 +242,13 @@ def test_explorer_meta_written_by_the_old_code_is_read(tmp_path, tasksets):
 # ----------------------------------------------------------------------------- the real loop
 
 
-class StandInTokenizer:
-    def apply_chat_template(self, messages, **_kwargs) -> str:
-        return " ".join(m["content"] for m in messages)
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return [ord(c) % 97 + 3 for c in text[:16]]
-
-
-class StandInEngine:
+class AnswersOne(StandInEngine):
     """What the explorer loop asks of an engine: the answer "1" to every prompt."""
 
     tokenizer = StandInTokenizer()
-    max_model_len = 256
 
-    def load_initial(self, cfg) -> None:
-        pass
-
-    def check_parsers(self, *_parsers) -> None:
-        pass
-
-    def reload(self, folder) -> float:
-        return 0.0
-
-    def generate(self, prompts, samplings) -> list[list[Sample]]:
-        return [
-            [Sample(list(ids), [7], [-0.5], "stop", "#### 1") for _ in range(s.n)]
-            for ids, s in zip(prompts, samplings)
-        ]
+    def reply(self, prompt_ids, args) -> list[Sample]:
+        return [Sample(list(prompt_ids), [7], [-0.5], "stop", "#### 1") for _ in range(args.n)]
 
 
 def test_the_explorer_loop_generates_each_task_once_when_the_count_changes(tmp_path):
@@ -285,7 +265,7 @@ def test_the_explorer_loop_generates_each_task_once_when_the_count_changes(tmp_p
             explorer={"rollout_model": {"engine_num": count}},
         )
         env = {"RFT_EXPLORER_RANK": str(rank), "RFT_EXPLORER_COUNT": str(count)}
-        run_explorer(cfg, StandInEngine(), env=env, max_steps=max_steps)
+        run_explorer(cfg, AnswersOne(), env=env, max_steps=max_steps)
 
     launch(2, 0, max_steps=5)
     launch(2, 1, max_steps=3)

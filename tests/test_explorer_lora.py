@@ -19,7 +19,7 @@ import torch
 
 from rft.config.load import config_from_dict
 from rft.errors import CheckpointError, ConfigError
-from rft.explorer.engine import Engine, adapter_rank, engine_kwargs, vllm_lora_rank
+from rft.explorer.engine import Engine, adapter_rank, complete, engine_kwargs, vllm_lora_rank
 from rft.explorer.tasksets import SamplingArgs
 from rft.models import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
@@ -265,7 +265,7 @@ def reference_outputs(
 FRESH_ENGINE = """
 import json, sys
 from rft.config.load import config_from_dict
-from rft.explorer.engine import Engine
+from rft.explorer.engine import Engine, complete
 from rft.explorer.tasksets import SamplingArgs
 req = json.loads(sys.stdin.read())
 cfg = config_from_dict({"model": {"model_path": req["model"], "max_model_len": 256,
@@ -273,7 +273,7 @@ cfg = config_from_dict({"model": {"model_path": req["model"], "max_model_len": 2
                         "explorer": {"rollout_model": {"dtype": "float32"}},
                         "mode": "train", "cluster": {"gpu_per_node": 0}})
 args = [SamplingArgs(temperature=0.0, max_tokens=6)] * len(req["prompts"])
-groups = Engine(cfg).generate(req["prompts"], args)
+groups = complete(Engine(cfg), req["prompts"], args)
 print("RESULT " + json.dumps([[g[0].response_ids, g[0].logprobs] for g in groups]))
 """
 
@@ -298,7 +298,7 @@ def greedy(
 ) -> list[tuple[list[int], list[float]]]:
     return [
         (g[0].response_ids, g[0].logprobs)
-        for g in engine.generate(prompts, [GREEDY] * len(prompts))
+        for g in complete(engine, prompts, [GREEDY] * len(prompts))
     ]
 
 

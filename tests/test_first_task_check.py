@@ -228,7 +228,7 @@ def test_the_shipped_environments_pass_against_the_fixed_reply(
 
 
 def test_the_fixed_reply_is_the_templates_tokens_cut_like_the_engine(tmp_path, vllm_model_dir):
-    from rft.explorer.rollout import episode_template
+    from rft.explorer.groups import episode_template
 
     template = episode_template(config(tmp_path, vllm_model_dir, "good_math"))
     service = probe.FixedReply(template, 512)

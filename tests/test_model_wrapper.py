@@ -374,8 +374,8 @@ def engine(vllm_model_dir, tmp_path_factory):
     return Engine(cfg), cfg
 
 
-def _served(calls, pump, fn):
-    """``fn()`` in an episode thread while this thread serves its calls with ``pump()``."""
+def _served(calls, fn):
+    """``fn()`` in an episode thread while this thread serves its calls."""
     out: dict = {}
 
     def body():
@@ -388,7 +388,7 @@ def _served(calls, pump, fn):
     thread = threading.Thread(target=body)
     thread.start()
     while thread.is_alive():
-        pump()
+        calls.serve_once(0.05)
     calls.ended(0)
     if "error" in out:
         raise out["error"]
@@ -399,10 +399,9 @@ def _served(calls, pump, fn):
 def test_logprobs_of_generated_tokens_are_the_ones_the_engine_sampled_them_with(engine, template):
     """At temperature 1 with no top-k/top-p the sampled distribution is the model's own, so
     the engine's prompt log-probs of a reply equal the log-probs it reported generating it."""
-    from rft.explorer.episodes import BatchingService
-    from rft.explorer.stream_episodes import EngineCalls
+    from rft.explorer.calls import EngineCalls
 
-    engine, cfg = engine
+    engine, _ = engine
     rollout = GenerationConfig(temperature=1.0, top_p=1.0, max_tokens=12)
     messages = [{"role": "user", "content": "Count to five."}]
 
@@ -418,20 +417,5 @@ def test_logprobs_of_generated_tokens_are_the_ones_the_engine_sampled_them_with(
             model.logprobs(exp.tokens)[exp.prompt_length - 1 :].tolist(), abs=1e-5
         )
 
-    batch = BatchingService(engine, 0, engine.max_model_len)
-    _served(
-        batch,
-        lambda: batch.serve_once(0.05),
-        lambda: check(ModelWrapper(batch.channel(0), template, rollout)),
-    )
-
-    stream = EngineCalls(engine, cfg)
-
-    def step() -> None:
-        stream.pump()
-        for key, samples in engine.step() if engine.in_flight else ():
-            stream.resolve(key, samples)
-        if not engine.in_flight:
-            stream.wait(0.05)
-
-    _served(stream, step, lambda: check(ModelWrapper(stream.channel(0), template, rollout)))
+    calls = EngineCalls(engine)
+    _served(calls, lambda: check(ModelWrapper(calls.channel(0), template, rollout)))

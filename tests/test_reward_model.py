@@ -19,6 +19,7 @@ from rft.config.schema import AuxiliaryModelConfig, FormatConfig, TasksetConfig
 from rft.errors import CheckpointError, ConfigError, DataError
 from rft.explorer import tasksets as T
 from rft.explorer.engine import Sample
+from rft.explorer.groups import PromptJob, score_all
 from rft.explorer.reward_model import (
     RewardModel,
     conversation,
@@ -26,7 +27,6 @@ from rft.explorer.reward_model import (
     micro_batches,
     pad_right,
 )
-from rft.explorer.rollout import PromptJob, score_all
 from rft.launch import slurm
 from rft.launch.cli import dry_run
 from rft.launch.preflight import _role_lines

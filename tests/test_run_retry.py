@@ -1,9 +1,9 @@
 """``explorer.max_retry_times`` (Trinity's): a workflow run that raises or runs past
 ``explorer.max_timeout`` runs again, the same task run from the start, up to that many times;
 a run that then succeeds is a success, one that fails every time is a failed run (counted,
-``episodes/first_error``, the stop rule). Real workflow classes on stand-in engines (no vLLM):
-the batch loop's :func:`run_episodes` and the streaming loop's :class:`StreamedEpisodes`, which
-share :class:`rft.explorer.episodes.EpisodePool`, where the retry lives."""
+``episodes/first_error``, the stop rule). Real workflow classes on stand-in engines (no vLLM), in
+:class:`rft.explorer.episodes.EpisodePool`, where the retry lives, and through the explorer
+loop's :class:`rft.explorer.episode_groups.EpisodeGroups`."""
 
 from __future__ import annotations
 
@@ -17,8 +17,7 @@ import pytest
 
 from rft.errors import ConfigError
 from rft.explorer import episodes as E
-from rft.explorer.engine import Sample
-from rft.explorer.episodes import episode_jobs, episode_metrics, run_episodes
+from rft.explorer.episodes import episode_jobs, episode_metrics
 from rft.explorer.failures import FailureGuard
 from rft.monitor import (
     EPISODE_ERRORS,
@@ -32,6 +31,7 @@ from rft.workflow import Workflow
 from rft.workflow.conversation import ChatTemplate
 from rft.workflow.task import GenerationConfig, Task
 from tests.helpers.runs import agent_cfg, write_jsonl
+from tests.helpers.stand_in_engine import FixedEngine, run_pool
 
 REPLY = "4"
 
@@ -123,37 +123,6 @@ class StuckFirst(Workflow):
         return [reply]
 
 
-class FixedEngine:
-    """A stand-in engine for both loops: every prompt gets ``n`` replies :data:`REPLY`. Batch
-    loop: :meth:`generate`; streaming loop: :meth:`add`, :meth:`step`, :meth:`abort`."""
-
-    max_model_len = 256
-
-    def __init__(self, template: ChatTemplate):
-        self.ids = template.encode(REPLY)
-        self.prompts: list[list[int]] = []
-        self.pending: dict[str, tuple[list[int], object]] = {}
-
-    def _samples(self, prompt, args) -> list[Sample]:
-        self.prompts.append(list(prompt))
-        return [Sample(list(prompt), list(self.ids), [-0.1] * len(self.ids), "stop", REPLY)] * (
-            args.n
-        )
-
-    def generate(self, prompts, args):
-        return [self._samples(p, a) for p, a in zip(prompts, args)]
-
-    def add(self, key, prompt_ids, args):
-        self.pending[key] = (list(prompt_ids), args)
-
-    def abort(self, key):
-        self.pending.pop(key, None)
-
-    def step(self):
-        done, self.pending = self.pending, {}
-        return [(key, self._samples(p, a)) for key, (p, a) in done.items()]
-
-
 @pytest.fixture(scope="module")
 def template(smollm2_tokenizer_dir):
     from transformers import AutoTokenizer
@@ -173,17 +142,11 @@ def task(workflow: type, log: Path, repeat_times: int = 2, task_id: str = "t/0")
 
 
 def run_batch(template, tasks: list[Task], retries: int, timeout_s: float = 30):
-    """The batch loop's episodes (run_episodes), a stand-in engine; (results, metrics)."""
+    """The tasks' episodes in a pool on a stand-in engine; (results, metrics)."""
     jobs = [j for slot, t in enumerate(tasks) for j in episode_jobs(slot, t, t.workflow)]
-    return run_episodes(
-        jobs,
-        FixedEngine(template),
-        template,
-        0,
-        concurrency=4,
-        timeout_s=timeout_s,
-        max_model_len=256,
-        max_retry_times=retries,
+    engine = FixedEngine(template, REPLY)
+    return run_pool(
+        jobs, engine, template, concurrency=4, timeout_s=timeout_s, max_retry_times=retries
     )
 
 
@@ -287,28 +250,13 @@ def test_max_retry_times_is_trinitys_key_with_its_default(cfg_for):
         cfg_for(max_retry_times=-1)
 
 
-def test_the_batch_loop_passes_the_configs_retries(cfg_for, template, monkeypatch):
-    from rft.explorer import rollout
-
-    seen = {}
-
-    def spy(jobs, *args, **kwargs):
-        seen.update(kwargs)
-        return run_episodes(jobs, *args, **kwargs)
-
-    monkeypatch.setattr(rollout, "run_episodes", spy)
-    cfg = cfg_for(max_retry_times=3)
-    rollout.rollout_episodes(cfg, FixedEngine(template), [], [], 1, 0, "explorer-0")
-    assert seen["max_retry_times"] == 3
-
-
 @pytest.mark.parametrize("retries", [2, 0])
-def test_the_streaming_loop_retries_through_the_same_pool(cfg_for, template, tmp_path, retries):
-    from rft.explorer.stream_episodes import StreamedEpisodes
+def test_the_explorer_loops_episodes_retry_as_configured(cfg_for, template, tmp_path, retries):
+    from rft.explorer.episode_groups import EpisodeGroups
 
     cfg = cfg_for(max_retry_times=retries, runner_per_model=4)
-    engine = FixedEngine(template)
-    episodes = StreamedEpisodes(cfg, engine, "explorer-0")
+    engine = FixedEngine(template, REPLY)
+    episodes = EpisodeGroups(cfg, engine, "explorer-0")
     assert episodes.pool.max_retry_times == retries
     log = tmp_path / "log"
     ids = episodes.pool.add(episode_jobs(0, task(FailsFirst, log), FailsFirst))

@@ -29,6 +29,7 @@ from tests.helpers.explorer import (
     taskset_dict,
 )
 from tests.helpers.runs import REPO, read_segments, write_jsonl
+from tests.helpers.stand_in_engine import StandInEngine
 
 
 def record(task: str, group: str, n: int = 3) -> Experience:
@@ -117,10 +118,10 @@ def test_a_call_its_workflow_stopped_awaiting_never_breaks_the_service():
     """A call cancelled by its workflow (asyncio.wait_for) is settled by nobody: the episode's
     end and the engine's answer leave it as it is; a call made after the episode ended fails
     at once instead of reaching the engine."""
-    from rft.explorer.episodes import BatchingService
+    from rft.explorer.calls import EngineCalls
     from rft.workflow.model import EpisodeCancelled
 
-    service = BatchingService(engine=None, version=0, max_model_len=64)  # no call reaches it
+    service = EngineCalls(StandInEngine())  # never pumped: no call reaches it
     service.started(0)
     call = service.submit(0, [1, 2], {})
     assert call.cancel()  # what asyncio.wrap_future does when the awaiting task is cancelled
@@ -131,13 +132,13 @@ def test_a_call_its_workflow_stopped_awaiting_never_breaks_the_service():
 
 
 def test_steps_sealed_together_share_the_window_by_tokens(monkeypatch):
-    """Two steps sealed in one loop iteration: the seconds since the last seal are split by
-    the tokens each generated (both show the window's rate); the window's loads and drops are
-    the first's."""
-    from rft.explorer import stream_steps as S
+    """Two steps sealed in one loop iteration: the seconds since the last seal, and the engine's
+    seconds of them, are split by the tokens each generated (both show the window's rates); the
+    window's loads and drops are the first's."""
+    from rft.explorer import open_steps as S
 
     monkeypatch.setattr(S.time, "monotonic", lambda: 130.0)
-    totals = S.Totals(since=100.0, reload_s=2.0, discarded=7)
+    totals = S.Totals(since=100.0, engine_s=20.0, reload_s=2.0, discarded=7)
     steps = []
     for step, n in ((3, 30), (4, 10)):
         opened = S.OpenStep(step, [], None, version=1)
@@ -145,10 +146,10 @@ def test_steps_sealed_together_share_the_window_by_tokens(monkeypatch):
         steps.append(opened)
 
     (_, _, first), (_, _, second) = S.sealed_steps(steps, totals, in_flight=0)
-    assert (first["generate_time_s"], second["generate_time_s"]) == pytest.approx((22.5, 7.5))
-    assert (
-        first["generate_tokens_per_s"] == second["generate_tokens_per_s"] == pytest.approx(40 / 30)
-    )
+    assert (first["step_time_s"], second["step_time_s"]) == pytest.approx((22.5, 7.5))
+    assert (first["generate_time_s"], second["generate_time_s"]) == pytest.approx((15.0, 5.0))
+    assert first["loop_tokens_per_s"] == second["loop_tokens_per_s"] == pytest.approx(40 / 30)
+    assert first["generate_tokens_per_s"] == second["generate_tokens_per_s"] == pytest.approx(2.0)
     assert (first["reload_time_s"], first["rollout/tokens_discarded"]) == (2.0, 7)
     assert (second["reload_time_s"], second["rollout/tokens_discarded"]) == (0.0, 0)
 
@@ -156,7 +157,7 @@ def test_steps_sealed_together_share_the_window_by_tokens(monkeypatch):
 def test_a_group_spans_versions_from_its_earliest_token_to_its_latest(
     tmp_path, vllm_model_dir, arithmetic_dir
 ):
-    from rft.explorer.streaming import too_wide
+    from rft.explorer.steps import too_wide
 
     ts = [taskset_dict(arithmetic_dir / "a.jsonl", "a")]
     cfg = make_cfg(
@@ -183,6 +184,7 @@ def test_weights_load_between_engine_steps_with_requests_kept(engine, vllm_model
     """Greedy requests in flight while new weights load: no token is lost or regenerated
     (every sample has its full length), the tokens labelled with the old version are the old
     weights' greedy continuation, and the new weights took over from there."""
+    from rft.explorer.engine import complete
     from rft.explorer.tasksets import SamplingArgs
 
     new = tmp_path / "v1"
@@ -191,7 +193,7 @@ def test_weights_load_between_engine_steps_with_requests_kept(engine, vllm_model
     args = SamplingArgs(n=2, temperature=0.0, max_tokens=40, min_tokens=40)
     prompts = [[1, 5, 9, 12], [1, 7, 3]]
     engine.reload(vllm_model_dir)
-    old = engine.generate(prompts, [args] * 2)
+    old = complete(engine, prompts, [args] * 2)
     engine.label_version(0)
     for i, ids in enumerate(prompts):
         engine.add(f"p{i}", ids, args)
@@ -260,10 +262,10 @@ def groups_of(segments: dict[int, list[Experience]]) -> dict[int, list[str]]:
 def test_streaming_explorer_loads_weights_in_flight_and_seals_steps_in_order(
     engine, vllm_model_dir, tmp_path, monkeypatch
 ):
-    from rft.explorer import streaming
+    from rft.explorer import steps as explorer_steps
     from rft.explorer.loop import run_explorer
 
-    monkeypatch.setattr(streaming, "WEIGHTS_POLL_S", 0.0)
+    monkeypatch.setattr(explorer_steps, "WEIGHTS_POLL_S", 0.0)
     cfg = config_from_dict(
         long_tail_cfg(
             tmp_path / "ckpt", vllm_model_dir, tmp_path, explorer={"max_inflight_samples": 64}
@@ -301,10 +303,10 @@ def test_streaming_explorer_loads_weights_in_flight_and_seals_steps_in_order(
 def test_max_version_span_drops_groups_that_span_more(
     engine, vllm_model_dir, tmp_path, monkeypatch
 ):
-    from rft.explorer import streaming
+    from rft.explorer import steps as explorer_steps
     from rft.explorer.loop import run_explorer
 
-    monkeypatch.setattr(streaming, "WEIGHTS_POLL_S", 0.0)
+    monkeypatch.setattr(explorer_steps, "WEIGHTS_POLL_S", 0.0)
     extra = {"explorer": {"max_inflight_samples": 64, "max_version_span": 0}}
     cfg = config_from_dict(long_tail_cfg(tmp_path / "ckpt", vllm_model_dir, tmp_path, **extra))
     with publishing_while_generating(engine, cfg.run_dir, vllm_model_dir):
@@ -318,7 +320,8 @@ def test_max_version_span_drops_groups_that_span_more(
 
 @pytest.mark.integration
 def test_synchronous_mode_ignores_partial_rollout(engine, vllm_model_dir, arithmetic_dir, tmp_path):
-    """mode both, sync_offset 0: the plain loop, the same step metrics as without the key."""
+    """mode both, sync_offset 0: one step at a time whether the key is set or not, the same
+    samples, none spanning versions."""
     from rft.explorer.loop import run_explorer
 
     greedy = taskset_dict(
@@ -335,7 +338,7 @@ def test_synchronous_mode_ignores_partial_rollout(engine, vllm_model_dir, arithm
             explorer={"partial_rollout": on},
         )
         result = run_explorer(cfg, engine)
-        assert "rollout/span_share" not in result.metrics[0]
+        assert result.metrics[0]["rollout/span_share"] == 0.0
         runs.append(
             [(e.response_ids, e.logprobs) for e in read_segments(cfg.run_dir)["explorer-0"][1]]
         )
@@ -406,12 +409,12 @@ def test_streaming_runs_workflow_classes_beside_single_turn_groups(
     """Multi-turn episodes (two model turns with a tool between) share the engine with long
     single-turn groups while v1 loads in flight: every step is sealed in order with its groups,
     episodes keep their masks, and a token's recorded version is the one that generated it."""
-    from rft.explorer import streaming
+    from rft.explorer import steps as explorer_steps
     from rft.explorer.loop import run_explorer
     from rft.workflow import registry
 
     monkeypatch.setenv(registry.PLUGIN_DIRS_ENV, str(REPO / "tests" / "fixtures" / "plugins"))
-    monkeypatch.setattr(streaming, "WEIGHTS_POLL_S", 0.0)
+    monkeypatch.setattr(explorer_steps, "WEIGHTS_POLL_S", 0.0)
     rows = arithmetic_rows(8)
     agent = taskset_dict(
         write_jsonl(tmp_path / "agent.jsonl", rows),
@@ -462,7 +465,7 @@ def test_an_ended_episode_has_its_calls_aborted_in_the_engine(
     next pump aborts the request, and the engine holds nothing of it; another episode's call
     is answered with its tokens labelled by the engine."""
     from rft.errors import WorkflowError
-    from rft.explorer.stream_episodes import EngineCalls
+    from rft.explorer.episode_groups import EngineCalls
     from rft.workflow.model import EpisodeCancelled
 
     cfg = make_cfg(tmp_path, vllm_model_dir, [taskset_dict(arithmetic_dir / "a.jsonl", "a")])

@@ -743,7 +743,7 @@ def test_vllm_and_the_trainer_score_samples_at_the_sampling_temperature(vllm_mod
     from transformers import AutoModelForCausalLM
 
     from rft.config.load import config_from_dict
-    from rft.explorer.engine import Engine
+    from rft.explorer.engine import Engine, complete
     from rft.explorer.tasksets import SamplingArgs
     from rft.trainer import engine
 
@@ -757,8 +757,10 @@ def test_vllm_and_the_trainer_score_samples_at_the_sampling_temperature(vllm_mod
         }
     )
     temps = (0.5, 1.3)  # two tasksets' temperatures in one micro-batch: each row at its own
-    groups = Engine(cfg).generate(
-        [[1, 2, 3, 4, 5]] * 2, [SamplingArgs(n=4, temperature=t, max_tokens=8) for t in temps]
+    groups = complete(
+        Engine(cfg),
+        [[1, 2, 3, 4, 5]] * 2,
+        [SamplingArgs(n=4, temperature=t, max_tokens=8) for t in temps],
     )
     exps = [
         Experience("t", "g", s.prompt_ids, s.response_ids, logprobs=s.logprobs, temperature=t)

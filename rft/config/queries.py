@@ -46,10 +46,10 @@ def scoring_temperature(sampling_temperature: float) -> float:
 
 
 def streams(cfg: Config) -> bool:
-    """Whether the explorer streams (:mod:`rft.explorer.streaming`): ``explorer.partial_rollout``
-    in an asynchronous run (``mode: explore``, or ``mode: both`` with ``sync_offset`` >= 1 or a
-    dynamic ``sync_style``). A synchronous run generates step s only after the trainer's step
-    s - 1: nothing could overlap, so the plain loop runs there."""
+    """Whether the explorer's steps overlap (:mod:`rft.explorer.steps`):
+    ``explorer.partial_rollout`` in an asynchronous run (``mode: explore``, or ``mode: both``
+    with ``sync_offset`` >= 1 or a dynamic ``sync_style``). A synchronous run generates step s
+    only after the trainer's step s - 1: nothing could overlap, so one step at a time."""
     sync = cfg.synchronizer
     asynchronous = cfg.mode == "explore" or sync.sync_offset > 0 or sync.sync_style != "fixed"
     return cfg.explorer.partial_rollout and asynchronous

@@ -481,7 +481,7 @@ class ExplorerConfig:
     heartbeat_interval_s: float = field(10.0, gt=0)  # explorers/<name>.json refresh period
     heartbeat_timeout_s: float = field(120.0, gt=0)  # an older heartbeat means a dead explorer
     # rft: asynchronous runs stream: the next steps' requests enter the engine as earlier ones
-    # finish and new weights load between engine steps, requests kept (rft.explorer.streaming)
+    # finish and new weights load between engine steps, requests kept (rft.explorer.steps)
     partial_rollout: bool = False
     # rft: with partial_rollout, the next step is admitted while fewer samples are in flight
     max_inflight_samples: Optional[int] = field(None, ge=1)  # null: one step's samples

@@ -4,8 +4,8 @@ workflow classes call.
 
 Each one gets its own vLLM engine in this process (:class:`rft.explorer.engine.AuxiliaryEngine`:
 its own GPUs, or the explorer's CPUs next to the rollout engine), a thread of its own that
-serves the engine, batching the waiting calls of every episode (:class:`BatchingService`; only
-that thread touches that engine), and an OpenAI-compatible endpoint started on first use
+serves the engine, the calls of every episode as its requests (:class:`EngineCalls`; only that
+thread touches that engine), and an OpenAI-compatible endpoint started on first use
 (:class:`rft.workflow.endpoint.Endpoint`). Data in: a config. Data out: per episode, one
 :class:`~rft.workflow.model.ModelWrapper` per model (:meth:`AuxiliaryModel.handle`), in config
 order: the workflow's ``auxiliary_models``. Nothing it answers is trained on (its handles' replies
@@ -21,8 +21,8 @@ from typing import Any, Optional
 
 from rft.config.auxiliary import auxiliary_tp
 from rft.config.schema import Config
+from rft.explorer.calls import EngineCalls
 from rft.explorer.engine import AuxiliaryEngine
-from rft.explorer.episodes import BatchingService
 from rft.models import GENERATIVE, auxiliary_kinds
 from rft.placement import scorer_gpu_index
 from rft.workflow.conversation import ChatTemplate
@@ -41,14 +41,14 @@ class AuxiliaryModel:
 
     def __init__(self, cfg: Config, index: int, engine: Any = None):
         """Start ``explorer.auxiliary_models[index]``'s engine (``engine``: a stand-in with
-        ``generate`` and ``max_model_len``, for tests) and its serving thread."""
+        :class:`rft.explorer.engine.Requests`' methods, for tests) and its serving thread."""
         model = cfg.explorer.auxiliary_models[index]
         self.key = f"explorer.auxiliary_models[{index}]"
         self.path = model.model_path
         rollout_tp = cfg.explorer.rollout_model.tensor_parallel_size
         first_gpu = scorer_gpu_index(rollout_tp, auxiliary_tp(cfg), index)
         self.engine = engine or AuxiliaryEngine(model, self.key, first_gpu)
-        self.service = BatchingService(self.engine, 0, self.engine.max_model_len)
+        self.service = EngineCalls(self.engine)
         self.template = model_template(self.path, model.enable_thinking)
         # vLLM's sampling defaults; a call without max_tokens: max_response_tokens, else up to
         # the context
@@ -83,11 +83,6 @@ class AuxiliaryModel:
                 log.info("%s (%s): endpoint at %s", self.key, self.path, self._endpoint.base_url)
             return self._endpoint
 
-    @property
-    def batches(self) -> int:
-        """Engine batches generated so far."""
-        return self.service.batches
-
     def close(self) -> None:
         """Stop serving (calls waiting then are never answered) and close the endpoint."""
         self._stop.set()
@@ -101,8 +96,8 @@ class AuxiliaryModel:
         while not self._stop.is_set():
             try:
                 self.service.serve_once(SERVE_WAIT_S)
-            except Exception:  # the batch's calls failed with it: their episodes report it
-                log.exception("%s: generating a batch of its calls failed", self.key)
+            except Exception:  # an engine step failed: its calls' episodes time out and report it
+                log.exception("%s: an engine step serving its calls failed", self.key)
 
 
 def model_template(path: str, enable_thinking: Optional[bool]) -> ChatTemplate:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import logging
 import sys
 from pathlib import Path
-from typing import Sequence
 
 from rft.config.external import uses_external_model
 from rft.config.load import load_config
@@ -18,11 +17,10 @@ from rft.config.schema import Config
 from rft.entry import config_parser, run_command, setup_logging
 from rft.errors import ConfigError, RftError
 from rft.explorer import external
-from rft.explorer import loop as X
 from rft.explorer import tasksets as T
 from rft.explorer.engine import Engine
-from rft.explorer.reward_model import RewardModel, load_reward_models
-from rft.explorer.rollout import rollout
+from rft.explorer.eval import eval_metrics
+from rft.explorer.reward_model import load_reward_models
 from rft.models import check_model_dir
 from rft.monitor import Monitor
 from rft.rundir import hf_dir, step_of, weights_dir
@@ -85,26 +83,6 @@ def _loadable(folder: Path) -> bool:
     except RftError:
         return False
     return True
-
-
-def evaluate_checkpoint(
-    cfg: Config,
-    engine: Engine,
-    eval_sets: list[T.Taskset],
-    step: int,
-    reward_models: Sequence[RewardModel] = (),
-) -> dict[str, float]:
-    metrics: dict[str, float] = {}
-    for ts in eval_sets:
-        items = [(i, T.Task(0, i, 0)) for i in range(len(ts))]
-        exps, _ = rollout(cfg, engine, [ts], items, step, step, "bench", reward_models)
-        groups = [
-            [e for e in exps if e.group_id == g] for g in dict.fromkeys(e.group_id for e in exps)
-        ]
-        metrics.update(
-            X.eval_taskset_metrics(ts.name, ts.sampling.n, groups, cfg.monitor.detailed_stats)
-        )
-    return metrics
 
 
 def format_table(
@@ -173,7 +151,7 @@ def run_bench(cfg: Config) -> str:
             if not _same_folder(folder, loaded):
                 engine.reload(folder)
                 loaded = folder
-            metrics = evaluate_checkpoint(cfg, engine, eval_sets, step, reward_models)
+            metrics = eval_metrics(cfg, engine, eval_sets, step, step, "bench", reward_models)
             monitor.log(step, metrics)
             rows.append((label, metrics))
     return format_table(rows, extractors)

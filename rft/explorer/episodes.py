@@ -1,11 +1,12 @@
 """Running workflow episodes concurrently against one engine.
 
-Data in: a step's tasks whose taskset names a workflow class, and the engine. Each episode (one
-workflow run) runs in its own thread with its own model handle; only the calling thread touches
-the engine (:class:`BatchingService`). A failed or timed-out episode runs again, up to
-``explorer.max_retry_times`` times (:class:`EpisodePool`, for both explorer loops). Data out:
-scored buffer records, one group per task, and the step's episode metrics. A failed episode must
-never stop the explorer (:func:`run_episodes`).
+Data in: tasks whose taskset names a workflow class. Each episode (one workflow run) runs in its
+own thread with its own model handle, whose calls reach the engine as requests
+(:class:`rft.explorer.calls.EngineCalls`; only the explorer loop's thread touches the engine). A
+failed or timed-out episode runs again, up to ``explorer.max_retry_times`` times
+(:class:`EpisodePool`). Data out: each episode's checked experiences, their buffer records
+(:func:`to_record`) and the step's episode metrics (:func:`episode_metrics`). A failed episode
+never stops the explorer.
 """
 
 from __future__ import annotations
@@ -19,15 +20,13 @@ import re
 import threading
 import time
 from collections import Counter, deque
-from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Optional, Protocol, Sequence
+from typing import Any, Callable, Optional, Protocol, Sequence
 
 from rft.buffer.experience import ENV_STEP_KEY, RUN_KEY
 from rft.buffer.experience import Experience as Record
 from rft.errors import WorkflowError
-from rft.explorer.engine import Engine, Sample
-from rft.explorer.tasksets import SamplingArgs
+from rft.explorer.calls import ModelCalls
 from rft.monitor import (
     EPISODE_ERRORS,
     EPISODE_FAILED,
@@ -39,12 +38,11 @@ from rft.monitor import (
     EPISODE_TIMEOUTS,
     EPISODE_TURNS,
     EPISODES,
-    GENERATE_BATCHES,
     TOOL_CALLS,
     TOOL_ERRORS,
     TOOL_TIMEOUTS,
 )
-from rft.workflow.conversation import ChatTemplate, Completion
+from rft.workflow.conversation import ChatTemplate
 from rft.workflow.endpoint import Endpoint
 from rft.workflow.experience import Experience, as_list, numbers
 from rft.workflow.model import EpisodeCancelled, ModelWrapper
@@ -54,177 +52,8 @@ from rft.workflow.tools import ToolCounts, counting
 
 log = logging.getLogger(__name__)
 
-BATCH_WAIT_S = 0.05  # longest a model call waits for others to join its batch
 JOIN_GRACE_S = 5.0  # after an episode's deadline, how long its thread may take to notice
 ERROR_LINE_CHARS = 300  # a failed run's error, as the console and the metrics show it
-
-
-@dataclass
-class ModelCall:
-    """One model call of an episode, waiting for the engine."""
-
-    episode: int
-    prompt_ids: list[int]
-    args: SamplingArgs
-    future: Future
-    since: float = field(default_factory=time.monotonic)
-    version: Optional[int] = None  # weights loaded when it entered the engine
-
-
-class ModelCalls:
-    """What every episode's model handle reaches (through :meth:`channel`): its calls, the
-    engine's tool-call and reasoning parsers, the length limit. Subclasses say how calls reach
-    the engine: :class:`BatchingService` (a step's episodes, engine batches) or
-    :class:`rft.explorer.stream_episodes.EngineCalls` (engine requests across steps)."""
-
-    def __init__(
-        self,
-        engine: Engine,
-        version: int,
-        max_model_len: Optional[int],
-        tool_parser: Optional[str] = None,
-        reasoning_parser: Optional[str] = None,
-    ):
-        self.engine = engine
-        self.version = version  # of completions the engine did not label token by token
-        self.max_model_len = max_model_len
-        self.tool_parser = tool_parser
-        self.reasoning_parser = reasoning_parser
-        self._queued: list[ModelCall] = []  # calls not sent to the engine yet
-        self._running: set[int] = set()  # episodes started and not ended
-        self._lock = threading.Condition()
-
-    def channel(self, episode: int) -> "_Channel":
-        return _Channel(self, episode)
-
-    def submit(self, episode: int, prompt_ids: list[int], sampling: Mapping[str, Any]) -> Future:
-        """A call of ``episode``'s model handle (``sampling``: its vLLM SamplingParams
-        keywords), queued; its future holds the completions (a call of an episode that ended
-        fails at once: it never reaches the engine)."""
-        request = ModelCall(episode, list(prompt_ids), SamplingArgs.of(sampling), Future())
-        with self._lock:
-            if episode not in self._running:
-                settle(request.future, error=EpisodeCancelled(f"episode {episode} ended"))
-                return request.future
-            self._queued.append(request)
-            self._lock.notify_all()
-        return request.future
-
-    def started(self, episode: int) -> None:
-        with self._lock:
-            self._running.add(episode)
-
-    def ended(self, episode: int) -> None:
-        """The episode's thread is done or abandoned: its queued calls fail."""
-        with self._lock:
-            self._running.discard(episode)
-            for r in [r for r in self._queued if r.episode == episode]:
-                self._queued.remove(r)
-                settle(r.future, error=EpisodeCancelled(f"episode {episode} ended"))
-            self._lock.notify_all()
-
-    def completions(
-        self, group: Sequence[Sample], version: Optional[int] = None
-    ) -> list[Completion]:
-        """The engine's samples for one call, as its model handle reads them: tokens the engine
-        did not label are of ``version`` (default: :attr:`version`)."""
-        return [
-            Completion(
-                s.prompt_ids,
-                s.response_ids,
-                s.logprobs,
-                s.finish_reason,
-                s.text,
-                s.versions[0] if s.versions else self.version if version is None else version,
-                s.versions,
-                s.prompt_logprobs,
-            )
-            for s in group
-        ]
-
-    def parse_tool_calls(self, text: str, tools: list) -> tuple[str, list[dict]]:
-        if self.tool_parser is None:
-            return text, []
-        return self.engine.parse_tool_calls(text, tools, self.tool_parser)
-
-    def parse_reasoning(self, text: str) -> Optional[tuple[Optional[str], Optional[str]]]:
-        if self.reasoning_parser is None:
-            return None
-        return self.engine.parse_reasoning(text, self.reasoning_parser)
-
-
-def settle(future: Future, result: Any = None, error: Optional[BaseException] = None) -> None:
-    """Complete a call's future, unless it is done already: a workflow that stopped awaiting
-    it (``asyncio.wait_for``) cancelled it, and its episode goes on without it."""
-    try:
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
-    except InvalidStateError:
-        pass
-
-
-class BatchingService(ModelCalls):
-    """Model calls of concurrent episodes, generated in batches by one engine (the thread that
-    calls :meth:`serve_once` is the only one that touches the engine). Every waiting call goes
-    to the engine in one batch as soon as every running episode waits or ``BATCH_WAIT_S``
-    passed, so a slow tool never idles the engine."""
-
-    batches = 0  # engine batches generated
-
-    def serve_once(self, timeout_s: float) -> None:
-        """Wait up to ``timeout_s`` for a batch to be due, then generate it."""
-        with self._lock:
-            deadline = time.monotonic() + timeout_s
-            while not self._due():
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return
-                self._lock.wait(min(left, BATCH_WAIT_S))
-            batch, self._queued = self._queued, []
-        try:
-            groups = self.engine.generate([r.prompt_ids for r in batch], [r.args for r in batch])
-        except Exception as e:  # the engine failed: fail the calls, the explorer reports it
-            for r in batch:
-                settle(r.future, error=e)
-            raise
-        self.batches += 1
-        for r, group in zip(batch, groups):
-            settle(r.future, self.completions(group))
-
-    def _due(self) -> bool:
-        if not self._queued:
-            return False
-        waiting = {r.episode for r in self._queued}
-        oldest = min(r.since for r in self._queued)
-        return waiting >= self._running or time.monotonic() - oldest >= BATCH_WAIT_S
-
-
-@dataclass
-class _Channel:
-    """One episode's end of the service (what its model handle calls)."""
-
-    service: ModelCalls
-    episode: int
-
-    @property
-    def max_model_len(self) -> Optional[int]:
-        return self.service.max_model_len
-
-    @property
-    def model_version(self) -> int:
-        """The weights version the engine generates with now."""
-        return self.service.version
-
-    def submit(self, prompt_ids: list[int], sampling: Mapping[str, Any]) -> Future:
-        return self.service.submit(self.episode, prompt_ids, sampling)
-
-    def parse_tool_calls(self, text: str, tools: list) -> tuple[str, list[dict]]:
-        return self.service.parse_tool_calls(text, tools)
-
-    def parse_reasoning(self, text: str) -> Optional[tuple[Optional[str], Optional[str]]]:
-        return self.service.parse_reasoning(text)
 
 
 class AuxiliaryHandles(Protocol):
@@ -343,7 +172,7 @@ def run_workflow(
 
 class EpisodePool:
     """Episodes running in threads, at most ``concurrency`` at once, each with a model handle on
-    ``service`` (:class:`BatchingService`, or a streaming explorer's engine requests). An
+    ``service`` (:class:`rft.explorer.calls.EngineCalls`). An
     episode that raises or runs past ``timeout_s`` (``explorer.max_timeout``) runs again, the
     same task run from the start, up to ``max_retry_times`` times (Trinity's
     ``explorer.max_retry_times``); then it ends as failed. It never stops the explorer. The
@@ -519,46 +348,6 @@ class EpisodePool:
                 result.error = result.error or model.cancelled
                 model.close_endpoint_key()  # a retry may register the same key (set_api_key)
                 self._end(k)
-
-
-def run_episodes(
-    jobs: list[EpisodeJob],
-    engine: Engine,
-    template: ChatTemplate,
-    version: int,
-    *,
-    concurrency: int,
-    timeout_s: Optional[float],
-    max_model_len: Optional[int],
-    max_retry_times: int = 0,
-    tool_parser: Optional[str] = None,
-    reasoning_parser: Optional[str] = None,
-    endpoint: Optional[Callable[[], Endpoint]] = None,
-    model_path: str = "",
-    auxiliary: Sequence[AuxiliaryHandles] = (),
-) -> tuple[list[EpisodeResult], dict[str, float]]:
-    """Run ``jobs`` (an :class:`EpisodePool`, each failed one again up to ``max_retry_times``
-    times), serving their model calls in batches meanwhile. ``endpoint``: the OpenAI-compatible
-    endpoint the episodes' agent code may call (started on first use), if offered;
-    ``model_path``: ``model.model_path`` (the handles' ``model_path``); ``auxiliary``: the
-    generative auxiliary models (their own threads serve them)."""
-    service = BatchingService(engine, version, max_model_len, tool_parser, reasoning_parser)
-    pool = EpisodePool(
-        service,
-        template,
-        concurrency=concurrency,
-        timeout_s=timeout_s,
-        max_retry_times=max_retry_times,
-        endpoint=endpoint,
-        model_path=model_path,
-        auxiliary=auxiliary,
-    )
-    ids = pool.add(jobs)
-    while not pool.idle:
-        pool.poll()
-        service.serve_once(BATCH_WAIT_S)
-    results = [pool.pop(i) for i in ids]
-    return results, {GENERATE_BATCHES: service.batches, **episode_metrics(results)}
 
 
 def episode_metrics(results: list[EpisodeResult]) -> dict[str, Any]:

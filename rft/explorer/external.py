@@ -27,7 +27,6 @@ from rft.buffer.experience import Experience as Record
 from rft.config.external import ExternalEndpoint, external_endpoint
 from rft.config.schema import Config
 from rft.errors import ConfigError, RftError, WorkflowError
-from rft.explorer import loop as X
 from rft.explorer import tasksets as T
 from rft.explorer.engine import Sample
 from rft.explorer.episodes import (
@@ -36,7 +35,8 @@ from rft.explorer.episodes import (
     episode_jobs,
     episode_metrics,
 )
-from rft.explorer.rollout import PromptJob, episode_task, group_records
+from rft.explorer.eval import eval_taskset_metrics
+from rft.explorer.groups import PromptJob, episode_task, group_records
 from rft.monitor import EPISODE_FIRST_ERROR
 from rft.workflow.experience import Experience, numbers
 from rft.workflow.model import HANDLE_KEYS
@@ -339,7 +339,7 @@ FAILED_RUNS = "failed_runs"  # eval/<taskset>/failed_runs: samples whose request
 def evaluate_external(
     cfg: Config, client: ExternalClient, eval_sets: Sequence[T.Taskset], step: int = 0
 ) -> dict[str, float]:
-    """The bench metrics of every eval taskset (:func:`rft.explorer.loop.eval_taskset_metrics`),
+    """The bench metrics of every eval taskset (:func:`rft.explorer.eval.eval_taskset_metrics`),
     ``response_length_mean`` from the endpoint's usage counts, and ``failed_runs``. A taskset
     of which nothing came back raises, with the first error."""
     metrics: dict[str, float] = {}
@@ -368,7 +368,7 @@ def evaluate_external(
             [r for r in records if r.group_id == g]
             for g in dict.fromkeys(r.group_id for r in records)
         ]
-        out = X.eval_taskset_metrics(ts.name, ts.sampling.n, groups, cfg.monitor.detailed_stats)
+        out = eval_taskset_metrics(ts.name, ts.sampling.n, groups, cfg.monitor.detailed_stats)
         counted = [
             r.info[COMPLETION_TOKENS] for r in records if r.info.get(COMPLETION_TOKENS) is not None
         ]

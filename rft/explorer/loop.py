@@ -13,14 +13,10 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import statistics
-import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Optional
 
-from rft.buffer.experience import Experience
 from rft.buffer.segments import open_buffer_writer
-from rft.config.queries import streams
 from rft.config.schema import Config
 from rft.entry import config_parser, run_command, setup_logging
 from rft.errors import EXIT_OK, ConfigError, EpisodesFailedError
@@ -28,26 +24,16 @@ from rft.explorer import cursor as C
 from rft.explorer import tasksets as T
 from rft.explorer.auxiliary import auxiliary_models
 from rft.explorer.engine import Engine
+from rft.explorer.eval import evaluate
 from rft.explorer.failures import FailureGuard
 from rft.explorer.reward_model import RewardModel, load_reward_models
-from rft.explorer.rollout import rollout, rollout_carried
-from rft.explorer.streaming import Seal, stream_steps
-from rft.lease import NO_FENCE, Fence, Lease, remove_dead_tmp
+from rft.explorer.steps import run_steps
+from rft.lease import Lease, remove_dead_tmp
 from rft.monitor import (
-    ACCURACY,
     EPISODE_FAILED,
     EPISODE_FIRST_ERROR,
     EPISODE_TIMEOUTS,
     EPISODES,
-    EVAL_WEIGHTS_VERSION,
-    EXPLORER_RELOAD_S,
-    EXPLORER_STEP_S,
-    EXPLORER_WAIT_S,
-    GENERATED_TOKENS,
-    LOOP_TOKENS_PER_S,
-    RESPONSE_LENGTH_MAX,
-    REWARD_MEAN,
-    WEIGHTS_VERSION,
     Monitor,
     failed_episodes,
 )
@@ -56,8 +42,7 @@ from rft.rundir import EXPLORER_META, explorer_role, writer_name
 from rft.stages import load_stage
 from rft.sync.explorer_side import ExplorerSync, open_explorer_sync
 from rft.sync.failures import ExplorerFailure, clear_failure, record_failure
-from rft.sync.requests import request_weights
-from rft.sync.schedule import explorer_lead, required_version, syncs_at, takes_weights
+from rft.sync.schedule import explorer_lead
 
 log = logging.getLogger(__name__)
 
@@ -118,43 +103,18 @@ def run_explorer(
 ) -> ExplorerResult:
     """Explore until the tasks (or ``buffer.total_steps``) are done, or ``max_steps`` more steps."""
     explorer = explorer_task(cfg, env)
-    run_dir = cfg.run_dir
     lease = claim_writer(cfg, explorer.writer)  # before anything of this writer is written
-    clear_failure(run_dir, explorer.writer)  # a stop of a previous instance no longer holds
-    guard = FailureGuard.from_config(cfg.explorer)
+    clear_failure(cfg.run_dir, explorer.writer)  # a stop of a previous instance no longer holds
     train_sets = T.training_tasksets(cfg)
     eval_sets = T.eval_tasksets(cfg) if explorer.rank == 0 else []
-    stream = T.TaskStream(
-        train_sets, cfg.buffer.batch_size, cfg.buffer.total_epochs, cfg.buffer.total_steps
-    )
-    buf = cfg.buffer.trainer_input.experience_buffer
-    writer = open_buffer_writer(
-        run_dir, explorer.writer, buf.storage_type, buf.path or "", buf.name, cfg.cluster.node_num
-    )
-    plan = resume_cursor(run_dir, explorer, stream)
+    buffer = cfg.buffer
+    stream = T.TaskStream(train_sets, buffer.batch_size, buffer.total_epochs, buffer.total_steps)
+    plan = resume_cursor(cfg.run_dir, explorer, stream)
     cursor = plan.cursor  # advanced in place by stream.next_batch
     if handle_signals:
         install_exit_handlers(lease)
-    monitor = Monitor(
-        run_dir,
-        explorer.role,
-        monitor_type=cfg.monitor.monitor_type,
-        flush_interval_s=cfg.monitor.flush_interval_s,
-        project=cfg.project,
-        name=cfg.name,
-        fence=lease,
-    )
-    engine = engine or Engine(cfg)
-    engine.load_initial(cfg)  # a reused engine left with other weights goes back to version 0
-    rollout_model = cfg.explorer.rollout_model
-    engine.check_parsers(
-        rollout_model.tool_call_parser if rollout_model.enable_auto_tool_choice else None,
-        rollout_model.reasoning_parser,
-    )
-    auxiliary_models(cfg)  # the generative ones' engines (a judge's), next to the rollout engine
-    reward_models = load_reward_models(
-        cfg
-    )  # after vLLM started: this process touches CUDA only now
+    monitor = open_monitor(cfg, explorer, lease)
+    engine, reward_models = start_engine(cfg, engine)
     # the heartbeat from now on; weights by folders, deltas or broadcasts
     sync = open_explorer_sync(
         cfg, explorer.writer, engine, cursor.step, stream.finished(cursor), lease
@@ -172,33 +132,11 @@ def run_explorer(
             metrics = evaluate(cfg, engine, eval_sets, monitor, step, version, reward_models)
         result.eval_metrics.append(metrics)
 
-    def seal(
-        step: int, exps: list, share: C.Share, stats: dict[str, float], after: T.Cursor
-    ) -> bool:
-        """Seal ``step`` as segment seq ``step`` (experiences with token ids, logprobs, reward
-        and its parts, version), save the task cursor ``after`` it, log its metrics; whether
-        the periodic evaluation is due now (not at the last step when the final one follows)."""
-        lease.check(f"sealing segment {step} and saving the task cursor")
-        metrics = {**stats, **step_metrics(exps)}
-        stop = check_failures(guard, step, metrics)
-        if stop is not None:  # the step is not sealed: a relaunch generates it again
-            monitor.log(step, metrics)
-            stop_on_failures(run_dir, lease, explorer.writer, step, stop)
-        writer.write(exps, seq=step)
-        C.save_cursor(run_dir, explorer.name, explorer.rank, plan.layout, after)
-        sync.sealed(step, len(share), finished=stream.finished(after))  # a trainer may end
-        monitor.log(step, metrics)
-        result.steps.append(step)
-        result.metrics.append(metrics)
-        final_eval = evaluates_final(cfg, bool(eval_sets)) and stream.finished(after)
-        every = cfg.explorer.eval_interval
-        return bool(eval_sets) and bool(every) and step % every == 0 and not final_eval
-
+    seal = Sealer(cfg, explorer, lease, plan, stream, sync, monitor, result, bool(eval_sets))
     try:
         if eval_sets and cfg.explorer.eval_on_startup and cursor.step == 0:
             evaluate_now(0, need=0)
-        explore = stream_steps if streams(cfg) else step_by_step
-        explore(
+        run_steps(
             cfg,
             engine,
             train_sets,
@@ -224,67 +162,85 @@ def run_explorer(
     return result
 
 
-def step_by_step(
-    cfg: Config,
-    engine: Engine,
-    tasksets: list[T.Taskset],
-    plan: C.RankPlan,
-    stream: T.TaskStream,
-    weights: ExplorerSync,
-    seal: Seal,
-    *,
-    writer: str,
-    lead: int | None,
-    max_steps: int | None = None,
-    reward_models: Sequence[RewardModel] = (),
-    evaluate: Callable[[int], None] | None = None,
-    fence: Fence = NO_FENCE,
-) -> None:
-    """Generate and seal one step after the other until the task stream ends (or ``max_steps``
-    steps are sealed): each step waits for the weights it may be generated with, then generates
-    all its groups at once (:func:`rft.explorer.rollout.rollout`); :func:`stream_steps` is the
-    overlapping variant, with the same arguments (``fence`` guards its spool; here every write
-    is ``seal``'s, which checks the lease itself)."""
-    cursor = plan.cursor  # advanced in place by stream.next_batch
-    interval = cfg.synchronizer.sync_interval
-    done = 0
-    while not plan.finished(stream) and (max_steps is None or done < max_steps):
-        step_start = time.monotonic()
-        step = cursor.step + 1
-        # Steps are numbered from 1; weights version v is the trainer step that produced
-        # them, version 0 is model.model_path. mode both: wait for
-        # ((s - 1 - sync_offset) // sync_interval) * sync_interval, never below 0 (no wait
-        # while s <= 1 + sync_offset): the newest version the trainer publishes after its
-        # step s - 1 - sync_offset. mode explore: the same with max_lead_steps for
-        # sync_offset when set (bounds how stale the rollouts get), else never wait.
-        need = 0 if lead is None else required_version(step, lead, interval)
-        sync = cfg.synchronizer
-        if syncs_at(step, sync.sync_style, interval):  # explorer_driven: ask the trainer
-            request_weights(cfg.run_dir, writer, step)
-        if takes_weights(step, sync.sync_style, interval, sync.sync_method) or need:
-            version, reload_s, wait_s = weights.wait_for(need)
-        else:  # explorer_driven between its sync steps: the weights stay
-            version, reload_s, wait_s = weights.loaded_version or 0, 0.0, 0.0
-        carried, share = plan.take(step, stream.next_batch(cursor))
-        exps, stats = rollout(cfg, engine, tasksets, share, step, version, writer, reward_models)
-        if carried:  # slots of earlier steps (the explorer count changed: rft.explorer.cursor)
-            exps = (
-                rollout_carried(cfg, engine, tasksets, carried, version, writer, reward_models)
-                + exps
-            )
-            share = share + [pair for pairs in carried.values() for pair in pairs]
-        step_s = time.monotonic() - step_start
-        stats = {
-            **stats,
-            WEIGHTS_VERSION: version,
-            EXPLORER_RELOAD_S: reload_s,
-            EXPLORER_WAIT_S: wait_s,
-            EXPLORER_STEP_S: step_s,
-            LOOP_TOKENS_PER_S: stats[GENERATED_TOKENS] / step_s,
-        }
-        done += 1
-        if seal(step, exps, share, stats, cursor) and evaluate is not None:
-            evaluate(step)
+class Sealer:
+    """The explorer loop's ``seal``: a complete step into the buffer, its cursor and metrics."""
+
+    def __init__(
+        self,
+        cfg: Config,
+        explorer: ExplorerTask,
+        lease: Lease,
+        plan: C.RankPlan,
+        stream: T.TaskStream,
+        sync: ExplorerSync,
+        monitor: Monitor,
+        result: ExplorerResult,
+        evaluates: bool,
+    ):
+        self.cfg, self.explorer, self.lease, self.plan = cfg, explorer, lease, plan
+        self.stream, self.sync, self.monitor, self.result = stream, sync, monitor, result
+        self.evaluates = evaluates  # this task evaluates (rank 0, eval tasksets)
+        self.guard = FailureGuard.from_config(cfg.explorer)
+        buf = cfg.buffer.trainer_input.experience_buffer
+        self.writer = open_buffer_writer(
+            cfg.run_dir,
+            explorer.writer,
+            buf.storage_type,
+            buf.path or "",
+            buf.name,
+            cfg.cluster.node_num,
+        )
+
+    def __call__(
+        self, step: int, exps: list, share: C.Share, metrics: dict[str, float], after: T.Cursor
+    ) -> bool:
+        """Seal ``step`` as segment seq ``step`` (experiences with token ids, logprobs, reward
+        and its parts, version), save the task cursor ``after`` it, log its metrics; whether
+        the periodic evaluation is due now (not at the last step when the final one follows)."""
+        cfg, explorer, lease, monitor = self.cfg, self.explorer, self.lease, self.monitor
+        lease.check(f"sealing segment {step} and saving the task cursor")
+        stop = check_failures(self.guard, step, metrics)
+        if stop is not None:  # the step is not sealed: a relaunch generates it again
+            monitor.log(step, metrics)
+            stop_on_failures(cfg.run_dir, lease, explorer.writer, step, stop)
+        self.writer.write(exps, seq=step)
+        C.save_cursor(cfg.run_dir, explorer.name, explorer.rank, self.plan.layout, after)
+        finished = self.stream.finished(after)
+        self.sync.sealed(step, len(share), finished=finished)  # a trainer may end
+        monitor.log(step, metrics)
+        self.result.steps.append(step)
+        self.result.metrics.append(metrics)
+        final_eval = evaluates_final(cfg, self.evaluates) and finished
+        every = cfg.explorer.eval_interval
+        return self.evaluates and bool(every) and step % every == 0 and not final_eval
+
+
+def open_monitor(cfg: Config, explorer: ExplorerTask, lease: Lease) -> Monitor:
+    """This explorer task's monitor (role ``explorer_<name>[-<rank>]``), fenced by its lease."""
+    return Monitor(
+        cfg.run_dir,
+        explorer.role,
+        monitor_type=cfg.monitor.monitor_type,
+        flush_interval_s=cfg.monitor.flush_interval_s,
+        project=cfg.project,
+        name=cfg.name,
+        fence=lease,
+    )
+
+
+def start_engine(cfg: Config, engine: Engine | None) -> tuple[Engine, list[RewardModel]]:
+    """The rollout engine (``engine`` reused: back to version 0), its parsers checked, the
+    generative auxiliary models' engines next to it, then the reward models (after vLLM
+    started: this process touches CUDA only now)."""
+    engine = engine or Engine(cfg)
+    engine.load_initial(cfg)  # a reused engine left with other weights goes back to version 0
+    rollout_model = cfg.explorer.rollout_model
+    engine.check_parsers(
+        rollout_model.tool_call_parser if rollout_model.enable_auto_tool_choice else None,
+        rollout_model.reasoning_parser,
+    )
+    auxiliary_models(cfg)  # a judge's engine, next to the rollout engine
+    return engine, load_reward_models(cfg)
 
 
 def check_failures(guard: FailureGuard, step: int, metrics: dict[str, Any]) -> str | None:
@@ -339,90 +295,6 @@ def resume_cursor(run_dir: Any, explorer: ExplorerTask, stream: T.TaskStream) ->
             len(plan.carried),
         )
     return plan
-
-
-# ----------------------------------------------------------------------------- metrics, eval
-
-
-def accuracy_of(exp: Experience) -> float:
-    """The ``accuracy`` reward part, or the reward when the reward function has no such part."""
-    return float(exp.reward_parts.get("accuracy", exp.reward))
-
-
-def step_metrics(exps: list[Experience]) -> dict[str, float]:
-    """Reward statistics, each reward part, accuracy, response lengths, truncation rate."""
-    if not exps:
-        return {"experiences": 0}
-    rewards = [e.reward for e in exps]
-    lengths = [len(e.response_ids) for e in exps]
-    out = {
-        "experiences": len(exps),
-        REWARD_MEAN: statistics.fmean(rewards),
-        "reward/std": statistics.pstdev(rewards),
-        "reward/max": max(rewards),
-        "reward/min": min(rewards),
-        ACCURACY: statistics.fmean(map(accuracy_of, exps)),
-        "response_length/mean": statistics.fmean(lengths),
-        RESPONSE_LENGTH_MAX: max(lengths),
-        "truncation_rate": sum(e.truncated for e in exps) / len(exps),
-    }
-    for part in sorted({p for e in exps for p in e.reward_parts}):
-        out[f"reward/{part}/mean"] = statistics.fmean(e.reward_parts.get(part, 0.0) for e in exps)
-    return out
-
-
-def eval_taskset_metrics(
-    name: str, k: int, groups: list[list[Experience]], detailed: bool = False
-) -> dict[str, float]:
-    """mean@k (mean accuracy over all samples) and pass@k (tasks with an accurate sample);
-    ``detailed`` (Trinity's monitor.detailed_stats): also the std, max and min over the tasks
-    of each task's mean accuracy and mean reward."""
-    samples = [e for g in groups for e in g]
-    if not samples:
-        return {f"eval/{name}/tasks": 0}
-    spread: dict[str, float] = {}
-    if detailed:
-        for what, of in (("accuracy", accuracy_of), ("reward", lambda e: e.reward)):
-            per_task = [statistics.fmean(map(of, g)) for g in groups if g]
-            spread[f"eval/{name}/{what}/std"] = statistics.pstdev(per_task)
-            spread[f"eval/{name}/{what}/max"] = max(per_task)
-            spread[f"eval/{name}/{what}/min"] = min(per_task)
-    return spread | {
-        f"eval/{name}/mean@{k}": statistics.fmean(map(accuracy_of, samples)),
-        f"eval/{name}/pass@{k}": statistics.fmean(
-            float(any(accuracy_of(e) >= 1.0 for e in g)) for g in groups
-        ),
-        f"eval/{name}/reward_mean": statistics.fmean(e.reward for e in samples),
-        f"eval/{name}/response_length_mean": statistics.fmean(len(e.response_ids) for e in samples),
-        f"eval/{name}/tasks": len(groups),
-    }
-
-
-def evaluate(
-    cfg: Config,
-    engine: Engine,
-    eval_sets: list[T.Taskset],
-    monitor: Monitor,
-    step: int,
-    version: int,
-    reward_models: Sequence[RewardModel] = (),
-) -> dict[str, Any]:
-    """Every row of every eval taskset with its rollout_args, generated with weights version
-    ``version`` (the engine's); metrics to the monitor only."""
-    metrics: dict[str, Any] = {EVAL_WEIGHTS_VERSION: version}
-    start = time.monotonic()
-    for ts in eval_sets:
-        items = [(i, T.Task(0, i, 0)) for i in range(len(ts))]
-        exps, _ = rollout(cfg, engine, [ts], items, step, version, "eval", reward_models)
-        groups = [
-            [e for e in exps if e.group_id == g] for g in dict.fromkeys(e.group_id for e in exps)
-        ]
-        metrics.update(
-            eval_taskset_metrics(ts.name, ts.sampling.n, groups, cfg.monitor.detailed_stats)
-        )
-    metrics["eval/time_s"] = time.monotonic() - start
-    monitor.log(step, metrics)
-    return metrics
 
 
 # ----------------------------------------------------------------------------- entry

@@ -31,7 +31,7 @@ from rft.errors import WorkflowError
 from rft.explorer import tasksets as T
 from rft.explorer.auxiliary import model_template
 from rft.explorer.episodes import episode_jobs, one_line, run_name, run_workflow
-from rft.explorer.rollout import episode_task, episode_template
+from rft.explorer.groups import episode_task, episode_template
 from rft.models import GENERATIVE, auxiliary_kinds, read_config
 from rft.workflow.conversation import ChatTemplate, Completion
 from rft.workflow.endpoint import Endpoint

@@ -1,4 +1,4 @@
-"""Finished groups of steps not yet sealed, kept on disk by the streaming explorer.
+"""Finished groups of steps not yet sealed, kept on disk by the explorer loop.
 
 ``groups/<writer>/<seal step>-<group step>.<slot>.jsonl``, one file per group, written
 atomically as the group completes and removed once its step's segment is sealed. A restarted

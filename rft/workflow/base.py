@@ -11,8 +11,7 @@ from __future__ import annotations
 import inspect
 from typing import Any, Optional
 
-from rft.errors import WorkflowError
-from rft.workflow.conversation import Messages, Thread
+from rft.workflow.conversation import Messages
 from rft.workflow.experience import EID, Experience, numbers
 from rft.workflow.log import get_logger
 from rft.workflow.model import ModelWrapper

@@ -1,8 +1,9 @@
-"""One step's rollouts: prompts, generation, scoring, and the experiences they make.
+"""A task's group: its prompt, its scoring, the experiences it makes.
 
-Single-turn recipes go to the engine in one call (:func:`rollout_recipes`); workflow classes run
-as concurrent episodes (:func:`rollout_episodes`). The explorer loop (:mod:`rft.explorer.loop`)
-and the streaming explorer (:mod:`rft.explorer.streaming`) both build on these.
+Single-turn recipes: the prompt's token ids (:func:`build_prompts`), each sample's reward
+(:func:`score_all`, with reward models), the buffer records (:func:`group_records`). Workflow
+classes: the workflow's view of a task (:func:`episode_task`) and the records of its episodes
+(:func:`episode_records`). The explorer loop (:mod:`rft.explorer.steps`) builds on these.
 """
 
 from __future__ import annotations
@@ -15,24 +16,13 @@ from typing import Any, Callable, Optional, Sequence
 
 from rft.buffer.experience import Experience
 from rft.config.schema import Config
-from rft.explorer import cursor as C
 from rft.explorer import tasksets as T
-from rft.explorer.auxiliary import auxiliary_models
-from rft.explorer.engine import Engine, Sample
+from rft.explorer.engine import Sample
 from rft.explorer.episodes import (
-    EpisodeJob,
     EpisodeResult,
-    episode_jobs,
-    run_episodes,
     to_record,
 )
 from rft.explorer.reward_model import RewardModel, conversation
-from rft.explorer.teacher import add_teacher_logprobs
-from rft.monitor import (
-    GENERATE_TIME_S,
-    GENERATE_TOKENS_PER_S,
-    GENERATED_TOKENS,
-)
 from rft.workflow.conversation import ChatTemplate
 from rft.workflow.endpoint import Endpoint, shared_endpoint
 from rft.workflow.single_turn import Recipe
@@ -40,26 +30,6 @@ from rft.workflow.task import GenerationConfig
 from rft.workflow.task import Task as WorkflowTask
 
 log = logging.getLogger(__name__)
-
-
-def rollout_carried(
-    cfg: Config,
-    engine: Engine,
-    tasksets: list[T.Taskset],
-    carried: dict[int, C.Share],
-    version: int,
-    writer: str,
-    reward_models: Sequence[RewardModel] = (),
-) -> list[Experience]:
-    """The groups of ``carried``: earlier steps' slots this rank's writer can no longer seal,
-    generated now (sealed with the current step), with their own step in ids and info."""
-    out: list[Experience] = []
-    for step, items in sorted(carried.items()):
-        out += rollout(cfg, engine, tasksets, items, step, version, writer, reward_models)[0]
-    return out
-
-
-# ----------------------------------------------------------------------------- generation
 
 
 @dataclass
@@ -115,19 +85,6 @@ def build_prompts(
     return jobs, counts
 
 
-def generate(engine: Engine, jobs: list[PromptJob]) -> tuple[list[list[Sample]], dict[str, float]]:
-    """Samples per job (taskset sampling settings), with generation throughput."""
-    start = time.monotonic()
-    groups = engine.generate([j.ids for j in jobs], [j.taskset.sampling for j in jobs])
-    seconds = time.monotonic() - start
-    tokens = sum(len(s.response_ids) for g in groups for s in g)
-    return groups, {
-        GENERATED_TOKENS: tokens,
-        GENERATE_TIME_S: seconds,
-        GENERATE_TOKENS_PER_S: tokens / seconds if seconds > 0 else 0.0,
-    }
-
-
 def score(job: PromptJob, sample: Sample) -> dict[str, float]:
     """The rule reward's parts of one sample (the workflow's reward function)."""
     fmt = job.taskset.config.format
@@ -169,37 +126,6 @@ def score_all(
     return out, stats
 
 
-def rollout(
-    cfg: Config,
-    engine: Engine,
-    tasksets: list[T.Taskset],
-    items: list[tuple[int, T.Task]],
-    step: int,
-    version: int,
-    writer: str,
-    reward_models: Sequence[RewardModel] = (),
-) -> tuple[list[Experience], dict[str, float]]:
-    """Generate and score this task's share of a step: experiences (groups adjacent) + stats.
-    Tasks of single-turn recipes go to the engine in one call (:func:`rollout_recipes`); tasks
-    of workflow classes run as concurrent episodes (:func:`rollout_episodes`)."""
-    classes = episode_slots(items, tasksets)
-    by_class = [item for item in items if item[0] in classes]
-    recipes = [item for item in items if item[0] not in classes]
-    exps: list[Experience] = []
-    stats: dict[str, float] = {GENERATED_TOKENS: 0}
-    if recipes or not by_class:
-        exps, stats = rollout_recipes(
-            cfg, engine, tasksets, recipes, step, version, writer, reward_models
-        )
-    if by_class:
-        episode_exps, episode_stats = rollout_episodes(
-            cfg, engine, tasksets, by_class, step, version, writer
-        )
-        generated = stats[GENERATED_TOKENS] + episode_stats[GENERATED_TOKENS]
-        exps, stats = exps + episode_exps, {**stats, **episode_stats, GENERATED_TOKENS: generated}
-    return exps, {**stats, "tasks": len(items)}
-
-
 def episode_slots(items: Sequence[tuple[int, T.Task]], tasksets: list[T.Taskset]) -> set[int]:
     """Slots of ``items`` whose workflow (the taskset's, or the row's own) is a workflow class."""
     return {
@@ -209,27 +135,6 @@ def episode_slots(items: Sequence[tuple[int, T.Task]], tasksets: list[T.Taskset]
             tasksets[t.taskset].workflow_of(tasksets[t.taskset].rows[t.index]), T.WorkflowClass
         )
     }
-
-
-def rollout_recipes(
-    cfg: Config,
-    engine: Engine,
-    tasksets: list[T.Taskset],
-    items: list[tuple[int, T.Task]],
-    step: int,
-    version: int,
-    writer: str,
-    reward_models: Sequence[RewardModel] = (),
-) -> tuple[list[Experience], dict[str, float]]:
-    """The single-turn tasks of a step: every prompt in one engine call, then scored."""
-    jobs, counts = build_prompts(cfg, engine.tokenizer, items, tasksets)
-    groups, stats = generate(engine, jobs)
-    rewards, score_stats = score_all(jobs, groups, reward_models)
-    exps = []
-    for job, group, group_rewards in zip(jobs, groups, rewards):
-        exps += group_records(job, group, group_rewards, step, version, writer)
-    teacher_stats = add_teacher_logprobs(cfg, exps)  # {} unless advantage_fn needs a teacher
-    return exps, {**counts, **stats, **score_stats, **teacher_stats}
 
 
 def group_records(
@@ -372,47 +277,6 @@ def generated_tokens(exp: Any) -> int:
     (an empty or missing ``action_mask``: all of them)."""
     mask = exp.action_mask
     return int(sum(mask)) if mask is not None and len(mask) else len(exp.response_ids)
-
-
-def rollout_episodes(
-    cfg: Config,
-    engine: Engine,
-    tasksets: list[T.Taskset],
-    items: list[tuple[int, T.Task]],
-    step: int,
-    version: int,
-    writer: str,
-) -> tuple[list[Experience], dict[str, float]]:
-    """Run the workflow classes of ``items`` (``explorer.runner_per_model`` episodes at once,
-    each stopped at ``explorer.max_timeout``, a failed one run again up to
-    ``explorer.max_retry_times`` times); their experiences, one group per task."""
-    jobs: list[EpisodeJob] = []
-    for slot, task in items:
-        ts = tasksets[task.taskset]
-        workflow = ts.workflow_of(ts.rows[task.index])
-        jobs += episode_jobs(slot, episode_task(ts, task, step, writer), workflow.cls)
-    results, stats = run_episodes(
-        jobs,
-        engine,
-        episode_template(cfg),
-        version,
-        concurrency=cfg.explorer.runner_per_model,
-        timeout_s=cfg.explorer.max_timeout,
-        max_model_len=engine.max_model_len,
-        max_retry_times=cfg.explorer.max_retry_times,
-        tool_parser=tool_parser(cfg),
-        reasoning_parser=cfg.explorer.rollout_model.reasoning_parser,
-        endpoint=agent_endpoint(cfg),
-        model_path=cfg.model.model_path,
-        auxiliary=auxiliary_models(cfg),
-    )
-    stats[GENERATED_TOKENS] = model_tokens(results)
-    exps: list[Experience] = []
-    for slot, task in sorted(items, key=lambda item: item[0]):  # groups adjacent
-        ts = tasksets[task.taskset]
-        mine = [r for r in results if r.job.slot == slot]
-        exps += episode_records(mine, ts, task, step, slot, version, writer)
-    return exps, stats
 
 
 def tool_parser(cfg: Config) -> Optional[str]:

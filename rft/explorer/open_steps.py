@@ -1,10 +1,12 @@
-"""A streaming explorer's steps (:mod:`rft.explorer.streaming`): an admitted step's state
+"""The explorer loop's steps (:mod:`rft.explorer.steps`): an admitted step's state
 (:class:`OpenStep`), what happened since the last seal (:class:`Totals`), and what the steps
-sealed together report (:func:`sealed_steps`): their experiences in slot order and metrics.
+sealed together report (:func:`sealed_steps`): their experiences in slot order and metrics (the
+meaning of each time metric: :mod:`rft.monitor`).
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass, field
 
@@ -12,9 +14,10 @@ from rft.buffer.experience import Experience
 from rft.explorer import cursor as C
 from rft.explorer import tasksets as T
 from rft.explorer.episodes import EpisodeResult, episode_metrics
-from rft.explorer.rollout import PromptJob, generated_tokens
+from rft.explorer.groups import PromptJob, generated_tokens
 from rft.explorer.teacher import TEACHER_KL
 from rft.monitor import (
+    ACCURACY,
     EXPLORER_RELOAD_S,
     EXPLORER_STEP_S,
     EXPLORER_WAIT_S,
@@ -22,6 +25,8 @@ from rft.monitor import (
     GENERATE_TOKENS_PER_S,
     GENERATED_TOKENS,
     LOOP_TOKENS_PER_S,
+    RESPONSE_LENGTH_MAX,
+    REWARD_MEAN,
     ROLLOUT_INFLIGHT,
     ROLLOUT_SPAN_MEAN,
     ROLLOUT_SPAN_SHARE,
@@ -51,6 +56,7 @@ class Totals:
     """What happened since the last sealed step (its metrics)."""
 
     since: float = field(default_factory=time.monotonic)
+    engine_s: float = 0.0  # inside the engine's steps
     reload_s: float = 0.0
     wait_s: float = 0.0
     discarded: int = 0  # response tokens of groups dropped by explorer.max_version_span
@@ -66,19 +72,20 @@ def sealed_steps(
     steps: list[OpenStep], totals: Totals, in_flight: int
 ) -> list[tuple[list[Experience], C.Share, dict[str, float]]]:
     """The experiences (groups adjacent, in slot order), share and metrics of the steps sealed
-    together. The time since the last seal is shared out by the model tokens each generated
-    (so each step shows the window's rate); the loads, waits and drops of the window go to the
-    first."""
+    together. The time since the last seal and the engine's part of it are shared out by the
+    model tokens each generated (so each step shows the window's rates); the loads, waits and
+    drops of the window go to the first."""
     seconds = time.monotonic() - totals.since
     parts = [step_experiences(opened) for opened in steps]
     tokens = [generated for _, generated in parts]
     out = []
     for k, (opened, (exps, generated)) in enumerate(zip(steps, parts)):
         window = totals if k == 0 else Totals(since=totals.since)
-        mine = seconds * (generated / sum(tokens) if sum(tokens) else 1 / len(steps))
-        out.append(
-            (exps, opened.share, step_metrics(opened, exps, generated, mine, window, in_flight))
+        share = generated / sum(tokens) if sum(tokens) else 1 / len(steps)
+        mine = step_metrics(
+            opened, exps, generated, seconds * share, window, in_flight, totals.engine_s * share
         )
+        out.append((exps, opened.share, mine))
     return out
 
 
@@ -100,24 +107,27 @@ def step_metrics(
     seconds: float,
     window: Totals,
     in_flight: int,
+    engine_s: float | None = None,
 ) -> dict[str, float]:
-    """A sealed step's metrics: ``generated`` model tokens in its ``seconds`` of the window;
-    ``in_flight``: samples the engine still runs."""
+    """A sealed step's metrics: ``generated`` model tokens in its ``seconds`` of the window (of
+    them, ``engine_s`` in the engine's steps; default: all); ``in_flight``: samples the engine
+    still runs."""
     spans = [
         max(e.response_versions) - min(e.response_versions) for e in exps if e.response_versions
     ]
-    rate = generated / seconds if seconds > 0 else 0.0
+    engine_s = seconds if engine_s is None else engine_s
     episodes = opened.episodes
     return {
         **opened.stats,
+        **experience_metrics(exps),
         **teacher_gap(exps),
         **(episode_metrics(episodes) if episodes else {}),
         "tasks": len(opened.share),
         GENERATED_TOKENS: generated,
-        GENERATE_TIME_S: seconds,
-        GENERATE_TOKENS_PER_S: rate,
-        EXPLORER_STEP_S: seconds,  # its part of the time since the previous seal: steps overlap
-        LOOP_TOKENS_PER_S: rate,
+        GENERATE_TIME_S: engine_s,
+        GENERATE_TOKENS_PER_S: generated / engine_s if engine_s > 0 else 0.0,
+        EXPLORER_STEP_S: seconds,
+        LOOP_TOKENS_PER_S: generated / seconds if seconds > 0 else 0.0,
         WEIGHTS_VERSION: opened.version,
         EXPLORER_RELOAD_S: window.reload_s,
         EXPLORER_WAIT_S: window.wait_s,
@@ -137,3 +147,30 @@ def teacher_gap(exps: list[Experience]) -> dict[str, float]:
         for s, t in zip(e.logprobs, e.teacher_logprobs)
     ]
     return {TEACHER_KL: sum(s - t for s, t in pairs) / len(pairs)} if pairs else {}
+
+
+def accuracy_of(exp: Experience) -> float:
+    """The ``accuracy`` reward part, or the reward when the reward function has no such part."""
+    return float(exp.reward_parts.get("accuracy", exp.reward))
+
+
+def experience_metrics(exps: list[Experience]) -> dict[str, float]:
+    """Reward statistics, each reward part, accuracy, response lengths, truncation rate."""
+    if not exps:
+        return {"experiences": 0}
+    rewards = [e.reward for e in exps]
+    lengths = [len(e.response_ids) for e in exps]
+    out = {
+        "experiences": len(exps),
+        REWARD_MEAN: statistics.fmean(rewards),
+        "reward/std": statistics.pstdev(rewards),
+        "reward/max": max(rewards),
+        "reward/min": min(rewards),
+        ACCURACY: statistics.fmean(map(accuracy_of, exps)),
+        "response_length/mean": statistics.fmean(lengths),
+        RESPONSE_LENGTH_MAX: max(lengths),
+        "truncation_rate": sum(e.truncated for e in exps) / len(exps),
+    }
+    for part in sorted({p for e in exps for p in e.reward_parts}):
+        out[f"reward/{part}/mean"] = statistics.fmean(e.reward_parts.get(part, 0.0) for e in exps)
+    return out
