@@ -5,8 +5,6 @@ its last line; a flaky workflow (one run in four failing) trains to the end and 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
