@@ -333,11 +333,11 @@ def test_concurrent_episodes_share_engine_batches(
         runner_per_model=8,
         workflow_args={"turns": 2},
     )
-    in_engine = []  # requests in the engine after each model call entered it
+    in_engine = []  # samples in the engine after each model call entered it
 
     def add(key, prompt_ids, args, real=engine.add):
         real(key, prompt_ids, args)
-        in_engine.append(len(engine._streams))
+        in_engine.append(engine.in_flight)
 
     monkeypatch.setattr(engine, "add", add)
     metrics, records = explore(engine, cfg)

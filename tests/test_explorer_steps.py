@@ -121,3 +121,27 @@ def test_an_engine_step_that_fails_fails_the_calls_in_it():
     with pytest.raises(RuntimeError, match="engine died"):
         future.result(timeout=0)
     assert engine.in_flight == 0 and calls.in_engine == 0
+
+
+def test_a_buffer_the_explorer_cannot_write_is_refused_before_the_engine_starts(
+    tmp_path, monkeypatch
+):
+    """storage_type sql in a job on two nodes: refused with what to use, before vLLM starts."""
+    from rft.errors import ConfigError
+    from rft.explorer import loop
+
+    def no_engine(cfg):
+        raise AssertionError("the engine started before the buffer was checked")
+
+    monkeypatch.setattr(loop, "Engine", no_engine)
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "2")
+    rows = write_jsonl(tmp_path / "a.jsonl", arithmetic_rows(3))
+    sql = {"storage_type": "sql", "path": f"sqlite:///{tmp_path}/buffer.db"}
+    cfg = make_cfg(
+        tmp_path,
+        tmp_path,
+        [taskset_dict(rows, "a")],
+        buffer={"trainer_input": {"experience_buffer": sql}},
+    )
+    with pytest.raises(ConfigError, match="storage_type: sql needs every explorer"):
+        loop.run_explorer(cfg)

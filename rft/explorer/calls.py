@@ -1,7 +1,7 @@
 """Model calls of episodes (workflow runs) as requests of one engine.
 
 Each episode's model handle (:class:`rft.workflow.model.ModelWrapper`) reaches the engine through
-a channel (:meth:`ModelCalls.channel`): its calls are queued from the episode's thread and go
+a channel (:meth:`EngineCalls.channel`): its calls are queued from the episode's thread and go
 into the engine from the one thread that touches it (:class:`EngineCalls`), so calls of every
 running episode, of every step, share the engine's batches. A call of an ended episode fails at
 once (:class:`~rft.workflow.model.EpisodeCancelled`); one already in the engine is aborted.
@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 from concurrent.futures import Future, InvalidStateError
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
 from rft.errors import WorkflowError
@@ -34,30 +33,34 @@ class ModelCall:
     prompt_ids: list[int]
     args: SamplingArgs
     future: Future
-    since: float = field(default_factory=time.monotonic)
     version: Optional[int] = None  # weights loaded when it entered the engine
 
 
-class ModelCalls:
-    """What every episode's model handle reaches (through :meth:`channel`): its calls, the
-    engine's tool-call and reasoning parsers, the length limit. Subclasses say how calls reach
-    the engine: :class:`EngineCalls` (engine requests)."""
+class EngineCalls:
+    """Episodes' model calls as engine requests, and what every episode's model handle reaches
+    through :meth:`channel` (the engine's tool-call and reasoning parsers, the length limit).
+    Episode threads :meth:`submit`; one thread (the only one touching the engine: the explorer
+    loop's, an auxiliary model's) :meth:`pump` s them into the engine and :meth:`resolve` s what
+    its ``step`` returns (:meth:`serve_once`, when nothing else uses the engine). An ended
+    episode's calls fail; those in the engine are aborted."""
 
     def __init__(
         self,
         engine: Requests,
-        version: int,
-        max_model_len: Optional[int],
+        version: int = 0,
         tool_parser: Optional[str] = None,
         reasoning_parser: Optional[str] = None,
     ):
         self.engine = engine
         self.version = version  # of completions the engine did not label token by token
-        self.max_model_len = max_model_len
+        self.max_model_len: Optional[int] = engine.max_model_len
         self.tool_parser = tool_parser
         self.reasoning_parser = reasoning_parser
         self._queued: list[ModelCall] = []  # calls not sent to the engine yet
         self._running: set[int] = set()  # episodes started and not ended
+        self._live: dict[str, ModelCall] = {}  # request key -> call, in the engine
+        self._aborts: list[str] = []  # keys of ended episodes' calls, still in the engine
+        self._ids = itertools.count()
         self._lock = threading.Condition()
 
     def channel(self, episode: int) -> "_Channel":
@@ -81,12 +84,17 @@ class ModelCalls:
             self._running.add(episode)
 
     def ended(self, episode: int) -> None:
-        """The episode's thread is done or abandoned: its queued calls fail."""
+        """The episode's thread is done or abandoned: its calls fail (queued ones at once, those
+        in the engine leave it at the next :meth:`pump`)."""
         with self._lock:
             self._running.discard(episode)
             for r in [r for r in self._queued if r.episode == episode]:
                 self._queued.remove(r)
                 settle(r.future, error=EpisodeCancelled(f"episode {episode} ended"))
+            for key, r in self._live.items():
+                if r.episode == episode and key not in self._aborts:
+                    settle(r.future, error=EpisodeCancelled(f"episode {episode} ended"))
+                    self._aborts.append(key)
             self._lock.notify_all()
 
     def completions(
@@ -117,73 +125,6 @@ class ModelCalls:
         if self.reasoning_parser is None:
             return None
         return self.engine.parse_reasoning(text, self.reasoning_parser)
-
-
-def settle(future: Future, result: Any = None, error: Optional[BaseException] = None) -> None:
-    """Complete a call's future, unless it is done already: a workflow that stopped awaiting
-    it (``asyncio.wait_for``) cancelled it, and its episode goes on without it."""
-    try:
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(result)
-    except InvalidStateError:
-        pass
-
-
-@dataclass
-class _Channel:
-    """One episode's end of the service (what its model handle calls)."""
-
-    service: ModelCalls
-    episode: int
-
-    @property
-    def max_model_len(self) -> Optional[int]:
-        return self.service.max_model_len
-
-    @property
-    def model_version(self) -> int:
-        """The weights version the engine generates with now."""
-        return self.service.version
-
-    def submit(self, prompt_ids: list[int], sampling: Mapping[str, Any]) -> Future:
-        return self.service.submit(self.episode, prompt_ids, sampling)
-
-    def parse_tool_calls(self, text: str, tools: list) -> tuple[str, list[dict]]:
-        return self.service.parse_tool_calls(text, tools)
-
-    def parse_reasoning(self, text: str) -> Optional[tuple[Optional[str], Optional[str]]]:
-        return self.service.parse_reasoning(text)
-
-
-class EngineCalls(ModelCalls):
-    """Episodes' model calls as engine requests. Episode threads :meth:`submit`; one thread (the
-    only one touching the engine: the explorer loop's, an auxiliary model's) :meth:`pump` s them
-    into the engine and :meth:`resolve` s what its ``step`` returns (:meth:`serve_once`, when
-    nothing else uses the engine). An ended episode's calls are aborted."""
-
-    def __init__(
-        self,
-        engine: Requests,
-        version: int = 0,
-        tool_parser: Optional[str] = None,
-        reasoning_parser: Optional[str] = None,
-    ):
-        super().__init__(engine, version, engine.max_model_len, tool_parser, reasoning_parser)
-        self._live: dict[str, ModelCall] = {}  # request key -> call, in the engine
-        self._aborts: list[str] = []  # keys of ended episodes' calls, still in the engine
-        self._ids = itertools.count()
-
-    def ended(self, episode: int) -> None:
-        """The episode's thread is done or abandoned: its calls fail and leave the engine."""
-        super().ended(episode)
-        with self._lock:
-            for key, r in self._live.items():
-                if r.episode == episode and key not in self._aborts:
-                    settle(r.future, error=EpisodeCancelled(f"episode {episode} ended"))
-                    self._aborts.append(key)
-            self._lock.notify_all()
 
     def pump(self) -> None:
         """Into the engine: the calls submitted since the last pump (a call the engine refuses
@@ -265,3 +206,41 @@ class EngineCalls(ModelCalls):
         for key, request in live:
             settle(request.future, error=error)
             self.engine.abort(key)
+
+
+def settle(future: Future, result: Any = None, error: Optional[BaseException] = None) -> None:
+    """Complete a call's future, unless it is done already: a workflow that stopped awaiting
+    it (``asyncio.wait_for``) cancelled it, and its episode goes on without it."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except InvalidStateError:
+        pass
+
+
+@dataclass
+class _Channel:
+    """One episode's end of the service (what its model handle calls)."""
+
+    service: EngineCalls
+    episode: int
+
+    @property
+    def max_model_len(self) -> Optional[int]:
+        return self.service.max_model_len
+
+    @property
+    def model_version(self) -> int:
+        """The weights version the engine generates with now."""
+        return self.service.version
+
+    def submit(self, prompt_ids: list[int], sampling: Mapping[str, Any]) -> Future:
+        return self.service.submit(self.episode, prompt_ids, sampling)
+
+    def parse_tool_calls(self, text: str, tools: list) -> tuple[str, list[dict]]:
+        return self.service.parse_tool_calls(text, tools)
+
+    def parse_reasoning(self, text: str) -> Optional[tuple[Optional[str], Optional[str]]]:
+        return self.service.parse_reasoning(text)

@@ -743,7 +743,7 @@ class AuxiliaryEngine(Requests):
     in this process, next to the rollout engine, with its own KV cache
     (:data:`AUX_CPU_KVCACHE_ENV`)."""
 
-    max_model_len = Engine.max_model_len  # a judge's calls say their own sampling settings
+    max_model_len = Engine.max_model_len  # no sampling_defaults: a judge's calls say their own
 
     def __init__(
         self, model: AuxiliaryModelConfig, key: str, first_gpu: int, llm: Any = None

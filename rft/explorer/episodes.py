@@ -26,7 +26,7 @@ from typing import Any, Callable, Optional, Protocol, Sequence
 from rft.buffer.experience import ENV_STEP_KEY, RUN_KEY
 from rft.buffer.experience import Experience as Record
 from rft.errors import WorkflowError
-from rft.explorer.calls import ModelCalls
+from rft.explorer.calls import EngineCalls
 from rft.monitor import (
     EPISODE_ERRORS,
     EPISODE_FAILED,
@@ -183,7 +183,7 @@ class EpisodePool:
 
     def __init__(
         self,
-        service: ModelCalls,
+        service: EngineCalls,
         template: ChatTemplate,
         *,
         concurrency: int,

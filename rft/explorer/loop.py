@@ -16,7 +16,8 @@ import signal
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from rft.buffer.segments import open_buffer_writer
+from rft.buffer.segments import SegmentWriter, open_buffer_writer
+from rft.buffer.sqlite import SqlBufferWriter
 from rft.config.schema import Config
 from rft.entry import config_parser, run_command, setup_logging
 from rft.errors import EXIT_OK, ConfigError, EpisodesFailedError
@@ -109,6 +110,15 @@ def run_explorer(
     eval_sets = T.eval_tasksets(cfg) if explorer.rank == 0 else []
     buffer = cfg.buffer
     stream = T.TaskStream(train_sets, buffer.batch_size, buffer.total_epochs, buffer.total_steps)
+    store = buffer.trainer_input.experience_buffer  # checked before the engine starts
+    writer = open_buffer_writer(
+        cfg.run_dir,
+        explorer.writer,
+        store.storage_type,
+        store.path or "",
+        store.name,
+        cfg.cluster.node_num,
+    )
     plan = resume_cursor(cfg.run_dir, explorer, stream)
     cursor = plan.cursor  # advanced in place by stream.next_batch
     if handle_signals:
@@ -132,7 +142,9 @@ def run_explorer(
             metrics = evaluate(cfg, engine, eval_sets, monitor, step, version, reward_models)
         result.eval_metrics.append(metrics)
 
-    seal = Sealer(cfg, explorer, lease, plan, stream, sync, monitor, result, bool(eval_sets))
+    seal = Sealer(
+        cfg, explorer, lease, writer, plan, stream, sync, monitor, result, bool(eval_sets)
+    )
     try:
         if eval_sets and cfg.explorer.eval_on_startup and cursor.step == 0:
             evaluate_now(0, need=0)
@@ -170,6 +182,7 @@ class Sealer:
         cfg: Config,
         explorer: ExplorerTask,
         lease: Lease,
+        writer: SegmentWriter | SqlBufferWriter,
         plan: C.RankPlan,
         stream: T.TaskStream,
         sync: ExplorerSync,
@@ -177,19 +190,11 @@ class Sealer:
         result: ExplorerResult,
         evaluates: bool,
     ):
-        self.cfg, self.explorer, self.lease, self.plan = cfg, explorer, lease, plan
-        self.stream, self.sync, self.monitor, self.result = stream, sync, monitor, result
-        self.evaluates = evaluates  # this task evaluates (rank 0, eval tasksets)
+        self.cfg, self.explorer, self.lease, self.writer = cfg, explorer, lease, writer
+        self.plan, self.stream, self.sync = plan, stream, sync
+        self.monitor, self.result = monitor, result
+        self.evaluates = evaluates  # this task evaluates (rank 0 with eval tasksets)
         self.guard = FailureGuard.from_config(cfg.explorer)
-        buf = cfg.buffer.trainer_input.experience_buffer
-        self.writer = open_buffer_writer(
-            cfg.run_dir,
-            explorer.writer,
-            buf.storage_type,
-            buf.path or "",
-            buf.name,
-            cfg.cluster.node_num,
-        )
 
     def __call__(
         self, step: int, exps: list, share: C.Share, metrics: dict[str, float], after: T.Cursor
