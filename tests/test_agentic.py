@@ -382,14 +382,26 @@ def test_step_wise_grpo_broadcasts_each_runs_last_reward():
     mask = torch.ones(4, 3)
     runs = [(0, 0), (0, 1), (1, 0), (0, 0)]
     adv, metrics = step_wise_grpo_advantages(rewards, ["g", "g", "g", "h"], mask, runs=runs)
-    # run scores 1 and 0: mean 0.5, unbiased std sqrt(0.5); a group of one run gets 0.
-    expected = 0.5 / (0.5**0.5 + 1e-6)
-    assert adv[:, 0].tolist() == pytest.approx([expected, expected, -expected, 0.0])
+    # run scores 1 and 0: mean 0.5, unbiased std sqrt(0.5); a group of one run has Trinity's
+    # mean 0 and std 1: 5 / (1 + 1e-6).
+    expected, single = 0.5 / (0.5**0.5 + 1e-6), 5.0 / (1 + 1e-6)
+    assert adv[:, 0].tolist() == pytest.approx([expected, expected, -expected, single])
     assert metrics["runs"] == 3
     adv, _ = step_wise_grpo_advantages(
         rewards, ["g", "g", "g", "h"], mask, runs=runs, enable_step_norm=True
     )
-    assert adv[:, 0].tolist() == pytest.approx([expected / 2, expected / 2, -expected, 0.0])
+    assert adv[:, 0].tolist() == pytest.approx([expected / 2, expected / 2, -expected, single])
+    # std_threshold: the single-run group gets 0 here (the trainer's read drops it first);
+    # std_cal_level batch divides by the std of the three runs' scores [1, 0, 5]
+    adv, _ = step_wise_grpo_advantages(
+        rewards, ["g", "g", "g", "h"], mask, runs=runs, std_threshold=0.0
+    )
+    assert adv[:, 0].tolist() == pytest.approx([expected, expected, -expected, 0.0])
+    adv, _ = step_wise_grpo_advantages(
+        rewards, ["g", "g", "g", "h"], mask, runs=runs, std_cal_level="batch"
+    )
+    batch = 2.6457513 + 1e-6  # the unbiased std of [1, 0, 5]
+    assert adv[:, 0].tolist() == pytest.approx([0.5 / batch, 0.5 / batch, -0.5 / batch, 5 / batch])
 
 
 def test_multi_step_grpo_preset_and_rows_carry_runs(tmp_path):

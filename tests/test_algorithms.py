@@ -69,13 +69,35 @@ def test_grpo_one_group_unbiased_std_broadcast_and_masked():
     close(metrics["group_std_mean"], 0.5773503)
 
 
-def test_grpo_several_groups_singleton_and_constant_groups_get_zero():
+def test_grpo_several_groups_singleton_passes_its_reward_and_constant_group_gets_zero():
     # group 0: [2, 4] mean 3, std sqrt(2) -> -+1/1.4142146 = -+0.7071065
-    # group 1: [5] alone -> 0; group 2: [1, 1] std 0 -> (1-1)/eps = 0
+    # group 1: [5] alone -> Trinity's mean 0, std 1: 5 / (1 + 1e-6) = 4.999995
+    # group 2: [1, 1] std 0 -> (1-1)/eps = 0
     rewards = T([2.0, 4.0, 5.0, 1.0, 1.0])
     adv, metrics = registry.get_advantage_fn("grpo")(rewards, T([0, 0, 1, 2, 2]), torch.ones(5, 1))
-    close(adv[:, 0], [-0.7071065, 0.7071065, 0.0, 0.0, 0.0])
-    close(metrics["zero_advantage_group_frac"], 1.0 - 2 / 3)  # groups 0 and 2 kept by default
+    close(adv[:, 0], [-0.7071065, 0.7071065, 4.999995, 0.0, 0.0])
+    close(metrics["zero_advantage_group_frac"], 0.0)  # no group skipped without std_threshold
+
+
+def test_grpo_batch_std_and_rank_penalty_as_trinity():
+    # std_cal_level batch: [0, 1 | 3, 3, 4 | 9]: group means 0.5, 3.3333333, (single) 0;
+    # batch unbiased std of all six = 3.1411251
+    rewards, groups = T([0.0, 1.0, 3.0, 3.0, 4.0, 9.0]), [0, 0, 1, 1, 1, 2]
+    adv, _ = registry.get_advantage_fn("grpo", {"std_cal_level": "batch"})(
+        rewards, groups, torch.ones(6, 1)
+    )
+    std = 3.1411251 + 1e-6
+    expected = [-0.5 / std, 0.5 / std, -1 / 3 / std, -1 / 3 / std, 2 / 3 / std, 9 / std]
+    close(adv[:, 0], expected)
+    # rank_penalty 0.5, one group [1, 1, 0] with mean log-probs [-0.1, -0.3, -0.2]: ranks
+    # [2, 0, 1] / 3 -> penalised [1 x (1 - 1/3), 1 x 1, 0] = [0.6666667, 1, 0]: mean 0.5555556,
+    # std 0.5091751; the advantage reads the raw reward: (1 - 0.5555556) / 0.5091761 = 0.8728698,
+    # (0 - 0.5555556) / 0.5091761 = -1.0910873
+    fn = registry.get_advantage_fn("grpo", {"rank_penalty": 0.5})
+    adv, _ = fn(
+        T([1.0, 1.0, 0.0]), [0, 0, 0], torch.ones(3, 1), logprob_means=T([-0.1, -0.3, -0.2])
+    )
+    close(adv[:, 0], [0.8728698, 0.8728698, -1.0910873])
 
 
 def test_grpo_std_threshold_and_mean_only():
@@ -555,6 +577,9 @@ def test_valid_args_lists_config_arguments():
         "epsilon",
         "std_threshold",
         "std_normalize",
+        "std_cal_level",
+        "rank_penalty",
+        "duplicate_experiences",
     ]
     assert registry.valid_args("kl_loss_fn", "k3") == ["loss_agg_mode", "kl_coef"]
     assert "mu_peak" in registry.valid_args("policy_loss_fn", "mix_chord")

@@ -263,3 +263,91 @@ def test_mode_both_trains_the_step_on_the_groups_kept(tmp_path, caplog):
     source = BufferSource(cfg, cfg.run_dir, None)
     assert groups_of(source.next_batch(1, 0)) == ["mixed"]
     assert source.stats()[DROPPED_ALL_CORRECT] == source.stats()[DROPPED_ALL_WRONG] == 2
+
+
+# ----------------------------------------------------------------------------- the advantage's skip
+
+
+def test_std_threshold_drops_groups_as_trinitys_grpo_and_duplicates_kept_ones():
+    import random
+
+    from rft.trainer.experience_ops import DUPLICATED_GROUPS, std_threshold_filter
+
+    # rewards 2 * accuracy - 1: mixed (1, -1) std 1.41; flat (-1, -1) std 0; alone (1,)
+    exps = [*group("mixed", [1, 0]), *group("flat", [0, 0]), *group("alone", [1])]
+    kept, counts = std_threshold_filter(list(exps), threshold=0.0, by_run=False, duplicate=False)
+    assert groups_of(kept) == ["mixed"] and counts == {FILTERED: 3, DROPPED_GROUPS: 2}
+    # a threshold above the mixed group's std drops it too: nothing is left, nothing duplicated
+    kept, counts = std_threshold_filter(list(exps), threshold=1.5, by_run=False, duplicate=True)
+    assert kept == [] and counts == {FILTERED: 5, DROPPED_GROUPS: 3}
+    # duplicate_experiences: each dropped group's place goes to a copy of a kept one, a group of
+    # its own with a new experience id, so the step keeps 3 groups
+    kept, counts = std_threshold_filter(
+        list(exps), threshold=0.0, by_run=False, duplicate=True, rng=random.Random(0)
+    )
+    assert groups_of(kept) == ["mixed", "mixed#dup0", "mixed#dup1"]
+    assert counts[DUPLICATED_GROUPS] == 2 and counts[FILTERED] == 3
+    assert [e.reward for e in kept] == [1.0, -1.0] * 3
+    assert len({e.experience_id for e in kept}) == 6 and exps[0].group_id == "mixed"
+
+
+def test_step_wise_std_threshold_compares_runs_by_their_last_step():
+    from rft.buffer.experience import ENV_STEP_KEY, RUN_KEY
+    from rft.trainer.experience_ops import std_threshold_filter
+
+    def steps(gid, runs):  # runs: per run, the rewards of its steps in order
+        out = []
+        for run, rewards in enumerate(runs):
+            for step, reward in enumerate(rewards):
+                exp = group(gid, [1])[0]
+                exp.reward, exp.info = reward, {RUN_KEY: run, ENV_STEP_KEY: step}
+                out.append(exp)
+        return out
+
+    # "differ": last steps 1 and 0 (kept); "same_last": earlier steps differ, last steps both
+    # 1 (dropped: std 0); "one_run": a single run of three steps (dropped)
+    exps = [*steps("differ", [[0, 1], [0]]), *steps("same_last", [[0, 1], [1]]),
+            *steps("one_run", [[0, 0, 1]])]  # fmt: skip
+    kept, counts = std_threshold_filter(exps, threshold=0.0, by_run=True, duplicate=False)
+    assert groups_of(kept) == ["differ"] and len(kept) == 3
+    assert counts == {FILTERED: 6, DROPPED_GROUPS: 2}
+
+
+def test_the_advantage_skip_runs_after_the_configured_operators(tmp_path, caplog):
+    from rft.trainer.inputs import BufferSource
+
+    cfg = _load(
+        tmp_path,
+        [{"name": "mask_response_truncated"}],
+        buffer={"batch_size": 3, "train_batch_size": 6},
+        algorithm={"algorithm_type": "grpo", "advantage_fn_args": {"std_threshold": 0.0}},
+    )
+    assert "std_threshold (grpo) in mode both" in caplog.text and "no refill" in caplog.text
+    assert len(ExperiencePipeline.from_config(None, cfg.algorithm).operators) == 1
+    assert ExperiencePipeline.from_config(None, None).operators == []
+    _write(cfg, [*group("right", [1, 1]), *group("mixed", [1, 0]), *group("wrong", [0, 0])])
+    source = BufferSource(cfg, cfg.run_dir, None)
+    assert groups_of(source.next_batch(1, 0)) == ["mixed"]
+    assert source.stats()[FILTERED] == 4 and source.stats()[DROPPED_GROUPS] == 2
+
+
+def test_rank_penalty_reads_each_rows_mean_rollout_logprob(tmp_path):
+    from rft.errors import DataError
+    from rft.trainer.algorithm import build_loss_fns
+    from rft.trainer.step import mean_rollout_logprobs
+
+    cfg = _load(
+        tmp_path,
+        algorithm={"algorithm_type": "grpo", "advantage_fn_args": {"rank_penalty": 0.5}},
+    )
+    assert build_loss_fns(cfg.algorithm).advantage_by_logprobs
+    exps = group("g", [1, 0])  # response i: 2 + i tokens, each log-prob -1
+    exps[1].logprobs = [-0.5, -1.0, -3.0]
+    rows = rows_from_experiences(exps)
+    assert mean_rollout_logprobs(rows, [0, 1]).tolist() == pytest.approx([-1.0, -1.5])
+    exps[0].logprobs = []  # a workflow that recorded none
+    with pytest.raises(DataError, match="unset rank_penalty or record them"):
+        mean_rollout_logprobs(rows_from_experiences(exps), [0, 1])
+    bad = _load(tmp_path, algorithm={"advantage_fn_args": {"std_cal_level": "none"}})
+    with pytest.raises(ConfigError, match="std_cal_level: got 'none', expected one of"):
+        build_loss_fns(bad.algorithm)  # as rft-run --dry-run does

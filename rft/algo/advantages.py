@@ -63,29 +63,98 @@ def _batch_metrics(scores: torch.Tensor, advantages: torch.Tensor) -> Metrics:
     }
 
 
+STD_CAL_LEVELS = ("group", "batch")  # Trinity's std_cal_level: whose reward std divides
+
+
+def trinity_group_stats(
+    scores: torch.Tensor, index: torch.Tensor, n_groups: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Trinity's per-group size, mean and std ``[G]`` (GRPOGroupedAdvantage,
+    StepWiseGRPOAdvantageFn): a group of one has mean 0 and std 1, so its reward passes through
+    as r / (1 + epsilon); larger groups their mean and unbiased std (torch.std)."""
+    count, mean, std = _group_stats(scores, index, n_groups)
+    single = count == 1
+    mean = torch.where(single, torch.zeros_like(mean), mean)
+    std = torch.where(single, torch.ones_like(std), std)
+    return count, mean, std
+
+
+def batch_std(scores: torch.Tensor) -> torch.Tensor:
+    """``std_cal_level: batch``'s divisor: the unbiased std of every score in the batch, 1 for a
+    batch of one (Trinity's precomputed_std)."""
+    return scores.std() if scores.numel() > 1 else torch.ones((), device=scores.device)
+
+
+def group_std_kept(
+    count: torch.Tensor, std: torch.Tensor, std_threshold: float | None
+) -> torch.Tensor:
+    """Which groups ``[G]`` Trinity trains on: with ``std_threshold`` only groups of two or more
+    whose reward std is above it (the others are dropped before the batch:
+    :func:`rft.trainer.experience_ops.std_threshold_filter`); without, all."""
+    if std_threshold is None:
+        return torch.ones_like(count, dtype=torch.bool)
+    return (count > 1) & (std > std_threshold)
+
+
+def rank_penalized(
+    scores: torch.Tensor,
+    index: torch.Tensor,
+    n_groups: int,
+    logprob_means: torch.Tensor,
+    penalty: float,
+) -> torch.Tensor:
+    """Trinity's ``rank_penalty`` (arXiv 2506.02355): within each group of two or more, the
+    score of the member whose mean rollout log-prob ranks k-th of n (0: the least likely) is
+    scaled by 1 - (k / n) x ``penalty``. Groups of one are unchanged."""
+    out = scores.clone()
+    for g in range(n_groups):
+        members = (index == g).nonzero(as_tuple=True)[0]  # [n_g]
+        if len(members) < 2:
+            continue
+        ranks = torch.argsort(torch.argsort(logprob_means[members])).float() / len(members)
+        out[members] = scores[members] * (1 - ranks * penalty)
+    return out
+
+
 def grpo_advantages(
     rewards: torch.Tensor,
     group_ids: GroupIds,
     mask: torch.Tensor,
     *,
+    logprob_means: torch.Tensor | None = None,
     epsilon: float = 1e-6,
     std_threshold: float | None = None,
     std_normalize: bool = True,
+    std_cal_level: str = "group",
+    rank_penalty: float | None = None,
+    duplicate_experiences: bool = False,
 ) -> AdvantageOut:
-    """GRPO: A_i = (r_i - mean_g) / (std_g + epsilon) within each group g.
+    """GRPO as Trinity's ``grpo`` (GRPOGroupedAdvantage): A_i = (r_i - mean_g) / (std_g +
+    epsilon) within each group g; a group of one has mean 0 and std 1.
 
-    ``std_normalize=False`` gives A_i = r_i - mean_g (Dr.GRPO). A group whose reward std is
-    <= ``std_threshold`` (all equal, typically) gets 0, as does a group of one.
+    ``std_cal_level: batch`` divides by the std of the whole batch's rewards (the mean stays
+    the group's). ``rank_penalty``: the group's mean and std are taken over rank-penalised
+    rewards (:func:`rank_penalized`, from ``logprob_means`` ``[B]``, each response's mean
+    rollout log-prob) while A_i reads the raw r_i, as in Trinity. ``std_threshold``: groups of
+    one and groups whose std is at most it are dropped before the step (the trainer's read,
+    :func:`rft.trainer.experience_ops.std_threshold_filter`; here they get 0), and with
+    ``duplicate_experiences`` randomly chosen kept groups are repeated in their place (Polaris).
+    ``std_normalize=False`` gives A_i = r_i - mean_g (Dr.GRPO).
     """
+    del duplicate_experiences  # acted on by the trainer's read (std_threshold_filter)
     scores = _scores(rewards, mask)  # [B]
     index, n_groups = group_index(group_ids, scores.device)
-    count, mean, std = _group_stats(scores, index, n_groups)  # [G] each
+    baseline = scores
+    if rank_penalty is not None:
+        if logprob_means is None:
+            raise ValueError("rank_penalty needs each response's mean rollout log-prob")
+        baseline = rank_penalized(scores, index, n_groups, logprob_means.to(scores), rank_penalty)
+    count, mean, std = trinity_group_stats(baseline, index, n_groups)  # [G] each
     adv = scores - mean[index]  # [B]
     if std_normalize:
-        adv = adv / (std[index] + epsilon)
-    keep = count > 1  # [G]
-    if std_threshold is not None:
-        keep = keep & (std > std_threshold)
+        divisor = batch_std(scores) if std_cal_level == "batch" else std[index]
+        adv = adv / (divisor + epsilon)
+    keep = group_std_kept(count, std, std_threshold)  # [G]
     adv = torch.where(keep[index], adv, torch.zeros_like(adv))  # [B]
     metrics = _batch_metrics(scores, adv)
     metrics["group_std_mean"] = std.mean().item()
@@ -212,6 +281,24 @@ def _group_logavgexp(
     return tau * (group_max + torch.log(sum_exp / count))  # [G]
 
 
+def last_step_scores(
+    group_ids: GroupIds, runs: Sequence[tuple[int, int]], scores: Sequence[float]
+) -> tuple[
+    list[tuple[Hashable, int]], dict[tuple[Hashable, int], float], dict[tuple[Hashable, int], int]
+]:
+    """Step-wise rows (``runs[i]`` = (run, env step) of row i in group ``group_ids[i]``) ->
+    each row's run key (group, run), each run's score (its last env step's) and step count."""
+    keys = group_ids.tolist() if isinstance(group_ids, torch.Tensor) else list(group_ids)
+    run_of = [(g, run) for g, (run, _) in zip(keys, runs)]
+    last: dict[tuple, tuple[int, float]] = {}  # run -> (its last env step, that step's score)
+    steps: dict[tuple, int] = {}
+    for key, (_, step), score in zip(run_of, runs, scores):
+        steps[key] = steps.get(key, 0) + 1
+        if key not in last or step >= last[key][0]:
+            last[key] = (step, score)
+    return run_of, {k: v[1] for k, v in last.items()}, steps
+
+
 def step_wise_grpo_advantages(
     rewards: torch.Tensor,
     group_ids: GroupIds,
@@ -220,26 +307,27 @@ def step_wise_grpo_advantages(
     runs: Sequence[tuple[int, int]],
     epsilon: float = 1e-6,
     enable_step_norm: bool = False,
+    std_cal_level: str = "group",
+    std_threshold: float | None = None,
 ) -> AdvantageOut:
-    """Multi-step GRPO (Trinity's ``step_wise_grpo``): each run of a task (``runs[i]`` = (run,
-    env step) of row i) scores the reward of its last step; runs of one group are compared as
-    GRPO, (score - mean_g) / (std_g + epsilon); every step of a run gets its run's advantage,
-    divided by the run's step count with ``enable_step_norm``. A group of one run gets 0."""
+    """Multi-step GRPO (Trinity's ``step_wise_grpo``, StepWiseGRPOAdvantageFn): each run of a
+    task (``runs[i]`` = (run, env step) of row i) scores the reward of its last step; runs of one
+    group are compared as GRPO, (score - mean_g) / (std_g + epsilon), a group of one run having
+    mean 0 and std 1 (``std_cal_level: batch``: the std of every run's score in the batch);
+    every step of a run gets its run's advantage, divided by the run's step count with
+    ``enable_step_norm``. ``std_threshold``: groups of one run, and groups whose runs' score std
+    is at most it, are dropped before the step (the trainer's read,
+    :func:`rft.trainer.experience_ops.std_threshold_filter`; here they get 0)."""
     scores = _scores(rewards, mask)  # [B]
-    keys = group_ids.tolist() if isinstance(group_ids, torch.Tensor) else list(group_ids)
-    run_of = [(g, run) for g, (run, _) in zip(keys, runs)]
-    last: dict[tuple, tuple[int, float]] = {}  # run -> (its last env step, that step's score)
-    steps: dict[tuple, int] = {}
-    for key, (_, step), score in zip(run_of, runs, scores.tolist()):
-        steps[key] = steps.get(key, 0) + 1
-        if key not in last or step >= last[key][0]:
-            last[key] = (step, score)
+    run_of, last, steps = last_step_scores(group_ids, runs, scores.tolist())
     run_keys = list(last)
-    run_scores = torch.tensor([last[k][1] for k in run_keys], dtype=torch.float32)  # [R]
+    run_scores = torch.tensor([last[k] for k in run_keys], dtype=torch.float32)  # [R]
     index, n_groups = group_index([k[0] for k in run_keys])
-    count, mean, std = _group_stats(run_scores, index, n_groups)  # [G] each
-    run_adv = (run_scores - mean[index]) / (std[index] + epsilon)  # [R]
-    run_adv = torch.where(count[index] > 1, run_adv, torch.zeros_like(run_adv))
+    count, mean, std = trinity_group_stats(run_scores, index, n_groups)  # [G] each
+    divisor = batch_std(run_scores) if std_cal_level == "batch" else std[index]  # [R] or []
+    run_adv = (run_scores - mean[index]) / (divisor + epsilon)  # [R]
+    keep = group_std_kept(count, std, std_threshold)  # [G]
+    run_adv = torch.where(keep[index], run_adv, torch.zeros_like(run_adv))
     if enable_step_norm:
         run_adv = run_adv / torch.tensor([float(steps[k]) for k in run_keys])
     by_run = dict(zip(run_keys, run_adv.tolist()))

@@ -13,6 +13,7 @@ import math
 from typing import Any, Callable, Mapping
 
 from rft.algo.advantages import ADVANTAGE_FNS as _BASE_ADVANTAGE_FNS
+from rft.algo.advantages import STD_CAL_LEVELS
 from rft.algo.critic import gae_advantages
 from rft.algo.distill import DISTILL_ADVANTAGE_FNS, DISTILL_LOSSES
 from rft.algo.dpo import dpo_loss
@@ -59,6 +60,7 @@ _CONTEXT_PARAMS = frozenset(
         "old_logprobs",
         "teacher_logprobs",
         "m2po_mask",
+        "logprob_means",
     }
 )
 
@@ -79,6 +81,9 @@ _VALUE_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "epsilon": (lambda v: _is_number(v) and v > 0, "a number > 0"),
     "std_threshold": (lambda v: v is None or (_is_number(v) and v >= 0), "null or a number >= 0"),
     "std_normalize": (lambda v: isinstance(v, bool), "true or false"),
+    "std_cal_level": (lambda v: v in STD_CAL_LEVELS, f"one of {list(STD_CAL_LEVELS)}"),
+    "rank_penalty": (lambda v: v is None or _is_number(v), "null or a number"),
+    "duplicate_experiences": (lambda v: isinstance(v, bool), "true or false"),
     "whiten": (lambda v: isinstance(v, bool), "true or false"),
     "gamma": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),
     "lam": (lambda v: _is_number(v) and 0 <= v <= 1, "a number in [0, 1]"),

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 
+from rft.config.names import STD_THRESHOLD_SKIP
 from rft.config.schema import Config, TasksetConfig
 from rft.config.typed_dict import not_supported
 from rft.errors import ConfigError
@@ -110,10 +111,33 @@ def _check_experience_buffer(cfg: Config) -> None:
         )
 
 
+def _group_skip(cfg: Config) -> str:
+    """What drops whole groups as the trainer reads (named for the warning; "" if nothing):
+    dapo_dynamic_sampling, and the std_threshold of a grpo or step_wise_grpo advantage."""
+    pipeline = cfg.data_processor.experience_pipeline
+    names = [op.name for op in (pipeline.operators if pipeline else [])]
+    parts = ["dapo_dynamic_sampling"] if "dapo_dynamic_sampling" in names else []
+    algo = cfg.algorithm
+    if (
+        algo.advantage_fn in STD_THRESHOLD_SKIP
+        and algo.advantage_fn_args.get("std_threshold") is not None
+    ):
+        parts.append(f"algorithm.advantage_fn_args.std_threshold ({algo.advantage_fn})")
+    return " and ".join(parts)
+
+
 def check_experience_pipeline(cfg: Config) -> None:
     """The experience operators act where the trainer reads rollouts (rft.trainer.inputs), not
     in the explorer as in Trinity: refused where they would do nothing."""
     pipeline = cfg.data_processor.experience_pipeline
+    skip = _group_skip(cfg)
+    if cfg.mode == "both" and skip:
+        log.warning(
+            "%s in mode both: each step trains on the groups it keeps from its own rollouts (no "
+            "refill from later steps, unlike Trinity's queue); for full batches run mode explore "
+            "+ mode train with it in the trainer's config",
+            skip,
+        )
     if pipeline is None or not pipeline.operators:
         return
     key = "data_processor.experience_pipeline.operators"
@@ -127,10 +151,4 @@ def check_experience_pipeline(cfg: Config) -> None:
         raise ConfigError(
             f"{key}: they act on rollouts, but this trainer reads a dataset "
             "(buffer.trainer_input.experience_buffer.storage_type: file); remove them"
-        )
-    if cfg.mode == "both" and any(op.name == "dapo_dynamic_sampling" for op in pipeline.operators):
-        log.warning(
-            "dapo_dynamic_sampling in mode both: each step trains on the groups it keeps from its "
-            "own rollouts (no refill from later steps, unlike Trinity's queue); for full batches "
-            "run mode explore + mode train with the operators in the trainer's config"
         )

@@ -117,6 +117,10 @@ NEEDS_CRITIC = frozenset({"ppo"})  # advantage_fn names that need a critic model
 # take each row's experience info too (infos=...: GiGPO's step reward and state hash).
 BY_RUN = frozenset({"step_wise_grpo", "gigpo"})
 BY_INFO = frozenset({"gigpo"})
+# advantage_fn names whose std_threshold drops whole groups before a step (Trinity's group
+# skip; rft.trainer.experience_ops.std_threshold_filter), and of them those whose groups are
+# compared by their runs' last-step rewards.
+STD_THRESHOLD_SKIP = frozenset({"grpo", "step_wise_grpo"})
 # LoRA: the max_lora_rank values vLLM 0.32 accepts (vllm.config.lora.MaxLoRARanks); the engine
 # rounds lora_rank up to the next one, the config rules refuse a rank above the last.
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)

@@ -63,6 +63,8 @@ class LossFns:
     gae: Callable[..., Any] | None = None
     advantage_by_run: bool = False  # the advantage takes each row's (run, env step): runs=...
     advantage_by_info: bool = False  # ... and each row's experience info: infos=... (gigpo)
+    # the advantage takes each row's mean rollout log-prob: logprob_means=... (grpo rank_penalty)
+    advantage_by_logprobs: bool = False
     # the advantage takes old_logprobs= and teacher_logprobs= (on_policy_distill, jsd)
     advantage_by_teacher: bool = False
     # policy_loss_fn m2po: its mask's m2_threshold, applied per mini-batch (rft.trainer.m2po)
@@ -160,6 +162,8 @@ def build_loss_fns(algo: AlgorithmConfig) -> LossFns:
         gae=get_gae_fn(algo.advantage_fn_args) if gae else None,
         advantage_by_run=algo.advantage_fn in names.BY_RUN,
         advantage_by_info=algo.advantage_fn in names.BY_INFO,
+        advantage_by_logprobs=algo.advantage_fn == "grpo"
+        and algo.advantage_fn_args.get("rank_penalty") is not None,
         advantage_by_teacher=algo.advantage_fn in names.NEEDS_TEACHER,
         m2po_threshold=float(policy_args.get("m2_threshold", M2_THRESHOLD))
         if algo.policy_loss_fn == "m2po"

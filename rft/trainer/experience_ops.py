@@ -2,22 +2,28 @@
 
 Trinity runs them in its explorer before the trainer's queue (trinity/buffer/pipelines/
 experience_pipeline.py); rft runs them as :class:`~rft.trainer.inputs.BufferSource` reads whole
-groups, so the explorer writes every experience. Data in: experiences in whole groups and
-``data_processor.experience_pipeline``. Data out: the experiences kept (truncated ones masked)
-and the step's counts as metrics. Pure functions over experiences; no tensors, no I/O.
+groups, so the explorer writes every experience. After them, as Trinity's advantage runs after
+its pipeline, the ``std_threshold`` group skip of the ``grpo`` and ``step_wise_grpo``
+advantages. Data in: experiences in whole groups, ``data_processor.experience_pipeline`` and
+``algorithm``. Data out: the experiences kept (truncated ones masked) and the step's counts as
+metrics. Pure functions over experiences; no tensors, no I/O.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import math
+import random
 import statistics
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable, Optional, Sequence
 
-from rft.buffer.experience import Experience
-from rft.config.names import EXPERIENCE_OPERATORS
+from rft.algo.advantages import last_step_scores
+from rft.buffer.experience import ENV_STEP_KEY, RUN_KEY, Experience, new_experience_id
+from rft.config.names import EXPERIENCE_OPERATORS, STD_THRESHOLD_SKIP
 from rft.config.schema import (
+    AlgorithmConfig,
     DynamicSamplingArgs,
     ExperiencePipelineConfig,
     OperatorConfig,
@@ -32,8 +38,10 @@ DROPPED_ALL_CORRECT = f"{PIPELINE_PREFIX}dropped_all_correct"  # of those, in al
 DROPPED_ALL_WRONG = f"{PIPELINE_PREFIX}dropped_all_wrong"  # of those, in all-wrong groups
 DROPPED_GROUPS = f"{PIPELINE_PREFIX}dropped_groups"  # whole groups the group filters dropped
 EXPERIENCE_COUNT = f"{PIPELINE_PREFIX}experience_count"  # experiences the operators kept
+DUPLICATED_GROUPS = f"{PIPELINE_PREFIX}duplicated_groups"  # copies put in dropped groups' place
 
 Counts = dict[str, int]
+Operator = Callable[[list[Experience]], tuple[list[Experience], Counts]]
 
 
 def mask_response_truncated(exps: list[Experience]) -> tuple[list[Experience], Counts]:
@@ -111,6 +119,70 @@ def invalid_reward_filter(exps: list[Experience]) -> tuple[list[Experience], Cou
     return kept, {FILTERED: len(exps) - len(kept)}
 
 
+def _group_std(group: list[Experience], by_run: bool) -> tuple[int, float]:
+    """A group's member count and unbiased reward std (0 for one member): its experiences', or
+    with ``by_run`` its runs' last-step rewards (step-wise GRPO compares runs)."""
+    if by_run:
+        runs = [(int(e.info.get(RUN_KEY, 0)), int(e.info.get(ENV_STEP_KEY, 0))) for e in group]
+        _, last, _ = last_step_scores([""] * len(group), runs, [e.reward for e in group])
+        scores = list(last.values())
+    else:
+        scores = [e.reward for e in group]
+    return len(scores), statistics.stdev(scores) if len(scores) > 1 else 0.0
+
+
+def std_threshold_filter(
+    exps: list[Experience],
+    *,
+    threshold: float,
+    by_run: bool,
+    duplicate: bool,
+    rng: Optional[random.Random] = None,
+) -> tuple[list[Experience], Counts]:
+    """The group skip of Trinity's ``grpo`` and ``step_wise_grpo`` advantages
+    (``advantage_fn_args.std_threshold``): a group of one member (run, with ``by_run``) or whose
+    rewards' unbiased std is at most ``threshold`` is dropped whole, before the step, so its
+    tokens count in no loss denominator. With ``duplicate`` (``duplicate_experiences``, Polaris)
+    each dropped group's place is taken by a copy of a kept group drawn at random, a group of
+    its own (its id suffixed ``#dup<k>``): the step keeps its group count unless all were
+    dropped."""
+    rng = rng or random.Random()
+    kept: list[list[Experience]] = []
+    dropped = 0
+    for group in _groups(exps).values():
+        count, std = _group_std(group, by_run)
+        if count > 1 and std > threshold:
+            kept.append(group)
+        else:
+            dropped += 1
+    counts = {FILTERED: len(exps) - sum(map(len, kept)), DROPPED_GROUPS: dropped}
+    out = [e for group in kept for e in group]
+    if duplicate and kept and dropped:
+        for k in range(dropped):
+            for exp in rng.choice(kept):
+                twin = copy.deepcopy(exp)
+                twin.group_id = f"{exp.group_id}#dup{k}"
+                twin.experience_id = new_experience_id()
+                out.append(twin)
+        counts[DUPLICATED_GROUPS] = dropped
+    return out, counts
+
+
+def advantage_operator(algorithm: AlgorithmConfig) -> Operator | None:
+    """The std_threshold group skip of the configured advantage (:func:`std_threshold_filter`),
+    run after the configured operators as Trinity's advantage runs after its pipeline; None
+    when the advantage drops no groups."""
+    args = algorithm.advantage_fn_args
+    if algorithm.advantage_fn not in STD_THRESHOLD_SKIP or args.get("std_threshold") is None:
+        return None
+    return functools.partial(
+        std_threshold_filter,
+        threshold=float(args["std_threshold"]),
+        by_run=algorithm.advantage_fn == "step_wise_grpo",
+        duplicate=bool(args.get("duplicate_experiences", False)),
+    )
+
+
 # pass_rate_calculator's metrics (Trinity's selection/ names, trinity/buffer/operators/mappers/
 # pass_rate_calculator.py): each the share of the step's tasks whose pass rate p (the mean
 # reward of the task's experiences) is in the band.
@@ -163,9 +235,6 @@ def _groups(exps: list[Experience]) -> dict[str, list[Experience]]:
     return groups
 
 
-Operator = Callable[[list[Experience]], tuple[list[Experience], Counts]]
-
-
 # name -> the operator's function with its configured arguments bound
 BUILDERS: dict[str, Callable[[OperatorConfig], Operator]] = {
     "mask_response_truncated": lambda op: mask_response_truncated,
@@ -189,8 +258,13 @@ class ExperiencePipeline:
     counts: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def from_config(cls, cfg: ExperiencePipelineConfig | None) -> ExperiencePipeline:
-        return cls([BUILDERS[op.name](op) for op in (cfg.operators if cfg else [])])
+    def from_config(
+        cls, cfg: ExperiencePipelineConfig | None, algorithm: AlgorithmConfig | None = None
+    ) -> ExperiencePipeline:
+        """The configured operators, then the advantage's group skip (:func:`advantage_operator`)."""
+        operators = [BUILDERS[op.name](op) for op in (cfg.operators if cfg else [])]
+        skip = advantage_operator(algorithm) if algorithm is not None else None
+        return cls(operators + ([skip] if skip is not None else []))
 
     def start_step(self) -> None:
         self.counts = {}

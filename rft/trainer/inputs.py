@@ -86,7 +86,10 @@ class BufferSource:
         self.fence = fence  # checked before each archive write
         self.timed_out = False  # mode train: the input ended because nothing came in time
         # data_processor.experience_pipeline: applied to each read (rft.trainer.experience_ops)
-        self.pipeline = ExperiencePipeline.from_config(cfg.data_processor.experience_pipeline)
+        # then the advantage's std_threshold group skip
+        self.pipeline = ExperiencePipeline.from_config(
+            cfg.data_processor.experience_pipeline, cfg.algorithm
+        )
         # replay_buffer.enable: groups go through Trinity's priority queue (rft.buffer.replay)
         self.replay = (
             replay.ReplayBuffer.from_config(buf.replay_buffer, buf.capacity)
@@ -200,7 +203,9 @@ class BufferSource:
         assert self.replay is not None
         refs = [tuple(e["ref"]) for k in ("queued", "cooling") for e in state.get(k, [])]
         found = self.reader.reload_groups(refs)
-        pipeline = ExperiencePipeline.from_config(self.cfg.data_processor.experience_pipeline)
+        pipeline = ExperiencePipeline.from_config(
+            self.cfg.data_processor.experience_pipeline, self.cfg.algorithm
+        )
         groups = {}
         for ref, group in found.items():
             for kept in replay.split_groups(pipeline.apply(group)):

@@ -36,6 +36,7 @@ from rft.trainer.algorithm import LossFns
 from rft.trainer.batching import (
     MetricSums,
     MicroBatch,
+    Rows,
     micro_loss_scale,
     micro_source,
     source_fractions,
@@ -81,6 +82,8 @@ def _advantages(
     context = {"runs": [rows.runs[i] for i in rollout]} if fns.advantage_by_run else {}
     if fns.advantage_by_info:
         context["infos"] = [rows.infos[i] for i in rollout]
+    if fns.advantage_by_logprobs:  # rank_penalty: each response's mean rollout log-prob
+        context["logprob_means"] = mean_rollout_logprobs(rows, rollout)
     if fns.advantage_by_teacher:  # on-policy distillation: the teacher's per-token log-probs
         # recomputed old log-probs are this rank's rows only: the advantage (and its metrics,
         # reported by rank 0) reads every row
@@ -92,6 +95,21 @@ def _advantages(
     )  # [n, R]
     adv[rollout] = part
     return adv, None, {**metrics, **adv_metrics}
+
+
+def mean_rollout_logprobs(rows: Rows, which: list[int]) -> torch.Tensor:
+    """Each row's mean vLLM log-prob over its response tokens ``[n]`` (Trinity's rank_penalty
+    ranks a group's responses by it); a row that came without log-probs cannot be ranked."""
+    missing = [i for i in which if not bool(rows.has_logprobs[i])]
+    if missing:
+        raise DataError(
+            f"algorithm.advantage_fn_args.rank_penalty ranks responses by their rollout "
+            f"log-probs, but {len(missing)} of the step's rows came without them (a workflow "
+            "that builds experiences without logprobs); unset rank_penalty or record them"
+        )
+    mask = rows.response_mask[which]  # [n, R]
+    total = (rows.rollout_logprobs[which] * mask).sum(dim=-1)  # [n]
+    return total / mask.sum(dim=-1).clamp(min=1)
 
 
 def _correction_rows(
