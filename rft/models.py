@@ -14,8 +14,9 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
+from rft.config.auxiliary import shared_auxiliary
 from rft.config.teacher import uses_teacher
 from rft.errors import CheckpointError, ConfigError, DataError
 
@@ -284,6 +285,22 @@ def auxiliary_kinds(cfg: Config) -> list[str]:
         else auxiliary_folder_kind(m.model_path, f"explorer.auxiliary_models[{i}].model_path")
         for i, m in enumerate(cfg.explorer.auxiliary_models)
     ]
+
+
+def check_shared_kinds(cfg: Config, kinds: Sequence[str]) -> None:
+    """ConfigError when a shared auxiliary model (:func:`rft.config.auxiliary.shared_auxiliary`) is not a generative
+    one: a reward model scores each explorer task's samples in that task (``kinds``: each
+    entry's kind, :func:`auxiliary_kinds`)."""
+    rollout = cfg.explorer.rollout_model
+    for i in shared_auxiliary(cfg):
+        if kinds[i] != GENERATIVE:
+            model = cfg.explorer.auxiliary_models[i]
+            raise ConfigError(
+                f"explorer.auxiliary_models[{i}].engine_num={model.engine_num} differs from "
+                f"explorer.rollout_model.engine_num={rollout.engine_num}, which shares the model "
+                f"between the explorer tasks, but {model.model_path} is a {kinds[i]}: it scores "
+                f"each task's samples inside that task; set its engine_num to {rollout.engine_num}"
+            )
 
 
 def tokenizer_length(folder: Path | str) -> int:

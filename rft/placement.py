@@ -127,9 +127,12 @@ def local_gpu_ids(
     tensor_parallel_size: int,
     gpus: int,
     auxiliary_tp: Sequence[int] = (),
+    shared: Sequence[int] = (),
 ) -> tuple[list[list[int]], list[int]]:
     """GPU ids per explorer task (its engine's, then its auxiliary models', :func:`task_gpus`)
-    and for the trainer on this machine (all empty without GPUs)."""
+    and for the trainer on this machine (all empty without GPUs). ``shared``: the GPU count of
+    each task of the shared auxiliary engines' group, whose GPUs follow the explorers'
+    (:func:`shared_gpu_ids`); the trainer's follow theirs."""
     if gpus == 0:
         return [[] for _ in range(engine_num)], []
     per_task = task_gpus(tensor_parallel_size, auxiliary_tp)
@@ -138,7 +141,7 @@ def local_gpu_ids(
         if mode in EXPLORER_MODES
         else []
     )
-    used = sum(len(ids) for ids in explorers)
+    used = sum(len(ids) for ids in explorers) + (sum(shared) if explorers else 0)
     trainer = list(range(used, gpus)) if mode in TRAINER_MODES else []
     if used > gpus or (mode in TRAINER_MODES and not trainer):
         models = " (with their explorer.auxiliary_models)" if auxiliary_tp else ""
@@ -147,6 +150,20 @@ def local_gpu_ids(
             "trainer at least 1; lower explorer.rollout_model.engine_num"
         )
     return explorers, trainer
+
+
+def shared_gpu_ids(explorers: Sequence[Sequence[int]], shared: Sequence[int]) -> list[list[int]]:
+    """GPU ids of each task of the shared auxiliary engines' group on this machine (``shared``:
+    each task's count), after the explorer tasks' (``explorers``, :func:`local_gpu_ids`);
+    empty lists without GPUs."""
+    first = max((i + 1 for ids in explorers for i in ids), default=0)
+    if not first:
+        return [[] for _ in shared]
+    out = []
+    for count in shared:
+        out.append(list(range(first, first + count)))
+        first += count
+    return out
 
 
 LOCAL_TRAINER_RANKS_VAR = "RFT_LOCAL_TRAINER_RANKS"  # trainer ranks of a local run without GPUs
@@ -186,6 +203,20 @@ def explorer_rank(env: Mapping[str, str]) -> TaskRank:
     keys = (
         ("RFT_EXPLORER_RANK", "RFT_EXPLORER_COUNT")
         if "RFT_EXPLORER_RANK" in env
+        else ("SLURM_PROCID", "SLURM_NTASKS")
+    )
+    rank, count = int(env.get(keys[0], 0)), int(env.get(keys[1], 1))
+    if not 0 <= rank < count:
+        raise ConfigError(f"{keys[0]}={rank} is outside 0..{count - 1} ({keys[1]}={count})")
+    return TaskRank(rank, count, *keys)
+
+
+def auxiliary_rank(env: Mapping[str, str]) -> TaskRank:
+    """A task of the shared auxiliary engines' group (rft.explorer.auxiliary_server):
+    RFT_AUXILIARY_RANK/COUNT, else SLURM_PROCID/NTASKS."""
+    keys = (
+        ("RFT_AUXILIARY_RANK", "RFT_AUXILIARY_COUNT")
+        if "RFT_AUXILIARY_RANK" in env
         else ("SLURM_PROCID", "SLURM_NTASKS")
     )
     rank, count = int(env.get(keys[0], 0)), int(env.get(keys[1], 1))

@@ -27,6 +27,7 @@ WEIGHTS_GROUP = (
 CHECKPOINT_POINTER = "latest_checkpointed_iteration.txt"  # newest complete full checkpoint
 TRAINER_META = "trainer_meta.json"  # the newest checkpoint's metadata
 EXPLORERS_DIR = "explorers"  # explorers/<writer>.json: explorer heartbeats
+AUXILIARY_DIR = "auxiliary"  # auxiliary/<model>-<engine>.json: where a shared judge listens
 EXPLORER_META = "explorer_meta.json"  # explorer task cursors
 FAILURES_DIR = (
     "failures"  # failures/<writer>.json: why an explorer task stopped (rft.sync.failures)

@@ -35,11 +35,11 @@ def test_asymre_shifts_the_group_mean_down_and_keeps_a_lone_reward():
     assert _adv("asymre", [1, 0], ["a", "a"], baseline_shift=0.0) == pytest.approx([0.5, -0.5])
 
 
-def test_grpo_verl_keeps_a_lone_reward_where_grpo_zeroes_it():
+def test_grpo_verl_and_grpo_keep_a_lone_reward_as_trinity():
     # [1, 0]: mean 0.5, unbiased std 0.7071068 -> +-0.5 / 0.7071078; lone 2 -> 2 / (1 + 1e-6)
     got = _adv("grpo_verl", [1, 0, 2], ["a", "a", "b"])
     assert got == pytest.approx([0.7071058, -0.7071058, 1.999998], abs=1e-6)
-    assert _adv("grpo", [1, 0, 2], ["a", "a", "b"])[2] == 0.0
+    assert _adv("grpo", [1, 0, 2], ["a", "a", "b"]) == pytest.approx(got, abs=1e-6)
 
 
 def test_rec_mean_baseline_population_std_and_lone_reward():

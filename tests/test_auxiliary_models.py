@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from rft.config.auxiliary import shared_auxiliary
 from rft.errors import ConfigError, DataError
 from rft.models import GENERATIVE, REWARD_MODEL, TEACHER, auxiliary_folder_kind, auxiliary_kinds
 from rft.placement import Devices, auxiliary_devices
@@ -75,22 +76,16 @@ def test_a_judge_configs_messages_name_the_actual_cause(tmp_path, vllm_model_dir
         "a judge, or a reward model",
     ):
         agent_cfg(tmp_path, vllm_model_dir, data, "judge_workflow", auxiliary_models=[{}])
-    # Trinity's judge layout: one judge engine for all explorers
-    with pytest.raises(
-        ConfigError,
-        match=r"engine_num=1 differs from explorer.rollout_model.engine_num=2: rft runs one copy "
-        r"of each auxiliary model inside each explorer task, next to its rollout engine \(a "
-        r"judge's vLLM engine, a reward model's scorer\).*set explorer.auxiliary_models\[0\]"
-        r".engine_num to 2",
-    ):
-        agent_cfg(
-            tmp_path,
-            vllm_model_dir,
-            data,
-            "judge_workflow",
-            rollout_model={"engine_num": 2},
-            auxiliary_models=[{"model_path": str(vllm_model_dir), "engine_num": 1}],
-        )
+    # Trinity's judge layout, one judge engine for all explorers: shared (test_shared_auxiliary)
+    shared = agent_cfg(
+        tmp_path,
+        vllm_model_dir,
+        data,
+        "judge_workflow",
+        rollout_model={"engine_num": 2},
+        auxiliary_models=[{"model_path": str(vllm_model_dir), "engine_num": 1}],
+    )
+    assert shared_auxiliary(shared) == [0]
     # Trinity's judge keys: gpu_memory_utilization is read; a parser is refused with the reason
     cfg = judge_cfg(tmp_path, vllm_model_dir, vllm_model_dir)
     assert cfg.explorer.auxiliary_models[0].gpu_memory_utilization == 0.9

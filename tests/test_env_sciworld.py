@@ -22,6 +22,7 @@ from rft.workflow.envs.sciworld_data import TRAIN_TASKS, make_rows
 from rft.workflow.model import ModelWrapper
 from rft.workflow.task import GenerationConfig, Task
 from tests.helpers.runs import rft_run, write_jsonl
+from tests.helpers.sciworld_env import ScriptedEnv
 
 EXAMPLE = Path(__file__).resolve().parent / "fixtures" / "trinity_examples" / "grpo_sciworld.yaml"
 needs_jvm = pytest.mark.skipif(
@@ -62,31 +63,6 @@ def test_task_desc_is_trinitys_json_and_a_bad_one_says_how_to_make_it():
     assert sciworld.parse_task({"task_name": "melt", "var_num": 0}).task_name == "melt"
     with pytest.raises(WorkflowError, match="sciworld_data"):
         sciworld.parse_task("0")
-
-
-class ScriptedEnv:
-    """ScienceWorld's reset/step signature; each step's score change comes from ``deltas``."""
-
-    def __init__(self, deltas, done_at=None):
-        self.deltas, self.done_at, self.closed, self.actions = list(deltas), done_at, False, []
-
-    def get_gold_action_sequence(self):
-        return ["a", "b", "c"]
-
-    def reset(self):
-        self.moves = 0
-        return "You are in the hallway.", {}
-
-    def get_task_description(self):
-        return "Your task is to boil water."
-
-    def step(self, action):
-        self.actions.append(action)
-        self.moves += 1
-        return f"moved {self.moves}", self.deltas[self.moves - 1], self.moves == self.done_at, {}
-
-    def close(self):
-        self.closed = True
 
 
 class Replies:

@@ -16,7 +16,7 @@ from rft.config.external import check_external_mode, external_endpoint
 from rft.config.load import config_from_dict
 from rft.errors import ConfigError, RftError
 from rft.explorer.bench import run_bench
-from rft.explorer.external import request_args
+from rft.explorer.endpoint_client import request_args
 from rft.workflow import Workflow
 
 MODEL = "scripted-model"

@@ -133,7 +133,7 @@ def test_the_dry_run_shows_the_runs_memory_on_a_machine_without_gpus(vllm_model_
 
     text = dry_run(load_config(CPU_CONFIG, overrides(vllm_model_dir)), str(CPU_CONFIG))
     line = next(line for line in text.splitlines() if line.strip().startswith("memory "))
-    assert re.search(r"up to about [\d.]+ GB, 1 explorer\(s\) x [\d.]+, \d trainer rank\(s\) x [\d.]+ \(micro-batches of up to \d+ tokens\); [\d.]+ GB available", line), line  # fmt: skip
+    assert re.search(r"up to about [\d.]+ GB, 1 vLLM process\(es\) x [\d.]+, \d trainer rank\(s\) x [\d.]+ \(micro-batches of up to \d+ tokens\); [\d.]+ GB available", line), line  # fmt: skip
 
 
 def test_the_benchmarks_memory_sampler_sums_a_process_tree(tmp_path):

@@ -12,7 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from rft.config.auxiliary import RewardWeights, scoring_max_len, split_reward_weights
+from rft.config.auxiliary import (
+    RewardWeights,
+    scoring_max_len,
+    split_reward_weights,
+)
 from rft.config.gpus import split_gpus
 from rft.config.load import config_from_dict, load_config
 from rft.config.schema import AuxiliaryModelConfig, FormatConfig, TasksetConfig
@@ -30,7 +34,7 @@ from rft.explorer.reward_model import (
 from rft.launch import slurm
 from rft.launch.cli import dry_run
 from rft.launch.preflight import _role_lines
-from rft.models import check_critic_dir, check_reward_model_dir
+from rft.models import REWARD_MODEL, check_critic_dir, check_reward_model_dir, check_shared_kinds
 from rft.placement import Devices, gpu_split, local_gpu_ids, scorer_gpu_index, task_gpus
 from rft.workflow.rewards import combine_reward, reward_model_part_names
 from rft.workflow.single_turn import get_workflow
@@ -375,13 +379,13 @@ def test_slurm_explorer_tasks_hold_their_reward_models_gpus(tmp_path):
 def test_reward_model_config_checks(tmp_path):
     data = base_config(tmp_path)
     data["explorer"]["auxiliary_models"][0]["engine_num"] = 1
-    with pytest.raises(
+    shared = config_from_dict(data)  # another engine_num shares the model between the tasks,
+    with pytest.raises(  # which a reward model cannot be (the dry run knows its kind)
         ConfigError,
         match=r"explorer.auxiliary_models\[0\].engine_num=1 differs from "
-        r"explorer.rollout_model.engine_num=2.*set explorer."
-        r"auxiliary_models\[0\].engine_num to 2",
+        r"explorer.rollout_model.engine_num=2.*is a reward model.*set its engine_num to 2",
     ):
-        config_from_dict(data)
+        check_shared_kinds(shared, [REWARD_MODEL])
     data = base_config(tmp_path)
     data["explorer"]["auxiliary_models"][0]["model_path"] = ""
     with pytest.raises(ConfigError, match="model_path is empty"):
@@ -400,9 +404,8 @@ def test_reward_model_config_checks(tmp_path):
     data = base_config(tmp_path)
     data["explorer"]["auxiliary_models"][0].update(
         max_prompt_tokens=100, max_response_tokens=50, max_model_len=120
-    )
-    with pytest.raises(ConfigError, match="exceeds max_model_len=120"):
-        config_from_dict(data)
+    )  # as Trinity: a call's max_tokens is cut to the room its context leaves
+    assert scoring_max_len(config_from_dict(data).explorer.auxiliary_models[0]) == 120
     cfg = config_from_dict(base_config(tmp_path, cluster={"node_num": 1, "gpu_per_node": 0}))
     assert cfg.explorer.auxiliary_models[0].engine_num == 2  # CPU description: no GPU count
 

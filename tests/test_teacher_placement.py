@@ -18,6 +18,7 @@ from rft.config.gpus import split_gpus
 from rft.config.load import config_from_dict
 from rft.config.teacher import explorer_scorers, teacher_in_trainer
 from rft.errors import ConfigError
+from rft.models import REWARD_MODEL, check_shared_kinds
 from tests.helpers.fake_engine import (
     BigramLM,
     FakeEngine,
@@ -66,8 +67,9 @@ def test_a_teacher_per_explorer_runs_in_each_explorer_task():
 
 
 def test_reward_models_keep_the_per_explorer_rule():
+    cfg = _cfg(algorithm_type="grpo")  # no teacher: another engine_num shares the model,
     with pytest.raises(ConfigError, match=r"auxiliary_models\[0\].engine_num=1 differs from "):
-        _cfg(algorithm_type="grpo")
+        check_shared_kinds(cfg, [REWARD_MODEL])  # which a reward model cannot be (dry run)
 
 
 def test_the_teacher_in_the_trainer_counts_no_explorer_gpus_in_the_split_check():

@@ -19,7 +19,7 @@ from typing import Any, Mapping, Optional
 from rft.config.schema import AuxiliaryModelConfig, Config
 from rft.config.teacher import explorer_scorers, teacher_in_trainer
 from rft.errors import ConfigError
-from rft.placement import ENGINE_MODES
+from rft.placement import ENGINE_MODES, EXPLORER_MODES
 
 RULE_WEIGHT_KEY = "rule_weight"  # reward_fn_args key: weight of the rule reward's parts
 REWARD_MODEL_WEIGHT_KEY = "reward_model_weight"  # reward_fn_args key: weight of the model scores
@@ -38,10 +38,46 @@ class RewardWeights:
 FORWARD_DTYPES = ("bfloat16", "float16", "float32")  # torch dtype names a forward pass runs in
 
 
+def shared_auxiliary(cfg: Config) -> list[int]:
+    """Indices of the auxiliary models the explorer tasks share, Trinity's layout: an
+    ``engine_num`` other than the rollout model's means that many engines serve every rollout
+    engine. They run in the auxiliary task group, one task per engine
+    (:func:`shared_engines`, :mod:`rft.explorer.auxiliary_server`); a distillation teacher
+    with another ``engine_num`` runs in the trainer instead (:func:`rft.config.teacher.
+    teacher_in_trainer`). An entry with the rollout model's ``engine_num`` runs inside each
+    explorer task; in bench mode and rft-debug the one process serves every model."""
+    if cfg.mode not in EXPLORER_MODES:
+        return []  # bench and rft-debug: one process serves every model
+    engines = cfg.explorer.rollout_model.engine_num
+    return [
+        i
+        for i, m in enumerate(explorer_scorers(cfg))
+        if m.engine_num != engines and not (i == 0 and teacher_in_trainer(cfg))
+    ]
+
+
+def shared_engines(cfg: Config) -> list[tuple[int, int]]:
+    """The auxiliary task group's tasks in rank order: (model index, engine index) for each
+    engine of each shared auxiliary model (:func:`shared_auxiliary`)."""
+    models = cfg.explorer.auxiliary_models
+    return [(i, j) for i in shared_auxiliary(cfg) for j in range(models[i].engine_num)]
+
+
+def shared_tp(cfg: Config) -> int:
+    """GPUs of one auxiliary task (the shared models' common ``tensor_parallel_size``, checked
+    equal by :func:`check_auxiliary_models`); 0 without shared models."""
+    shared = shared_auxiliary(cfg)
+    return cfg.explorer.auxiliary_models[shared[0]].tensor_parallel_size if shared else 0
+
+
 def auxiliary_tp(cfg: Config) -> list[int]:
     """The ``tensor_parallel_size`` of each auxiliary model inside an explorer task, in config
-    order (GPUs of its engine or scorer; a teacher the trainer holds has none there)."""
-    return [m.tensor_parallel_size for m in explorer_scorers(cfg)]
+    order (GPUs of its engine or scorer; a teacher the trainer holds has none there, a shared
+    model 0: it runs in the auxiliary task group)."""
+    shared = set(shared_auxiliary(cfg))
+    return [
+        0 if i in shared else m.tensor_parallel_size for i, m in enumerate(explorer_scorers(cfg))
+    ]
 
 
 def forward_dtype(requested: Optional[str], on_cpu: bool, folder: Mapping[str, Any]) -> str:
@@ -99,11 +135,21 @@ def split_reward_weights(
 
 
 def check_auxiliary_models(cfg: Config) -> None:
-    """Each auxiliary model: a folder path, the rollout model's ``engine_num`` (one engine or
-    scorer per explorer task; a distillation teacher with another runs in the trainer,
-    :func:`rft.config.teacher.teacher_in_trainer`), consistent length limits; reward weights in
-    ``reward_fn_args`` only with reward models."""
-    models, rollout = cfg.explorer.auxiliary_models, cfg.explorer.rollout_model
+    """Each auxiliary model: a folder path; the shared ones (another
+    ``engine_num`` than the rollout model's: :func:`shared_auxiliary`) of one
+    ``tensor_parallel_size``; reward weights in ``reward_fn_args`` only with reward models."""
+    models = cfg.explorer.auxiliary_models
+    shared = shared_auxiliary(cfg)
+    sizes = {models[i].tensor_parallel_size for i in shared}
+    if len(sizes) > 1:
+        listed = ", ".join(f"[{i}]: {models[i].tensor_parallel_size}" for i in shared)
+        raise ConfigError(
+            f"explorer.auxiliary_models shared by the explorers (an engine_num other than "
+            f"explorer.rollout_model.engine_num={cfg.explorer.rollout_model.engine_num}) have "
+            f"different tensor_parallel_size ({listed}): rft runs their engines as one SLURM "
+            "task group with one GPU count per task; give them one tensor_parallel_size, or "
+            "give a model the rollout model's engine_num to run a copy inside each explorer task"
+        )
     if cfg.mode in ENGINE_MODES:
         for label, taskset in cfg.labelled_tasksets():
             split_reward_weights(taskset.reward_fn_args, len(models), f"{label}.reward_fn_args")
@@ -115,22 +161,4 @@ def check_auxiliary_models(cfg: Config) -> None:
                 "folder: a causal LM (*ForCausalLM) that workflow classes call, e.g. as a "
                 "judge, or a reward model (*ForSequenceClassification) that scores "
                 "single-turn recipes"
-            )
-        if model.engine_num != rollout.engine_num and not (i == 0 and teacher_in_trainer(cfg)):
-            raise ConfigError(
-                f"{key}.engine_num={model.engine_num} differs from explorer.rollout_model.engine_num="
-                f"{rollout.engine_num}: rft runs one copy of each auxiliary model inside each "
-                "explorer task, next to its rollout engine (a judge's vLLM engine, a reward "
-                "model's scorer), so each explorer task calls its own and no auxiliary engine is "
-                f"shared between tasks; set {key}.engine_num to {rollout.engine_num}"
-            )
-        prompt, response, total = (
-            model.max_prompt_tokens,
-            model.max_response_tokens,
-            model.max_model_len,
-        )
-        if None not in (prompt, response, total) and prompt + response > total:
-            raise ConfigError(
-                f"{key}: max_prompt_tokens + max_response_tokens = {prompt + response} "
-                f"exceeds max_model_len={total}; lower one or unset max_model_len"
             )

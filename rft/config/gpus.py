@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from rft.config.auxiliary import auxiliary_tp
+from rft.config.auxiliary import auxiliary_tp, shared_tp
 from rft.config.schema import Config
 from rft.config.teacher import explorer_scorers
 from rft.errors import ConfigError
@@ -50,6 +50,13 @@ def check_gpu_split(cfg: Config, mode: str | None = None) -> None:
             f"tensor_parallel_size {rollout.tensor_parallel_size}{scorers}) but "
             f"cluster.gpu_per_node={cluster.gpu_per_node}: a task's GPUs must be on "
             "one node; lower the tensor_parallel_size of the rollout or auxiliary models"
+        )
+    shared = shared_tp(cfg)
+    if shared > cluster.gpu_per_node:
+        raise ConfigError(
+            f"an engine of the auxiliary models the explorers share needs {shared} GPUs "
+            f"(their tensor_parallel_size) but cluster.gpu_per_node={cluster.gpu_per_node}: an "
+            "engine's GPUs must be on one node; lower their tensor_parallel_size"
         )
     whose = (
         f"{split.auxiliary} of them for explorer.auxiliary_models"

@@ -438,8 +438,9 @@ class RolloutModelConfig:
 @dataclass
 class AuxiliaryModelConfig:
     model_path: str = ""  # a causal LM (a judge), a reward model (a score head), or a teacher
-    # rft runs one engine (generative) or scorer (reward model) of each per explorer task: the
-    # rollout model's engine_num; a distillation teacher with another runs in the trainer
+    # the rollout model's engine_num: one engine (generative) or scorer (reward model) in each
+    # explorer task; another: a generative model's engines shared by every explorer task, in
+    # their own task group; a distillation teacher with another runs in the trainer
     engine_num: int = field(1, ge=1)
     tensor_parallel_size: int = field(1, ge=1)  # GPUs of each, after the rollout engine's
     # a generative model's vLLM share of its GPUs' memory (a reward model: unused)

@@ -19,12 +19,13 @@ import os
 import threading
 from typing import Any, Optional
 
-from rft.config.auxiliary import auxiliary_tp
+from rft.config.auxiliary import auxiliary_tp, shared_auxiliary
 from rft.config.schema import Config
 from rft.explorer.calls import EngineCalls
 from rft.explorer.engine import AuxiliaryEngine
-from rft.models import GENERATIVE, auxiliary_kinds
-from rft.placement import scorer_gpu_index
+from rft.explorer.shared_auxiliary import SharedAuxiliary
+from rft.models import GENERATIVE, auxiliary_kinds, check_shared_kinds
+from rft.placement import explorer_rank, scorer_gpu_index
 from rft.workflow.conversation import ChatTemplate
 from rft.workflow.endpoint import BIND_HOST_ENV, Endpoint
 from rft.workflow.model import ModelWrapper
@@ -39,14 +40,19 @@ class AuxiliaryModel:
     """One generative auxiliary model of this explorer task: its engine, its serving thread,
     its endpoint (on first use), and the handles episodes call it through."""
 
-    def __init__(self, cfg: Config, index: int, engine: Any = None):
+    def __init__(
+        self, cfg: Config, index: int, engine: Any = None, first_gpu: Optional[int] = None
+    ):
         """Start ``explorer.auxiliary_models[index]``'s engine (``engine``: a stand-in with
-        :class:`rft.explorer.engine.Requests`' methods, for tests) and its serving thread."""
+        :class:`rft.explorer.engine.Requests`' methods, for tests) and its serving thread, on the
+        task's GPUs from ``first_gpu`` (default: after the rollout engine's and the earlier
+        models')."""
         model = cfg.explorer.auxiliary_models[index]
         self.key = f"explorer.auxiliary_models[{index}]"
         self.path = model.model_path
-        rollout_tp = cfg.explorer.rollout_model.tensor_parallel_size
-        first_gpu = scorer_gpu_index(rollout_tp, auxiliary_tp(cfg), index)
+        if first_gpu is None:
+            rollout_tp = cfg.explorer.rollout_model.tensor_parallel_size
+            first_gpu = scorer_gpu_index(rollout_tp, auxiliary_tp(cfg), index)
         self.engine = engine or AuxiliaryEngine(model, self.key, first_gpu)
         self.service = EngineCalls(self.engine)
         self.template = model_template(self.path, model.enable_thinking)
@@ -114,18 +120,34 @@ _STARTED: dict[tuple, list[AuxiliaryModel]] = {}
 _START_LOCK = threading.Lock()
 
 
-def auxiliary_models(cfg: Config) -> list[AuxiliaryModel]:
+def auxiliary_models(cfg: Config) -> list[AuxiliaryModel | SharedAuxiliary]:
     """This process's generative auxiliary models of ``cfg``, in config order, started on the
-    first call (reward models and a distillation teacher are not among them: they score)."""
+    first call: an engine of its own, or for a model the explorer tasks share
+    (:func:`rft.config.auxiliary.shared_auxiliary`) the way to its engines in the auxiliary
+    task group. Reward models and a distillation teacher are not among them: they score."""
     models = cfg.explorer.auxiliary_models
     if not models:
         return []
-    rollout_tp = cfg.explorer.rollout_model.tensor_parallel_size
-    settings = (tuple(repr(m) for m in models), rollout_tp, cfg.algorithm.advantage_fn)
+    rollout = cfg.explorer.rollout_model
+    task = explorer_rank(os.environ).rank
+    # what decides the list: the entries, where they run (shared or not), and this task's rank
+    settings = (
+        tuple(repr(m) for m in models),
+        rollout.tensor_parallel_size,
+        rollout.engine_num,
+        cfg.mode,
+        task,
+    )
     with _START_LOCK:
         if settings not in _STARTED:
             kinds = auxiliary_kinds(cfg)
+            check_shared_kinds(cfg, kinds)
+            shared = set(shared_auxiliary(cfg))
             _STARTED[settings] = [
-                AuxiliaryModel(cfg, i) for i, kind in enumerate(kinds) if kind == GENERATIVE
+                SharedAuxiliary(cfg, i, task, rollout.engine_num)
+                if i in shared
+                else AuxiliaryModel(cfg, i)
+                for i, kind in enumerate(kinds)
+                if kind == GENERATIVE
             ]
         return _STARTED[settings]

@@ -312,9 +312,11 @@ class EpisodePool:
             result.turns = model.model_calls
             result.prefix_breaks = model.prefix_breaks
             result.retokenized_turns = model.retokenized_turns
-            self.service.ended(k)
-            self._end_auxiliary(k)
-            self._end(k)
+            try:
+                self.service.ended(k)
+                self._end_auxiliary(k)
+            finally:  # the loop learns of the end even when releasing a handle fails
+                self._end(k)
 
     def _end_auxiliary(self, k: int, why: Optional[str] = None) -> None:
         """Attempt ``k``'s auxiliary handles: their waiting calls fail; stopped (``why``), its

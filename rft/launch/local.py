@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Callable
 
 from rft import atomic, stages
-from rft.config.auxiliary import auxiliary_tp
+from rft.config.auxiliary import auxiliary_tp, shared_engines, shared_tp
 from rft.config.load import config_to_yaml, stage_label
 from rft.config.schema import Config
 from rft.data import run_steps
@@ -41,6 +41,7 @@ from rft.placement import (
     local_devices,
     local_gpu_ids,
     local_trainer_ranks,
+    shared_gpu_ids,
 )
 from rft.report import write_report
 from rft.rundir import (
@@ -67,8 +68,8 @@ STOPPING_EXPLORER_WAIT_S = 30.0  # an explorer that recorded its stop on failure
 class Process:
     """A started child: its name, handle and log file."""
 
-    name: str  # "trainer", "explorer-0", ...
-    role: str  # "trainer" or "explorer"
+    name: str  # "trainer", "explorer-0", "auxiliary-0", ...
+    role: str  # "trainer", "explorer" or "auxiliary"
     popen: subprocess.Popen
     log_path: Path
 
@@ -93,8 +94,14 @@ def worker_command(role: str, config_path: Path, trainer_ranks: int) -> list[str
 def start_processes(cfg: Config, config_path: Path, devices: Devices) -> list[Process]:
     """Start the roles of ``cfg`` (one stage) with their devices and log files."""
     rollout = cfg.explorer.rollout_model
+    shared = [shared_tp(cfg)] * len(shared_engines(cfg))  # the shared judges' tasks
     explorer_gpus, trainer_gpus = local_gpu_ids(
-        cfg.mode, rollout.engine_num, rollout.tensor_parallel_size, devices.gpus, auxiliary_tp(cfg)
+        cfg.mode,
+        rollout.engine_num,
+        rollout.tensor_parallel_size,
+        devices.gpus,
+        auxiliary_tp(cfg),
+        shared,
     )
     base = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
     if devices.gpus == 0:
@@ -107,6 +114,11 @@ def start_processes(cfg: Config, config_path: Path, devices: Devices) -> list[Pr
             if gpus:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
             specs.append((writer_name(cfg.explorer.name, rank), "explorer", env))  # added: own log
+        for rank, gpus in enumerate(shared_gpu_ids(explorer_gpus, shared)):
+            env = dict(base, RFT_AUXILIARY_RANK=str(rank), RFT_AUXILIARY_COUNT=str(len(shared)))
+            if gpus:
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+            specs.append((f"auxiliary-{rank}", "auxiliary", env))
     ranks = local_trainer_ranks(len(trainer_gpus), os.environ)
     if cfg.mode in TRAINER_MODES:
         env = dict(base)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping, Optional
 
+from rft.config.auxiliary import shared_engines
 from rft.config.schema import Config
 from rft.explorer.engine import CPU_ENV_DEFAULTS
 from rft.placement import (
@@ -65,7 +66,7 @@ class MemoryEstimate:
     def line(self) -> str:
         parts = [f"up to about {self.total_gb:.1f} GB"]
         if self.explorers:
-            parts.append(f"{self.explorers} explorer(s) x {self.explorer_gb:.1f}")
+            parts.append(f"{self.explorers} vLLM process(es) x {self.explorer_gb:.1f}")
         if self.ranks:
             parts.append(
                 f"{self.ranks} trainer rank(s) x {self.trainer_rank_gb:.1f} (micro-batches "
@@ -130,7 +131,11 @@ def estimate(cfg: Config, explorers: int, ranks: int, kv_cache_gib: float) -> Op
 
 
 def _explorers(cfg: Config) -> int:
-    return cfg.explorer.rollout_model.engine_num if cfg.mode in ENGINE_MODES else 0
+    """vLLM processes: the explorer tasks, and the shared auxiliary engines' tasks (each counted
+    as an explorer's runtime and weights: no measurement of its own yet)."""
+    if cfg.mode not in ENGINE_MODES:
+        return 0
+    return cfg.explorer.rollout_model.engine_num + len(shared_engines(cfg))
 
 
 def _kv_cache_gib(env: Mapping[str, str]) -> float:

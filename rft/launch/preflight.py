@@ -19,7 +19,13 @@ from pathlib import Path
 from rft import data, stages
 from rft.buffer.replay import build_priority_fn
 from rft.config import batches
-from rft.config.auxiliary import REWARD_WEIGHT_KEYS, auxiliary_tp, scoring_max_len
+from rft.config.auxiliary import (
+    REWARD_WEIGHT_KEYS,
+    auxiliary_tp,
+    scoring_max_len,
+    shared_auxiliary,
+    shared_engines,
+)
 from rft.config.external import external_endpoint, uses_external_model
 from rft.config.gpus import split_gpus
 from rft.config.load import stage_config, stage_label
@@ -40,6 +46,7 @@ from rft.models import (
     check_critic_dir,
     check_model_dir,
     check_reward_model_dir,
+    check_shared_kinds,
     check_vllm_cpu_head_dim,
     has_chat_template,
     is_adapter_folder,
@@ -280,7 +287,9 @@ def check_auxiliary_dirs(cfg: Config, on_cpu: bool) -> None:
         check_teacher_dir(cfg)
         return
     models = cfg.explorer.auxiliary_models
-    for i, (model, kind) in enumerate(zip(models, auxiliary_kinds(cfg) if models else [])):
+    kinds = auxiliary_kinds(cfg) if models else []
+    check_shared_kinds(cfg, kinds)
+    for i, (model, kind) in enumerate(zip(models, kinds)):
         key = f"explorer.auxiliary_models[{i}]"
         if kind == REWARD_MODEL:
             check_reward_model_dir(model.model_path, f"{key}.model_path")
@@ -563,11 +572,13 @@ def _role_lines(cfg: Config, devices: Devices) -> list[tuple[str, str]]:
                 )
             )
     if devices.gpus == 0:
+        inside = len(cfg.explorer.auxiliary_models) - len(shared_auxiliary(cfg))
+        shared = len(shared_engines(cfg))
         scorers = (
             ", auxiliary models on its CPUs in each explorer process"
-            if cfg.mode in ENGINE_MODES and cfg.explorer.auxiliary_models
+            if cfg.mode in ENGINE_MODES and inside
             else ""
-        )
+        ) + (f", {shared} shared auxiliary engine process(es)" if shared else "")
         ranks = local_trainer_ranks(0, os.environ)
         lines.append(
             (
@@ -591,6 +602,7 @@ def _reward_model_lines(cfg: Config) -> list[tuple[str, str]]:
     kinds = auxiliary_kinds(cfg) if models else []
     names = iter(reward_model_part_names(kinds.count(REWARD_MODEL)))
     tps, rollout_tp = auxiliary_tp(cfg), cfg.explorer.rollout_model.tensor_parallel_size
+    shared = shared_auxiliary(cfg)
     lines, served = [], 0
     for i, (model, kind) in enumerate(zip(models, kinds)):
         first = scorer_gpu_index(rollout_tp, tps, i)
@@ -615,12 +627,23 @@ def _reward_model_lines(cfg: Config) -> list[tuple[str, str]]:
             if cfg.cluster.gpu_per_node
             else "the explorer's CPUs, in its process next to the rollout engine"
         )
+        runs = f"a vLLM engine in each of the {model.engine_num} explorer task(s)"
+        if i in shared:
+            where = (
+                f"{model.tensor_parallel_size} GPU(s) each"
+                if cfg.cluster.gpu_per_node
+                else "this machine's CPUs, one process each"
+            )
+            runs = (
+                f"{model.engine_num} vLLM engine(s) shared by the "
+                f"{cfg.explorer.rollout_model.engine_num} explorer tasks, each a task of the "
+                "auxiliary group (its endpoint in <run>/auxiliary/)"
+            )
         lines.append(
             (
                 "auxiliary model" if len(models) == 1 else f"auxiliary model {i}",
-                f"{model.model_path}: a vLLM engine in each of the {model.engine_num} explorer "
-                f"task(s), TP {model.tensor_parallel_size}, on {where}; workflow classes get "
-                f"it as auxiliary_models[{served}] (never trained on)",
+                f"{model.model_path}: {runs}, TP {model.tensor_parallel_size}, on {where}; "
+                f"workflow classes get it as auxiliary_models[{served}] (never trained on)",
             )
         )
         served += 1

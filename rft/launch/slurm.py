@@ -19,12 +19,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rft import stages
-from rft.config.auxiliary import auxiliary_tp
+from rft.config.auxiliary import auxiliary_tp, shared_engines, shared_tp
 from rft.config.gpus import check_gpu_split, split_gpus
 from rft.config.load import stage_label
 from rft.config.schema import Config
 from rft.entry import PLUGIN_DIRS_ENV
-from rft.errors import EXIT_REQUEUE, SlurmError
+from rft.errors import EXIT_REQUEUE, ConfigError, SlurmError
 from rft.launch.worker import WORKER_MODULE
 from rft.lease import TAKE_OVER_ENV
 from rft.placement import EXPLORER_MODES, TRAINER_MODES, task_gpus
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 class Group:
     """One component of the job: which role, and the resources it asks for."""
 
-    role: str  # "explorer" or "trainer"
+    role: str  # "explorer", "trainer" or "auxiliary" (the shared judges' engines)
     nodes: int  # --nodes
     ntasks: int  # --ntasks: explorer engines, or trainer ranks
     gpus_per_task: int  # --gpus-per-task (0: a CPU cluster)
@@ -67,6 +67,18 @@ def groups(cfg: Config, mode: str | None = None) -> list[Group]:
         out.append(
             Group("trainer", nodes, split.trainer if gpn else cluster.node_num, 1 if gpn else 0)
         )
+    shared = shared_engines(cfg) if mode in EXPLORER_MODES else []
+    if shared:  # the judges the explorer tasks share: one task per engine, after the others
+        if cfg.stages:
+            raise ConfigError(
+                "explorer.auxiliary_models shared by the explorer tasks (an engine_num other "
+                "than explorer.rollout_model.engine_num) in a config with stages: a SLURM job "
+                "runs them only for an unstaged config; run the stages with rft-run, or give "
+                "the model the rollout model's engine_num (a copy in each explorer task)"
+            )
+        tp = shared_tp(cfg)
+        nodes = math.ceil(len(shared) / max(1, gpn // tp)) if gpn else 1
+        out.append(Group("auxiliary", nodes, len(shared), tp if gpn else 0))
     return out
 
 

@@ -24,7 +24,11 @@ from rft.errors import EXIT_FAILED, EXIT_OK, EXIT_REQUEUE, EXIT_USER_ERROR, RftE
 
 log = logging.getLogger(__name__)
 
-ROLES = ("explorer", "trainer")
+ROLES = (
+    "explorer",
+    "trainer",
+    "auxiliary",
+)  # auxiliary: shared judges (rft.explorer.auxiliary_server)
 STOPPED = (EXIT_REQUEUE, 128 + signal.SIGUSR1, 128 + signal.SIGTERM)  # a signal, not a failure
 WORKER_MODULE = "rft.launch.worker"  # ``python -m`` target of every process of a run
 
@@ -184,6 +188,8 @@ def het_task(role_by_group: list[str], args: list[str]) -> int:
         )
         env.pop("MASTER_ADDR", None)  # the trainer group's first node, not the job's
         env.update(placement.trainer_env(rank, task.count, env, nodes))
+    elif role == "auxiliary":
+        env.update(RFT_AUXILIARY_RANK=str(rank), RFT_AUXILIARY_COUNT=str(task.count))
     else:
         env.update(RFT_EXPLORER_RANK=str(rank), RFT_EXPLORER_COUNT=str(task.count))
     code = Forwarder().run([sys.executable, "-m", WORKER_MODULE, role, *args], env=env)
@@ -219,6 +225,8 @@ def main(argv: list[str] | None = None) -> int:
             return code
     if role == "trainer":
         from rft.trainer.loop import main as role_main
+    elif role == "auxiliary":
+        from rft.explorer.auxiliary_server import main as role_main
     else:
         from rft.explorer.loop import main as role_main
     return role_main(rest) or 0

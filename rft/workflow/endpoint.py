@@ -16,8 +16,9 @@ import secrets
 import threading
 import time
 import uuid
+from contextlib import AbstractContextManager, contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from rft.errors import WorkflowError
 from rft.workflow.experience import Experience
@@ -72,6 +73,8 @@ class Endpoint:
     def __init__(self, model_name: str, host: Optional[str] = None):
         self.model_name = model_name
         self._models: dict[str, ModelWrapper] = {}
+        # keys whose every request gets a handle of its own (an auxiliary server's callers)
+        self._served: dict[str, Callable[[], AbstractContextManager[ModelWrapper]]] = {}
         self._lock = threading.Lock()
         self._http: Any = None
         self.calls = 0
@@ -82,8 +85,8 @@ class Endpoint:
             target=self._server.serve_forever, name="rft-endpoint", daemon=True
         )
         self._thread.start()
-        host_, port = self._server.server_address[:2]
-        self.base_url = f"http://{host_}:{port}/v1"
+        host_, self.port = self._server.server_address[:2]
+        self.base_url = f"http://{host_}:{self.port}/v1"
         log.info("OpenAI-compatible endpoint for agents at %s", self.base_url)
 
     def register(self, model: ModelWrapper, name: str, key: Optional[str] = None) -> str:
@@ -108,6 +111,25 @@ class Endpoint:
     def model_for(self, key: str) -> Optional[ModelWrapper]:
         with self._lock:
             return self._models.get(key)
+
+    def serve(self, key: str, opener: Callable[[], AbstractContextManager[ModelWrapper]]) -> None:
+        """Answer each request that carries ``key`` with a handle of its own, which ``opener``
+        opens before the request and closes after it: the calls of an auxiliary server's
+        callers, which belong to no episode of this process and keep no history."""
+        with self._lock:
+            self._served[key] = opener
+
+    @contextmanager
+    def handle_for(self, key: str) -> Iterator[Optional[ModelWrapper]]:
+        """The handle that answers a request with ``key``, for the request's duration: the
+        registered episode's, a fresh one for a served key, None for an unknown key."""
+        with self._lock:
+            model, opener = self._models.get(key), self._served.get(key)
+        if opener is None:
+            yield model
+            return
+        with opener() as handle:
+            yield handle
 
     def http_client(self) -> Any:
         """One HTTP client for every in-process OpenAI client of this endpoint: its connections
@@ -254,8 +276,9 @@ class _Handler(BaseHTTPRequestHandler):
             return self._error(
                 404, f"no route {self.path}; routes: /v1/models, /v1/chat/completions"
             )
-        if self._model() is None:
-            return
+        with self.server.endpoint.handle_for(self._key()) as model:
+            if model is None:
+                return self._unknown_key()
         name = self.server.endpoint.model_name
         self._json(200, {"object": "list", "data": [{"id": name, "object": "model"}]})
 
@@ -269,9 +292,12 @@ class _Handler(BaseHTTPRequestHandler):
             kwargs = call_arguments(body)
         except ValueError as e:
             return self._error(400, str(e))
-        model = self._model()
-        if model is None:
-            return
+        with self.server.endpoint.handle_for(self._key()) as model:
+            if model is None:
+                return self._unknown_key()
+            self._answer(model, body, kwargs)
+
+    def _answer(self, model: ModelWrapper, body: dict[str, Any], kwargs: dict[str, Any]) -> None:
         endpoint = self.server.endpoint
         try:
             recorded = model.chat_recorded(body["messages"], **kwargs)
@@ -297,17 +323,16 @@ class _Handler(BaseHTTPRequestHandler):
                 if thread is not None:
                     model.history.retract(thread)
 
-    def _model(self) -> Optional[ModelWrapper]:
+    def _key(self) -> str:
         auth = self.headers.get("Authorization", "")
-        key = auth[len("Bearer ") :] if auth.startswith("Bearer ") else ""
-        model = self.server.endpoint.model_for(key)
-        if model is None:
-            self._error(
-                401,
-                "unknown API key: use the key the workflow handed out for this task run "
-                "(model.api_key); a run's key stops working when its episode ends",
-            )
-        return model
+        return auth[len("Bearer ") :] if auth.startswith("Bearer ") else ""
+
+    def _unknown_key(self) -> None:
+        self._error(
+            401,
+            "unknown API key: use the key the workflow handed out for this task run "
+            "(model.api_key); a run's key stops working when its episode ends",
+        )
 
     def _json(self, status: int, payload: dict[str, Any]) -> None:
         data = json.dumps(payload).encode()

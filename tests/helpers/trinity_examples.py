@@ -36,10 +36,11 @@ class Rejected:
     text: str
 
 
-def dry_run(raw_or_path: dict | Path, tmp_path: Path):
-    """What ``rft-run --dry-run`` checks without the files: config, losses, workflows."""
+def dry_run(raw_or_path: dict | Path, tmp_path: Path, overrides: tuple[str, ...] = ()):
+    """What ``rft-run --dry-run`` checks without the files: config, losses, workflows
+    (``overrides``: more ``key=value`` paths, e.g. an auxiliary model's folder)."""
     if isinstance(raw_or_path, Path):
-        cfg = load_config(raw_or_path, [f"checkpoint_root_dir={tmp_path}"])
+        cfg = load_config(raw_or_path, [f"checkpoint_root_dir={tmp_path}", *overrides])
     else:
         cfg = config_from_dict(raw_or_path)
     build_loss_fns(cfg.algorithm)
