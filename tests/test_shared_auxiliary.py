@@ -130,6 +130,8 @@ def test_the_shared_engines_get_their_own_gpus_tasks_and_job_component(tmp_path)
     assert script.count("#SBATCH hetjob") == 2
     assert "#SBATCH --nodes=1 --ntasks=2 --gpus-per-task=2  # auxiliary" in script
     assert "srun --het-group=2 " in script and "rft.launch.worker auxiliary --config" in script
+    # the job's last lines stop the shared engines once the other groups are done
+    assert script.index('wait "$explorer"') < script.index('kill "$auxiliary"')
     staged = gpu_cfg(
         tmp_path,
         {"engine_num": 1},
@@ -207,6 +209,13 @@ def test_the_server_answers_each_request_with_a_fresh_handle_and_stops_after_the
         stop.set()
         server.close()
     assert why == ["every explorer finished"] and not found.exists()
+    # a run whose explorers never start: the engine does not serve forever
+    empty = judge_cfg(tmp_path / "empty", vllm_model_dir)
+    server = AuxiliaryServer(empty, served_engine(empty, dict(os.environ)), engine=engine)
+    try:
+        assert server.serve(threading.Event(), join_wait_s=0.1) == "no explorer joined within 0 s"
+    finally:
+        server.close()
 
 
 def test_an_explorer_waits_for_a_shared_engine_then_says_which_log_to_read(tmp_path, monkeypatch):

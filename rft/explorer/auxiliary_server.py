@@ -33,7 +33,7 @@ from rft.config.schema import Config
 from rft.entry import config_parser, run_command, setup_logging
 from rft.errors import EXIT_OK, ConfigError
 from rft.explorer.auxiliary import AuxiliaryModel
-from rft.explorer.shared_auxiliary import POLL_S, address_file
+from rft.explorer.shared_auxiliary import POLL_S, START_WAIT_S, address_file
 from rft.placement import TaskRank, auxiliary_rank
 from rft.stages import load_stage
 from rft.sync.heartbeat import explorers_finished, read_heartbeats, starting_explorers
@@ -112,18 +112,22 @@ class AuxiliaryServer:
         finally:
             self.model.ended(call)
 
-    def serve(self, stop: threading.Event) -> str:
+    def serve(self, stop: threading.Event, join_wait_s: float = START_WAIT_S) -> str:
         """Serve until the explorers are done (every one that joined finished, or none is
-        alive after some joined) or ``stop``; returns why it stopped."""
+        alive after some joined), none joined within ``join_wait_s``, or ``stop``; returns why
+        it stopped."""
         timeout = self.cfg.explorer.heartbeat_timeout_s
         run_dir = self.cfg.run_dir
+        start = time.monotonic()
         while not stop.wait(POLL_S):
             if explorers_finished(run_dir, timeout):
                 return "every explorer finished"
             statuses = read_heartbeats(run_dir, timeout)
-            if statuses and not any(s.live for s in statuses):
-                if not starting_explorers(run_dir, timeout):
-                    return "no explorer is alive"
+            starting = starting_explorers(run_dir, timeout)
+            if statuses and not any(s.live for s in statuses) and not starting:
+                return "no explorer is alive"
+            if not statuses and not starting and time.monotonic() - start > join_wait_s:
+                return f"no explorer joined within {join_wait_s:.0f} s"
         return "stopped"
 
     def close(self) -> None:

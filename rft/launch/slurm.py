@@ -179,10 +179,13 @@ def _stage_lines(cfg: Config) -> list[str]:
 
 
 def _epilogue(roles: list[str], main: str) -> list[str]:
-    """Wait for the groups (``main``'s exit code is the job's); requeue when the trainer
+    """Wait for the groups (``main``'s exit code is the job's), then stop the shared auxiliary
+    engines (their explorers are done even if none ever joined); requeue when the trainer
     stopped for a signal after checkpointing."""
     lines = ["code=0", f'wait "${main}" || code=$?']
-    lines += [f'wait "${r}" || true' for r in roles if r != main]
+    lines += [f'wait "${r}" || true' for r in roles if r not in (main, "auxiliary")]
+    if "auxiliary" in roles:  # the shared judges serve until the explorers are done: now they are
+        lines += ['kill "$auxiliary" 2>/dev/null || true', 'wait "$auxiliary" || true']
     lines += [
         f'if [ "$code" = {EXIT_REQUEUE} ]; then',
         '  echo "rft: checkpoint saved after a signal; requeueing $SLURM_JOB_ID"',

@@ -2,7 +2,8 @@
 OpenAI SDK (in process or as a subprocess) runs on the explorer's engine and is trained.
 
 Data in: ``/v1/chat/completions`` and ``/v1/models`` requests whose API key names a running
-episode. Data out: OpenAI-shaped answers (streamed too); each call is recorded in that episode's
+episode, or a served key (:meth:`Endpoint.serve`: a shared judge's callers, each request a call
+of its own). Data out: OpenAI-shaped answers (streamed too); each call is recorded in that episode's
 :class:`~rft.workflow.model.ModelWrapper` history, the same token-faithful recording as
 ``model.chat``. A key whose episode ended is refused (nothing crosses task runs).
 """
