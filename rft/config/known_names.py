@@ -880,7 +880,6 @@ WORKFLOWS: dict[str, str] = {
     "math_ruler_workflow": "RULER (an LLM judge ranks the group's answers)",
     "async_math_ruler_workflow": "RULER (an LLM judge ranks the group's answers)",
     "math_trainable_ruler_workflow": "RULER with a trained judge",
-    "rubric_judge_workflow": "rubric scores from an LLM judge",
     "simple_mm_workflow": "multi-modal (image) prompts; rft trains text-only models",
     "async_simple_mm_workflow": "multi-modal (image) prompts; rft trains text-only models",
     "rubric_judge_openai_workflow": "rubric scores from an LLM judge called over the OpenAI API",

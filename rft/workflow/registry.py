@@ -43,6 +43,7 @@ SHIPPED_MODULES = (
     "rft.workflow.math_eval",
     "rft.workflow.math_rm",
     "rft.workflow.recording",
+    "rft.workflow.rubric_judge",
 )
 
 
