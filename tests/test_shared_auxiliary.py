@@ -214,8 +214,10 @@ def test_the_server_answers_each_request_with_a_fresh_handle_and_stops_after_the
     server = AuxiliaryServer(empty, served_engine(empty, dict(os.environ)), engine=engine)
     try:
         assert server.serve(threading.Event(), join_wait_s=0.1) == "no explorer joined within 0 s"
+        server.file.write_text('{"api_key": "a newer server of this engine"}')
     finally:
         server.close()
+    assert server.file.exists()  # a newer server's file is not this one's to remove
 
 
 def test_an_explorer_waits_for_a_shared_engine_then_says_which_log_to_read(tmp_path, monkeypatch):

@@ -131,7 +131,13 @@ class AuxiliaryServer:
         return "stopped"
 
     def close(self) -> None:
-        self.file.unlink(missing_ok=True)
+        """Remove the address file (unless a newer server of this engine replaced it), stop
+        serving."""
+        try:
+            if self.key in self.file.read_text():
+                self.file.unlink(missing_ok=True)
+        except FileNotFoundError:
+            pass
         self.endpoint.close()
         self.model.close()
 
