@@ -345,6 +345,9 @@ def test_rank_penalty_reads_each_rows_mean_rollout_logprob(tmp_path):
     exps[1].logprobs = [-0.5, -1.0, -3.0]
     rows = rows_from_experiences(exps)
     assert mean_rollout_logprobs(rows, [0, 1]).tolist() == pytest.approx([-1.0, -1.5])
+    exps[1].action_mask = [1, 0, 1]  # a tool's token in the middle: still a response position
+    exps[1].logprobs = [-1.0, 0.0, -2.0]
+    assert mean_rollout_logprobs(rows_from_experiences(exps), [1]).tolist() == pytest.approx([-1.0])
     exps[0].logprobs = []  # a workflow that recorded none
     with pytest.raises(DataError, match="unset rank_penalty or record them"):
         mean_rollout_logprobs(rows_from_experiences(exps), [0, 1])

@@ -98,8 +98,9 @@ def _advantages(
 
 
 def mean_rollout_logprobs(rows: Rows, which: list[int]) -> torch.Tensor:
-    """Each row's mean vLLM log-prob over its response tokens ``[n]`` (Trinity's rank_penalty
-    ranks a group's responses by it); a row that came without log-probs cannot be ranked."""
+    """Each row's mean vLLM log-prob over its response positions ``[n]`` (Trinity's
+    rank_penalty ranks a group's responses by it); a row that came without log-probs cannot be
+    ranked."""
     missing = [i for i in which if not bool(rows.has_logprobs[i])]
     if missing:
         raise DataError(
@@ -107,9 +108,11 @@ def mean_rollout_logprobs(rows: Rows, which: list[int]) -> torch.Tensor:
             f"log-probs, but {len(missing)} of the step's rows came without them (a workflow "
             "that builds experiences without logprobs); unset rank_penalty or record them"
         )
-    mask = rows.response_mask[which]  # [n, R]
-    total = (rows.rollout_logprobs[which] * mask).sum(dim=-1)  # [n]
-    return total / mask.sum(dim=-1).clamp(min=1)
+    # Trinity's torch.mean(exp.logprobs): over every response position, tool or environment
+    # tokens of a multi-turn response included (the loss mask does not narrow it)
+    lengths = torch.tensor([rows.response_lens[i] for i in which], dtype=torch.float32)  # [n]
+    total = rows.rollout_logprobs[which].sum(dim=-1)  # [n], 0 past each response
+    return total / lengths.clamp(min=1)
 
 
 def _correction_rows(
