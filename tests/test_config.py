@@ -3,6 +3,7 @@ presets, stages, veRL-style keys, and the YAML round trip."""
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -572,7 +573,7 @@ def test_unquoted_time_limit_is_refused_and_override_kept_as_text(tmp_path):
     assert cfg.slurm.time == "12:00:00"
 
 
-def test_trainer_and_sampling_options_that_cannot_work(tmp_path):
+def test_trainer_and_sampling_options_that_cannot_work(tmp_path, caplog):
     with pytest.raises(
         ConfigError,
         match="param_offload needs trainer.zero_stage=3, but trainer.zero_stage=2 is set",
@@ -582,8 +583,9 @@ def test_trainer_and_sampling_options_that_cannot_work(tmp_path):
     verl = {"actor_rollout_ref": {"actor": {"fsdp_config": {"param_offload": True}}}}
     assert load_dict(tmp_path, minimal(trainer={"trainer_config": verl})).trainer.zero_stage == 3
     assert load_dict(tmp_path, minimal()).trainer.zero_stage == 2  # the default otherwise
-    with pytest.raises(NotSupportedError, match="top-k log-probs"):
-        load_dict(tmp_path, minimal(model={"model_path": "/m", "logprobs": 5}))
+    with caplog.at_level(logging.WARNING, logger="rft"):
+        assert load_dict(tmp_path, minimal(model={"model_path": "/m", "logprobs": 5}))
+    assert "model.logprobs / rollout_args.logprobs > 0 has no effect" in caplog.text
     data = minimal()
     data["explorer"] = {"rollout_model": {"enable_auto_tool_choice": True}}
     with pytest.raises(ConfigError, match="needs explorer.rollout_model.tool_call_parser"):

@@ -17,6 +17,7 @@ from rft.algo.advantages import STD_CAL_LEVELS
 from rft.algo.critic import gae_advantages
 from rft.algo.distill import DISTILL_ADVANTAGE_FNS, DISTILL_LOSSES
 from rft.algo.dpo import dpo_loss
+from rft.algo.entropy_clip import clipb_advantages
 from rft.algo.gigpo import FNORMS, gigpo_advantages
 from rft.algo.losses import (
     ENTROPY_LOSS_FNS,
@@ -42,11 +43,12 @@ POLICY_LOSS_FNS: dict[str, Callable[..., Any]] = {
 }
 # Every group/batch advantage by name (GAE, which needs a critic's values, apart): the
 # distillation ones take the student's and the teacher's log-probs too, GiGPO each row's run
-# and info (context parameters).
+# and info (context parameters); Clip-B's token filter is the trainer's (entropies).
 ADVANTAGE_FNS: dict[str, Callable[..., Any]] = {
     **_BASE_ADVANTAGE_FNS,
     **DISTILL_ADVANTAGE_FNS,
     "gigpo": gigpo_advantages,
+    "clipb": clipb_advantages,  # its token filter comes from the trainer (rft.trainer.step)
 }
 
 # Supplied by the trainer on each call, never by the config.
@@ -173,6 +175,12 @@ def _check_m2po(args: Mapping[str, Any]) -> str | None:
     return None
 
 
+# (kind, name, key) -> a check of one function's argument whose name means another thing
+# elsewhere (MIX's mu is a weight in [0, 1], Clip-B's a count of standard deviations).
+_NAMED_VALUE_CHECKS: dict[tuple[str, str, str], tuple[Callable[[Any], bool], str]] = {
+    ("advantage_fn", "clipb", "mu"): (lambda v: _is_number(v) and v >= 0, "a number >= 0"),
+}
+
 # (kind, name) -> a check of the function's full arguments (defaults + config) across keys.
 _JOINT_CHECKS: dict[tuple[str, str], Callable[[Mapping[str, Any]], str | None]] = {
     ("policy_loss_fn", "sapo"): _check_sapo,
@@ -192,7 +200,7 @@ def _check_args(
                 f"algorithm.{kind}_args.{key}: not an argument of {kind} {name!r}; "
                 f"valid arguments: {allowed}.{did_you_mean(key, allowed)}"
             )
-        check = _VALUE_CHECKS.get(key)
+        check = _NAMED_VALUE_CHECKS.get((kind, name, key), _VALUE_CHECKS.get(key))
         if check is not None and not check[0](value):
             raise ConfigError(f"algorithm.{kind}_args.{key}: got {value!r}, expected {check[1]}.")
     joint = _JOINT_CHECKS.get((kind, name))

@@ -408,7 +408,8 @@ _ARR = "actor_rollout_ref"
 VERL_IGNORED: dict[str, str] = {
     "data": "Trinity fills veRL's data from buffer.* (tasksets, batch sizes); set those",
     "algorithm": "Trinity's own algorithm section replaces veRL's (advantage_fn_args gamma/lam, "
-    "kl_penalty_fn, kl_loss_fn); set that",
+    "kl_penalty_fn, kl_loss_fn; its rollout_correction.bypass_mode alone is read, as "
+    "algorithm.bypass_old_logprobs); set that",
     f"{_ARR}.model.path": _OVERWRITTEN.format(key="model.model_path"),
     f"{_ARR}.actor.ppo_mini_batch_size": _OVERWRITTEN.format(key="buffer.train_batch_size"),
     f"{_ARR}.actor.optim.total_training_steps": _OVERWRITTEN.format(key="buffer.total_steps"),
@@ -785,10 +786,9 @@ CHOICES: dict[str, dict[str, str]] = {
     | {
         "opmd_verl": "use opmd (rft's OPMD advantage over each task's group)",
         "asymre_verl": "use asymre (rft's AsymRE advantage over each task's group)",
-        "clipb": "Trinity's entropy-controlling Clip-B advantage is not built in rft; use an "
-        "advantage_fn rft implements (e.g. grpo) and algorithm.entropy_loss_fn",
-        "clipv": "Trinity's entropy-controlling Clip-V advantage is not built in rft; use an "
-        "advantage_fn rft implements (e.g. grpo) and algorithm.entropy_loss_fn",
+        "clipv": "Trinity's Clip-V reads a per-token signal (necs) that only its example's "
+        "patched veRL actor (examples/entropy/clipv_dp_actor.py) computes; rft does not build "
+        "it: use clipb, the same paper's other entropy filter (built in rft)",
         "cod": "CoD's advantage is not built in rft; use an advantage_fn rft implements",
     },
     "AlgorithmConfig.kl_loss_fn": {"corrected_k3": "use k3 or low_var_kl"},

@@ -24,7 +24,7 @@ from rft.config import rules as config_rules
 from rft.config.presets import PRESET_KEYS
 from rft.config.schema import Config, StageConfig
 from rft.config.typed_dict import from_dict, to_dict
-from rft.config.verl_keys import drop_no_effect_keys
+from rft.config.verl_keys import BYPASS_MODE, drop_no_effect_keys, lift_bypass_mode
 from rft.errors import ConfigError
 
 _STAGE_KEYS = {"stage_name", "mode"}
@@ -187,8 +187,26 @@ def _read_verl_file(data: dict[str, Any]) -> str | None:
 
 def _drop_no_effect_verl_keys(data: dict[str, Any]) -> None:
     verl = (data.get("trainer") or {}).get("trainer_config") if isinstance(data, dict) else None
-    if isinstance(verl, dict):
-        drop_no_effect_keys(verl)
+    if not isinstance(verl, dict):
+        return
+    bypass = lift_bypass_mode(verl)
+    if bypass is not None:
+        if not isinstance(bypass, bool):
+            raise ConfigError(
+                f"trainer.trainer_config.{BYPASS_MODE}: got {bypass!r}, expected true or false"
+            )
+        if data.get("algorithm") is None:
+            data["algorithm"] = {}
+        algorithm = data["algorithm"]
+        written = algorithm.get("bypass_old_logprobs") if isinstance(algorithm, dict) else None
+        if written is not None and written != bypass:
+            raise ConfigError(
+                f"trainer.trainer_config.{BYPASS_MODE}={bypass!r} contradicts "
+                f"algorithm.bypass_old_logprobs={written!r}; set only one"
+            )
+        if isinstance(algorithm, dict):
+            algorithm["bypass_old_logprobs"] = bypass
+    drop_no_effect_keys(verl)
 
 
 @contextlib.contextmanager

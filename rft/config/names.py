@@ -20,6 +20,7 @@ ADVANTAGE_FN_NAMES = (
     "on_policy_distill",
     "jsd",
     "gigpo",
+    "clipb",
 )
 POLICY_LOSS_FN_NAMES = (
     "ppo",
@@ -99,7 +100,9 @@ MIX_BATCH_ARGS = (
 # entropy_loss_fn names whose bonus counts the rollout rows only (not the expert rows).
 ROLLOUT_ENTROPY = frozenset({"mix"})
 # advantage_fn names that compare a response with the rest of its group (repeat_times >= 2).
-GROUP_BASELINES = frozenset({"grpo", "rloo", "opmd", "asymre", "rec", "step_wise_grpo", "gigpo"})
+GROUP_BASELINES = frozenset(
+    {"grpo", "rloo", "opmd", "asymre", "rec", "step_wise_grpo", "gigpo", "clipb"}
+)
 ROLLOUT_CORRECTION_MODES = ("none", "tis", "decoupled")  # algorithm.rollout_correction.mode
 # data_processor.experience_pipeline operators rft applies (rft.trainer.experience_ops), as
 # Trinity registers them (trinity/buffer/operators/__init__.py EXPERIENCE_OPERATORS).
@@ -117,6 +120,10 @@ NEEDS_CRITIC = frozenset({"ppo"})  # advantage_fn names that need a critic model
 # take each row's experience info too (infos=...: GiGPO's step reward and state hash).
 BY_RUN = frozenset({"step_wise_grpo", "gigpo"})
 BY_INFO = frozenset({"gigpo"})
+# advantage_fn names followed by a token filter that reads the policy's per-token entropy from
+# the trainer's old-log-prob pass and each token's rollout log-prob (Trinity's Clip-B:
+# rft.algo.entropy_clip.clipb_keep): they need old_logprobs recompute and rollout log-probs.
+ENTROPY_TOKEN_FILTER = frozenset({"clipb"})
 # advantage_fn names whose std_threshold drops whole groups before a step (Trinity's group
 # skip; rft.trainer.experience_ops.std_threshold_filter), and of them those whose groups are
 # compared by their runs' last-step rewards.

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 
-from rft.config.names import EXPERT_LOSSES, GROUP_BASELINES
+from rft.config.names import ENTROPY_TOKEN_FILTER, EXPERT_LOSSES, GROUP_BASELINES
 from rft.config.schema import Config
 from rft.errors import ConfigError
 
@@ -147,6 +147,13 @@ def resolve_old_logprobs(cfg: Config, seen: set[str]) -> None:
         raise ConfigError(
             f"algorithm.algorithm_type m2po needs policy_loss_fn m2po (got "
             f"{algo.policy_loss_fn!r}); remove algorithm.policy_loss_fn, or choose another type"
+        )
+    if algo.advantage_fn in ENTROPY_TOKEN_FILTER and algo.old_logprobs != "recompute":
+        raise ConfigError(
+            f"algorithm.advantage_fn {algo.advantage_fn} filters tokens by the policy's entropy "
+            "from the trainer's old-log-prob pass, which old_logprobs rollout (Trinity's "
+            "bypass_old_logprobs / rollout_correction.bypass_mode: true) skips; set "
+            "algorithm.old_logprobs: recompute (as Trinity's example requires bypass_mode: false)"
         )
     if algo.policy_loss_fn != "m2po":
         return

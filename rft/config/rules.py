@@ -287,10 +287,10 @@ def _check_trainer(cfg: Config) -> None:
         )
     tasksets = [taskset for _, taskset in cfg.labelled_tasksets()]
     if cfg.model.logprobs or any(taskset.rollout_args.logprobs for taskset in tasksets):
-        raise NotSupportedError(
-            "model.logprobs / rollout_args.logprobs > 0: extra top-k log-probs "
-            "are not supported yet; rft keeps the sampled token's log-prob "
-            "(always on). Remove the key or set it to 0"
+        log.warning(
+            "model.logprobs / rollout_args.logprobs > 0 has no effect on what is trained (as in "
+            "Trinity, which keeps the sampled token's log-prob of vLLM's top-k list too; rft "
+            "always records it): vLLM only computes the k others per token; set 0 to save that"
         )
     rollout = cfg.explorer.rollout_model
     if rollout.enable_auto_tool_choice and not rollout.tool_call_parser:

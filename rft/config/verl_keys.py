@@ -60,6 +60,17 @@ def drop_no_effect_keys(verl: dict[str, Any]) -> list[str]:
     return dropped
 
 
+BYPASS_MODE = "algorithm.rollout_correction.bypass_mode"
+
+
+def lift_bypass_mode(verl: dict[str, Any]) -> bool | None:
+    """veRL's ``algorithm.rollout_correction.bypass_mode`` taken out of ``verl`` (None when
+    absent): Trinity 0.5's trainer reads it (true: the rollout's log-probs are the old ones, as
+    ``algorithm.bypass_old_logprobs``), unlike the rest of veRL's algorithm section."""
+    value = _pop(verl, BYPASS_MODE)
+    return None if value is _MISSING else value
+
+
 def _betas_from_beta1_beta2(verl: dict[str, Any]) -> None:
     """veRL's older ``optim.beta1``/``beta2`` (Trinity 0.1's examples) are ``betas: [b1, b2]``."""
     for path in _OPTIMS:

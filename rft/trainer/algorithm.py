@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from rft.algo.correction import CORRECTIONS, correction_weights
+from rft.algo.entropy_clip import CLIPB_MU, clipb_keep
 from rft.algo.losses import ENTROPY_LOSS_FNS, KL_FNS, LOSS_AGG_MODES
 from rft.algo.m2po import M2_THRESHOLD
 from rft.algo.registry import (
@@ -34,6 +35,7 @@ assert names.NEEDS_CRITIC == {"ppo"}
 assert names.NEEDS_TEACHER <= set(ADVANTAGE_FNS)
 assert names.BY_INFO <= names.BY_RUN <= set(ADVANTAGE_FNS)
 assert names.GROUP_BASELINES <= set(ADVANTAGE_FNS)
+assert names.ENTROPY_TOKEN_FILTER == {"clipb"}  # its filter: clipb_keep
 assert names.EXPERT_LOSSES <= set(POLICY_LOSS_FNS)
 assert names.ROLLOUT_ENTROPY <= set(ENTROPY_LOSS_FNS)
 assert set(POLICY_LOSS_FNS) == set(names.POLICY_LOSS_FN_NAMES)
@@ -69,6 +71,9 @@ class LossFns:
     advantage_by_teacher: bool = False
     # policy_loss_fn m2po: its mask's m2_threshold, applied per mini-batch (rft.trainer.m2po)
     m2po_threshold: float | None = None
+    # (advantages, mask, rollout_logprobs, entropy) -> (kept tokens [B, R], metrics), applied
+    # after the advantages with the old pass's entropies (names.ENTROPY_TOKEN_FILTER: Clip-B)
+    token_filter: Callable[..., Any] | None = None
 
     @property
     def needs_ref(self) -> bool:
@@ -167,6 +172,11 @@ def build_loss_fns(algo: AlgorithmConfig) -> LossFns:
         advantage_by_teacher=algo.advantage_fn in names.NEEDS_TEACHER,
         m2po_threshold=float(policy_args.get("m2_threshold", M2_THRESHOLD))
         if algo.policy_loss_fn == "m2po"
+        else None,
+        token_filter=functools.partial(
+            clipb_keep, mu=float(algo.advantage_fn_args.get("mu", CLIPB_MU))
+        )
+        if algo.advantage_fn in names.ENTROPY_TOKEN_FILTER
         else None,
     )
 

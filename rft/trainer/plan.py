@@ -44,6 +44,7 @@ class MiniPlan:
     critic_rows: list[list[int]] = field(
         default_factory=list
     )  # the critic's micro-batches (rollout rows)
+    batch_rows: list[int] = field(default_factory=list)  # the mini-batch's rows on all ranks
 
 
 @dataclass
@@ -127,6 +128,7 @@ def plan_step(exps: Sequence[Experience], cfg: Config, info: engine.DistInfo) ->
         share = [subset[i] for i in shares[info.rank]]  # whole groups of this mini-batch
         micros = rank_micro_batches(rows, share, lengths, cfg, cfg.trainer.micro_batch_size_per_gpu)
         mini = MiniPlan(micros, source_totals(rows.response_mask[subset], rows.expert[subset]))
+        mini.batch_rows = list(subset)
         if uses_critic(cfg):  # values are learned on rollouts only
             rollout = [i for i in share if not bool(rows.expert[i])]
             mini.critic_rows = rank_micro_batches(rows, rollout, lengths, cfg, critic_size)
@@ -160,20 +162,43 @@ def micro_batch(
     return micro.to(device)
 
 
+def narrow_mask(plan: Plan, mask: torch.Tensor) -> None:
+    """Train on the tokens of ``mask`` ``[N, R]`` only (within the rows' response mask, e.g.
+    Clip-B's filter): the rows' mask replaced and each mini-batch's loss denominators recounted."""
+    plan.rows.response_mask = mask
+    for mini in plan.minis:
+        mini.totals = source_totals(mask[mini.batch_rows], plan.rows.expert[mini.batch_rows])
+
+
 @torch.no_grad()
+def local_passes(
+    fn: Callable[[MicroBatch], tuple[torch.Tensor, ...]],
+    plan: Plan,
+    pad_id: int,
+    device: torch.device,
+) -> tuple[torch.Tensor, ...]:
+    """``[N, R]`` each of ``fn``'s tensors (e.g. log-probs and entropies) on this rank's rows
+    (others 0), one micro-batch at a time."""
+    outs: list[torch.Tensor] = []
+    zeros = torch.zeros_like(plan.rows.response_mask)  # [N, R]
+    for rows in plan.logprob_rows:
+        micro = micro_batch(plan, rows, zeros, zeros, pad_id, device)
+        for k, part in enumerate(fn(micro)):
+            if k == len(outs):
+                outs.append(torch.zeros_like(zeros))
+            values = part.float().cpu()  # [B, R_micro]
+            for j, row in enumerate(rows):
+                outs[k][row, : values.shape[1]] = values[j]
+    return tuple(outs)
+
+
 def local_pass(
     fn: Callable[[MicroBatch], torch.Tensor], plan: Plan, pad_id: int, device: torch.device
 ) -> torch.Tensor:
     """``[N, R]`` of ``fn`` (log-probs, or the critic's values) on this rank's rows (others 0),
     one micro-batch at a time."""
-    out = torch.zeros_like(plan.rows.response_mask)  # [N, R]
-    zeros = torch.zeros_like(out)
-    for rows in plan.logprob_rows:
-        micro = micro_batch(plan, rows, zeros, zeros, pad_id, device)
-        values = fn(micro).float().cpu()  # [B, R_micro]
-        for j, row in enumerate(rows):
-            out[row, : values.shape[1]] = values[j]
-    return out
+    outs = local_passes(lambda micro: (fn(micro),), plan, pad_id, device)
+    return outs[0] if outs else torch.zeros_like(plan.rows.response_mask)
 
 
 def gather_rows(plan: Plan, local: torch.Tensor) -> torch.Tensor:

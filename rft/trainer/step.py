@@ -43,7 +43,16 @@ from rft.trainer.batching import (
 )
 from rft.trainer.critic import old_values, update_critic, value_metrics
 from rft.trainer.distill import add_trainer_teacher_logprobs, teacher_inputs
-from rft.trainer.plan import MiniPlan, Plan, gather_rows, local_pass, micro_batch, plan_step
+from rft.trainer.plan import (
+    MiniPlan,
+    Plan,
+    gather_rows,
+    local_pass,
+    local_passes,
+    micro_batch,
+    narrow_mask,
+    plan_step,
+)
 
 
 def _advantages(
@@ -97,22 +106,52 @@ def _advantages(
     return adv, None, {**metrics, **adv_metrics}
 
 
+def _need_rollout_logprobs(rows: Rows, which: list[int], what: str, remedy: str) -> None:
+    """A DataError naming ``what`` reads rollout log-probs when a row of ``which`` lacks them."""
+    missing = [i for i in which if not bool(rows.has_logprobs[i])]
+    if missing:
+        raise DataError(
+            f"{what} reads the rollout log-probs of each response, but {len(missing)} of the "
+            "step's rows came without them (a workflow that builds experiences without "
+            f"logprobs); {remedy} or record them"
+        )
+
+
 def mean_rollout_logprobs(rows: Rows, which: list[int]) -> torch.Tensor:
     """Each row's mean vLLM log-prob over its response positions ``[n]`` (Trinity's
     rank_penalty ranks a group's responses by it); a row that came without log-probs cannot be
     ranked."""
-    missing = [i for i in which if not bool(rows.has_logprobs[i])]
-    if missing:
-        raise DataError(
-            f"algorithm.advantage_fn_args.rank_penalty ranks responses by their rollout "
-            f"log-probs, but {len(missing)} of the step's rows came without them (a workflow "
-            "that builds experiences without logprobs); unset rank_penalty or record them"
-        )
+    _need_rollout_logprobs(
+        rows, which, "algorithm.advantage_fn_args.rank_penalty", "unset rank_penalty"
+    )
     # Trinity's torch.mean(exp.logprobs): over every response position, tool or environment
     # tokens of a multi-turn response included (the loss mask does not narrow it)
     lengths = torch.tensor([rows.response_lens[i] for i in which], dtype=torch.float32)  # [n]
     total = rows.rollout_logprobs[which].sum(dim=-1)  # [n], 0 past each response
     return total / lengths.clamp(min=1)
+
+
+def _filter_tokens(
+    plan: Plan, fns: LossFns, adv: torch.Tensor, entropy: torch.Tensor
+) -> dict[str, float]:
+    """Clip-B's token filter (``fns.token_filter``) over the rollout rows of the whole batch:
+    from the advantages ``adv`` ``[N, R]`` (zeroed in place where dropped), the rollout
+    log-probs and this rank's old-pass ``entropy`` ``[N, R]`` (gathered from every rank), the
+    rows' mask narrowed to the kept tokens (:func:`rft.trainer.plan.narrow_mask`); its metrics."""
+    rows = plan.rows
+    rollout = [i for i in range(len(rows)) if not bool(rows.expert[i])]
+    if fns.token_filter is None or not rollout:
+        return {}
+    _need_rollout_logprobs(rows, rollout, "algorithm.advantage_fn clipb", "choose grpo")
+    every = gather_rows(plan, entropy)  # [N, R]
+    keep, metrics = fns.token_filter(
+        adv[rollout], rows.response_mask[rollout], rows.rollout_logprobs[rollout], every[rollout]
+    )  # [n, R]
+    mask = rows.response_mask.clone()  # [N, R]
+    mask[rollout] = keep
+    adv[rollout] = adv[rollout] * keep
+    narrow_mask(plan, mask)
+    return metrics
 
 
 def _correction_rows(
@@ -163,6 +202,7 @@ def old_pass_skippable(fns: LossFns, updates: int) -> bool:
         and updates == 1
         and fns.kl_penalty is None
         and not fns.advantage_by_teacher  # the distillation advantage reads them first
+        and fns.token_filter is None  # Clip-B reads the old pass's entropies first
     )
 
 
@@ -239,6 +279,7 @@ class StepInputs:
 
     plan: Plan
     ref: torch.Tensor | None  # [N, R] reference log-probs (KL loss or penalty), else None
+    response_tokens: torch.Tensor  # [N] response tokens per row before any token filter
     old: torch.Tensor  # [N, R] old log-probs; zeros when skip_old (filled per micro-batch)
     skip_old: bool  # old log-probs (and correction weights) come from each training forward
     adv: torch.Tensor  # [N, R] advantages (0 on expert rows)
@@ -263,25 +304,36 @@ class PolicyUpdates:
 
 def _old_logprobs(
     actor: engine.Actor, plan: Plan, fns: LossFns, skip: bool, pad_id: int, info: engine.DistInfo
-) -> torch.Tensor:
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Old log-probs ``[N, R]``: recomputed on this rank's rows, the rollout's, or zeros where
-    the pass is skipped (:func:`old_pass_skippable`: each micro-batch fills its own)."""
+    the pass is skipped (:func:`old_pass_skippable`: each micro-batch fills its own); with a
+    token filter (Clip-B) the recomputed pass's entropies ``[N, R]`` too, else None."""
     mask = plan.rows.response_mask  # [N, R]
     if skip:
-        return torch.zeros_like(mask)
+        return torch.zeros_like(mask), None
+    if fns.recompute_old and fns.token_filter is not None:
+
+        def both(m: MicroBatch) -> tuple[torch.Tensor, ...]:
+            logprob, entropy = engine.forward_logprobs(actor.engine, m, with_entropy=True)
+            assert entropy is not None
+            return logprob, entropy
+
+        old, entropy = local_passes(both, plan, pad_id, info.device)
+        return old, entropy
     if fns.recompute_old:
-        return local_pass(
+        old = local_pass(
             lambda m: engine.forward_logprobs(actor.engine, m, with_entropy=False)[0],
             plan,
             pad_id,
             info.device,
         )
+        return old, None
     if not fns.sft and not bool((plan.rows.has_logprobs | plan.rows.expert).all()):
         raise DataError(
             "algorithm.old_logprobs is 'rollout' but some experiences carry no "
             "logprobs; use old_logprobs: recompute"
         )
-    return plan.rows.rollout_logprobs
+    return plan.rows.rollout_logprobs, None
 
 
 def prepare_inputs(
@@ -301,8 +353,9 @@ def prepare_inputs(
         assert ref is not None
         ref_lp = local_pass(lambda m: engine.reference_logprobs(ref, m), plan, pad_id, info.device)
     skip_old = old_pass_skippable(fns, cfg.trainer.ppo_epochs * len(plan.minis))
+    response_tokens = plan.rows.response_mask.sum(-1)  # [N]
     t_old = time.perf_counter()
-    old = _old_logprobs(actor, plan, fns, skip_old, pad_id, info)  # [N, R]
+    old, entropy = _old_logprobs(actor, plan, fns, skip_old, pad_id, info)  # [N, R] each
     t_old = time.perf_counter() - t_old
     values = None if critic is None else old_values(critic, plan, pad_id, info.device)  # [N, R]
     teacher = (  # distillation with the teacher in the trainer: its log-probs, rows lacking them
@@ -310,7 +363,11 @@ def prepare_inputs(
     )
     adv, returns, metrics = _advantages(plan, fns, ref_lp, old, info, values)
     metrics.update(teacher)
-    return StepInputs(plan, ref_lp, old, skip_old, adv, values, returns, metrics, t_old)
+    if entropy is not None:
+        metrics.update(_filter_tokens(plan, fns, adv, entropy))
+    return StepInputs(
+        plan, ref_lp, response_tokens, old, skip_old, adv, values, returns, metrics, t_old
+    )
 
 
 def _update_critic(
@@ -440,6 +497,7 @@ def step_metrics(
         metrics.update(_gather_correction(done.correction))
     rollout = ~plan.rows.expert  # [N]
     adv_rows = (inputs.adv.sum(-1) / mask.sum(-1).clamp(min=1))[rollout]  # [n] per response
+    lengths = inputs.response_tokens  # [N] before a token filter narrowed the mask
     if bool(plan.rows.expert.any()) and not fns.sft:
         metrics["batch_expert_samples"] = int(plan.rows.expert.sum())
     metrics.update(
@@ -447,8 +505,8 @@ def step_metrics(
         lr=engine.current_lr(actor),
         advantages_mean=float(adv_rows.mean()) if len(adv_rows) else 0.0,
         advantages_std=float(adv_rows.std()) if len(adv_rows) > 1 else 0.0,
-        response_length_mean=float(mask.sum(-1).mean()),
-        response_length_max=float(mask.sum(-1).max()),
+        response_length_mean=float(lengths.mean()),
+        response_length_max=float(lengths.max()),
         micro_batches=sum(len(mini.micro_rows) for mini in plan.minis),
         time_prepare_s=prepare_s,
         old_logprobs_skipped=int(inputs.skip_old),
