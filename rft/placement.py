@@ -177,6 +177,19 @@ def local_trainer_ranks(trainer_gpus: int, env: Mapping[str, str]) -> int:
     return trainer_gpus or int(env.get(LOCAL_TRAINER_RANKS_VAR, "2"))
 
 
+def sequence_group_layout(rank: int, world_size: int, size: int) -> tuple[int, int, int]:
+    """``(data-parallel rank, data-parallel size, place in its sequence group)`` of trainer
+    ``rank`` of ``world_size`` with Ulysses groups of ``size`` consecutive ranks
+    (rft.trainer.sequence_parallel)."""
+    if size < 1 or world_size % size:
+        raise ConfigError(
+            f"trainer.ulysses_sequence_parallel_size={size} must divide the trainer's "
+            f"{world_size} ranks (its GPUs; on a CPU machine RFT_LOCAL_TRAINER_RANKS): each "
+            "sequence group holds whole data-parallel shares"
+        )
+    return rank // size, world_size // size, rank % size
+
+
 def cpu_trainer_threads(ranks: int, cores: Optional[int] = None) -> int:
     """OpenMP threads of each CPU trainer rank: the machine's cores shared by the ranks (in a
     synchronous run the explorer waits while the trainer steps)."""

@@ -279,31 +279,14 @@ def test_misspelt_names_still_get_the_nearest_name(tmp_path):
     assert not isinstance(e.value, NotSupportedError)
 
 
-@pytest.mark.parametrize(
-    "section, key",
-    [
-        ({"ulysses_sequence_parallel_size": 2}, "trainer.ulysses_sequence_parallel_size: 2"),
-        (
-            {
-                "trainer_config": {
-                    "actor_rollout_ref": {"actor": {"ulysses_sequence_parallel_size": 4}}
-                }
-            },
-            "trainer.ulysses_sequence_parallel_size: 4",
-        ),
-        (
-            {"trainer_config": {"critic": {"ulysses_sequence_parallel_size": 2}}},
-            "trainer.trainer_config.critic.ulysses_sequence_parallel_size: 2",
-        ),
-    ],
-)
-def test_sequence_parallelism_is_refused_not_ignored(tmp_path, section, key):
-    """Sequence parallelism is not built: > 1 is refused (never a warning while each GPU holds
-    whole sequences); 1 loads."""
+def test_sequence_parallelism_of_the_critic_is_refused_not_ignored(tmp_path):
+    """The policy's sequences split across a group (tests/test_sequence_parallel.py); the
+    critic's are not: > 1 there is refused (never a warning); 1 loads."""
+    section = {"trainer_config": {"critic": {"ulysses_sequence_parallel_size": 2}}}
     with pytest.raises(NotSupportedError) as e:
         load_dict(tmp_path, minimal(trainer=section))
+    key = "trainer.trainer_config.critic.ulysses_sequence_parallel_size: 2"
     assert f"Trinity's `{key}` is not supported by rft" in str(e.value)
-    assert "max_token_len_per_gpu" in str(e.value)
     assert load_dict(tmp_path, minimal(trainer={"ulysses_sequence_parallel_size": 1}))
 
 

@@ -141,15 +141,10 @@ def test_a_calculator_call_comes_back_to_the_agent_and_masks_the_tool_result(tem
     assert 0 in mask and 1 in mask  # the tool result between the replies is not trained
 
 
-def test_trinitys_react_example_passes_the_dry_run_with_sequence_parallelism_off(tmp_path):
-    # rft refuses ulysses_sequence_parallel_size > 1 (not built); everything else as written
-    cfg = config_from_dict(
-        read_raw(
-            EXAMPLE,
-            [f"checkpoint_root_dir={tmp_path}", "trainer.ulysses_sequence_parallel_size=1"],
-        )
-    )
+def test_trinitys_react_example_passes_the_dry_run(tmp_path):
+    cfg = config_from_dict(read_raw(EXAMPLE, [f"checkpoint_root_dir={tmp_path}"]))
     assert cfg.synchronizer.sync_style == "explorer_driven"  # Trinity's newer name of it
+    assert cfg.trainer.ulysses_sequence_parallel_size == 2  # its trainer splits sequences
     choice = taskset_workflow(cfg, cfg.buffer.explorer_input.taskset, "taskset", False)
     assert choice.cls is AgentScopeReActWorkflow
 
@@ -165,7 +160,6 @@ def test_trinitys_react_example_trains_two_steps(vllm_model_dir, tmp_path):
         f"model.model_path={vllm_model_dir}",
         f"checkpoint_root_dir={tmp_path / 'ck'}",
         f"buffer.explorer_input.taskset.path={tmp_path / 'data'}",
-        "trainer.ulysses_sequence_parallel_size=1",  # rft has no sequence parallelism
         "explorer.rollout_model.reasoning_parser=null",  # the tiny model has no <think> tokens
         "explorer.rollout_model.enable_thinking=false",
         "model.max_model_len=1024",
@@ -183,8 +177,11 @@ def test_trinitys_react_example_trains_two_steps(vllm_model_dir, tmp_path):
         "explorer.rollout_model.dtype=float32",
     ]
     run_dir = config_from_dict(read_raw(EXAMPLE, args)).run_dir
-    proc = rft_run("--config", str(EXAMPLE), *args)
+    # its ulysses_sequence_parallel_size: 2 as written: one sequence group of two CPU ranks
+    proc = rft_run("--config", str(EXAMPLE), *args, trainer_ranks=2)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    log = (run_dir / "log" / "trainer.log").read_text()
+    assert "Ulysses sequence parallelism: 1 group(s) of 2 ranks" in log
     trained = read_metrics(run_dir, "trainer")
     explored = [m for m in read_metrics(run_dir, "explorer_explorer") if "reward/mean" in m]
     assert [m["step"] for m in trained] == [1, 2] and [m["step"] for m in explored] == [1, 2]

@@ -1,7 +1,6 @@
 """Every config that Trinity-RFT's documents print (``tests/fixtures/trinity/``, kept as printed)
-loads in rft with only its paths set, or is refused by name for a feature that an open issue
-builds. The table below says which: when an issue lands, delete its rows from ``REFUSED`` (the
-fixture must then load) and from ``GAPS``.
+loads in rft with only its paths set (the last refusal, CHORD's sequence parallelism, went with
+rft.trainer.sequence_parallel).
 
 Paths reach the configs the way their users set them: the ``${oc.env:TRINITY_*}`` variables
 the configs read, and ``key=value`` overrides for paths written out in the file.
@@ -9,15 +8,12 @@ the configs read, and ``key=value`` overrides for paths written out in the file.
 
 from __future__ import annotations
 
-import copy
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from rft.config.gpus import split_gpus
-from rft.config.load import config_from_dict, load_config, read_raw
-from rft.errors import NotSupportedError
+from rft.config.load import load_config
 from rft.launch.cli import run_main
 from rft.trainer.algorithm import build_loss_fns
 
@@ -25,25 +21,6 @@ REPO = Path(__file__).resolve().parent.parent
 TRINITY = REPO / "tests" / "fixtures" / "trinity"
 ARITHMETIC = REPO / "data" / "arithmetic"
 
-
-@dataclass(frozen=True)
-class Refused:
-    """A fixture needs a feature an open issue builds: loading names one of ``keys``."""
-
-    issue: str  # the issue that builds it
-    keys: tuple[str, ...]  # the config keys that need it; without them the fixture must load
-
-
-# fixture -> how rft reads it today (absent: it loads).
-REFUSED: dict[str, Refused] = {
-    # its trainer.ulysses_sequence_parallel_size: 2 (sequence parallelism is not built: refused
-    # rather than accepted while each GPU holds whole sequences; issue 50)
-    "chord.yaml": Refused("sequence parallelism", ("trainer.ulysses_sequence_parallel_size",)),
-}
-
-# fixture -> keys of Trinity's own example that rft rejects and no issue covers yet (strict
-# xfail: the test fails once they are accepted, so this entry is removed then).
-GAPS: dict[str, str] = {}
 
 FIXTURES = sorted(p.name for p in TRINITY.glob("*.yaml"))
 
@@ -93,42 +70,16 @@ def load_fixture(name: str, tmp_path: Path, *extra: str):
     return cfg
 
 
-def gap_marks(name: str) -> list:
-    if name not in GAPS:
-        return []
-    return [pytest.mark.xfail(strict=True, reason=f"not accepted yet (no issue): {GAPS[name]}")]
-
-
 def test_every_fixture_has_its_source_in_a_header():
     for name in FIXTURES:
         text = (TRINITY / name).read_text()
         assert text.startswith("#") and "/work/shared/seeds/" in text.split("\n\n")[0], name
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=gap_marks(n)) for n in FIXTURES])
-def test_fixture_loads_or_names_the_feature_it_needs(name, tmp_path, trinity_env):
-    refused = REFUSED.get(name)
-    if refused is None:
-        cfg = load_fixture(name, tmp_path)
-        assert cfg.run_dir.is_relative_to(tmp_path)
-        return
-    with pytest.raises(NotSupportedError, match="is not supported by rft") as e:
-        load_fixture(name, tmp_path)
-    assert any(key in str(e.value) for key in refused.keys), (refused.issue, str(e.value))
-
-
-@pytest.mark.parametrize("name", [pytest.param(n, marks=gap_marks(n)) for n in sorted(REFUSED)])
-def test_refused_fixture_needs_only_its_issue(name, tmp_path, trinity_env):
-    """Without the keys of its issue, the fixture loads: nothing else stands in its way."""
-    raw = read_raw(TRINITY / name, path_overrides(name, tmp_path))
-    for key in REFUSED[name].keys:
-        *parents, last = key.split(".")
-        section = raw
-        for part in parents:
-            section = section.get(part) or {}
-        section.pop(last, None)
-    cfg = config_from_dict(copy.deepcopy(raw))
-    build_loss_fns(cfg.algorithm)
+@pytest.mark.parametrize("name", FIXTURES)
+def test_fixture_loads(name, tmp_path, trinity_env):
+    cfg = load_fixture(name, tmp_path)
+    assert cfg.run_dir.is_relative_to(tmp_path)
 
 
 def test_placeholder_names_are_used_as_printed(tmp_path, trinity_env):

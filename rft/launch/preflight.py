@@ -46,6 +46,7 @@ from rft.models import (
     check_critic_dir,
     check_model_dir,
     check_reward_model_dir,
+    check_sequence_parallel_heads,
     check_shared_kinds,
     check_vllm_cpu_head_dim,
     has_chat_template,
@@ -60,6 +61,7 @@ from rft.placement import (
     Devices,
     local_trainer_ranks,
     scorer_gpu_index,
+    sequence_group_layout,
 )
 from rft.rundir import BUFFER_DIR, EXPLORERS_DIR, WEIGHTS_DIR, newest_checkpoint
 from rft.trainer.algorithm import build_loss_fns
@@ -118,6 +120,12 @@ def check_config(cfg: Config, prefix: str = "", here: Devices | None = None) -> 
         check_reward_weights(cfg)
     if cfg.mode in TRAINER_MODES and uses_critic(cfg):
         check_critic_dir(cfg.model.critic_model_path, cfg.model.model_path)
+    sp_size = cfg.trainer.ulysses_sequence_parallel_size
+    if cfg.mode in TRAINER_MODES and sp_size > 1:
+        cpu = here.gpus == 0 if here is not None else cfg.cluster.gpu_per_node == 0
+        ranks = local_trainer_ranks(0, os.environ) if cpu else split_gpus(cfg).trainer
+        sequence_group_layout(0, ranks, sp_size)  # a ConfigError unless the size divides them
+        check_sequence_parallel_heads(cfg.model.model_path, sp_size)
     _check_lora_path(cfg)
     build_loss_fns(cfg.algorithm)
     replay_buffer = cfg.buffer.trainer_input.experience_buffer.replay_buffer
@@ -547,6 +555,16 @@ def _role_lines(cfg: Config, devices: Devices) -> list[tuple[str, str]]:
                 f"{per_step} experiences per step, {batches.describe(cfg)}",
             )
         )
+        if t.ulysses_sequence_parallel_size > 1:
+            size = t.ulysses_sequence_parallel_size
+            lines.append(
+                (
+                    "sequences",
+                    f"Ulysses sequence parallelism: groups of {size} consecutive ranks take the "
+                    f"same rows, each 1/{size} of every row's positions (attention exchanges "
+                    "heads for positions)",
+                )
+            )
         lora = lora_config(cfg)
         if lora is not None:
             start = f"from {lora.path}" if lora.path else "new (B = 0: the base model at step 0)"

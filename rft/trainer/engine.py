@@ -42,6 +42,7 @@ from rft.safetensors_io import (  # noqa: E402
     write_safetensors,
 )
 from rft.safetensors_io import TensorSpec as FileTensor  # noqa: E402
+from rft.trainer import sequence_parallel  # noqa: E402
 from rft.trainer.attention import (  # noqa: E402
     FLEX_ATTENTION,
     flash_attn_installed,
@@ -69,6 +70,17 @@ class DistInfo:
     local_rank: int
     device: torch.device
     backend: str
+    sp_size: int = 1  # ranks per sequence group (rft.trainer.sequence_parallel); 1: none
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's data-parallel share: the ranks of a sequence group take the same rows."""
+        return placement.sequence_group_layout(self.rank, self.world_size, self.sp_size)[0]
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel shares of each step (the trainer's ranks / the sequence group size)."""
+        return placement.sequence_group_layout(self.rank, self.world_size, self.sp_size)[1]
 
 
 def init_distributed(timeout_s: float = 1800.0) -> DistInfo:
@@ -622,14 +634,19 @@ def forward_logprobs(
     aside, which only vLLM applies). Expert/SFT rows are data, not samples: temperature 1.
     """
     rows, cols = (micro.response_mask > 0).nonzero(as_tuple=True)  # [M] each
-    seqs = micro.sequence_index()[rows, 0]  # [M] the input row that holds the token
     positions = micro.logit_positions[rows, cols]  # [M] position whose logits predict the token
+    inputs = micro.model_inputs(sequence_parallel.length_multiple(_length_multiple(module)))
+    sp = sequence_parallel.active()
+    if sp is not None:  # this rank holds positions [start, start + t) of each row
+        inputs, start = sp.shard(inputs)
+        mine = (positions >= start) & (positions < start + inputs["input_ids"].shape[1])
+        rows, cols, positions = rows[mine], cols[mine], positions[mine] - start
+    seqs = micro.sequence_index()[rows, 0]  # [M] the input row that holds the token
     labels = micro.response_ids[rows, cols]  # [M]
     temperature = micro.temperature
     if isinstance(temperature, torch.Tensor):
         temperature = temperature.to(rows.device)[rows]  # [M]
     entropy_wanted = with_entropy and entropy_grad and torch.is_grad_enabled()
-    inputs = micro.model_inputs(_length_multiple(module))
     head = plain_head(module)
     if head is not None:
 
@@ -659,6 +676,10 @@ def forward_logprobs(
     logprobs = out.index_put((rows, cols), logprob)  # [B, R]
     if entropy is not None:
         entropy = out.index_put((rows, cols), entropy if entropy_wanted else entropy.detach())
+    if sp is not None:  # every rank of the group gets the tokens of all its positions
+        logprobs = sequence_parallel.gather_tokens(logprobs, sp)
+        if entropy is not None:
+            entropy = sequence_parallel.gather_tokens(entropy, sp)
     return logprobs, entropy
 
 

@@ -11,6 +11,7 @@ checkpointed, so a requeued job resumes there), 2 for a user error or a lost lea
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import time
@@ -136,6 +137,21 @@ def run(cfg: Config) -> int:
 
     wait_s = max(cfg.synchronizer.sync_timeout, read_timeout(cfg)[0])
     info = engine.init_distributed(max(1800.0, wait_s + 600.0))
+    size = cfg.trainer.ulysses_sequence_parallel_size
+    if size > 1:  # every rank forms the groups; the model must split its heads evenly
+        from rft.models import check_sequence_parallel_heads
+        from rft.trainer import sequence_parallel
+
+        check_sequence_parallel_heads(cfg.model.model_path, size)
+        sequence_parallel.setup(size, info.rank, info.world_size)
+        info = dataclasses.replace(info, sp_size=size)
+        if info.rank == 0:
+            log.info(
+                "trainer: Ulysses sequence parallelism: %d group(s) of %d ranks, each sequence's "
+                "positions split across its group",
+                info.dp_size,
+                size,
+            )
     if info.rank == 0:
         cfg.run_dir.mkdir(parents=True, exist_ok=True)
     lease = claim_run_dir(cfg, cfg.run_dir, info.rank)

@@ -123,9 +123,9 @@ def plan_step(exps: Sequence[Experience], cfg: Config, info: engine.DistInfo) ->
     minis, mine = [], []
     for subset in split_mini_batches(rows.group_ids, rows.expert, count):
         shares = split_for_ranks(
-            [rows.group_ids[i] for i in subset], [lengths[i] for i in subset], info.world_size
+            [rows.group_ids[i] for i in subset], [lengths[i] for i in subset], info.dp_size
         )
-        share = [subset[i] for i in shares[info.rank]]  # whole groups of this mini-batch
+        share = [subset[i] for i in shares[info.dp_rank]]  # whole groups of this mini-batch
         micros = rank_micro_batches(rows, share, lengths, cfg, cfg.trainer.micro_batch_size_per_gpu)
         mini = MiniPlan(micros, source_totals(rows.response_mask[subset], rows.expert[subset]))
         mini.batch_rows = list(subset)

@@ -430,8 +430,8 @@ def _mini_batch(
     for k, rows in enumerate(mini.micro_rows):
         micro = _micro_inputs(inputs, rows, pad_id, info.device)
         source = micro_source(micro)
-        scale = micro_loss_scale(
-            micro.response_mask, mini.totals[source], fns.agg_mode, info.world_size
+        scale = micro_loss_scale(  # data-parallel shares: a sequence group's ranks share rows
+            micro.response_mask, mini.totals[source], fns.agg_mode, info.dp_size
         )
         logprob, entropy = engine.forward_logprobs(
             actor.engine, micro, with_entropy=True, entropy_grad=fns.entropy_in_loss
@@ -445,6 +445,7 @@ def _mini_batch(
         keep = None if m2po_keep is None else m2po_keep[k]
         loss, metrics = _micro_loss(micro, logprob, entropy, fns, step, whole, keep)
         engine.backward(actor, loss * scale)
+        # every rank's sums: a sequence group's ranks hold the same metrics (scale / world)
         done.sums.add(metrics, scale / info.world_size / updates, fractions[source])
 
 

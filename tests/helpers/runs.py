@@ -17,9 +17,12 @@ REPO = Path(__file__).resolve().parent.parent.parent
 DATA = REPO / "data" / "arithmetic"  # the arithmetic tasks the CPU configs train on
 
 
-def rft_run(*args: str, timeout: int = 900, **popen) -> subprocess.CompletedProcess:
-    """``bin/rft-run ARGS`` from the repository root, one trainer rank, output captured."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", RFT_LOCAL_TRAINER_RANKS="1")
+def rft_run(
+    *args: str, timeout: int = 900, trainer_ranks: int = 1, **popen
+) -> subprocess.CompletedProcess:
+    """``bin/rft-run ARGS`` from the repository root, one trainer rank (``trainer_ranks``: as
+    many DeepSpeed ranks on gloo), output captured."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", RFT_LOCAL_TRAINER_RANKS=str(trainer_ranks))
     return subprocess.run(
         [sys.executable, str(REPO / "bin" / "rft-run"), *args],
         cwd=REPO,
