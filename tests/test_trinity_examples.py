@@ -38,7 +38,7 @@ EXPECTED: dict[str, Refused | Typo | None] = {
     # (test_dapo_example_loads_as_written).
     "dapo_math.yaml": LOADS,
     "dpo_humanlike.yaml": LOADS,
-    "grpo_alfworld.yaml": Refused("workflow alfworld_workflow"),
+    "grpo_alfworld.yaml": LOADS,  # rft.workflow.envs.alfworld (test_env_alfworld.py)
     "grpo_frozen_lake.yaml": LOADS,
     "grpo_gsm8k.yaml": LOADS,
     "grpo_lora_gsm8k.yaml": LOADS,

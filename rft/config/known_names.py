@@ -847,10 +847,9 @@ _AGENTSCOPE_V1 = (
     "it runs an AgentScope v0/v1 agent (agentscope's API before 2.0); rft ships "
     "as_react_workflow (agentscope 2.0) and runs any other agent as a WorkflowWithRecording"
 )
-_ALFWORLD = _ENV.format(
-    env="ALFWorld (pip package alfworld with textworld, and its game files: several GB "
-    "downloaded by alfworld-download, listed as the taskset by Trinity's "
-    "examples/grpo_alfworld/get_alfworld_data.py)"
+_ALFWORLD = (
+    "it is Trinity's RAFT variant of the ALFWorld agent (its own prompts and retry rounds), "
+    "not built; rft ships alfworld_workflow and step_wise_alfworld_workflow on the same games"
 )
 _WEBSHOP = _ENV.format(
     env="WebShop in-process (the web_agent_site package from princeton-nlp/WebShop, not on "
@@ -861,8 +860,6 @@ _WEBSHOP = _ENV.format(
 # Trinity workflows rft does not ship -> what each does (rft.workflow.registry says how to
 # bring one as a plugin).
 WORKFLOWS: dict[str, str] = {
-    "alfworld_workflow": _ALFWORLD,
-    "step_wise_alfworld_workflow": _ALFWORLD,
     "RAFT_alfworld_workflow": _ALFWORLD,
     "RAFT_reflect_alfworld_workflow": _ALFWORLD,
     "webshop_workflow": _WEBSHOP,

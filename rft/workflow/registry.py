@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 
 SHIPPED_MODULES = (
     "rft.workflow.envs.agentscope_react",
+    "rft.workflow.envs.alfworld",
     "rft.workflow.envs.calculator",
     "rft.workflow.envs.frozen_lake",
     "rft.workflow.envs.guess_number",
