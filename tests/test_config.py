@@ -415,6 +415,12 @@ def test_trinity_spellings_set_rft_keys(tmp_path):
                 }
             ),
         )
+    # veRL's older switch (Trinity 0.5 reads it): keep the newest checkpoint only
+    older = {"trainer_config": {"trainer": {"remove_previous_ckpt_in_save": True}}}
+    assert load_dict(tmp_path, minimal(trainer=older)).trainer.max_checkpoints_to_keep == 1
+    older["trainer_config"]["trainer"]["max_actor_ckpt_to_keep"] = 3
+    with pytest.raises(ConfigError, match="remove_previous_ckpt_in_save: true keeps one"):
+        load_dict(tmp_path, minimal(trainer=older))
 
 
 def test_explorer_env_vars_and_chunked_prefill_are_read(tmp_path):

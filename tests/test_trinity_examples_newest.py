@@ -55,9 +55,7 @@ EXPECTED: dict[str, Refused | Typo | Rejected | None] = {
     "R3L_webshop_RAFT_7B.yaml": Rejected(
         "workflow 'raft_baseline_webshop_workflow' is not a known name"
     ),
-    "RAFT_alfworld_RAFT_alfworld_7B.yaml": Refused(
-        "trainer.trainer_config.trainer.remove_previous_ckpt_in_save"
-    ),
+    "RAFT_alfworld_RAFT_alfworld_7B.yaml": Refused("workflow RAFT_alfworld_workflow"),
     "RAFT_alfworld_RAFT_reflect_alfworld_7B.yaml": Rejected(
         "unknown config key 'trainer.trainer_config.model'"
     ),

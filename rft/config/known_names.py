@@ -388,7 +388,6 @@ KEYS: dict[str, dict[str, str]] = {
         "resume_from_path": "set continue_from_checkpoint (rft resumes from the run directory)",
         "default_hdfs_dir": "rft writes to the shared filesystem only; remove it",
         "del_local_ckpt_after_load": "remove it (rft never deletes the checkpoint it resumed)",
-        "remove_previous_ckpt_in_save": "set trainer.max_checkpoints_to_keep",
     },
 }
 
@@ -510,7 +509,6 @@ VERL_INERT: dict[str, tuple] = {
     "trainer.default_hdfs_dir": (None,),
     "trainer.resume_from_path": (None, ""),
     "trainer.del_local_ckpt_after_load": (False,),
-    "trainer.remove_previous_ckpt_in_save": (False,),
 }
 
 # veRL sections accepted (no effect) while their switch key is false or null: Trinity scores

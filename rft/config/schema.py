@@ -639,8 +639,18 @@ class VerlTrainerSection:
     max_critic_ckpt_to_keep: Optional[int] = field(
         None, ge=1
     )  # the critic is saved in the same global_step_N: must match the actor's
+    # veRL's older switch: true keeps the newest checkpoint only (max_checkpoints_to_keep 1)
+    remove_previous_ckpt_in_save: bool = False
 
     def __post_init__(self) -> None:
+        if self.remove_previous_ckpt_in_save:  # as veRL and Trinity 0.5: one of each kept
+            for key in ("max_actor_ckpt_to_keep", "max_critic_ckpt_to_keep"):
+                if getattr(self, key) not in (None, 1):
+                    raise ConfigError(
+                        f"trainer.trainer_config.trainer.remove_previous_ckpt_in_save: true keeps "
+                        f"one checkpoint, but {key}={getattr(self, key)}; set only one of them"
+                    )
+            self.max_actor_ckpt_to_keep = 1
         actor, critic = self.max_actor_ckpt_to_keep, self.max_critic_ckpt_to_keep
         if actor is not None and critic is not None and actor != critic:
             raise ConfigError(
