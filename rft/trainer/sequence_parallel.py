@@ -157,6 +157,8 @@ def heads_to_seq(x: torch.Tensor, sp: SequenceParallel) -> torch.Tensor:
 _CORE_SDPA: Any = None  # transformers' own sdpa_attention_forward
 
 
+@torch.compiler.disable  # run eagerly inside compiled layers (trainer.compile_layers): traced,
+# an autograd function that fills a buffer by a collective gets a zero gradient (DeepSpeed's note)
 def ulysses_attention(
     module: torch.nn.Module,
     query: torch.Tensor,
