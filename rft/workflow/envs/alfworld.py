@@ -21,12 +21,12 @@ from typing import Any, Optional
 
 from rft.errors import WorkflowError
 from rft.workflow.base import MultiTurnWorkflow
+from rft.workflow.envs.text_game import max_env_steps, parse_action
 from rft.workflow.experience import Experience
 from rft.workflow.registry import register_workflow
 from rft.workflow.requires import python_package
 from rft.workflow.step_wise import RewardPropagationWorkflow
 
-MAX_ENV_STEPS = 30  # turns per run (Trinity's workflow_args default)
 UNFINISHED_REWARD = -0.1  # a run that never finished the game (Trinity's)
 TRAJ_DATA = "traj_data.json"  # beside each game file: the task type the expert wrapper reads
 
@@ -69,20 +69,6 @@ def format_observation(observation: str) -> str:
     if "Nothing happens." in observation:
         observation += INVALID_HINT
     return "Observation: " + observation
-
-
-def parse_action(reply: Optional[str]) -> str:
-    """The text between the first ``<action>`` and the next ``</action>`` (or the reply's end),
-    stripped; "" when there is no ``<action>`` (the game answers it "Nothing happens.")."""
-    head, tag, rest = (reply or "").partition("<action>")
-    return rest.split("</action>", 1)[0].strip() if tag else ""
-
-
-def max_env_steps(workflow_args: dict) -> int:
-    steps = workflow_args.get("max_env_steps", MAX_ENV_STEPS)
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise WorkflowError(f"max_env_steps must be a whole number >= 1, got {steps!r}")
-    return steps
 
 
 def game_file(task_desc: Any) -> Path:

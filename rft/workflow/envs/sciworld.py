@@ -14,15 +14,15 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from rft.errors import WorkflowError
 from rft.workflow.base import MultiTurnWorkflow
+from rft.workflow.envs.text_game import max_env_steps, parse_action
 from rft.workflow.experience import Experience
 from rft.workflow.registry import register_workflow
 from rft.workflow.requires import JAVA, python_package
 
-MAX_ENV_STEPS = 30  # turns per run (Trinity's, fixed there)
 ENV_STEP_LIMIT = 100  # ScienceWorldEnv's envStepLimit (Trinity's)
 SIMPLIFICATION = "easy"  # ScienceWorld's simplification preset (Trinity's)
 SCORE_SCALE = 100.0  # ScienceWorld scores run 0..100; the reward is 0..1
@@ -91,20 +91,6 @@ def parse_task(task_desc: Any) -> SciWorldTask:
 def format_observation(observation: str) -> str:
     """A user turn: the environment's text under Trinity's ``Observation:`` line."""
     return "Observation: \n" + observation
-
-
-def parse_action(reply: Optional[str]) -> str:
-    """The text between the first ``<action>`` and the next ``</action>`` (or the reply's end),
-    stripped; "" when there is no ``<action>`` (ScienceWorld answers it "No known action")."""
-    head, tag, rest = (reply or "").partition("<action>")
-    return rest.split("</action>", 1)[0].strip() if tag else ""
-
-
-def max_env_steps(workflow_args: dict) -> int:
-    steps = workflow_args.get("max_env_steps", MAX_ENV_STEPS)
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise WorkflowError(f"max_env_steps must be a whole number >= 1, got {steps!r}")
-    return steps
 
 
 def open_env(task: SciWorldTask) -> Any:
