@@ -18,6 +18,7 @@ from rft.config.load import config_from_dict, load_config
 from rft.errors import ConfigError, DataError
 from tests.helpers.fake_engine import (
     TEMPERATURE,
+    TWO_GROUPS,
     BigramLM,
     FakeEngine,
     step_on_one_rank,
@@ -72,12 +73,7 @@ def test_clipb_step_trains_on_the_kept_tokens_only(monkeypatch):
     monkeypatch.setattr(engine, "all_reduce_max", lambda value: value)
     monkeypatch.setattr(engine, "all_gather_objects", lambda obj: [obj])
     model = BigramLM()
-    shapes = [
-        ("g0", [1, 2], [3, 4, 0], 1.0),
-        ("g0", [1, 2], [2, 2], 0.0),
-        ("g1", [4], [1, 3], 1.0),
-        ("g1", [4], [0, 1, 2, 3], 0.0),
-    ]
+    shapes = TWO_GROUPS
     # rollout log-probs 0 (p = 1): S = H, the entropy after the previous token (0.63-1.12);
     # they do not move the PPO ratio (old log-probs recomputed)
     exps = [

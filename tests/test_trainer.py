@@ -29,6 +29,7 @@ from rft.trainer.batching import (
 from rft.trainer.lr_schedule import lr_multiplier, warmup_steps
 from tests.helpers.fake_engine import (
     TEMPERATURE,
+    TWO_GROUPS,
     BigramLM,
     FakeEngine,
     SGDEngine,
@@ -341,12 +342,7 @@ def test_one_step_scores_at_the_temperature_and_weights_the_loss(monkeypatch):
     monkeypatch.setattr(engine, "all_gather_objects", lambda obj: [obj])
     model = BigramLM()
     # groups: rewards [1, 0] -> GRPO advantages +-A, A = 0.5 / (std 0.7071068 + 1e-6) = 0.7071063
-    shapes = [
-        ("g0", [1, 2], [3, 4, 0], 1.0),
-        ("g0", [1, 2], [2, 2], 0.0),
-        ("g1", [4], [1, 3], 1.0),
-        ("g1", [4], [0, 1, 2, 3], 0.0),
-    ]
+    shapes = TWO_GROUPS
     exps = [
         Experience(
             g, g, p, r, logprobs=tempered_logprobs(model, p, r), reward=rw, temperature=TEMPERATURE
@@ -393,12 +389,7 @@ def test_on_policy_step_skips_the_old_logprob_pass_with_the_same_update(monkeypa
     skippable = st.old_pass_skippable
     monkeypatch.setattr(engine, "all_reduce_max", lambda value: value)
     monkeypatch.setattr(engine, "all_gather_objects", lambda obj: [obj])
-    shapes = [
-        ("g0", [1, 2], [3, 4, 0], 1.0),
-        ("g0", [1, 2], [2, 2], 0.0),
-        ("g1", [4], [1, 3], 1.0),
-        ("g1", [4], [0, 1, 2, 3], 0.0),
-    ]
+    shapes = TWO_GROUPS
     base = tempered_logprobs(BigramLM(), [1, 2], [3, 4, 0])
     cfg = config_from_dict(
         {

@@ -6,6 +6,13 @@ from __future__ import annotations
 import torch
 
 VOCAB, TEMPERATURE = 5, 0.5
+# Two groups of two rollouts: (group, prompt, response, reward); 11 response tokens in all.
+TWO_GROUPS = [
+    ("g0", [1, 2], [3, 4, 0], 1.0),
+    ("g0", [1, 2], [2, 2], 0.0),
+    ("g1", [4], [1, 3], 1.0),
+    ("g1", [4], [0, 1, 2, 3], 0.0),
+]
 
 
 class BigramLM(torch.nn.Module):
