@@ -162,8 +162,8 @@ def test_workflows_by_name_dotted_path_and_plugin_dir(monkeypatch, tmp_path):
         registry.workflow_class("scripted.Nope")
     with pytest.raises(WorkflowError, match="cannot import module 'not_there'"):
         registry.workflow_class("not_there.Workflow")
-    with pytest.raises(NotSupportedError, match="drives the ALFWorld"):
-        registry.workflow_class("alfworld_workflow")
+    with pytest.raises(NotSupportedError, match="drives the WebShop"):
+        registry.workflow_class("webshop_workflow")
     with pytest.raises(WorkflowError, match="Did you mean 'guess_number_workflow'"):
         registry.workflow_class("guess_numbr_workflow")
     bad = tmp_path / "plugins"

@@ -95,7 +95,7 @@ def test_a_workflow_not_found_names_the_modules_that_failed(clean_registry, tmp_
     with pytest.raises(WorkflowError, match=r"cannot import module .*\(ModuleNotFoundError: "):
         registry.workflow_class(f"{p.broken.stem}.Workflow")
     with pytest.raises(NotSupportedError, match=f"rft does not ship it.*{p.broken.name}"):
-        registry.workflow_class("alfworld_workflow")  # a Trinity name: a plugin may bring it
+        registry.workflow_class("webshop_workflow")  # a Trinity name: a plugin may bring it
 
 
 def test_without_failed_modules_the_error_says_nothing_of_them(clean_registry, tmp_path):
