@@ -1,9 +1,11 @@
-"""Trinity's R3L RAFT baselines (``RAFT_baseline_{countdown,dapo,scienceworld}_workflow``) run
-against a scripted model with hand-written rows: a right first answer, a wrong then a right one
-(the feedback turn), all wrong (the sample kept with no loss token), evaluation, bad format, bad
-rows; ScienceWorld against a scripted simulator, and one short episode on the real one where
-java and scienceworld are installed. Then the six R3L example configs at dry run: refused by
-their lowercase name (Trinity registers the names capitalised), loading under Trinity's."""
+"""Trinity's R3L RAFT baselines (``RAFT_baseline_<env>_workflow``: countdown, dapo, scienceworld,
+alfworld) run against a scripted model with hand-written rows: a right first answer, a wrong then
+a right one (the feedback turn), all wrong (the sample kept with no loss token), evaluation, bad
+format, bad rows; ScienceWorld against a scripted simulator, and one short episode on the real
+one where java and scienceworld are installed; ALFWorld on a real one-room game
+(``tests/helpers/alfworld_game.py``) where the alfworld package is installed. Then the eight R3L
+example configs at dry run, as written (their lowercase names, the R3L fork's) and under
+Trinity's capitalised names."""
 
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ import pytest
 from rft.config.schema import FormatConfig
 from rft.errors import WorkflowError
 from rft.workflow.conversation import ChatTemplate
-from rft.workflow.envs import sciworld
+from rft.workflow.envs import alfworld, sciworld
+from rft.workflow.envs.r3l_alfworld import RaftBaselineAlfworldWorkflow, task_of
+from rft.workflow.envs.r3l_alfworld import action_of as alfworld_action_of
 from rft.workflow.envs.r3l_countdown import (
     FORMAT_FEEDBACK,
     RaftBaselineCountdownWorkflow,
@@ -31,6 +35,7 @@ from rft.workflow.envs.r3l_sciworld import (
 )
 from rft.workflow.registry import workflow_class
 from rft.workflow.task import GenerationConfig, Task
+from tests.helpers.alfworld_game import SOLUTION, TASK, write_game
 from tests.helpers.sciworld_env import ScriptedEnv
 from tests.helpers.scripted_model import scripted_model
 from tests.helpers.trinity_examples import dry_run
@@ -39,6 +44,10 @@ EXAMPLES = Path(__file__).resolve().parent / "fixtures" / "trinity_examples_newe
 needs_jvm = pytest.mark.skipif(
     shutil.which("java") is None or not sciworld.python_package("scienceworld").met(),
     reason="needs java and the scienceworld package: bash env/setup.sh --envs",
+)
+needs_alfworld = pytest.mark.skipif(
+    not alfworld.python_package("alfworld").met(),
+    reason="needs the alfworld package: bash env/setup.sh --envs",
 )
 
 COUNTDOWN_ROW = {"nums": [44, 19, 35], "target": 98}
@@ -97,6 +106,7 @@ def test_registered_under_trinitys_name_and_the_r3l_forks_lowercase_one():
         (RaftBaselineCountdownWorkflow, "RAFT_baseline_countdown_workflow"),
         (RaftBaselineDapoWorkflow, "RAFT_baseline_dapo_workflow"),
         (RaftBaselineSciWorldWorkflow, "RAFT_baseline_scienceworld_workflow"),
+        (RaftBaselineAlfworldWorkflow, "RAFT_baseline_alfworld_workflow"),
     ):
         assert workflow_class(name) is cls and workflow_class(name.lower()) is cls
     with pytest.raises(WorkflowError, match="Did you mean 'RAFT_baseline_dapo_workflow'"):
@@ -394,17 +404,169 @@ def test_sciworld_an_episode_on_the_real_simulator(template):
     assert "Your task is to find" in prompt_of(template, service, 0)
 
 
+# ----------------------------------------------------------------------------- ALFWorld
+
+
+@pytest.fixture
+def game(tmp_path) -> Path:
+    return write_game(tmp_path / "game")
+
+
+def alfworld_row(game: Path) -> dict:
+    """A row as R3L's get_alfworld_data.py writes it (its configs' prompt_key, task_id, absent)."""
+    return {"game_file": str(game), "target": ""}
+
+
+def alfworld_run(template, game, script, **kwargs):
+    kwargs.setdefault("prompt_key", "task_id")
+    row = kwargs.pop("row", None) or alfworld_row(game)
+    return run(RaftBaselineAlfworldWorkflow, template, row, script, **kwargs)
+
+
+ADMISSIBLE_AT_START = "['go to countertop 1', 'go to fridge 1', 'help', 'inventory', 'look']"
+# an unsolved walk of six admissible actions: the apple taken, never put in the fridge
+WANDER = [
+    "look",
+    "go to fridge 1",
+    "open fridge 1",
+    "close fridge 1",
+    "go to countertop 1",
+    "take apple 1 from countertop 1",
+]
+
+
+@needs_alfworld
+def test_alfworld_solved_game_is_trained_with_reward_one(template, game):
+    [exp], service = alfworld_run(template, game, [act(a) for a in SOLUTION])
+    assert exp.reward == 1.0 and exp.eid.run == 7
+    assert exp.metrics == {"success": 1.0, "reward": 1.0, "steps": 5.0}
+    assert trained(exp) > 0 and len(service.calls) == 5
+    assert service.calls[0][1]["max_tokens"] == 512  # the fork's per-reply limit
+    first = prompt_of(template, service, 0)
+    assert "You are an agent interacting with a virtual text-based environment." in first
+    assert "- Step Limit: You must complete the task within 25 steps." in first
+    assert (
+        "You are an expert agent operating in the ALFRED Embodied Environment.\n"
+        "Your current observation is: -= Welcome to TextWorld, ALFRED! =-\n\n"
+        "You are in the middle of a room. Looking quickly around you, you see a countertop 1, "
+        f"and a fridge 1.\n\nYour task is to: {TASK}.\n"
+        f"Your admissible actions of the current situation are: {ADMISSIBLE_AT_START}.\n\n"
+        "Now it's your turn to take an action." in first
+    )
+    assert "Format: <think>your reasoning process</think> <action>your chosen action</action>" in (
+        first
+    )
+    second = prompt_of(template, service, 1)
+    assert (
+        "You are an expert agent operating in the ALFRED Embodied Environment. Your task is to: "
+        f"{TASK}.\nPrior to this step, you have already taken 1 step(s). Below are the most "
+        "recent 1 actions you took:\n  Step 0: go to countertop 1\nYou are now at step 1 and "
+        "your current observation is: You arrive at countertop 1. On the countertop 1, you see "
+        "a apple 1.\n" in second
+    )
+    assert "'take apple 1 from countertop 1']." in second  # the admissible actions now
+    assert "<action>open fridge 1</action>" in prompt_of(template, service, 4)
+
+
+@needs_alfworld
+def test_alfworld_unsolved_runs_score_zero_with_no_loss_token_on_one_game(template, game):
+    exps, service = alfworld_run(
+        template, game, [act(a) for a in WANDER] * 2, repeat=2, max_env_steps=6
+    )
+    assert [e.eid.run for e in exps] == [7, 8] and len(service.calls) == 12
+    for exp in exps:
+        assert exp.reward == 0.0 and exp.metrics == {"success": 0.0, "reward": 0.0, "steps": 6.0}
+        assert len(exp.tokens) > exp.prompt_length and trained(exp) == 0
+    # the last turn lists the last four of five actions; the second run starts afresh (reset)
+    assert (
+        "Prior to this step, you have already taken 5 step(s). Below are the most recent 4 "
+        "actions you took:\n  Step 1: go to fridge 1\n  Step 2: open fridge 1\n"
+        "  Step 3: close fridge 1\n  Step 4: go to countertop 1\nYou are now at step 5 and "
+        "your current observation is: You arrive at countertop 1."
+        in prompt_of(template, service, 5)
+    )
+    assert "Your current observation is: -= Welcome to TextWorld" in prompt_of(template, service, 6)
+
+
+@needs_alfworld
+def test_alfworld_a_solved_run_and_a_failed_one_in_one_episode(template, game):
+    script = [act(a) for a in SOLUTION] + [act("look")] * 3
+    exps, service = alfworld_run(template, game, script, repeat=2)
+    assert [e.reward for e in exps] == [1.0, 0.0]
+    assert trained(exps[0]) > 0 and trained(exps[1]) == 0
+    assert exps[1].metrics == {"success": 0.0, "reward": 0.0, "steps": 3.0}  # look, thrice
+
+
+@needs_alfworld
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "<action>go to fridge 1</action>",  # no <think>
+        "<think>go</think> go to fridge 1",  # no <action>
+        "<think>a</think><think>b</think><action>go to fridge 1</action>",
+        "<think>a</think><action>go to fridge 1</action><action>look</action>",
+        act("examine apple 1"),  # not admissible where the agent stands
+        act("Go to fridge 1"),  # admissible only as the game spells it
+    ],
+)
+def test_alfworld_bad_format_or_an_inadmissible_action_ends_the_run(template, game, reply):
+    [exp], service = alfworld_run(template, game, [act("go to countertop 1"), reply, act("look")])
+    assert exp.reward == 0.0 and exp.metrics["steps"] == 2 and trained(exp) == 0
+    assert len(service.calls) == 2
+
+
+@needs_alfworld
+def test_alfworld_eval_is_one_sample_with_its_mask(template, game):
+    [exp], service = alfworld_run(
+        template, game, [act("look"), act("inventory")], repeat=3, is_eval=True, max_env_steps=2
+    )
+    assert exp.reward == 0.0 and exp.metrics["success"] == 0.0 and exp.metrics["steps"] == 2
+    assert trained(exp) > 0 and len(service.calls) == 2
+
+
+@needs_alfworld
+def test_alfworld_the_prompt_column_names_the_game_else_game_file(template, game, tmp_path):
+    [exp], _ = alfworld_run(
+        template,
+        game,
+        [act(a) for a in SOLUTION],
+        row={"task_desc": str(game), "game_file": str(tmp_path / "elsewhere")},
+        prompt_key="task_desc",
+    )
+    assert exp.reward == 1.0
+    with pytest.raises(WorkflowError, match="neither a 'task_id' column.*nor a 'game_file'"):
+        alfworld_run(template, game, [], row={"target": ""})
+    with pytest.raises(WorkflowError, match="is not a game file"):
+        alfworld_run(template, game, [], row={"game_file": str(tmp_path / "missing.tw-pddl")})
+
+
+def test_alfworld_reply_and_task_parsing_are_the_forks():
+    reply = "<think>a</think>\n<action> go to fridge 1 </action>"
+    assert alfworld_action_of(reply) == "go to fridge 1"
+    assert alfworld_action_of("<action>look</action> <think>after</think>") == "look"  # any order
+    assert alfworld_action_of("<think>a</think><action>look") is None  # unclosed
+    assert task_of(f"-= Welcome =-\n\nYour task is to: {TASK}.") == f"{TASK}."
+    assert task_of("no task here\nlast line") == "last line"
+
+
+def test_alfworld_checks_max_env_steps_and_requires_alfworld():
+    RaftBaselineAlfworldWorkflow.check_workflow_args({})
+    with pytest.raises(WorkflowError, match="max_env_steps"):
+        RaftBaselineAlfworldWorkflow.check_workflow_args({"max_env_steps": 0})
+    assert RaftBaselineAlfworldWorkflow.requires == alfworld.AlfworldWorkflow.requires
+
+
 # ----------------------------------------------------------------------------- R3L configs
 
 R3L = {
     "countdown": "RAFT_baseline_countdown_workflow",
     "dapo": "RAFT_baseline_dapo_workflow",
     "scienceworld": "RAFT_baseline_scienceworld_workflow",
+    "alfworld": "RAFT_baseline_alfworld_workflow",
 }
+NEEDS = {"scienceworld": [needs_jvm], "alfworld": [needs_alfworld]}
 CONFIGS = [
-    pytest.param(env, size, marks=[needs_jvm] if env == "scienceworld" else [])
-    for env in R3L
-    for size in ("1.5B", "7B")
+    pytest.param(env, size, marks=NEEDS.get(env, [])) for env in R3L for size in ("1.5B", "7B")
 ]
 
 

@@ -847,7 +847,8 @@ _AGENTSCOPE_V1 = (
 )
 _ALFWORLD = (
     "it is Trinity's RAFT variant of the ALFWorld agent (its own prompts and retry rounds), "
-    "not built; rft ships alfworld_workflow and step_wise_alfworld_workflow on the same games"
+    "not built; rft ships alfworld_workflow, step_wise_alfworld_workflow and R3L's "
+    "raft_baseline_alfworld_workflow on the same games"
 )
 _WEBSHOP = _ENV.format(
     env="WebShop in-process (the web_agent_site package from princeton-nlp/WebShop, not on "

@@ -35,6 +35,7 @@ SHIPPED_MODULES = (
     "rft.workflow.envs.frozen_lake",
     "rft.workflow.envs.guess_number",
     "rft.workflow.envs.openenv_env",
+    "rft.workflow.envs.r3l_alfworld",
     "rft.workflow.envs.r3l_countdown",
     "rft.workflow.envs.r3l_dapo",
     "rft.workflow.envs.r3l_sciworld",
