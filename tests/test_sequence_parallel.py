@@ -163,3 +163,21 @@ def test_deepspeed_step_with_a_sequence_group_equals_data_parallel(tmp_path, tin
     assert rows[2]["updates"] == 2
     for key in ("pg_loss", "kl_loss", "entropy", "grad_norm", "ppo_kl", "logprob_mean"):
         assert rows[2][key] == pytest.approx(rows[1][key], rel=1e-4, abs=1e-6), key
+
+
+def test_a_model_outside_the_wrapped_kernel_is_refused(monkeypatch):
+    """Under a sequence group every model must attend through the wrapped sdpa kernel: an eager
+    one would attend over this rank's positions only, without an error."""
+    from types import SimpleNamespace
+
+    from rft.trainer import sequence_parallel
+
+    eager = SimpleNamespace(config=SimpleNamespace(_attn_implementation="eager"))
+    sequence_parallel.check_attention(eager, "/m")  # no group: anything goes
+    monkeypatch.setattr(
+        sequence_parallel, "_ACTIVE", sequence_parallel.SequenceParallel(2, 0, None)
+    )
+    with pytest.raises(ConfigError, match="attention kernel 'eager'"):
+        sequence_parallel.check_attention(eager, "/m")
+    sdpa = SimpleNamespace(config=SimpleNamespace(_attn_implementation="sdpa"))
+    sequence_parallel.check_attention(sdpa, "/m")

@@ -326,6 +326,7 @@ def _load_model(
     else:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, **kernels)
     model.config.use_cache = False
+    sequence_parallel.check_attention(model, path)
     return model, keep_alive
 
 

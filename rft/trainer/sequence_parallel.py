@@ -30,6 +30,7 @@ from typing import Any, Optional
 import torch
 import torch.distributed as dist
 
+from rft.errors import ConfigError
 from rft.placement import sequence_group_layout
 
 
@@ -78,6 +79,20 @@ def setup(size: int, rank: int, world_size: int) -> SequenceParallel:
     _ACTIVE = SequenceParallel(size, place, mine)
     _wrap_sdpa()
     return _ACTIVE
+
+
+def check_attention(model: torch.nn.Module, path: str) -> None:
+    """A model the group trains or scores must attend through transformers' ``sdpa`` kernel,
+    the one :func:`ulysses_attention` wraps: another kernel would attend over this rank's
+    positions only, silently. ConfigError naming the kernel it loaded with."""
+    kernel = getattr(getattr(model, "config", None), "_attn_implementation", None)
+    if active() is not None and kernel != "sdpa":
+        raise ConfigError(
+            f"{path} loaded with attention kernel {kernel!r}, but "
+            "trainer.ulysses_sequence_parallel_size splits attention inside transformers' "
+            "'sdpa' kernel only; use a model type transformers runs with sdpa, or set the size "
+            "to 1"
+        )
 
 
 def length_multiple(multiple: int) -> int:
