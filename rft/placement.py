@@ -169,13 +169,14 @@ def shared_gpu_ids(explorers: Sequence[Sequence[int]], shared: Sequence[int]) ->
 LOCAL_TRAINER_RANKS_VAR = "RFT_LOCAL_TRAINER_RANKS"  # trainer ranks of a local run without GPUs
 
 
-def local_trainer_ranks(trainer_gpus: int, env: Mapping[str, str]) -> int:
+def local_trainer_ranks(trainer_gpus: int, env: Mapping[str, str], sequence_parallel: int = 1) -> int:  # fmt: skip
     """Trainer ranks of a run on this machine: one per trainer GPU; without GPUs
-    ``RFT_LOCAL_TRAINER_RANKS`` (default 1) DeepSpeed ranks on gloo. One rank with all the
-    cores' threads and token-budgeted micro-batches steps as fast as two single-threaded ranks
-    on 2 cores (no gradient all-reduce per micro-batch) and holds the model's states and a
-    runtime once (docs/performance.md#memory)."""
-    return trainer_gpus or int(env.get(LOCAL_TRAINER_RANKS_VAR, "1"))
+    ``RFT_LOCAL_TRAINER_RANKS`` DeepSpeed ranks on gloo, by default one, or the one sequence
+    group ``trainer.ulysses_sequence_parallel_size`` (``sequence_parallel``) asks for. One rank
+    with all the cores' threads and token-budgeted micro-batches steps as fast as two
+    single-threaded ranks on 2 cores (no gradient all-reduce per micro-batch) and holds the
+    model's states and a runtime once (docs/performance.md#memory)."""
+    return trainer_gpus or int(env.get(LOCAL_TRAINER_RANKS_VAR, str(max(sequence_parallel, 1))))
 
 
 def sequence_group_layout(rank: int, world_size: int, size: int) -> tuple[int, int, int]:

@@ -78,6 +78,15 @@ def test_the_estimate_adds_runtime_weights_states_and_activations(tmp_path):
     assert checkpointed.trainer_rank_gb < est.trainer_rank_gb - 1.0
 
 
+def test_a_cpu_run_has_one_trainer_rank_or_one_sequence_group():
+    from rft.placement import local_trainer_ranks
+
+    assert local_trainer_ranks(0, {}) == 1  # one rank with every core's threads
+    assert local_trainer_ranks(0, {}, sequence_parallel=2) == 2  # the group the config asks for
+    assert local_trainer_ranks(0, {"RFT_LOCAL_TRAINER_RANKS": "4"}, sequence_parallel=2) == 4
+    assert local_trainer_ranks(3, {"RFT_LOCAL_TRAINER_RANKS": "4"}) == 3  # GPUs: one rank each
+
+
 def test_states_follow_the_zero_stage(tmp_path):
     # ZeRO-0: weights, gradients and AdamW's two moments, whole; ZeRO-1/2 add a float32 copy
     # of the weights and split it and the moments over the ranks; ZeRO-3 splits everything

@@ -90,6 +90,7 @@ def test_config_refusals():
 def test_dry_run_checks_the_ranks_and_heads(vllm_model_dir, monkeypatch):
     """The trainer's ranks (2 CPU ranks here; under SLURM the cluster section's GPUs after the
     explorers') and the model's heads (4 query, 2 key/value) must split into the groups."""
+    monkeypatch.setenv("RFT_LOCAL_TRAINER_RANKS", "2")
     cfg = load_config(
         CPU_CONFIG, overrides(vllm_model_dir, "trainer.ulysses_sequence_parallel_size=2")
     )

@@ -119,7 +119,9 @@ def start_processes(cfg: Config, config_path: Path, devices: Devices) -> list[Pr
             if gpus:
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
             specs.append((f"auxiliary-{rank}", "auxiliary", env))
-    ranks = local_trainer_ranks(len(trainer_gpus), os.environ)
+    ranks = local_trainer_ranks(
+        len(trainer_gpus), os.environ, cfg.trainer.ulysses_sequence_parallel_size
+    )
     if cfg.mode in TRAINER_MODES:
         env = dict(base)
         if trainer_gpus:

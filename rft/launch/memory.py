@@ -157,7 +157,11 @@ def _kv_cache_gib(env: Mapping[str, str]) -> float:
 
 def local_estimate(cfg: Config, env: Mapping[str, str] = os.environ) -> Optional[MemoryEstimate]:  # fmt: skip
     """The estimate of ``cfg`` run by ``rft-run`` on this machine without GPUs."""
-    ranks = local_trainer_ranks(0, env) if cfg.mode in TRAINER_MODES else 0
+    ranks = (
+        local_trainer_ranks(0, env, cfg.trainer.ulysses_sequence_parallel_size)
+        if cfg.mode in TRAINER_MODES
+        else 0
+    )
     return estimate(cfg, _explorers(cfg), ranks, _kv_cache_gib(env))
 
 

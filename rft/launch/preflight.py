@@ -123,7 +123,7 @@ def check_config(cfg: Config, prefix: str = "", here: Devices | None = None) -> 
     sp_size = cfg.trainer.ulysses_sequence_parallel_size
     if cfg.mode in TRAINER_MODES and sp_size > 1:
         cpu = here.gpus == 0 if here is not None else cfg.cluster.gpu_per_node == 0
-        ranks = local_trainer_ranks(0, os.environ) if cpu else split_gpus(cfg).trainer
+        ranks = local_trainer_ranks(0, os.environ, sp_size) if cpu else split_gpus(cfg).trainer
         sequence_group_layout(0, ranks, sp_size)  # a ConfigError unless the size divides them
         check_sequence_parallel_heads(cfg.model.model_path, sp_size)
     _check_lora_path(cfg)
@@ -597,7 +597,7 @@ def _role_lines(cfg: Config, devices: Devices) -> list[tuple[str, str]]:
             if cfg.mode in ENGINE_MODES and inside
             else ""
         ) + (f", {shared} shared auxiliary engine process(es)" if shared else "")
-        ranks = local_trainer_ranks(0, os.environ)
+        ranks = local_trainer_ranks(0, os.environ, cfg.trainer.ulysses_sequence_parallel_size)
         lines.append(
             (
                 "this machine",
