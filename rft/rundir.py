@@ -34,6 +34,9 @@ FAILURES_DIR = (
 )
 SYNC_REQUESTS_DIR = "sync_requests"  # sync_requests/<writer>.json: explorer_driven's asks
 GROUPS_DIR = "groups"  # groups/<writer>/: finished groups of unsealed steps (explorer loop)
+# pass_rates/<explorer>/step-NNNNNN/<writer>.json: what a step's tasks scored, for the
+# difficulty_based selector (rft.explorer.pass_rates)
+PASS_RATES_DIR = "pass_rates"
 LEASES_DIR = "leases"  # leases/<name>/<gen>.json: who owns a role here (rft.lease)
 TRAINER_LEASE = "trainer"  # the trainer's lease name (an explorer task's: its writer)
 LEASE_GENERATION = "lease_generation"  # in metadata and heartbeats: the writer's lease then

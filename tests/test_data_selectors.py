@@ -14,7 +14,7 @@ import pytest
 
 from rft.config.load import config_from_dict
 from rft.config.schema import DataSelectorConfig, TasksetConfig
-from rft.errors import ConfigError, DataError, NotSupportedError
+from rft.errors import ConfigError, DataError
 from rft.explorer import cursor as C
 from rft.explorer import selectors as S
 from rft.explorer.tasksets import Taskset, TaskStream, required_columns
@@ -186,8 +186,6 @@ def test_selector_config_errors():
     for name in ("sequential", "shuffle", "random", "offline_easy2hard", "difficulty_based"):
         assert repr(name) in str(bad.value)
     assert "data_selector.selector_type" in str(bad.value)
-    with pytest.raises(NotSupportedError, match="difficulty_based.*use offline_easy2hard"):
-        DataSelectorConfig("difficulty_based", feature_keys=["a", "b"])
     with pytest.raises(ConfigError, match="shuffle reads no features"):
         DataSelectorConfig("shuffle", feature_keys=["level"])
     with pytest.raises(ConfigError, match="name at least one numeric column"):

@@ -2,11 +2,13 @@
 each, on configs/cpu/grpo_gsm8k.yaml changed by overrides only: (1) the prioritized replay
 buffer, the shuffle task selector, the explorer-driven sync style, staleness_control, Clip-B's
 advantage and a group folder in one run; (2) GiGPO on a step-wise plugin workflow in the shape of Trinity's
-step_wise_alfworld_workflow, whose runs fail once each and are retried (explorer.max_retry_times).
+step_wise_alfworld_workflow, whose runs fail once each and are retried (explorer.max_retry_times),
+its tasks drawn by the difficulty_based selector (BOTS) from the pass rates step 1 posted.
 The external-model bench runs through rft-run in test_external_model.py. Heavy."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -68,8 +70,19 @@ def test_gigpo_trains_two_steps_on_a_flaky_step_wise_workflow(vllm_model_dir, tm
     explorer.max_retry_times (Trinity's default 2) runs it again: nothing is lost."""
     flaky = tmp_path / "flaky"
     flaky.mkdir()
+    tasks = tmp_path / "tasks"  # two reference models' pass rates per row, as BOTS' data has
+    (tasks / "main").mkdir(parents=True)
+    rows = [
+        {"question": f"{a} + {a}", "answer": str(2 * a), "weak": a / 10, "strong": a / 5}
+        for a in range(1, 6)
+    ]
+    (tasks / "main" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    bots = "{m: 16, lamb: 0.1, rho: 0.1, target_reward: 0.5, tau: 0, do_sample: true}"
     args = [
         *common(vllm_model_dir, tmp_path),
+        f"buffer.explorer_input.taskset.path={tasks}",
+        "buffer.explorer_input.taskset.data_selector={selector_type: difficulty_based, "
+        f"feature_keys: [weak, strong], kwargs: {bots}}}",
         "algorithm.algorithm_type=gigpo",
         "buffer.explorer_input.default_workflow_type=two_state_steps",
         "buffer.explorer_input.default_reward_fn_type=null",
@@ -85,3 +98,11 @@ def test_gigpo_trains_two_steps_on_a_flaky_step_wise_workflow(vllm_model_dir, tm
     assert len(explorer) == 2
     assert all(m["episodes/retried"] == 4 for m in explorer)  # 2 tasks x 2 runs, once each
     assert all(m.get("episodes/failed", 0) == 0 for m in explorer)
+    for step in (1, 2):  # what each step's tasks scored, posted before its segment
+        post = json.loads(
+            (
+                run_dir / "pass_rates" / "explorer" / f"step-{step:06d}" / "explorer-0.json"
+            ).read_text()
+        )
+        assert post["slots"] == [0, 1] and len(post["rows"]) == 2, post
+        assert all(len(rewards) >= 2 for _, _, rewards in post["rows"])  # runs x env steps

@@ -839,6 +839,10 @@ CHOICES: dict[str, dict[str, str]] = {
 }
 
 _ENV = "it drives the {env} environment"
+_EXAMPLE = (
+    "a workflow registered by a file of Trinity's examples/{folder} folder (Trinity users pass "
+    "that folder as --plugin-dir), not by Trinity's package"
+)
 # Trinity's other AgentScope workflows build agentscope v0/v1 agents (ReActAgent, its search
 # and adapter variants), an API agentscope 2.0 replaced; rft serves as_react_workflow.
 _AGENTSCOPE_V1 = (
@@ -885,6 +889,13 @@ WORKFLOWS: dict[str, str] = {
     "bots_ref_eval_collect_math_boxed_workflow": "BOTS' reference-evaluation collector (its "
     "example names it; Trinity registers it no more)",
     "synthetic_workflow": "Trinity's synthetic-task example workflow",
+    # Registered by a file of Trinity's examples/ folder, not by its package: Trinity users
+    # run them with --plugin-dir examples/<name>/workflow.
+    "bots_math_boxed_workflow": _EXAMPLE.format(folder="bots/workflow"),
+    "bcp_simple_react_workflow": _EXAMPLE.format(folder="browse_comp_plus"),
+    "medicine_ruler_workflow": _EXAMPLE.format(folder="grpo_medicine_ruler"),
+    "learn2ask_workflow": _EXAMPLE.format(folder="learn_to_ask/workflow"),
+    "raft_baseline_webshop_workflow": _WEBSHOP,
 }
 
 # Trinity reward functions rft does not ship -> what to do (rft.workflow.rewards).

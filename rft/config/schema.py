@@ -41,9 +41,10 @@ SampleStrategy = Literal[SAMPLE_STRATEGIES]
 RolloutCorrectionMode = Literal[ROLLOUT_CORRECTION_MODES]
 ExperienceOperatorName = Literal[EXPERIENCE_OPERATORS]
 EngineDtype = Literal["bfloat16", "float16", "float32", "auto"]  # vLLM's dtype names
-# Trinity's task selectors (trinity/buffer/selector/__init__.py SELECTORS); all but
-# difficulty_based are built (rft.explorer.selectors)
+# Trinity's task selectors (trinity/buffer/selector/__init__.py SELECTORS), all built
+# (rft.explorer.selectors)
 DATA_SELECTORS = ("sequential", "shuffle", "random", "offline_easy2hard", "difficulty_based")
+FEATURE_SELECTORS = ("offline_easy2hard", "difficulty_based")  # those reading feature_keys
 
 
 def _alias(alias: str, value: object, key: str, current: object, default: object) -> object:
@@ -232,27 +233,33 @@ class RolloutArgs:
 
 
 @dataclass
+class DifficultyArgs:
+    """``data_selector.kwargs`` of ``difficulty_based`` (Trinity's DifficultyBasedSelector,
+    its defaults; rft.explorer.difficulty)."""
+
+    m: int = field(16, ge=1)  # pseudo-count scale: the repeats one observation stands for
+    lamb: float = field(0.2, ge=0, le=1)  # forgetting factor of the past estimate
+    rho: float = field(0.2, ge=0, le=1)  # weight of the feature-interpolated prediction
+    target_reward: float = 1.0  # the pass rate the selector seeks
+    tau: float = field(1.0, ge=0)  # softmax temperature of the draw (0: the best scores)
+    do_sample: bool = False  # score a Beta sample of each row's pass rate, not its mean
+    adaptive_rho: bool = False  # halve rho when the prediction misses by 0.25 on average
+
+
+@dataclass
 class DataSelectorConfig:
     """Trinity's task selection (rft.explorer.selectors); eval tasksets read every row."""
 
     selector_type: Literal[DATA_SELECTORS] = "sequential"  # training task order
-    seed: int = 42  # shuffle/random seed
-    feature_keys: list[str] = field(
-        factory=list
-    )  # offline_easy2hard: numeric columns ordering the rows, highest first
-    kwargs: dict = field(factory=dict)  # difficulty_based's estimator settings (not built)
+    seed: int = 42  # shuffle/random/difficulty_based seed
+    # offline_easy2hard: numeric columns ordering the rows, highest first; difficulty_based:
+    # two columns, a weaker and a stronger reference model's pass rate of each row
+    feature_keys: list[str] = field(factory=list)
+    kwargs: dict = field(factory=dict)  # difficulty_based's settings (DifficultyArgs)
 
     def __post_init__(self) -> None:
         kind = self.selector_type
-        if kind == "difficulty_based":
-            raise not_supported(
-                "data_selector.selector_type: difficulty_based",
-                "its order follows pass rates that every explorer task feeds back each step, "
-                "while rft's explorer tasks compute one task stream without exchanging rewards; "
-                "use offline_easy2hard with feature_keys naming a column of precomputed pass "
-                "rates (easy first), or shuffle",
-            )
-        if self.feature_keys and kind != "offline_easy2hard":
+        if self.feature_keys and kind not in FEATURE_SELECTORS:
             raise ConfigError(
                 f"data_selector.feature_keys: {kind} reads no features; remove them or use "
                 "selector_type: offline_easy2hard"
@@ -262,11 +269,23 @@ class DataSelectorConfig:
                 "data_selector: offline_easy2hard orders the rows by feature_keys: name at "
                 "least one numeric column (higher values first)"
             )
-        if self.kwargs:
+        if kind == "difficulty_based":
+            if len(self.feature_keys) != 2:
+                raise ConfigError(
+                    f"data_selector: difficulty_based reads exactly two feature_keys (a weaker "
+                    f"and a stronger reference model's pass rate per row), got "
+                    f"{self.feature_keys}"
+                )
+            self.difficulty_args()
+        elif self.kwargs:
             raise ConfigError(
                 f"data_selector.kwargs: {kind} takes none (in Trinity only difficulty_based "
                 "reads them); remove them"
             )
+
+    def difficulty_args(self) -> DifficultyArgs:
+        """``kwargs`` typed; ConfigError naming a misspelt or out-of-range setting."""
+        return from_dict(DifficultyArgs, self.kwargs, "data_selector.kwargs")
 
 
 @dataclass

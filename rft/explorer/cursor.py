@@ -215,6 +215,13 @@ def current_layout(
         layout, entries = _recorded(read_meta(path).get(name), count, stream)
         if layout.count == count:
             return layout, entries
+        if stream.adaptive:
+            raise ConfigError(
+                f"{path}: {name} ran {layout.count} explorer tasks and this launch has {count}; "
+                "with data_selector difficulty_based each step's pass rates are posted by the "
+                f"tasks that ran its slots, so relaunch with {layout.count} explorer tasks "
+                "(explorer.rollout_model.engine_num)"
+            )
         progress = [
             max(entries[r].step if r in entries else 0, newest(r)) for r in range(layout.count)
         ]

@@ -27,6 +27,8 @@ from rft.explorer.auxiliary import auxiliary_models
 from rft.explorer.engine import Engine
 from rft.explorer.eval import evaluate
 from rft.explorer.failures import FailureGuard
+from rft.explorer.groups import task_id
+from rft.explorer.pass_rates import PassRateBoard, scores_of
 from rft.explorer.reward_model import RewardModel, load_reward_models
 from rft.explorer.steps import run_steps
 from rft.lease import Lease, remove_dead_tmp
@@ -109,7 +111,17 @@ def run_explorer(
     train_sets = T.training_tasksets(cfg)
     eval_sets = T.eval_tasksets(cfg) if explorer.rank == 0 else []
     buffer = cfg.buffer
-    stream = T.TaskStream(train_sets, buffer.batch_size, buffer.total_epochs, buffer.total_steps)
+    board = PassRateBoard(
+        cfg.run_dir, explorer.name, buffer.batch_size, cfg.synchronizer.sync_interval
+    )
+    stream = T.TaskStream(
+        train_sets,
+        buffer.batch_size,
+        buffer.total_epochs,
+        buffer.total_steps,
+        board,
+        lambda: lease.check("waiting for the pass rates of the other explorer tasks"),
+    )
     store = buffer.trainer_input.experience_buffer  # checked before the engine starts
     writer = open_buffer_writer(
         cfg.run_dir,
@@ -208,6 +220,12 @@ class Sealer:
         if stop is not None:  # the step is not sealed: a relaunch generates it again
             monitor.log(step, metrics)
             stop_on_failures(cfg.run_dir, lease, explorer.writer, step, stop)
+        if self.stream.adaptive:  # before the segment: a sealed step's rates are posted
+            ids = {
+                task_id(self.stream.tasksets[t.taskset], t): (t.taskset, t.index) for _, t in share
+            }
+            slots = [slot for slot, _ in share]
+            self.stream.board.post(explorer.writer, step, slots, scores_of(ids, exps))
         self.writer.write(exps, seq=step)
         C.save_cursor(cfg.run_dir, explorer.name, explorer.rank, self.plan.layout, after)
         finished = self.stream.finished(after)

@@ -1,11 +1,13 @@
 """Task selectors: Trinity-RFT's ``data_selector`` types as pure functions of a position.
 
 Data in: one training taskset's ``DataSelectorConfig``, its row count, its feature columns
-(``offline_easy2hard``) and the rows drawn at a time (``random``). Data out:
-:meth:`TaskSelector.row`, position (tasks taken from the taskset, 0-based) -> (row, epoch).
-The position is the whole state, as Trinity's selectors keep only ``current_index``: it lives in
-``Cursor.positions`` and :mod:`rft.explorer.cursor` saves it in ``explorer_meta.json``, so a
-restarted or added explorer task computes the same order. Nothing here reads rewards.
+(``offline_easy2hard``, ``difficulty_based``) and the rows drawn at a time (``random``,
+``difficulty_based``). Data out: :meth:`TaskSelector.row`, position (tasks taken from the
+taskset, 0-based) -> (row, epoch). The position is the whole state, as Trinity's selectors keep
+only ``current_index``: it lives in ``Cursor.positions`` and :mod:`rft.explorer.cursor` saves it
+in ``explorer_meta.json``, so a restarted or added explorer task computes the same order.
+:class:`DifficultySelector` also follows the pass rates earlier steps scored, which every
+explorer task reads from the same posts (:mod:`rft.explorer.pass_rates`) before a step's draw.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import numpy as np
 
 from rft.config.schema import DataSelectorConfig
 from rft.errors import ConfigError, DataError
+from rft.explorer import difficulty
+from rft.explorer.pass_rates import PassRateBoard
 
 # Trinity-RFT's semantics, followed from agentscope-ai/Trinity-RFT trinity/buffer/selector/
 # selector.py (as in pan-x-c/Trinity-RFT@35722db36c92) and checked against the orders its
@@ -80,6 +84,61 @@ class TaskSelector:
         return rng.choice(self.num_rows, self.draw_size, replace=False).tolist()
 
 
+class DifficultySelector:
+    """``difficulty_based``: each draw of ``draw_size`` rows scored from the pass-rate beliefs
+    (:mod:`rft.explorer.difficulty`) after the steps :meth:`feed` has read."""
+
+    def __init__(
+        self,
+        config: DataSelectorConfig,
+        num_rows: int,
+        draw_size: int,
+        features: Sequence[Sequence[float]],
+        taskset: int,
+    ):
+        assert len(features) == num_rows, "one feature row per row"
+        self.args = config.difficulty_args()
+        if draw_size > num_rows:
+            raise ConfigError(
+                f"data_selector: difficulty_based draws {draw_size} distinct rows a step "
+                f"(buffer.batch_size) but the taskset has {num_rows}; use a smaller "
+                "buffer.batch_size"
+            )
+        self.seed, self.num_rows, self.draw_size, self.taskset = (
+            config.seed,
+            num_rows,
+            draw_size,
+            taskset,
+        )
+        self.features = np.asarray(features, dtype=float)  # [rows, 2]
+        self.beliefs = difficulty.PassRateBeliefs.initial(num_rows, self.args)
+        self.fed = 0  # steps whose pass rates are in the beliefs
+        self._draw: tuple[int, list[int]] | None = None  # (first position, rows)
+
+    def ready(self, board: PassRateBoard, step: int) -> bool:
+        """Whether the pass rates the draw of ``step`` follows are all posted."""
+        return all(board.complete(s) for s in range(self.fed + 1, board.through(step) + 1))
+
+    def feed(self, board: PassRateBoard, step: int, check) -> None:
+        """Read the pass rates of the steps the draw of ``step`` follows (waiting for their
+        posts), in step order, as Trinity feeds each collected step."""
+        for s in range(self.fed + 1, board.through(step) + 1):
+            board.wait(s, check)
+            rows, rates = board.rates(s).get(self.taskset, ([], []))
+            self.beliefs = difficulty.update(self.beliefs, self.features, self.args, rows, rates)
+            self.fed = s
+
+    def row(self, position: int) -> tuple[int, int]:
+        start = position - position % self.draw_size
+        if self._draw is None or self._draw[0] != start:
+            rows = difficulty.choose(self.beliefs, self.args, self.seed, start, self.draw_size)
+            self._draw = (start, rows)
+        return self._draw[1][position - start], position // self.num_rows
+
+
+Selector = TaskSelector | DifficultySelector
+
+
 def draw_size(batch_size: int, num_tasksets: int) -> int:
     """Rows a ``random`` selector draws at a time: Trinity's reader asks each taskset for its
     share of a step, all of ``buffer.batch_size`` with one taskset; rft deals several tasksets
@@ -88,11 +147,15 @@ def draw_size(batch_size: int, num_tasksets: int) -> int:
 
 
 def build(
-    config: DataSelectorConfig, num_rows: int, rows: object, label: str, draw: int
-) -> TaskSelector:
-    """The selector of the taskset ``label`` (``rows``: its datasets.Dataset, read for the
-    feature columns); ConfigError for what Trinity would fail on at run time."""
+    config: DataSelectorConfig, num_rows: int, rows: object, label: str, draw: int, index: int = 0
+) -> Selector:
+    """The selector of the taskset ``label`` (the ``index``-th training taskset; ``rows``: its
+    datasets.Dataset, read for the feature columns); ConfigError for what Trinity would fail on
+    at run time."""
     kind = config.selector_type
+    if kind == "difficulty_based":
+        features = feature_rows(rows, config.feature_keys, label)
+        return DifficultySelector(config, num_rows, draw, features, index)
     if kind == "random" and draw > num_rows:
         raise ConfigError(
             f"{label}.data_selector: random draws {draw} distinct rows at a time (a step's "

@@ -191,8 +191,10 @@ class Admission:
 
     def admit_next(self) -> bool:
         """Admit the next step, its weights loaded first as the rule says; False when it must
-        wait for weights while other steps run."""
+        wait for weights (or difficulty_based's pass rates) while other steps run."""
         cfg, step = self.cfg, self.plan.cursor.step + 1
+        if self.pipeline.open and not self.stream.ready(step):
+            return False  # difficulty_based: the pass rates it follows come as steps seal
         sync = cfg.synchronizer
         if syncs_at(step, sync.sync_style, sync.sync_interval):  # explorer_driven: ask
             request_weights(cfg.run_dir, self.pipeline.writer, step)

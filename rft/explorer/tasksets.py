@@ -21,6 +21,7 @@ from rft.config.schema import Config, TasksetConfig
 from rft.data import planned_steps
 from rft.errors import ConfigError, DataError, WorkflowError
 from rft.explorer import selectors
+from rft.explorer.pass_rates import PassRateBoard
 from rft.models import REWARD_MODEL, TEACHER, auxiliary_kinds
 from rft.rundir import EXPLORER_META
 from rft.workflow import single_turn
@@ -338,13 +339,26 @@ class TaskStream:
         batch_size: int,
         total_epochs: int,
         total_steps: Optional[int],
+        board: Optional[PassRateBoard] = None,
+        check: Callable[[], None] = lambda: None,
     ):
         if not tasksets:
             raise DataError("no training taskset: set buffer.explorer_input.taskset")
         draw = selectors.draw_size(batch_size, len(tasksets))
+        self.tasksets = tasksets
         self.selectors = [
-            selectors.build(t.config.data_selector, len(t), t.rows, t.label, draw) for t in tasksets
+            selectors.build(t.config.data_selector, len(t), t.rows, t.label, draw, i)
+            for i, t in enumerate(tasksets)
         ]
+        self.adaptive = [s for s in self.selectors if isinstance(s, selectors.DifficultySelector)]
+        if self.adaptive and len(tasksets) > 1:
+            raise ConfigError(
+                f"{tasksets[0].label}: rft runs data_selector difficulty_based on a single "
+                "training taskset (its draws are a step's tasks); use one taskset, or another "
+                "selector_type with several"
+            )
+        assert board is not None or not self.adaptive, "difficulty_based reads a pass-rate board"
+        self.board, self.check = board, check
         self.batch_size = batch_size
         self.total_steps = planned_steps(
             [len(t) for t in tasksets], total_epochs, batch_size, total_steps
@@ -372,10 +386,18 @@ class TaskStream:
                 return Task(i, index, epoch)
         return None
 
+    def ready(self, step: int) -> bool:
+        """Whether :meth:`next_batch` of ``step`` can draw without waiting (difficulty_based:
+        the pass rates it follows are posted by every explorer task)."""
+        return all(s.ready(self.board, step) for s in self.adaptive)
+
     def next_batch(self, cursor: Cursor) -> list[Task]:
         """The next step's ``batch_size`` tasks (all ranks; the last step of a finite run may
-        take fewer); advances ``cursor`` (its step included)."""
+        take fewer); advances ``cursor`` (its step included). difficulty_based: first reads
+        the pass rates the step follows, waiting for their posts."""
         assert len(cursor.positions) == len(self.selectors), "cursor matches the tasksets"
+        for selector in self.adaptive:
+            selector.feed(self.board, cursor.step + 1, self.check)
         batch: list[Task] = []
         while len(batch) < self.batch_size:
             task = self._next(cursor)

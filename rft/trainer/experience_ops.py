@@ -208,7 +208,8 @@ def pass_rate_calculator(exps: list[Experience]) -> tuple[list[Experience], Coun
     here, tasks told apart by ``task_id``, Trinity's taskset and index) and how many tasks fall
     in each :data:`PASS_RATE_BANDS` band; the ratios are made per step
     (:func:`pass_rate_ratios`). Keeps every experience. Trinity also hands the rates to its
-    task selectors; rft's selectors (sequential, shuffle, random) read none."""
+    task selector; rft's explorer posts them for ``difficulty_based`` itself, with or without
+    this operator (:mod:`rft.explorer.pass_rates`)."""
     rewards: dict[str, list[float]] = {}
     for exp in exps:
         rewards.setdefault(exp.task_id, []).append(exp.reward)
