@@ -13,12 +13,21 @@ import datasets
 import numpy as np
 import pytest
 
+from rft.config.load import config_from_dict
 from rft.config.schema import DataSelectorConfig, DifficultyArgs, TasksetConfig
 from rft.errors import ConfigError
 from rft.explorer import cursor as C
 from rft.explorer import difficulty as D
+from rft.explorer import pass_rates
 from rft.explorer.pass_rates import PassRateBoard, scores_of
 from rft.explorer.tasksets import Taskset, TaskStream
+
+
+@pytest.fixture(autouse=True)
+def read_posts_at_once(monkeypatch):
+    """The board reads an incomplete step's posts again at most every POLL_S; here at once."""
+    monkeypatch.setattr(pass_rates, "POLL_S", 0.0)
+
 
 FEATURES = np.array([[0.2, 0.6], [0.0, 1.0], [0.5, 0.5]])  # weaker, stronger reference
 
@@ -175,11 +184,20 @@ def test_every_task_and_a_restart_draw_the_same_rows(tmp_path):
 
 
 def test_what_rft_refuses_around_it(tmp_path):
-    with pytest.raises(ConfigError, match="single training taskset"):
-        TaskStream(
-            [taskset(4), taskset(4, "second")], 2, 1, None, PassRateBoard(tmp_path, "e", 2, 1)
-        )
-    with pytest.raises(ConfigError, match="draws 2 distinct rows a step.*has 1"):
+    selector = {"selector_type": "difficulty_based", "feature_keys": ["weak", "strong"]}
+    two = {
+        "model": {"model_path": "/m"},
+        "buffer": {
+            "explorer_input": {
+                "tasksets": [{"path": "/a", "data_selector": selector}, {"path": "/b"}]
+            }
+        },
+    }
+    with pytest.raises(
+        ConfigError, match=r"tasksets\[0\]\.data_selector: .*single training taskset.*has 2"
+    ):
+        config_from_dict(two)
+    with pytest.raises(ConfigError, match="taskset.data_selector: difficulty_based draws 2.*has 1"):
         stream(tmp_path, rows=1)
     one = stream(tmp_path)
     C.save_cursor(tmp_path, "explorer", 0, C.first_layout(1, one.new_cursor()), one.new_cursor())

@@ -47,7 +47,7 @@ EXPECTED: dict[str, Refused | Typo | Rejected | None] = {
     "R3L_scienceworld_RAFT_7B.yaml": LOADS,  # rft.workflow.envs.r3l_sciworld
     "R3L_webshop_RAFT_1.5B.yaml": Refused("workflow raft_baseline_webshop_workflow"),
     "R3L_webshop_RAFT_7B.yaml": Refused("workflow raft_baseline_webshop_workflow"),
-    "RAFT_alfworld_RAFT_alfworld_7B.yaml": Refused("workflow RAFT_alfworld_workflow"),
+    "RAFT_alfworld_RAFT_alfworld_7B.yaml": LOADS,  # rft.workflow.envs.raft_alfworld
     "RAFT_alfworld_RAFT_reflect_alfworld_7B.yaml": Rejected(
         "unknown config key 'trainer.trainer_config.model'"
     ),

@@ -50,7 +50,22 @@ def check_inputs(cfg: Config) -> None:
         if not taskset.path:
             raise ConfigError(f"{label}.path is empty: set it to a dataset folder or file")
         _check_rollout_n(cfg, label, taskset)
+    _check_adaptive_selector(cfg)
     _check_experience_buffer(cfg)
+
+
+def _check_adaptive_selector(cfg: Config) -> None:
+    """``difficulty_based`` draws a step's tasks from one taskset (rft.explorer.selectors)."""
+    training = cfg.labelled_tasksets(evaluation=False)
+    adaptive = [
+        label for label, ts in training if ts.data_selector.selector_type == "difficulty_based"
+    ]
+    if adaptive and len(training) > 1:
+        raise ConfigError(
+            f"{adaptive[0]}.data_selector: rft runs difficulty_based on a single training "
+            f"taskset (its draws are whole steps), and this config has {len(training)}; keep "
+            "one taskset, or choose another selector_type for several"
+        )
 
 
 def _check_rollout_n(cfg: Config, label: str, taskset: TasksetConfig) -> None:

@@ -850,8 +850,9 @@ _AGENTSCOPE_V1 = (
     "as_react_workflow (agentscope 2.0) and runs any other agent as a WorkflowWithRecording"
 )
 _ALFWORLD = (
-    "it is Trinity's RAFT variant of the ALFWorld agent (its own prompts and retry rounds), "
-    "not built; rft ships alfworld_workflow, step_wise_alfworld_workflow and R3L's "
+    "it is Trinity's reflecting RAFT variant of the ALFWorld agent (a second attempt guided by "
+    "the first's outcome), not built; rft ships RAFT_alfworld_workflow (Trinity's RAFT agent "
+    "without the second attempt), alfworld_workflow, step_wise_alfworld_workflow and R3L's "
     "raft_baseline_alfworld_workflow on the same games"
 )
 _WEBSHOP = _ENV.format(
@@ -863,7 +864,6 @@ _WEBSHOP = _ENV.format(
 # Trinity workflows rft does not ship -> what each does (rft.workflow.registry says how to
 # bring one as a plugin).
 WORKFLOWS: dict[str, str] = {
-    "RAFT_alfworld_workflow": _ALFWORLD,
     "RAFT_reflect_alfworld_workflow": _ALFWORLD,
     "webshop_workflow": _WEBSHOP,
     "agentscopev1_react_workflow": _AGENTSCOPE_V1,

@@ -42,7 +42,11 @@ def scores_of(ids: dict[str, tuple[int, int]], exps: Iterable) -> Scores:
     from the experiences too)."""
     scores: Scores = {key: [] for key in ids.values()}
     for exp in exps:
-        scores[ids[exp.task_id]].append(float(exp.reward))
+        key = ids.get(exp.task_id)
+        if key is None:  # a workflow rewrote its task's id: its rewards cannot be placed
+            log.warning("pass rates: experience of unknown task %r left out", exp.task_id)
+            continue
+        scores[key].append(float(exp.reward))
     return scores
 
 
@@ -53,6 +57,8 @@ class PassRateBoard:
     def __init__(self, run_dir: Path | str, explorer: str, batch_size: int, interval: int):
         self.folder = Path(run_dir) / PASS_RATES_DIR / explorer
         self.batch_size, self.interval = batch_size, max(1, interval)
+        self._complete: set[int] = set()  # steps seen complete (posts are never rewritten)
+        self._looked: dict[int, float] = {}  # incomplete step -> when its posts were last read
 
     def through(self, step: int) -> int:
         """The last step whose rates the tasks of ``step`` follow (0: none)."""
@@ -92,9 +98,20 @@ class PassRateBoard:
         return posts
 
     def complete(self, step: int) -> bool:
-        """Whether the posts of ``step`` cover every slot."""
+        """Whether the posts of ``step`` cover every slot (an incomplete step's posts are read
+        again at most every POLL_S: the explorer loop asks between engine steps)."""
+        if step in self._complete:
+            return True
+        now = time.monotonic()
+        if now - self._looked.get(step, -POLL_S) < POLL_S:
+            return False
+        self._looked[step] = now
         slots = {slot for post in self._posts(step) for slot in post["slots"]}
-        return slots >= set(range(self.batch_size))
+        if slots >= set(range(self.batch_size)):
+            self._complete.add(step)
+            self._looked.pop(step, None)
+            return True
+        return False
 
     def rates(self, step: int) -> dict[int, tuple[list[int], list[float]]]:
         """Per taskset index: the rows ``step`` ran (that left experiences) and their mean

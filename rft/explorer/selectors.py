@@ -96,14 +96,8 @@ class DifficultySelector:
         features: Sequence[Sequence[float]],
         taskset: int,
     ):
-        assert len(features) == num_rows, "one feature row per row"
+        assert len(features) == num_rows and draw_size <= num_rows, "checked by build()"
         self.args = config.difficulty_args()
-        if draw_size > num_rows:
-            raise ConfigError(
-                f"data_selector: difficulty_based draws {draw_size} distinct rows a step "
-                f"(buffer.batch_size) but the taskset has {num_rows}; use a smaller "
-                "buffer.batch_size"
-            )
         self.seed, self.num_rows, self.draw_size, self.taskset = (
             config.seed,
             num_rows,
@@ -153,15 +147,15 @@ def build(
     datasets.Dataset, read for the feature columns); ConfigError for what Trinity would fail on
     at run time."""
     kind = config.selector_type
-    if kind == "difficulty_based":
-        features = feature_rows(rows, config.feature_keys, label)
-        return DifficultySelector(config, num_rows, draw, features, index)
-    if kind == "random" and draw > num_rows:
+    if kind in ("random", "difficulty_based") and draw > num_rows:
         raise ConfigError(
-            f"{label}.data_selector: random draws {draw} distinct rows at a time (a step's "
+            f"{label}.data_selector: {kind} draws {draw} distinct rows at a time (a step's "
             f"share of buffer.batch_size) but the taskset has {num_rows}; use shuffle, or a "
             "smaller buffer.batch_size"
         )
+    if kind == "difficulty_based":
+        features = feature_rows(rows, config.feature_keys, label)
+        return DifficultySelector(config, num_rows, draw, features, index)
     features = feature_rows(rows, config.feature_keys, label) if config.feature_keys else None
     return TaskSelector(kind, config.seed, num_rows, draw_size=draw, features=features)
 

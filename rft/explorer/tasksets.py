@@ -351,12 +351,7 @@ class TaskStream:
             for i, t in enumerate(tasksets)
         ]
         self.adaptive = [s for s in self.selectors if isinstance(s, selectors.DifficultySelector)]
-        if self.adaptive and len(tasksets) > 1:
-            raise ConfigError(
-                f"{tasksets[0].label}: rft runs data_selector difficulty_based on a single "
-                "training taskset (its draws are a step's tasks); use one taskset, or another "
-                "selector_type with several"
-            )
+        assert not self.adaptive or len(tasksets) == 1, "config rules: one taskset"
         assert board is not None or not self.adaptive, "difficulty_based reads a pass-rate board"
         self.board, self.check = board, check
         self.batch_size = batch_size

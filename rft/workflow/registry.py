@@ -39,6 +39,7 @@ SHIPPED_MODULES = (
     "rft.workflow.envs.r3l_countdown",
     "rft.workflow.envs.r3l_dapo",
     "rft.workflow.envs.r3l_sciworld",
+    "rft.workflow.envs.raft_alfworld",
     "rft.workflow.envs.sciworld",
     "rft.workflow.envs.toolcall",
     "rft.workflow.envs.verifiers_env",

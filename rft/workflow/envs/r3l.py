@@ -58,6 +58,11 @@ class Rollout:
     def success(self) -> bool:
         return self.reward >= SUCCESS_REWARD
 
+    @property
+    def trained(self) -> bool:
+        """RAFT trains on the run: a success (RAFT_alfworld_workflow asks more)."""
+        return self.success
+
 
 class RaftBaselineWorkflow(MultiTurnWorkflow):
     """A RAFT baseline: ``rollout()`` plays one run; ``run()`` plays the task's runs and keeps
@@ -87,13 +92,13 @@ class RaftBaselineWorkflow(MultiTurnWorkflow):
         raise NotImplementedError(f"{type(self).__name__} defines no rollout()")
 
     def sample(self, i: int, rollout: Rollout) -> Experience:
-        """Run ``i``'s sample, its loss mask all zero unless it succeeded (in training)."""
+        """Run ``i``'s sample, its loss mask all zero unless RAFT trains on it (in training)."""
         info = {"success": float(rollout.success), "reward": rollout.reward, **rollout.info}
         experience = self.process_messages_to_experience(
             rollout.messages, rollout.reward, info=info
         )
         experience.eid.run = self.run_id_base + i
-        if not rollout.success and not self.task.is_eval:
+        if not rollout.trained and not self.task.is_eval:
             experience.action_mask = [False] * (len(experience.tokens) - experience.prompt_length)
         return experience
 

@@ -147,14 +147,17 @@ def turn_prompt(observation: str, task: str, actions: Sequence[str], admissible:
     )
 
 
-def game_path(task_desc: Optional[str], row: Any, prompt_key: Optional[str]) -> Path:
-    """The game a row names: its prompt column, else its ``game_file`` column; checked."""
+def game_path(
+    task_desc: Optional[str], row: Any, prompt_key: Optional[str], who: str = NAME
+) -> Path:
+    """The game a row names: its prompt column, else its ``game_file`` column; checked
+    (``who``: the workflow, for the message)."""
     named = task_desc or (row.get("game_file") if isinstance(row, Mapping) else None)
     if not named:
         raise WorkflowError(
-            f"{NAME}: the task row has neither a {prompt_key!r} column (the taskset's "
+            f"{who}: the task row has neither a {prompt_key!r} column (the taskset's "
             "format.prompt_key) nor a 'game_file' column naming an ALFWorld game.tw-pddl "
-            "(R3L's get_alfworld_data.py writes game_file)"
+            "(Trinity's and R3L's get_alfworld_data.py write game_file)"
         )
     return alfworld.game_file(named)
 
