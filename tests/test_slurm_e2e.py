@@ -25,6 +25,7 @@ from tests.helpers.slurm_jobs import (
     requeue_now,
     run_overrides,
     show_logs,
+    start_requeued_now,
     submit,
     trainer_steps,
     wait_job,
@@ -249,6 +250,7 @@ def test_submitit_job_checkpoints_and_requeues_on_usr1(slurm_cluster, vllm_model
         JOB_TIMEOUT_S,
         "the trainer's signal exit",
     )
+    start_requeued_now(slurm_cluster, job)  # the trainer's rank 0 requeued it
     state = wait_job(slurm_cluster, job)
     assert state == "COMPLETED", show_logs(run_dir / "log" / "submitit", run_dir)
     steps = trainer_steps(run_dir)
