@@ -13,7 +13,7 @@ explorer task reads from the same posts (:mod:`rft.explorer.pass_rates`) before 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -113,7 +113,7 @@ class DifficultySelector:
         """Whether the pass rates the draw of ``step`` follows are all posted."""
         return all(board.complete(s) for s in range(self.fed + 1, board.through(step) + 1))
 
-    def feed(self, board: PassRateBoard, step: int, check) -> None:
+    def feed(self, board: PassRateBoard, step: int, check: Callable[[], None]) -> None:
         """Read the pass rates of the steps the draw of ``step`` follows (waiting for their
         posts), in step order, as Trinity feeds each collected step."""
         for s in range(self.fed + 1, board.through(step) + 1):
