@@ -20,4 +20,7 @@ python="${RFT_VENV:-$repo/.venv}/bin/python"
 # `ruff check --select I --fix .` fix what these two report.
 "$python" -m ruff format --check --quiet . || { echo "[rft test] run: $python -m ruff format ." >&2; exit 1; }
 "$python" -m ruff check --quiet . || { echo "[rft test] run: $python -m ruff check --fix ." >&2; exit 1; }
-exec "$python" -m pytest "$@"
+# Two workers (pytest-xdist), one test file per worker at a time and the SLURM tier's files on
+# one (tests/conftest.py schedules them): the engines' start-ups and waits overlap on the two cores.
+# RFT_TEST_WORKERS=0 runs the suite in one process.
+exec "$python" -m pytest -n "${RFT_TEST_WORKERS:-2}" --dist loadfile "$@"

