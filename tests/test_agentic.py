@@ -322,12 +322,14 @@ def test_failing_tools_a_timeout_and_a_raising_workflow_end_episodes_not_the_exp
     engine, vllm_model_dir, tmp_path, plugins
 ):
     data = write_jsonl(tmp_path / "d" / "train.jsonl", [{"question": "q", "answer": "x"}])
+    # The call's limit includes its interpreter's start: 5 s holds that on a loaded machine (the
+    # suite's two workers), where 1 s timed out a crashing tool before it crashed.
     cfg = agent_cfg(
         tmp_path / "a",
         vllm_model_dir,
         data,
         "scripted_turns",
-        workflow_args={"turns": 1, "tools": ["crash", "garbage", "hang"], "tool_timeout_s": 1},
+        workflow_args={"turns": 1, "tools": ["crash", "garbage", "hang"], "tool_timeout_s": 5},
     )
     metrics, records = explore(engine, cfg)
     assert len(records) == 2 and metrics["tools/errors"] == 4 and metrics["tools/timeouts"] == 2

@@ -14,7 +14,7 @@ import pytest
 
 from rft.config.load import config_from_dict, read_raw
 from rft.config.schema import TasksetConfig
-from rft.errors import ConfigError
+from rft.errors import ConfigError, NotSupportedError
 from rft.explorer.tasksets import WorkflowClass, check_workflow_args, taskset_workflow
 from rft.workflow.conversation import ChatTemplate, Completion
 from rft.workflow.endpoint import Endpoint
@@ -105,6 +105,14 @@ def test_workflow_args_are_checked_at_dry_run():
     )
     assert "unknown workflow_args ['turns']" in refused({"turns": 3})
     assert "max_iters 0: use a whole number >= 1" in refused({"max_iters": 0})
+    # Trinity's newer email-search template is refused by name, before its other arguments
+    email = refused({"type": "email_search", "max_turns": 10})
+    assert email.startswith(
+        "taskset.workflow_args: Trinity's `as_react_workflow type email_search`"
+    )
+    assert "is not supported by rft: " in email and "Enron" in email
+    with pytest.raises(NotSupportedError):
+        check_workflow_args(choice, TasksetConfig(workflow_args={"type": "email_search"}), "t")
 
 
 def test_gsm8k_reward_reads_the_number_after_the_hashes():

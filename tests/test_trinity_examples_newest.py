@@ -85,9 +85,9 @@ EXPECTED: dict[str, Refused | Typo | Rejected | None] = {
         "model.tinker"
     ),
     # Their judge is shared by the explorers (rft.explorer.auxiliary_server); behind it, the
-    # workflow: Trinity's email search is not rft's AgentScope workflow, RULER's and learn2ask's
-    # come from their example folders.
-    "grpo_email_search_email_search.yaml": Rejected("unknown workflow_args ['max_turns']"),
+    # workflow: Trinity's email-search template of as_react_workflow needs its e-mail corpus,
+    # RULER's and learn2ask's come from their example folders.
+    "grpo_email_search_email_search.yaml": Refused("as_react_workflow type email_search"),
     "grpo_frozenlake_openjudge_frozenlake.yaml": LOADS,
     "grpo_gsm8k_dynamic_task_pipeline_gsm8k.yaml": Refused("data_processor.data_processor_url"),
     "grpo_gsm8k_openjudge_gsm8k.yaml": Refused("reward function trajectory_accuracy_grader_reward"),

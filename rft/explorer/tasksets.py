@@ -19,7 +19,7 @@ from rft.config.auxiliary import split_reward_weights
 from rft.config.queries import taskset_temperature
 from rft.config.schema import Config, TasksetConfig
 from rft.data import planned_steps
-from rft.errors import ConfigError, DataError, WorkflowError
+from rft.errors import ConfigError, DataError, NotSupportedError, WorkflowError
 from rft.explorer import selectors
 from rft.explorer.pass_rates import PassRateBoard
 from rft.models import REWARD_MODEL, TEACHER, auxiliary_kinds
@@ -194,10 +194,12 @@ def check_requirements(choice: WorkflowChoice, label: str) -> None:
 
 def check_workflow_args(choice: WorkflowChoice, ts: TasksetConfig, label: str) -> None:
     """ConfigError when the workflow class refuses the taskset's ``workflow_args`` (its
-    ``check_workflow_args``)."""
+    ``check_workflow_args``); NotSupportedError when they name a Trinity option it lacks."""
     if isinstance(choice, WorkflowClass):
         try:
             choice.cls.check_workflow_args(ts.workflow_args)
+        except NotSupportedError as e:  # a Trinity option the class names and lacks
+            raise NotSupportedError(f"{label}.workflow_args: {e}") from e
         except WorkflowError as e:
             raise ConfigError(f"{label}.workflow_args: {e}") from e
 

@@ -92,7 +92,13 @@ def start_requeued_now(env: dict, job: str) -> None:
     """Once ``job`` is pending again after a requeue, let it start at once: SLURM otherwise holds
     a requeued job back for a while (about 150 s here, measured 2026-11-29)."""
     wait_until(lambda: job_state(job, env) == "PENDING", 60, "the requeued job")
-    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, timeout=30)
+    # A heterogeneous job's components are requeued one after the other, each held as it is
+    # (seen 2026-11-29: the second, requeued 0.6 s after the lift, held the job 2 minutes): lift
+    # the hold until the job runs again.
+    deadline = time.monotonic() + 60
+    while job_state(job, env) == "PENDING" and time.monotonic() < deadline:
+        subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], env=env, timeout=30)
+        time.sleep(2)
 
 
 def run_requeued(

@@ -22,13 +22,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from rft.errors import WorkflowError
+from rft.errors import NotSupportedError, WorkflowError
 from rft.workflow.recording import WorkflowWithRecording
 from rft.workflow.registry import register_workflow
 from rft.workflow.requires import python_package
 from rft.workflow.reward_fn import MathBoxedRewardFn
 
 MAX_ITERS = 10  # reasoning-acting iterations per reply (agentscope's default is 50)
+
+# Task types of Trinity's newer as_react_workflow that need what rft does not build.
+TRINITY_TYPES_NOT_BUILT = {
+    "email_search": "its template's agent searches the Enron e-mail corpus (an SQLite database "
+    "and Trinity's search tools), which rft does not build; bring that agent as a "
+    "WorkflowWithRecording plugin (docs/agentic-workflows.md), or use type: gsm8k",
+}
 
 
 def gsm8k_truth(answer: Any) -> str:
@@ -71,13 +78,18 @@ class AgentScopeReActWorkflow(WorkflowWithRecording):
 
     @classmethod
     def check_workflow_args(cls, workflow_args: dict) -> None:
+        kind = workflow_args.get("type", "gsm8k")
+        if kind in TRINITY_TYPES_NOT_BUILT:
+            raise NotSupportedError(
+                f"Trinity's `as_react_workflow type {kind}` is not supported by rft: "
+                + TRINITY_TYPES_NOT_BUILT[kind]
+            )
         unknown = sorted(set(workflow_args) - {"type", "max_iters"})
         if unknown:
             raise WorkflowError(
                 f"AgentScope ReAct workflow: unknown workflow_args {unknown}; it takes type "
                 f"(one of {sorted(TEMPLATES)}) and max_iters"
             )
-        kind = workflow_args.get("type", "gsm8k")
         if kind not in TEMPLATES:
             raise WorkflowError(
                 f"AgentScope ReAct workflow: workflow_args.type {kind!r} has no template "
