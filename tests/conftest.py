@@ -175,6 +175,10 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadFileScheduling
 
+    # ``_split_scope`` is how xdist's own loadfile/loadgroup schedulers name a test's scope
+    # (pytest-xdist 3.8.0, pinned in requirements.txt). Not ``xdist_group`` marks with
+    # ``--dist loadgroup``: under pytest 9.2 xdist's rename of the node ids does not take
+    # (it sets ``item._nodeid``; pytest reads ``_id``), so every test was scheduled alone.
     class FileOrSlurmScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
             file = nodeid.split("::", 1)[0]
